@@ -1,0 +1,260 @@
+//! Strict JSON: plain RFC 8259 text (no comments, no trailing commas, no byte-order mark), read into a
+//! value that keeps the order of object keys and refuses a key written twice anywhere in the document.
+//!
+//! serde_json alone would keep the last of two equal keys; that would let a second `"url"` quietly
+//! replace the first, so every file of pi-dispatch goes through this reader instead.
+
+use std::fmt;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+
+/// A JSON value whose objects keep their keys in file order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Json {
+    Null,
+    Bool(bool),
+    Number(serde_json::Number),
+    String(String),
+    Array(Vec<Json>),
+    Object(Object),
+}
+
+/// A JSON object's members in file order; keys are unique (the reader refuses duplicates).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Object(Vec<(String, Json)>);
+
+impl Object {
+    pub fn get(&self, key: &str) -> Option<&Json> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &Json)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(k, _)| k.as_str())
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Json {
+    /// The JSON type's name, for messages such as "must be a string, not a number".
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Json::Null => "null",
+            Json::Bool(_) => "a boolean",
+            Json::Number(_) => "a number",
+            Json::String(_) => "a string",
+            Json::Array(_) => "an array",
+            Json::Object(_) => "an object",
+        }
+    }
+
+    pub fn as_object(&self) -> Option<&Object> {
+        match self {
+            Json::Object(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Json::String(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// Why a text is not strict JSON. The message says where, never what was written there.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JsonError {
+    #[error("not JSON: {detail}")]
+    Syntax { detail: String },
+    #[error("a key is written twice in one object (line {line}, column {column})")]
+    DuplicateKey { line: usize, column: usize },
+}
+
+/// Marker text the visitor raises on a repeated key; `parse` turns it into `JsonError::DuplicateKey`.
+const DUPLICATE_MARKER: &str = "pi-dispatch: duplicate key";
+
+/// Parses `text` as one strict JSON document.
+pub fn parse(text: &str) -> Result<Json, JsonError> {
+    // serde_json rejects a byte-order mark, comments and trailing commas already; it also stops
+    // at 128 levels of nesting with an error rather than overflowing the stack.
+    serde_json::from_str::<Json>(text).map_err(|e| {
+        if e.to_string().starts_with(DUPLICATE_MARKER) {
+            JsonError::DuplicateKey {
+                line: e.line(),
+                column: e.column(),
+            }
+        } else {
+            JsonError::Syntax {
+                detail: syntax_detail(&e),
+            }
+        }
+    })
+}
+
+/// serde_json's syntax messages ("expected `,` or `}` at line 3 column 5") name positions and
+/// expectations, never the text that was found, so they are safe to show; the category keeps the
+/// message short for an early end of file.
+fn syntax_detail(e: &serde_json::Error) -> String {
+    match e.classify() {
+        serde_json::error::Category::Eof => {
+            format!(
+                "the text ends early (line {}, column {})",
+                e.line(),
+                e.column()
+            )
+        }
+        _ => e.to_string(),
+    }
+}
+
+impl<'de> Deserialize<'de> for Json {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(JsonVisitor)
+    }
+}
+
+struct JsonVisitor;
+
+impl<'de> Visitor<'de> for JsonVisitor {
+    type Value = Json;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Json, E> {
+        Ok(Json::Null)
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Json, E> {
+        Ok(Json::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Json, E> {
+        Ok(Json::Number(v.into()))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Json, E> {
+        Ok(Json::Number(v.into()))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Json, E> {
+        serde_json::Number::from_f64(v)
+            .map(Json::Number)
+            .ok_or_else(|| E::custom("a number out of range"))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Json, E> {
+        Ok(Json::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Json, E> {
+        Ok(Json::String(v))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Json::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
+        let mut members: Vec<(String, Json)> = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if members.iter().any(|(k, _)| *k == key) {
+                return Err(de::Error::custom(DUPLICATE_MARKER));
+            }
+            let value = map.next_value()?;
+            members.push((key, value));
+        }
+        Ok(Json::Object(Object(members)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_key_order() {
+        let Json::Object(o) = parse(r#"{"b": 1, "a": {"z": [true, null], "y": "s"}}"#).unwrap()
+        else {
+            panic!("not an object")
+        };
+        assert_eq!(o.keys().collect::<Vec<_>>(), ["b", "a"]);
+        let inner = o.get("a").unwrap().as_object().unwrap();
+        assert_eq!(inner.keys().collect::<Vec<_>>(), ["z", "y"]);
+    }
+
+    #[test]
+    fn refuses_a_duplicate_key_at_any_depth() {
+        for text in [
+            r#"{"a": 1, "a": 2}"#,
+            r#"{"x": {"a": 1, "b": 2, "a": 3}}"#,
+            r#"[{"ok": 1}, {"deep": [{"k": 1, "k": 1}]}]"#,
+        ] {
+            assert!(
+                matches!(parse(text), Err(JsonError::DuplicateKey { .. })),
+                "{text}"
+            );
+        }
+        // The same key in two different objects is fine.
+        assert!(parse(r#"{"a": {"k": 1}, "b": {"k": 1}}"#).is_ok());
+    }
+
+    #[test]
+    fn duplicate_key_message_gives_a_position_not_the_key_or_value() {
+        let err = parse("{\n  \"secret-key\": \"v1\",\n  \"secret-key\": \"v2\"\n}").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("line 3"), "{msg}");
+        assert!(!msg.contains("v1") && !msg.contains("v2"), "{msg}");
+    }
+
+    #[test]
+    fn refuses_what_is_not_plain_json() {
+        for text in [
+            "{\"a\": 1,}",           // trailing comma
+            "[1, 2,]",               // trailing comma in an array
+            "{// c\n\"a\": 1}",      // line comment
+            "{/* c */\"a\": 1}",     // block comment
+            "\u{feff}{\"a\": 1}",    // byte-order mark
+            "{'a': 1}",              // single quotes
+            "{a: 1}",                // bare key
+            "{\"a\": 1} {\"b\": 2}", // two documents
+            "{\"a\": NaN}",
+            "",
+        ] {
+            assert!(
+                matches!(parse(text), Err(JsonError::Syntax { .. })),
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        let text = "[".repeat(100_000);
+        assert!(parse(&text).is_err());
+    }
+
+    #[test]
+    fn syntax_message_does_not_echo_the_text() {
+        let err = parse(r#"{"token": "canary-9f2c" oops}"#).unwrap_err();
+        assert!(!err.to_string().contains("canary"), "{err}");
+        assert!(!err.to_string().contains("oops"), "{err}");
+    }
+}

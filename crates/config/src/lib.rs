@@ -1,0 +1,15 @@
+//! pi-dispatch's configuration, read strictly and validated into typed values.
+//!
+//! Everything here is pure: functions take the text of a file (or the values of settings) and return
+//! validated values or problems. Nothing is repaired: what is not exactly right is refused, and every
+//! message names the field, never the value written there.
+
+pub mod dotenv;
+pub mod json;
+pub mod mcp;
+pub mod problem;
+pub mod reference;
+pub mod url;
+
+#[cfg(test)]
+mod mcp_tests;
