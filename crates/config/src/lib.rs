@@ -5,10 +5,12 @@
 //! message names the field, never the value written there.
 
 pub mod dotenv;
+pub mod files;
 pub mod json;
 pub mod mcp;
 pub mod problem;
 pub mod reference;
+pub mod settings;
 pub mod url;
 
 #[cfg(test)]

@@ -486,8 +486,18 @@ pub fn validate_entry(name: &str, value: &Json) -> ServerEntry {
     ServerEntry {
         name: name.to_owned(),
         enabled: enabled_value,
-        transport: transport_kind,
+        transport: transport_kind.or_else(|| written_kind(entry)),
         verdict,
+    }
+}
+
+/// The transport an entry's keys point at, whatever its `type` says: `url` is HTTP, `command` is
+/// stdio, and both or neither tell nothing.
+fn written_kind(entry: &Object) -> Option<TransportKind> {
+    match (entry.get("url").is_some(), entry.get("command").is_some()) {
+        (true, false) => Some(TransportKind::Http),
+        (false, true) => Some(TransportKind::Stdio),
+        _ => None,
     }
 }
 

@@ -727,3 +727,20 @@ fn a_package_runner_is_reported_beside_other_problems() {
     assert!(got.contains(&Code::PackageRunner), "{got:?}");
     assert!(got.contains(&Code::EnvLiteral), "{got:?}");
 }
+
+#[test]
+fn a_refused_entry_still_tells_its_transport_when_its_keys_do() {
+    assert_eq!(
+        entry(&format!(r#"{HTTP}, "type": "sse""#)).transport,
+        Some(TransportKind::Http)
+    );
+    assert_eq!(
+        entry(&format!(r#"{STDIO}, "type": "ws""#)).transport,
+        Some(TransportKind::Stdio)
+    );
+    assert_eq!(entry(r#""description": "d""#).transport, None);
+    assert_eq!(
+        entry(r#""url": "https://h/mcp", "command": "node", "description": "d""#).transport,
+        None
+    );
+}

@@ -1,1 +1,53 @@
-fn main() {}
+//! `pi-dispatch`: the command line. Each subcommand lives in its own module under `cmd/`; this file
+//! only parses arguments, runs the subcommand and maps its outcome to an exit code.
+
+mod cmd;
+mod context;
+mod exit;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::exit::Exit;
+
+/// Runs the pi coding agent unattended against repositories, with exactly the MCP servers a
+/// trigger names.
+#[derive(Debug, Parser)]
+#[command(name = "pi-dispatch", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// MCP servers offered in the overlay's mcp.json.
+    Mcp {
+        #[command(subcommand)]
+        command: McpCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum McpCommand {
+    /// Check the overlay's mcp.json: which servers it offers and why it refuses the others.
+    Check(cmd::mcp_check::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let ctx = match context::Context::from_process() {
+        Ok(ctx) => ctx,
+        Err(e) => return Exit::from_error(&e),
+    };
+    let result = match cli.command {
+        Command::Mcp {
+            command: McpCommand::Check(args),
+        } => cmd::mcp_check::run(&args, &ctx),
+    };
+    match result {
+        Ok(exit) => exit.into(),
+        Err(e) => Exit::from_error(&e),
+    }
+}

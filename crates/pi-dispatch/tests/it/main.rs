@@ -1,0 +1,7 @@
+//! Integration tests: each drives the compiled `pi-dispatch` binary, one file per command.
+
+// Test code fails loudly on purpose; the workspace denies unwrap only in product code.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod mcp_check;
