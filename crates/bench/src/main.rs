@@ -1,0 +1,538 @@
+//! `pi-dispatch-bench`: how long `pi-dispatch mcp check` takes on a large overlay.
+//!
+//! It writes an overlay of 500 valid servers to a temporary folder, then measures two things:
+//! - the whole process: the release binary run as `mcp check --overlay DIR --json`, wall-clock per
+//!   run, and the peak resident memory of those children (`getrusage(RUSAGE_CHILDREN)`);
+//! - the parse alone: `config::mcp::parse_overlay` on the same bytes in this process, and this
+//!   process's own peak resident memory (`VmHWM`).
+//!
+//! On Linux a child's peak memory starts from its spawner's peak at exec (the kernel records the
+//! spawner's memory as the child's before replacing it), so the children are spawned by a fresh,
+//! small copy of this program (`--process-runner`), and that copy's own peak is reported beside
+//! theirs as the floor of the figure.
+//!
+//! The goal is a process median under 50 ms.
+
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use clap::Parser;
+use nix::sys::resource::{UsageWho, getrusage};
+use serde_json::{Map, Value, json};
+
+/// The number of servers in the generated overlay.
+const SERVERS: usize = 500;
+/// Runs of the binary before the timed ones, to warm the page cache.
+const WARM_UP_RUNS: u32 = 3;
+/// The whole-process median the command should stay under.
+const GOAL_MS: f64 = 50.0;
+
+/// Measures `pi-dispatch mcp check` on a generated overlay of 500 servers.
+#[derive(Debug, Parser)]
+#[command(name = "pi-dispatch-bench", about)]
+struct Args {
+    /// Timed runs of the binary (after 3 warm-up runs).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: u32,
+    /// Timed calls of `parse_overlay` in this process.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+    iterations: u32,
+    /// The pi-dispatch binary [default: target/release/pi-dispatch in the workspace]
+    #[arg(long, value_name = "PATH")]
+    bin: Option<PathBuf>,
+    /// Print the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Internal: run the binary on the overlay in DIR and print the process figures as JSON.
+    #[arg(long, value_name = "DIR", hide = true)]
+    process_runner: Option<PathBuf>,
+}
+
+/// What the process runner measured.
+struct ProcessFigures {
+    ms: Vec<f64>,
+    /// The children's peak resident memory, KiB.
+    children_rss_kib: u64,
+    /// The runner's own peak when it spawned them, KiB: the children's figure is never below it.
+    runner_rss_kib: u64,
+}
+
+fn main() -> ExitCode {
+    match run(&Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pi-dispatch-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> anyhow::Result<()> {
+    let bin = match &args.bin {
+        Some(path) => path.clone(),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/pi-dispatch"),
+    };
+    if !bin.is_file() {
+        bail!(
+            "{} does not exist: run `cargo build --release -p pi-dispatch` first (or pass --bin PATH)",
+            bin.display()
+        );
+    }
+    let bin = bin.canonicalize().unwrap_or(bin);
+    if let Some(dir) = &args.process_runner {
+        let figures = measure_process(&bin, dir, args.runs)?;
+        let out = json!({
+            "ms": figures.ms,
+            "children_rss_kib": figures.children_rss_kib,
+            "runner_rss_kib": figures.runner_rss_kib,
+        });
+        println!("{out}");
+        return Ok(());
+    }
+
+    let text = overlay_json()?;
+    let bytes = text.as_bytes();
+    let overlay =
+        config::mcp::parse_overlay(bytes).context("the generated overlay is unreadable")?;
+    ensure!(
+        overlay.servers.len() == SERVERS && overlay.all_valid(),
+        "the generated overlay must hold {SERVERS} valid servers (it holds {}, all valid: {})",
+        overlay.servers.len(),
+        overlay.all_valid()
+    );
+    drop(overlay);
+
+    let dir = tempfile::tempdir().context("cannot make a temporary folder")?;
+    std::fs::write(dir.path().join("mcp.json"), bytes).context("cannot write mcp.json")?;
+    let figures = process_in_runner(&bin, dir.path(), args.runs)?;
+
+    let mut parse_us = Vec::new();
+    for _ in 0..args.iterations {
+        let start = Instant::now();
+        let overlay = config::mcp::parse_overlay(black_box(bytes));
+        let elapsed = start.elapsed();
+        black_box(overlay).context("the overlay stopped parsing")?;
+        parse_us.push(elapsed.as_secs_f64() * 1e6);
+    }
+    let parse_rss_kib = own_peak_rss_kib()?;
+
+    let process = Summary::of(figures.ms);
+    let parse = Summary::of(parse_us);
+    let within_goal = process.median < GOAL_MS;
+    if args.json {
+        let report = json!({
+            "servers": SERVERS,
+            "file_bytes": bytes.len(),
+            "process": {
+                "runs": args.runs,
+                "min_ms": round(process.min, 3),
+                "median_ms": round(process.median, 3),
+                "p95_ms": round(process.p95, 3),
+                "max_ms": round(process.max, 3),
+                "max_rss_kib": figures.children_rss_kib,
+                "spawner_rss_kib": figures.runner_rss_kib,
+            },
+            "parse": {
+                "iterations": args.iterations,
+                "min_us": round(parse.min, 1),
+                "median_us": round(parse.median, 1),
+                "p95_us": round(parse.p95, 1),
+                "max_rss_kib": parse_rss_kib,
+            },
+            "goal_ms": GOAL_MS,
+            "within_goal": within_goal,
+        });
+        println!("{report}");
+    } else {
+        println!(
+            "overlay: {SERVERS} servers, {} bytes, all valid",
+            bytes.len()
+        );
+        println!(
+            "process: {} mcp check --json, {} runs after {WARM_UP_RUNS} warm-ups: min {:.2} ms, median {:.2} ms, p95 {:.2} ms, max {:.2} ms",
+            bin.display(),
+            args.runs,
+            process.min,
+            process.median,
+            process.p95,
+            process.max
+        );
+        println!(
+            "process: peak RSS of the children {} KiB (their spawner's own peak was {} KiB)",
+            figures.children_rss_kib, figures.runner_rss_kib
+        );
+        println!(
+            "parse: parse_overlay, {} iterations: min {:.1} µs, median {:.1} µs, p95 {:.1} µs; bench peak RSS {parse_rss_kib} KiB",
+            args.iterations, parse.min, parse.median, parse.p95
+        );
+        println!(
+            "goal: process median {:.2} ms against {GOAL_MS} ms: {}",
+            process.median,
+            if within_goal { "within" } else { "OVER" }
+        );
+    }
+    Ok(())
+}
+
+/// Runs the process measurement in a fresh copy of this program, whose memory is still small.
+fn process_in_runner(bin: &Path, overlay: &Path, runs: u32) -> anyhow::Result<ProcessFigures> {
+    let me = std::env::current_exe().context("cannot find this program's own path")?;
+    let output = Command::new(&me)
+        .arg("--process-runner")
+        .arg(overlay)
+        .arg("--bin")
+        .arg(bin)
+        .arg("--runs")
+        .arg(runs.to_string())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", me.display()))?;
+    ensure!(
+        output.status.success(),
+        "the process measurement failed ({}); see above",
+        output.status
+    );
+    let out: Value = serde_json::from_slice(&output.stdout)
+        .context("the process runner did not print its figures")?;
+    let ms = out["ms"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_f64).collect::<Vec<_>>())
+        .unwrap_or_default();
+    ensure!(
+        ms.len() == usize::try_from(runs)?,
+        "the process runner timed {} runs, not {runs}",
+        ms.len()
+    );
+    let kib = |key: &str| {
+        out[key]
+            .as_u64()
+            .with_context(|| format!("the process runner gave no {key}"))
+    };
+    Ok(ProcessFigures {
+        ms,
+        children_rss_kib: kib("children_rss_kib")?,
+        runner_rss_kib: kib("runner_rss_kib")?,
+    })
+}
+
+/// Checks the overlay in `dir` once, warms up, then times `runs` runs of the binary.
+fn measure_process(bin: &Path, dir: &Path, runs: u32) -> anyhow::Result<ProcessFigures> {
+    check_all_valid(bin, dir)?;
+    for _ in 0..WARM_UP_RUNS {
+        run_once(bin, dir)?;
+    }
+    let mut ms = Vec::new();
+    for _ in 0..runs {
+        ms.push(run_once(bin, dir)?.as_secs_f64() * 1e3);
+    }
+    let runner_rss_kib = own_peak_rss_kib()?;
+    let children_rss_kib = getrusage(UsageWho::RUSAGE_CHILDREN)
+        .context("getrusage(RUSAGE_CHILDREN) failed")?
+        .max_rss();
+    Ok(ProcessFigures {
+        ms,
+        children_rss_kib: u64::try_from(children_rss_kib)?,
+        runner_rss_kib,
+    })
+}
+
+/// Runs the check once with its output kept, and fails loudly unless it exits 0 with every server.
+fn check_all_valid(bin: &Path, overlay: &Path) -> anyhow::Result<()> {
+    let output = check_command(bin, overlay)
+        .output()
+        .with_context(|| format!("cannot run {}", bin.display()))?;
+    if !output.status.success() {
+        bail!(
+            "`pi-dispatch mcp check` refused the generated overlay ({}); every server must be valid\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .context("`pi-dispatch mcp check --json` did not print JSON")?;
+    let servers = report["servers"].as_array().map_or(0, Vec::len);
+    ensure!(
+        servers == SERVERS,
+        "`pi-dispatch mcp check` reported {servers} servers, not {SERVERS}"
+    );
+    Ok(())
+}
+
+/// One run of the check with its output thrown away: the wall-clock time from spawn to exit.
+fn run_once(bin: &Path, overlay: &Path) -> anyhow::Result<Duration> {
+    let mut command = check_command(bin, overlay);
+    command.stdout(Stdio::null()).stderr(Stdio::null());
+    let start = Instant::now();
+    let status = command
+        .status()
+        .with_context(|| format!("cannot run {}", bin.display()))?;
+    let elapsed = start.elapsed();
+    ensure!(
+        status.success(),
+        "`pi-dispatch mcp check` exited with {status}"
+    );
+    Ok(elapsed)
+}
+
+fn check_command(bin: &Path, overlay: &Path) -> Command {
+    let mut command = Command::new(bin);
+    command
+        .args(["mcp", "check", "--json", "--overlay"])
+        .arg(overlay)
+        .current_dir(overlay)
+        .stdin(Stdio::null());
+    command
+}
+
+/// This process's peak resident memory so far, `VmHWM` in KiB.
+fn own_peak_rss_kib() -> anyhow::Result<u64> {
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("cannot read /proc/self/status")?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().strip_suffix("kB"))
+        .and_then(|n| n.trim().parse().ok())
+        .context("/proc/self/status has no VmHWM line")
+}
+
+/// Min, median, 95th percentile (nearest rank) and max of some samples.
+struct Summary {
+    min: f64,
+    median: f64,
+    p95: f64,
+    max: f64,
+}
+
+impl Summary {
+    /// `samples` must not be empty (the flags ask for at least one).
+    fn of(mut samples: Vec<f64>) -> Summary {
+        samples.sort_by(f64::total_cmp);
+        let n = samples.len();
+        let at = |i: usize| {
+            samples
+                .get(i.min(n.saturating_sub(1)))
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let median = if n % 2 == 1 {
+            at(n / 2)
+        } else {
+            (at(n / 2 - 1) + at(n / 2)) / 2.0
+        };
+        Summary {
+            min: at(0),
+            median,
+            p95: at((n * 95).div_ceil(100).saturating_sub(1)),
+            max: at(n.saturating_sub(1)),
+        }
+    }
+}
+
+fn round(x: f64, places: i32) -> f64 {
+    let scale = 10f64.powi(places);
+    (x * scale).round() / scale
+}
+
+/// What the generated servers are named after; none holds `dispatch` or is `forge`.
+const SERVICES: [&str; 25] = [
+    "github",
+    "gitlab",
+    "jira",
+    "linear",
+    "sentry",
+    "datadog",
+    "grafana",
+    "postgres",
+    "mysql",
+    "redis",
+    "slack",
+    "notion",
+    "confluence",
+    "docs",
+    "search",
+    "files",
+    "browser",
+    "kubernetes",
+    "terraform",
+    "aws",
+    "gcp",
+    "stripe",
+    "figma",
+    "pagerduty",
+    "snowflake",
+];
+
+const EXPOSURES: [&str; 4] = ["codemode", "deferred", "direct", "hidden"];
+
+/// The overlay's `mcp.json` with [`SERVERS`] servers, every one valid: even ones streamable HTTP
+/// (headers, references in path and query), odd ones stdio (args, env, some `toolExposure`), and a
+/// handful turned off.
+fn overlay_json() -> anyhow::Result<String> {
+    let mut servers = Map::new();
+    for i in 0..SERVERS {
+        let service = SERVICES[i % SERVICES.len()];
+        let var = service.to_ascii_uppercase();
+        let k = i / 2;
+        let mut entry = if i.is_multiple_of(2) {
+            http_entry(service, &var, k)
+        } else {
+            stdio_entry(service, &var, k)
+        };
+        entry.insert(
+            "description".into(),
+            json!(format!(
+                "{service} tools for the team's {} work, server {i} of the shared overlay",
+                ["review", "triage", "release", "research"][k % 4]
+            )),
+        );
+        entry.insert("exposure".into(), json!(EXPOSURES[i % EXPOSURES.len()]));
+        if k.is_multiple_of(4) {
+            entry.insert("timeout".into(), json!(10 + k % 120));
+        }
+        if i % 97 == 13 {
+            entry.insert("enabled".into(), json!(false));
+        }
+        servers.insert(format!("{service}-{i:03}"), Value::Object(entry));
+    }
+    let overlay = json!({ "codemodeModels": true, "mcpServers": servers });
+    Ok(serde_json::to_string_pretty(&overlay)?)
+}
+
+fn http_entry(service: &str, var: &str, k: usize) -> Map<String, Value> {
+    let url = match k % 4 {
+        0 => format!("https://mcp.{service}.example.com/mcp"),
+        1 => format!("https://{service}.example.net:8443/v1/mcp?tenant=${{{var}_TENANT}}"),
+        2 => format!(
+            "https://api.example.org/{service}/orgs/${{{var}_ORG}}/mcp?region=${{{var}_REGION}}&project=${{{var}_PROJECT}}"
+        ),
+        _ => format!("http://mcp-{service}.internal:8080/mcp"),
+    };
+    let headers = match k % 3 {
+        0 => json!({ "Authorization": format!("Bearer ${{{var}_TOKEN}}") }),
+        1 => json!({
+            "Authorization": format!("ApiKey ${{{var}_API_KEY}}"),
+            "X-Tenant": format!("${{{var}_TENANT}}"),
+        }),
+        _ => json!({ "X-Api-Key": format!("${{{var}_API_KEY}}") }),
+    };
+    let mut entry = Map::new();
+    entry.insert("url".into(), json!(url));
+    entry.insert("headers".into(), headers);
+    match k % 5 {
+        0 => {
+            entry.insert("type".into(), json!("streamable-http"));
+        }
+        1 => {
+            entry.insert("type".into(), json!("http"));
+        }
+        _ => {}
+    }
+    if k.is_multiple_of(6) {
+        entry.insert(
+            "toolExposure".into(),
+            json!({ "search": "direct", "get_*": "codemode" }),
+        );
+    }
+    entry
+}
+
+fn stdio_entry(service: &str, var: &str, k: usize) -> Map<String, Value> {
+    let (command, args) = match k % 5 {
+        0 => (
+            format!("/opt/pi-global/mcp/{service}-server"),
+            json!(["--root", "/workspace", format!("--token=${{{var}_TOKEN}}")]),
+        ),
+        1 => (
+            "node".to_owned(),
+            json!([format!("/app/mcp/{service}/dist/index.js"), "--stdio"]),
+        ),
+        2 => (
+            "python3".to_owned(),
+            json!(["-m", format!("{service}_mcp"), "--workspace", "/workspace"]),
+        ),
+        3 => (
+            format!("/usr/local/bin/{service}-mcp"),
+            json!([
+                "serve",
+                "--config",
+                format!("/opt/pi-global/mcp/{service}.toml"),
+                format!("--org=${{{var}_ORG}}"),
+            ]),
+        ),
+        _ => (
+            format!("/opt/pi-global/bin/{service}-mcp"),
+            json!(["--read-only"]),
+        ),
+    };
+    let mut entry = Map::new();
+    entry.insert("command".into(), json!(command));
+    entry.insert("args".into(), args);
+    let env = if k.is_multiple_of(2) {
+        json!({
+            format!("{var}_TOKEN"): format!("${{{var}_TOKEN}}"),
+            "LOG_LEVEL": "${MCP_LOG_LEVEL}",
+        })
+    } else {
+        json!({ format!("{var}_TOKEN"): format!("${{{var}_TOKEN}}") })
+    };
+    entry.insert("env".into(), env);
+    if k.is_multiple_of(3) {
+        entry.insert(
+            "toolExposure".into(),
+            json!({
+                "search": "direct",
+                "read_*": "codemode",
+                "delete_*": "hidden",
+                "*": "deferred",
+            }),
+        );
+    }
+    if k % 25 == 7 {
+        entry.insert("type".into(), json!("stdio"));
+    }
+    entry
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_generated_overlay_holds_500_valid_servers() {
+        let text = overlay_json().unwrap();
+        let overlay = config::mcp::parse_overlay(text.as_bytes()).unwrap();
+        assert_eq!(overlay.servers.len(), 500);
+        assert!(
+            overlay.all_valid(),
+            "{:#?}",
+            overlay
+                .servers
+                .iter()
+                .filter(|s| s.verdict.is_err())
+                .collect::<Vec<_>>()
+        );
+        let kinds = |kind| {
+            overlay
+                .servers
+                .iter()
+                .filter(|s| s.transport == Some(kind))
+                .count()
+        };
+        assert_eq!(kinds(config::mcp::TransportKind::Http), 250);
+        assert_eq!(kinds(config::mcp::TransportKind::Stdio), 250);
+        let off = overlay.servers.iter().filter(|s| !s.enabled).count();
+        assert!((1..=10).contains(&off), "{off} servers turned off");
+    }
+
+    #[test]
+    fn the_summary_takes_nearest_ranks() {
+        let s = Summary::of((1..=100).rev().map(f64::from).collect());
+        assert_eq!((s.min, s.median, s.p95, s.max), (1.0, 50.5, 95.0, 100.0));
+    }
+}
