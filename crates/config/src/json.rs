@@ -4,6 +4,7 @@
 //! serde_json alone would keep the last of two equal keys; that would let a second `"url"` quietly
 //! replace the first, so every file of pi-dispatch goes through this reader instead.
 
+use std::collections::HashSet;
 use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -174,8 +175,10 @@ impl<'de> Visitor<'de> for JsonVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
         let mut members: Vec<(String, Json)> = Vec::new();
+        // A set of the keys seen, so that an object with many keys is checked in linear time.
+        let mut seen: HashSet<String> = HashSet::new();
         while let Some(key) = map.next_key::<String>()? {
-            if members.iter().any(|(k, _)| *k == key) {
+            if !seen.insert(key.clone()) {
                 return Err(de::Error::custom(DUPLICATE_MARKER));
             }
             let value = map.next_value()?;

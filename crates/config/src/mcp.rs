@@ -4,7 +4,7 @@
 //! it), then validates each server on its own into either a [`McpServer`] or the list of its
 //! [`Problem`]s, so one bad entry never hides the verdict on the others.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
 use unicode_general_category::{GeneralCategory, get_general_category};
 
@@ -453,11 +453,18 @@ pub fn validate_entry(name: &str, value: &Json) -> ServerEntry {
     let description = v.description(entry.get("description"));
     let allow_package_runner =
         v.boolean(entry, "allowPackageRunner", Code::AllowPackageRunnerInvalid);
+    // Each side an entry writes is checked, even when its transport is in doubt (an `sse` type, or
+    // both `url` and `command`), so that every problem is reported at once.
+    let writes = |keys: &[&str]| keys.iter().any(|k| entry.get(k).is_some());
+    let http = (transport_kind != Some(TransportKind::Stdio) && writes(&HTTP_KEYS))
+        .then(|| v.http(entry))
+        .flatten();
+    let stdio = (transport_kind != Some(TransportKind::Http) && writes(&STDIO_KEYS))
+        .then(|| v.stdio(entry, allow_package_runner == Some(true)))
+        .flatten();
     let transport = match transport_kind {
-        Some(TransportKind::Http) => v.http(entry).map(Transport::Http),
-        Some(TransportKind::Stdio) => v
-            .stdio(entry, allow_package_runner == Some(true))
-            .map(Transport::Stdio),
+        Some(TransportKind::Http) => http.map(Transport::Http),
+        Some(TransportKind::Stdio) => stdio.map(Transport::Stdio),
         None => None,
     };
     let exposure = entry.get("exposure").and_then(|e| v.exposure(e));
@@ -491,13 +498,17 @@ pub fn validate_entry(name: &str, value: &Json) -> ServerEntry {
     }
 }
 
-/// The transport an entry's keys point at, whatever its `type` says: `url` is HTTP, `command` is
-/// stdio, and both or neither tell nothing.
+/// The transport an entry's keys point at, whatever else is wrong with it: `url` is HTTP,
+/// `command` is stdio; when they tell nothing (both or neither), a recognised `type` decides.
 fn written_kind(entry: &Object) -> Option<TransportKind> {
     match (entry.get("url").is_some(), entry.get("command").is_some()) {
         (true, false) => Some(TransportKind::Http),
         (false, true) => Some(TransportKind::Stdio),
-        _ => None,
+        _ => match entry.get("type").and_then(Json::as_str) {
+            Some("http" | "streamable-http" | "sse") => Some(TransportKind::Http),
+            Some("stdio") => Some(TransportKind::Stdio),
+            _ => None,
+        },
     }
 }
 
@@ -757,6 +768,7 @@ impl Validator {
     fn headers(&mut self, object: &Object) -> Option<Vec<Header>> {
         let before = self.problems.len();
         let mut headers: Vec<Header> = Vec::new();
+        let mut seen = HashSet::new();
         for (name, value) in object.iter() {
             if !is_header_token(name) {
                 self.problem(
@@ -766,7 +778,7 @@ impl Validator {
                 );
                 continue;
             }
-            let field = format!("headers.{name}");
+            let field = keyed_field("headers", name);
             let lower = name.to_ascii_lowercase();
             if RESERVED_HEADERS.contains(&lower.as_str()) {
                 self.problem(
@@ -776,7 +788,7 @@ impl Validator {
                 );
                 continue;
             }
-            if headers.iter().any(|h| h.name.eq_ignore_ascii_case(name)) {
+            if !seen.insert(lower) {
                 self.problem(
                     Code::HeaderInvalid,
                     field,
@@ -918,7 +930,7 @@ impl Validator {
                 );
                 continue;
             }
-            let field = format!("env.{name}");
+            let field = keyed_field("env", name);
             if METER_VARIABLES.contains(&name) {
                 self.problem(
                     Code::EnvReserved,
@@ -977,10 +989,7 @@ impl Validator {
                 );
                 continue;
             }
-            let field = match printable_key(tool) {
-                Some(k) => format!("toolExposure.{k}"),
-                None => "toolExposure".to_owned(),
-            };
+            let field = keyed_field("toolExposure", tool);
             match e.as_str().and_then(Exposure::parse) {
                 Some(e) => out.push((tool.to_owned(), e)),
                 None => self.problem(
@@ -1016,6 +1025,14 @@ impl Validator {
                 None
             }
         }
+    }
+}
+
+/// `parent.key` when the key is plain enough to print (see [`printable_key`]), else `parent`.
+fn keyed_field(parent: &str, key: &str) -> String {
+    match printable_key(key) {
+        Some(k) => format!("{parent}.{k}"),
+        None => parent.to_owned(),
     }
 }
 

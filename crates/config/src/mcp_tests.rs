@@ -740,7 +740,45 @@ fn a_refused_entry_still_tells_its_transport_when_its_keys_do() {
     );
     assert_eq!(entry(r#""description": "d""#).transport, None);
     assert_eq!(
+        entry(r#""description": "d", "type": "stdio""#).transport,
+        Some(TransportKind::Stdio)
+    );
+    assert_eq!(
         entry(r#""url": "https://h/mcp", "command": "node", "description": "d""#).transport,
         None
     );
+}
+
+#[test]
+fn contents_are_checked_even_when_the_transport_is_in_doubt() {
+    let got = codes(
+        r#""type": "sse", "url": "https://h/mcp", "headers": {"A": "lit"}, "description": "d""#,
+    );
+    assert!(
+        got.contains(&Code::TypeSse) && got.contains(&Code::HeaderLiteral),
+        "{got:?}"
+    );
+    let got = codes(
+        r#""url": "HTTPS://h/mcp", "command": "npx", "args": ["~x"], "env": {"K": "lit"}, "description": "d""#,
+    );
+    for code in [
+        Code::TransportConflict,
+        Code::UrlNotPlain,
+        Code::PackageRunner,
+        Code::ArgumentHome,
+        Code::EnvLiteral,
+    ] {
+        assert!(got.contains(&code), "{code} missing from {got:?}");
+    }
+}
+
+#[test]
+fn long_or_odd_key_names_are_not_printed_as_fields() {
+    let long = "X".repeat(65);
+    let p = entry(&format!(r#"{HTTP}, "headers": {{"{long}": "lit"}}"#)).problems()[0].clone();
+    assert_eq!((p.code, p.field.as_str()), (Code::HeaderLiteral, "headers"));
+    let p = entry(&format!(r#"{STDIO}, "env": {{"{long}": "lit"}}"#)).problems()[0].clone();
+    assert_eq!((p.code, p.field.as_str()), (Code::EnvLiteral, "env"));
+    let p = entry(&format!(r#"{STDIO}, "env": {{"K": "lit"}}"#)).problems()[0].clone();
+    assert_eq!(p.field, "env.K");
 }

@@ -10,38 +10,34 @@ use crate::dotenv::Dotenv;
 /// Where the overlay folder is when neither `--overlay` nor `PI_GLOBAL_PI_DIR` says.
 pub const DEFAULT_OVERLAY_DIR: &str = "pi-global";
 
+/// The setting that names the overlay folder.
+pub const OVERLAY_SETTING: &str = "PI_GLOBAL_PI_DIR";
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettingError {
     #[error("{name} must be an absolute path")]
     NotAbsolute { name: &'static str },
 }
 
-/// Looks a setting up: a non-empty value in the process environment wins, then the `.env`.
+/// The value of a setting: a non-empty value in the process environment wins, then the `.env`.
 /// An empty value counts as unset.
-pub fn lookup<'a>(
-    name: &str,
-    env: &'a dyn Fn(&str) -> Option<String>,
-    dotenv: &'a Dotenv,
-) -> Option<String> {
-    env(name)
-        .filter(|v| !v.is_empty())
+pub fn lookup(name: &str, env: Option<String>, dotenv: &Dotenv) -> Option<String> {
+    env.filter(|v| !v.is_empty())
         .or_else(|| dotenv.get(name).filter(|v| !v.is_empty()).cloned())
 }
 
-/// The overlay folder: `PI_GLOBAL_PI_DIR` (which must be absolute), else `./pi-global` under `cwd`.
-pub fn overlay_dir(
-    env: &dyn Fn(&str) -> Option<String>,
-    dotenv: &Dotenv,
-    cwd: &Path,
-) -> Result<PathBuf, SettingError> {
-    const NAME: &str = "PI_GLOBAL_PI_DIR";
-    match lookup(NAME, env, dotenv) {
+/// The overlay folder from the value of `PI_GLOBAL_PI_DIR` (which must be absolute), else
+/// `./pi-global` under `cwd`.
+pub fn overlay_dir(value: Option<String>, cwd: &Path) -> Result<PathBuf, SettingError> {
+    match value {
         Some(dir) => {
             let dir = PathBuf::from(dir);
             if dir.is_absolute() {
                 Ok(dir)
             } else {
-                Err(SettingError::NotAbsolute { name: NAME })
+                Err(SettingError::NotAbsolute {
+                    name: OVERLAY_SETTING,
+                })
             }
         }
         None => Ok(cwd.join(DEFAULT_OVERLAY_DIR)),
@@ -52,40 +48,28 @@ pub fn overlay_dir(
 mod tests {
     use super::*;
 
-    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
+    #[test]
+    fn environment_wins_over_dotenv_and_empty_counts_as_unset() {
+        let dotenv: Dotenv = [("A".to_owned(), "dotenv".to_owned())].into();
+        assert_eq!(lookup("A", Some("env".into()), &dotenv), Some("env".into()));
+        assert_eq!(
+            lookup("A", Some(String::new()), &dotenv),
+            Some("dotenv".into())
+        );
+        assert_eq!(lookup("A", None, &dotenv), Some("dotenv".into()));
+        let empty: Dotenv = [("A".to_owned(), String::new())].into();
+        assert_eq!(lookup("A", None, &empty), None);
     }
 
     #[test]
-    fn environment_wins_over_dotenv_and_default_is_pi_global() {
-        let dotenv: Dotenv = [("PI_GLOBAL_PI_DIR".to_owned(), "/from/dotenv".to_owned())].into();
+    fn the_overlay_defaults_to_pi_global_and_must_be_absolute() {
         let cwd = Path::new("/work");
-        let env = env_of(&[("PI_GLOBAL_PI_DIR", "/from/env")]);
         assert_eq!(
-            overlay_dir(&env, &dotenv, cwd),
-            Ok(PathBuf::from("/from/env"))
+            overlay_dir(Some("/srv/o".into()), cwd),
+            Ok(PathBuf::from("/srv/o"))
         );
-        let empty = env_of(&[("PI_GLOBAL_PI_DIR", "")]);
-        assert_eq!(
-            overlay_dir(&empty, &dotenv, cwd),
-            Ok(PathBuf::from("/from/dotenv"))
-        );
-        let none = env_of(&[]);
-        assert_eq!(
-            overlay_dir(&none, &Dotenv::new(), cwd),
-            Ok(PathBuf::from("/work/pi-global"))
-        );
-    }
-
-    #[test]
-    fn a_relative_overlay_setting_is_refused_by_name() {
-        let env = env_of(&[("PI_GLOBAL_PI_DIR", "relative/canary")]);
-        let err = overlay_dir(&env, &Dotenv::new(), Path::new("/")).unwrap_err();
+        assert_eq!(overlay_dir(None, cwd), Ok(PathBuf::from("/work/pi-global")));
+        let err = overlay_dir(Some("relative/canary".into()), cwd).unwrap_err();
         assert_eq!(err.to_string(), "PI_GLOBAL_PI_DIR must be an absolute path");
     }
 }

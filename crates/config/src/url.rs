@@ -47,7 +47,7 @@ impl fmt::Display for Host {
         match self {
             Host::Name(n) => f.write_str(n),
             Host::Ipv4(a) => write!(f, "{a}"),
-            Host::Ipv6(a) => write!(f, "[{a}]"),
+            Host::Ipv6(a) => write!(f, "[{}]", ipv6_text(a)),
         }
     }
 }
@@ -310,7 +310,11 @@ pub fn parse(text: &str) -> Result<PlainUrl, Vec<UrlProblem>> {
     // The plain form is shown in messages: with a literal query value refused, the query is left
     // out of it rather than quoted.
     let plain = if redacted_query {
-        format!("{url}?…")
+        let without_query = PlainUrl {
+            query: Vec::new(),
+            ..url.clone()
+        };
+        format!("{without_query}?…")
     } else {
         url.to_string()
     };
@@ -393,7 +397,7 @@ fn parse_host_port(
     }
     let host = if let Some(inside) = lower.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         let addr: Ipv6Addr = inside.parse().map_err(|_| UrlProblem::HostInvalid)?;
-        if addr.to_string() != inside {
+        if ipv6_text(&addr) != inside {
             how.push("the IPv6 address in its short form");
         }
         Host::Ipv6(addr)
@@ -406,6 +410,41 @@ fn parse_host_port(
         parse_host_name(name)?
     };
     Ok((host, port))
+}
+
+/// An IPv6 address as a browser writes it: lowercase hex groups, the first longest run of two or
+/// more zero groups as `::`, and never a dotted IPv4 tail (`::ffff:7f00:1`, not `::ffff:127.0.0.1`).
+fn ipv6_text(addr: &Ipv6Addr) -> String {
+    let groups = addr.segments();
+    let (mut best, mut run) = ((0, 0), (0, 0));
+    for (i, g) in groups.iter().enumerate() {
+        if *g == 0 {
+            run = if run.1 == 0 {
+                (i, 1)
+            } else {
+                (run.0, run.1 + 1)
+            };
+            if run.1 > best.1 {
+                best = run;
+            }
+        } else {
+            run = (0, 0);
+        }
+    }
+    let hex = |gs: &[u16]| {
+        gs.iter()
+            .map(|g| format!("{g:x}"))
+            .collect::<Vec<_>>()
+            .join(":")
+    };
+    if best.1 < 2 {
+        return hex(&groups);
+    }
+    format!(
+        "{}::{}",
+        hex(&groups[..best.0]),
+        hex(&groups[best.0 + best.1..])
+    )
 }
 
 fn parse_host_name(name: &str) -> Result<Host, UrlProblem> {
@@ -421,21 +460,26 @@ fn parse_host_name(name: &str) -> Result<Host, UrlProblem> {
     if name.is_empty() || name.len() > 253 || !labels.iter().all(label_ok) {
         return Err(UrlProblem::HostInvalid);
     }
-    // A name whose last label is all digits is an IPv4 address, and must be one in dotted form:
-    // `127.1` or `0x7f.0.0.1` would reach loopback past a reader that takes them for names.
-    let last_numeric = labels
-        .last()
-        .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()));
-    if last_numeric || name.starts_with("0x") {
+    // A name whose last label is a number (decimal, or `0x` hex) is an IPv4 address to a browser,
+    // and must be written as one in dotted form: `127.1`, `0x7f.0.0.1` and `127.0.0.0x1` all reach
+    // loopback past a reader that takes them for names.
+    let ends_in_number = labels.last().is_some_and(|l| {
+        l.bytes().all(|b| b.is_ascii_digit())
+            || l.strip_prefix("0x")
+                .is_some_and(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
+    });
+    if ends_in_number {
         let addr: Ipv4Addr = name.parse().map_err(|_| UrlProblem::HostInvalid)?;
         return Ok(Host::Ipv4(addr));
     }
     Ok(Host::Name(name.to_owned()))
 }
 
-/// RFC 3986 `pchar` plus `/`, without `%` (checked on its own).
+/// The printable ASCII a browser leaves as written in a path: RFC 3986's `pchar` and `/`, plus `|`,
+/// `^`, `[` and `]`. `%` is checked on its own; space, `"`, `<`, `>`, `` ` ``, `{` and `}` must be
+/// percent-encoded (`{` and `}` stand only in references).
 fn path_char_ok(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&b)
+    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/|^[]".contains(&b)
 }
 
 fn parse_path(text: &str, how: &mut Vec<&'static str>) -> Result<Template, UrlProblem> {
@@ -446,7 +490,10 @@ fn parse_path(text: &str, how: &mut Vec<&'static str>) -> Result<Template, UrlPr
         }
     }
     let segments: Vec<&str> = text.split('/').skip(1).collect();
-    if segments.iter().any(|s| *s == "." || *s == "..") {
+    if segments
+        .iter()
+        .any(|s| is_single_dot(s) || is_double_dot(s))
+    {
         how.push("no '.' or '..' path segment");
         let resolved = remove_dot_segments(&segments);
         return Template::parse(&resolved).map_err(|_| UrlProblem::MalformedReference);
@@ -454,24 +501,31 @@ fn parse_path(text: &str, how: &mut Vec<&'static str>) -> Result<Template, UrlPr
     Ok(template)
 }
 
+/// `.`, or its percent-encoded spelling, which a browser resolves the same way.
+fn is_single_dot(segment: &str) -> bool {
+    segment == "." || segment.eq_ignore_ascii_case("%2e")
+}
+
+/// `..`, or a spelling of it with one or both dots percent-encoded.
+fn is_double_dot(segment: &str) -> bool {
+    let s = segment.to_ascii_lowercase();
+    matches!(s.as_str(), ".." | ".%2e" | "%2e." | "%2e%2e")
+}
+
 /// Resolves `.` and `..` segments the way a browser does before it shows a URL.
 fn remove_dot_segments(segments: &[&str]) -> String {
     let mut out: Vec<&str> = Vec::new();
     for (i, s) in segments.iter().enumerate() {
         let last = i + 1 == segments.len();
-        match *s {
-            "." => {
-                if last {
-                    out.push("");
-                }
+        if is_double_dot(s) {
+            out.pop();
+        }
+        if is_single_dot(s) || is_double_dot(s) {
+            if last {
+                out.push("");
             }
-            ".." => {
-                out.pop();
-                if last {
-                    out.push("");
-                }
-            }
-            other => out.push(other),
+        } else {
+            out.push(s);
         }
     }
     let mut path = String::new();
@@ -569,6 +623,10 @@ mod tests {
             "http://127.0.0.1:3000/mcp",
             "http://[::1]:3000/mcp",
             "https://h/a%20b",
+            "https://h/a|b^c[d]",
+            "https://0x.example.com/",
+            "http://[2001:db8::1:0:0:1]/",
+            "http://[2001:db8:0:1:1:1:1:1]/",
             "http://h:443/mcp",
             "https://h:80/mcp",
         ] {
@@ -680,6 +738,14 @@ mod tests {
             problems("https://h/?k=x${A}")[0].code(),
             "url-query-literal"
         );
+        // With one parameter refused, the suggestion leaves the whole query out.
+        let ps = problems("HTTPS://h/mcp?a=${A}&b=lit");
+        let plain = ps
+            .iter()
+            .find(|p| p.code() == "url-not-plain")
+            .unwrap()
+            .to_string();
+        assert!(plain.ends_with("write https://h/mcp?…"), "{plain}");
         // The plain form in another message leaves the literal query out.
         let ps = problems("HTTPS://h/mcp?k=canary-9");
         let text: String = ps.iter().map(|p| p.to_string()).collect();
@@ -716,6 +782,10 @@ mod tests {
             ("https://a..b/", "url-invalid"),
             ("https://h%41/", "url-invalid"),
             ("https://127.1/", "url-invalid"),
+            ("https://127.0.0.0x1/", "url-invalid"),
+            ("https://a.0x1/", "url-invalid"),
+            ("https://a.0X1/", "url-invalid"),
+            ("https://10.0.0.010/", "url-invalid"),
             ("https://0x7f.0.0.1/", "url-invalid"),
             ("https://999.0.0.1/", "url-invalid"),
             ("https://[::1/", "url-invalid"),

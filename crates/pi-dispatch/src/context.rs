@@ -20,12 +20,18 @@ impl Context {
         })
     }
 
-    pub fn env(&self) -> &dyn Fn(&str) -> Option<String> {
-        &self.env
+    /// A setting's value: the environment's, else the `.env`'s. The `.env` is read only when the
+    /// environment does not decide, so a broken `.env` does not stop a command that never needs it.
+    pub fn setting(&self, name: &str) -> anyhow::Result<Option<String>> {
+        let env = (self.env)(name).filter(|v| !v.is_empty());
+        if env.is_some() {
+            return Ok(env);
+        }
+        Ok(config::settings::lookup(name, None, &self.dotenv()?))
     }
 
     /// The `.env` of the deployment folder (the current folder); empty when there is none.
-    pub fn dotenv(&self) -> anyhow::Result<Dotenv> {
+    fn dotenv(&self) -> anyhow::Result<Dotenv> {
         let path = self.cwd.join(".env");
         match config::files::read_file(&path, 1024 * 1024) {
             Ok(bytes) => {

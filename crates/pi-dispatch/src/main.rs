@@ -4,6 +4,7 @@
 mod cmd;
 mod context;
 mod exit;
+mod output;
 
 use std::process::ExitCode;
 

@@ -26,18 +26,22 @@ pub struct Args {
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let dir = match &args.overlay {
         Some(dir) => ctx.absolute(dir),
-        None => config::settings::overlay_dir(ctx.env(), &ctx.dotenv()?, &ctx.cwd)?,
+        None => config::settings::overlay_dir(
+            ctx.setting(config::settings::OVERLAY_SETTING)?,
+            &ctx.cwd,
+        )?,
     };
     let file = dir.join("mcp.json");
     let verdict = files::read_file(&file, mcp::MAX_FILE_BYTES)
         .map_err(Unreadable::Read)
         .and_then(|bytes| mcp::parse_overlay(&bytes).map_err(Unreadable::Parse));
     let report = Report::new(file.display().to_string(), &verdict);
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    let text = if args.json {
+        serde_json::to_string_pretty(&report)? + "\n"
     } else {
-        print!("{}", report.human());
-    }
+        report.human()
+    };
+    crate::output::print(&text)?;
     Ok(report.exit())
 }
 

@@ -327,3 +327,55 @@ fn no_value_reaches_the_output() {
         .collect();
     assert_eq!(refused, ["hdr", "envs", "query", "bare", "creds"]);
 }
+
+#[test]
+fn a_reader_that_goes_away_does_not_crash_the_check() {
+    // Far more output than a pipe holds, so the check is still writing when the reader leaves.
+    let servers: Vec<String> = (0..3000)
+        .map(|i| {
+            format!(r#""s{i}": {{"url": "https://h{i}.example.com/mcp", "description": "d"}}"#)
+        })
+        .collect();
+    let d = Deployment::new();
+    d.write(
+        "pi-global/mcp.json",
+        &format!(r#"{{"mcpServers": {{{}}}}}"#, servers.join(",")),
+    );
+    for args in [&["mcp", "check", "--json"][..], &["mcp", "check"][..]] {
+        let mut child = d
+            .command(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn a_broken_dotenv_does_not_matter_when_the_environment_decides() {
+    let d = Deployment::new();
+    d.write("elsewhere/mcp.json", GOOD);
+    d.write(".env", "this is not a setting\n");
+    let out = d
+        .command(&["mcp", "check"])
+        .env("PI_GLOBAL_PI_DIR", d.path().join("elsewhere"))
+        .output()
+        .unwrap();
+    let run: crate::common::Run = out.into();
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    // Without the environment, the .env is needed and its error is reported.
+    assert_eq!(d.run(&["mcp", "check"]).code, 2);
+}
