@@ -51,7 +51,8 @@ pub fn parse(text: &str) -> Result<Dotenv, DotenvError> {
     Ok(out)
 }
 
-fn is_variable_name(s: &str) -> bool {
+/// A variable name: letters, digits and `_`, not starting with a digit.
+pub fn is_variable_name(s: &str) -> bool {
     let mut bytes = s.bytes();
     matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
         && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')

@@ -74,6 +74,47 @@ impl Json {
     }
 }
 
+impl serde::Serialize for Json {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self {
+            Json::Null => serializer.serialize_unit(),
+            Json::Bool(b) => serializer.serialize_bool(*b),
+            Json::Number(n) => n.serialize(serializer),
+            Json::String(s) => serializer.serialize_str(s),
+            Json::Array(items) => {
+                let mut seq = serializer.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(item)?;
+                }
+                seq.end()
+            }
+            Json::Object(o) => {
+                let mut map = serializer.serialize_map(Some(o.len()))?;
+                for (k, v) in o.iter() {
+                    map.serialize_entry(k, v)?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
+impl Object {
+    /// An object of these members, in this order. The caller keeps the keys unique.
+    pub fn from_members(members: Vec<(String, Json)>) -> Object {
+        Object(members)
+    }
+}
+
+/// `value` as pretty JSON (two-space indent, keys in their order) with a final newline.
+pub fn to_pretty(value: &Json) -> String {
+    // Serializing a Json value cannot fail: every key is a string and every number finite.
+    let mut text = serde_json::to_string_pretty(value).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
 /// Why a text is not strict JSON. The message says where, never what was written there.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JsonError {
@@ -191,6 +232,15 @@ impl<'de> Visitor<'de> for JsonVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writes_back_what_it_read_in_the_same_order() {
+        let text = r#"{"b": 1, "a": {"z": [true, null, -1.5, "s\n"], "y": {}}}"#;
+        let value = parse(text).unwrap();
+        let written = to_pretty(&value);
+        assert!(written.find("\"b\"").unwrap() < written.find("\"a\"").unwrap());
+        assert_eq!(parse(&written).unwrap(), value);
+    }
 
     #[test]
     fn keeps_key_order() {

@@ -5,9 +5,13 @@
 //! message names the field, never the value written there.
 
 pub mod dotenv;
+pub mod egress;
+pub mod endpoints;
 pub mod files;
+pub mod import;
 pub mod json;
 pub mod mcp;
+pub mod models;
 pub mod problem;
 pub mod reference;
 pub mod settings;

@@ -1,22 +1,77 @@
-//! Deployment settings: the process environment over the deployment's `.env`.
+//! Deployment settings: the process environment over the deployment folder's `.env`.
 //!
-//! Only what the commands built so far need lives here; each setting is resolved by one function, so
-//! every command reads it the same way.
+//! Every command resolves its settings here, so each setting has one meaning everywhere. A bad value
+//! is an error naming the setting, never quoting the value.
 
 use std::path::{Path, PathBuf};
 
 use crate::dotenv::Dotenv;
 
-/// Where the overlay folder is when neither `--overlay` nor `PI_GLOBAL_PI_DIR` says.
+/// Where the overlay folder is when `PI_GLOBAL_PI_DIR` is not set.
 pub const DEFAULT_OVERLAY_DIR: &str = "pi-global";
 
 /// The setting that names the overlay folder.
 pub const OVERLAY_SETTING: &str = "PI_GLOBAL_PI_DIR";
+pub const TRIGGERS_SETTING: &str = "PI_TRIGGERS_FILE";
+pub const EGRESS_SETTING: &str = "PI_EGRESS";
+pub const FORWARD_ENV_SETTING: &str = "PI_FORWARD_ENV";
+pub const ALLOWLIST_SETTING: &str = "PI_EGRESS_ALLOWLIST";
+pub const ENDPOINTS_SETTING: &str = "PI_MODEL_ENDPOINTS";
+
+pub const TRIGGERS_FILE: &str = "triggers.json";
+pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
+pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
+
+/// Every setting this version reads, for `init`'s `.env` and for doctor.
+pub const ALL: [&str; 6] = [
+    OVERLAY_SETTING,
+    TRIGGERS_SETTING,
+    EGRESS_SETTING,
+    FORWARD_ENV_SETTING,
+    ALLOWLIST_SETTING,
+    ENDPOINTS_SETTING,
+];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettingError {
     #[error("{name} must be an absolute path")]
     NotAbsolute { name: &'static str },
+    #[error("{name} must be empty or 1 (egress policy on) or 0 (off)")]
+    NotAFlag { name: &'static str },
+    #[error(
+        "{name} must be a comma-separated list of variable names (letters, digits and '_', each once)"
+    )]
+    NotANameList { name: &'static str },
+}
+
+impl SettingError {
+    /// The setting the error is about.
+    pub fn setting(&self) -> &'static str {
+        match self {
+            SettingError::NotAbsolute { name }
+            | SettingError::NotAFlag { name }
+            | SettingError::NotANameList { name } => name,
+        }
+    }
+}
+
+/// The deployment's settings, resolved and checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The deployment folder: where `.env` is, and what relative paths are relative to.
+    pub dir: PathBuf,
+    /// `PI_GLOBAL_PI_DIR`, else `DIR/pi-global`.
+    pub overlay_dir: PathBuf,
+    /// `PI_TRIGGERS_FILE`, else `DIR/triggers.json`.
+    pub triggers_file: PathBuf,
+    /// `PI_EGRESS`: on unless `0`.
+    pub egress: bool,
+    /// `PI_FORWARD_ENV`: host variables forwarded into jobs, by name.
+    pub forward_env: Vec<String>,
+    /// `PI_EGRESS_ALLOWLIST`, else `DIR/egress-allowlist.conf`.
+    pub egress_allowlist: PathBuf,
+    /// `PI_MODEL_ENDPOINTS`, else `DIR/model-endpoints.json`.
+    pub model_endpoints: PathBuf,
 }
 
 /// The value of a setting: a non-empty value in the process environment wins, then the `.env`.
@@ -27,26 +82,108 @@ pub fn lookup(name: &str, env: Option<String>, dotenv: &Dotenv) -> Option<String
 }
 
 /// The overlay folder from the value of `PI_GLOBAL_PI_DIR` (which must be absolute), else
-/// `./pi-global` under `cwd`.
-pub fn overlay_dir(value: Option<String>, cwd: &Path) -> Result<PathBuf, SettingError> {
+/// `./pi-global` under `dir`.
+pub fn overlay_dir(value: Option<String>, dir: &Path) -> Result<PathBuf, SettingError> {
     match value {
-        Some(dir) => {
-            let dir = PathBuf::from(dir);
-            if dir.is_absolute() {
-                Ok(dir)
+        Some(v) => {
+            let path = PathBuf::from(v);
+            if path.is_absolute() {
+                Ok(path)
             } else {
                 Err(SettingError::NotAbsolute {
                     name: OVERLAY_SETTING,
                 })
             }
         }
-        None => Ok(cwd.join(DEFAULT_OVERLAY_DIR)),
+        None => Ok(dir.join(DEFAULT_OVERLAY_DIR)),
     }
+}
+
+/// Resolves every setting from `get` (the environment over the `.env`, already merged), returning
+/// every error at once.
+pub fn resolve(
+    get: &dyn Fn(&str) -> Option<String>,
+    dir: &Path,
+) -> Result<Settings, Vec<SettingError>> {
+    let mut errors = Vec::new();
+    let mut keep = |r: Result<PathBuf, SettingError>, fallback: PathBuf| {
+        r.unwrap_or_else(|e| {
+            errors.push(e);
+            fallback
+        })
+    };
+    let overlay_dir = keep(overlay_dir(get(OVERLAY_SETTING), dir), PathBuf::new());
+    let file = |name: &'static str, default: &str| -> PathBuf {
+        match get(name) {
+            Some(v) => dir.join(v),
+            None => dir.join(default),
+        }
+    };
+    let triggers_file = file(TRIGGERS_SETTING, TRIGGERS_FILE);
+    let egress_allowlist = file(ALLOWLIST_SETTING, ALLOWLIST_FILE);
+    let model_endpoints = file(ENDPOINTS_SETTING, ENDPOINTS_FILE);
+    let egress = match get(EGRESS_SETTING).as_deref() {
+        None | Some("1") => true,
+        Some("0") => false,
+        Some(_) => {
+            errors.push(SettingError::NotAFlag {
+                name: EGRESS_SETTING,
+            });
+            true
+        }
+    };
+    let forward_env = match get(FORWARD_ENV_SETTING) {
+        None => Vec::new(),
+        Some(v) => parse_name_list(&v).unwrap_or_else(|| {
+            errors.push(SettingError::NotANameList {
+                name: FORWARD_ENV_SETTING,
+            });
+            Vec::new()
+        }),
+    };
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Ok(Settings {
+        dir: dir.to_owned(),
+        overlay_dir,
+        triggers_file,
+        egress,
+        forward_env,
+        egress_allowlist,
+        model_endpoints,
+    })
+}
+
+/// `A,B, C`: names separated by commas, spaces around them allowed, each a variable name, once.
+fn parse_name_list(text: &str) -> Option<Vec<String>> {
+    let mut names: Vec<String> = Vec::new();
+    for part in text.split(',') {
+        let name = part.trim();
+        if !crate::dotenv::is_variable_name(name) || names.iter().any(|n| n == name) {
+            return None;
+        }
+        names.push(name.to_owned());
+    }
+    Some(names)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn from(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        }
+    }
 
     #[test]
     fn environment_wins_over_dotenv_and_empty_counts_as_unset() {
@@ -62,14 +199,70 @@ mod tests {
     }
 
     #[test]
-    fn the_overlay_defaults_to_pi_global_and_must_be_absolute() {
-        let cwd = Path::new("/work");
+    fn defaults_sit_in_the_deployment_folder() {
+        let s = resolve(&from(&[]), Path::new("/srv/d")).unwrap();
+        assert_eq!(s.overlay_dir, PathBuf::from("/srv/d/pi-global"));
+        assert_eq!(s.triggers_file, PathBuf::from("/srv/d/triggers.json"));
         assert_eq!(
-            overlay_dir(Some("/srv/o".into()), cwd),
-            Ok(PathBuf::from("/srv/o"))
+            s.egress_allowlist,
+            PathBuf::from("/srv/d/egress-allowlist.conf")
         );
-        assert_eq!(overlay_dir(None, cwd), Ok(PathBuf::from("/work/pi-global")));
-        let err = overlay_dir(Some("relative/canary".into()), cwd).unwrap_err();
-        assert_eq!(err.to_string(), "PI_GLOBAL_PI_DIR must be an absolute path");
+        assert_eq!(
+            s.model_endpoints,
+            PathBuf::from("/srv/d/model-endpoints.json")
+        );
+        assert!(s.egress);
+        assert!(s.forward_env.is_empty());
+    }
+
+    #[test]
+    fn settings_override_the_defaults() {
+        let s = resolve(
+            &from(&[
+                ("PI_GLOBAL_PI_DIR", "/srv/overlay"),
+                ("PI_TRIGGERS_FILE", "conf/triggers.json"),
+                ("PI_EGRESS_ALLOWLIST", "/etc/allow.conf"),
+                ("PI_EGRESS", "0"),
+                ("PI_FORWARD_ENV", "DOCS_TOKEN, FILES_TOKEN"),
+            ]),
+            Path::new("/srv/d"),
+        )
+        .unwrap();
+        assert_eq!(s.overlay_dir, PathBuf::from("/srv/overlay"));
+        assert_eq!(s.triggers_file, PathBuf::from("/srv/d/conf/triggers.json"));
+        assert_eq!(s.egress_allowlist, PathBuf::from("/etc/allow.conf"));
+        assert!(!s.egress);
+        assert_eq!(s.forward_env, ["DOCS_TOKEN", "FILES_TOKEN"]);
+        assert!(
+            resolve(&from(&[("PI_EGRESS", "1")]), Path::new("/d"))
+                .unwrap()
+                .egress
+        );
+    }
+
+    #[test]
+    fn bad_values_are_named_all_at_once_never_quoted() {
+        let errors = resolve(
+            &from(&[
+                ("PI_GLOBAL_PI_DIR", "relative/cnry"),
+                ("PI_EGRESS", "yes-cnry"),
+                ("PI_FORWARD_ENV", "A,,B"),
+            ]),
+            Path::new("/d"),
+        )
+        .unwrap_err();
+        let names: Vec<&str> = errors.iter().map(SettingError::setting).collect();
+        assert_eq!(names, ["PI_GLOBAL_PI_DIR", "PI_EGRESS", "PI_FORWARD_ENV"]);
+        for e in &errors {
+            assert!(!e.to_string().contains("cnry"), "{e}");
+        }
+        for bad in ["A B", "1A", "A,A", "A-B", " , "] {
+            let r = resolve(&from(&[("PI_FORWARD_ENV", bad)]), Path::new("/d"));
+            assert!(r.is_err(), "{bad:?}");
+        }
+        for bad in ["true", "on", "2", " 1"] {
+            let r = resolve(&from(&[("PI_EGRESS", bad)]), Path::new("/d"));
+            assert!(r.is_err(), "{bad:?}");
+        }
     }
 }

@@ -407,7 +407,7 @@ fn parse_host_port(
             how.push("no trailing dot in the host");
             name = n;
         }
-        parse_host_name(name)?
+        parse_host_name(name).map_err(|_| UrlProblem::HostInvalid)?
     };
     Ok((host, port))
 }
@@ -447,7 +447,18 @@ fn ipv6_text(addr: &Ipv6Addr) -> String {
     )
 }
 
-fn parse_host_name(name: &str) -> Result<Host, UrlProblem> {
+/// Why a host name is refused, for callers that explain it in their own words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HostNameError {
+    /// Not labels of lowercase letters, digits, `-` and `_` (at most 63 each, 253 in all).
+    Name,
+    /// It ends in a number, so a browser reads it as an IPv4 address, but it is not a dotted one.
+    Ipv4,
+}
+
+/// A lowercase DNS name or a dotted IPv4 address: the one rule for hosts, shared by URLs, the egress
+/// allowlist and the model endpoints.
+pub(crate) fn parse_host_name(name: &str) -> Result<Host, HostNameError> {
     let labels: Vec<&str> = name.split('.').collect();
     let label_ok = |l: &&str| {
         !l.is_empty()
@@ -458,7 +469,7 @@ fn parse_host_name(name: &str) -> Result<Host, UrlProblem> {
             && !l.ends_with('-')
     };
     if name.is_empty() || name.len() > 253 || !labels.iter().all(label_ok) {
-        return Err(UrlProblem::HostInvalid);
+        return Err(HostNameError::Name);
     }
     // A name whose last label is a number (decimal, or `0x` hex) is an IPv4 address to a browser,
     // and must be written as one in dotted form: `127.1`, `0x7f.0.0.1` and `127.0.0.0x1` all reach
@@ -469,8 +480,10 @@ fn parse_host_name(name: &str) -> Result<Host, UrlProblem> {
                 .is_some_and(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
     });
     if ends_in_number {
-        let addr: Ipv4Addr = name.parse().map_err(|_| UrlProblem::HostInvalid)?;
-        return Ok(Host::Ipv4(addr));
+        return name
+            .parse()
+            .map(Host::Ipv4)
+            .map_err(|_| HostNameError::Ipv4);
     }
     Ok(Host::Name(name.to_owned()))
 }

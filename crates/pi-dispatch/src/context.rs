@@ -1,47 +1,74 @@
 //! What every command may read of the process: the current folder, the environment, and the
-//! deployment's `.env` (read only when a command asks for a setting).
+//! deployment folder's `.env` (read once, and only when a command asks for a setting the
+//! environment does not give).
 
+use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context as _;
 use config::dotenv::{self, Dotenv};
+use config::settings::{self, SettingError, Settings};
 
 pub struct Context {
     pub cwd: PathBuf,
+    /// The deployment folder: `--dir`, else the current folder.
+    pub dir: PathBuf,
     env: fn(&str) -> Option<String>,
+    dotenv: OnceCell<Result<Dotenv, String>>,
+}
+
+/// Why settings could not be resolved: the `.env` itself, or the values in it.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("{0}")]
+    Dotenv(String),
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Values(Vec<SettingError>),
 }
 
 impl Context {
-    pub fn from_process() -> anyhow::Result<Context> {
-        let cwd = std::env::current_dir().context("cannot read the current folder")?;
+    pub fn new(dir: Option<&Path>) -> anyhow::Result<Context> {
+        let cwd = std::env::current_dir()
+            .map_err(|e| anyhow::anyhow!("cannot read the current folder ({})", e.kind()))?;
+        let dir = match dir {
+            Some(d) if d.is_absolute() => d.to_owned(),
+            Some(d) => cwd.join(d),
+            None => cwd.clone(),
+        };
         Ok(Context {
             cwd,
+            dir,
             env: |name| std::env::var(name).ok(),
+            dotenv: OnceCell::new(),
         })
+    }
+
+    /// A variable of the process environment, empty counting as unset.
+    pub fn env(&self, name: &str) -> Option<String> {
+        (self.env)(name).filter(|v| !v.is_empty())
     }
 
     /// A setting's value: the environment's, else the `.env`'s. The `.env` is read only when the
     /// environment does not decide, so a broken `.env` does not stop a command that never needs it.
-    pub fn setting(&self, name: &str) -> anyhow::Result<Option<String>> {
-        let env = (self.env)(name).filter(|v| !v.is_empty());
-        if env.is_some() {
-            return Ok(env);
+    pub fn setting(&self, name: &str) -> Result<Option<String>, SettingsError> {
+        if let Some(v) = self.env(name) {
+            return Ok(Some(v));
         }
-        Ok(config::settings::lookup(name, None, &self.dotenv()?))
+        Ok(settings::lookup(name, None, self.dotenv()?))
     }
 
-    /// The `.env` of the deployment folder (the current folder); empty when there is none.
-    fn dotenv(&self) -> anyhow::Result<Dotenv> {
-        let path = self.cwd.join(".env");
-        match config::files::read_file(&path, 1024 * 1024) {
-            Ok(bytes) => {
-                let text = String::from_utf8(bytes)
-                    .map_err(|_| anyhow::anyhow!(".env is not UTF-8 text"))?;
-                Ok(dotenv::parse(&text)?)
-            }
-            Err(config::files::ReadError::Missing) => Ok(Dotenv::new()),
-            Err(e) => Err(anyhow::anyhow!(".env {e}")),
-        }
+    /// Every setting, resolved and checked.
+    pub fn settings(&self) -> Result<Settings, SettingsError> {
+        let dotenv = self.dotenv()?;
+        let get = |name: &str| settings::lookup(name, self.env(name), dotenv);
+        settings::resolve(&get, &self.dir).map_err(SettingsError::Values)
+    }
+
+    /// The `.env` of the deployment folder; empty when there is none.
+    pub fn dotenv(&self) -> Result<&Dotenv, SettingsError> {
+        self.dotenv
+            .get_or_init(|| read_dotenv(&self.dir.join(".env")))
+            .as_ref()
+            .map_err(|e| SettingsError::Dotenv(e.clone()))
     }
 
     /// `path` made absolute against the current folder.
@@ -51,5 +78,16 @@ impl Context {
         } else {
             self.cwd.join(path)
         }
+    }
+}
+
+fn read_dotenv(path: &Path) -> Result<Dotenv, String> {
+    match config::files::read_file(path, 1024 * 1024) {
+        Ok(bytes) => {
+            let text = String::from_utf8(bytes).map_err(|_| ".env is not UTF-8 text".to_owned())?;
+            dotenv::parse(&text).map_err(|e| e.to_string())
+        }
+        Err(config::files::ReadError::Missing) => Ok(Dotenv::new()),
+        Err(e) => Err(format!(".env {e}")),
     }
 }

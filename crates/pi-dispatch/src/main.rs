@@ -17,12 +17,17 @@ use crate::exit::Exit;
 #[derive(Debug, Parser)]
 #[command(name = "pi-dispatch", version, about, propagate_version = true)]
 struct Cli {
+    /// The deployment folder, where .env and the other files are [default: the current folder]
+    #[arg(long, global = true, value_name = "DIR")]
+    dir: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Write the deployment folder's missing files (.env, triggers.json, egress files, overlay).
+    Init(cmd::init::Args),
     /// MCP servers offered in the overlay's mcp.json.
     Mcp {
         #[command(subcommand)]
@@ -38,11 +43,12 @@ enum McpCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let ctx = match context::Context::from_process() {
+    let ctx = match context::Context::new(cli.dir.as_deref()) {
         Ok(ctx) => ctx,
         Err(e) => return Exit::from_error(&e),
     };
     let result = match cli.command {
+        Command::Init(args) => cmd::init::run(&args, &ctx),
         Command::Mcp {
             command: McpCommand::Check(args),
         } => cmd::mcp_check::run(&args, &ctx),

@@ -11,3 +11,10 @@ pub fn print(text: &str) -> anyhow::Result<()> {
         _ => Ok(()),
     }
 }
+
+/// `path` shown relative to `dir` when it lies inside it, else as it is.
+pub fn relative(dir: &std::path::Path, path: &std::path::Path) -> String {
+    path.strip_prefix(dir)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| path.display().to_string())
+}

@@ -28,7 +28,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         Some(dir) => ctx.absolute(dir),
         None => config::settings::overlay_dir(
             ctx.setting(config::settings::OVERLAY_SETTING)?,
-            &ctx.cwd,
+            &ctx.dir,
         )?,
     };
     let file = dir.join("mcp.json");

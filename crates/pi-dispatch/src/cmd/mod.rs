@@ -1,1 +1,2 @@
+pub mod init;
 pub mod mcp_check;

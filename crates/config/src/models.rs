@@ -1,0 +1,346 @@
+//! pi's `models.json`, as far as pi-dispatch must judge it: the overlay's copy is read by every job, so
+//! it may not hold a credential, and the variables it references are the job's own spending
+//! credentials (which no MCP server may reference).
+//!
+//! pi (1.6) sends an `apiKey` or header value literally unless it is written `$NAME`/`${NAME}`, and runs
+//! a value starting with `!` as a shell command. So an `apiKey` is accepted only as exactly one
+//! reference, a credential-like header only as a reference (optionally after an auth scheme), and no
+//! `!` command anywhere.
+
+use std::collections::BTreeSet;
+
+use crate::json::{self, Json, JsonError, Object};
+use crate::problem::printable_key;
+
+/// One reason the file may not be staged. The message names the place, never the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {why}")]
+pub struct ModelsProblem {
+    pub field: String,
+    pub why: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelsError {
+    #[error("models.json is not UTF-8 text")]
+    NotUtf8,
+    #[error(
+        "models.json is {0} (pi-dispatch reads it as plain JSON: no comments or trailing commas)"
+    )]
+    Json(JsonError),
+    #[error("models.json must be an object whose 'providers' is an object")]
+    Shape,
+    #[error("models.json holds a credential or a command: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Refused(Vec<ModelsProblem>),
+}
+
+/// What pi-dispatch needs to know of an accepted `models.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Models {
+    pub providers: Vec<String>,
+    /// Every variable the file references (`$NAME` or `${NAME}` in an `apiKey` or header value).
+    pub references: BTreeSet<String>,
+    /// Every `baseUrl` written, provider- or model-level, as written.
+    pub base_urls: Vec<String>,
+}
+
+const LITERAL_KEY: &str =
+    "the key is written in the file: write it as $NAME (a variable the job is given) instead";
+const COMMAND: &str = "a value starting with '!' is a command pi would run in every job: pass the value through a variable and write $NAME";
+const LITERAL_HEADER: &str = "this header carries a credential written in the file: write $NAME, or a scheme, one space and $NAME";
+
+/// Checks the bytes of a `models.json`.
+pub fn check(bytes: &[u8]) -> Result<Models, ModelsError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| ModelsError::NotUtf8)?;
+    let root = json::parse(text).map_err(ModelsError::Json)?;
+    let providers = root
+        .as_object()
+        .and_then(|o| o.get("providers"))
+        .and_then(Json::as_object)
+        .ok_or(ModelsError::Shape)?;
+    let mut models = Models::default();
+    let mut problems = Vec::new();
+    for (name, provider) in providers.iter() {
+        let at = format!(
+            "providers.{}",
+            printable_key(name).unwrap_or("(a provider)")
+        );
+        models.providers.push(name.to_owned());
+        let Some(provider) = provider.as_object() else {
+            continue;
+        };
+        if let Some(key) = provider.get("apiKey") {
+            check_api_key(key, &format!("{at}.apiKey"), &mut models, &mut problems);
+        }
+        check_headers(
+            provider.get("headers"),
+            &format!("{at}.headers"),
+            &mut models,
+            &mut problems,
+        );
+        collect_base_url(provider, &mut models);
+        for (list, label) in [("models", "models"), ("modelOverrides", "modelOverrides")] {
+            for (i, model) in entries(provider.get(list)) {
+                let at = format!("{at}.{label}[{i}]");
+                check_headers(
+                    model.get("headers"),
+                    &format!("{at}.headers"),
+                    &mut models,
+                    &mut problems,
+                );
+                collect_base_url(model, &mut models);
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(models)
+    } else {
+        Err(ModelsError::Refused(problems))
+    }
+}
+
+/// The objects of a `models` array or a `modelOverrides` object, numbered.
+fn entries(value: Option<&Json>) -> Vec<(usize, &Object)> {
+    match value {
+        Some(Json::Array(items)) => items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| m.as_object().map(|o| (i, o)))
+            .collect(),
+        Some(Json::Object(o)) => o
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, m))| m.as_object().map(|o| (i, o)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn collect_base_url(object: &Object, models: &mut Models) {
+    if let Some(url) = object.get("baseUrl").and_then(Json::as_str) {
+        models.base_urls.push(url.to_owned());
+    }
+}
+
+fn check_api_key(
+    value: &Json,
+    field: &str,
+    models: &mut Models,
+    problems: &mut Vec<ModelsProblem>,
+) {
+    let Some(text) = value.as_str() else {
+        return;
+    };
+    if text.starts_with('!') {
+        problems.push(ModelsProblem {
+            field: field.to_owned(),
+            why: COMMAND,
+        });
+    } else if let Some(name) = whole_reference(text) {
+        models.references.insert(name.to_owned());
+    } else {
+        problems.push(ModelsProblem {
+            field: field.to_owned(),
+            why: LITERAL_KEY,
+        });
+    }
+}
+
+fn check_headers(
+    value: Option<&Json>,
+    at: &str,
+    models: &mut Models,
+    problems: &mut Vec<ModelsProblem>,
+) {
+    let Some(Json::Object(headers)) = value else {
+        return;
+    };
+    for (name, value) in headers.iter() {
+        let Some(text) = value.as_str() else {
+            continue;
+        };
+        let field = match printable_key(name) {
+            Some(n) => format!("{at}.{n}"),
+            None => at.to_owned(),
+        };
+        if text.starts_with('!') {
+            problems.push(ModelsProblem {
+                field,
+                why: COMMAND,
+            });
+            continue;
+        }
+        let refs = references_in(text);
+        if is_credential_header(name) {
+            let after_scheme = text.split_once(' ').map_or(text, |(_, rest)| rest);
+            if whole_reference(text).is_none() && whole_reference(after_scheme).is_none() {
+                problems.push(ModelsProblem {
+                    field,
+                    why: LITERAL_HEADER,
+                });
+                continue;
+            }
+        }
+        models.references.extend(refs);
+    }
+}
+
+/// Header names that carry a credential: the usual ones, and any name that speaks of a key, token,
+/// secret, password, session, signature or credential.
+fn is_credential_header(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    ["authorization", "cookie", "auth"].contains(&lower.as_str())
+        || [
+            "key",
+            "token",
+            "secret",
+            "passw",
+            "session",
+            "signature",
+            "credential",
+            "auth",
+        ]
+        .iter()
+        .any(|w| lower.contains(w))
+}
+
+/// `$NAME` or `${NAME}` as the whole value, with pi's name rule (a letter or `_`, then letters,
+/// digits and `_`).
+fn whole_reference(text: &str) -> Option<&str> {
+    let name = text
+        .strip_prefix("${")
+        .and_then(|t| t.strip_suffix('}'))
+        .or_else(|| text.strip_prefix('$'))?;
+    is_pi_name(name).then_some(name)
+}
+
+fn is_pi_name(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// The names of every `$NAME` and `${NAME}` in `text`, skipping the `$$` escape.
+fn references_in(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find('$') {
+        let after = &rest[i + 1..];
+        if let Some(stripped) = after.strip_prefix('$') {
+            rest = stripped;
+            continue;
+        }
+        if let Some(inner) = after.strip_prefix('{')
+            && let Some(end) = inner.find('}')
+        {
+            if is_pi_name(&inner[..end]) {
+                names.push(inner[..end].to_owned());
+            }
+            rest = &inner[end + 1..];
+            continue;
+        }
+        let len = after
+            .bytes()
+            .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_')
+            .count();
+        if len > 0 && is_pi_name(&after[..len]) {
+            names.push(after[..len].to_owned());
+        }
+        rest = &after[len..];
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused_fields(text: &str) -> Vec<String> {
+        match check(text.as_bytes()) {
+            Err(ModelsError::Refused(p)) => p.into_iter().map(|p| p.field).collect(),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn accepts_references_and_collects_them() {
+        let m = check(
+            br#"{"providers": {
+                "fake": {"baseUrl": "http://127.0.0.1:9/v1", "api": "openai-completions", "apiKey": "$FAKE_KEY",
+                         "headers": {"Authorization": "Bearer ${FAKE_TOKEN}", "X-Title": "pi-dispatch"},
+                         "models": [{"id": "m", "baseUrl": "https://llm.example.com/v1", "headers": {"X-Api-Key": "${K2}"}}]},
+                "openai": {"modelOverrides": {"gpt": {"headers": {"Cookie": "$C"}}}}
+            }}"#,
+        )
+        .unwrap();
+        assert_eq!(m.providers, ["fake", "openai"]);
+        assert_eq!(
+            m.references.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["C", "FAKE_KEY", "FAKE_TOKEN", "K2"]
+        );
+        assert_eq!(
+            m.base_urls,
+            ["http://127.0.0.1:9/v1", "https://llm.example.com/v1"]
+        );
+    }
+
+    #[test]
+    fn refuses_a_literal_key_or_command() {
+        for key in [
+            "sk-cnry",
+            "OPENAI_API_KEY",
+            "dummy",
+            "$",
+            "${A",
+            "x$A",
+            "$A x",
+            "!op read cnry",
+        ] {
+            let text = format!(r#"{{"providers": {{"p": {{"apiKey": "{key}"}}}}}}"#);
+            assert_eq!(refused_fields(&text), ["providers.p.apiKey"], "{key}");
+        }
+    }
+
+    #[test]
+    fn refuses_literal_credential_headers_anywhere() {
+        let text = r#"{"providers": {"p": {
+            "headers": {"Authorization": "Bearer cnry", "X-Title": "fine", "x-goog-api-key": "cnry"},
+            "models": [{"id": "a"}, {"id": "b", "headers": {"X-Session-Id": "cnry", "X-Other": "!cmd"}}],
+            "modelOverrides": {"m": {"headers": {"Cookie": "cnry"}}}
+        }}}"#;
+        assert_eq!(
+            refused_fields(text),
+            [
+                "providers.p.headers.Authorization",
+                "providers.p.headers.x-goog-api-key",
+                "providers.p.models[1].headers.X-Session-Id",
+                "providers.p.models[1].headers.X-Other",
+                "providers.p.modelOverrides[0].headers.Cookie",
+            ]
+        );
+        let err = check(text.as_bytes()).unwrap_err().to_string();
+        assert!(!err.contains("cnry") && !err.contains("cmd"), "{err}");
+    }
+
+    #[test]
+    fn refuses_what_cannot_be_read_whole() {
+        assert!(matches!(
+            check(b"{\"providers\": {},}"),
+            Err(ModelsError::Json(_))
+        ));
+        assert!(matches!(
+            check(br#"{"providers": {"p": {"apiKey": "$A", "apiKey": "cnry"}}}"#),
+            Err(ModelsError::Json(JsonError::DuplicateKey { .. }))
+        ));
+        assert!(matches!(check(b"[]"), Err(ModelsError::Shape)));
+        assert!(matches!(check(b"{}"), Err(ModelsError::Shape)));
+    }
+
+    #[test]
+    fn finds_references_inside_text() {
+        assert_eq!(
+            references_in("a $A b ${B_1} $$C $ ${bad-name} $9"),
+            ["A", "B_1"]
+        );
+    }
+}

@@ -1,0 +1,301 @@
+//! File effects that never leave a half-written file and never follow a link.
+//!
+//! Every write goes to a temporary file beside its target, is flushed to disk, and is then renamed
+//! into place, so a crash at any moment leaves either the old file or the new one.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Temporary files start with this, so a later run can recognise leftovers of a crash.
+pub const TEMP_PREFIX: &str = ".pi-dispatch-tmp.";
+
+fn temp_path(target: &Path) -> io::Result<PathBuf> {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let dir = target
+        .parent()
+        .ok_or_else(|| io::Error::other("a file needs a folder"))?;
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    Ok(dir.join(format!("{TEMP_PREFIX}{}.{n}", std::process::id())))
+}
+
+fn write_temp(target: &Path, bytes: &[u8], mode: u32) -> io::Result<PathBuf> {
+    let tmp = temp_path(target)?;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    let written = file.write_all(bytes).and_then(|()| file.sync_all());
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(tmp)
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Replaces `target` with `bytes` atomically (temp file, fsync, rename, fsync of the folder).
+pub fn write_atomic(target: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    let tmp = write_temp(target, bytes, mode)?;
+    if let Err(e) = fs::rename(&tmp, target) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    sync_dir(target.parent().unwrap_or(Path::new(".")))
+}
+
+/// Writes `bytes` at `target` only if nothing is there: returns false, writing nothing, when the
+/// path exists (as a file, folder or link). Never a half file: the content is complete before the
+/// name appears.
+pub fn create_new(target: &Path, bytes: &[u8], mode: u32) -> io::Result<bool> {
+    let tmp = write_temp(target, bytes, mode)?;
+    // A hard link fails if the name exists, unlike a rename, which would replace it.
+    let linked = fs::hard_link(&tmp, target);
+    let _ = fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {
+            sync_dir(target.parent().unwrap_or(Path::new(".")))?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes `path` if it is there; true when something was removed.
+pub fn remove_file_if_present(path: &Path) -> io::Result<bool> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// What is at a path, without following a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Missing,
+    File,
+    Dir,
+    Link,
+    Other,
+}
+
+pub fn kind(path: &Path) -> io::Result<Kind> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Ok(Kind::Link),
+        Ok(m) if m.is_file() => Ok(Kind::File),
+        Ok(m) if m.is_dir() => Ok(Kind::Dir),
+        Ok(_) => Ok(Kind::Other),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Kind::Missing),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes leftovers of an interrupted write in `dir`: files and folders named with
+/// [`TEMP_PREFIX`] (never following a link).
+pub fn remove_leftovers(dir: &Path) -> io::Result<usize> {
+    let mut removed = 0;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if !entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+            continue;
+        }
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            fs::remove_dir_all(entry.path())?;
+        } else {
+            fs::remove_file(entry.path())?;
+        }
+        removed += 1;
+    }
+    Ok(removed)
+}
+
+/// What a tree copy did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Copied {
+    pub files: usize,
+    /// Links met in the source, relative to it: never followed, never copied.
+    pub skipped_links: Vec<PathBuf>,
+    /// Entries that are neither file, folder nor link (sockets, FIFOs), relative to the source.
+    pub skipped_other: Vec<PathBuf>,
+}
+
+/// Copies the folder `src` to `dst` (which must not exist), skipping links and special files.
+/// Files keep their permission bits.
+pub fn copy_tree(src: &Path, dst: &Path) -> io::Result<Copied> {
+    let mut copied = Copied::default();
+    copy_into(src, dst, Path::new(""), &mut copied)?;
+    Ok(copied)
+}
+
+fn copy_into(src: &Path, dst: &Path, rel: &Path, copied: &mut Copied) -> io::Result<()> {
+    fs::create_dir(dst)?;
+    let mut entries: Vec<fs::DirEntry> = fs::read_dir(src)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(fs::DirEntry::file_name);
+    for entry in entries {
+        let name = entry.file_name();
+        let rel = rel.join(&name);
+        let kind = entry.file_type()?;
+        if kind.is_symlink() {
+            copied.skipped_links.push(rel);
+        } else if kind.is_dir() {
+            copy_into(&entry.path(), &dst.join(&name), &rel, copied)?;
+        } else if kind.is_file() {
+            let bytes = read_no_follow(&entry.path())?;
+            let mode = entry.metadata()?.permissions().mode() & 0o777;
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .open(dst.join(&name))?;
+            file.write_all(&bytes)?;
+            copied.files += 1;
+        } else {
+            copied.skipped_other.push(rel);
+        }
+    }
+    Ok(())
+}
+
+/// Reads a whole file, refusing a link (a file replaced by a link after it was listed).
+pub fn read_no_follow(path: &Path) -> io::Result<Vec<u8>> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut file, &mut bytes)?;
+    Ok(bytes)
+}
+
+/// Puts the folder `staged` (a sibling of `target`) in place of `target`, whatever was there. The
+/// old folder is moved aside before the new one is renamed in, then removed.
+pub fn replace_dir(staged: &Path, target: &Path) -> io::Result<()> {
+    let old = temp_path(target)?;
+    let had_old = match fs::rename(target, &old) {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) => return Err(e),
+    };
+    fs::rename(staged, target)?;
+    if had_old {
+        fs::remove_dir_all(&old)?;
+    }
+    sync_dir(target.parent().unwrap_or(Path::new(".")))
+}
+
+/// A fresh temporary path beside `target`, for staging a folder before [`replace_dir`].
+pub fn staging_path(target: &Path) -> io::Result<PathBuf> {
+    temp_path(target)
+}
+
+/// Removes the folder at `path` if it is there (not following a link); true when removed.
+pub fn remove_dir_if_present(path: &Path) -> io::Result<bool> {
+    match kind(path)? {
+        Kind::Dir => {
+            fs::remove_dir_all(path)?;
+            Ok(true)
+        }
+        Kind::Missing => Ok(false),
+        _ => Err(io::Error::other("not a folder")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_atomic_replaces_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("mcp.json");
+        fs::write(&target, b"old").unwrap();
+        write_atomic(&target, b"new", 0o644).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"new");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn create_new_never_overwrites() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join(".env");
+        assert!(create_new(&target, b"first", 0o600).unwrap());
+        assert!(!create_new(&target, b"second", 0o600).unwrap());
+        assert_eq!(fs::read(&target).unwrap(), b"first");
+        // Not through a link either: the link stays, its target is untouched.
+        let other = dir.path().join("other");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &other).unwrap();
+        assert!(!create_new(&other, b"x", 0o600).unwrap());
+        assert!(!dir.path().join("nowhere").exists());
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn copy_tree_skips_links_and_replace_dir_swaps() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        fs::create_dir_all(src.join("review/scripts")).unwrap();
+        fs::write(src.join("review/SKILL.md"), b"skill").unwrap();
+        fs::write(src.join("review/scripts/run.sh"), b"#!/bin/sh").unwrap();
+        fs::set_permissions(
+            src.join("review/scripts/run.sh"),
+            fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        fs::write(dir.path().join("secret"), b"cnry").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret"), src.join("review/leak")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), src.join("up")).unwrap();
+
+        let target = dir.path().join("skills");
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("old.md"), b"old").unwrap();
+        let staged = staging_path(&target).unwrap();
+        let copied = copy_tree(&src, &staged).unwrap();
+        assert_eq!(copied.files, 2);
+        assert_eq!(
+            copied.skipped_links,
+            [PathBuf::from("review/leak"), PathBuf::from("up")]
+        );
+        replace_dir(&staged, &target).unwrap();
+        assert!(!target.join("old.md").exists());
+        assert_eq!(fs::read(target.join("review/SKILL.md")).unwrap(), b"skill");
+        let mode = fs::metadata(target.join("review/scripts/run.sh"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+        assert!(!target.join("review/leak").exists());
+        // Nothing is left beside the target but the source and the secret.
+        let mut names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["secret", "skills", "src"]);
+    }
+
+    #[test]
+    fn kinds_and_leftovers() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        fs::write(&file, b"").unwrap();
+        std::os::unix::fs::symlink(&file, dir.path().join("l")).unwrap();
+        assert_eq!(kind(&file).unwrap(), Kind::File);
+        assert_eq!(kind(dir.path()).unwrap(), Kind::Dir);
+        assert_eq!(kind(&dir.path().join("l")).unwrap(), Kind::Link);
+        assert_eq!(kind(&dir.path().join("none")).unwrap(), Kind::Missing);
+        fs::write(dir.path().join(format!("{TEMP_PREFIX}1.0")), b"half").unwrap();
+        fs::create_dir(dir.path().join(format!("{TEMP_PREFIX}1.1"))).unwrap();
+        assert_eq!(remove_leftovers(dir.path()).unwrap(), 2);
+        assert!(file.exists());
+    }
+}

@@ -1,0 +1,151 @@
+//! `init`: writes the deployment folder's missing files, and never overwrites one.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use config::settings::Settings;
+
+use crate::fsutil::{self, Kind};
+
+/// What `init` did with one file or folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Wrote,
+    Made,
+    /// Something is already there; it was left as it is.
+    Left,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub path: PathBuf,
+    pub action: Action,
+}
+
+const ENV: &str = "\
+# pi-dispatch settings for this deployment folder.
+# A variable set in the process environment wins over this file; an empty value counts as unset.
+
+# The overlay folder, mounted read-only in every job (an absolute path). Default: ./pi-global
+# PI_GLOBAL_PI_DIR=
+
+# The triggers file. Default: ./triggers.json
+# PI_TRIGGERS_FILE=
+
+# The egress policy: 1 or empty (on, the default) or 0 (off). With it on, a job reaches only the
+# hosts in egress-allowlist.conf (on port 443) and the endpoints in model-endpoints.json.
+# PI_EGRESS=1
+
+# Host variables forwarded into every job, by name, separated by commas (values stay on the host
+# until a job starts).
+# PI_FORWARD_ENV=
+
+# Where the egress files are. Defaults: ./egress-allowlist.conf and ./model-endpoints.json
+# PI_EGRESS_ALLOWLIST=
+# PI_MODEL_ENDPOINTS=
+";
+
+const TRIGGERS: &str = "{\n  \"triggers\": []\n}\n";
+
+const ALLOWLIST: &str = "\
+# Hosts a job may reach on port 443 through the egress proxy, one a line.
+# A leading dot allows a name's subdomains: .example.com allows api.example.com, not example.com.
+# Names are not looked up; localhost and 127.0.0.1 are never reachable through the proxy.
+";
+
+const ENDPOINTS: &str = "{\n  \"version\": 1,\n  \"endpoints\": []\n}\n";
+
+/// Writes what is missing of the deployment described by `settings`.
+pub fn init(settings: &Settings) -> io::Result<Vec<Step>> {
+    std::fs::create_dir_all(&settings.dir)?;
+    let mut steps = Vec::new();
+    for (path, text, mode) in [
+        (settings.dir.join(".env"), ENV, 0o600),
+        (settings.triggers_file.clone(), TRIGGERS, 0o644),
+        (settings.egress_allowlist.clone(), ALLOWLIST, 0o644),
+        (settings.model_endpoints.clone(), ENDPOINTS, 0o644),
+    ] {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let action = if fsutil::create_new(&path, text.as_bytes(), mode)? {
+            Action::Wrote
+        } else {
+            Action::Left
+        };
+        steps.push(Step { path, action });
+    }
+    steps.push(make_dir(&settings.overlay_dir)?);
+    Ok(steps)
+}
+
+fn make_dir(path: &Path) -> io::Result<Step> {
+    let action = match fsutil::kind(path)? {
+        Kind::Missing => {
+            std::fs::create_dir_all(path)?;
+            Action::Made
+        }
+        _ => Action::Left,
+    };
+    Ok(Step {
+        path: path.to_owned(),
+        action,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(dir: &Path) -> Settings {
+        config::settings::resolve(&|_| None, dir).unwrap()
+    }
+
+    #[test]
+    fn writes_what_is_missing_and_leaves_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("triggers.json"), b"mine").unwrap();
+        let steps = init(&settings(dir.path())).unwrap();
+        let actions: Vec<(&str, &Action)> = steps
+            .iter()
+            .map(|s| (s.path.file_name().unwrap().to_str().unwrap(), &s.action))
+            .collect();
+        assert_eq!(
+            actions,
+            [
+                (".env", &Action::Wrote),
+                ("triggers.json", &Action::Left),
+                ("egress-allowlist.conf", &Action::Wrote),
+                ("model-endpoints.json", &Action::Wrote),
+                ("pi-global", &Action::Made),
+            ]
+        );
+        assert_eq!(
+            std::fs::read(dir.path().join("triggers.json")).unwrap(),
+            b"mine"
+        );
+        // A second run changes nothing.
+        let again = init(&settings(dir.path())).unwrap();
+        assert!(again.iter().all(|s| s.action == Action::Left));
+    }
+
+    #[test]
+    fn what_init_writes_reads_back_cleanly() {
+        let parsed = config::dotenv::parse(ENV).unwrap();
+        assert!(parsed.is_empty(), "every setting is commented out");
+        for name in config::settings::ALL {
+            assert!(
+                ENV.contains(&format!("# {name}=")),
+                "{name} missing from .env"
+            );
+        }
+        assert!(config::json::parse(TRIGGERS).is_ok());
+        assert!(
+            config::egress::parse_allowlist(ALLOWLIST)
+                .unwrap()
+                .is_empty()
+        );
+        let endpoints = config::endpoints::parse_model_endpoints(ENDPOINTS).unwrap();
+        assert!(endpoints.endpoints.is_empty());
+    }
+}

@@ -1,0 +1,5 @@
+//! The operator's setup commands as library functions: `init`, `import-pi` and `doctor`. Decisions
+//! come from the pure `config` crate; this crate carries them out on the file system.
+
+pub mod fsutil;
+pub mod init;
