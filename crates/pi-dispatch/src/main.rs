@@ -26,6 +26,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Check the deployment: settings, overlay, MCP servers, egress files.
+    Doctor(cmd::doctor::Args),
+    /// Stage the host's pi setup (mcp.json, models.json, skills/, APPEND_SYSTEM.md) into the overlay.
+    ImportPi(cmd::import_pi::Args),
     /// Write the deployment folder's missing files (.env, triggers.json, egress files, overlay).
     Init(cmd::init::Args),
     /// MCP servers offered in the overlay's mcp.json.
@@ -49,6 +53,8 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Init(args) => cmd::init::run(&args, &ctx),
+        Command::Doctor(args) => cmd::doctor::run(&args, &ctx),
+        Command::ImportPi(args) => cmd::import_pi::run(&args, &ctx),
         Command::Mcp {
             command: McpCommand::Check(args),
         } => cmd::mcp_check::run(&args, &ctx),

@@ -18,3 +18,31 @@ pub fn relative(dir: &std::path::Path, path: &std::path::Path) -> String {
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| path.display().to_string())
 }
+
+/// A server name as a terminal may show it: as written when it is plain, else escaped and cut short.
+pub fn display_name(name: &str) -> String {
+    const MAX: usize = 48;
+    if !name.is_empty() && name.len() <= MAX && name.bytes().all(|b| b.is_ascii_graphic()) {
+        return name.to_owned();
+    }
+    let escaped: String = format!("{name:?}");
+    if escaped.chars().count() > MAX {
+        escaped.chars().take(MAX).chain(['…']).collect()
+    } else {
+        escaped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_shown_plainly_or_escaped() {
+        assert_eq!(display_name("docs"), "docs");
+        assert_eq!(display_name(""), "\"\"");
+        assert_eq!(display_name("a b"), "\"a b\"");
+        assert_eq!(display_name("x\u{1b}[31m"), "\"x\\u{1b}[31m\"");
+        assert!(display_name(&"n".repeat(100)).ends_with('…'));
+    }
+}

@@ -156,12 +156,12 @@ impl Report {
         let width = self
             .servers
             .iter()
-            .map(|s| display_name(&s.name).chars().count())
+            .map(|s| crate::output::display_name(&s.name).chars().count())
             .max()
             .unwrap_or(0);
         let (mut offered, mut off, mut refused) = (0, 0, 0);
         for s in &self.servers {
-            let name = display_name(&s.name);
+            let name = crate::output::display_name(&s.name);
             let transport = s.transport.unwrap_or("?");
             let (mark, verdict) = if !s.problems.is_empty() {
                 refused += 1;
@@ -222,30 +222,3 @@ impl ServerReport {
     }
 }
 
-/// A server name as a terminal may show it: as written when it is plain, else escaped and cut short.
-fn display_name(name: &str) -> String {
-    const MAX: usize = 48;
-    if !name.is_empty() && name.len() <= MAX && name.bytes().all(|b| b.is_ascii_graphic()) {
-        return name.to_owned();
-    }
-    let escaped: String = format!("{name:?}");
-    if escaped.chars().count() > MAX {
-        escaped.chars().take(MAX).chain(['…']).collect()
-    } else {
-        escaped
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_are_shown_plainly_or_escaped() {
-        assert_eq!(display_name("docs"), "docs");
-        assert_eq!(display_name(""), "\"\"");
-        assert_eq!(display_name("a b"), "\"a b\"");
-        assert_eq!(display_name("x\u{1b}[31m"), "\"x\\u{1b}[31m\"");
-        assert!(display_name(&"n".repeat(100)).ends_with('…'));
-    }
-}

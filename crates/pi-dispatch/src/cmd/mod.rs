@@ -1,2 +1,4 @@
+pub mod doctor;
+pub mod import_pi;
 pub mod init;
 pub mod mcp_check;

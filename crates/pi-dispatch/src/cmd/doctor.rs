@@ -1,0 +1,117 @@
+//! `pi-dispatch doctor [--fix] [--json]`: checks the deployment, one line a check.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, IsTerminal, Write};
+
+use serde::Serialize;
+use setup::doctor::{self, Check, Level, NoRouteProof};
+
+use crate::context::{Context, SettingsError};
+use crate::exit::Exit;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Offer the fixes doctor can make (it asks first; without a terminal nothing is changed).
+    #[arg(long)]
+    fix: bool,
+    /// Print every check as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    ok: bool,
+    checks: &'a [Check],
+}
+
+pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    let checks = match ctx.settings() {
+        Err(e) => {
+            let errors: Vec<String> = match e {
+                SettingsError::Dotenv(why) => vec![why],
+                SettingsError::Values(v) => v.iter().map(ToString::to_string).collect(),
+            };
+            doctor::settings_failed(&errors, &ctx.dir)
+        }
+        Ok(settings) => {
+            let mut inputs = doctor::gather(settings.clone());
+            let mut notes = Vec::new();
+            if args.fix && inputs.mcp_auth_json {
+                let path = doctor::mcp_auth_path(&settings);
+                if std::io::stdin().is_terminal() {
+                    if ask(&format!("Delete {}? [y/N] ", path.display()))? {
+                        std::fs::remove_file(&path).map_err(|e| {
+                            anyhow::anyhow!("cannot delete {} ({})", path.display(), e.kind())
+                        })?;
+                        notes.push(format!("--fix: deleted {}", path.display()));
+                        inputs = doctor::gather(settings);
+                    } else {
+                        notes.push(format!("--fix: kept {} (you said no)", path.display()));
+                    }
+                } else {
+                    notes.push(format!(
+                        "--fix: kept {}: not a terminal, so nothing was asked and nothing deleted",
+                        path.display()
+                    ));
+                }
+            }
+            let mut checks = doctor::checks(&inputs, &NoRouteProof);
+            checks.extend(notes.into_iter().map(|n| Check {
+                level: Level::Ok,
+                label: n,
+                fix: None,
+            }));
+            checks
+        }
+    };
+    let failed = checks.iter().any(|c| c.level == Level::Fail);
+    let text = if args.json {
+        serde_json::to_string_pretty(&Report {
+            ok: !failed,
+            checks: &checks,
+        })? + "\n"
+    } else {
+        human(ctx, &checks)
+    };
+    crate::output::print(&text)?;
+    Ok(if failed { Exit::CheckFailed } else { Exit::Success })
+}
+
+/// Asks on the terminal (stderr, so `--json` output stays clean); only "y" or "yes" is a yes.
+fn ask(question: &str) -> anyhow::Result<bool> {
+    let mut err = std::io::stderr().lock();
+    write!(err, "{question}")?;
+    err.flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes"))
+}
+
+fn human(ctx: &Context, checks: &[Check]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "pi-dispatch doctor: {}", ctx.dir.display());
+    for c in checks {
+        let mark = match c.level {
+            Level::Ok => "✓",
+            Level::Warn => "⚠",
+            Level::Fail => "✗",
+        };
+        let _ = writeln!(out, "{mark} {}", c.label);
+        if let Some(fix) = &c.fix {
+            for (i, line) in fix.lines().enumerate() {
+                let lead = if i == 0 { "fix:" } else { "    " };
+                let _ = writeln!(out, "    {lead} {line}");
+            }
+        }
+    }
+    let count = |l: Level| checks.iter().filter(|c| c.level == l).count();
+    let _ = writeln!(
+        out,
+        "{} ok, {} warnings, {} failed",
+        count(Level::Ok),
+        count(Level::Warn),
+        count(Level::Fail)
+    );
+    out
+}

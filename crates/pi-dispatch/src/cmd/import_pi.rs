@@ -1,0 +1,259 @@
+//! `pi-dispatch import-pi [--from DIR] [--to DIR] [--no-mcp]`: stages the host's pi setup into the
+//! overlay, printing every server staged and every one left behind with its reason.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use config::import::LeftReason;
+use setup::import::{self, ImportError, McpOutcome, Options, PartOutcome, Report};
+
+use crate::context::Context;
+use crate::exit::Exit;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The host's pi folder [default: PI_CODING_AGENT_DIR, else ~/.pi/agent]
+    #[arg(long, value_name = "DIR")]
+    from: Option<PathBuf>,
+    /// The overlay folder [default: PI_GLOBAL_PI_DIR, else ./pi-global]
+    #[arg(long, value_name = "DIR")]
+    to: Option<PathBuf>,
+    /// Stage no MCP server: the overlay ends with no mcp.json.
+    #[arg(long)]
+    no_mcp: bool,
+}
+
+pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    let from = match &args.from {
+        Some(dir) => ctx.absolute(dir),
+        None => match ctx.env("PI_CODING_AGENT_DIR") {
+            Some(dir) => ctx.absolute(&PathBuf::from(dir)),
+            None => {
+                let home = ctx
+                    .env("HOME")
+                    .ok_or_else(|| anyhow::anyhow!("HOME is not set; give --from"))?;
+                PathBuf::from(home).join(".pi/agent")
+            }
+        },
+    };
+    let to = match &args.to {
+        Some(dir) => ctx.absolute(dir),
+        None => config::settings::overlay_dir(
+            ctx.setting(config::settings::OVERLAY_SETTING)?,
+            &ctx.dir,
+        )?,
+    };
+    let opts = Options {
+        from,
+        to,
+        no_mcp: args.no_mcp,
+    };
+    match import::import(&opts) {
+        Ok(report) => {
+            crate::output::print(&human(&report))?;
+            Ok(Exit::Success)
+        }
+        Err(e) => {
+            crate::output::print(&refusal(&opts, &e))?;
+            Ok(if e.is_refusal() {
+                Exit::CheckFailed
+            } else {
+                Exit::Unusable
+            })
+        }
+    }
+}
+
+fn refusal(opts: &Options, e: &ImportError) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "import-pi: from {} into {}",
+        opts.from.display(),
+        opts.to.display()
+    );
+    let _ = writeln!(out, "✗ {e}");
+    let _ = writeln!(
+        out,
+        "Nothing was changed: the overlay (its mcp.json included) is exactly as it was."
+    );
+    out
+}
+
+fn human(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "import-pi: from {} into {}",
+        report.from.display(),
+        report.to.display()
+    );
+    mcp_lines(&mut out, &report.mcp);
+    match &report.models {
+        PartOutcome::Staged(m) => {
+            let refs = if m.references.is_empty() {
+                String::new()
+            } else {
+                let names: Vec<&str> = m.references.iter().map(String::as_str).collect();
+                format!("; references {}", names.join(", "))
+            };
+            let _ = writeln!(
+                out,
+                "models.json: staged (providers: {}{refs})",
+                m.providers.join(", ")
+            );
+        }
+        PartOutcome::NotOnHost { removed } => not_on_host(&mut out, "models.json", *removed),
+    }
+    match &report.skills {
+        PartOutcome::Staged(s) => {
+            let _ = write!(
+                out,
+                "skills/: staged {} ({})",
+                s.names.len(),
+                s.names.join(", ")
+            );
+            let skipped: Vec<String> = s
+                .copied
+                .skipped_links
+                .iter()
+                .chain(&s.copied.skipped_other)
+                .map(|p| p.display().to_string())
+                .collect();
+            if !skipped.is_empty() {
+                let _ = write!(
+                    out,
+                    "; skipped {} (links and special files are never copied)",
+                    skipped.join(", ")
+                );
+            }
+            let _ = writeln!(out);
+        }
+        PartOutcome::NotOnHost { removed } => not_on_host(&mut out, "skills/", *removed),
+    }
+    match &report.append_system {
+        PartOutcome::Staged(()) => {
+            let _ = writeln!(out, "APPEND_SYSTEM.md: staged");
+        }
+        PartOutcome::NotOnHost { removed } => not_on_host(&mut out, "APPEND_SYSTEM.md", *removed),
+    }
+    if !report.never_staged.is_empty() {
+        let _ = writeln!(
+            out,
+            "never staged: {} (credentials and the host's own state stay on the host)",
+            report.never_staged.join(", ")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "Check what was staged: literal arguments and URL paths are copied as written, and every job can read them."
+    );
+    let _ = writeln!(out, "Next: pi-dispatch doctor");
+    out
+}
+
+fn not_on_host(out: &mut String, what: &str, removed: bool) {
+    let _ = if removed {
+        writeln!(out, "{what}: not on the host, removed from the overlay")
+    } else {
+        writeln!(out, "{what}: not on the host")
+    };
+}
+
+fn mcp_lines(out: &mut String, outcome: &McpOutcome) {
+    let removed_note = |removed: bool| {
+        if removed {
+            "; the overlay's mcp.json was removed"
+        } else {
+            ""
+        }
+    };
+    let plan = match outcome {
+        McpOutcome::NoMcp { removed } => {
+            let _ = writeln!(
+                out,
+                "mcp.json: --no-mcp, no server staged{}",
+                removed_note(*removed)
+            );
+            return;
+        }
+        McpOutcome::NoHostFile { removed } => {
+            let _ = writeln!(
+                out,
+                "mcp.json: none on the host, no server staged{}",
+                removed_note(*removed)
+            );
+            return;
+        }
+        McpOutcome::Imported { plan, removed } => {
+            let _ = writeln!(
+                out,
+                "mcp.json: {} staged, {} left behind{}",
+                count(plan.staged.len(), "server"),
+                plan.left.len(),
+                if plan.staged.is_empty() {
+                    removed_note(*removed)
+                } else {
+                    ""
+                }
+            );
+            plan
+        }
+    };
+    let width = plan
+        .staged
+        .iter()
+        .map(|s| s.name.len())
+        .chain(plan.left.iter().map(|l| crate::output::display_name(&l.name).len()))
+        .max()
+        .unwrap_or(0);
+    for s in &plan.staged {
+        let mut notes = Vec::new();
+        if !s.references.is_empty() {
+            notes.push(format!("references {}", s.references.join(", ")));
+        }
+        if let Some(r) = s.package_runner {
+            notes.push(format!("uses the package runner {r}"));
+        }
+        let _ = writeln!(
+            out,
+            "  staged  {:<width$}  {:<5}  {}",
+            s.name,
+            s.transport.as_str(),
+            notes.join("; ")
+        );
+    }
+    for l in &plan.left {
+        let transport = l.transport.map_or("?", |t| t.as_str());
+        let name = crate::output::display_name(&l.name);
+        match &l.reason {
+            LeftReason::TurnedOff => {
+                let _ = writeln!(
+                    out,
+                    "  left    {name:<width$}  {transport:<5}  turned off on the host (\"enabled\": false)"
+                );
+            }
+            LeftReason::Refused(problems) => {
+                let _ = writeln!(out, "  left    {name:<width$}  {transport}");
+                for p in problems {
+                    let _ = writeln!(out, "      {p}");
+                }
+            }
+        }
+    }
+    if !plan.not_carried.is_empty() {
+        let _ = writeln!(
+            out,
+            "  pi settings in the host file, not carried into jobs: {}",
+            plan.not_carried.join(", ")
+        );
+    }
+}
+
+fn count(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}

@@ -1,0 +1,467 @@
+//! `doctor`: one check a line, each `ok`, `warn` or `fail`, with a fix under each that is not ok.
+//!
+//! [`gather`] reads what the checks need (the only effects here); [`checks`] is a pure function of
+//! that, so every check is tested on values.
+
+use std::path::{Path, PathBuf};
+
+use config::egress::{self, Allowlist, Unreachable};
+use config::endpoints::{self, ModelEndpoints};
+use config::files::{self, ReadError};
+use config::mcp::{self, Overlay, Transport};
+use config::models::{self, Models, ModelsError};
+use config::settings::Settings;
+use serde::Serialize;
+
+use crate::fsutil::{self, Kind};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Ok,
+    Warn,
+    /// A hard failure: doctor exits non-zero.
+    Fail,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub level: Level,
+    pub label: String,
+    /// What to do about it; every check that is not ok has one.
+    pub fix: Option<String>,
+}
+
+impl Check {
+    fn ok(label: impl Into<String>) -> Check {
+        Check {
+            level: Level::Ok,
+            label: label.into(),
+            fix: None,
+        }
+    }
+
+    fn warn(label: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check {
+            level: Level::Warn,
+            label: label.into(),
+            fix: Some(fix.into()),
+        }
+    }
+
+    fn fail(label: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check {
+            level: Level::Fail,
+            label: label.into(),
+            fix: Some(fix.into()),
+        }
+    }
+}
+
+/// A file read for a check: missing, read and parsed, or why not.
+#[derive(Debug)]
+pub enum Read<T> {
+    Missing,
+    Parsed(T),
+    Failed(String),
+}
+
+/// Proves that a job can reach a declared endpoint through the egress proxy. The proxy does not
+/// exist yet; [`NoRouteProof`] says so, and the proxy's issue replaces it with a real one that asks
+/// the proxy for a route and passes once anything answers there.
+pub trait RouteProof {
+    /// `Ok(())` when proven, `Err(why)` when not (or when it cannot be tried).
+    fn prove(&self, host: &str, port: u16) -> Result<(), String>;
+}
+
+/// The stand-in until the egress proxy exists: nothing can be proven.
+pub struct NoRouteProof;
+
+impl RouteProof for NoRouteProof {
+    fn prove(&self, _host: &str, _port: u16) -> Result<(), String> {
+        Err("not proven: the route proof through the egress proxy is not built yet".to_owned())
+    }
+}
+
+/// Everything the checks look at.
+#[derive(Debug)]
+pub struct Inputs {
+    pub settings: Settings,
+    pub overlay_kind: Kind,
+    pub auth_json: bool,
+    pub mcp_auth_json: bool,
+    pub mcp: Read<Overlay>,
+    pub models: Read<Models>,
+    pub allowlist: Read<Allowlist>,
+    pub endpoints: Read<ModelEndpoints>,
+}
+
+/// Reads what the checks need. Never follows a link.
+pub fn gather(settings: Settings) -> Inputs {
+    let overlay = settings.overlay_dir.clone();
+    let overlay_kind = fsutil::kind(&overlay).unwrap_or(Kind::Other);
+    let readable = overlay_kind == Kind::Dir;
+    let present = |name: &str| readable && fsutil::kind(&overlay.join(name)).is_ok_and(|k| k != Kind::Missing);
+    let mcp = if readable {
+        read(&overlay.join("mcp.json"), |b| {
+            mcp::parse_overlay(b).map_err(|e| format!("{e} [{}]", e.code()))
+        })
+    } else {
+        Read::Missing
+    };
+    let models = if readable {
+        read(&overlay.join("models.json"), |b| {
+            models::check(b).map_err(|e: ModelsError| e.to_string())
+        })
+    } else {
+        Read::Missing
+    };
+    let allowlist = read(&settings.egress_allowlist, |b| {
+        let text = std::str::from_utf8(b).map_err(|_| "it is not UTF-8 text".to_owned())?;
+        egress::parse_allowlist(text).map_err(|e| e.to_string())
+    });
+    let endpoints = read(&settings.model_endpoints, |b| {
+        let text = std::str::from_utf8(b).map_err(|_| "it is not UTF-8 text".to_owned())?;
+        endpoints::parse_model_endpoints(text).map_err(|e| e.to_string())
+    });
+    Inputs {
+        auth_json: present("auth.json"),
+        mcp_auth_json: present("mcp-auth.json"),
+        settings,
+        overlay_kind,
+        mcp,
+        models,
+        allowlist,
+        endpoints,
+    }
+}
+
+fn read<T>(path: &Path, parse: impl Fn(&[u8]) -> Result<T, String>) -> Read<T> {
+    match files::read_file(path, mcp::MAX_FILE_BYTES) {
+        Ok(bytes) => match parse(&bytes) {
+            Ok(v) => Read::Parsed(v),
+            Err(why) => Read::Failed(why),
+        },
+        Err(ReadError::Missing) => Read::Missing,
+        Err(e) => Read::Failed(format!("it {e}")),
+    }
+}
+
+/// The path of the overlay's `mcp-auth.json`, the one file `--fix` may delete.
+pub fn mcp_auth_path(settings: &Settings) -> PathBuf {
+    settings.overlay_dir.join("mcp-auth.json")
+}
+
+/// The checks when the settings themselves cannot be resolved: one failure each, and nothing else
+/// can be checked until they are fixed.
+pub fn settings_failed(errors: &[String], dir: &Path) -> Vec<Check> {
+    errors
+        .iter()
+        .map(|e| {
+            Check::fail(
+                format!("settings: {e}"),
+                format!(
+                    "correct it in {}/.env or in the environment; nothing else is checked until the settings read",
+                    dir.display()
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Every check, in the order doctor prints them.
+pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
+    let s = &inputs.settings;
+    let mut out = vec![Check::ok("settings: the environment and .env read cleanly")];
+    let overlay = s.overlay_dir.display();
+    match inputs.overlay_kind {
+        Kind::Dir => out.push(Check::ok(format!("overlay folder: {overlay}"))),
+        Kind::Missing => {
+            out.push(Check::fail(
+                format!("overlay folder {overlay} does not exist"),
+                "run `pi-dispatch init`, then `pi-dispatch import-pi`",
+            ));
+            return out;
+        }
+        Kind::Link => {
+            out.push(Check::fail(
+                format!("overlay folder {overlay} is a link"),
+                "set PI_GLOBAL_PI_DIR to the real folder: the overlay is mounted into jobs, and a link could point anywhere",
+            ));
+            return out;
+        }
+        Kind::File | Kind::Other => {
+            out.push(Check::fail(
+                format!("overlay folder {overlay} is not a folder"),
+                "set PI_GLOBAL_PI_DIR to a folder (`pi-dispatch init` makes one)",
+            ));
+            return out;
+        }
+    }
+    out.push(if inputs.auth_json {
+        Check::fail(
+            "auth.json is in the overlay: every job could read pi's stored credentials",
+            format!("delete {overlay}/auth.json; jobs get their provider key from the worker"),
+        )
+    } else {
+        Check::ok("no auth.json in the overlay")
+    });
+    out.push(if inputs.mcp_auth_json {
+        Check::fail(
+            "mcp-auth.json is in the overlay: every job could read pi's MCP sign-in tokens",
+            format!(
+                "delete {overlay}/mcp-auth.json (`pi-dispatch doctor --fix` asks before deleting it); give servers a token in a header instead"
+            ),
+        )
+    } else {
+        Check::ok("no mcp-auth.json in the overlay")
+    });
+    mcp_checks(inputs, &mut out);
+    models_check(inputs, &mut out);
+    egress_checks(inputs, proof, &mut out);
+    out
+}
+
+fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
+    let overlay = match &inputs.mcp {
+        Read::Missing => {
+            out.push(Check::ok(
+                "mcp.json: none in the overlay, so jobs connect no MCP server (forge needs none)",
+            ));
+            return;
+        }
+        Read::Failed(why) => {
+            out.push(Check::fail(
+                format!("mcp.json cannot be read: {why}"),
+                "fix the file (`pi-dispatch mcp check` shows details) or run `pi-dispatch import-pi` again; until then every job that names a server is refused",
+            ));
+            return;
+        }
+        Read::Parsed(o) => o,
+    };
+    let offered: Vec<&str> = overlay
+        .servers
+        .iter()
+        .filter(|s| s.offered().is_some())
+        .map(|s| s.name.as_str())
+        .collect();
+    out.push(Check::ok(format!(
+        "mcp.json reads: {} offered{}",
+        plural(offered.len(), "server"),
+        list(&offered)
+    )));
+    let off: Vec<&str> = overlay
+        .servers
+        .iter()
+        .filter(|s| s.verdict.is_ok() && !s.enabled)
+        .map(|s| s.name.as_str())
+        .collect();
+    if !off.is_empty() {
+        out.push(Check::ok(format!("turned off (not offered): {}", off.join(", "))));
+    }
+    if !overlay.codemode_models {
+        out.push(Check::ok(
+            "codemodeModels is false: codemode scripts cannot call models in any job",
+        ));
+    }
+    for entry in &overlay.servers {
+        if entry.problems().is_empty() {
+            continue;
+        }
+        let fix: Vec<String> = entry.problems().iter().map(ToString::to_string).collect();
+        out.push(Check::warn(
+            format!(
+                "server {} is refused: a job that names it is refused",
+                shown(&entry.name)
+            ),
+            fix.join("\n"),
+        ));
+    }
+    for server in overlay.servers.iter().filter_map(|s| s.offered()) {
+        if let Some(runner) = server.package_runner() {
+            out.push(Check::warn(
+                format!(
+                    "server {} uses the package runner {runner}: it downloads the server at every job start, at whatever version the registry serves",
+                    server.name
+                ),
+                "install the server in the job image or the overlay and name its command; if you keep the runner, allowlist the registry it fetches from",
+            ));
+        }
+    }
+}
+
+fn models_check(inputs: &Inputs, out: &mut Vec<Check>) {
+    match &inputs.models {
+        Read::Missing => {}
+        Read::Parsed(_) => out.push(Check::ok("models.json in the overlay holds no credential")),
+        Read::Failed(why) => out.push(Check::fail(
+            format!("models.json in the overlay: {why}"),
+            "write each key as $NAME (a variable the job is given), or run `pi-dispatch import-pi` from a host file that does",
+        )),
+    }
+}
+
+fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) {
+    let s = &inputs.settings;
+    let allow_file = s.egress_allowlist.display();
+    let endpoints_file = s.model_endpoints.display();
+    let allowlist = match &inputs.allowlist {
+        Read::Parsed(a) => {
+            out.push(Check::ok(format!(
+                "egress-allowlist.conf reads: {}",
+                plural(a.len(), "host")
+            )));
+            Some(a)
+        }
+        Read::Missing if s.egress => {
+            out.push(Check::fail(
+                format!("{allow_file} does not exist, and the egress policy is on"),
+                "run `pi-dispatch init` to write it, then add one host a line",
+            ));
+            None
+        }
+        Read::Missing => None,
+        Read::Failed(why) => {
+            out.push(Check::fail(
+                format!("egress-allowlist.conf cannot be read: {why}"),
+                format!("fix {allow_file}: one bare host a line, '#' comments, a leading '.' for subdomains"),
+            ));
+            None
+        }
+    };
+    let declared = match &inputs.endpoints {
+        Read::Parsed(e) => {
+            out.push(Check::ok(format!(
+                "model-endpoints.json reads: {} declared",
+                plural(e.endpoints.len(), "endpoint")
+            )));
+            Some(e)
+        }
+        Read::Missing => Some(&EMPTY),
+        Read::Failed(why) => {
+            out.push(Check::fail(
+                format!("model-endpoints.json cannot be read: {why}"),
+                format!("fix {endpoints_file} (`pi-dispatch init` writes an empty one)"),
+            ));
+            None
+        }
+    };
+    if !s.egress {
+        out.push(Check::warn(
+            "egress policy off (PI_EGRESS=0): jobs can reach any host",
+            "set PI_EGRESS=1 (or leave it empty) so that jobs reach only the allowlisted hosts and declared endpoints",
+        ));
+        return;
+    }
+    let (Read::Parsed(overlay), Some(allowlist), Some(declared)) = (&inputs.mcp, allowlist, declared)
+    else {
+        return;
+    };
+    let model_hosts = model_host_ports(&inputs.models);
+    for server in overlay.servers.iter().filter_map(|s| s.offered()) {
+        let Transport::Http(http) = &server.transport else {
+            continue;
+        };
+        let url = &http.url;
+        let (host, port) = (url.host().to_string(), url.port());
+        match egress::route(url.scheme(), url.host(), port, allowlist, declared) {
+            Ok(egress::Route::Allowlisted) => {}
+            Ok(egress::Route::DeclaredEndpoint { id }) => {
+                if model_hosts.contains(&(host.clone(), port)) {
+                    continue;
+                }
+                match proof.prove(&host, port) {
+                    Ok(()) => out.push(Check::ok(format!(
+                        "server {}: the route to declared endpoint {id} ({host}:{port}) is proven",
+                        server.name
+                    ))),
+                    Err(why) => out.push(Check::warn(
+                        format!(
+                            "server {} is on declared endpoint {id} ({host}:{port}), which no overlay model uses: {why}",
+                            server.name
+                        ),
+                        "check that the endpoint answers from this host; doctor will prove the route through the egress proxy once it exists",
+                    )),
+                }
+            }
+            Err(why) => out.push(Check::warn(
+                format!(
+                    "server {} is out of the egress proxy's reach ({host} on port {port}): {}",
+                    server.name,
+                    reach_reason(why)
+                ),
+                reach_fix(why, &host, port, &allow_file.to_string(), &endpoints_file.to_string()),
+            )),
+        }
+    }
+}
+
+static EMPTY: ModelEndpoints = ModelEndpoints {
+    endpoints: Vec::new(),
+};
+
+fn reach_reason(why: Unreachable) -> &'static str {
+    match why {
+        Unreachable::PlainHttpOn443 => "an http:// url on port 443 is never let through",
+        Unreachable::Loopback => "the proxy never lets a job reach its own machine",
+        Unreachable::NotAllowed => {
+            "neither allowlisted for https on port 443 nor a declared endpoint"
+        }
+    }
+}
+
+fn reach_fix(why: Unreachable, host: &str, port: u16, allow_file: &str, endpoints_file: &str) -> String {
+    match why {
+        Unreachable::PlainHttpOn443 => "use the server's https:// url".to_owned(),
+        Unreachable::Loopback => {
+            "a server on this machine cannot be reached from a job; run it in the job (stdio) or on another host".to_owned()
+        }
+        Unreachable::NotAllowed if port == 443 => format!(
+            "add {host} to {allow_file}, or declare {host} port {port} in {endpoints_file}"
+        ),
+        Unreachable::NotAllowed => format!(
+            "declare {host} port {port} in {endpoints_file} (the allowlist covers port 443 only)"
+        ),
+    }
+}
+
+/// The host and port of every model `baseUrl` in the overlay's models.json that reads as a URL.
+fn model_host_ports(models: &Read<Models>) -> Vec<(String, u16)> {
+    let Read::Parsed(models) = models else {
+        return Vec::new();
+    };
+    models
+        .base_urls
+        .iter()
+        .filter_map(|u| config::url::parse(u).ok())
+        .map(|u| (u.host().to_string(), u.port()))
+        .collect()
+}
+
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+fn list(names: &[&str]) -> String {
+    if names.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", names.join(", "))
+    }
+}
+
+/// A server name as written when it is a plain key, else a neutral word.
+fn shown(name: &str) -> String {
+    match config::problem::printable_key(name) {
+        Some(n) => n.to_owned(),
+        None => "(a server whose name is not plain)".to_owned(),
+    }
+}
+
+#[cfg(test)]
+#[path = "doctor_tests.rs"]
+mod tests;
