@@ -326,19 +326,20 @@ pub fn route(
     if scheme == Scheme::Http && port == ALLOWLIST_PORT {
         return Err(Unreachable::PlainHttpOn443);
     }
-    let found = if let Some(endpoint) = endpoints.find(host, port) {
-        Route::DeclaredEndpoint {
-            id: endpoint.id.clone(),
-        }
-    } else if scheme == Scheme::Https && port == ALLOWLIST_PORT && allowlist.names(host) {
-        Route::Allowlisted
-    } else {
-        return Err(Unreachable::NotAllowed);
-    };
+    // The proxy's own machine is never reachable, however it is listed: say so first, since no
+    // entry in either file could change it.
     if is_loopback(host) {
         return Err(Unreachable::Loopback);
     }
-    Ok(found)
+    if let Some(endpoint) = endpoints.find(host, port) {
+        return Ok(Route::DeclaredEndpoint {
+            id: endpoint.id.clone(),
+        });
+    }
+    if scheme == Scheme::Https && port == ALLOWLIST_PORT && allowlist.names(host) {
+        return Ok(Route::Allowlisted);
+    }
+    Err(Unreachable::NotAllowed)
 }
 
 #[cfg(test)]
@@ -741,6 +742,21 @@ mod tests {
             .unwrap_err();
             assert!(!err.to_string().contains("canary"), "{err}");
             assert!(err.code().starts_with("egress-"));
+        }
+    }
+
+    #[test]
+    fn loopback_is_said_first_whatever_the_files_list() {
+        let empty = list("");
+        for (scheme, host, port) in [
+            (Scheme::Https, Host::Name("localhost".into()), 443),
+            (Scheme::Http, Host::Name("localhost".into()), 8080),
+            (Scheme::Https, Host::Ipv4(Ipv4Addr::LOCALHOST), 8443),
+        ] {
+            assert_eq!(
+                route(scheme, &host, port, &empty, &ModelEndpoints::empty()),
+                Err(Unreachable::Loopback)
+            );
         }
     }
 }

@@ -101,7 +101,9 @@ pub fn gather(settings: Settings) -> Inputs {
     let overlay = settings.overlay_dir.clone();
     let overlay_kind = fsutil::kind(&overlay).unwrap_or(Kind::Other);
     let readable = overlay_kind == Kind::Dir;
-    let present = |name: &str| readable && fsutil::kind(&overlay.join(name)).is_ok_and(|k| k != Kind::Missing);
+    let present = |name: &str| {
+        readable && fsutil::kind(&overlay.join(name)).is_ok_and(|k| k != Kind::Missing)
+    };
     let mcp = if readable {
         read(&overlay.join("mcp.json"), |b| {
             mcp::parse_overlay(b).map_err(|e| format!("{e} [{}]", e.code()))
@@ -257,7 +259,10 @@ fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
         .map(|s| s.name.as_str())
         .collect();
     if !off.is_empty() {
-        out.push(Check::ok(format!("turned off (not offered): {}", off.join(", "))));
+        out.push(Check::ok(format!(
+            "turned off (not offered): {}",
+            off.join(", ")
+        )));
     }
     if !overlay.codemode_models {
         out.push(Check::ok(
@@ -308,7 +313,8 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
     let allowlist = match &inputs.allowlist {
         Read::Parsed(a) => {
             out.push(Check::ok(format!(
-                "egress-allowlist.conf reads: {}",
+                "{} reads: {}",
+                file_name(&s.egress_allowlist),
                 plural(a.len(), "host")
             )));
             Some(a)
@@ -323,7 +329,7 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
         Read::Missing => None,
         Read::Failed(why) => {
             out.push(Check::fail(
-                format!("egress-allowlist.conf cannot be read: {why}"),
+                format!("{} cannot be read: {why}", file_name(&s.egress_allowlist)),
                 format!("fix {allow_file}: one bare host a line, '#' comments, a leading '.' for subdomains"),
             ));
             None
@@ -332,7 +338,8 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
     let declared = match &inputs.endpoints {
         Read::Parsed(e) => {
             out.push(Check::ok(format!(
-                "model-endpoints.json reads: {} declared",
+                "{} reads: {} declared",
+                file_name(&s.model_endpoints),
                 plural(e.endpoints.len(), "endpoint")
             )));
             Some(e)
@@ -340,7 +347,7 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
         Read::Missing => Some(&EMPTY),
         Read::Failed(why) => {
             out.push(Check::fail(
-                format!("model-endpoints.json cannot be read: {why}"),
+                format!("{} cannot be read: {why}", file_name(&s.model_endpoints)),
                 format!("fix {endpoints_file} (`pi-dispatch init` writes an empty one)"),
             ));
             None
@@ -353,11 +360,13 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
         ));
         return;
     }
-    let (Read::Parsed(overlay), Some(allowlist), Some(declared)) = (&inputs.mcp, allowlist, declared)
+    let (Read::Parsed(overlay), Some(allowlist), Some(declared)) =
+        (&inputs.mcp, allowlist, declared)
     else {
         return;
     };
     let model_hosts = model_host_ports(&inputs.models);
+    let mut proofs: Vec<((String, u16), Result<(), String>)> = Vec::new();
     for server in overlay.servers.iter().filter_map(|s| s.offered()) {
         let Transport::Http(http) = &server.transport else {
             continue;
@@ -370,7 +379,16 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
                 if model_hosts.contains(&(host.clone(), port)) {
                     continue;
                 }
-                match proof.prove(&host, port) {
+                let key = (host.clone(), port);
+                let proven = match proofs.iter().find(|(k, _)| *k == key) {
+                    Some((_, r)) => r.clone(),
+                    None => {
+                        let r = proof.prove(&host, port);
+                        proofs.push((key, r.clone()));
+                        r
+                    }
+                };
+                match proven {
                     Ok(()) => out.push(Check::ok(format!(
                         "server {}: the route to declared endpoint {id} ({host}:{port}) is proven",
                         server.name
@@ -384,14 +402,32 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
                     )),
                 }
             }
-            Err(why) => out.push(Check::warn(
-                format!(
-                    "server {} is out of the egress proxy's reach ({host} on port {port}): {}",
-                    server.name,
-                    reach_reason(why)
-                ),
-                reach_fix(why, &host, port, &allow_file.to_string(), &endpoints_file.to_string()),
-            )),
+            Err(why) => {
+                let fix = if url.scheme() == config::url::Scheme::Http
+                    && why == Unreachable::NotAllowed
+                    && allowlist.names(url.host())
+                {
+                    format!(
+                        "use the server's https:// url: {host} is allowlisted, for https on port 443 only"
+                    )
+                } else {
+                    reach_fix(
+                        why,
+                        &host,
+                        port,
+                        &allow_file.to_string(),
+                        &endpoints_file.to_string(),
+                    )
+                };
+                out.push(Check::warn(
+                    format!(
+                        "server {} is out of the egress proxy's reach ({host} on port {port}): {}",
+                        server.name,
+                        reach_reason(why)
+                    ),
+                    fix,
+                ));
+            }
         }
     }
 }
@@ -410,7 +446,13 @@ fn reach_reason(why: Unreachable) -> &'static str {
     }
 }
 
-fn reach_fix(why: Unreachable, host: &str, port: u16, allow_file: &str, endpoints_file: &str) -> String {
+fn reach_fix(
+    why: Unreachable,
+    host: &str,
+    port: u16,
+    allow_file: &str,
+    endpoints_file: &str,
+) -> String {
     match why {
         Unreachable::PlainHttpOn443 => "use the server's https:// url".to_owned(),
         Unreachable::Loopback => {
@@ -436,6 +478,13 @@ fn model_host_ports(models: &Read<Models>) -> Vec<(String, u16)> {
         .filter_map(|u| config::url::parse(u).ok())
         .map(|u| (u.host().to_string(), u.port()))
         .collect()
+}
+
+/// A file's name, for labels (the fix gives the whole path).
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
 }
 
 fn plural(n: usize, what: &str) -> String {

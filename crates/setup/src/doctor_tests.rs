@@ -1,1 +1,688 @@
 //! Unit tests of the doctor checks, on values.
+
+use std::cell::RefCell;
+
+use super::*;
+
+/// The deployment folder every test resolves its settings in.
+const DIR: &str = "/srv/d";
+
+/// Two offered servers: one over HTTP on an allowlisted host, one over stdio.
+const SERVERS: &str = r#"
+    "docs": {"url": "https://docs.example.com/mcp", "description": "Docs"},
+    "files": {"command": "/opt/pi-global/mcp/files", "description": "Files"}
+"#;
+
+fn settings(egress: bool) -> Settings {
+    let get = move |name: &str| (!egress && name == "PI_EGRESS").then(|| "0".to_owned());
+    config::settings::resolve(&get, Path::new(DIR)).unwrap()
+}
+
+/// An overlay `mcp.json` whose `mcpServers` holds `servers` (JSON members, without braces).
+fn overlay(servers: &str) -> Read<Overlay> {
+    overlay_file(&format!(r#"{{"mcpServers": {{{servers}}}}}"#))
+}
+
+fn overlay_file(text: &str) -> Read<Overlay> {
+    Read::Parsed(mcp::parse_overlay(text.as_bytes()).unwrap())
+}
+
+fn allowlist(text: &str) -> Read<Allowlist> {
+    Read::Parsed(egress::parse_allowlist(text).unwrap())
+}
+
+/// A `model-endpoints.json` declaring `endpoints` (JSON objects, without the brackets).
+fn endpoints(endpoints: &str) -> Read<ModelEndpoints> {
+    Read::Parsed(
+        endpoints::parse_model_endpoints(&format!(
+            r#"{{"version": 1, "endpoints": [{endpoints}]}}"#
+        ))
+        .unwrap(),
+    )
+}
+
+fn models_file(text: &str) -> Read<Models> {
+    Read::Parsed(models::check(text.as_bytes()).unwrap())
+}
+
+/// A healthy deployment: each test changes one thing.
+fn healthy() -> Inputs {
+    Inputs {
+        settings: settings(true),
+        overlay_kind: Kind::Dir,
+        auth_json: false,
+        mcp_auth_json: false,
+        mcp: overlay(SERVERS),
+        models: models_file(
+            r#"{"providers": {"openai": {"baseUrl": "https://api.openai.example/v1", "apiKey": "$OPENAI_API_KEY"}}}"#,
+        ),
+        allowlist: allowlist("# hosts\ndocs.example.com\n"),
+        endpoints: endpoints(""),
+    }
+}
+
+/// A proof that always passes and records what it was asked.
+#[derive(Default)]
+struct Proving {
+    asked: RefCell<Vec<(String, u16)>>,
+}
+
+impl RouteProof for Proving {
+    fn prove(&self, host: &str, port: u16) -> Result<(), String> {
+        self.asked.borrow_mut().push((host.to_owned(), port));
+        Ok(())
+    }
+}
+
+/// The checks, after asserting that exactly the checks that are not ok carry a fix.
+fn run(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
+    let out = checks(inputs, proof);
+    assert_fixes(&out);
+    out
+}
+
+fn assert_fixes(out: &[Check]) {
+    for c in out {
+        match c.level {
+            Level::Ok => assert_eq!(c.fix, None, "{c:?}"),
+            Level::Warn | Level::Fail => {
+                assert!(c.fix.as_deref().is_some_and(|f| !f.is_empty()), "{c:?}");
+            }
+        }
+    }
+}
+
+/// The one check whose label holds `words`.
+fn the<'a>(out: &'a [Check], words: &str) -> &'a Check {
+    let found: Vec<&Check> = out.iter().filter(|c| c.label.contains(words)).collect();
+    assert_eq!(found.len(), 1, "{words:?} in {out:#?}");
+    found[0]
+}
+
+fn fix(c: &Check) -> &str {
+    c.fix.as_deref().unwrap()
+}
+
+fn not_ok(out: &[Check]) -> Vec<&Check> {
+    out.iter().filter(|c| c.level != Level::Ok).collect()
+}
+
+fn labels(out: &[Check]) -> Vec<&str> {
+    out.iter().map(|c| c.label.as_str()).collect()
+}
+
+#[test]
+fn a_healthy_deployment_is_all_ok_and_names_the_offered_servers() {
+    let out = run(&healthy(), &NoRouteProof);
+    assert!(not_ok(&out).is_empty(), "{out:#?}");
+    assert_eq!(
+        labels(&out),
+        [
+            "settings: the environment and .env read cleanly",
+            "overlay folder: /srv/d/pi-global",
+            "no auth.json in the overlay",
+            "no mcp-auth.json in the overlay",
+            "mcp.json reads: 2 servers offered (docs, files)",
+            "models.json in the overlay holds no credential",
+            "egress-allowlist.conf reads: 1 host",
+            "model-endpoints.json reads: 0 endpoints declared",
+        ]
+    );
+}
+
+#[test]
+fn an_overlay_folder_that_is_not_a_folder_fails_and_stops_the_checks() {
+    for (kind, words) in [
+        (Kind::Missing, "does not exist"),
+        (Kind::Link, "is a link"),
+        (Kind::File, "is not a folder"),
+        (Kind::Other, "is not a folder"),
+    ] {
+        let inputs = Inputs {
+            overlay_kind: kind,
+            // Would fail on their own: they must not be looked at.
+            auth_json: true,
+            mcp_auth_json: true,
+            mcp: Read::Failed("mcp.json is not JSON".into()),
+            ..healthy()
+        };
+        let out = run(&inputs, &NoRouteProof);
+        assert_eq!(out.len(), 2, "{kind:?}: {out:#?}");
+        assert_eq!(out[0].level, Level::Ok);
+        let last = &out[1];
+        assert_eq!(last.level, Level::Fail, "{kind:?}");
+        assert!(
+            last.label.contains("overlay folder /srv/d/pi-global") && last.label.contains(words),
+            "{kind:?}: {last:?}"
+        );
+        for c in &out {
+            assert!(!c.label.contains("mcp.json"), "{kind:?}: {c:?}");
+            assert!(!c.label.contains("auth.json"), "{kind:?}: {c:?}");
+        }
+    }
+}
+
+#[test]
+fn auth_json_in_the_overlay_fails() {
+    let out = run(
+        &Inputs {
+            auth_json: true,
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    let c = the(&out, "auth.json is in the overlay");
+    assert_eq!(c.level, Level::Fail);
+    assert!(
+        fix(c).contains("delete /srv/d/pi-global/auth.json"),
+        "{c:?}"
+    );
+    assert_eq!(not_ok(&out), [c]);
+    assert_eq!(
+        the(&out, "no mcp-auth.json in the overlay").level,
+        Level::Ok
+    );
+}
+
+#[test]
+fn mcp_auth_json_in_the_overlay_fails_and_points_at_fix() {
+    let out = run(
+        &Inputs {
+            mcp_auth_json: true,
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    let c = the(&out, "mcp-auth.json is in the overlay");
+    assert_eq!(c.level, Level::Fail);
+    assert!(fix(c).contains("/srv/d/pi-global/mcp-auth.json"), "{c:?}");
+    assert!(fix(c).contains("--fix"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+    assert_eq!(the(&out, "no auth.json in the overlay").level, Level::Ok);
+}
+
+#[test]
+fn no_mcp_json_is_ok_and_means_no_servers() {
+    let out = run(
+        &Inputs {
+            mcp: Read::Missing,
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    assert!(not_ok(&out).is_empty(), "{out:#?}");
+    assert_eq!(the(&out, "mcp.json: none in the overlay").level, Level::Ok);
+    assert!(
+        !labels(&out).iter().any(|l| l.contains("offered")),
+        "{out:#?}"
+    );
+}
+
+#[test]
+fn an_unreadable_mcp_json_fails() {
+    let out = run(
+        &Inputs {
+            mcp: Read::Failed("mcp.json is not JSON [not-json]".into()),
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    let c = the(
+        &out,
+        "mcp.json cannot be read: mcp.json is not JSON [not-json]",
+    );
+    assert_eq!(c.level, Level::Fail);
+    assert!(fix(c).contains("pi-dispatch mcp check"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+}
+
+#[test]
+fn a_refused_server_warns_with_its_problems_and_never_quotes_a_value() {
+    let inputs = Inputs {
+        mcp: overlay(
+            r#"
+            "docs": {"url": "https://docs.example.com/mcp", "description": "Docs"},
+            "forge": {"url": "https://docs.example.com/mcp", "description": "Mine"},
+            "leaky": {"url": "https://docs.example.com/mcp", "description": "Leaky",
+                      "headers": {"Authorization": "Bearer CNRY-1"}},
+            "CNRY-2 name": {"url": "https://docs.example.com/mcp", "description": "Odd"}
+            "#,
+        ),
+        ..healthy()
+    };
+    let out = run(&inputs, &NoRouteProof);
+
+    let forge = the(&out, "server forge is refused");
+    assert_eq!(forge.level, Level::Warn);
+    assert!(fix(forge).contains("[name-reserved]"), "{forge:?}");
+
+    let leaky = the(&out, "server leaky is refused");
+    assert_eq!(leaky.level, Level::Warn);
+    assert!(fix(leaky).contains("headers.Authorization"), "{leaky:?}");
+    assert!(fix(leaky).contains("[header-literal]"), "{leaky:?}");
+
+    let odd = the(&out, "server (a server whose name is not plain) is refused");
+    assert_eq!(odd.level, Level::Warn);
+    assert!(fix(odd).contains("[name-invalid]"), "{odd:?}");
+
+    // Only the valid server is offered, and nothing else is wrong.
+    assert_eq!(
+        the(&out, "mcp.json reads").label,
+        "mcp.json reads: 1 server offered (docs)"
+    );
+    assert_eq!(not_ok(&out), [forge, leaky, odd]);
+
+    for c in &out {
+        for text in [Some(c.label.as_str()), c.fix.as_deref()]
+            .into_iter()
+            .flatten()
+        {
+            assert!(!text.contains("CNRY"), "a value is quoted: {c:?}");
+        }
+    }
+}
+
+#[test]
+fn a_turned_off_server_is_listed_as_not_offered() {
+    let out = run(
+        &Inputs {
+            mcp: overlay(
+                r#"
+                "docs": {"url": "https://docs.example.com/mcp", "description": "Docs"},
+                "files": {"command": "/opt/pi-global/mcp/files", "description": "Files", "enabled": false}
+                "#,
+            ),
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    assert!(not_ok(&out).is_empty(), "{out:#?}");
+    assert_eq!(
+        the(&out, "mcp.json reads").label,
+        "mcp.json reads: 1 server offered (docs)"
+    );
+    let off = the(&out, "turned off (not offered)");
+    assert_eq!(off.level, Level::Ok);
+    assert_eq!(off.label, "turned off (not offered): files");
+    // The healthy deployment has no such line.
+    let healthy = run(&healthy(), &NoRouteProof);
+    assert!(!labels(&healthy).iter().any(|l| l.contains("turned off")));
+}
+
+#[test]
+fn codemode_models_false_is_reported() {
+    let out = run(
+        &Inputs {
+            mcp: overlay_file(&format!(
+                r#"{{"mcpServers": {{{SERVERS}}}, "codemodeModels": false}}"#
+            )),
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    assert!(not_ok(&out).is_empty(), "{out:#?}");
+    assert_eq!(the(&out, "codemodeModels is false").level, Level::Ok);
+    let healthy = run(&healthy(), &NoRouteProof);
+    assert!(
+        !labels(&healthy)
+            .iter()
+            .any(|l| l.contains("codemodeModels"))
+    );
+}
+
+#[test]
+fn a_package_runner_server_warns() {
+    let out = run(
+        &Inputs {
+            mcp: overlay(&format!(
+                r#"{SERVERS}, "runner": {{"command": "npx", "args": ["-y", "some-mcp"], "description": "Runner", "allowPackageRunner": true}}"#
+            )),
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    assert_eq!(
+        the(&out, "mcp.json reads").label,
+        "mcp.json reads: 3 servers offered (docs, files, runner)"
+    );
+    let c = the(&out, "server runner uses the package runner npx");
+    assert_eq!(c.level, Level::Warn);
+    assert!(fix(c).contains("install the server"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+}
+
+#[test]
+fn an_unreadable_models_json_fails() {
+    let why = "models.json holds a credential or a command: providers.x.apiKey: the key is written in the file";
+    let out = run(
+        &Inputs {
+            models: Read::Failed(why.into()),
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    let c = the(&out, &format!("models.json in the overlay: {why}"));
+    assert_eq!(c.level, Level::Fail);
+    assert!(fix(c).contains("$NAME"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+}
+
+#[test]
+fn a_parsed_models_json_is_ok_and_a_missing_one_is_not_mentioned() {
+    let out = run(&healthy(), &NoRouteProof);
+    assert_eq!(
+        the(&out, "models.json in the overlay holds no credential").level,
+        Level::Ok
+    );
+    let out = run(
+        &Inputs {
+            models: Read::Missing,
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    assert!(not_ok(&out).is_empty(), "{out:#?}");
+    assert!(!labels(&out).iter().any(|l| l.contains("models.json")));
+}
+
+/// The checks for a healthy deployment whose only server is `docs` at `url`.
+fn with_docs_at(url: &str, allow: &str) -> Vec<Check> {
+    let inputs = Inputs {
+        mcp: overlay(&format!(
+            r#""docs": {{"url": "{url}", "description": "Docs"}}"#
+        )),
+        allowlist: allowlist(allow),
+        ..healthy()
+    };
+    run(&inputs, &NoRouteProof)
+}
+
+#[test]
+fn egress_on_a_server_on_a_host_not_allowlisted_warns() {
+    let out = with_docs_at("https://other.example.net/mcp", "docs.example.com\n");
+    let c = the(&out, "server docs is out of the egress proxy's reach");
+    assert_eq!(c.level, Level::Warn);
+    assert!(c.label.contains("other.example.net on port 443"), "{c:?}");
+    assert!(
+        fix(c).contains("add other.example.net to /srv/d/egress-allowlist.conf"),
+        "{c:?}"
+    );
+    assert_eq!(not_ok(&out), [c]);
+}
+
+#[test]
+fn egress_on_an_allowlisted_server_does_not_warn() {
+    for allow in ["docs.example.com\n", ".example.com\n"] {
+        let out = with_docs_at("https://docs.example.com/mcp", allow);
+        assert!(not_ok(&out).is_empty(), "{allow:?}: {out:#?}");
+        assert!(
+            !labels(&out)
+                .iter()
+                .any(|l| l.contains("out of the egress proxy's reach")),
+            "{allow:?}"
+        );
+    }
+}
+
+#[test]
+fn egress_on_plain_http_on_port_443_warns() {
+    let out = with_docs_at("http://docs.example.com:443/mcp", "docs.example.com\n");
+    let c = the(&out, "server docs is out of the egress proxy's reach");
+    assert_eq!(c.level, Level::Warn);
+    assert!(c.label.contains("http:// url on port 443"), "{c:?}");
+    assert!(fix(c).contains("https://"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+}
+
+#[test]
+fn egress_on_an_allowlisted_loopback_server_warns() {
+    for (url, host) in [
+        ("https://localhost/mcp", "localhost"),
+        ("https://127.0.0.1/mcp", "127.0.0.1"),
+    ] {
+        let out = with_docs_at(url, "localhost\n127.0.0.1\n");
+        let c = the(&out, "server docs is out of the egress proxy's reach");
+        assert_eq!(c.level, Level::Warn, "{url}");
+        assert!(c.label.contains(&format!("{host} on port 443")), "{c:?}");
+        assert!(c.label.contains("its own machine"), "{c:?}");
+        assert!(fix(c).contains("cannot be reached from a job"), "{c:?}");
+        assert_eq!(not_ok(&out), [c], "{url}");
+    }
+}
+
+#[test]
+fn egress_on_an_allowlisted_host_on_another_port_must_be_declared() {
+    let out = with_docs_at("https://docs.example.com:8443/mcp", "docs.example.com\n");
+    let c = the(&out, "server docs is out of the egress proxy's reach");
+    assert_eq!(c.level, Level::Warn);
+    assert!(c.label.contains("docs.example.com on port 8443"), "{c:?}");
+    assert!(
+        fix(c).contains("declare docs.example.com port 8443 in /srv/d/model-endpoints.json"),
+        "{c:?}"
+    );
+    assert!(fix(c).contains("port 443 only"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+}
+
+#[test]
+fn egress_on_a_missing_allowlist_fails() {
+    let out = run(
+        &Inputs {
+            allowlist: Read::Missing,
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    let c = the(
+        &out,
+        "/srv/d/egress-allowlist.conf does not exist, and the egress policy is on",
+    );
+    assert_eq!(c.level, Level::Fail);
+    assert!(fix(c).contains("pi-dispatch init"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+}
+
+#[test]
+fn an_unreadable_allowlist_fails() {
+    let out = run(
+        &Inputs {
+            allowlist: Read::Failed("egress-allowlist.conf line 2: a path is not allowed".into()),
+            // Unreachable, but not judged without an allowlist.
+            mcp: overlay(r#""docs": {"url": "https://other.example.net/mcp", "description": "D"}"#),
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    let c = the(
+        &out,
+        "egress-allowlist.conf cannot be read: egress-allowlist.conf line 2",
+    );
+    assert_eq!(c.level, Level::Fail);
+    assert!(fix(c).contains("fix /srv/d/egress-allowlist.conf"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+}
+
+#[test]
+fn unreadable_endpoints_fail() {
+    let out = run(
+        &Inputs {
+            endpoints: Read::Failed("model-endpoints.json: version must be the number 1".into()),
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    let c = the(
+        &out,
+        "model-endpoints.json cannot be read: model-endpoints.json: version",
+    );
+    assert_eq!(c.level, Level::Fail);
+    assert!(fix(c).contains("fix /srv/d/model-endpoints.json"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+}
+
+/// A healthy deployment whose `llm` server is on the declared endpoint `gpu-1`.
+fn on_declared_endpoint() -> Inputs {
+    Inputs {
+        mcp: overlay(&format!(
+            r#"{SERVERS}, "llm": {{"url": "https://llm.example.com:8443/mcp", "description": "LLM tools"}}"#
+        )),
+        endpoints: endpoints(r#"{"id": "gpu-1", "host": "llm.example.com", "port": 8443}"#),
+        ..healthy()
+    }
+}
+
+#[test]
+fn a_server_on_a_declared_endpoint_no_model_uses_warns_when_not_proven() {
+    let out = run(&on_declared_endpoint(), &NoRouteProof);
+    let c = the(
+        &out,
+        "server llm is on declared endpoint gpu-1 (llm.example.com:8443)",
+    );
+    assert_eq!(c.level, Level::Warn);
+    assert!(c.label.contains("which no overlay model uses"), "{c:?}");
+    assert!(c.label.contains("not proven"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+    assert_eq!(
+        the(&out, "model-endpoints.json reads").label,
+        "model-endpoints.json reads: 1 endpoint declared"
+    );
+}
+
+#[test]
+fn a_server_on_a_declared_endpoint_is_ok_when_the_route_is_proven() {
+    let proof = Proving::default();
+    let out = run(&on_declared_endpoint(), &proof);
+    assert!(not_ok(&out).is_empty(), "{out:#?}");
+    let c = the(&out, "server llm: the route to declared endpoint gpu-1");
+    assert_eq!(c.level, Level::Ok);
+    assert!(
+        c.label.contains("(llm.example.com:8443) is proven"),
+        "{c:?}"
+    );
+    assert_eq!(
+        *proof.asked.borrow(),
+        [("llm.example.com".to_owned(), 8443)]
+    );
+}
+
+#[test]
+fn a_server_on_an_endpoint_an_overlay_model_uses_needs_no_proof() {
+    let inputs = Inputs {
+        models: models_file(
+            r#"{"providers": {"local": {"baseUrl": "https://llm.example.com:8443/v1", "apiKey": "$LOCAL_KEY"}}}"#,
+        ),
+        ..on_declared_endpoint()
+    };
+    let proof = Proving::default();
+    let out = run(&inputs, &proof);
+    assert!(
+        proof.asked.borrow().is_empty(),
+        "{:?}",
+        proof.asked.borrow()
+    );
+    assert!(not_ok(&out).is_empty(), "{out:#?}");
+    assert!(
+        !labels(&out).iter().any(|l| l.contains("server llm")),
+        "{out:#?}"
+    );
+    // Nor is a line added without a proof.
+    let out = run(&inputs, &NoRouteProof);
+    assert!(not_ok(&out).is_empty(), "{out:#?}");
+    assert_eq!(out.len(), run(&healthy(), &NoRouteProof).len());
+}
+
+#[test]
+fn egress_off_warns_once_and_judges_no_reach() {
+    let inputs = Inputs {
+        settings: settings(false),
+        mcp: overlay(
+            r#"
+            "other": {"url": "https://other.example.net/mcp", "description": "Other"},
+            "plain": {"url": "http://docs.example.com:443/mcp", "description": "Plain"},
+            "own": {"url": "https://localhost/mcp", "description": "Own"}
+            "#,
+        ),
+        // Without the policy, no allowlist is needed.
+        allowlist: Read::Missing,
+        ..on_declared_endpoint()
+    };
+    let out = run(&inputs, &NoRouteProof);
+    let c = the(&out, "egress policy off (PI_EGRESS=0)");
+    assert_eq!(c.level, Level::Warn);
+    assert!(fix(c).contains("PI_EGRESS=1"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+    assert!(
+        !labels(&out)
+            .iter()
+            .any(|l| l.contains("out of the egress proxy's reach")),
+        "{out:#?}"
+    );
+    // The healthy deployment has the policy on.
+    let healthy = run(&healthy(), &NoRouteProof);
+    assert!(
+        !labels(&healthy)
+            .iter()
+            .any(|l| l.contains("egress policy off"))
+    );
+}
+
+#[test]
+fn settings_that_fail_give_one_failure_each_naming_the_env_file() {
+    let get = |name: &str| match name {
+        "PI_GLOBAL_PI_DIR" => Some("relative".to_owned()),
+        "PI_EGRESS" => Some("yes".to_owned()),
+        _ => None,
+    };
+    let errors: Vec<String> = config::settings::resolve(&get, Path::new(DIR))
+        .unwrap_err()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(errors.len(), 2);
+    let out = settings_failed(&errors, Path::new(DIR));
+    assert_fixes(&out);
+    assert_eq!(out.len(), 2);
+    for (c, e) in out.iter().zip(&errors) {
+        assert_eq!(c.level, Level::Fail);
+        assert_eq!(c.label, format!("settings: {e}"));
+        assert!(fix(c).contains("/srv/d/.env"), "{c:?}");
+    }
+    assert!(out[0].label.contains("PI_GLOBAL_PI_DIR"));
+    assert!(out[1].label.contains("PI_EGRESS"));
+    assert!(settings_failed(&[], Path::new(DIR)).is_empty());
+}
+
+#[test]
+fn plain_http_to_an_allowlisted_host_is_told_to_use_https() {
+    let out = with_docs_at("http://docs.example.com/mcp", "docs.example.com\n");
+    let c = the(&out, "server docs is out of the egress proxy's reach");
+    assert_eq!(c.level, Level::Warn);
+    assert!(fix(c).contains("https://"), "{}", fix(c));
+    // A loopback server is told it can never be reached, not to edit a file.
+    let out = with_docs_at("http://localhost:8080/mcp", "docs.example.com\n");
+    let c = the(&out, "server docs is out of the egress proxy's reach");
+    assert!(c.label.contains("its own machine"), "{}", c.label);
+    assert!(!fix(c).contains("model-endpoints.json"), "{}", fix(c));
+}
+
+#[test]
+fn an_endpoint_shared_by_servers_is_proven_once() {
+    let inputs = Inputs {
+        mcp: overlay(
+            r#""a": {"url": "https://llm.example.com:8443/a", "description": "A"},
+               "b": {"url": "https://llm.example.com:8443/b", "description": "B"}"#,
+        ),
+        endpoints: endpoints(r#"{"id": "llm", "host": "llm.example.com", "port": 8443}"#),
+        ..healthy()
+    };
+    let proof = Proving::default();
+    let out = run(&inputs, &proof);
+    assert_eq!(
+        *proof.asked.borrow(),
+        [("llm.example.com".to_owned(), 8443)]
+    );
+    assert_eq!(
+        out.iter().filter(|c| c.label.contains("is proven")).count(),
+        2
+    );
+}

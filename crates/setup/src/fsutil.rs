@@ -21,6 +21,16 @@ fn temp_path(target: &Path) -> io::Result<PathBuf> {
     Ok(dir.join(format!("{TEMP_PREFIX}{}.{n}", std::process::id())))
 }
 
+/// The variable of the crash hook: set to `mid-write` or `before-rename`, the process aborts at that
+/// point of every file write, as a crash would, so that tests can see what a crash leaves behind.
+pub const CRASH_HOOK: &str = "PI_DISPATCH_TEST_CRASH";
+
+fn crash_point(point: &str) {
+    if std::env::var(CRASH_HOOK).is_ok_and(|v| v == point) {
+        std::process::abort();
+    }
+}
+
 fn write_temp(target: &Path, bytes: &[u8], mode: u32) -> io::Result<PathBuf> {
     let tmp = temp_path(target)?;
     let mut file = OpenOptions::new()
@@ -29,7 +39,13 @@ fn write_temp(target: &Path, bytes: &[u8], mode: u32) -> io::Result<PathBuf> {
         .mode(mode)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)?;
-    let written = file.write_all(bytes).and_then(|()| file.sync_all());
+    let (first, second) = bytes.split_at(bytes.len() / 2);
+    let written = file
+        .write_all(first)
+        .and_then(|()| file.flush())
+        .map(|()| crash_point("mid-write"))
+        .and_then(|()| file.write_all(second))
+        .and_then(|()| file.sync_all());
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
         return Err(e);
@@ -44,6 +60,7 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 /// Replaces `target` with `bytes` atomically (temp file, fsync, rename, fsync of the folder).
 pub fn write_atomic(target: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     let tmp = write_temp(target, bytes, mode)?;
+    crash_point("before-rename");
     if let Err(e) = fs::rename(&tmp, target) {
         let _ = fs::remove_file(&tmp);
         return Err(e);

@@ -78,7 +78,9 @@ pub enum McpOutcome {
 pub enum PartOutcome<T> {
     Staged(T),
     /// The host has none; the overlay's was removed if it had one.
-    NotOnHost { removed: bool },
+    NotOnHost {
+        removed: bool,
+    },
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -121,9 +123,13 @@ pub fn import(opts: &Options) -> Result<Report, ImportError> {
 
     let mcp_path = opts.to.join(MCP_FILE);
     let mcp = if opts.no_mcp {
-        McpOutcome::NoMcp { removed: remove(&mcp_path)? }
+        McpOutcome::NoMcp {
+            removed: remove(&mcp_path)?,
+        }
     } else if !plan.host_has_mcp {
-        McpOutcome::NoHostFile { removed: remove(&mcp_path)? }
+        McpOutcome::NoHostFile {
+            removed: remove(&mcp_path)?,
+        }
     } else {
         let plan = plan.mcp.unwrap_or_default();
         let removed = match plan.overlay_file() {
@@ -142,7 +148,9 @@ pub fn import(opts: &Options) -> Result<Report, ImportError> {
             write(&models_path, &bytes)?;
             PartOutcome::Staged(models)
         }
-        None => PartOutcome::NotOnHost { removed: remove(&models_path)? },
+        None => PartOutcome::NotOnHost {
+            removed: remove(&models_path)?,
+        },
     };
 
     let skills_path = opts.to.join(SKILLS_DIR);
@@ -160,12 +168,19 @@ pub fn import(opts: &Options) -> Result<Report, ImportError> {
             write(&append_path, &bytes)?;
             PartOutcome::Staged(())
         }
-        None => PartOutcome::NotOnHost { removed: remove(&append_path)? },
+        None => PartOutcome::NotOnHost {
+            removed: remove(&append_path)?,
+        },
     };
 
     let never_staged = NEVER_STAGED
         .into_iter()
-        .filter(|name| !matches!(fsutil::kind(&opts.from.join(name)), Ok(Kind::Missing) | Err(_)))
+        .filter(|name| {
+            !matches!(
+                fsutil::kind(&opts.from.join(name)),
+                Ok(Kind::Missing) | Err(_)
+            )
+        })
         .collect();
     Ok(Report {
         from: opts.from.clone(),
@@ -229,9 +244,10 @@ fn read_host(opts: &Options) -> Result<Plan, ImportError> {
         };
         if let Some(bytes) = bytes {
             plan.host_has_mcp = true;
-            plan.mcp = Some(import::plan_mcp(&bytes).map_err(|e: HostFileError| {
-                ImportError::HostMcp(e.to_string())
-            })?);
+            plan.mcp = Some(
+                import::plan_mcp(&bytes)
+                    .map_err(|e: HostFileError| ImportError::HostMcp(e.to_string()))?,
+            );
         }
     }
     if let Some(bytes) = read_host_file(&opts.from, MODELS_FILE, config::mcp::MAX_FILE_BYTES)? {

@@ -75,7 +75,11 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         human(ctx, &checks)
     };
     crate::output::print(&text)?;
-    Ok(if failed { Exit::CheckFailed } else { Exit::Success })
+    Ok(if failed {
+        Exit::CheckFailed
+    } else {
+        Exit::Success
+    })
 }
 
 /// Asks on the terminal (stderr, so `--json` output stays clean); only "y" or "yes" is a yes.
@@ -85,7 +89,10 @@ fn ask(question: &str) -> anyhow::Result<bool> {
     err.flush()?;
     let mut answer = String::new();
     std::io::stdin().lock().read_line(&mut answer)?;
-    Ok(matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes"))
+    Ok(matches!(
+        answer.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
 }
 
 fn human(ctx: &Context, checks: &[Check]) -> String {

@@ -204,7 +204,11 @@ fn mcp_lines(out: &mut String, outcome: &McpOutcome) {
         .staged
         .iter()
         .map(|s| s.name.len())
-        .chain(plan.left.iter().map(|l| crate::output::display_name(&l.name).len()))
+        .chain(
+            plan.left
+                .iter()
+                .map(|l| crate::output::display_name(&l.name).len()),
+        )
         .max()
         .unwrap_or(0);
     for s in &plan.staged {
@@ -215,13 +219,13 @@ fn mcp_lines(out: &mut String, outcome: &McpOutcome) {
         if let Some(r) = s.package_runner {
             notes.push(format!("uses the package runner {r}"));
         }
-        let _ = writeln!(
-            out,
+        let line = format!(
             "  staged  {:<width$}  {:<5}  {}",
             s.name,
             s.transport.as_str(),
             notes.join("; ")
         );
+        let _ = writeln!(out, "{}", line.trim_end());
     }
     for l in &plan.left {
         let transport = l.transport.map_or("?", |t| t.as_str());

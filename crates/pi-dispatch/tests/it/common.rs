@@ -63,3 +63,124 @@ impl From<Output> for Run {
         }
     }
 }
+
+/// Canary values planted in the host's files: none may appear in any output or in any file
+/// pi-dispatch writes.
+pub const CANARIES: [&str; 8] = [
+    "CNRY-header-7f3a",
+    "CNRY-env-51b2",
+    "CNRY-query-9c0d",
+    "CNRY-arg-44e1",
+    "CNRY-bang-0a9f",
+    "CNRY-models-key-3e3e",
+    "CNRY-auth-json-6d6d",
+    "CNRY-mcp-auth-2b2b",
+];
+
+/// A realistic `~/.pi/agent`: good servers, leaky ones, a runner-based one, a turned-off one, a
+/// models.json, skills (one holding a link), APPEND_SYSTEM.md, and pi's credential files.
+pub fn write_host_agent(root: &Path) -> PathBuf {
+    let agent = root.join("home/.pi/agent");
+    std::fs::create_dir_all(agent.join("skills/review")).unwrap();
+    std::fs::create_dir_all(agent.join("skills/triage")).unwrap();
+    let files: [(&str, &str); 8] = [
+        ("mcp.json", HOST_MCP),
+        (
+            "models.json",
+            r#"{"providers": {"local": {"baseUrl": "https://llm.internal.example:8443/v1", "api": "openai-completions", "apiKey": "$LOCAL_LLM_KEY", "models": [{"id": "qwen"}]}}}"#,
+        ),
+        (
+            "skills/review/SKILL.md",
+            "---\nname: review\ndescription: Review a change\n---\nRead the diff.\n",
+        ),
+        (
+            "skills/triage/SKILL.md",
+            "---\nname: triage\ndescription: Triage an issue\n---\n",
+        ),
+        (
+            "APPEND_SYSTEM.md",
+            "Always run the tests before you finish.\n",
+        ),
+        (
+            "auth.json",
+            r#"{"anthropic": {"type": "api_key", "key": "CNRY-auth-json-6d6d"}}"#,
+        ),
+        (
+            "mcp-auth.json",
+            r#"{"vault|https://vault.example.com/mcp": {"tokens": "CNRY-mcp-auth-2b2b"}}"#,
+        ),
+        ("settings.json", r#"{"defaultModel": "x"}"#),
+    ];
+    for (name, text) in files {
+        std::fs::write(agent.join(name), text).unwrap();
+    }
+    std::fs::write(root.join("outside-secret"), "CNRY-header-7f3a").unwrap();
+    std::os::unix::fs::symlink(
+        root.join("outside-secret"),
+        agent.join("skills/review/notes.md"),
+    )
+    .unwrap();
+    agent
+}
+
+pub const HOST_MCP: &str = r#"{
+  "autoEnableCodemode": true,
+  "mcpServers": {
+    "docs": {
+      "url": "https://mcp.example.com/mcp",
+      "headers": { "Authorization": "Bearer ${DOCS_TOKEN}" },
+      "description": "Search the product documentation"
+    },
+    "tickets": {
+      "url": "https://tickets.example.com/mcp?api_key=CNRY-query-9c0d",
+      "headers": { "X-Api-Key": "CNRY-header-7f3a" },
+      "description": "Support tickets"
+    },
+    "github": {
+      "command": "npx",
+      "args": ["-y", "@modelcontextprotocol/server-github", "--token=CNRY-arg-44e1"],
+      "env": { "GITHUB_PERSONAL_ACCESS_TOKEN": "CNRY-env-51b2" },
+      "description": "GitHub"
+    },
+    "memory": {
+      "command": "npx",
+      "args": ["-y", "@modelcontextprotocol/server-memory"],
+      "allowPackageRunner": true,
+      "description": "Scratch memory for the agent"
+    },
+    "vault": {
+      "url": "HTTPS://Vault.Example.com:443/mcp",
+      "headers": { "Authorization": "!op read CNRY-bang-0a9f" },
+      "description": "Secrets vault",
+      "oauth": { "clientId": "abc" }
+    },
+    "local-files": {
+      "command": "/home/me/bin/files-server",
+      "cwd": "/home/me/src",
+      "description": "Files on my laptop"
+    },
+    "wiki": {
+      "url": "https://wiki.internal.example:8443/mcp",
+      "description": "Team wiki"
+    },
+    "old-wiki": { "url": "https://wiki.example.com/mcp", "description": "Old wiki", "enabled": false }
+  }
+}"#;
+
+/// Every file under `dir` (not following links), with its bytes.
+pub fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let entry = entry.unwrap();
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                stack.push(entry.path());
+            } else if kind.is_file() {
+                out.push((entry.path(), std::fs::read(entry.path()).unwrap()));
+            }
+        }
+    }
+    out
+}

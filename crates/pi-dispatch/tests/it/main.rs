@@ -4,4 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod doctor;
+mod import_pi;
+mod init;
 mod mcp_check;

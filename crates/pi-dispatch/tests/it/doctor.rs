@@ -1,0 +1,190 @@
+//! `pi-dispatch doctor` end to end, on a realistic deployment.
+
+use std::path::Path;
+
+use crate::common::{Deployment, Run, write_host_agent};
+
+/// init, a realistic import, an allowlist and a declared endpoint.
+fn realistic() -> Deployment {
+    let d = Deployment::new();
+    assert_eq!(d.run(&["init"]).code, 0);
+    let host = write_host_agent(d.path());
+    assert_eq!(
+        d.run(&["import-pi", "--from", host.to_str().unwrap()]).code,
+        0
+    );
+    std::fs::write(
+        d.path().join("egress-allowlist.conf"),
+        "# hosts jobs may reach on 443\napi.github.com\n.example.com\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.path().join("model-endpoints.json"),
+        r#"{"version": 1, "endpoints": [
+            {"id": "llm", "host": "llm.internal.example", "port": 8443},
+            {"id": "wiki", "host": "wiki.internal.example", "port": 8443}
+        ]}"#,
+    )
+    .unwrap();
+    d
+}
+
+fn json(run: &Run) -> serde_json::Value {
+    serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
+}
+
+#[test]
+fn a_realistic_deployment_reads_clearly() {
+    let d = realistic();
+    let run = d.run(&["doctor"]);
+    assert_eq!(run.code, 0, "warnings only: {}", run.stdout);
+    insta::assert_snapshot!("doctor_realistic", d.redact(&run.stdout));
+}
+
+#[test]
+fn json_lists_every_check_with_level_label_and_fix() {
+    let d = realistic();
+    std::fs::write(d.path().join("pi-global/mcp-auth.json"), "{}").unwrap();
+    let run = d.run(&["doctor", "--json"]);
+    assert_eq!(run.code, 1);
+    let report = json(&run);
+    assert_eq!(report["ok"], false);
+    let checks = report["checks"].as_array().unwrap();
+    assert!(checks.len() >= 8);
+    for c in checks {
+        let level = c["level"].as_str().unwrap();
+        assert!(["ok", "warn", "fail"].contains(&level), "{c}");
+        assert!(c["label"].is_string());
+        assert_eq!(c["fix"].is_string(), level != "ok", "{c}");
+    }
+    assert!(checks.iter().any(|c| c["level"] == "fail"
+        && c["label"].as_str().unwrap().contains("mcp-auth.json")));
+}
+
+#[test]
+fn fix_without_a_terminal_deletes_nothing() {
+    let d = realistic();
+    let file = d.path().join("pi-global/mcp-auth.json");
+    std::fs::write(&file, "{}").unwrap();
+    let run = d.run(&["doctor", "--fix"]);
+    assert_eq!(run.code, 1);
+    assert!(file.exists());
+    assert!(
+        run.stdout
+            .contains("not a terminal, so nothing was asked and nothing deleted"),
+        "{}",
+        run.stdout
+    );
+}
+
+/// Runs doctor --fix under a real pseudo-terminal (util-linux `script`), answering `answer`.
+fn fix_on_a_terminal(d: &Deployment, answer: &str) -> Run {
+    let bin = env!("CARGO_BIN_EXE_pi-dispatch");
+    let mut child = d.command(&[]).get_program().to_owned();
+    let _ = &mut child;
+    let out = std::process::Command::new("script")
+        .args(["-qec", &format!("{bin} doctor --fix"), "/dev/null"])
+        .current_dir(d.path())
+        .env_remove("PI_GLOBAL_PI_DIR")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(answer.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    out.into()
+}
+
+#[test]
+fn fix_on_a_terminal_asks_and_deletes_only_on_yes() {
+    let d = realistic();
+    let file = d.path().join("pi-global/mcp-auth.json");
+    std::fs::write(&file, "{}").unwrap();
+    let run = fix_on_a_terminal(&d, "n\n");
+    assert!(run.stdout.contains("Delete "), "{}", run.stdout);
+    assert!(file.exists(), "{}", run.stdout);
+    let run = fix_on_a_terminal(&d, "y\n");
+    assert!(!file.exists(), "{}", run.stdout);
+    assert!(run.stdout.contains("--fix: deleted"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("✓ no mcp-auth.json in the overlay"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn hard_failures_exit_1_and_name_what_to_do() {
+    // A bad setting.
+    let d = realistic();
+    std::fs::write(d.path().join(".env"), "PI_EGRESS=yes\n").unwrap();
+    let run = d.run(&["doctor"]);
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stdout.contains("✗ settings: PI_EGRESS must be"),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("=yes"), "{}", run.stdout);
+
+    // A linked overlay.
+    let d = realistic();
+    let real = d.path().join("real-overlay");
+    std::fs::rename(d.path().join("pi-global"), &real).unwrap();
+    std::os::unix::fs::symlink(&real, d.path().join("pi-global")).unwrap();
+    let run = d.run(&["doctor"]);
+    assert_eq!(run.code, 1);
+    assert!(run.stdout.contains("is a link"), "{}", run.stdout);
+
+    // auth.json in the overlay; an unreadable mcp.json; a broken allowlist.
+    for (file, text, words) in [
+        ("pi-global/auth.json", "{}", "auth.json is in the overlay"),
+        ("pi-global/mcp.json", "{,}", "mcp.json cannot be read"),
+        (
+            "egress-allowlist.conf",
+            "https://api.github.com\n",
+            "egress-allowlist.conf cannot be read",
+        ),
+        (
+            "model-endpoints.json",
+            "{\"version\": 2, \"endpoints\": []}",
+            "model-endpoints.json cannot be read",
+        ),
+    ] {
+        let d = realistic();
+        std::fs::write(d.path().join(file), text).unwrap();
+        let run = d.run(&["doctor"]);
+        assert_eq!(run.code, 1, "{file}");
+        assert!(
+            run.stdout.contains(&format!("✗ {words}")),
+            "{file}: {}",
+            run.stdout
+        );
+    }
+}
+
+#[test]
+fn each_fix_it_prints_works() {
+    // Follow the fixes of a deployment with every warning the realistic one has, then doctor is clean.
+    let d = realistic();
+    let overlay = d.path().join("pi-global");
+    std::fs::write(
+        overlay.join("mcp.json"),
+        r#"{"mcpServers": {
+            "docs": {"url": "https://mcp.example.com/mcp", "headers": {"Authorization": "Bearer ${DOCS_TOKEN}"}, "description": "Docs"},
+            "wiki": {"url": "https://wiki.example.com/mcp", "description": "Team wiki"}
+        }}"#,
+    )
+    .unwrap();
+    let run = d.run(&["doctor"]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(
+        !run.stdout.contains('⚠') && !run.stdout.contains('✗'),
+        "{}",
+        run.stdout
+    );
+    let _ = Path::new("");
+}
