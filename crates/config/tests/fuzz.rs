@@ -11,7 +11,7 @@
 use config::mcp::{self, parse_overlay};
 use config::reference::Template;
 use config::url::{self, UrlProblem};
-use config::{dotenv, json};
+use config::{dotenv, egress, endpoints, import, json, models};
 use proptest::prelude::*;
 
 /// Cases per property: the environment's `PROPTEST_CASES`, else `default`.
@@ -173,7 +173,11 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
         exercise(&bytes);
+        let _ = models::check(&bytes);
+        let _ = import::plan_mcp(&bytes).map(|p| p.overlay_file());
         if let Ok(text) = std::str::from_utf8(&bytes) {
+            let _ = egress::parse_allowlist(text);
+            let _ = endpoints::parse_model_endpoints(text);
             let _ = json::parse(text);
             let _ = dotenv::parse(text);
             let _ = url::parse(text);
@@ -191,6 +195,12 @@ proptest! {
             apply(&mut bytes, m);
         }
         exercise(&bytes);
+        // The import plan reads the same files as the host's: what it stages must read as an overlay.
+        if let Ok(plan) = import::plan_mcp(&bytes)
+            && let Some(text) = plan.overlay_file()
+        {
+            prop_assert!(parse_overlay(text.as_bytes()).is_ok_and(|o| o.all_valid()));
+        }
     }
 
     #[test]
@@ -198,6 +208,9 @@ proptest! {
         exercise(text.as_bytes());
         let _ = url::parse(&text);
         let _ = dotenv::parse(&text);
+        let _ = egress::parse_allowlist(&text);
+        let _ = endpoints::parse_model_endpoints(&text);
+        let _ = models::check(text.as_bytes());
     }
 }
 

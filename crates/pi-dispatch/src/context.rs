@@ -71,6 +71,15 @@ impl Context {
             .map_err(|e| SettingsError::Dotenv(e.clone()))
     }
 
+    /// The overlay folder: `flag` when given (relative to the current folder), else the
+    /// `PI_GLOBAL_PI_DIR` setting, else `pi-global` in the deployment folder.
+    pub fn overlay_dir(&self, flag: Option<&Path>) -> anyhow::Result<PathBuf> {
+        Ok(match flag {
+            Some(dir) => self.absolute(dir),
+            None => settings::overlay_dir(self.setting(settings::OVERLAY_SETTING)?, &self.dir)?,
+        })
+    }
+
     /// `path` made absolute against the current folder.
     pub fn absolute(&self, path: &Path) -> PathBuf {
         if path.is_absolute() {

@@ -136,6 +136,9 @@ pub fn remove_leftovers(dir: &Path) -> io::Result<usize> {
     Ok(removed)
 }
 
+/// The largest single file a tree copy takes (a skill's file is small; this bounds a mistake).
+pub const COPY_LIMIT: usize = 64 * 1024 * 1024;
+
 /// What a tree copy did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Copied {
@@ -167,7 +170,8 @@ fn copy_into(src: &Path, dst: &Path, rel: &Path, copied: &mut Copied) -> io::Res
         } else if kind.is_dir() {
             copy_into(&entry.path(), &dst.join(&name), &rel, copied)?;
         } else if kind.is_file() {
-            let bytes = read_no_follow(&entry.path())?;
+            let bytes = config::files::read_file(&entry.path(), COPY_LIMIT)
+                .map_err(|e| io::Error::other(format!("{} {e}", rel.display())))?;
             let mode = entry.metadata()?.permissions().mode() & 0o777;
             let mut file = OpenOptions::new()
                 .write(true)
@@ -181,17 +185,6 @@ fn copy_into(src: &Path, dst: &Path, rel: &Path, copied: &mut Copied) -> io::Res
         }
     }
     Ok(())
-}
-
-/// Reads a whole file, refusing a link (a file replaced by a link after it was listed).
-pub fn read_no_follow(path: &Path) -> io::Result<Vec<u8>> {
-    let mut file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?;
-    let mut bytes = Vec::new();
-    io::Read::read_to_end(&mut file, &mut bytes)?;
-    Ok(bytes)
 }
 
 /// Puts the folder `staged` (a sibling of `target`) in place of `target`, whatever was there. The

@@ -36,13 +36,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             }
         },
     };
-    let to = match &args.to {
-        Some(dir) => ctx.absolute(dir),
-        None => config::settings::overlay_dir(
-            ctx.setting(config::settings::OVERLAY_SETTING)?,
-            &ctx.dir,
-        )?,
-    };
+    let to = ctx.overlay_dir(args.to.as_deref())?;
     let opts = Options {
         from,
         to,

@@ -24,13 +24,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
-    let dir = match &args.overlay {
-        Some(dir) => ctx.absolute(dir),
-        None => config::settings::overlay_dir(
-            ctx.setting(config::settings::OVERLAY_SETTING)?,
-            &ctx.dir,
-        )?,
-    };
+    let dir = ctx.overlay_dir(args.overlay.as_deref())?;
     let file = dir.join("mcp.json");
     let verdict = files::read_file(&file, mcp::MAX_FILE_BYTES)
         .map_err(Unreadable::Read)

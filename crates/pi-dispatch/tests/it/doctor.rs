@@ -1,7 +1,5 @@
 //! `pi-dispatch doctor` end to end, on a realistic deployment.
 
-use std::path::Path;
-
 use crate::common::{Deployment, Run, write_host_agent};
 
 /// init, a realistic import, an allowlist and a declared endpoint.
@@ -186,5 +184,27 @@ fn each_fix_it_prints_works() {
         "{}",
         run.stdout
     );
-    let _ = Path::new("");
+}
+
+#[test]
+fn the_deployment_folder_can_be_given_with_dir() {
+    let d = realistic();
+    let elsewhere = Deployment::new();
+    let run = elsewhere.run(&["--dir", d.path().to_str().unwrap(), "doctor", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    let labels: Vec<String> = json(&run)["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["label"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        labels
+            .iter()
+            .any(|l| l.contains(&format!("{}/pi-global", d.path().display()))),
+        "{labels:?}"
+    );
+    // The same flag after the subcommand.
+    let run = elsewhere.run(&["mcp", "check", "--dir", d.path().to_str().unwrap()]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
 }
