@@ -1096,11 +1096,18 @@ fn schemes_list() -> String {
 fn literal_hint(text: &str) -> &'static str {
     if text.starts_with('!') {
         " (a value starting with '!' is a command pi would run; a job never runs it: pass the value through a trigger variable)"
-    } else if text.starts_with('$') && !text.starts_with("${") {
+    } else if has_bare_dollar_name(text) {
         " (a bare $NAME is not filled in: write the name in braces)"
     } else {
         ""
     }
+}
+
+/// Whether `text` holds a `$` directly followed by a letter or `_` (a bare `$NAME`).
+fn has_bare_dollar_name(text: &str) -> bool {
+    text.as_bytes()
+        .windows(2)
+        .any(|w| w[0] == b'$' && (w[1].is_ascii_alphabetic() || w[1] == b'_'))
 }
 
 fn header_literal_message(text: &str) -> String {

@@ -328,6 +328,10 @@ fn literal_hints_explain_bang_and_bare_dollar_without_quoting() {
     let p = entry(&format!(r#"{STDIO}, "env": {{"X": "$CANARY"}}"#)).problems()[0].clone();
     assert!(p.message.contains("braces"), "{}", p.message);
     assert!(!p.message.contains("CANARY"));
+    let p =
+        entry(&format!(r#"{HTTP}, "headers": {{"X": "Bearer $CANARY"}}"#)).problems()[0].clone();
+    assert!(p.message.contains("braces"), "{}", p.message);
+    assert!(!p.message.contains("CANARY"));
 }
 
 #[test]

@@ -10,6 +10,7 @@
 use std::collections::BTreeSet;
 
 use crate::json::{self, Json, JsonError, Object};
+use crate::mcp::AuthScheme;
 use crate::problem::printable_key;
 
 /// One reason the file may not be staged. The message names the place, never the value.
@@ -78,7 +79,7 @@ pub fn check(bytes: &[u8]) -> Result<Models, ModelsError> {
             &mut models,
             &mut problems,
         );
-        collect_base_url(provider, &mut models);
+        check_base_url(provider, &at, &mut models, &mut problems);
         for (list, label) in [("models", "models"), ("modelOverrides", "modelOverrides")] {
             for (i, model) in entries(provider.get(list)) {
                 let at = format!("{at}.{label}[{i}]");
@@ -88,7 +89,7 @@ pub fn check(bytes: &[u8]) -> Result<Models, ModelsError> {
                     &mut models,
                     &mut problems,
                 );
-                collect_base_url(model, &mut models);
+                check_base_url(model, &at, &mut models, &mut problems);
             }
         }
     }
@@ -116,10 +117,24 @@ fn entries(value: Option<&Json>) -> Vec<(usize, &Object)> {
     }
 }
 
-fn collect_base_url(object: &Object, models: &mut Models) {
-    if let Some(url) = object.get("baseUrl").and_then(Json::as_str) {
-        models.base_urls.push(url.to_owned());
+fn check_base_url(
+    object: &Object,
+    at: &str,
+    models: &mut Models,
+    problems: &mut Vec<ModelsProblem>,
+) {
+    let Some(url) = object.get("baseUrl").and_then(Json::as_str) else {
+        return;
+    };
+    if let Some(why) = base_url_problem(url) {
+        problems.push(ModelsProblem {
+            field: format!("{at}.baseUrl"),
+            why,
+        });
+        return;
     }
+    models.references.extend(references_in(url));
+    models.base_urls.push(url.to_owned());
 }
 
 fn check_api_key(
@@ -171,18 +186,50 @@ fn check_headers(
             continue;
         }
         let refs = references_in(text);
-        if is_credential_header(name) {
-            let after_scheme = text.split_once(' ').map_or(text, |(_, rest)| rest);
-            if whole_reference(text).is_none() && whole_reference(after_scheme).is_none() {
-                problems.push(ModelsProblem {
-                    field,
-                    why: LITERAL_HEADER,
-                });
-                continue;
-            }
+        if is_credential_header(name) && !is_credential_reference(text) {
+            problems.push(ModelsProblem {
+                field,
+                why: LITERAL_HEADER,
+            });
+            continue;
         }
         models.references.extend(refs);
     }
+}
+
+/// `$NAME`, `${NAME}`, or one of the overlay's auth schemes, one space and such a reference.
+fn is_credential_reference(text: &str) -> bool {
+    whole_reference(text).is_some()
+        || text.split_once(' ').is_some_and(|(scheme, rest)| {
+            AuthScheme::ALL.iter().any(|s| s.as_str() == scheme) && whole_reference(rest).is_some()
+        })
+}
+
+/// What is wrong with a `baseUrl` that carries a credential: a user name or password, a query
+/// value that is not a reference, or a fragment.
+fn base_url_problem(url: &str) -> Option<&'static str> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    if rest[..authority_end].contains('@') {
+        return Some(
+            "the baseUrl holds a user name or password: put the credential in apiKey or a header as $NAME",
+        );
+    }
+    if url.contains('#') {
+        return Some("the baseUrl has a fragment ('#...'), which may hold a credential");
+    }
+    if let Some((_, query)) = url.split_once('?') {
+        let literal = query.split('&').any(|param| match param.split_once('=') {
+            Some((_, value)) => whole_reference(value).is_none(),
+            None => true,
+        });
+        if literal {
+            return Some(
+                "the baseUrl's query has a value that is not a reference: write each value as $NAME",
+            );
+        }
+    }
+    None
 }
 
 /// Header names that carry a credential: the usual ones, and any name that speaks of a key, token,
@@ -320,6 +367,67 @@ mod tests {
         );
         let err = check(text.as_bytes()).unwrap_err().to_string();
         assert!(!err.contains("cnry") && !err.contains("cmd"), "{err}");
+    }
+
+    #[test]
+    fn a_credential_header_takes_only_a_known_scheme_before_its_reference() {
+        for ok in [
+            "$T",
+            "${T}",
+            "Bearer $T",
+            "Bearer ${T}",
+            "ApiKey ${T}",
+            "Token $T",
+        ] {
+            let text =
+                format!(r#"{{"providers": {{"p": {{"headers": {{"Authorization": "{ok}"}}}}}}}}"#);
+            assert!(check(text.as_bytes()).is_ok(), "{ok}");
+        }
+        for bad in [
+            "cnry-1 ${X}",
+            "cnry-2 $X",
+            "session=cnry-3; $X",
+            "bearer $T",
+            "Bearer  $T",
+        ] {
+            let text =
+                format!(r#"{{"providers": {{"p": {{"headers": {{"X-Api-Key": "{bad}"}}}}}}}}"#);
+            assert_eq!(
+                refused_fields(&text),
+                ["providers.p.headers.X-Api-Key"],
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_base_url_may_not_carry_a_credential() {
+        for bad in [
+            "https://user:cnry@llm.example.com/v1",
+            "https://llm.example.com/v1?key=cnry",
+            "https://llm.example.com/v1?cnry",
+            "https://llm.example.com/v1#cnry",
+        ] {
+            let text = format!(
+                r#"{{"providers": {{"p": {{"baseUrl": "{bad}", "models": [{{"id": "m", "baseUrl": "{bad}"}}]}}}}}}"#
+            );
+            assert_eq!(
+                refused_fields(&text),
+                ["providers.p.baseUrl", "providers.p.models[0].baseUrl"],
+                "{bad}"
+            );
+            assert!(
+                !check(text.as_bytes())
+                    .unwrap_err()
+                    .to_string()
+                    .contains("cnry")
+            );
+        }
+        let m = check(
+            br#"{"providers": {"p": {"baseUrl": "https://llm.example.com/v1?key=$LLM_KEY"}}}"#,
+        )
+        .unwrap();
+        assert!(m.references.contains("LLM_KEY"));
     }
 
     #[test]

@@ -46,7 +46,10 @@ enum McpCommand {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
     let ctx = match context::Context::new(cli.dir.as_deref()) {
         Ok(ctx) => ctx,
         Err(e) => return Exit::from_error(&e),
@@ -62,5 +65,19 @@ fn main() -> ExitCode {
     match result {
         Ok(exit) => exit.into(),
         Err(e) => Exit::from_error(&e),
+    }
+}
+
+/// Prints a usage error (or help, or the version) and exits: 2 for misuse, except that `import-pi`
+/// refuses an unknown flag with 1, as the product's conventions have it for that command.
+fn usage_error(e: &clap::Error) -> ExitCode {
+    let _ = e.print();
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+        ErrorKind::UnknownArgument if std::env::args().any(|a| a == "import-pi") => {
+            Exit::CheckFailed.into()
+        }
+        _ => Exit::Unusable.into(),
     }
 }

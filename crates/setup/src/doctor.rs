@@ -87,11 +87,14 @@ impl RouteProof for NoRouteProof {
 #[derive(Debug)]
 pub struct Inputs {
     pub settings: Settings,
-    pub overlay_kind: Kind,
+    /// What the overlay path is, or why that cannot be told (permission denied, ...).
+    pub overlay_kind: Result<Kind, std::io::ErrorKind>,
     pub auth_json: bool,
     pub mcp_auth_json: bool,
     pub mcp: Read<Overlay>,
     pub models: Read<Models>,
+    /// The overlay's models.json was read but holds a credential or a command.
+    pub models_refused: bool,
     pub allowlist: Read<Allowlist>,
     pub endpoints: Read<ModelEndpoints>,
 }
@@ -99,8 +102,8 @@ pub struct Inputs {
 /// Reads what the checks need. Never follows a link.
 pub fn gather(settings: Settings) -> Inputs {
     let overlay = settings.overlay_dir.clone();
-    let overlay_kind = fsutil::kind(&overlay).unwrap_or(Kind::Other);
-    let readable = overlay_kind == Kind::Dir;
+    let overlay_kind = fsutil::kind(&overlay).map_err(|e| e.kind());
+    let readable = overlay_kind == Ok(Kind::Dir);
     let present = |name: &str| {
         readable && fsutil::kind(&overlay.join(name)).is_ok_and(|k| k != Kind::Missing)
     };
@@ -111,9 +114,13 @@ pub fn gather(settings: Settings) -> Inputs {
     } else {
         Read::Missing
     };
+    let mut models_refused = false;
     let models = if readable {
         read(&overlay.join("models.json"), |b| {
-            models::check(b).map_err(|e: ModelsError| e.to_string())
+            models::check(b).map_err(|e: ModelsError| {
+                models_refused = matches!(e, ModelsError::Refused(_));
+                e.to_string()
+            })
         })
     } else {
         Read::Missing
@@ -133,12 +140,13 @@ pub fn gather(settings: Settings) -> Inputs {
         overlay_kind,
         mcp,
         models,
+        models_refused,
         allowlist,
         endpoints,
     }
 }
 
-fn read<T>(path: &Path, parse: impl Fn(&[u8]) -> Result<T, String>) -> Read<T> {
+fn read<T>(path: &Path, mut parse: impl FnMut(&[u8]) -> Result<T, String>) -> Read<T> {
     match files::read_file(path, mcp::MAX_FILE_BYTES) {
         Ok(bytes) => match parse(&bytes) {
             Ok(v) => Read::Parsed(v),
@@ -177,22 +185,31 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
     let mut out = vec![Check::ok("settings: the environment and .env read cleanly")];
     let overlay = s.overlay_dir.display();
     match inputs.overlay_kind {
-        Kind::Dir => out.push(Check::ok(format!("overlay folder: {overlay}"))),
-        Kind::Missing => {
-            out.push(Check::fail(
-                format!("overlay folder {overlay} does not exist"),
+        Ok(Kind::Dir) => out.push(Check::ok(format!("overlay folder: {overlay}"))),
+        Ok(Kind::Missing) => {
+            out.push(Check::warn(
+                format!(
+                    "overlay folder {overlay} does not exist: only jobs that name no server but forge can run"
+                ),
                 "run `pi-dispatch init`, then `pi-dispatch import-pi`",
             ));
             return out;
         }
-        Kind::Link => {
+        Err(kind) => {
+            out.push(Check::fail(
+                format!("overlay folder {overlay} cannot be checked ({kind})"),
+                "make the overlay folder readable by the user that runs pi-dispatch",
+            ));
+            return out;
+        }
+        Ok(Kind::Link) => {
             out.push(Check::fail(
                 format!("overlay folder {overlay} is a link"),
                 "set PI_GLOBAL_PI_DIR to the real folder: the overlay is mounted into jobs, and a link could point anywhere",
             ));
             return out;
         }
-        Kind::File | Kind::Other => {
+        Ok(Kind::File | Kind::Other) => {
             out.push(Check::fail(
                 format!("overlay folder {overlay} is not a folder"),
                 "set PI_GLOBAL_PI_DIR to a folder (`pi-dispatch init` makes one)",
@@ -299,9 +316,13 @@ fn models_check(inputs: &Inputs, out: &mut Vec<Check>) {
     match &inputs.models {
         Read::Missing => {}
         Read::Parsed(_) => out.push(Check::ok("models.json in the overlay holds no credential")),
-        Read::Failed(why) => out.push(Check::fail(
+        Read::Failed(why) if inputs.models_refused => out.push(Check::fail(
             format!("models.json in the overlay: {why}"),
             "write each key as $NAME (a variable the job is given), or run `pi-dispatch import-pi` from a host file that does",
+        )),
+        Read::Failed(why) => out.push(Check::fail(
+            format!("models.json in the overlay cannot be read: {why}"),
+            "make it plain JSON, not a link (pi-dispatch reads it strictly), or run `pi-dispatch import-pi` again",
         )),
     }
 }
@@ -344,7 +365,13 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
             )));
             Some(e)
         }
-        Read::Missing => Some(&EMPTY),
+        Read::Missing => {
+            out.push(Check::ok(format!(
+                "{}: none, so no model endpoints are declared",
+                file_name(&s.model_endpoints)
+            )));
+            Some(&EMPTY)
+        }
         Read::Failed(why) => {
             out.push(Check::fail(
                 format!("{} cannot be read: {why}", file_name(&s.model_endpoints)),

@@ -49,7 +49,7 @@ fn models_file(text: &str) -> Read<Models> {
 fn healthy() -> Inputs {
     Inputs {
         settings: settings(true),
-        overlay_kind: Kind::Dir,
+        overlay_kind: Ok(Kind::Dir),
         auth_json: false,
         mcp_auth_json: false,
         mcp: overlay(SERVERS),
@@ -58,6 +58,7 @@ fn healthy() -> Inputs {
         ),
         allowlist: allowlist("# hosts\ndocs.example.com\n"),
         endpoints: endpoints(""),
+        models_refused: false,
     }
 }
 
@@ -132,11 +133,16 @@ fn a_healthy_deployment_is_all_ok_and_names_the_offered_servers() {
 
 #[test]
 fn an_overlay_folder_that_is_not_a_folder_fails_and_stops_the_checks() {
-    for (kind, words) in [
-        (Kind::Missing, "does not exist"),
-        (Kind::Link, "is a link"),
-        (Kind::File, "is not a folder"),
-        (Kind::Other, "is not a folder"),
+    for (kind, words, level) in [
+        (Ok(Kind::Missing), "does not exist", Level::Warn),
+        (Ok(Kind::Link), "is a link", Level::Fail),
+        (Ok(Kind::File), "is not a folder", Level::Fail),
+        (Ok(Kind::Other), "is not a folder", Level::Fail),
+        (
+            Err(std::io::ErrorKind::PermissionDenied),
+            "cannot be checked",
+            Level::Fail,
+        ),
     ] {
         let inputs = Inputs {
             overlay_kind: kind,
@@ -150,7 +156,7 @@ fn an_overlay_folder_that_is_not_a_folder_fails_and_stops_the_checks() {
         assert_eq!(out.len(), 2, "{kind:?}: {out:#?}");
         assert_eq!(out[0].level, Level::Ok);
         let last = &out[1];
-        assert_eq!(last.level, Level::Fail, "{kind:?}");
+        assert_eq!(last.level, level, "{kind:?}");
         assert!(
             last.label.contains("overlay folder /srv/d/pi-global") && last.label.contains(words),
             "{kind:?}: {last:?}"
@@ -357,6 +363,7 @@ fn an_unreadable_models_json_fails() {
     let out = run(
         &Inputs {
             models: Read::Failed(why.into()),
+            models_refused: true,
             ..healthy()
         },
         &NoRouteProof,
@@ -365,6 +372,17 @@ fn an_unreadable_models_json_fails() {
     assert_eq!(c.level, Level::Fail);
     assert!(fix(c).contains("$NAME"), "{c:?}");
     assert_eq!(not_ok(&out), [c]);
+    // A file that cannot be read at all gets a fix about the file, not about keys.
+    let out = run(
+        &Inputs {
+            models: Read::Failed("models.json is not JSON".into()),
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    let c = the(&out, "models.json in the overlay cannot be read");
+    assert_eq!(c.level, Level::Fail);
+    assert!(fix(c).contains("plain JSON"), "{c:?}");
 }
 
 #[test]

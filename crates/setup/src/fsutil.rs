@@ -57,15 +57,42 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// A file written in full beside its target, not yet in place.
+#[derive(Debug)]
+pub struct StagedFile {
+    tmp: PathBuf,
+    target: PathBuf,
+}
+
+impl StagedFile {
+    /// Writes `bytes` to a temporary file beside `target` and flushes it to disk.
+    pub fn write(target: &Path, bytes: &[u8], mode: u32) -> io::Result<StagedFile> {
+        Ok(StagedFile {
+            tmp: write_temp(target, bytes, mode)?,
+            target: target.to_owned(),
+        })
+    }
+
+    /// Renames the file into place (replacing what was there) and flushes the folder.
+    pub fn commit(self) -> io::Result<()> {
+        crash_point("before-rename");
+        fs::rename(&self.tmp, &self.target)?;
+        sync_dir(self.target.parent().unwrap_or(Path::new(".")))
+    }
+
+    /// Removes the temporary file: the target is left as it was.
+    pub fn discard(self) {
+        let _ = fs::remove_file(&self.tmp);
+    }
+}
+
 /// Replaces `target` with `bytes` atomically (temp file, fsync, rename, fsync of the folder).
 pub fn write_atomic(target: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let tmp = write_temp(target, bytes, mode)?;
-    crash_point("before-rename");
-    if let Err(e) = fs::rename(&tmp, target) {
+    let staged = StagedFile::write(target, bytes, mode)?;
+    let tmp = staged.tmp.clone();
+    staged.commit().inspect_err(|_| {
         let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    sync_dir(target.parent().unwrap_or(Path::new(".")))
+    })
 }
 
 /// Writes `bytes` at `target` only if nothing is there: returns false, writing nothing, when the
@@ -106,7 +133,9 @@ pub enum Kind {
 }
 
 pub fn kind(path: &Path) -> io::Result<Kind> {
-    match fs::symlink_metadata(path) {
+    // `dir/` would make lstat look through a link named `dir`: judge the path without the slash.
+    let path: PathBuf = path.components().collect();
+    match fs::symlink_metadata(&path) {
         Ok(m) if m.file_type().is_symlink() => Ok(Kind::Link),
         Ok(m) if m.is_file() => Ok(Kind::File),
         Ok(m) if m.is_dir() => Ok(Kind::Dir),
@@ -187,20 +216,50 @@ fn copy_into(src: &Path, dst: &Path, rel: &Path, copied: &mut Copied) -> io::Res
     Ok(())
 }
 
-/// Puts the folder `staged` (a sibling of `target`) in place of `target`, whatever was there. The
-/// old folder is moved aside before the new one is renamed in, then removed.
+/// Puts the folder `staged` (a sibling of `target`) in place of `target` in one step: when a folder
+/// is there, the two are exchanged atomically (`renameat2` with `RENAME_EXCHANGE`) and the old one,
+/// now under the temporary name, is removed. A crash leaves the old folder or the new one in place,
+/// and at most a temporary folder that the next run removes.
 pub fn replace_dir(staged: &Path, target: &Path) -> io::Result<()> {
-    let old = temp_path(target)?;
-    let had_old = match fs::rename(target, &old) {
-        Ok(()) => true,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-        Err(e) => return Err(e),
-    };
-    fs::rename(staged, target)?;
-    if had_old {
-        fs::remove_dir_all(&old)?;
+    match kind(target)? {
+        Kind::Missing => fs::rename(staged, target)?,
+        Kind::Dir => {
+            rustix::fs::renameat_with(
+                rustix::fs::CWD,
+                staged,
+                rustix::fs::CWD,
+                target,
+                rustix::fs::RenameFlags::EXCHANGE,
+            )?;
+            fs::remove_dir_all(staged)?;
+        }
+        _ => return Err(io::Error::other("the target is not a folder")),
     }
     sync_dir(target.parent().unwrap_or(Path::new(".")))
+}
+
+/// An exclusive lock on a folder, held until dropped: one import at a time per overlay.
+pub struct FolderLock {
+    _file: File,
+}
+
+/// The lock file's name: not a temporary file, so leftover cleaning never touches it.
+pub const LOCK_FILE: &str = ".pi-dispatch.lock";
+
+impl FolderLock {
+    /// Takes the lock of `dir`, or fails at once with `WouldBlock` when another process holds it.
+    pub fn take(dir: &Path) -> io::Result<FolderLock> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(dir.join(LOCK_FILE))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+        Ok(FolderLock { _file: file })
+    }
 }
 
 /// A fresh temporary path beside `target`, for staging a folder before [`replace_dir`].

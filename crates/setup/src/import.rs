@@ -1,18 +1,24 @@
 //! `import-pi`: stages the host's pi setup into the overlay.
 //!
-//! Two phases. First every host file is read and judged (no link is followed, a `models.json` with a
-//! credential or a host `mcp.json` that cannot be read stops the import); nothing is written unless
-//! every check passed. Then each part of the overlay is replaced atomically so that it follows the
-//! host: what the host has is staged, and what the host lacks is removed from the overlay.
+//! Three phases, so that a failure never leaves a mix of old and new:
+//! 1. read and judge every host file (no link followed; a `models.json` with a credential, or a host
+//!    `mcp.json` that cannot be read, stops here);
+//! 2. stage: write every new file and the new `skills/` under temporary names beside their targets,
+//!    under an exclusive lock of the overlay. A failure here discards the staging: nothing changed;
+//! 3. commit: rename each staged part into place (each one atomic; `skills/` swapped in one step).
+//!
+//! The overlay's `mcp.json` follows the host's: replaced on every import, removed when nothing can be
+//! staged. `models.json`, `skills/` and `APPEND_SYSTEM.md` are staged when the host has them and left
+//! alone when it has not.
 
 use std::io;
 use std::path::{Path, PathBuf};
 
 use config::files::{self, ReadError};
-use config::import::{self, HostFileError, McpImport};
+use config::import::{self, McpImport};
 use config::models::{self, Models, ModelsError};
 
-use crate::fsutil::{self, Copied, Kind};
+use crate::fsutil::{self, Copied, FolderLock, Kind, StagedFile};
 
 pub const MCP_FILE: &str = "mcp.json";
 pub const MODELS_FILE: &str = "models.json";
@@ -35,7 +41,6 @@ pub struct Options {
     pub no_mcp: bool,
 }
 
-/// Why nothing was imported. The overlay is exactly as it was.
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
     #[error("the host's pi folder {0} does not exist")]
@@ -44,20 +49,35 @@ pub enum ImportError {
     Link(PathBuf),
     #[error("{0} is not a folder")]
     NotAFolder(PathBuf),
+    #[error(
+        "the overlay and the host's pi folder are the same folder, or one holds the other; the overlay must be a folder of its own"
+    )]
+    SameFolder,
     #[error("the host's mcp.json cannot be read: {0}")]
     HostMcp(String),
     #[error("the host's models.json cannot be staged: {0}")]
     Models(ModelsError),
     #[error("the host's {file} cannot be read: {why}")]
-    HostFile { file: &'static str, why: String },
-    #[error("cannot write {what} ({kind})")]
-    Write { what: String, kind: io::ErrorKind },
+    HostFile { file: String, why: String },
+    #[error("another import into this overlay is running")]
+    Busy,
+    #[error("cannot stage {what} in the overlay ({why})")]
+    Stage { what: String, why: String },
+    #[error(
+        "cannot put {what} in place ({kind}); the overlay may be partly updated: run import-pi again"
+    )]
+    Commit { what: String, kind: io::ErrorKind },
 }
 
 impl ImportError {
-    /// Unreadable input is 2; a host file refused for what it says is 1.
+    /// Unreadable input is exit 2; a host file refused for what it holds is exit 1.
     pub fn is_refusal(&self) -> bool {
         matches!(self, ImportError::Models(ModelsError::Refused(_)))
+    }
+
+    /// Whether the overlay is exactly as it was: true for every failure before the commit phase.
+    pub fn changed_nothing(&self) -> bool {
+        !matches!(self, ImportError::Commit { .. })
     }
 }
 
@@ -73,14 +93,12 @@ pub enum McpOutcome {
     Imported { plan: McpImport, removed: bool },
 }
 
-/// What happened to a file or folder that follows the host's.
+/// What happened to a part that is staged only when the host has it.
 #[derive(Debug, PartialEq, Eq)]
 pub enum PartOutcome<T> {
     Staged(T),
-    /// The host has none; the overlay's was removed if it had one.
-    NotOnHost {
-        removed: bool,
-    },
+    /// The host has none; the overlay's, if any, is left as it is.
+    NotOnHost,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -102,8 +120,9 @@ pub struct Report {
     pub never_staged: Vec<&'static str>,
 }
 
-/// What the first phase decided.
-struct Plan {
+/// Phase 1's result: what the host has, judged.
+struct HostSetup {
+    /// `None` with `--no-mcp` or when the host has no `mcp.json`.
     mcp: Option<McpImport>,
     host_has_mcp: bool,
     models: Option<(Vec<u8>, Models)>,
@@ -111,66 +130,92 @@ struct Plan {
     append_system: Option<Vec<u8>>,
 }
 
-pub fn import(opts: &Options) -> Result<Report, ImportError> {
-    check_folder(&opts.from, true)?;
-    check_folder(&opts.to, false)?;
-    let plan = read_host(opts)?;
+/// Phase 2's result: every new part written under a temporary name.
+struct Staging {
+    mcp: Option<StagedFile>,
+    models: Option<StagedFile>,
+    append_system: Option<StagedFile>,
+    skills: Option<(PathBuf, SkillsStaged)>,
+}
 
-    if fsutil::kind(&opts.to).map_err(write_err("the overlay folder"))? == Kind::Missing {
-        std::fs::create_dir_all(&opts.to).map_err(write_err("the overlay folder"))?;
+impl Staging {
+    fn discard(self) {
+        for f in [self.mcp, self.models, self.append_system]
+            .into_iter()
+            .flatten()
+        {
+            f.discard();
+        }
+        if let Some((dir, _)) = self.skills {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
-    fsutil::remove_leftovers(&opts.to).map_err(write_err("the overlay folder"))?;
+}
 
+pub fn import(opts: &Options) -> Result<Report, ImportError> {
+    check_folders(opts)?;
+    let host = read_host(opts)?;
+
+    if fsutil::kind(&opts.to).map_err(stage_err("the overlay folder"))? == Kind::Missing {
+        std::fs::create_dir_all(&opts.to).map_err(stage_err("the overlay folder"))?;
+    }
+    let _lock = FolderLock::take(&opts.to).map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock => ImportError::Busy,
+        _ => stage_err("the overlay's lock")(e),
+    })?;
+    fsutil::remove_leftovers(&opts.to).map_err(stage_err("the overlay folder"))?;
+
+    let staging = stage(opts, &host)?;
+    let (mcp_file, models_file, append_file, skills) = (
+        staging.mcp,
+        staging.models,
+        staging.append_system,
+        staging.skills,
+    );
+
+    // Commit: from here on, each step is atomic on its own.
     let mcp_path = opts.to.join(MCP_FILE);
     let mcp = if opts.no_mcp {
         McpOutcome::NoMcp {
             removed: remove(&mcp_path)?,
         }
-    } else if !plan.host_has_mcp {
+    } else if !host.host_has_mcp {
         McpOutcome::NoHostFile {
             removed: remove(&mcp_path)?,
         }
     } else {
-        let plan = plan.mcp.unwrap_or_default();
-        let removed = match plan.overlay_file() {
-            Some(text) => {
-                write(&mcp_path, text.as_bytes())?;
+        let removed = match mcp_file {
+            Some(f) => {
+                f.commit().map_err(commit_err(MCP_FILE))?;
                 false
             }
             None => remove(&mcp_path)?,
         };
-        McpOutcome::Imported { plan, removed }
+        McpOutcome::Imported {
+            plan: host.mcp.unwrap_or_default(),
+            removed,
+        }
     };
-
-    let models_path = opts.to.join(MODELS_FILE);
-    let models = match plan.models {
-        Some((bytes, models)) => {
-            write(&models_path, &bytes)?;
+    let models = match (models_file, host.models) {
+        (Some(f), Some((_, models))) => {
+            f.commit().map_err(commit_err(MODELS_FILE))?;
             PartOutcome::Staged(models)
         }
-        None => PartOutcome::NotOnHost {
-            removed: remove(&models_path)?,
-        },
+        _ => PartOutcome::NotOnHost,
     };
-
-    let skills_path = opts.to.join(SKILLS_DIR);
-    let skills = if plan.skills {
-        PartOutcome::Staged(stage_skills(&opts.from.join(SKILLS_DIR), &skills_path)?)
-    } else {
-        PartOutcome::NotOnHost {
-            removed: fsutil::remove_dir_if_present(&skills_path).map_err(write_err("skills/"))?,
+    let skills = match skills {
+        Some((dir, staged)) => {
+            fsutil::replace_dir(&dir, &opts.to.join(SKILLS_DIR)).map_err(commit_err("skills/"))?;
+            PartOutcome::Staged(staged)
         }
+        None => PartOutcome::NotOnHost,
     };
-
-    let append_path = opts.to.join(APPEND_SYSTEM_FILE);
-    let append_system = match plan.append_system {
-        Some(bytes) => {
-            write(&append_path, &bytes)?;
+    let append_system = match append_file {
+        Some(f) => {
+            f.commit().map_err(commit_err(APPEND_SYSTEM_FILE))?;
             PartOutcome::Staged(())
         }
-        None => PartOutcome::NotOnHost {
-            removed: remove(&append_path)?,
-        },
+        None => PartOutcome::NotOnHost,
     };
 
     let never_staged = NEVER_STAGED
@@ -193,7 +238,44 @@ pub fn import(opts: &Options) -> Result<Report, ImportError> {
     })
 }
 
-/// A folder that must be a real folder: never a link. The overlay may be missing (it is created).
+/// The host folder must be a real folder; the overlay a real folder or missing; and neither may be
+/// the other or hold the other (an import would then rewrite the host's own files).
+fn check_folders(opts: &Options) -> Result<(), ImportError> {
+    check_folder(&opts.from, true)?;
+    check_folder(&opts.to, false)?;
+    let from = opts
+        .from
+        .canonicalize()
+        .map_err(|e| ImportError::HostFile {
+            file: "folder".to_owned(),
+            why: e.kind().to_string(),
+        })?;
+    let to = canonical_even_if_missing(&opts.to);
+    if to.starts_with(&from) || from.starts_with(&to) {
+        return Err(ImportError::SameFolder);
+    }
+    Ok(())
+}
+
+/// `path` with links resolved, as far as it exists (a missing overlay is resolved through its
+/// nearest existing parent).
+fn canonical_even_if_missing(path: &Path) -> PathBuf {
+    let mut missing = Vec::new();
+    let mut at = path.to_path_buf();
+    loop {
+        if let Ok(real) = at.canonicalize() {
+            return missing.iter().rev().fold(real, |p, name| p.join(name));
+        }
+        match (at.parent(), at.file_name()) {
+            (Some(parent), Some(name)) => {
+                missing.push(name.to_owned());
+                at = parent.to_path_buf();
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}
+
 fn check_folder(path: &Path, must_exist: bool) -> Result<(), ImportError> {
     match fsutil::kind(path) {
         Ok(Kind::Dir) => Ok(()),
@@ -202,31 +284,27 @@ fn check_folder(path: &Path, must_exist: bool) -> Result<(), ImportError> {
         Ok(Kind::Missing) => Ok(()),
         Ok(_) => Err(ImportError::NotAFolder(path.to_owned())),
         Err(e) => Err(ImportError::HostFile {
-            file: "folder",
-            why: format!("{}", e.kind()),
+            file: path.display().to_string(),
+            why: e.kind().to_string(),
         }),
     }
 }
 
 /// Reads one host file: `None` when it is not there; a link or a failed read is an error.
-fn read_host_file(
-    from: &Path,
-    name: &'static str,
-    limit: usize,
-) -> Result<Option<Vec<u8>>, ImportError> {
+fn read_host_file(from: &Path, name: &str, limit: usize) -> Result<Option<Vec<u8>>, ImportError> {
     match files::read_file(&from.join(name), limit) {
         Ok(bytes) => Ok(Some(bytes)),
         Err(ReadError::Missing) => Ok(None),
         Err(ReadError::Link) => Err(ImportError::Link(from.join(name))),
         Err(e) => Err(ImportError::HostFile {
-            file: name,
+            file: name.to_owned(),
             why: e.to_string(),
         }),
     }
 }
 
-fn read_host(opts: &Options) -> Result<Plan, ImportError> {
-    let mut plan = Plan {
+fn read_host(opts: &Options) -> Result<HostSetup, ImportError> {
+    let mut host = HostSetup {
         mcp: None,
         host_has_mcp: false,
         models: None,
@@ -243,70 +321,115 @@ fn read_host(opts: &Options) -> Result<Plan, ImportError> {
             other => other?,
         };
         if let Some(bytes) = bytes {
-            plan.host_has_mcp = true;
-            plan.mcp = Some(
-                import::plan_mcp(&bytes)
-                    .map_err(|e: HostFileError| ImportError::HostMcp(e.to_string()))?,
-            );
+            host.host_has_mcp = true;
+            host.mcp =
+                Some(import::plan_mcp(&bytes).map_err(|e| ImportError::HostMcp(e.to_string()))?);
         }
     }
     if let Some(bytes) = read_host_file(&opts.from, MODELS_FILE, config::mcp::MAX_FILE_BYTES)? {
         let models = models::check(&bytes).map_err(ImportError::Models)?;
-        plan.models = Some((bytes, models));
+        host.models = Some((bytes, models));
     }
-    plan.skills = match fsutil::kind(&opts.from.join(SKILLS_DIR)) {
+    host.skills = match fsutil::kind(&opts.from.join(SKILLS_DIR)) {
         Ok(Kind::Dir) => true,
         Ok(Kind::Missing) => false,
         Ok(Kind::Link) => return Err(ImportError::Link(opts.from.join(SKILLS_DIR))),
         Ok(_) => return Err(ImportError::NotAFolder(opts.from.join(SKILLS_DIR))),
         Err(e) => {
             return Err(ImportError::HostFile {
-                file: SKILLS_DIR,
+                file: "skills/".to_owned(),
                 why: e.kind().to_string(),
             });
         }
     };
-    plan.append_system = read_host_file(&opts.from, APPEND_SYSTEM_FILE, APPEND_SYSTEM_LIMIT)?;
-    Ok(plan)
+    host.append_system = read_host_file(&opts.from, APPEND_SYSTEM_FILE, APPEND_SYSTEM_LIMIT)?;
+    Ok(host)
 }
 
-fn stage_skills(src: &Path, target: &Path) -> Result<SkillsStaged, ImportError> {
-    let staged = fsutil::staging_path(target).map_err(write_err("skills/"))?;
-    let copied = match fsutil::copy_tree(src, &staged) {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&staged);
-            return Err(write_err("skills/")(e));
-        }
+/// Writes every new part under a temporary name; on any failure, removes what it wrote.
+fn stage(opts: &Options, host: &HostSetup) -> Result<Staging, ImportError> {
+    let mut staging = Staging {
+        mcp: None,
+        models: None,
+        append_system: None,
+        skills: None,
     };
-    let mut names: Vec<String> = std::fs::read_dir(&staged)
-        .map_err(write_err("skills/"))?
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    fsutil::replace_dir(&staged, target).map_err(write_err("skills/"))?;
-    Ok(SkillsStaged { names, copied })
-}
-
-fn write(path: &Path, bytes: &[u8]) -> Result<(), ImportError> {
-    fsutil::write_atomic(path, bytes, 0o644).map_err(write_err_path(path))
-}
-
-fn remove(path: &Path) -> Result<bool, ImportError> {
-    fsutil::remove_file_if_present(path).map_err(write_err_path(path))
-}
-
-fn write_err(what: &'static str) -> impl Fn(io::Error) -> ImportError {
-    move |e| ImportError::Write {
-        what: what.to_owned(),
-        kind: e.kind(),
+    let result = (|| {
+        if let Some(text) = host.mcp.as_ref().and_then(McpImport::overlay_file) {
+            staging.mcp = Some(stage_file(&opts.to.join(MCP_FILE), text.as_bytes())?);
+        }
+        if let Some((bytes, _)) = &host.models {
+            staging.models = Some(stage_file(&opts.to.join(MODELS_FILE), bytes)?);
+        }
+        if let Some(bytes) = &host.append_system {
+            staging.append_system = Some(stage_file(&opts.to.join(APPEND_SYSTEM_FILE), bytes)?);
+        }
+        if host.skills {
+            let target = opts.to.join(SKILLS_DIR);
+            if !matches!(
+                fsutil::kind(&target).map_err(stage_err("skills/"))?,
+                Kind::Dir | Kind::Missing
+            ) {
+                return Err(ImportError::Stage {
+                    what: "skills/".to_owned(),
+                    why: "the overlay's skills is not a folder (a link or a file)".to_owned(),
+                });
+            }
+            let dir = fsutil::staging_path(&target).map_err(stage_err("skills/"))?;
+            // Set before copying, so that a failed copy is removed with the rest.
+            staging.skills = Some((
+                dir.clone(),
+                SkillsStaged {
+                    names: Vec::new(),
+                    copied: Copied::default(),
+                },
+            ));
+            let copied = fsutil::copy_tree(&opts.from.join(SKILLS_DIR), &dir).map_err(|e| {
+                ImportError::HostFile {
+                    file: "skills/".to_owned(),
+                    why: e.to_string(),
+                }
+            })?;
+            let mut names: Vec<String> = std::fs::read_dir(&dir)
+                .map_err(stage_err("skills/"))?
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            staging.skills = Some((dir, SkillsStaged { names, copied }));
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => Ok(staging),
+        Err(e) => {
+            staging.discard();
+            Err(e)
+        }
     }
 }
 
-fn write_err_path(path: &Path) -> impl Fn(io::Error) -> ImportError + '_ {
-    move |e| ImportError::Write {
-        what: path.display().to_string(),
+fn stage_file(target: &Path, bytes: &[u8]) -> Result<StagedFile, ImportError> {
+    StagedFile::write(target, bytes, 0o644).map_err(|e| ImportError::Stage {
+        what: target.display().to_string(),
+        why: e.kind().to_string(),
+    })
+}
+
+fn remove(path: &Path) -> Result<bool, ImportError> {
+    fsutil::remove_file_if_present(path).map_err(commit_err(MCP_FILE))
+}
+
+fn stage_err(what: &'static str) -> impl Fn(io::Error) -> ImportError {
+    move |e| ImportError::Stage {
+        what: what.to_owned(),
+        why: e.kind().to_string(),
+    }
+}
+
+fn commit_err(what: &'static str) -> impl Fn(io::Error) -> ImportError {
+    move |e| ImportError::Commit {
+        what: what.to_owned(),
         kind: e.kind(),
     }
 }

@@ -39,7 +39,12 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             let mut notes = Vec::new();
             if args.fix && inputs.mcp_auth_json {
                 let path = doctor::mcp_auth_path(&settings);
-                if std::io::stdin().is_terminal() {
+                if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
+                    notes.push(format!(
+                        "--fix: kept {}: it is not a plain file, so doctor does not delete it; remove it by hand",
+                        path.display()
+                    ));
+                } else if std::io::stdin().is_terminal() {
                     if ask(&format!("Delete {}? [y/N] ", path.display()))? {
                         std::fs::remove_file(&path).map_err(|e| {
                             anyhow::anyhow!("cannot delete {} ({})", path.display(), e.kind())

@@ -67,10 +67,12 @@ fn refusal(opts: &Options, e: &ImportError) -> String {
         opts.to.display()
     );
     let _ = writeln!(out, "✗ {e}");
-    let _ = writeln!(
-        out,
-        "Nothing was changed: the overlay (its mcp.json included) is exactly as it was."
-    );
+    if e.changed_nothing() {
+        let _ = writeln!(
+            out,
+            "Nothing was changed: the overlay (its mcp.json included) is exactly as it was."
+        );
+    }
     out
 }
 
@@ -97,7 +99,7 @@ fn human(report: &Report) -> String {
                 m.providers.join(", ")
             );
         }
-        PartOutcome::NotOnHost { removed } => not_on_host(&mut out, "models.json", *removed),
+        PartOutcome::NotOnHost => not_on_host(&mut out, "models.json"),
     }
     match &report.skills {
         PartOutcome::Staged(s) => {
@@ -123,13 +125,13 @@ fn human(report: &Report) -> String {
             }
             let _ = writeln!(out);
         }
-        PartOutcome::NotOnHost { removed } => not_on_host(&mut out, "skills/", *removed),
+        PartOutcome::NotOnHost => not_on_host(&mut out, "skills/"),
     }
     match &report.append_system {
         PartOutcome::Staged(()) => {
             let _ = writeln!(out, "APPEND_SYSTEM.md: staged");
         }
-        PartOutcome::NotOnHost { removed } => not_on_host(&mut out, "APPEND_SYSTEM.md", *removed),
+        PartOutcome::NotOnHost => not_on_host(&mut out, "APPEND_SYSTEM.md"),
     }
     if !report.never_staged.is_empty() {
         let _ = writeln!(
@@ -146,12 +148,11 @@ fn human(report: &Report) -> String {
     out
 }
 
-fn not_on_host(out: &mut String, what: &str, removed: bool) {
-    let _ = if removed {
-        writeln!(out, "{what}: not on the host, removed from the overlay")
-    } else {
-        writeln!(out, "{what}: not on the host")
-    };
+fn not_on_host(out: &mut String, what: &str) {
+    let _ = writeln!(
+        out,
+        "{what}: not on the host; the overlay's, if it has one, is left as it is"
+    );
 }
 
 fn mcp_lines(out: &mut String, outcome: &McpOutcome) {

@@ -35,11 +35,30 @@ impl Deployment {
 
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pi-dispatch"));
-        cmd.args(args)
-            .current_dir(self.path())
-            .env_remove("PI_GLOBAL_PI_DIR")
-            .env("NO_COLOR", "1");
+        cmd.args(args);
+        self.isolate(&mut cmd);
         cmd
+    }
+
+    /// Runs `cmd` in the folder, with nothing of the developer's own setup: no setting, no pi
+    /// folder, and a home inside the scratch folder.
+    pub fn isolate(&self, cmd: &mut Command) {
+        cmd.current_dir(self.path()).env("NO_COLOR", "1");
+        // Nothing of the developer's own setup reaches the command: no setting, no pi folder, and
+        // a home inside the scratch folder.
+        for name in [
+            "PI_GLOBAL_PI_DIR",
+            "PI_TRIGGERS_FILE",
+            "PI_EGRESS",
+            "PI_FORWARD_ENV",
+            "PI_EGRESS_ALLOWLIST",
+            "PI_MODEL_ENDPOINTS",
+            "PI_CODING_AGENT_DIR",
+            "PI_DISPATCH_TEST_CRASH",
+        ] {
+            cmd.env_remove(name);
+        }
+        cmd.env("HOME", self.path().join("home"));
     }
 
     pub fn run(&self, args: &[&str]) -> Run {

@@ -80,10 +80,10 @@ fn fix_on_a_terminal(d: &Deployment, answer: &str) -> Run {
     let bin = env!("CARGO_BIN_EXE_pi-dispatch");
     let mut child = d.command(&[]).get_program().to_owned();
     let _ = &mut child;
-    let out = std::process::Command::new("script")
-        .args(["-qec", &format!("{bin} doctor --fix"), "/dev/null"])
-        .current_dir(d.path())
-        .env_remove("PI_GLOBAL_PI_DIR")
+    let mut cmd = std::process::Command::new("script");
+    cmd.args(["-qec", &format!("{bin} doctor --fix"), "/dev/null"]);
+    d.isolate(&mut cmd);
+    let out = cmd
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -110,6 +110,21 @@ fn fix_on_a_terminal_asks_and_deletes_only_on_yes() {
     assert!(
         run.stdout.contains("✓ no mcp-auth.json in the overlay"),
         "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn fix_leaves_an_mcp_auth_folder_for_the_operator() {
+    let d = realistic();
+    let dir = d.path().join("pi-global/mcp-auth.json");
+    std::fs::create_dir(&dir).unwrap();
+    let run = fix_on_a_terminal(&d, "y\n");
+    assert!(dir.is_dir(), "{}", run.stdout);
+    assert!(run.stdout.contains("not a plain file"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("failed"),
+        "the report is still printed: {}",
         run.stdout
     );
 }

@@ -74,7 +74,7 @@ fn no_credential_from_the_host_reaches_any_output_or_written_file() {
     // A refused import prints too: a models.json with a literal key.
     std::fs::write(
         host.join("models.json"),
-        r#"{"providers": {"p": {"apiKey": "CNRY-models-key-3e3e", "headers": {"Authorization": "Bearer CNRY-header-7f3a"}}}}"#,
+        r#"{"providers": {"p": {"apiKey": "CNRY-models-key-3e3e", "headers": {"Authorization": "Bearer CNRY-header-7f3a"}, "baseUrl": "https://u:CNRY-env-51b2@h.example.com/v1?k=CNRY-query-9c0d"}}}"#,
     )
     .unwrap();
     outputs.push(import(&d, &host, &[]));
@@ -220,25 +220,101 @@ fn a_models_json_with_a_credential_stops_the_import_before_anything_is_written()
 }
 
 #[test]
-fn the_overlay_follows_the_host_for_every_part() {
+fn only_mcp_json_follows_the_host_other_parts_are_left_alone() {
     let (d, host) = deployment_with_host();
     assert_eq!(import(&d, &host, &[]).code, 0);
     std::fs::remove_file(host.join("models.json")).unwrap();
     std::fs::remove_file(host.join("APPEND_SYSTEM.md")).unwrap();
     std::fs::remove_dir_all(host.join("skills")).unwrap();
+    let before = files_under(&overlay(&d));
     let run = import(&d, &host, &[]);
     assert_eq!(run.code, 0);
-    assert!(
-        run.stdout
-            .contains("models.json: not on the host, removed from the overlay")
-    );
-    assert!(
-        run.stdout
-            .contains("skills/: not on the host, removed from the overlay")
-    );
-    for gone in ["models.json", "APPEND_SYSTEM.md", "skills"] {
-        assert!(!overlay(&d).join(gone).exists(), "{gone}");
+    for part in ["models.json", "skills/", "APPEND_SYSTEM.md"] {
+        assert!(
+            run.stdout.contains(&format!(
+                "{part}: not on the host; the overlay's, if it has one, is left as it is"
+            )),
+            "{part}: {}",
+            run.stdout
+        );
     }
+    assert_eq!(files_under(&overlay(&d)).len(), before.len());
+    for kept in ["models.json", "APPEND_SYSTEM.md", "skills/review/SKILL.md"] {
+        assert!(overlay(&d).join(kept).is_file(), "{kept}");
+    }
+}
+
+#[test]
+fn the_overlay_may_not_be_the_host_folder_or_hold_it() {
+    let (d, host) = deployment_with_host();
+    let host_mcp = std::fs::read(host.join("mcp.json")).unwrap();
+    for to in [
+        host.clone(),
+        host.join("skills"),
+        host.join("nested/overlay"),
+        d.path().join("home"),
+    ] {
+        let run = import(&d, &host, &["--to", to.to_str().unwrap()]);
+        assert_eq!(run.code, 2, "{}: {}", to.display(), run.stdout);
+        assert!(run.stdout.contains("same folder"), "{}", run.stdout);
+        assert!(run.stdout.contains("Nothing was changed"), "{}", run.stdout);
+    }
+    for flag in [&[][..], &["--no-mcp"][..]] {
+        let mut args = vec!["--to", host.to_str().unwrap()];
+        args.extend_from_slice(flag);
+        assert_eq!(import(&d, &host, &args).code, 2);
+    }
+    assert_eq!(std::fs::read(host.join("mcp.json")).unwrap(), host_mcp);
+    assert!(host.join("skills/review/notes.md").is_symlink());
+}
+
+#[test]
+fn a_link_is_seen_as_a_link_even_with_a_trailing_slash() {
+    let (d, host) = deployment_with_host();
+    let real = d.path().join("real-overlay");
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, d.path().join("overlay-link")).unwrap();
+    let to = format!("{}/overlay-link/", d.path().display());
+    let run = import(&d, &host, &["--to", &to]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    assert_eq!(std::fs::read_dir(&real).unwrap().count(), 0);
+
+    std::os::unix::fs::symlink(&host, d.path().join("host-link")).unwrap();
+    let from = format!("{}/host-link/", d.path().display());
+    let run = d.run(&["import-pi", "--from", &from]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    assert!(!overlay(&d).join("mcp.json").exists());
+}
+
+#[test]
+fn a_failure_while_staging_changes_nothing() {
+    // A host skill file over the size limit, found while copying skills/ after mcp.json was judged.
+    let (d, host) = deployment_with_host();
+    assert_eq!(import(&d, &host, &[]).code, 0);
+    std::fs::write(host.join("mcp.json"), r#"{"mcpServers": {}}"#).unwrap();
+    let big = std::fs::File::create(host.join("skills/review/data.bin")).unwrap();
+    big.set_len(65 * 1024 * 1024).unwrap();
+    let before = files_under(&overlay(&d));
+    let run = import(&d, &host, &[]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    assert!(run.stdout.contains("skills/"), "{}", run.stdout);
+    assert!(run.stdout.contains("Nothing was changed"), "{}", run.stdout);
+    assert_eq!(files_under(&overlay(&d)), before);
+
+    // The overlay's skills is a link: refused while staging, before anything is put in place.
+    let (d, host) = deployment_with_host();
+    std::fs::create_dir(d.path().join("elsewhere")).unwrap();
+    std::os::unix::fs::symlink(d.path().join("elsewhere"), overlay(&d).join("skills")).unwrap();
+    let run = import(&d, &host, &[]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    assert!(run.stdout.contains("Nothing was changed"), "{}", run.stdout);
+    assert!(!overlay(&d).join("mcp.json").exists());
+    assert_eq!(
+        std::fs::read_dir(d.path().join("elsewhere"))
+            .unwrap()
+            .count(),
+        0
+    );
 }
 
 #[test]
@@ -288,7 +364,7 @@ fn the_host_folder_comes_from_the_flag_the_environment_or_home() {
 fn unknown_flags_are_refused() {
     let (d, host) = deployment_with_host();
     let run = import(&d, &host, &["--force"]);
-    assert_eq!(run.code, 2);
+    assert_eq!(run.code, 1, "import-pi refuses an unknown flag with 1");
     assert!(!overlay(&d).join("mcp.json").exists());
 }
 
@@ -375,30 +451,13 @@ fn a_crash_mid_write_or_before_the_rename_leaves_the_old_file_whole() {
             "{point}: the process was killed by the abort"
         );
         assert_eq!(std::fs::read(&target).unwrap(), old, "{point}");
-        let temps = std::fs::read_dir(overlay(&d))
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with(".pi-dispatch-tmp")
-            })
-            .count();
-        assert_eq!(temps, 1, "{point}: the crash left its temporary file");
-        // The next import finishes the job and clears the leftover.
+        assert!(
+            !temp_files(&d).is_empty(),
+            "{point}: the crash left its temporary files"
+        );
+        // The next import finishes the job and clears the leftovers.
         assert_eq!(import(&d, &host, &[]).code, 0);
         assert_ne!(std::fs::read(&target).unwrap(), old);
-        let temps = std::fs::read_dir(overlay(&d))
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with(".pi-dispatch-tmp")
-            })
-            .count();
-        assert_eq!(temps, 0, "{point}");
+        assert_eq!(temp_files(&d), Vec::<String>::new(), "{point}");
     }
 }
