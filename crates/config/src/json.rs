@@ -120,7 +120,7 @@ pub fn to_pretty(value: &Json) -> String {
 pub enum JsonError {
     #[error("not JSON: {detail}")]
     Syntax { detail: String },
-    #[error("a key is written twice in one object (line {line}, column {column})")]
+    #[error("not strict JSON: a key is written twice in one object (line {line}, column {column})")]
     DuplicateKey { line: usize, column: usize },
 }
 

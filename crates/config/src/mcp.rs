@@ -304,7 +304,7 @@ impl McpServer {
 }
 
 /// One entry of `mcpServers`, valid or not.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ServerEntry {
     /// The key as written in the file.
     pub name: String,
@@ -313,6 +313,8 @@ pub struct ServerEntry {
     /// The transport the entry asks for, when that much can be told.
     pub transport: Option<TransportKind>,
     pub verdict: Result<McpServer, Vec<Problem>>,
+    /// The entry exactly as written, for the job's own mcp.json.
+    pub raw: Json,
 }
 
 impl ServerEntry {
@@ -330,7 +332,7 @@ impl ServerEntry {
 }
 
 /// The overlay's `mcp.json`, read whole.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Overlay {
     /// `codemodeModels`: whether codemode scripts may call `models.*` (default true).
     pub codemode_models: bool,
@@ -444,6 +446,7 @@ pub fn validate_entry(name: &str, value: &Json) -> ServerEntry {
                 "",
                 format!("a server entry must be an object, not {}", value.kind()),
             )]),
+            raw: value.clone(),
         };
     };
     let mut v = Validator::default();
@@ -495,6 +498,7 @@ pub fn validate_entry(name: &str, value: &Json) -> ServerEntry {
         enabled: enabled_value,
         transport: transport_kind.or_else(|| written_kind(entry)),
         verdict,
+        raw: value.clone(),
     }
 }
 

@@ -17,19 +17,25 @@ pub const EGRESS_SETTING: &str = "PI_EGRESS";
 pub const FORWARD_ENV_SETTING: &str = "PI_FORWARD_ENV";
 pub const ALLOWLIST_SETTING: &str = "PI_EGRESS_ALLOWLIST";
 pub const ENDPOINTS_SETTING: &str = "PI_MODEL_ENDPOINTS";
+pub const REGISTRIES_SETTING: &str = "PI_PACKAGE_REGISTRIES";
+pub const JOB_IMAGE_SETTING: &str = "PI_JOB_IMAGE";
+pub const GITLAB_URL_SETTING: &str = "GITLAB_URL";
 
 pub const TRIGGERS_FILE: &str = "triggers.json";
 pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 6] = [
+pub const ALL: [&str; 9] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
     FORWARD_ENV_SETTING,
     ALLOWLIST_SETTING,
     ENDPOINTS_SETTING,
+    REGISTRIES_SETTING,
+    JOB_IMAGE_SETTING,
+    GITLAB_URL_SETTING,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,6 +48,14 @@ pub enum SettingError {
         "{name} must be a comma-separated list of variable names (letters, digits and '_', each once)"
     )]
     NotANameList { name: &'static str },
+    #[error(
+        "{name} must be a comma-separated list of RUNNER=HOST (a package runner such as npx or uvx, each once, and the lowercase host name of the registry it fetches from)"
+    )]
+    NotARegistryList { name: &'static str },
+    #[error(
+        "{name} must be an image name (lowercase letters and digits, words joined by '.', '_' or '-')"
+    )]
+    NotAnImageName { name: &'static str },
 }
 
 impl SettingError {
@@ -50,7 +64,9 @@ impl SettingError {
         match self {
             SettingError::NotAbsolute { name }
             | SettingError::NotAFlag { name }
-            | SettingError::NotANameList { name } => name,
+            | SettingError::NotANameList { name }
+            | SettingError::NotARegistryList { name }
+            | SettingError::NotAnImageName { name } => name,
         }
     }
 }
@@ -72,6 +88,13 @@ pub struct Settings {
     pub egress_allowlist: PathBuf,
     /// `PI_MODEL_ENDPOINTS`, else `DIR/model-endpoints.json`.
     pub model_endpoints: PathBuf,
+    /// `PI_PACKAGE_REGISTRIES`: the registry host each package runner fetches from, as the operator
+    /// declares it (no host is built in).
+    pub package_registries: Vec<(String, crate::url::Host)>,
+    /// `PI_JOB_IMAGE`: the image of jobs whose trigger names none.
+    pub job_image: Option<String>,
+    /// `GITLAB_URL`, as written; the pickup judges it when a gitlab job names `forge`.
+    pub gitlab_url: Option<String>,
 }
 
 /// The value of a setting: a non-empty value in the process environment wins, then the `.env`.
@@ -141,6 +164,22 @@ pub fn resolve(
             Vec::new()
         }),
     };
+    let package_registries = match get(REGISTRIES_SETTING) {
+        None => Vec::new(),
+        Some(v) => parse_registries(&v).unwrap_or_else(|| {
+            errors.push(SettingError::NotARegistryList {
+                name: REGISTRIES_SETTING,
+            });
+            Vec::new()
+        }),
+    };
+    let job_image = get(JOB_IMAGE_SETTING);
+    if job_image.as_deref().is_some_and(|i| !is_image_name(i)) {
+        errors.push(SettingError::NotAnImageName {
+            name: JOB_IMAGE_SETTING,
+        });
+    }
+    let gitlab_url = get(GITLAB_URL_SETTING);
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -152,7 +191,34 @@ pub fn resolve(
         forward_env,
         egress_allowlist,
         model_endpoints,
+        package_registries,
+        job_image,
+        gitlab_url,
     })
+}
+
+/// `npx=registry.example.org, uvx=pypi.example.org`: each runner once, each host a plain host name.
+fn parse_registries(text: &str) -> Option<Vec<(String, crate::url::Host)>> {
+    let mut out: Vec<(String, crate::url::Host)> = Vec::new();
+    for part in text.split(',') {
+        let (runner, host) = part.trim().split_once('=')?;
+        if !crate::mcp::PACKAGE_RUNNERS.contains(&runner) || out.iter().any(|(r, _)| r == runner) {
+            return None;
+        }
+        let host = crate::url::parse_host_name(host).ok()?;
+        out.push((runner.to_owned(), host));
+    }
+    Some(out)
+}
+
+/// An image name: `^[a-z0-9]+([._-][a-z0-9]+)*$`, at most 64 characters.
+pub fn is_image_name(s: &str) -> bool {
+    s.len() <= 64
+        && s.split(['.', '_', '-']).all(|w| {
+            !w.is_empty()
+                && w.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        })
 }
 
 /// `A,B, C`: names separated by commas, spaces around them allowed, each a variable name, once.
@@ -238,6 +304,56 @@ mod tests {
                 .unwrap()
                 .egress
         );
+    }
+
+    #[test]
+    fn registries_and_the_job_image() {
+        let s = resolve(
+            &from(&[
+                (
+                    "PI_PACKAGE_REGISTRIES",
+                    "npx=registry.example.org, uvx=pypi.example.org",
+                ),
+                ("PI_JOB_IMAGE", "pi-job.v1"),
+                ("GITLAB_URL", "https://gitlab.example.com"),
+            ]),
+            Path::new("/d"),
+        )
+        .unwrap();
+        let runners: Vec<&str> = s
+            .package_registries
+            .iter()
+            .map(|(r, _)| r.as_str())
+            .collect();
+        assert_eq!(runners, ["npx", "uvx"]);
+        assert_eq!(
+            s.package_registries[0].1.to_string(),
+            "registry.example.org"
+        );
+        assert_eq!(s.job_image.as_deref(), Some("pi-job.v1"));
+        assert_eq!(s.gitlab_url.as_deref(), Some("https://gitlab.example.com"));
+        for bad in [
+            "npx",
+            "npx=",
+            "node=h.example",
+            "npx=a.example,npx=b.example",
+            "npx=H.example",
+            "npx=https://h",
+        ] {
+            let r = resolve(&from(&[("PI_PACKAGE_REGISTRIES", bad)]), Path::new("/d"));
+            assert_eq!(
+                r.unwrap_err()[0].setting(),
+                "PI_PACKAGE_REGISTRIES",
+                "{bad}"
+            );
+        }
+        for bad in ["Pi-Job", "a..b", "-a", ""] {
+            if bad.is_empty() {
+                continue; // empty counts as unset
+            }
+            let r = resolve(&from(&[("PI_JOB_IMAGE", bad)]), Path::new("/d"));
+            assert!(r.is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -37,12 +37,23 @@ enum Command {
         #[command(subcommand)]
         command: McpCommand,
     },
+    /// The triggers file: which events queue which jobs.
+    Triggers {
+        #[command(subcommand)]
+        command: TriggersCommand,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 enum McpCommand {
     /// Check the overlay's mcp.json: which servers it offers and why it refuses the others.
     Check(cmd::mcp_check::Args),
+}
+
+#[derive(Debug, Subcommand)]
+enum TriggersCommand {
+    /// Check triggers.json: every trigger valid, or every error by trigger and field.
+    Check(cmd::triggers_check::Args),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +72,9 @@ fn main() -> ExitCode {
         Command::Mcp {
             command: McpCommand::Check(args),
         } => cmd::mcp_check::run(&args, &ctx),
+        Command::Triggers {
+            command: TriggersCommand::Check(args),
+        } => cmd::triggers_check::run(&args, &ctx),
     };
     match result {
         Ok(exit) => exit.into(),

@@ -43,6 +43,17 @@ const ENV: &str = "\
 # Where the egress files are. Defaults: ./egress-allowlist.conf and ./model-endpoints.json
 # PI_EGRESS_ALLOWLIST=
 # PI_MODEL_ENDPOINTS=
+
+# The registry host each package runner fetches from, for servers started with one (no host is
+# built in). With egress on, a job naming such a server is refused unless its host is declared here
+# and allowlisted. Example: npx=registry.example.org,uvx=pypi.example.org
+# PI_PACKAGE_REGISTRIES=
+
+# The job image (a folder images/NAME/ of this deployment) for triggers that name none.
+# PI_JOB_IMAGE=
+
+# Your GitLab's address, for gitlab triggers (and the forge's own MCP server of their jobs).
+# GITLAB_URL=
 ";
 
 const TRIGGERS: &str = "{\n  \"triggers\": []\n}\n";

@@ -2,3 +2,4 @@ pub mod doctor;
 pub mod import_pi;
 pub mod init;
 pub mod mcp_check;
+pub mod triggers_check;

@@ -8,3 +8,4 @@ mod doctor;
 mod import_pi;
 mod init;
 mod mcp_check;
+mod triggers_check;

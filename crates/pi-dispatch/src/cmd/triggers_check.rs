@@ -1,0 +1,224 @@
+//! `pi-dispatch triggers check [FILE] [--json]`: the verdict on triggers.json.
+//!
+//! Exit 0 when every trigger is valid, 1 when the file is read but refused (`triggers-invalid`), 2
+//! when it cannot be read at all (or the command is misused). The file is refused whole, so the
+//! report lists every error; of a valid file it shows each trigger's type, kind, flow name and MCP
+//! names, never a command, task, secret reference, label, phrase or any other value.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use config::files::{self, ReadError};
+use config::settings;
+use config::triggers::{self, Action, Trigger, Triggers, TriggersError};
+use serde::Serialize;
+
+use crate::context::Context;
+use crate::exit::Exit;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The triggers file, relative to the current folder [default: PI_TRIGGERS_FILE from the
+    /// environment or ./.env, else triggers.json in the deployment folder]
+    #[arg(value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    let file = match &args.file {
+        Some(file) => ctx.absolute(file),
+        None => match ctx.setting(settings::TRIGGERS_SETTING)? {
+            Some(value) => ctx.dir.join(value),
+            None => ctx.dir.join(settings::TRIGGERS_FILE),
+        },
+    };
+    let verdict = files::read_file(&file, triggers::MAX_FILE_BYTES)
+        .map_err(Refusal::Read)
+        .and_then(|bytes| triggers::parse_triggers(&bytes).map_err(Refusal::Parse));
+    let report = Report::new(file.display().to_string(), &verdict);
+    let text = if args.json {
+        serde_json::to_string_pretty(&report)? + "\n"
+    } else {
+        report.human()
+    };
+    crate::output::print(&text)?;
+    Ok(report.exit())
+}
+
+/// Why the file is not used: it cannot be read, or it is read and refused.
+enum Refusal {
+    Read(ReadError),
+    Parse(TriggersError),
+}
+
+impl Refusal {
+    fn code(&self) -> &'static str {
+        match self {
+            Refusal::Read(e) => e.code(),
+            Refusal::Parse(e) => e.code(),
+        }
+    }
+
+    /// Whether the file was read as JSON and refused for its triggers, rather than unreadable.
+    fn is_invalid(&self) -> bool {
+        matches!(self, Refusal::Parse(TriggersError::Invalid(_)))
+    }
+
+    /// Every error: the file's, by trigger and field; or one for the file as a whole (empty path).
+    fn errors(&self) -> Vec<ErrorReport> {
+        match self {
+            Refusal::Read(e) => vec![ErrorReport::whole(format!("triggers.json {e}"))],
+            Refusal::Parse(TriggersError::Invalid(errors)) => errors
+                .iter()
+                .map(|e| ErrorReport {
+                    path: e.path.clone(),
+                    message: e.message.clone(),
+                })
+                .collect(),
+            Refusal::Parse(e) => vec![ErrorReport::whole(e.to_string())],
+        }
+    }
+}
+
+/// The report, in the shape `--json` prints. A file that cannot be read has one error, with an
+/// empty path.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    file: String,
+    valid: bool,
+    code: Option<&'static str>,
+    errors: Vec<ErrorReport>,
+    triggers: Vec<TriggerReport>,
+    /// Whether the file could be read as JSON (not printed: `code` tells it).
+    #[serde(skip)]
+    readable: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct ErrorReport {
+    /// Where, as `triggers[2].run.mcp[1]`; empty for the file as a whole.
+    path: String,
+    message: String,
+}
+
+impl ErrorReport {
+    fn whole(message: String) -> ErrorReport {
+        ErrorReport {
+            path: String::new(),
+            message,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct TriggerReport {
+    index: usize,
+    #[serde(rename = "type")]
+    on_type: &'static str,
+    kind: &'static str,
+    /// The flow's name; `None` for a command, whose text is never shown.
+    #[serde(skip)]
+    flow: Option<String>,
+    mcp: Option<Vec<String>>,
+}
+
+impl Report {
+    fn new(file: String, verdict: &Result<Triggers, Refusal>) -> Report {
+        match verdict {
+            Ok(triggers) => Report {
+                file,
+                valid: true,
+                code: None,
+                errors: Vec::new(),
+                triggers: triggers.triggers.iter().map(TriggerReport::new).collect(),
+                readable: true,
+            },
+            Err(e) => Report {
+                file,
+                valid: false,
+                code: Some(e.code()),
+                errors: e.errors(),
+                triggers: Vec::new(),
+                readable: e.is_invalid(),
+            },
+        }
+    }
+
+    fn exit(&self) -> Exit {
+        if !self.readable {
+            Exit::Unusable
+        } else if !self.valid {
+            Exit::CheckFailed
+        } else {
+            Exit::Success
+        }
+    }
+
+    fn human(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "triggers.json: {}", self.file);
+        if !self.readable {
+            let code = self.code.unwrap_or_default();
+            for e in &self.errors {
+                let _ = writeln!(out, "✗ cannot be read: {} [{code}]", e.message);
+            }
+            return out;
+        }
+        if !self.valid {
+            let errors = match self.errors.len() {
+                1 => "1 error".to_owned(),
+                n => format!("{n} errors"),
+            };
+            let _ = writeln!(out, "✗ the file is refused whole ({errors}):");
+            for e in &self.errors {
+                if e.path.is_empty() {
+                    let _ = writeln!(out, "    {}", e.message);
+                } else {
+                    let _ = writeln!(out, "    {}: {}", e.path, e.message);
+                }
+            }
+            return out;
+        }
+        for t in &self.triggers {
+            let action = match &t.flow {
+                Some(flow) => format!("flow {flow}"),
+                None => "command".to_owned(),
+            };
+            let _ = write!(out, "✓ [{}] {} -> {} {action}", t.index, t.on_type, t.kind);
+            match &t.mcp {
+                Some(names) => {
+                    let _ = writeln!(out, "; mcp: {}", names.join(", "));
+                }
+                None => out.push('\n'),
+            }
+        }
+        let triggers = match self.triggers.len() {
+            1 => "1 trigger".to_owned(),
+            n => format!("{n} triggers"),
+        };
+        let _ = writeln!(out, "{triggers}: all valid");
+        out
+    }
+}
+
+impl TriggerReport {
+    fn new(trigger: &Trigger) -> TriggerReport {
+        TriggerReport {
+            index: trigger.index,
+            on_type: trigger.on.type_name(),
+            kind: trigger.run.kind.as_str(),
+            flow: match &trigger.run.action {
+                Action::Flow(name) => Some(name.clone()),
+                Action::Command(_) => None,
+            },
+            mcp: trigger
+                .run
+                .mcp
+                .as_ref()
+                .map(|names| names.iter().map(|n| n.as_str().to_owned()).collect()),
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! The queued job: what a trigger (or the CLI) asks for, normalized, with the trigger's identity.
+//! One type for cron, the CLI and the receiver; it is what the queue stores.
+
+use config::triggers::{Action, Kind, Trigger};
+use serde::{Deserialize, Serialize};
+
+/// A job as queued. Lists are kept as written into the queue (strings), so that a job written by
+/// another version or by hand is judged at pickup rather than trusted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Job {
+    pub id: String,
+    /// The index of the trigger in triggers.json when it was queued (`None` for a CLI job).
+    pub trigger_index: Option<usize>,
+    /// `cron`, `label`, `comment`, `pull_request`, `issue`, or `cli`.
+    pub trigger_type: String,
+    /// `local`, `github`, `gitlab`, `forgejo`, `azure`.
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub flow: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub command: Option<String>,
+    /// `run.mcp` as carried; absent when the trigger names no server.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub mcp: Option<Vec<String>>,
+    /// The names of `run.secrets` (their values are resolved on the host later, never stored here).
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub provider: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub model: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub models: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub max_cost_usd: Option<f64>,
+    #[serde(default)]
+    pub exclude_tools: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub image: Option<String>,
+}
+
+impl Job {
+    /// The job `trigger` queues now.
+    pub fn from_trigger(id: impl Into<String>, trigger: &Trigger) -> Job {
+        let run = &trigger.run;
+        let (flow, command) = match &run.action {
+            Action::Flow(f) => (Some(f.clone()), None),
+            Action::Command(c) => (None, Some(c.clone())),
+        };
+        Job {
+            id: id.into(),
+            trigger_index: Some(trigger.index),
+            trigger_type: trigger.on.type_name().to_owned(),
+            kind: run.kind.as_str().to_owned(),
+            flow,
+            command,
+            mcp: run
+                .mcp
+                .as_ref()
+                .map(|names| names.iter().map(|n| n.as_str().to_owned()).collect()),
+            secrets: run.secrets.iter().map(|(name, _)| name.clone()).collect(),
+            provider: run.provider.clone(),
+            model: run.model.clone(),
+            models: run.models.clone(),
+            max_cost_usd: run.max_cost_usd,
+            exclude_tools: run.exclude_tools.clone(),
+            image: run.image.clone(),
+        }
+    }
+
+    /// The job's kind, when it is one pi-dispatch knows.
+    pub fn kind(&self) -> Option<Kind> {
+        Kind::parse(&self.kind)
+    }
+
+    /// The providers on the job's model list, with its own provider (`None`: no list, so every
+    /// provider pi knows).
+    pub fn listed_providers(&self) -> Option<Vec<String>> {
+        let models = self.models.as_ref()?;
+        let mut providers: Vec<String> = models
+            .iter()
+            .filter_map(|m| m.split_once('/').map(|(p, _)| p.to_owned()))
+            .collect();
+        providers.extend(self.provider.clone());
+        providers.sort();
+        providers.dedup();
+        Some(providers)
+    }
+}
