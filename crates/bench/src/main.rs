@@ -12,6 +12,11 @@
 //! theirs as the floor of the figure.
 //!
 //! The goal is a process median under 50 ms.
+//!
+//! It also times the pickup decision (`pickup::gates::decide`) in process: a github job naming 8
+//! servers of a 200-server overlay, with egress on, every file and label read from memory. Each
+//! decision parses the overlay bytes, as the worker does for every job. The goal is a median under
+//! 1 ms.
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -21,6 +26,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use clap::Parser;
 use nix::sys::resource::{UsageWho, getrusage};
+use pickup::gates::{self, Capabilities, Decision, Read};
+use pickup::job::Job;
 use serde_json::{Map, Value, json};
 
 /// The number of servers in the generated overlay.
@@ -29,6 +36,12 @@ const SERVERS: usize = 500;
 const WARM_UP_RUNS: u32 = 3;
 /// The whole-process median the command should stay under.
 const GOAL_MS: f64 = 50.0;
+/// The number of servers in the pickup measurement's overlay.
+const PICKUP_SERVERS: usize = 200;
+/// How many of them the pickup job names (all overlay servers; the job does not name `forge`).
+const PICKUP_NAMED: usize = 8;
+/// The median a pickup decision should stay under, µs.
+const PICKUP_GOAL_US: u32 = 1000;
 
 /// Measures `pi-dispatch mcp check` on a generated overlay of 500 servers.
 #[derive(Debug, Parser)]
@@ -40,6 +53,9 @@ struct Args {
     /// Timed calls of `parse_overlay` in this process.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
     iterations: u32,
+    /// Timed pickup decisions (`gates::decide`) in this process.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
+    pickup_iterations: u32,
     /// The pi-dispatch binary [default: target/release/pi-dispatch in the workspace]
     #[arg(long, value_name = "PATH")]
     bin: Option<PathBuf>,
@@ -119,6 +135,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
     }
     let parse_rss_kib = own_peak_rss_kib()?;
 
+    let pickup = Summary::of(time_pickup(args.pickup_iterations)?);
+    let pickup_within_goal = pickup.median < f64::from(PICKUP_GOAL_US);
+
     let process = Summary::of(figures.ms);
     let parse = Summary::of(parse_us);
     let within_goal = process.median < GOAL_MS;
@@ -144,6 +163,16 @@ fn run(args: &Args) -> anyhow::Result<()> {
             },
             "goal_ms": GOAL_MS,
             "within_goal": within_goal,
+            "pickup": {
+                "servers": PICKUP_SERVERS,
+                "named": PICKUP_NAMED,
+                "iterations": args.pickup_iterations,
+                "min_us": round(pickup.min, 1),
+                "median_us": round(pickup.median, 1),
+                "p95_us": round(pickup.p95, 1),
+                "goal_us": PICKUP_GOAL_US,
+                "within_goal": pickup_within_goal,
+            },
         });
         println!("{report}");
     } else {
@@ -172,6 +201,14 @@ fn run(args: &Args) -> anyhow::Result<()> {
             "goal: process median {:.2} ms against {GOAL_MS} ms: {}",
             process.median,
             if within_goal { "within" } else { "OVER" }
+        );
+        println!(
+            "pickup: gates::decide, a github job naming {PICKUP_NAMED} of {PICKUP_SERVERS} overlay servers (no forge), egress on, {} iterations: min {:.1} µs, median {:.1} µs, p95 {:.1} µs; goal median under {PICKUP_GOAL_US} µs: {}",
+            args.pickup_iterations,
+            pickup.min,
+            pickup.median,
+            pickup.p95,
+            if pickup_within_goal { "within" } else { "OVER" }
         );
     }
     Ok(())
@@ -499,6 +536,273 @@ fn stdio_entry(service: &str, var: &str, k: usize) -> Map<String, Value> {
     entry
 }
 
+/// Times `gates::decide` on the pickup fixture `iterations` times, in µs, after checking once
+/// that it admits the job with its `/job/mcp.json`.
+fn time_pickup(iterations: u32) -> anyhow::Result<Vec<f64>> {
+    let fixture = PickupFixture::new()?;
+    let inputs = fixture.inputs();
+    match gates::decide(&inputs) {
+        Decision::Admit { mcp: Some(file) } => {
+            let missing: Vec<&String> = fixture
+                .named
+                .iter()
+                .filter(|name| !file.text.contains(&format!("\"{name}\":")))
+                .collect();
+            ensure!(
+                missing.is_empty(),
+                "the pickup job's mcp.json lacks {missing:?}:\n{}",
+                file.text
+            );
+        }
+        other => bail!(
+            "the pickup fixture must be admitted with an mcp.json, but the gates decided {other:?}"
+        ),
+    }
+    let mut us = Vec::new();
+    for _ in 0..iterations {
+        let start = Instant::now();
+        let decision = gates::decide(black_box(&inputs));
+        let elapsed = start.elapsed();
+        ensure!(
+            matches!(black_box(&decision), Decision::Admit { mcp: Some(_) }),
+            "the pickup decision changed: {decision:?}"
+        );
+        us.push(elapsed.as_secs_f64() * 1e6);
+    }
+    Ok(us)
+}
+
+/// Deployment files held in memory. Each call hands out a copy of the bytes, as a reader of the
+/// real files returns fresh bytes for every job.
+struct MemoryFiles {
+    mcp: Vec<u8>,
+    allowlist: Vec<u8>,
+}
+
+impl gates::Files for MemoryFiles {
+    fn overlay_mcp(&self) -> Read {
+        Read::Bytes(self.mcp.clone())
+    }
+    fn overlay_models(&self) -> Read {
+        Read::Missing
+    }
+    fn allowlist(&self) -> Read {
+        Read::Bytes(self.allowlist.clone())
+    }
+    fn endpoints(&self) -> Read {
+        Read::Missing
+    }
+}
+
+/// Every image declares the same capabilities.
+struct MemoryImages(Vec<String>);
+
+impl gates::ImageLabels for MemoryImages {
+    fn capabilities(&self, _image: &str) -> Capabilities {
+        Capabilities::Declared(self.0.clone())
+    }
+}
+
+/// A worker environment that holds no variable: the job's secrets map every reference.
+struct EmptyEnv;
+
+impl gates::WorkerEnv for EmptyEnv {
+    fn has_value(&self, _name: &str) -> bool {
+        false
+    }
+}
+
+/// Everything one pickup decision reads: a github job from a label trigger naming
+/// [`PICKUP_NAMED`] servers of a [`PICKUP_SERVERS`]-server overlay, with `run.secrets` for their
+/// variables, egress on and an allowlist naming every HTTP host, and an image declaring
+/// `mcp,forgeMcp`.
+struct PickupFixture {
+    job: Job,
+    trigger: config::triggers::Trigger,
+    settings: config::settings::Settings,
+    files: MemoryFiles,
+    images: MemoryImages,
+    env: EmptyEnv,
+    /// The names the job lists, in its order.
+    named: Vec<String>,
+}
+
+impl PickupFixture {
+    fn new() -> anyhow::Result<PickupFixture> {
+        let named: Vec<usize> = (0..PICKUP_NAMED).map(pickup_named_index).collect();
+        let mut secrets = Map::new();
+        for &i in &named {
+            for var in pickup_variables(i) {
+                secrets.insert(var, json!(format!("op://ci/mcp/{i:03}")));
+            }
+        }
+        let names: Vec<String> = named.iter().map(|&i| pickup_server_name(i)).collect();
+        let triggers = json!({ "triggers": [{
+            "on": { "type": "label", "any": ["pi"] },
+            "run": {
+                "kind": "github",
+                "flow": "fix",
+                "mcp": names,
+                "secrets": secrets,
+                "provider": "openai",
+                "model": "gpt",
+                "models": ["openai/gpt"],
+                "maxCostUsd": 5,
+            },
+        }]});
+        let trigger = config::triggers::parse_triggers(&serde_json::to_vec(&triggers)?)
+            .map_err(|e| anyhow::anyhow!("the pickup trigger is refused: {e}"))?
+            .triggers
+            .into_iter()
+            .next()
+            .context("the pickup triggers.json holds no trigger")?;
+        let job = Job::from_trigger("bench-job-1", &trigger);
+
+        let pairs = [("PI_EGRESS", "1"), ("PI_JOB_IMAGE", "pi-job")];
+        let settings = config::settings::resolve(
+            &|name| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            },
+            Path::new("/srv/pi-dispatch"),
+        )
+        .map_err(|errors| {
+            let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            anyhow::anyhow!("the pickup settings are refused: {}", errors.join("; "))
+        })?;
+
+        let allowlist: String = (0..PICKUP_SERVERS)
+            .filter(|i| i.is_multiple_of(2))
+            .map(|i| format!("{}\n", pickup_http_host(i)))
+            .collect();
+        Ok(PickupFixture {
+            job,
+            trigger,
+            settings,
+            files: MemoryFiles {
+                mcp: pickup_overlay_json()?.into_bytes(),
+                allowlist: allowlist.into_bytes(),
+            },
+            images: MemoryImages(vec!["mcp".to_owned(), "forgeMcp".to_owned()]),
+            env: EmptyEnv,
+            named: names,
+        })
+    }
+
+    fn inputs(&self) -> gates::Inputs<'_> {
+        gates::Inputs {
+            job: &self.job,
+            trigger_now: Some(&self.trigger),
+            settings: &self.settings,
+            files: &self.files,
+            images: &self.images,
+            env: &self.env,
+        }
+    }
+}
+
+/// The overlay index of the `k`th named server: spread over the overlay, HTTP and stdio in turn,
+/// none of them turned off.
+fn pickup_named_index(k: usize) -> usize {
+    23 * k + 5
+}
+
+fn pickup_server_name(i: usize) -> String {
+    format!("{}-{i:03}", SERVICES[i % SERVICES.len()])
+}
+
+fn pickup_http_host(i: usize) -> String {
+    format!("mcp-{i:03}.{}.example.com", SERVICES[i % SERVICES.len()])
+}
+
+/// The two variables server `i` references.
+fn pickup_variables(i: usize) -> [String; 2] {
+    let second = if i.is_multiple_of(2) { "TENANT" } else { "ORG" };
+    [format!("TOKEN_{i:03}"), format!("{second}_{i:03}")]
+}
+
+/// The pickup overlay's `mcp.json` with [`PICKUP_SERVERS`] servers, every one valid and each
+/// referencing exactly two variables: even ones streamable HTTP on their own host
+/// (`Authorization: Bearer ${TOKEN_N}`, and `${TENANT_N}` in a header or the query), odd ones
+/// stdio (`${TOKEN_N}` and `${ORG_N}` in env or arguments), and two turned off.
+fn pickup_overlay_json() -> anyhow::Result<String> {
+    let mut servers = Map::new();
+    for i in 0..PICKUP_SERVERS {
+        let service = SERVICES[i % SERVICES.len()];
+        let [token, second] = pickup_variables(i);
+        let k = i / 2;
+        let mut entry = Map::new();
+        if i.is_multiple_of(2) {
+            let host = pickup_http_host(i);
+            let (url, headers) = if k.is_multiple_of(2) {
+                (
+                    format!("https://{host}/mcp"),
+                    json!({
+                        "Authorization": format!("Bearer ${{{token}}}"),
+                        "X-Tenant": format!("${{{second}}}"),
+                    }),
+                )
+            } else {
+                (
+                    format!("https://{host}/v1/mcp?tenant=${{{second}}}"),
+                    json!({ "Authorization": format!("Bearer ${{{token}}}") }),
+                )
+            };
+            entry.insert("url".into(), json!(url));
+            entry.insert("headers".into(), headers);
+            if k % 3 == 1 {
+                entry.insert("type".into(), json!("streamable-http"));
+            }
+        } else {
+            entry.insert(
+                "command".into(),
+                json!(format!("/opt/pi-global/mcp/{service}-server")),
+            );
+            if k.is_multiple_of(2) {
+                entry.insert("args".into(), json!(["--root", "/workspace"]));
+                entry.insert(
+                    "env".into(),
+                    json!({
+                        "MCP_TOKEN": format!("${{{token}}}"),
+                        "MCP_ORG": format!("${{{second}}}"),
+                    }),
+                );
+            } else {
+                entry.insert(
+                    "args".into(),
+                    json!(["--root", "/workspace", format!("--org=${{{second}}}")]),
+                );
+                entry.insert(
+                    "env".into(),
+                    json!({ "MCP_TOKEN": format!("${{{token}}}") }),
+                );
+            }
+            if k.is_multiple_of(3) {
+                entry.insert(
+                    "toolExposure".into(),
+                    json!({ "search": "direct", "read_*": "codemode", "delete_*": "hidden" }),
+                );
+            }
+        }
+        entry.insert(
+            "description".into(),
+            json!(format!(
+                "{service} tools for the team's {} work, server {i} of the shared overlay",
+                ["review", "triage", "release", "research"][k % 4]
+            )),
+        );
+        entry.insert("exposure".into(), json!(EXPOSURES[i % EXPOSURES.len()]));
+        if i % 97 == 13 {
+            entry.insert("enabled".into(), json!(false));
+        }
+        servers.insert(pickup_server_name(i), Value::Object(entry));
+    }
+    let overlay = json!({ "codemodeModels": true, "mcpServers": servers });
+    Ok(serde_json::to_string_pretty(&overlay)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -528,6 +832,83 @@ mod tests {
         assert_eq!(kinds(config::mcp::TransportKind::Stdio), 250);
         let off = overlay.servers.iter().filter(|s| !s.enabled).count();
         assert!((1..=10).contains(&off), "{off} servers turned off");
+    }
+
+    #[test]
+    fn the_pickup_overlay_holds_200_valid_servers() {
+        let text = pickup_overlay_json().unwrap();
+        let overlay = config::mcp::parse_overlay(text.as_bytes()).unwrap();
+        assert_eq!(overlay.servers.len(), PICKUP_SERVERS);
+        assert!(overlay.all_valid());
+        let http = overlay
+            .servers
+            .iter()
+            .filter(|s| s.transport == Some(config::mcp::TransportKind::Http))
+            .count();
+        assert_eq!(http, PICKUP_SERVERS / 2);
+        let off = overlay.servers.iter().filter(|s| !s.enabled).count();
+        assert_eq!(off, 2);
+    }
+
+    #[test]
+    fn the_pickup_fixture_is_admitted_with_its_eight_servers() {
+        let fixture = PickupFixture::new().unwrap();
+        assert_eq!(fixture.named.len(), PICKUP_NAMED);
+        assert!(!fixture.named.iter().any(|n| n == "forge"));
+        assert_eq!(fixture.job.secrets.len(), 2 * PICKUP_NAMED);
+        assert!(fixture.settings.egress);
+        let Decision::Admit { mcp: Some(file) } = gates::decide(&fixture.inputs()) else {
+            panic!("not admitted: {:?}", gates::decide(&fixture.inputs()))
+        };
+        let parsed = config::json::parse(&file.text).unwrap();
+        let servers = parsed
+            .as_object()
+            .unwrap()
+            .get("mcpServers")
+            .unwrap()
+            .as_object()
+            .unwrap();
+        assert_eq!(
+            servers.keys().collect::<Vec<_>>(),
+            fixture.named.iter().collect::<Vec<_>>()
+        );
+        let http = fixture
+            .named
+            .iter()
+            .filter(|n| {
+                file.text
+                    .contains(&format!("Bearer ${{TOKEN_{}}}", &n[n.len() - 3..]))
+            })
+            .count();
+        assert_eq!(http, PICKUP_NAMED / 2, "{}", file.text);
+    }
+
+    #[test]
+    fn the_pickup_fixture_runs_the_secret_and_egress_gates() {
+        use pickup::reason::Reason;
+        let refused = |change: fn(&mut PickupFixture)| {
+            let mut fixture = PickupFixture::new().unwrap();
+            change(&mut fixture);
+            match gates::decide(&fixture.inputs()) {
+                Decision::Refuse(r) => r.reason,
+                other => panic!("not refused: {other:?}"),
+            }
+        };
+        assert_eq!(
+            refused(|f| {
+                f.job.secrets.pop();
+            }),
+            Reason::McpSecretUnmapped
+        );
+        assert_eq!(
+            refused(|f| {
+                let host = pickup_http_host(pickup_named_index(1));
+                let text = String::from_utf8(f.files.allowlist.clone()).unwrap();
+                assert!(text.contains(&host));
+                f.files.allowlist = text.replace(&format!("{host}\n"), "").into_bytes();
+            }),
+            Reason::McpEgressUnreachable
+        );
     }
 
     #[test]

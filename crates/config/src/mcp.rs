@@ -397,6 +397,20 @@ impl OverlayError {
 
 /// Reads an overlay `mcp.json` from its bytes.
 pub fn parse_overlay(bytes: &[u8]) -> Result<Overlay, OverlayError> {
+    parse_overlay_judging(bytes, |_| true)
+}
+
+/// Reads the file whole and as strictly as [`parse_overlay`] (a duplicate key or a wrong shape
+/// anywhere still refuses it), but judges only the entries named in `names`: what a job's pickup
+/// needs, at a fraction of the cost for a large overlay. Entries not named are left out.
+pub fn parse_overlay_named(bytes: &[u8], names: &[&str]) -> Result<Overlay, OverlayError> {
+    parse_overlay_judging(bytes, |name| names.contains(&name))
+}
+
+fn parse_overlay_judging(
+    bytes: &[u8],
+    judge: impl Fn(&str) -> bool,
+) -> Result<Overlay, OverlayError> {
     if bytes.len() > MAX_FILE_BYTES {
         return Err(OverlayError::TooLarge);
     }
@@ -429,6 +443,7 @@ pub fn parse_overlay(bytes: &[u8]) -> Result<Overlay, OverlayError> {
         codemode_models,
         servers: servers
             .iter()
+            .filter(|(name, _)| judge(name))
             .map(|(name, value)| validate_entry(name, value))
             .collect(),
     })

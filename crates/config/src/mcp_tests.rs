@@ -786,3 +786,18 @@ fn long_or_odd_key_names_are_not_printed_as_fields() {
     let p = entry(&format!(r#"{STDIO}, "env": {{"K": "lit"}}"#)).problems()[0].clone();
     assert_eq!(p.field, "env.K");
 }
+
+#[test]
+fn a_named_read_judges_only_the_named_entries_but_reads_the_whole_file() {
+    let text = br#"{"mcpServers": {"a": {"url": "https://h/mcp", "description": "d"}, "bad": {"cwd": "/"}, "b": {"command": "node", "description": "d"}}}"#;
+    let overlay = parse_overlay_named(text, &["b", "missing"]).unwrap();
+    assert_eq!(overlay.servers.len(), 1);
+    assert!(overlay.offered("b").is_some());
+    assert!(overlay.entry("a").is_none());
+    // A duplicate key outside the named entries still refuses the file.
+    let dup = br#"{"mcpServers": {"a": {"url": "https://h/mcp", "url": "https://i/mcp"}, "b": {"command": "node", "description": "d"}}}"#;
+    assert_eq!(
+        parse_overlay_named(dup, &["b"]).unwrap_err().code(),
+        "duplicate-key"
+    );
+}

@@ -28,6 +28,8 @@ struct Cli {
 enum Command {
     /// Check the deployment: settings, overlay, MCP servers, egress files.
     Doctor(cmd::doctor::Args),
+    /// Say what pickup would decide now for the job a trigger would queue, without running it.
+    Explain(cmd::explain::Args),
     /// Stage the host's pi setup (mcp.json, models.json, skills/, APPEND_SYSTEM.md) into the overlay.
     ImportPi(cmd::import_pi::Args),
     /// Write the deployment folder's missing files (.env, triggers.json, egress files, overlay).
@@ -68,6 +70,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Init(args) => cmd::init::run(&args, &ctx),
         Command::Doctor(args) => cmd::doctor::run(&args, &ctx),
+        Command::Explain(args) => cmd::explain::run(&args, &ctx),
         Command::ImportPi(args) => cmd::import_pi::run(&args, &ctx),
         Command::Mcp {
             command: McpCommand::Check(args),

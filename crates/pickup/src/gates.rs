@@ -187,7 +187,8 @@ fn decide_steps(i: &Inputs) -> Step<Decision> {
     let overlay = if overlay_names.is_empty() {
         None
     } else {
-        Some(read_overlay(i)?)
+        let named: Vec<&str> = overlay_names.iter().map(|n| n.as_str()).collect();
+        Some(read_overlay(i, &named)?)
     };
     let mut servers = Vec::new();
     if let Some(overlay) = &overlay {
@@ -352,10 +353,10 @@ pub fn gitlab_api_url(text: &str) -> Option<String> {
     Some(format!("{base}/api/v4"))
 }
 
-fn read_overlay(i: &Inputs) -> Step<Overlay> {
+fn read_overlay(i: &Inputs, names: &[&str]) -> Step<Overlay> {
     let job = i.job;
     match i.files.overlay_mcp() {
-        Read::Bytes(bytes) => mcp::parse_overlay(&bytes).map_err(|e| {
+        Read::Bytes(bytes) => mcp::parse_overlay_named(&bytes, names).map_err(|e| {
             refuse(
                 job,
                 Reason::McpConfigInvalid,

@@ -1,4 +1,5 @@
 pub mod doctor;
+pub mod explain;
 pub mod import_pi;
 pub mod init;
 pub mod mcp_check;

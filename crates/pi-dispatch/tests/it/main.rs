@@ -5,6 +5,7 @@
 
 mod common;
 mod doctor;
+mod explain;
 mod import_pi;
 mod init;
 mod mcp_check;
