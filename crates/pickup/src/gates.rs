@@ -93,7 +93,8 @@ pub struct Refusal {
 /// The worker's `refused_<reason>` log line: names and counts, never a value.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Log {
-    pub event: String,
+    pub event: &'static str,
+    pub reason: Reason,
     #[serde(rename = "jobId")]
     pub job_id: String,
     pub server: Option<String>,
@@ -108,6 +109,7 @@ impl Refusal {
             comment: reason.comment(server),
             log: Log {
                 event: reason.log_event(),
+                reason,
                 job_id: job.id.clone(),
                 server: server.map(str::to_owned),
                 detail: detail.into(),

@@ -136,7 +136,26 @@ fn refused_by(reason: Reason, server: Option<&str>, change: impl FnOnce(&mut Wor
         Decision::Refuse(r) => {
             assert_eq!(r.reason, reason, "{r:?}");
             assert_eq!(r.server.as_deref(), server, "{r:?}");
-            assert_eq!(r.log.event, reason.log_event());
+            assert_eq!(r.log.event, "refused_mcp");
+            assert_eq!(r.log.reason, reason);
+            // The comment names the server and the rule, never a variable or host the detail has.
+            for word in r
+                .log
+                .detail
+                .split(|c: char| c.is_whitespace() || c == ',' || c == ':')
+            {
+                let variable =
+                    word.len() > 2 && word.bytes().all(|b| b.is_ascii_uppercase() || b == b'_');
+                let file = [".json", ".conf"].iter().any(|e| word.ends_with(e));
+                let host = !file
+                    && word.contains('.')
+                    && word
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+                if variable || host {
+                    assert!(!r.comment.contains(word), "{word} in {}", r.comment);
+                }
+            }
             assert_eq!(r.record(&w.job)["budgetReserved"], false);
             assert_eq!(r.record(&w.job)["outcome"], "policy");
             r

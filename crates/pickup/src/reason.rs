@@ -56,9 +56,10 @@ impl Reason {
         }
     }
 
-    /// The `refused_<token>` event name of the worker's log.
-    pub fn log_event(self) -> String {
-        format!("refused_{}", self.as_str().replace('-', "_"))
+    /// The worker's log event for a refusal of this table: `refused_mcp`, as the spec names it
+    /// (the reason itself rides in the line's `reason` field).
+    pub fn log_event(self) -> &'static str {
+        "refused_mcp"
     }
 
     /// The fixed comment posted on the issue. `server` is the server the rule concerns, when there
@@ -256,9 +257,6 @@ mod tests {
             assert!(c.starts_with("pi-dispatch did not start this job"), "{c}");
             assert!(!c.contains("${") && !c.contains('$'), "{c}");
         }
-        assert_eq!(
-            Reason::McpSecretUnmapped.log_event(),
-            "refused_mcp_secret_unmapped"
-        );
+        assert_eq!(Reason::McpSecretUnmapped.log_event(), "refused_mcp");
     }
 }

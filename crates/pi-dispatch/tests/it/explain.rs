@@ -66,7 +66,8 @@ fn a_refused_job_shows_the_reason_comment_and_log() {
     assert_eq!(report["reason"], "mcp-secret-unmapped");
     assert!(report["comment"].as_str().unwrap().contains("`tickets`"));
     assert!(!report["comment"].as_str().unwrap().contains("TICKETS_KEY"));
-    assert_eq!(report["log"]["event"], "refused_mcp_secret_unmapped");
+    assert_eq!(report["log"]["event"], "refused_mcp");
+    assert_eq!(report["log"]["reason"], "mcp-secret-unmapped");
     assert!(
         report["log"]["detail"]
             .as_str()
