@@ -871,6 +871,17 @@ impl Check {
                         );
                         return None;
                     }
+                    // pi names MCP tools with every character outside [A-Za-z0-9_] turned into '_':
+                    // an mcp__ pattern holding one could never match, and would exclude nothing.
+                    if tool.starts_with("mcp__")
+                        && !tool.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'*')
+                    {
+                        check.err(
+                            item_path,
+                            "pi writes MCP tool names with '_' for every other character (mcp__my_server__tool): this pattern would match nothing",
+                        );
+                        return None;
+                    }
                     Some(tool.to_owned())
                 }))
             })

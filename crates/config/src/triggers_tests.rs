@@ -1776,3 +1776,15 @@ fn a_canary_in_every_string_field_stays_out_of_every_message() {
         .replace(r#""mcp": []"#, r#""mcp": ["forge"]"#);
     assert_eq!(ok(&mended).triggers.len(), 3);
 }
+
+#[test]
+fn an_mcp_pattern_pi_could_never_match_is_refused() {
+    refused_only(
+        &github(r#""excludeTools": ["mcp__docs-v2__*"]"#),
+        "triggers[0].run.excludeTools[0]",
+    );
+    let ok = parse_triggers(
+        github(r#""excludeTools": ["mcp__docs_v2__*", "read_mcp_resource", "bash"]"#).as_bytes(),
+    );
+    assert!(ok.is_ok(), "{ok:?}");
+}

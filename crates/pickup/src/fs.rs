@@ -77,6 +77,10 @@ impl ImageFolders {
 
 impl ImageLabels for ImageFolders {
     fn capabilities(&self, image: &str) -> Capabilities {
+        // A name from the queue is judged again: `..` or a path must not reach another folder.
+        if !config::settings::is_image_name(image) {
+            return Capabilities::Declared(Vec::new());
+        }
         let path = self.root.join(image).join("image.json");
         match classify(files::read_file(&path, 1024 * 1024)) {
             // An image without the file, or with a file that is not right, declares nothing.
@@ -211,5 +215,15 @@ mod tests {
             Capabilities::Declared(vec!["mcp".into()])
         );
         assert_eq!(images.capabilities("other"), Capabilities::Declared(vec![]));
+        std::fs::write(
+            dir.path().join("image.json"),
+            r#"{"labels": {"dev.pi-dispatch.capabilities": "mcp"}}"#,
+        )
+        .unwrap();
+        assert_eq!(images.capabilities(".."), Capabilities::Declared(vec![]));
+        assert_eq!(
+            images.capabilities("../images/pi-job"),
+            Capabilities::Declared(vec![])
+        );
     }
 }

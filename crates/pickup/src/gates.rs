@@ -199,10 +199,26 @@ fn decide_steps(i: &Inputs) -> Step<Decision> {
         }
     }
 
-    let reserved = reserved_variables(i)?;
+    // The forge entry is the worker's own: only overlay servers are judged for their variables.
+    if !servers.is_empty() {
+        let reserved = reserved_variables(i)?;
+        for (server, name) in &servers {
+            secrets(i, server, name, &reserved)?;
+        }
+    }
     for (server, name) in &servers {
-        secrets(i, server, name, &reserved)?;
         excluded(job, server, name)?;
+    }
+    if forge.is_some() {
+        let routes = Routes::new(mcp::FORGE, Exposure::Codemode, &[]);
+        if !routes.way_in(&job.exclude_tools) {
+            return Err(refuse(
+                job,
+                Reason::McpExcluded,
+                Some(mcp::FORGE),
+                "run.excludeTools removes every route to its tools (direct, tool_search, codemode)",
+            ));
+        }
     }
     if i.settings.egress {
         egress_gate(i, &servers, forge.as_ref())?;
@@ -236,6 +252,10 @@ fn skew(i: &Inputs) -> Step<()> {
         (
             "maxCostUsd",
             now.run.max_cost_usd.is_some() && job.max_cost_usd.is_none(),
+        ),
+        (
+            "excludeTools",
+            !now.run.exclude_tools.is_empty() && job.exclude_tools.is_empty(),
         ),
     ];
     match missing.iter().find(|(_, m)| *m) {
@@ -343,7 +363,7 @@ fn forge_entry(i: &Inputs) -> Step<Forge> {
 /// `GITLAB_URL` as the API's base: a plain http(s) URL without user, password, query, fragment or
 /// comma; a trailing `/api/v4` (or `/`) is allowed and not doubled.
 pub fn gitlab_api_url(text: &str) -> Option<String> {
-    if text.contains(',') {
+    if text.contains(',') || text.contains('$') {
         return None;
     }
     let url = config::url::parse(text).ok()?;
@@ -435,9 +455,9 @@ fn reserved_variables(i: &Inputs) -> Step<Vec<String>> {
     Ok(reserved)
 }
 
+/// The runner's, proxy and forge variables: the names a trigger may not bind as a secret either.
 fn is_runner_variable(name: &str) -> bool {
-    name.starts_with("PI_")
-        || name == "NODE_OPTIONS"
+    config::triggers::is_reserved_secret_name(name)
         || PROXY_VARIABLES.iter().any(|p| p.eq_ignore_ascii_case(name))
 }
 
@@ -483,31 +503,83 @@ fn excluded(job: &Job, server: &McpServer, name: &str) -> Step<()> {
     Ok(())
 }
 
-/// The exposures the server's tools can have: its own (default codemode) unless a `*` entry of
-/// `toolExposure` overrides it for every tool, and every `toolExposure` value.
-fn exposures(server: &McpServer) -> Vec<Exposure> {
-    let mut out: Vec<Exposure> = server.tool_exposure.iter().map(|(_, e)| *e).collect();
-    if !server.tool_exposure.iter().any(|(k, _)| k == "*") {
-        out.push(server.exposure.unwrap_or(Exposure::Codemode));
-    }
-    out
+/// How a server's tools can be reached, for judging `excludeTools`.
+struct Routes {
+    /// `mcp__<server>__`, as pi writes it (characters outside `[A-Za-z0-9_]` become `_`).
+    prefix: String,
+    /// The exposure of tools no exact `toolExposure` name covers (none when a `*` entry takes all).
+    default: Vec<Exposure>,
+    /// Tools named exactly in `toolExposure`, as pi names them, with their exposure.
+    named: Vec<(String, Exposure)>,
 }
 
-/// Whether any route to the server's tools survives `exclude` (pi tool names and `*` patterns).
-pub fn has_way_in(server: &McpServer, exclude: &[String]) -> bool {
-    let prefix = format!("mcp__{}__", server.name.as_str().replace('-', "_"));
-    if exclude.iter().any(|p| covers_every_tool(p, &prefix)) {
-        return false;
+/// A name as pi writes it into a tool name.
+fn pi_name(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+impl Routes {
+    fn new(server: &str, exposure: Exposure, tool_exposure: &[(String, Exposure)]) -> Routes {
+        let prefix = format!("mcp__{}__", pi_name(server));
+        let mut default = Vec::new();
+        let mut named = Vec::new();
+        for (key, e) in tool_exposure {
+            if key.contains('*') {
+                default.push(*e);
+            } else {
+                named.push((format!("{prefix}{}", pi_name(key)), *e));
+            }
+        }
+        if !tool_exposure.iter().any(|(k, _)| k == "*") {
+            default.push(exposure);
+        }
+        Routes {
+            prefix,
+            default,
+            named,
+        }
     }
-    let open = |tool: &str| !exclude.iter().any(|p| glob(p, tool));
-    let codemode = open("codemode");
-    let search = open("tool_search");
-    exposures(server).iter().any(|e| match e {
-        Exposure::Direct => true,
-        Exposure::Deferred => search,
-        Exposure::Codemode => codemode || search,
-        Exposure::Hidden => false,
-    })
+
+    fn of(server: &McpServer) -> Routes {
+        Routes::new(
+            server.name.as_str(),
+            server.exposure.unwrap_or(Exposure::Codemode),
+            &server.tool_exposure,
+        )
+    }
+
+    /// Whether any route to a tool survives `exclude` (pi tool names and `*` patterns).
+    fn way_in(&self, exclude: &[String]) -> bool {
+        if exclude.iter().any(|p| covers_every_tool(p, &self.prefix)) {
+            return false;
+        }
+        let open = |tool: &str| !exclude.iter().any(|p| glob(p, tool));
+        let (codemode, search) = (open("codemode"), open("tool_search"));
+        let reachable = |e: &Exposure| match e {
+            Exposure::Direct => true,
+            Exposure::Deferred => search,
+            Exposure::Codemode => codemode || search,
+            Exposure::Hidden => false,
+        };
+        self.default.iter().any(reachable)
+            || self
+                .named
+                .iter()
+                .any(|(tool, e)| open(tool) && reachable(e))
+    }
+}
+
+/// Whether any route to the server's tools survives `exclude`.
+pub fn has_way_in(server: &McpServer, exclude: &[String]) -> bool {
+    Routes::of(server).way_in(exclude)
 }
 
 /// Whether `pattern` matches every tool name starting with `prefix`: it ends in `*`, and what comes

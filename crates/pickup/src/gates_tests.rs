@@ -463,3 +463,94 @@ fn no_comment_holds_a_host_a_variable_or_a_value() {
         }
     }
 }
+
+#[test]
+fn forge_is_judged_against_exclude_tools_too() {
+    for exclude in [
+        &["mcp__*"][..],
+        &["mcp__forge__*"][..],
+        &["codemode", "tool_search"][..],
+    ] {
+        refused_by(Reason::McpExcluded, Some("forge"), |w| {
+            set_mcp(w, &["forge"]);
+            w.trigger_now = None;
+            w.job.exclude_tools = exclude.iter().map(|e| e.to_string()).collect();
+        });
+    }
+}
+
+#[test]
+fn a_forge_only_job_needs_no_overlay_at_all() {
+    let mut w = world();
+    set_mcp(&mut w, &["forge"]);
+    w.trigger_now = None;
+    w.files.mcp = Read::Missing;
+    w.files.models = bytes(r#"{"providers": {"p": {"apiKey": "literal"}}}"#);
+    assert!(
+        matches!(decide_in(&w), Decision::Admit { mcp: Some(_) }),
+        "{:?}",
+        decide_in(&w)
+    );
+}
+
+#[test]
+fn the_runner_and_forge_variables_the_loader_reserves_are_reserved_here_too() {
+    for var in ["HOME", "PATH", "LD_PRELOAD", "GITLAB_URL", "https_proxy"] {
+        let var_ref = var.to_ascii_uppercase();
+        let r = refused_by(Reason::McpSecretReserved, Some("files"), |w| {
+            w.files.mcp = bytes(&OVERLAY.replace("${FILES_TOKEN}", &format!("${{{var_ref}}}")));
+            w.settings.forward_env.push(var_ref.clone());
+            w.env.0.push(Box::leak(var_ref.clone().into_boxed_str()));
+        });
+        assert!(r.log.detail.contains(&var_ref));
+    }
+}
+
+#[test]
+fn exclude_tools_is_a_narrowing_field() {
+    let mut w = world();
+    let text = TRIGGERS.replace(
+        r#""maxCostUsd": 5"#,
+        r#""maxCostUsd": 5, "excludeTools": ["bash"]"#,
+    );
+    w.trigger_now = Some(parse_triggers(text.as_bytes()).unwrap().triggers.remove(0));
+    match decide_in(&w) {
+        Decision::Refuse(r) => {
+            assert_eq!(r.reason, Reason::TriggerSkew);
+            assert!(r.log.detail.contains("excludeTools"), "{}", r.log.detail);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_tool_exposed_by_name_loses_its_route_when_excluded_by_name() {
+    let overlay = r#"{"mcpServers": {"docs": {"url": "https://mcp.example.com/mcp", "headers": {"Authorization": "Bearer ${DOCS_TOKEN}"}, "description": "Docs", "exposure": "hidden", "toolExposure": {"search-all": "direct"}}}}"#;
+    let mut w = world();
+    w.files.mcp = bytes(overlay);
+    set_mcp(&mut w, &["docs"]);
+    w.trigger_now = None;
+    assert!(matches!(decide_in(&w), Decision::Admit { .. }));
+    w.job.exclude_tools = vec!["mcp__docs__search_all".into()];
+    assert!(matches!(decide_in(&w), Decision::Refuse(r) if r.reason == Reason::McpExcluded));
+}
+
+#[test]
+fn a_model_list_the_loader_would_not_write_narrows_nothing() {
+    for models in [vec![], vec!["gpt".to_owned()]] {
+        refused_by(Reason::McpSecretReserved, Some("docs"), |w| {
+            w.files.mcp = bytes(&OVERLAY.replace("${DOCS_TOKEN}", "${HF_TOKEN}"));
+            w.job.secrets.push("HF_TOKEN".into());
+            w.job.models = Some(models.clone());
+        });
+    }
+}
+
+#[test]
+fn a_gitlab_url_with_a_dollar_is_not_plain() {
+    refused_by(Reason::McpServerUnknown, Some("forge"), |w| {
+        w.job.kind = "gitlab".into();
+        w.trigger_now = None;
+        w.settings.gitlab_url = Some("https://gitlab.example.com/$GH_TOKEN".into());
+    });
+}

@@ -78,6 +78,11 @@ impl Job {
     /// provider pi knows).
     pub fn listed_providers(&self) -> Option<Vec<String>> {
         let models = self.models.as_ref()?;
+        // A list that is empty or holds an entry without a provider is not one the loader writes:
+        // it narrows nothing, so every provider's key stays reserved.
+        if models.is_empty() || models.iter().any(|m| !m.contains('/')) {
+            return None;
+        }
         let mut providers: Vec<String> = models
             .iter()
             .filter_map(|m| m.split_once('/').map(|(p, _)| p.to_owned()))

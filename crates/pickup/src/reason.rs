@@ -74,7 +74,7 @@ impl Reason {
                 "the list of MCP servers the job carries is not one pi-dispatch writes".to_owned()
             }
             Reason::McpConfigInvalid => {
-                "the overlay's mcp.json is missing or cannot be read".to_owned()
+                "the overlay's MCP configuration (mcp.json, or the models.json it is judged with) is missing or cannot be read".to_owned()
             }
             Reason::McpServerUnknown => format!("{subject} is not offered to jobs"),
             Reason::McpSecretReserved => format!(
@@ -99,7 +99,7 @@ impl Reason {
                 "the job image does not declare the forgeMcp capability".to_owned()
             }
             Reason::TriggerSkew => {
-                "the trigger names MCP servers, but the job arrived without them".to_owned()
+                "the trigger as it stands now narrows what its jobs may do (MCP servers, model list, cost cap or excluded tools), and the job arrived without that".to_owned()
             }
         };
         format!(

@@ -5,11 +5,11 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use config::files;
+use config::json::{Json, Object};
 use config::triggers::{self, Action};
 use pickup::fs::{DeploymentFiles, ImageFolders, ProcessEnv};
 use pickup::gates::{self, Decision, Inputs};
 use pickup::job::Job;
-use serde_json::{Value, json};
 
 use crate::context::Context;
 use crate::exit::Exit;
@@ -63,7 +63,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     });
     let report = report(&decision)?;
     let text = if args.json {
-        serde_json::to_string_pretty(&report)? + "\n"
+        config::json::to_pretty(&report)
     } else {
         human(trigger, &decision)
     };
@@ -74,37 +74,57 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     })
 }
 
-fn report(decision: &Decision) -> anyhow::Result<Value> {
+/// The JSON report, built on the order-keeping JSON type so that `mcpJson` shows the job's file in
+/// its own order.
+fn report(decision: &Decision) -> anyhow::Result<Json> {
+    let text = |v: &str| Json::String(v.to_owned());
+    let object = |members: Vec<(&str, Json)>| {
+        Json::Object(Object::from_members(
+            members
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
+        ))
+    };
     Ok(match decision {
-        Decision::Admit { mcp } => {
-            let mcp_json = match mcp {
-                Some(file) => serde_json::from_str::<Value>(&file.text)?,
-                None => Value::Null,
-            };
-            json!({
-                "outcome": "admit",
-                "reason": null,
-                "comment": null,
-                "log": null,
-                "mcpJson": mcp_json,
-                "mcpDigest": mcp.as_ref().map(|f| f.digest.clone()),
-            })
-        }
-        Decision::Refuse(r) => json!({
-            "outcome": "policy",
-            "reason": r.reason.as_str(),
-            "comment": r.comment,
-            "log": r.log,
-            "mcpJson": null,
-            "server": r.server,
-        }),
-        Decision::Retry { detail } => json!({
-            "outcome": "retry",
-            "reason": null,
-            "comment": null,
-            "log": {"event": "pickup_retry", "detail": detail},
-            "mcpJson": null,
-        }),
+        Decision::Admit { mcp } => object(vec![
+            ("outcome", text("admit")),
+            ("reason", Json::Null),
+            ("comment", Json::Null),
+            ("log", Json::Null),
+            (
+                "mcpJson",
+                match mcp {
+                    Some(file) => config::json::parse(&file.text)?,
+                    None => Json::Null,
+                },
+            ),
+            (
+                "mcpDigest",
+                mcp.as_ref().map_or(Json::Null, |f| text(&f.digest)),
+            ),
+        ]),
+        Decision::Refuse(r) => object(vec![
+            ("outcome", text("policy")),
+            ("reason", text(r.reason.as_str())),
+            ("comment", text(&r.comment)),
+            ("log", config::json::parse(&serde_json::to_string(&r.log)?)?),
+            ("mcpJson", Json::Null),
+            ("server", r.server.as_deref().map_or(Json::Null, text)),
+        ]),
+        Decision::Retry { detail } => object(vec![
+            ("outcome", text("retry")),
+            ("reason", Json::Null),
+            ("comment", Json::Null),
+            (
+                "log",
+                object(vec![
+                    ("event", text("pickup_retry")),
+                    ("detail", text(detail)),
+                ]),
+            ),
+            ("mcpJson", Json::Null),
+        ]),
     })
 }
 

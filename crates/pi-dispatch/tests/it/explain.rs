@@ -51,6 +51,13 @@ fn an_admitted_job_shows_its_mcp_json() {
         "Bearer ${DOCS_TOKEN}"
     );
     assert_eq!(report["mcpDigest"].as_str().unwrap().len(), 64);
+    // The job's file in its own order: the overlay entry's keys as written.
+    let docs_at = run.stdout.find("\"url\"").unwrap();
+    assert!(docs_at < run.stdout.find("\"headers\"").unwrap());
+    assert!(
+        run.stdout.find("\"headers\"").unwrap()
+            < run.stdout.find("\"description\": \"Docs\"").unwrap()
+    );
     let human = d.run(&["explain", "--trigger", "0"]);
     assert!(human.stdout.contains("✓ admit"), "{}", human.stdout);
     assert!(!human.stdout.contains("CNRY"), "{}", human.stdout);
@@ -67,6 +74,7 @@ fn a_refused_job_shows_the_reason_comment_and_log() {
     assert!(report["comment"].as_str().unwrap().contains("`tickets`"));
     assert!(!report["comment"].as_str().unwrap().contains("TICKETS_KEY"));
     assert_eq!(report["log"]["event"], "refused_mcp");
+    assert_eq!(report["server"], "tickets");
     assert_eq!(report["log"]["reason"], "mcp-secret-unmapped");
     assert!(
         report["log"]["detail"]
