@@ -135,16 +135,6 @@ impl Refusal {
     }
 }
 
-/// Variables no MCP server may reference, beyond the providers' keys and `models.json`'s.
-pub const FORGE_TOKEN_VARIABLES: [&str; 6] = [
-    "GITHUB_TOKEN",
-    "GH_TOKEN",
-    "GH_HOST",
-    "GITLAB_TOKEN",
-    "GL_TOKEN",
-    "GITLAB_HOST",
-];
-pub const PROXY_VARIABLES: [&str; 4] = ["HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "ALL_PROXY"];
 /// The GitHub API host a github job's forge server reaches.
 pub const GITHUB_API_HOST: &str = "api.github.com";
 pub const MAX_NAMES: usize = 8;
@@ -451,14 +441,13 @@ fn reserved_variables(i: &Inputs) -> Step<Vec<String>> {
             return Err(retry(format!("overlay models.json: {why}")));
         }
     }
-    reserved.extend(FORGE_TOKEN_VARIABLES.iter().map(|v| v.to_string()));
     Ok(reserved)
 }
 
-/// The runner's, proxy and forge variables: the names a trigger may not bind as a secret either.
+/// The runner's, proxy and forge variables: one list with the names a trigger may not bind as a
+/// secret (`config::triggers`), so the two cannot drift.
 fn is_runner_variable(name: &str) -> bool {
     config::triggers::is_reserved_secret_name(name)
-        || PROXY_VARIABLES.iter().any(|p| p.eq_ignore_ascii_case(name))
 }
 
 fn secrets(i: &Inputs, server: &McpServer, name: &str, reserved: &[String]) -> Step<()> {
