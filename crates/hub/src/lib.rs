@@ -1,0 +1,9 @@
+//! The job's runner and its MCP hub, inside the sandbox. Its decisions (is the job file the worker's,
+//! what each reference resolves to, what a stdio server may see, how long to wait, what the exit line
+//! says) are pure functions here; the connections are built on them.
+
+pub mod exit_line;
+pub mod job_file;
+pub mod resolve;
+pub mod stdio;
+pub mod wait;
