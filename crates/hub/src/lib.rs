@@ -4,6 +4,8 @@
 
 pub mod exit_line;
 pub mod job_file;
+pub mod pi_config;
+pub mod plan;
 pub mod resolve;
 pub mod stdio;
 pub mod wait;

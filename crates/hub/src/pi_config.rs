@@ -1,0 +1,128 @@
+//! pi's own `mcp.json`, written by the runner in pi's private agent folder: only hub endpoints, each
+//! with the server's description, exposure, toolExposure and timeout. MCP credentials never appear
+//! in it; the one secret is the per-job hub token, which pi needs to reach the hub.
+
+use config::json::{self, Json, Object};
+use config::mcp::Exposure;
+
+use crate::job_file::JobServer;
+
+/// One server as pi sees it: the hub's endpoint for it.
+pub struct Endpoint<'a> {
+    pub server: &'a JobServer,
+    pub url: String,
+}
+
+fn s(v: &str) -> Json {
+    Json::String(v.to_owned())
+}
+
+fn exposure(e: Exposure) -> Json {
+    s(e.as_str())
+}
+
+/// The file's text. `token` must hold only letters and digits: pi expands `$` and runs a leading
+/// `!` in header values.
+pub fn mcp_json(endpoints: &[Endpoint], token: &str) -> String {
+    let servers = endpoints
+        .iter()
+        .map(|e| {
+            let mut members = vec![
+                ("type".to_owned(), s("streamable-http")),
+                ("url".to_owned(), s(&e.url)),
+                (
+                    "headers".to_owned(),
+                    Json::Object(Object::from_members(vec![(
+                        "Authorization".to_owned(),
+                        s(&format!("Bearer {token}")),
+                    )])),
+                ),
+            ];
+            match e.server {
+                JobServer::Overlay(srv) => {
+                    members.push(("description".to_owned(), s(&srv.description)));
+                    if let Some(x) = srv.exposure {
+                        members.push(("exposure".to_owned(), exposure(x)));
+                    }
+                    if !srv.tool_exposure.is_empty() {
+                        let map = srv
+                            .tool_exposure
+                            .iter()
+                            .map(|(k, v)| (k.clone(), exposure(*v)))
+                            .collect();
+                        members.push((
+                            "toolExposure".to_owned(),
+                            Json::Object(Object::from_members(map)),
+                        ));
+                    }
+                    if let Some(t) = srv.timeout {
+                        members.push(("timeout".to_owned(), Json::Number(u64::from(t).into())));
+                    }
+                }
+                JobServer::Forge(f) => {
+                    members.push(("description".to_owned(), s(&f.description)));
+                }
+            }
+            (
+                e.server.name().to_owned(),
+                Json::Object(Object::from_members(members)),
+            )
+        })
+        .collect();
+    let root = Object::from_members(vec![(
+        "mcpServers".to_owned(),
+        Json::Object(Object::from_members(servers)),
+    )]);
+    json::to_pretty(&Json::Object(root))
+}
+
+/// Whether a token is safe to put in pi's header values.
+pub fn token_is_plain(token: &str) -> bool {
+    !token.is_empty() && token.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job_file;
+    use pickup::job_mcp::{self, Forge, JobMcpFile};
+
+    #[test]
+    fn names_only_hub_endpoints_with_the_servers_own_settings() {
+        let docs = config::json::parse(r#"{"url": "https://h.example.com/mcp", "headers": {"Authorization": "Bearer ${DOCS_TOKEN}"}, "description": "Docs", "exposure": "deferred", "toolExposure": {"search": "direct"}, "timeout": 30}"#).unwrap();
+        let f = JobMcpFile::new(&[("docs".to_owned(), docs)], Some(&Forge::Github), true);
+        let job =
+            job_file::read(f.text.as_bytes(), Some(&job_mcp::digest(f.text.as_bytes()))).unwrap();
+        let endpoints: Vec<Endpoint> = job
+            .servers
+            .iter()
+            .map(|s| Endpoint {
+                server: s,
+                url: format!("http://127.0.0.1:9/mcp/{}", s.name()),
+            })
+            .collect();
+        let text = mcp_json(&endpoints, "abc123");
+        let parsed = config::json::parse(&text).unwrap();
+        let servers = parsed
+            .as_object()
+            .unwrap()
+            .get("mcpServers")
+            .unwrap()
+            .as_object()
+            .unwrap();
+        assert_eq!(servers.keys().collect::<Vec<_>>(), ["docs", "forge"]);
+        let docs = servers.get("docs").unwrap().as_object().unwrap();
+        assert_eq!(
+            docs.get("url").unwrap().as_str(),
+            Some("http://127.0.0.1:9/mcp/docs")
+        );
+        assert_eq!(docs.get("exposure").unwrap().as_str(), Some("deferred"));
+        assert!(text.contains("\"search\": \"direct\""));
+        assert!(text.contains("\"timeout\": 30"));
+        assert!(
+            !text.contains("DOCS_TOKEN") && !text.contains("h.example.com"),
+            "{text}"
+        );
+        assert!(token_is_plain("abc123") && !token_is_plain("a$b") && !token_is_plain(""));
+    }
+}
