@@ -2,10 +2,15 @@
 //! what each reference resolves to, what a stdio server may see, how long to wait, what the exit line
 //! says) are pure functions here; the connections are built on them.
 
+pub mod connect;
 pub mod exit_line;
+pub mod http;
+pub mod job;
 pub mod job_file;
 pub mod pi_config;
 pub mod plan;
+pub mod relay;
 pub mod resolve;
+pub mod runner;
 pub mod stdio;
 pub mod wait;

@@ -32,6 +32,8 @@ enum Command {
     Explain(cmd::explain::Args),
     /// Stage the host's pi setup (mcp.json, models.json, skills/, APPEND_SYSTEM.md) into the overlay.
     ImportPi(cmd::import_pi::Args),
+    /// The job's runner, inside the sandbox: connect the job's MCP servers and start the agent.
+    Job(cmd::job::Args),
     /// Write the deployment folder's missing files (.env, triggers.json, egress files, overlay).
     Init(cmd::init::Args),
     /// MCP servers offered in the overlay's mcp.json.
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Init(args) => cmd::init::run(&args, &ctx),
+        Command::Job(args) => cmd::job::run(&args, &ctx),
         Command::Doctor(args) => cmd::doctor::run(&args, &ctx),
         Command::Explain(args) => cmd::explain::run(&args, &ctx),
         Command::ImportPi(args) => cmd::import_pi::run(&args, &ctx),

@@ -8,5 +8,6 @@ mod doctor;
 mod explain;
 mod import_pi;
 mod init;
+mod job;
 mod mcp_check;
 mod triggers_check;

@@ -1,0 +1,275 @@
+//! One job, start to end: the job file checked and planned, every server connected under the wait,
+//! the hub serving them to the agent, pi's config written, the agent started without any MCP
+//! credential in its environment, and everything ended when the job ends. The result is the exit
+//! line's content.
+
+use std::path::{Path, PathBuf};
+
+use pickup::job_mcp::DIGEST_VARIABLE;
+use pickup::reason::RunnerReason;
+use tokio::process::Command;
+
+use crate::exit_line::{ExitLine, ServerState};
+use crate::job_file::{JobServer, Stop};
+use crate::runner::{self, Connected};
+use crate::{pi_config, plan, relay, wait};
+
+/// Where the job's parts are (configurable so that tests run without a sandbox).
+pub struct JobOptions {
+    pub job_id: String,
+    /// `/job`: `mcp.json` (read-only) and the rest of the job's files.
+    pub job_dir: PathBuf,
+    /// `/workspace`: where stdio servers and the agent run.
+    pub workspace: PathBuf,
+    /// pi's private agent folder, where the runner writes pi's `mcp.json`.
+    pub agent_dir: PathBuf,
+    /// The agent's command line (pi and its arguments).
+    pub agent: Vec<String>,
+    /// The runner's own environment.
+    pub env: Vec<(String, String)>,
+}
+
+fn line(job: &JobOptions, code: u8, stop: Option<&Stop>, servers: Vec<ServerState>) -> ExitLine {
+    ExitLine {
+        event: "exit".to_owned(),
+        job_id: job.job_id.clone(),
+        code,
+        reason: stop.map(|s| s.reason.as_str().to_owned()),
+        server: stop.and_then(|s| s.server.clone()),
+        cause: stop.map(|s| s.cause.clone()),
+        servers,
+    }
+}
+
+fn stopped(job: &JobOptions, stop: &Stop, servers: Vec<ServerState>) -> ExitLine {
+    line(job, stop.reason.code(), Some(stop), servers)
+}
+
+/// A hub token safe in pi's header values: letters and digits only.
+fn new_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    // 128 bits from the standard library's randomly keyed hasher, mixed with the time.
+    let mut out = String::new();
+    for i in 0..2u64 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(i);
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        out.push_str(&format!("{:016x}", h.finish()));
+    }
+    out
+}
+
+/// Runs the job and says how it ended.
+pub async fn run(job: JobOptions) -> ExitLine {
+    let lookup = |name: &str| {
+        job.env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .filter(|v| !v.is_empty())
+    };
+    let digest = lookup(DIGEST_VARIABLE);
+    let file = job.job_dir.join("mcp.json");
+    let connected = match std::fs::read(&file) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && digest.is_none() => None,
+        Err(_) => {
+            let stop = Stop::new(
+                RunnerReason::McpConfigMismatch,
+                None,
+                "the job carries a digest but /job/mcp.json cannot be read",
+            );
+            return stopped(&job, &stop, Vec::new());
+        }
+        Ok(bytes) => {
+            let plan = match plan::plan(&bytes, digest.as_deref(), &lookup) {
+                Ok(p) => p,
+                Err(stop) => return stopped(&job, &stop, Vec::new()),
+            };
+            let budget = wait::budget(plan.servers.iter().map(|s| s.server.timeout()));
+            let secrets: Vec<String> = plan
+                .servers
+                .iter()
+                .filter_map(|p| match &p.server {
+                    JobServer::Overlay(s) => Some(s.references()),
+                    JobServer::Forge(_) => None,
+                })
+                .flatten()
+                .map(|n| n.to_string())
+                .collect();
+            let servers: Vec<JobServer> = plan.servers.iter().map(|p| p.server.clone()).collect();
+            match runner::connect_all(plan, &job.env, &job.workspace, budget).await {
+                Ok(c) => Some((c, servers, secrets)),
+                Err((stop, states)) => return stopped(&job, &stop, states),
+            }
+        }
+    };
+    match connected {
+        None => run_agent(&job, None, &[]).await,
+        Some((c, servers, secrets)) => run_agent(&job, Some((c, servers)), &secrets).await,
+    }
+}
+
+async fn run_agent(
+    job: &JobOptions,
+    connected: Option<(Connected, Vec<JobServer>)>,
+    secrets: &[String],
+) -> ExitLine {
+    let (hub, monitors, states) = match connected {
+        None => (None, Vec::new(), Vec::new()),
+        Some((c, servers)) => {
+            let token = new_token();
+            let Connected {
+                upstreams,
+                monitors,
+                states,
+            } = c;
+            let hub = match relay::serve(upstreams, token.clone()).await {
+                Ok(h) => h,
+                Err(e) => {
+                    let stop = Stop::new(
+                        RunnerReason::McpUnavailable,
+                        None,
+                        format!("the hub could not start ({e})"),
+                    );
+                    return stopped(job, &stop, states);
+                }
+            };
+            let endpoints: Vec<pi_config::Endpoint> = servers
+                .iter()
+                .map(|s| pi_config::Endpoint {
+                    server: s,
+                    url: hub.url(s.name()),
+                })
+                .collect();
+            let text = pi_config::mcp_json(&endpoints, &token);
+            if let Err(e) = write_private(&job.agent_dir, "mcp.json", text.as_bytes()) {
+                hub.shutdown().await;
+                let stop = Stop::new(
+                    RunnerReason::McpUnavailable,
+                    None,
+                    format!("pi's configuration could not be written ({})", e.kind()),
+                );
+                return stopped(job, &stop, states);
+            }
+            (Some(hub), monitors, states)
+        }
+    };
+
+    let result = agent(job, secrets, &monitors).await;
+    if let Some(hub) = hub {
+        hub.shutdown().await;
+    }
+    match result {
+        Ok(true) => line(job, 0, None, states),
+        Ok(false) => ExitLine {
+            reason: Some("agent-failed".to_owned()),
+            cause: Some("the agent exited with a failure".to_owned()),
+            ..line(job, 1, None, states)
+        },
+        Err(stop) => stopped(job, &stop, states),
+    }
+}
+
+/// Starts the agent in the workspace, with the runner's environment less every variable an MCP
+/// server references, and waits for it, a 401 from an HTTP server, or SIGTERM.
+async fn agent(
+    job: &JobOptions,
+    secrets: &[String],
+    monitors: &[(String, crate::http::Monitor)],
+) -> Result<bool, Stop> {
+    let Some((program, args)) = job.agent.split_first() else {
+        return Ok(true);
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .envs(
+            job.env
+                .iter()
+                .filter(|(k, _)| !secrets.contains(k) && k != DIGEST_VARIABLE)
+                .map(|(k, v)| (k, v)),
+        )
+        .env("PI_CODING_AGENT_DIR", &job.agent_dir)
+        .current_dir(&job.workspace)
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|e| {
+        Stop::new(
+            RunnerReason::McpUnavailable,
+            None,
+            format!("the agent did not start ({})", e.kind()),
+        )
+    })?;
+    let unauthorized = async {
+        let waits: Vec<_> = monitors
+            .iter()
+            .map(|(name, m)| {
+                let name = name.clone();
+                let m = m.clone();
+                Box::pin(async move {
+                    m.unauthorized().await;
+                    name
+                })
+            })
+            .collect();
+        if waits.is_empty() {
+            std::future::pending::<String>().await
+        } else {
+            futures::future::select_all(waits).await.0
+        }
+    };
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| {
+            Stop::new(
+                RunnerReason::McpUnavailable,
+                None,
+                format!("signals ({})", e.kind()),
+            )
+        })?;
+    let group = child.id().and_then(|p| i32::try_from(p).ok());
+    let outcome = tokio::select! {
+        status = child.wait() => Ok(status.is_ok_and(|s| s.success())),
+        name = unauthorized => Err(Stop::new(
+            RunnerReason::McpUnavailable,
+            Some(&name),
+            "HTTP 401 during the job: a job never signs in",
+        )),
+        _ = term.recv() => Err(Stop::new(RunnerReason::McpUnreachable, None, "the runner was told to stop (SIGTERM)")),
+    };
+    if let Some(pgid) = group {
+        kill_group(pgid);
+    }
+    let _ = child.kill().await;
+    outcome
+}
+
+/// Kills a whole process group (the agent's, with everything it started).
+fn kill_group(pgid: i32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pgid}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
+/// Writes a file only the job's user can read, in a folder made for it.
+fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(dir.join(name))?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}

@@ -1,0 +1,252 @@
+//! Connecting every server of the plan at once, under the spec's wait: 15 s or the longest server
+//! timeout, up to 120 s. A server that fails for good (a command that exits, a 401, a redirect, a
+//! 403 or 501, a body too large, its own timeout) stops the job with `mcp-unavailable`; one that has
+//! not answered when the wait runs out (still starting, or a 5xx or 429 retried until then) stops it
+//! with `mcp-unreachable`, which the worker retries.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use pickup::job_mcp::FORGE_GITHUB_COMMAND;
+use pickup::reason::RunnerReason;
+use tokio::task::JoinSet;
+
+use crate::connect::{self, ConnectError, Upstream};
+use crate::exit_line::ServerState;
+use crate::http::{self, HttpPolicy, Monitor};
+use crate::job_file::{JobServer, Stop};
+use crate::plan::{Connection, Plan};
+use crate::relay::{GITHUB_WITHHELD, GITLAB_WITHHELD, UpstreamEvents, Withheld};
+use crate::resolve::Resolved;
+use crate::stdio;
+
+/// Every server connected: what the hub serves, and each server's state for the exit line.
+pub struct Connected {
+    pub upstreams: Vec<(Upstream, Withheld)>,
+    /// The HTTP servers' monitors: a 401 after the start ends the job.
+    pub monitors: Vec<(String, Monitor)>,
+    pub states: Vec<ServerState>,
+}
+
+/// The first pause before an HTTP server is asked again after a failure that may pass.
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+const LAST_RETRY: Duration = Duration::from_secs(4);
+
+enum Outcome {
+    Ready(Upstream, Option<Monitor>),
+    Failed(Stop),
+}
+
+/// Connects every planned server, all at once, and waits as the spec says.
+pub async fn connect_all(
+    plan: Plan,
+    runner_env: &[(String, String)],
+    workspace: &Path,
+    wait: Duration,
+) -> Result<Connected, (Stop, Vec<ServerState>)> {
+    let started = Instant::now();
+    let env_lookup = |name: &str| {
+        runner_env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    let mut tasks: JoinSet<(usize, Outcome, Duration)> = JoinSet::new();
+    let names: Vec<String> = plan.servers.iter().map(|p| p.name.clone()).collect();
+    let mut withheld: Vec<Withheld> = Vec::new();
+    for (index, planned) in plan.servers.into_iter().enumerate() {
+        withheld.push(match &planned.server {
+            JobServer::Forge(f) if f.command == FORGE_GITHUB_COMMAND => {
+                Withheld::new(GITHUB_WITHHELD)
+            }
+            JobServer::Forge(_) => Withheld::new(GITLAB_WITHHELD),
+            JobServer::Overlay(_) => Withheld::none(),
+        });
+        let own_timeout = planned
+            .server
+            .timeout()
+            .map(|t| Duration::from_secs(u64::from(t)));
+        let name = planned.name.clone();
+        match planned.connection {
+            Connection::Stdio {
+                program,
+                resolved: Resolved::Stdio { args, env: own, .. },
+            } => {
+                let env = stdio::environment(runner_env, &own);
+                let args: Vec<String> = args.iter().map(|a| a.expose().to_owned()).collect();
+                let cwd = workspace.to_owned();
+                tasks.spawn(async move {
+                    let attempt = connect::connect_stdio(
+                        &name,
+                        &program,
+                        &args,
+                        &env,
+                        &cwd,
+                        UpstreamEvents::new(),
+                    );
+                    let outcome = with_own_timeout(&name, own_timeout, async {
+                        attempt
+                            .await
+                            .map(|u| Outcome::Ready(u, None))
+                            .unwrap_or_else(|e| Outcome::Failed(unavailable(&name, &e)))
+                    })
+                    .await;
+                    (index, outcome, started.elapsed())
+                });
+            }
+            Connection::Http(Resolved::Http { url, headers }) => {
+                let policy = HttpPolicy::for_url(&url, &env_lookup);
+                tasks.spawn(async move {
+                    let outcome = with_own_timeout(&name, own_timeout, async {
+                        connect_http(&name, &url, &headers, &policy).await
+                    })
+                    .await;
+                    (index, outcome, started.elapsed())
+                });
+            }
+            _ => {
+                let stop = Stop::new(
+                    RunnerReason::McpConfigInvalid,
+                    Some(&name),
+                    "the plan does not match the server's transport",
+                );
+                tasks.spawn(async move { (index, Outcome::Failed(stop), Duration::ZERO) });
+            }
+        }
+    }
+
+    let mut ready: Vec<Option<(Upstream, Option<Monitor>, Duration)>> =
+        names.iter().map(|_| None).collect();
+    let mut states: Vec<ServerState> = names
+        .iter()
+        .map(|n| ServerState {
+            name: n.clone(),
+            state: "waiting".to_owned(),
+            ready_ms: None,
+        })
+        .collect();
+    let deadline = tokio::time::sleep(wait);
+    tokio::pin!(deadline);
+    let mut failure: Option<Stop> = None;
+    while !tasks.is_empty() {
+        tokio::select! {
+            joined = tasks.join_next() => {
+                let Some(Ok((index, outcome, after))) = joined else { continue };
+                match outcome {
+                    Outcome::Ready(upstream, monitor) => {
+                        states[index].state = "ready".to_owned();
+                        states[index].ready_ms = Some(after.as_millis().try_into().unwrap_or(u64::MAX));
+                        ready[index] = Some((upstream, monitor, after));
+                    }
+                    Outcome::Failed(stop) => {
+                        states[index].state = "failed".to_owned();
+                        failure = Some(stop);
+                        break;
+                    }
+                }
+            }
+            () = &mut deadline => {
+                let waiting = states.iter().find(|s| s.state == "waiting").map(|s| s.name.clone());
+                failure = Some(Stop::new(
+                    RunnerReason::McpUnreachable,
+                    waiting.as_deref(),
+                    format!("it had not listed its tools when the wait of {} s ran out", wait.as_secs()),
+                ));
+                break;
+            }
+        }
+    }
+    if let Some(stop) = failure {
+        tasks.abort_all();
+        // Dropping the upstreams kills what they started.
+        for (upstream, _, _) in ready.into_iter().flatten() {
+            upstream.shutdown().await;
+        }
+        return Err((stop, states));
+    }
+    let mut upstreams = Vec::new();
+    let mut monitors = Vec::new();
+    for ((slot, withheld), name) in ready.into_iter().zip(withheld).zip(&names) {
+        if let Some((upstream, monitor, _)) = slot {
+            if let Some(m) = monitor {
+                monitors.push((name.clone(), m));
+            }
+            upstreams.push((upstream, withheld));
+        }
+    }
+    Ok(Connected {
+        upstreams,
+        monitors,
+        states,
+    })
+}
+
+/// Runs `attempt` under the server's own timeout, when it sets one: running out is
+/// `mcp-unavailable` (the server had its own say on how long it may take).
+async fn with_own_timeout(
+    name: &str,
+    own: Option<Duration>,
+    attempt: impl std::future::Future<Output = Outcome>,
+) -> Outcome {
+    match own {
+        None => attempt.await,
+        Some(limit) => match tokio::time::timeout(limit, attempt).await {
+            Ok(outcome) => outcome,
+            Err(_) => Outcome::Failed(Stop::new(
+                RunnerReason::McpUnavailable,
+                Some(name),
+                format!(
+                    "its own timeout of {} s ran out before it answered",
+                    limit.as_secs()
+                ),
+            )),
+        },
+    }
+}
+
+fn unavailable(name: &str, error: &ConnectError) -> Stop {
+    Stop::new(RunnerReason::McpUnavailable, Some(name), error.to_string())
+}
+
+/// Connects an HTTP server, asking again after failures that may pass (408, 429, 5xx other than
+/// 501, a refused connection) until it answers, fails for good, or the caller's wait ends.
+async fn connect_http(
+    name: &str,
+    url: &crate::resolve::Secret,
+    headers: &[(String, crate::resolve::Secret)],
+    policy: &HttpPolicy,
+) -> Outcome {
+    let mut pause = FIRST_RETRY;
+    loop {
+        let upstream = match http::transport(url, headers, policy) {
+            Ok(u) => u,
+            Err(e) => {
+                return Outcome::Failed(Stop::new(
+                    RunnerReason::McpUnavailable,
+                    Some(name),
+                    format!("its connection cannot be set up ({e})"),
+                ));
+            }
+        };
+        let monitor = upstream.monitor.clone();
+        match connect::connect_transport(name, upstream.transport, UpstreamEvents::new()).await {
+            Ok(connected) => return Outcome::Ready(connected, Some(monitor)),
+            Err(error) => {
+                let failure = match error.transport_error() {
+                    Some(e) => monitor.classify(e),
+                    None => match monitor.last_refusal() {
+                        Some(r) => r.failure(),
+                        None => {
+                            return Outcome::Failed(unavailable(name, &error));
+                        }
+                    },
+                };
+                if !failure.is_retryable() {
+                    return Outcome::Failed(failure.stop(name, monitor.origin()));
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(LAST_RETRY);
+            }
+        }
+    }
+}

