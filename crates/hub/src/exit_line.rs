@@ -28,6 +28,9 @@ pub struct ExitLine {
     pub server: Option<String>,
     pub cause: Option<String>,
     pub servers: Vec<ServerState>,
+    /// Every tool call the agent made, per server and tool (counts, time, bytes, outcome; never
+    /// arguments), for the record.
+    pub tool_calls: Vec<crate::relay::ToolCallCount>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -96,6 +99,16 @@ mod tests {
                 name: "docs".into(),
                 state: "skipped".into(),
                 ready_ms: None,
+            }],
+            tool_calls: vec![crate::relay::ToolCallCount {
+                server: "docs".into(),
+                tool: "search".into(),
+                calls: 2,
+                ok: 1,
+                error: 1,
+                refused: 0,
+                total_ms: 12,
+                result_bytes: 340,
             }],
         }
     }

@@ -38,6 +38,7 @@ fn line(job: &JobOptions, code: u8, stop: Option<&Stop>, servers: Vec<ServerStat
         server: stop.and_then(|s| s.server.clone()),
         cause: stop.map(|s| s.cause.clone()),
         servers,
+        tool_calls: Vec::new(),
     }
 }
 
@@ -160,10 +161,12 @@ async fn run_agent(
     };
 
     let result = agent(job, secrets, &monitors).await;
+    let mut tool_calls = Vec::new();
     if let Some(hub) = hub {
+        tool_calls = hub.tool_calls();
         hub.shutdown().await;
     }
-    match result {
+    let done = match result {
         Ok(true) => line(job, 0, None, states),
         Ok(false) => ExitLine {
             reason: Some("agent-failed".to_owned()),
@@ -171,7 +174,8 @@ async fn run_agent(
             ..line(job, 1, None, states)
         },
         Err(stop) => stopped(job, &stop, states),
-    }
+    };
+    ExitLine { tool_calls, ..done }
 }
 
 /// Starts the agent in the workspace, with the runner's environment less every variable an MCP

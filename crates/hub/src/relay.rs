@@ -125,8 +125,8 @@ impl Withheld {
 
 /// How the tool calls to one tool of one server went: counts, time and result size, never the
 /// arguments.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ToolCallCount {
     pub server: String,
     pub tool: String,

@@ -156,6 +156,19 @@ fn the_agent_reaches_the_server_only_through_the_hub_without_its_credential() {
     assert_eq!(line["code"], 0);
     assert_eq!(line["servers"][0]["state"], "ready");
     assert!(line["servers"][0]["readyMs"].as_u64().is_some());
+    let calls = &line["toolCalls"][0];
+    assert_eq!(
+        (calls["server"].as_str(), calls["tool"].as_str()),
+        (Some("everything"), Some("echo"))
+    );
+    assert_eq!(
+        (calls["calls"].as_u64(), calls["ok"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert!(
+        !line.to_string().contains("hello-hub"),
+        "never the arguments"
+    );
     let report_line = run
         .stdout
         .lines()
