@@ -383,8 +383,38 @@ struct ProcessGroup(i32);
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
         // ESRCH (nobody left) is the usual answer once the server has exited by itself.
-        let _ = killpg(Pid::from_raw(self.0), Signal::SIGKILL);
+        if killpg(Pid::from_raw(self.0), Signal::SIGKILL).is_err() {
+            return;
+        }
+        // SIGKILL takes effect when each process next runs: wait, briefly and boundedly, until no
+        // member of the group is alive, so that whoever dropped the group can say it is gone.
+        let deadline = std::time::Instant::now() + Duration::from_millis(500);
+        while live_members(self.0) > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
+}
+
+/// How many processes of group `pgid` are alive (zombies, already dead, do not count).
+fn live_members(pgid: i32) -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            // After the command name in parentheses: state, ppid, pgrp, ...
+            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+                return false;
+            };
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            fields.len() > 2
+                && fields[0] != "Z"
+                && fields[0] != "X"
+                && fields[2] == pgid.to_string()
+        })
+        .count()
 }
 
 /// The last [`STDERR_TAIL_BYTES`] a server wrote to stderr.

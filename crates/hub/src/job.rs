@@ -64,8 +64,33 @@ fn new_token() -> String {
     out
 }
 
+/// The exit line of a runner told to stop (SIGTERM): code 1, the worker decides what follows.
+fn terminated(job: &JobOptions, servers: Vec<ServerState>) -> ExitLine {
+    ExitLine {
+        reason: Some(TERMINATED.to_owned()),
+        cause: Some("the runner was told to stop (SIGTERM)".to_owned()),
+        ..line(job, 1, None, servers)
+    }
+}
+
+/// The reason of a runner stopped by SIGTERM.
+pub const TERMINATED: &str = "terminated";
+
 /// Runs the job and says how it ended.
 pub async fn run(job: JobOptions) -> ExitLine {
+    // From the first moment: a SIGTERM while servers start or the agent runs ends everything in
+    // order and still says so on the exit line.
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(e) => {
+            let stop = Stop::new(
+                RunnerReason::McpUnavailable,
+                None,
+                format!("the runner cannot watch for SIGTERM ({})", e.kind()),
+            );
+            return stopped(&job, &stop, Vec::new());
+        }
+    };
     let lookup = |name: &str| {
         job.env
             .iter()
@@ -102,22 +127,36 @@ pub async fn run(job: JobOptions) -> ExitLine {
                 .map(|n| n.to_string())
                 .collect();
             let servers: Vec<JobServer> = plan.servers.iter().map(|p| p.server.clone()).collect();
-            match runner::connect_all(plan, &job.env, &job.workspace, budget).await {
-                Ok(c) => Some((c, servers, secrets)),
-                Err((stop, states)) => return stopped(&job, &stop, states),
+            let connecting = runner::connect_all(plan, &job.env, &job.workspace, budget);
+            tokio::select! {
+                result = connecting => match result {
+                    Ok(c) => Some((c, servers, secrets)),
+                    Err((stop, states)) => return stopped(&job, &stop, states),
+                },
+                _ = term.recv() => return terminated(&job, Vec::new()),
             }
         }
     };
     match connected {
-        None => run_agent(&job, None, &[]).await,
-        Some((c, servers, secrets)) => run_agent(&job, Some((c, servers)), &secrets).await,
+        None => run_agent(&job, None, &[], &mut term).await,
+        Some((c, servers, secrets)) => {
+            run_agent(&job, Some((c, servers)), &secrets, &mut term).await
+        }
     }
+}
+
+/// How the agent's part ended.
+enum AgentEnd {
+    Exited(bool),
+    Stopped(Stop),
+    Terminated,
 }
 
 async fn run_agent(
     job: &JobOptions,
     connected: Option<(Connected, Vec<JobServer>)>,
     secrets: &[String],
+    term: &mut tokio::signal::unix::Signal,
 ) -> ExitLine {
     let (hub, monitors, states) = match connected {
         None => (None, Vec::new(), Vec::new()),
@@ -160,20 +199,21 @@ async fn run_agent(
         }
     };
 
-    let result = agent(job, secrets, &monitors).await;
+    let result = agent(job, secrets, &monitors, term).await;
     let mut tool_calls = Vec::new();
     if let Some(hub) = hub {
         tool_calls = hub.tool_calls();
         hub.shutdown().await;
     }
     let done = match result {
-        Ok(true) => line(job, 0, None, states),
-        Ok(false) => ExitLine {
+        AgentEnd::Exited(true) => line(job, 0, None, states),
+        AgentEnd::Exited(false) => ExitLine {
             reason: Some("agent-failed".to_owned()),
             cause: Some("the agent exited with a failure".to_owned()),
             ..line(job, 1, None, states)
         },
-        Err(stop) => stopped(job, &stop, states),
+        AgentEnd::Stopped(stop) => stopped(job, &stop, states),
+        AgentEnd::Terminated => terminated(job, states),
     };
     ExitLine { tool_calls, ..done }
 }
@@ -184,9 +224,10 @@ async fn agent(
     job: &JobOptions,
     secrets: &[String],
     monitors: &[(String, crate::http::Monitor)],
-) -> Result<bool, Stop> {
+    term: &mut tokio::signal::unix::Signal,
+) -> AgentEnd {
     let Some((program, args)) = job.agent.split_first() else {
-        return Ok(true);
+        return AgentEnd::Exited(true);
     };
     let mut cmd = Command::new(program);
     cmd.args(args)
@@ -201,13 +242,16 @@ async fn agent(
         .current_dir(&job.workspace)
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(|e| {
-        Stop::new(
-            RunnerReason::McpUnavailable,
-            None,
-            format!("the agent did not start ({})", e.kind()),
-        )
-    })?;
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return AgentEnd::Stopped(Stop::new(
+                RunnerReason::McpUnavailable,
+                None,
+                format!("the agent did not start ({})", e.kind()),
+            ));
+        }
+    };
     let unauthorized = async {
         let waits: Vec<_> = monitors
             .iter()
@@ -226,23 +270,15 @@ async fn agent(
             futures::future::select_all(waits).await.0
         }
     };
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| {
-            Stop::new(
-                RunnerReason::McpUnavailable,
-                None,
-                format!("signals ({})", e.kind()),
-            )
-        })?;
     let group = child.id().and_then(|p| i32::try_from(p).ok());
     let outcome = tokio::select! {
-        status = child.wait() => Ok(status.is_ok_and(|s| s.success())),
-        name = unauthorized => Err(Stop::new(
+        status = child.wait() => AgentEnd::Exited(status.is_ok_and(|s| s.success())),
+        name = unauthorized => AgentEnd::Stopped(Stop::new(
             RunnerReason::McpUnavailable,
             Some(&name),
             "HTTP 401 during the job: a job never signs in",
         )),
-        _ = term.recv() => Err(Stop::new(RunnerReason::McpUnreachable, None, "the runner was told to stop (SIGTERM)")),
+        _ = term.recv() => AgentEnd::Terminated,
     };
     if let Some(pgid) = group {
         kill_group(pgid);

@@ -52,6 +52,10 @@ pub async fn connect_all(
             .map(|(_, v)| v.clone())
     };
     let mut tasks: JoinSet<(usize, Outcome, Duration)> = JoinSet::new();
+    // The last failure each HTTP server gave before it was asked again, for the cause of a wait
+    // that ran out (a 429 is not a slow start).
+    let last_failure: std::sync::Arc<std::sync::Mutex<Vec<Option<String>>>> =
+        std::sync::Arc::new(std::sync::Mutex::new(vec![None; plan.servers.len()]));
     let names: Vec<String> = plan.servers.iter().map(|p| p.name.clone()).collect();
     let mut withheld: Vec<Withheld> = Vec::new();
     for (index, planned) in plan.servers.into_iter().enumerate() {
@@ -96,9 +100,17 @@ pub async fn connect_all(
             }
             Connection::Http(Resolved::Http { url, headers }) => {
                 let policy = HttpPolicy::for_url(&url, &env_lookup);
+                let last = last_failure.clone();
                 tasks.spawn(async move {
                     let outcome = with_own_timeout(&name, own_timeout, async {
-                        connect_http(&name, &url, &headers, &policy).await
+                        connect_http(&name, &url, &headers, &policy, |why| {
+                            if let Ok(mut l) = last.lock()
+                                && let Some(slot) = l.get_mut(index)
+                            {
+                                *slot = Some(why);
+                            }
+                        })
+                        .await
                     })
                     .await;
                     (index, outcome, started.elapsed())
@@ -146,11 +158,21 @@ pub async fn connect_all(
                 }
             }
             () = &mut deadline => {
-                let waiting = states.iter().find(|s| s.state == "waiting").map(|s| s.name.clone());
+                let waiting = states.iter().position(|s| s.state == "waiting");
+                let last = waiting.and_then(|i| {
+                    last_failure.lock().ok().and_then(|l| l.get(i).cloned().flatten())
+                });
+                let mut cause = format!(
+                    "it had not listed its tools when the wait of {} s ran out",
+                    wait.as_secs()
+                );
+                if let Some(last) = last {
+                    cause.push_str(&format!(" (last: {last})"));
+                }
                 failure = Some(Stop::new(
                     RunnerReason::McpUnreachable,
-                    waiting.as_deref(),
-                    format!("it had not listed its tools when the wait of {} s ran out", wait.as_secs()),
+                    waiting.map(|i| states[i].name.as_str()),
+                    cause,
                 ));
                 break;
             }
@@ -158,6 +180,9 @@ pub async fn connect_all(
     }
     if let Some(stop) = failure {
         tasks.abort_all();
+        // Wait for the aborted attempts to end: each kills its server's process group as it goes,
+        // so nothing the runner gave up on is still running when it reports.
+        while tasks.join_next().await.is_some() {}
         // Dropping the upstreams kills what they started.
         for (upstream, _, _) in ready.into_iter().flatten() {
             upstream.shutdown().await;
@@ -215,6 +240,7 @@ async fn connect_http(
     url: &crate::resolve::Secret,
     headers: &[(String, crate::resolve::Secret)],
     policy: &HttpPolicy,
+    note_retry: impl Fn(String),
 ) -> Outcome {
     let mut pause = FIRST_RETRY;
     loop {
@@ -244,6 +270,7 @@ async fn connect_http(
                 if !failure.is_retryable() {
                     return Outcome::Failed(failure.stop(name, monitor.origin()));
                 }
+                note_retry(failure.message().to_owned());
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(LAST_RETRY);
             }

@@ -9,5 +9,6 @@ mod explain;
 mod import_pi;
 mod init;
 mod job;
+mod job_signals;
 mod mcp_check;
 mod triggers_check;
