@@ -27,6 +27,9 @@ pub struct JobOptions {
     pub agent: Vec<String>,
     /// The runner's own environment.
     pub env: Vec<(String, String)>,
+    /// A program that provides `job-guard` (pi-dispatch itself), to end the job's processes if
+    /// the runner is killed outright; `None` runs without one.
+    pub guard: Option<PathBuf>,
 }
 
 fn line(job: &JobOptions, code: u8, stop: Option<&Stop>, servers: Vec<ServerState>) -> ExitLine {
@@ -77,7 +80,25 @@ fn terminated(job: &JobOptions, servers: Vec<ServerState>) -> ExitLine {
 pub const TERMINATED: &str = "terminated";
 
 /// Runs the job and says how it ended.
-pub async fn run(job: JobOptions) -> ExitLine {
+pub async fn run(mut job: JobOptions) -> ExitLine {
+    // Every process the runner starts carries the runner's pid (the meter's variable), so the
+    // guard can find them if the runner is killed outright.
+    let me = std::process::id();
+    job.env.retain(|(k, _)| k != crate::guard::MARK);
+    job.env
+        .push((crate::guard::MARK.to_owned(), me.to_string()));
+    let _guard = match job.guard.as_deref().map(|p| crate::guard::start(p, me)) {
+        None => None,
+        Some(Ok(g)) => Some(g),
+        Some(Err(e)) => {
+            let stop = Stop::new(
+                RunnerReason::McpUnavailable,
+                None,
+                format!("the runner's guard did not start ({})", e.kind()),
+            );
+            return stopped(&job, &stop, Vec::new());
+        }
+    };
     // From the first moment: a SIGTERM while servers start or the agent runs ends everything in
     // order and still says so on the exit line.
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

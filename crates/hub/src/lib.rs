@@ -4,6 +4,7 @@
 
 pub mod connect;
 pub mod exit_line;
+pub mod guard;
 pub mod http;
 pub mod job;
 pub mod job_file;

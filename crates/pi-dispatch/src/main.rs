@@ -34,6 +34,9 @@ enum Command {
     ImportPi(cmd::import_pi::Args),
     /// The job's runner, inside the sandbox: connect the job's MCP servers and start the agent.
     Job(cmd::job::Args),
+    /// Started by the job's runner: ends the job's processes if the runner is killed.
+    #[command(hide = true)]
+    JobGuard(cmd::job::GuardArgs),
     /// Write the deployment folder's missing files (.env, triggers.json, egress files, overlay).
     Init(cmd::init::Args),
     /// MCP servers offered in the overlay's mcp.json.
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Init(args) => cmd::init::run(&args, &ctx),
         Command::Job(args) => cmd::job::run(&args, &ctx),
+        Command::JobGuard(args) => cmd::job::guard(&args),
         Command::Doctor(args) => cmd::doctor::run(&args, &ctx),
         Command::Explain(args) => cmd::explain::run(&args, &ctx),
         Command::ImportPi(args) => cmd::import_pi::run(&args, &ctx),

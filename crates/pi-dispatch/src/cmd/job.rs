@@ -51,6 +51,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             .unwrap_or_else(|| PathBuf::from(home).join(".pi-dispatch/agent")),
         agent: args.agent.clone(),
         env: std::env::vars().collect(),
+        guard: std::env::current_exe().ok(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -64,4 +65,17 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         1 => Exit::CheckFailed,
         _ => Exit::Unusable,
     })
+}
+
+/// `pi-dispatch job-guard --runner-pid PID` (hidden): started by the runner; when the runner's pipe
+/// closes, ends every process the runner started.
+#[derive(Debug, clap::Args)]
+pub struct GuardArgs {
+    #[arg(long)]
+    runner_pid: u32,
+}
+
+pub fn guard(args: &GuardArgs) -> anyhow::Result<Exit> {
+    hub::guard::watch(args.runner_pid);
+    Ok(Exit::Success)
 }

@@ -302,3 +302,59 @@ fn sigterm_during_the_wait_ends_everything_with_a_signed_line() {
         "exit {status}, signed line {line:?}, left running {server_left:?}\nstdout: {stdout}\nstderr: {stderr}"
     );
 }
+
+/// The runner killed outright (SIGKILL), which no handler of its own can see: its guard ends the
+/// server and the agent, with everything they started.
+#[test]
+fn a_runner_killed_outright_leaves_nothing_behind() {
+    let d = Deployment::new();
+    let server_marker = marker("server-kill");
+    let agent_marker = marker("agent-kill");
+    let started_file = d.path().join("agent-started");
+    let everything = node_modules().join("@modelcontextprotocol/server-everything/dist/index.js");
+    let entry = serde_json::json!({
+        "command": "node",
+        "args": [everything.to_str().unwrap(), "stdio"],
+        "env": {"MARK": "${SERVER_MARK}"},
+        "description": "Everything",
+    });
+    let runner = start(
+        &d,
+        &entry,
+        &[
+            ("SERVER_MARK", &server_marker),
+            ("AGENT_MARK", &agent_marker),
+            ("AGENT_STARTED", started_file.to_str().unwrap()),
+        ],
+        &["sh", "-c", "echo $$ > \"$AGENT_STARTED\"; sleep 120"],
+    );
+    let pid = runner.pid;
+    if !wait_until(Duration::from_secs(40), || started_file.is_file()) {
+        kill_left(&[&server_marker, &agent_marker]);
+        panic!("the agent never started");
+    }
+    assert!(
+        !processes_with(&server_marker, pid).is_empty(),
+        "the server runs"
+    );
+    assert!(
+        !processes_with(&agent_marker, pid).is_empty(),
+        "the agent runs"
+    );
+
+    let status = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let gone = wait_until(Duration::from_secs(10), || {
+        processes_with(&server_marker, 0).is_empty() && processes_with(&agent_marker, 0).is_empty()
+    });
+    let left: Vec<_> = processes_with(&server_marker, 0)
+        .into_iter()
+        .chain(processes_with(&agent_marker, 0))
+        .collect();
+    kill_left(&[&server_marker, &agent_marker]);
+    let _ = runner.finish(Duration::from_secs(5));
+    assert!(gone, "left running after the runner was killed: {left:?}");
+}
