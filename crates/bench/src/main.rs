@@ -17,6 +17,13 @@
 //! servers of a 200-server overlay, with egress on, every file and label read from memory. Each
 //! decision parses the overlay bytes, as the worker does for every job. The goal is a median under
 //! 1 ms.
+//!
+//! With `--hub` it also measures the job's MCP hub against real servers from the workspace's
+//! `node_modules` (see [`mcp_hub`]): the latency the hub adds to a tool call, the time to ready of 8
+//! servers against the official TypeScript SDK client, and the runner's memory with 8 servers
+//! served.
+
+mod mcp_hub;
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -62,9 +69,29 @@ struct Args {
     /// Print the figures as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Also measure the MCP hub against real servers (needs the workspace's node_modules; about
+    /// 40 s, or 3.5 min while each call through the hub stalls for 40 ms).
+    #[arg(long)]
+    hub: bool,
+    /// Timed `echo` calls through the hub and directly, each, per upstream (after the warm-up).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
+    hub_calls: u32,
+    /// Untimed `echo` calls of each kind before the timed ones.
+    #[arg(long, default_value_t = 100)]
+    hub_warm_up: u32,
+    /// Timed starts of 8 servers, by the runner and by the TypeScript SDK each (after one warm-up).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    hub_ready_runs: u32,
+    /// The folder holding Node, server-everything and the TypeScript SDK [default: node_modules in
+    /// the workspace]
+    #[arg(long, value_name = "DIR")]
+    node_modules: Option<PathBuf>,
     /// Internal: run the binary on the overlay in DIR and print the process figures as JSON.
     #[arg(long, value_name = "DIR", hide = true)]
     process_runner: Option<PathBuf>,
+    /// Internal: hold 8 servers and the hub serving them, and report this process's memory.
+    #[arg(long, hide = true)]
+    hub_memory_runner: bool,
 }
 
 /// What the process runner measured.
@@ -87,6 +114,13 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> anyhow::Result<()> {
+    let node_modules = match &args.node_modules {
+        Some(dir) => dir.clone(),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../node_modules"),
+    };
+    if args.hub_memory_runner {
+        return mcp_hub::memory_runner(&node_modules);
+    }
     let bin = match &args.bin {
         Some(path) => path.clone(),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/pi-dispatch"),
@@ -138,11 +172,22 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let pickup = Summary::of(time_pickup(args.pickup_iterations)?);
     let pickup_within_goal = pickup.median < f64::from(PICKUP_GOAL_US);
 
+    let hub = if args.hub {
+        Some(mcp_hub::measure(&mcp_hub::Options {
+            node_modules,
+            calls: args.hub_calls,
+            warm_up: args.hub_warm_up,
+            ready_runs: args.hub_ready_runs,
+        })?)
+    } else {
+        None
+    };
+
     let process = Summary::of(figures.ms);
     let parse = Summary::of(parse_us);
     let within_goal = process.median < GOAL_MS;
     if args.json {
-        let report = json!({
+        let mut report = json!({
             "servers": SERVERS,
             "file_bytes": bytes.len(),
             "process": {
@@ -174,6 +219,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
                 "within_goal": pickup_within_goal,
             },
         });
+        if let (Some(hub), Some(object)) = (&hub, report.as_object_mut()) {
+            object.insert("hub".to_owned(), hub.json());
+        }
         println!("{report}");
     } else {
         println!(
@@ -210,6 +258,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
             pickup.p95,
             if pickup_within_goal { "within" } else { "OVER" }
         );
+        if let Some(hub) = &hub {
+            hub.print();
+        }
     }
     Ok(())
 }
