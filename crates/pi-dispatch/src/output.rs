@@ -33,6 +33,62 @@ pub fn display_name(name: &str) -> String {
     }
 }
 
+/// Why a configuration file is not used: it cannot be read, or it is read and refused.
+pub enum FileError<E> {
+    Read(config::files::ReadError),
+    Parse(E),
+}
+
+/// Errors with a stable code, as the reports print them.
+pub trait Coded {
+    fn code(&self) -> &'static str;
+}
+
+impl Coded for config::mcp::OverlayError {
+    fn code(&self) -> &'static str {
+        config::mcp::OverlayError::code(self)
+    }
+}
+
+impl Coded for config::triggers::TriggersError {
+    fn code(&self) -> &'static str {
+        config::triggers::TriggersError::code(self)
+    }
+}
+
+impl<E: Coded> FileError<E> {
+    pub fn code(&self) -> &'static str {
+        match self {
+            FileError::Read(e) => e.code(),
+            FileError::Parse(e) => e.code(),
+        }
+    }
+}
+
+/// Reads `path` whole (no link, at most `limit` bytes) and parses it.
+pub fn read_and_parse<T, E>(
+    path: &std::path::Path,
+    limit: usize,
+    parse: impl FnOnce(&[u8]) -> Result<T, E>,
+) -> Result<T, FileError<E>> {
+    let bytes = config::files::read_file(path, limit).map_err(FileError::Read)?;
+    parse(&bytes).map_err(FileError::Parse)
+}
+
+/// Prints a report: as pretty JSON with `json`, else in its human form.
+pub fn print_report(
+    json: bool,
+    report: &impl serde::Serialize,
+    human: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    let text = if json {
+        serde_json::to_string_pretty(report)? + "\n"
+    } else {
+        human()
+    };
+    print(&text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

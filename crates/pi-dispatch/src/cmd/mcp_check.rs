@@ -6,12 +6,12 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use config::files::{self, ReadError};
 use config::mcp::{self, Overlay, OverlayError, ServerEntry};
 use serde::Serialize;
 
 use crate::context::Context;
 use crate::exit::Exit;
+use crate::output::{FileError, print_report, read_and_parse};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -26,37 +26,20 @@ pub struct Args {
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let dir = ctx.overlay_dir(args.overlay.as_deref())?;
     let file = dir.join("mcp.json");
-    let verdict = files::read_file(&file, mcp::MAX_FILE_BYTES)
-        .map_err(Unreadable::Read)
-        .and_then(|bytes| mcp::parse_overlay(&bytes).map_err(Unreadable::Parse));
+    let verdict = read_and_parse(&file, mcp::MAX_FILE_BYTES, mcp::parse_overlay);
     let report = Report::new(file.display().to_string(), &verdict);
-    let text = if args.json {
-        serde_json::to_string_pretty(&report)? + "\n"
-    } else {
-        report.human()
-    };
-    crate::output::print(&text)?;
+    print_report(args.json, &report, || report.human())?;
     Ok(report.exit())
 }
 
 /// Why the file as a whole cannot be used.
-enum Unreadable {
-    Read(ReadError),
-    Parse(OverlayError),
-}
+type Unreadable = FileError<OverlayError>;
 
 impl Unreadable {
-    fn code(&self) -> &'static str {
-        match self {
-            Unreadable::Read(e) => e.code(),
-            Unreadable::Parse(e) => e.code(),
-        }
-    }
-
     fn message(&self) -> String {
         match self {
-            Unreadable::Read(e) => format!("mcp.json {e}"),
-            Unreadable::Parse(e) => e.to_string(),
+            FileError::Read(e) => format!("mcp.json {e}"),
+            FileError::Parse(e) => e.to_string(),
         }
     }
 }

@@ -8,13 +8,13 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use config::files::{self, ReadError};
 use config::settings;
 use config::triggers::{self, Action, Trigger, Triggers, TriggersError};
 use serde::Serialize;
 
 use crate::context::Context;
 use crate::exit::Exit;
+use crate::output::{FileError, print_report, read_and_parse};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -35,50 +35,33 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             None => ctx.dir.join(settings::TRIGGERS_FILE),
         },
     };
-    let verdict = files::read_file(&file, triggers::MAX_FILE_BYTES)
-        .map_err(Refusal::Read)
-        .and_then(|bytes| triggers::parse_triggers(&bytes).map_err(Refusal::Parse));
+    let verdict = read_and_parse(&file, triggers::MAX_FILE_BYTES, triggers::parse_triggers);
     let report = Report::new(file.display().to_string(), &verdict);
-    let text = if args.json {
-        serde_json::to_string_pretty(&report)? + "\n"
-    } else {
-        report.human()
-    };
-    crate::output::print(&text)?;
+    print_report(args.json, &report, || report.human())?;
     Ok(report.exit())
 }
 
 /// Why the file is not used: it cannot be read, or it is read and refused.
-enum Refusal {
-    Read(ReadError),
-    Parse(TriggersError),
-}
+type Refusal = FileError<TriggersError>;
 
 impl Refusal {
-    fn code(&self) -> &'static str {
-        match self {
-            Refusal::Read(e) => e.code(),
-            Refusal::Parse(e) => e.code(),
-        }
-    }
-
     /// Whether the file was read as JSON and refused for its triggers, rather than unreadable.
     fn is_invalid(&self) -> bool {
-        matches!(self, Refusal::Parse(TriggersError::Invalid(_)))
+        matches!(self, FileError::Parse(TriggersError::Invalid(_)))
     }
 
     /// Every error: the file's, by trigger and field; or one for the file as a whole (empty path).
     fn errors(&self) -> Vec<ErrorReport> {
         match self {
-            Refusal::Read(e) => vec![ErrorReport::whole(format!("triggers.json {e}"))],
-            Refusal::Parse(TriggersError::Invalid(errors)) => errors
+            FileError::Read(e) => vec![ErrorReport::whole(format!("triggers.json {e}"))],
+            FileError::Parse(TriggersError::Invalid(errors)) => errors
                 .iter()
                 .map(|e| ErrorReport {
                     path: e.path.clone(),
                     message: e.message.clone(),
                 })
                 .collect(),
-            Refusal::Parse(e) => vec![ErrorReport::whole(e.to_string())],
+            FileError::Parse(e) => vec![ErrorReport::whole(e.to_string())],
         }
     }
 }
