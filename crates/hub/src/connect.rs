@@ -102,7 +102,9 @@ impl Upstream {
     /// killed.
     pub async fn shutdown(mut self) {
         let _ = self.inner.service.close_with_timeout(POLITE_SHUTDOWN).await;
-        drop(self.group.take()); // kills the group
+        if let Some(group) = self.group.take() {
+            group.end().await;
+        }
     }
 }
 
@@ -204,7 +206,9 @@ pub async fn connect_stdio(
             Ok(upstream)
         }
         Err(mut error) => {
-            drop(group); // kills what is left of the group
+            if let Some(group) = group {
+                group.end().await; // kills what is left of the group
+            }
             // Read what the server printed up to its end (bounded: a process outside the group
             // could hold the pipe open).
             if let Some(collector) = collector {
@@ -376,21 +380,44 @@ fn closed(error: &rmcp::transport::DynamicTransportError) -> bool {
         })
 }
 
-/// A process group, killed (`SIGKILL` to every member) when dropped.
+/// A process group, killed (`SIGKILL` to every member) when dropped; [`ProcessGroup::end`] also
+/// waits until it is gone.
 #[derive(Debug)]
 struct ProcessGroup(i32);
 
+/// How long ending a group waits for its killed members to be gone.
+const GROUP_GONE_WAIT: Duration = Duration::from_millis(500);
+
+impl ProcessGroup {
+    /// Kills the group and waits, briefly and boundedly, until no member is alive, so that the
+    /// caller can say it is gone. The wait yields to the runtime; it never blocks a worker thread.
+    async fn end(self) {
+        let pgid = self.0;
+        std::mem::forget(self);
+        // ESRCH (nobody left) is the usual answer once the server has exited by itself.
+        if killpg(Pid::from_raw(pgid), Signal::SIGKILL).is_err() {
+            return;
+        }
+        // SIGKILL takes effect when each process next runs.
+        let deadline = tokio::time::Instant::now() + GROUP_GONE_WAIT;
+        while live_members(pgid) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
-        // ESRCH (nobody left) is the usual answer once the server has exited by itself.
         if killpg(Pid::from_raw(self.0), Signal::SIGKILL).is_err() {
             return;
         }
-        // SIGKILL takes effect when each process next runs: wait, briefly and boundedly, until no
-        // member of the group is alive, so that whoever dropped the group can say it is gone.
-        let deadline = std::time::Instant::now() + Duration::from_millis(500);
-        while live_members(self.0) > 0 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
+        // Dropped inside a runtime (a future cancelled, a panic unwinding): the kill is sent and a
+        // worker thread is not held up. Outside one, wait as `end` does.
+        if tokio::runtime::Handle::try_current().is_err() {
+            let deadline = std::time::Instant::now() + GROUP_GONE_WAIT;
+            while live_members(self.0) > 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
         }
     }
 }
