@@ -17,7 +17,7 @@ pub struct ServerState {
 }
 
 /// The line's content. Field order is fixed by this type, so both sides serialize it identically.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ExitLine {
     pub event: String,
@@ -31,6 +31,8 @@ pub struct ExitLine {
     /// Every tool call the agent made, per server and tool (counts, time, bytes, outcome; never
     /// arguments), for the record.
     pub tool_calls: Vec<crate::relay::ToolCallCount>,
+    /// What pi spent (turns, tokens, cost), when the agent was pi.
+    pub usage: Option<crate::pi_agent::Usage>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -110,6 +112,7 @@ mod tests {
                 total_ms: 12,
                 result_bytes: 340,
             }],
+            usage: None,
         }
     }
 

@@ -11,6 +11,7 @@ use tokio::process::Command;
 
 use crate::exit_line::{ExitLine, ServerState};
 use crate::job_file::{JobServer, Stop};
+use crate::pi_agent::{AgentFolder, Usage};
 use crate::runner::{self, Connected};
 use crate::{pi_config, plan, relay, wait};
 
@@ -23,13 +24,22 @@ pub struct JobOptions {
     pub workspace: PathBuf,
     /// pi's private agent folder, where the runner writes pi's `mcp.json`.
     pub agent_dir: PathBuf,
-    /// The agent's command line (pi and its arguments).
-    pub agent: Vec<String>,
+    /// The agent the job runs.
+    pub agent: Agent,
     /// The runner's own environment.
     pub env: Vec<(String, String)>,
     /// A program that provides `job-guard` (pi-dispatch itself), to end the job's processes if
     /// the runner is killed outright; `None` runs without one.
     pub guard: Option<PathBuf>,
+}
+
+/// What the runner starts once the servers are served.
+#[derive(Debug, Clone)]
+pub enum Agent {
+    /// Real pi: the runner writes its private agent folder and reads its usage.
+    Pi(crate::pi_agent::PiOptions),
+    /// Any other command (tests drive the hub with an SDK client this way); empty for none.
+    Command(Vec<String>),
 }
 
 fn line(job: &JobOptions, code: u8, stop: Option<&Stop>, servers: Vec<ServerState>) -> ExitLine {
@@ -42,6 +52,7 @@ fn line(job: &JobOptions, code: u8, stop: Option<&Stop>, servers: Vec<ServerStat
         cause: stop.map(|s| s.cause.clone()),
         servers,
         tool_calls: Vec::new(),
+        usage: None,
     }
 }
 
@@ -148,10 +159,11 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
                 .map(|n| n.to_string())
                 .collect();
             let servers: Vec<JobServer> = plan.servers.iter().map(|p| p.server.clone()).collect();
+            let codemode_models = plan.codemode_models;
             let connecting = runner::connect_all(plan, &job.env, &job.workspace, budget);
             tokio::select! {
                 result = connecting => match result {
-                    Ok(c) => Some((c, servers, secrets)),
+                    Ok(c) => Some((c, servers, secrets, codemode_models)),
                     Err((stop, states)) => return stopped(&job, &stop, states),
                 },
                 _ = term.recv() => return terminated(&job, Vec::new()),
@@ -159,17 +171,24 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         }
     };
     match connected {
-        None => run_agent(&job, None, &[], &mut term).await,
-        Some((c, servers, secrets)) => {
-            run_agent(&job, Some((c, servers)), &secrets, &mut term).await
+        None => run_agent(&job, None, &[], true, &mut term).await,
+        Some((c, servers, secrets, codemode_models)) => {
+            run_agent(
+                &job,
+                Some((c, servers)),
+                &secrets,
+                codemode_models,
+                &mut term,
+            )
+            .await
         }
     }
 }
 
 /// How the agent's part ended.
 enum AgentEnd {
-    Exited(bool),
-    Stopped(Stop),
+    Exited(bool, Option<Usage>),
+    Stopped(Stop, Option<Usage>),
     Terminated,
 }
 
@@ -177,8 +196,26 @@ async fn run_agent(
     job: &JobOptions,
     connected: Option<(Connected, Vec<JobServer>)>,
     secrets: &[String],
+    codemode_models: bool,
     term: &mut tokio::signal::unix::Signal,
 ) -> ExitLine {
+    let folder = AgentFolder {
+        dir: job.agent_dir.clone(),
+    };
+    if let Agent::Pi(pi) = &job.agent {
+        let written = crate::pi_agent::prepare(&folder, pi, codemode_models).and_then(|()| {
+            // Until the hub serves, pi's MCP has nothing: a job without servers keeps it so.
+            write_private(&job.agent_dir, "mcp.json", b"{\"mcpServers\": {}}\n")
+        });
+        if let Err(e) = written {
+            let stop = Stop::new(
+                RunnerReason::McpUnavailable,
+                None,
+                format!("pi's agent folder could not be written ({})", e.kind()),
+            );
+            return stopped(job, &stop, Vec::new());
+        }
+    }
     let (hub, monitors, states) = match connected {
         None => (None, Vec::new(), Vec::new()),
         Some((c, servers)) => {
@@ -220,59 +257,113 @@ async fn run_agent(
         }
     };
 
-    let result = agent(job, secrets, &monitors, term).await;
+    let result = agent(job, &folder, secrets, &monitors, term).await;
     let mut tool_calls = Vec::new();
     if let Some(hub) = hub {
         tool_calls = hub.tool_calls();
         hub.shutdown().await;
     }
-    let done = match result {
-        AgentEnd::Exited(true) => line(job, 0, None, states),
-        AgentEnd::Exited(false) => ExitLine {
-            reason: Some("agent-failed".to_owned()),
-            cause: Some("the agent exited with a failure".to_owned()),
-            ..line(job, 1, None, states)
-        },
-        AgentEnd::Stopped(stop) => stopped(job, &stop, states),
-        AgentEnd::Terminated => terminated(job, states),
+    let (done, usage) = match result {
+        AgentEnd::Exited(true, usage) => (line(job, 0, None, states), usage),
+        AgentEnd::Exited(false, usage) => (
+            ExitLine {
+                reason: Some("agent-failed".to_owned()),
+                cause: Some("the agent exited with a failure".to_owned()),
+                ..line(job, 1, None, states)
+            },
+            usage,
+        ),
+        AgentEnd::Stopped(stop, usage) => (stopped(job, &stop, states), usage),
+        AgentEnd::Terminated => (terminated(job, states), None),
     };
-    ExitLine { tool_calls, ..done }
+    ExitLine {
+        tool_calls,
+        usage,
+        ..done
+    }
 }
 
 /// Starts the agent in the workspace, with the runner's environment less every variable an MCP
-/// server references, and waits for it, a 401 from an HTTP server, or SIGTERM.
+/// server references, and waits for it, a 401 from an HTTP server, or SIGTERM. pi gets its prompt on
+/// its standard input, its own `pi` first on `PATH`, and its event stream read for usage.
 async fn agent(
     job: &JobOptions,
+    folder: &AgentFolder,
     secrets: &[String],
     monitors: &[(String, crate::http::Monitor)],
     term: &mut tokio::signal::unix::Signal,
 ) -> AgentEnd {
-    let Some((program, args)) = job.agent.split_first() else {
-        return AgentEnd::Exited(true);
-    };
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .env_clear()
-        .envs(
-            job.env
+    let env = job
+        .env
+        .iter()
+        .filter(|(k, _)| !secrets.contains(k) && k != DIGEST_VARIABLE);
+    let mut cmd = match &job.agent {
+        Agent::Command(argv) => {
+            let Some((program, args)) = argv.split_first() else {
+                return AgentEnd::Exited(true, None);
+            };
+            let mut cmd = Command::new(program);
+            cmd.args(args).env_clear().envs(env.map(|(k, v)| (k, v)));
+            cmd
+        }
+        Agent::Pi(pi) => {
+            let prompt = match std::fs::File::open(&pi.prompt) {
+                Ok(f) => f,
+                Err(e) => {
+                    return AgentEnd::Stopped(
+                        Stop::new(
+                            RunnerReason::McpUnavailable,
+                            None,
+                            format!("the job's prompt cannot be read ({})", e.kind()),
+                        ),
+                        None,
+                    );
+                }
+            };
+            let path = job
+                .env
                 .iter()
-                .filter(|(k, _)| !secrets.contains(k) && k != DIGEST_VARIABLE)
-                .map(|(k, v)| (k, v)),
-        )
-        .env("PI_CODING_AGENT_DIR", &job.agent_dir)
+                .find(|(k, _)| k == "PATH")
+                .map_or("/usr/bin:/bin", |(_, v)| v.as_str());
+            let mut cmd = Command::new(&pi.node);
+            cmd.args(crate::pi_agent::args(pi))
+                .env_clear()
+                .envs(env.filter(|(k, _)| k != "PATH").map(|(k, v)| (k, v)))
+                .env("PATH", format!("{}:{path}", folder.bin().display()))
+                .stdin(prompt)
+                .stdout(std::process::Stdio::piped());
+            cmd
+        }
+    };
+    cmd.env("PI_CODING_AGENT_DIR", &job.agent_dir)
         .current_dir(&job.workspace)
         .process_group(0)
         .kill_on_drop(true);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            return AgentEnd::Stopped(Stop::new(
-                RunnerReason::McpUnavailable,
+            return AgentEnd::Stopped(
+                Stop::new(
+                    RunnerReason::McpUnavailable,
+                    None,
+                    format!("the agent did not start ({})", e.kind()),
+                ),
                 None,
-                format!("the agent did not start ({})", e.kind()),
-            ));
+            );
         }
     };
+    // pi's events: read as they come (the pipe must not fill), only usage kept.
+    let reader = child.stdout.take().map(|stdout| {
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt as _;
+            let mut usage = Usage::default();
+            let mut lines = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                usage.observe(&line);
+            }
+            usage
+        })
+    });
     let unauthorized = async {
         let waits: Vec<_> = monitors
             .iter()
@@ -293,19 +384,43 @@ async fn agent(
     };
     let group = child.id().and_then(|p| i32::try_from(p).ok());
     let outcome = tokio::select! {
-        status = child.wait() => AgentEnd::Exited(status.is_ok_and(|s| s.success())),
-        name = unauthorized => AgentEnd::Stopped(Stop::new(
+        status = child.wait() => Ok(status.ok()),
+        name = unauthorized => Err(Some(Stop::new(
             RunnerReason::McpUnavailable,
             Some(&name),
             "HTTP 401 during the job: a job never signs in",
-        )),
-        _ = term.recv() => AgentEnd::Terminated,
+        ))),
+        _ = term.recv() => Err(None),
     };
     if let Some(pgid) = group {
         kill_group(pgid);
     }
     let _ = child.kill().await;
-    outcome
+    let usage = match reader {
+        Some(reader) => tokio::time::timeout(std::time::Duration::from_secs(2), reader)
+            .await
+            .ok()
+            .and_then(Result::ok),
+        None => None,
+    };
+    match outcome {
+        Err(None) => AgentEnd::Terminated,
+        Err(Some(stop)) => AgentEnd::Stopped(stop, usage),
+        Ok(status) => {
+            if let Some(report) = crate::pi_agent::read_report(folder) {
+                let stop = Stop::new(
+                    RunnerReason::McpShadowed,
+                    None,
+                    format!(
+                        "an extension registers {}, which only the job's MCP may",
+                        report.name
+                    ),
+                );
+                return AgentEnd::Stopped(stop, usage);
+            }
+            AgentEnd::Exited(status.is_some_and(|s| s.success()), usage)
+        }
+    }
 }
 
 /// Kills a whole process group (the agent's, with everything it started).
@@ -318,7 +433,7 @@ fn kill_group(pgid: i32) {
 }
 
 /// Writes a file only the job's user can read, in a folder made for it.
-fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     std::fs::DirBuilder::new()

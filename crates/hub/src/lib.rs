@@ -8,6 +8,7 @@ pub mod guard;
 pub mod http;
 pub mod job;
 pub mod job_file;
+pub mod pi_agent;
 pub mod pi_config;
 pub mod plan;
 pub mod relay;

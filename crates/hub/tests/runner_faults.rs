@@ -624,10 +624,10 @@ async fn a_401_mid_job_ends_the_job_and_the_agents_group() {
             job_dir,
             workspace,
             agent_dir: dir.path().join("agent"),
-            agent: vec![
+            agent: hub::job::Agent::Command(vec![
                 node().to_str().unwrap().to_owned(),
                 agent.to_str().unwrap().to_owned(),
-            ],
+            ]),
             env,
             guard: None,
         };

@@ -23,9 +23,36 @@ pub struct Args {
     /// The job's id [default: PI_JOB_ID]
     #[arg(long, value_name = "ID")]
     job_id: Option<String>,
+    /// Run real pi from this package folder (`@earendil-works/pi-coding-agent`) instead of a
+    /// command given after `--`.
+    #[arg(long, value_name = "DIR", conflicts_with = "agent")]
+    pi: Option<PathBuf>,
+    /// The Node.js binary pi runs on [default: node, from PATH].
+    #[arg(long, value_name = "FILE", requires = "pi")]
+    node: Option<PathBuf>,
+    /// pi's prompt [default: the job folder's prompt.md].
+    #[arg(long, value_name = "FILE", requires = "pi")]
+    prompt: Option<PathBuf>,
+    /// pi's model, as provider/model [default: PI_PROVIDER and PI_MODEL].
+    #[arg(long, value_name = "MODEL", requires = "pi")]
+    model: Option<String>,
+    /// The overlay pi takes models.json, APPEND_SYSTEM.md, skills and extensions from.
+    #[arg(long, value_name = "DIR", default_value = "/opt/pi-global")]
+    overlay: PathBuf,
     /// The agent's command line.
     #[arg(last = true, value_name = "AGENT")]
     agent: Vec<String>,
+}
+
+/// pi's model: the flag, else `PI_PROVIDER` and `PI_MODEL` from the job's environment.
+fn model(args: &Args, ctx: &Context) -> Option<String> {
+    args.model.clone().or_else(|| {
+        let model = ctx.env("PI_MODEL").filter(|m| !m.is_empty())?;
+        Some(match ctx.env("PI_PROVIDER").filter(|p| !p.is_empty()) {
+            Some(provider) => format!("{provider}/{model}"),
+            None => model,
+        })
+    })
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
@@ -49,7 +76,22 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             .as_ref()
             .map(|d| ctx.absolute(d))
             .unwrap_or_else(|| PathBuf::from(home).join(".pi-dispatch/agent")),
-        agent: args.agent.clone(),
+        agent: match &args.pi {
+            Some(package) => hub::job::Agent::Pi(hub::pi_agent::PiOptions {
+                node: args
+                    .node
+                    .as_ref()
+                    .map_or_else(|| PathBuf::from("node"), |n| ctx.absolute(n)),
+                package: ctx.absolute(package),
+                prompt: args.prompt.as_ref().map_or_else(
+                    || ctx.absolute(&args.job_dir).join("prompt.md"),
+                    |p| ctx.absolute(p),
+                ),
+                model: model(args, ctx),
+                overlay: Some(ctx.absolute(&args.overlay)),
+            }),
+            None => hub::job::Agent::Command(args.agent.clone()),
+        },
         env: std::env::vars().collect(),
         guard: std::env::current_exe().ok(),
     };

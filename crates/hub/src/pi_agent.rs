@@ -1,0 +1,335 @@
+//! Starting real pi in the job: the private agent folder (pi's `mcp.json`, `settings.json`, the
+//! runner's MCP extension, the overlay's `models.json` and `APPEND_SYSTEM.md`), pi's command line,
+//! the `pi` a job's own commands find on `PATH` (always `--no-mcp`), and what pi's JSON event stream
+//! says about usage.
+//!
+//! pi's built-in MCP extension is switched off and loaded again through the runner's extension
+//! (`pi_guard.js`), which hides servers other extensions register, drops `/mcp`, and ends the job
+//! when another extension takes a name only the job's MCP may own. The repository's own `.pi`
+//! (its `mcp.json`, extensions, settings) is never loaded: pi runs with `--no-approve`.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::write_private;
+
+/// Where pi is and what it runs.
+#[derive(Debug, Clone)]
+pub struct PiOptions {
+    /// The Node.js binary.
+    pub node: PathBuf,
+    /// pi's package folder (`@earendil-works/pi-coding-agent`), holding `dist/cli.js`.
+    pub package: PathBuf,
+    /// The job's prompt (`/job/prompt.md`), given to pi on its standard input.
+    pub prompt: PathBuf,
+    /// `provider/model`, when the job names one.
+    pub model: Option<String>,
+    /// The overlay (`/opt/pi-global`): its `models.json`, `APPEND_SYSTEM.md`, `skills/` and
+    /// `extensions/` are pi's.
+    pub overlay: Option<PathBuf>,
+}
+
+/// The runner's extension file, before its constants are filled in.
+const GUARD_TEMPLATE: &str = include_str!("pi_guard.js");
+
+/// The exit code the extension ends pi with when a name is shadowed.
+pub const SHADOWED_EXIT: i32 = 70;
+
+/// The files the runner writes for pi, under the private agent folder.
+pub struct AgentFolder {
+    pub dir: PathBuf,
+}
+
+impl AgentFolder {
+    pub fn guard(&self) -> PathBuf {
+        self.dir.join("pi-dispatch").join("mcp.js")
+    }
+
+    pub fn report(&self) -> PathBuf {
+        self.dir.join("pi-dispatch").join("report.json")
+    }
+
+    /// Where the `pi` shim is: first on the `PATH` pi's tools see.
+    pub fn bin(&self) -> PathBuf {
+        self.dir.join("pi-dispatch").join("bin")
+    }
+}
+
+fn js_string(path: &Path) -> String {
+    serde_json::Value::String(path.to_string_lossy().into_owned()).to_string()
+}
+
+/// The extension's text for this job.
+pub fn guard_js(folder: &AgentFolder, package: &Path, codemode_models: bool) -> String {
+    let module = |rel: &str| js_string(&package.join(rel));
+    GUARD_TEMPLATE
+        .replace("__MCP_MODULE__", &module("dist/extensions/mcp/index.js"))
+        .replace(
+            "__CODEMODE_MODULE__",
+            &module("dist/extensions/codemode/index.js"),
+        )
+        .replace("__SELF_PATH__", &js_string(&folder.guard()))
+        .replace("__REPORT_PATH__", &js_string(&folder.report()))
+        .replace(
+            "__CODEMODE_MODELS__",
+            if codemode_models { "true" } else { "false" },
+        )
+}
+
+/// pi's `settings.json`: the built-in MCP (and, with codemode's models off, the built-in codemode)
+/// replaced by the runner's extension; the overlay's extensions and skills added.
+pub fn settings_json(
+    folder: &AgentFolder,
+    overlay: Option<&Path>,
+    codemode_models: bool,
+) -> String {
+    let mut extensions = vec!["-builtin:mcp".to_owned()];
+    if !codemode_models {
+        extensions.push("-builtin:codemode".to_owned());
+    }
+    extensions.push(folder.guard().to_string_lossy().into_owned());
+    let mut skills = Vec::new();
+    if let Some(overlay) = overlay {
+        let ext = overlay.join("extensions");
+        if ext.is_dir() {
+            extensions.push(ext.to_string_lossy().into_owned());
+        }
+        let sk = overlay.join("skills");
+        if sk.is_dir() {
+            skills.push(sk.to_string_lossy().into_owned());
+        }
+    }
+    let settings = serde_json::json!({
+        "extensions": extensions,
+        "skills": skills,
+    });
+    format!("{settings:#}\n")
+}
+
+/// The `pi` a job's own commands start: the same pi, always without MCP.
+pub fn shim(node: &Path, package: &Path) -> String {
+    let quote = |p: &Path| format!("'{}'", p.to_string_lossy().replace('\'', r"'\''"));
+    format!(
+        "#!/bin/sh\n# pi inside a pi-dispatch job: MCP is the job's, so a pi started here gets --no-mcp.\nexec {} {} --no-mcp \"$@\"\n",
+        quote(node),
+        quote(&package.join("dist/cli.js"))
+    )
+}
+
+/// Writes everything pi needs into the private agent folder (pi's `mcp.json` is written by the
+/// caller, which knows the hub's endpoints).
+pub fn prepare(folder: &AgentFolder, pi: &PiOptions, codemode_models: bool) -> std::io::Result<()> {
+    let own = folder.dir.join("pi-dispatch");
+    write_private(
+        &own,
+        "mcp.js",
+        guard_js(folder, &pi.package, codemode_models).as_bytes(),
+    )?;
+    let _ = std::fs::remove_file(folder.report());
+    write_private(
+        &folder.dir,
+        "settings.json",
+        settings_json(folder, pi.overlay.as_deref(), codemode_models).as_bytes(),
+    )?;
+    for name in ["models.json", "APPEND_SYSTEM.md"] {
+        if let Some(overlay) = &pi.overlay {
+            match std::fs::read(overlay.join(name)) {
+                Ok(bytes) => write_private(&folder.dir, name, &bytes)?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    write_private(&folder.bin(), "pi", shim(&pi.node, &pi.package).as_bytes())?;
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(
+        folder.bin().join("pi"),
+        std::fs::Permissions::from_mode(0o700),
+    )?;
+    Ok(())
+}
+
+/// pi's arguments (after the Node binary).
+pub fn args(pi: &PiOptions) -> Vec<String> {
+    let mut args = vec![
+        pi.package
+            .join("dist/cli.js")
+            .to_string_lossy()
+            .into_owned(),
+        "--mode".to_owned(),
+        "json".to_owned(),
+        "--no-session".to_owned(),
+        "--no-approve".to_owned(),
+    ];
+    if let Some(model) = &pi.model {
+        args.push("--model".to_owned());
+        args.push(model.clone());
+    }
+    args
+}
+
+/// What the extension reported before ending pi.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct GuardReport {
+    pub reason: String,
+    pub name: String,
+}
+
+/// Reads the extension's report, if it wrote one.
+pub fn read_report(folder: &AgentFolder) -> Option<GuardReport> {
+    let bytes = std::fs::read(folder.report()).ok()?;
+    let report: GuardReport = serde_json::from_slice(&bytes).ok()?;
+    // The name goes into the cause on the exit line: only a tool name's characters pass.
+    let plain = report.name.len() <= 64
+        && report
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'/');
+    (report.reason == "mcp-shadowed" && plain).then_some(report)
+}
+
+/// What pi spent, from its JSON event stream: turns, tokens, cost, and the model that answered.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Usage {
+    pub turns: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub total_tokens: u64,
+    /// US dollars, as pi priced it.
+    pub cost_usd: f64,
+    pub provider: Option<String>,
+    pub model: Option<String>,
+}
+
+impl Usage {
+    /// Takes one line of pi's `--mode json` output into account (anything else is ignored).
+    pub fn observe(&mut self, line: &str) {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+            return;
+        };
+        match event.get("type").and_then(|t| t.as_str()) {
+            Some("turn_end") => self.turns += 1,
+            Some("message_end") => {
+                let Some(message) = event.get("message") else {
+                    return;
+                };
+                if message.get("role").and_then(|r| r.as_str()) != Some("assistant") {
+                    return;
+                }
+                let number =
+                    |v: Option<&serde_json::Value>| v.and_then(|n| n.as_u64()).unwrap_or(0);
+                if let Some(usage) = message.get("usage") {
+                    self.input_tokens += number(usage.get("input"));
+                    self.output_tokens += number(usage.get("output"));
+                    self.total_tokens += number(usage.get("totalTokens"));
+                    self.cost_usd += usage
+                        .get("cost")
+                        .and_then(|c| c.get("total"))
+                        .and_then(|t| t.as_f64())
+                        .unwrap_or(0.0);
+                }
+                // Names of a provider and a model are short words; anything else is not copied.
+                let word = |v: Option<&serde_json::Value>| {
+                    v.and_then(|s| s.as_str())
+                        .filter(|s| {
+                            s.len() <= 128
+                                && s.bytes()
+                                    .all(|b| b.is_ascii_alphanumeric() || b"-_./:@".contains(&b))
+                        })
+                        .map(str::to_owned)
+                };
+                if let Some(p) = word(message.get("provider")) {
+                    self.provider = Some(p);
+                }
+                if let Some(m) = word(message.get("model")) {
+                    self.model = Some(m);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn folder() -> AgentFolder {
+        AgentFolder {
+            dir: PathBuf::from("/home/job/.pi-dispatch/agent"),
+        }
+    }
+
+    #[test]
+    fn the_extension_has_every_constant_filled_in() {
+        let js = guard_js(&folder(), Path::new("/opt/pi"), false);
+        assert!(!js.contains("__"), "a placeholder is left:\n{js}");
+        assert!(js.contains(r#"from "/opt/pi/dist/extensions/mcp/index.js""#));
+        assert!(js.contains(r#"const SELF = "/home/job/.pi-dispatch/agent/pi-dispatch/mcp.js""#));
+        assert!(js.contains("const CODEMODE_MODELS = false;"));
+        assert!(
+            guard_js(&folder(), Path::new("/opt/pi"), true)
+                .contains("const CODEMODE_MODELS = true;")
+        );
+    }
+
+    #[test]
+    fn settings_replace_the_builtin_mcp_and_codemode_only_when_models_are_off() {
+        let on: serde_json::Value =
+            serde_json::from_str(&settings_json(&folder(), None, true)).unwrap();
+        assert_eq!(
+            on["extensions"],
+            serde_json::json!([
+                "-builtin:mcp",
+                "/home/job/.pi-dispatch/agent/pi-dispatch/mcp.js"
+            ])
+        );
+        let off: serde_json::Value =
+            serde_json::from_str(&settings_json(&folder(), None, false)).unwrap();
+        assert_eq!(off["extensions"][1], "-builtin:codemode");
+    }
+
+    #[test]
+    fn the_shim_always_adds_no_mcp() {
+        let text = shim(Path::new("/opt/node/bin/node"), Path::new("/opt/it's pi"));
+        assert!(
+            text.ends_with(
+                "exec '/opt/node/bin/node' '/opt/it'\\''s pi/dist/cli.js' --no-mcp \"$@\"\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn usage_adds_up_assistant_messages_and_counts_turns() {
+        let mut u = Usage::default();
+        let assistant = r#"{"type":"message_end","message":{"role":"assistant","provider":"fake","model":"fake-model","usage":{"input":10,"output":5,"totalTokens":15,"cost":{"total":0.25}}}}"#;
+        for line in [
+            r#"{"type":"turn_start"}"#,
+            assistant,
+            r#"{"type":"message_end","message":{"role":"toolResult","usage":{"input":99}}}"#,
+            r#"{"type":"turn_end","message":{}}"#,
+            assistant,
+            r#"{"type":"turn_end","message":{}}"#,
+            "not json",
+        ] {
+            u.observe(line);
+        }
+        assert_eq!(
+            u,
+            Usage {
+                turns: 2,
+                input_tokens: 20,
+                output_tokens: 10,
+                total_tokens: 30,
+                cost_usd: 0.5,
+                provider: Some("fake".into()),
+                model: Some("fake-model".into()),
+            }
+        );
+        u.observe(r#"{"type":"message_end","message":{"role":"assistant","model":"a model with spaces"}}"#);
+        assert_eq!(u.model.as_deref(), Some("fake-model"));
+    }
+}
