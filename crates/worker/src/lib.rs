@@ -1,0 +1,4 @@
+//! The worker: it takes jobs from the queue, runs the pickup gates, starts the sandbox and writes
+//! one record per job.
+
+pub mod record;

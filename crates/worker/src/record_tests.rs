@@ -1,0 +1,104 @@
+use super::*;
+use hub::pi_agent::Usage;
+
+fn job() -> Job {
+    serde_json::from_value(serde_json::json!({
+        "id": "job-7", "triggerIndex": 2, "triggerType": "cron", "kind": "local",
+        "flow": "fix", "mcp": ["docs"], "secrets": [], "provider": "fake", "model": "m1",
+        "excludeTools": []
+    }))
+    .unwrap()
+}
+
+fn line(code: u8, reason: Option<&str>) -> ExitLine {
+    ExitLine {
+        event: "exit".into(),
+        job_id: "job-7".into(),
+        code,
+        reason: reason.map(str::to_owned),
+        server: Some("docs".into()),
+        cause: Some("free text from the runner".into()),
+        servers: vec![ServerState {
+            name: "docs".into(),
+            state: "ready".into(),
+            ready_ms: Some(40),
+        }],
+        tool_calls: vec![ToolCallCount {
+            server: "docs".into(),
+            tool: "search".into(),
+            calls: 3,
+            ok: 3,
+            ..ToolCallCount::default()
+        }],
+        usage: Some(Usage {
+            turns: 4,
+            input_tokens: 100,
+            output_tokens: 20,
+            total_tokens: 120,
+            cost_usd: 0.01,
+            provider: Some("fake".into()),
+            model: Some("fake-model".into()),
+        }),
+    }
+}
+
+#[test]
+fn an_exit_line_becomes_a_record_with_usage_and_the_mcp_part() {
+    let r = Record::from_exit_line(&job(), &line(0, None), 1, 5);
+    assert_eq!(r.outcome, Outcome::Completed);
+    assert_eq!(r.reason, None);
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(r.turns, Some(4));
+    assert_eq!(r.tokens.as_ref().map(|t| t.total), Some(120));
+    assert_eq!(r.model.as_deref(), Some("fake-model"));
+    assert!(r.budget_reserved);
+    assert_eq!(r.trigger_index, Some(2));
+    assert_eq!(r.mcp.tool_calls[0].calls, 3);
+    assert_eq!(r.mcp.servers[0].ready_ms, Some(40));
+    // The cause is for the log, never the record.
+    let text = serde_json::to_string(&r).unwrap();
+    assert!(!text.contains("free text"), "{text}");
+}
+
+#[test]
+fn only_known_reasons_are_copied() {
+    let shadowed = Record::from_exit_line(&job(), &line(2, Some("mcp-shadowed")), 1, 5);
+    assert_eq!(shadowed.outcome, Outcome::Policy);
+    assert_eq!(shadowed.reason.as_deref(), Some("mcp-shadowed"));
+    let odd = Record::from_exit_line(&job(), &line(2, Some("free words; rm -rf")), 1, 5);
+    assert_eq!(odd.reason.as_deref(), Some(reasons::RUNNER_REASON_UNKNOWN));
+    let failed = Record::from_exit_line(&job(), &line(1, Some("agent-failed")), 2, 5);
+    assert_eq!(failed.outcome, Outcome::Failed);
+    assert_eq!(failed.reason.as_deref(), Some("agent-failed"));
+    for r in reasons::ALL {
+        assert!(
+            r.len() <= 40 && r.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'),
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn a_record_is_written_once_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = Records::new(dir.path().join("runs"));
+    let first = Record::from_exit_line(&job(), &line(0, None), 1, 5);
+    assert!(records.write(&first).unwrap());
+    let second = Record::from_exit_line(&job(), &line(2, Some("mcp-shadowed")), 2, 9);
+    assert!(
+        !records.write(&second).unwrap(),
+        "a second record replaced the first"
+    );
+    assert_eq!(records.read("job-7").unwrap(), first);
+    assert_eq!(records.list().unwrap(), vec![first]);
+    assert!(matches!(
+        records.read("../etc/passwd"),
+        Err(RecordError::NotFound)
+    ));
+    // No temporary file is left behind.
+    let names: Vec<_> = std::fs::read_dir(records.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["job-7.json"]);
+}
