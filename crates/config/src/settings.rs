@@ -20,13 +20,25 @@ pub const ENDPOINTS_SETTING: &str = "PI_MODEL_ENDPOINTS";
 pub const REGISTRIES_SETTING: &str = "PI_PACKAGE_REGISTRIES";
 pub const JOB_IMAGE_SETTING: &str = "PI_JOB_IMAGE";
 pub const GITLAB_URL_SETTING: &str = "GITLAB_URL";
+pub const PROVIDER_SETTING: &str = "PI_PROVIDER";
+pub const MODEL_SETTING: &str = "PI_MODEL";
+pub const ON_FAILURE_SETTING: &str = "PI_ON_FAILURE";
+pub const CONCURRENCY_SETTING: &str = "PI_WORKER_CONCURRENCY";
+pub const TIME_LIMIT_SETTING: &str = "PI_JOB_TIME_LIMIT";
+
+/// Jobs the worker runs at once when `PI_WORKER_CONCURRENCY` is not set, and the most it allows.
+pub const DEFAULT_CONCURRENCY: u32 = 1;
+pub const MAX_CONCURRENCY: u32 = 64;
+/// A job's time limit in seconds when `PI_JOB_TIME_LIMIT` is not set, and the bounds it allows.
+pub const DEFAULT_TIME_LIMIT_SECS: u64 = 3600;
+pub const MAX_TIME_LIMIT_SECS: u64 = 24 * 3600;
 
 pub const TRIGGERS_FILE: &str = "triggers.json";
 pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 9] = [
+pub const ALL: [&str; 14] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
@@ -36,6 +48,11 @@ pub const ALL: [&str; 9] = [
     REGISTRIES_SETTING,
     JOB_IMAGE_SETTING,
     GITLAB_URL_SETTING,
+    PROVIDER_SETTING,
+    MODEL_SETTING,
+    ON_FAILURE_SETTING,
+    CONCURRENCY_SETTING,
+    TIME_LIMIT_SETTING,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,6 +73,14 @@ pub enum SettingError {
         "{name} must be an image name (lowercase letters and digits, words joined by '.', '_' or '-')"
     )]
     NotAnImageName { name: &'static str },
+    #[error("{name} must be a whole number from {min} to {max}")]
+    NotANumber {
+        name: &'static str,
+        min: u64,
+        max: u64,
+    },
+    #[error("{name} must be a name of letters, digits and '-', '_', '.', '/', ':' (no spaces)")]
+    NotAModelName { name: &'static str },
 }
 
 impl SettingError {
@@ -66,7 +91,9 @@ impl SettingError {
             | SettingError::NotAFlag { name }
             | SettingError::NotANameList { name }
             | SettingError::NotARegistryList { name }
-            | SettingError::NotAnImageName { name } => name,
+            | SettingError::NotAnImageName { name }
+            | SettingError::NotANumber { name, .. }
+            | SettingError::NotAModelName { name } => name,
         }
     }
 }
@@ -95,6 +122,16 @@ pub struct Settings {
     pub job_image: Option<String>,
     /// `GITLAB_URL`, as written; the pickup judges it when a gitlab job names `forge`.
     pub gitlab_url: Option<String>,
+    /// `PI_PROVIDER` and `PI_MODEL`: the model of jobs whose trigger names none.
+    pub provider: Option<String>,
+    pub model: Option<String>,
+    /// `PI_ON_FAILURE`: a program run for paid stops (`PROGRAM JOB_ID OUTCOME REASON HOST`), as an
+    /// absolute path or relative to the deployment folder.
+    pub on_failure: Option<PathBuf>,
+    /// `PI_WORKER_CONCURRENCY`: jobs the worker runs at once.
+    pub concurrency: u32,
+    /// `PI_JOB_TIME_LIMIT`: seconds a job may run before its sandbox is killed.
+    pub time_limit_secs: u64,
 }
 
 /// The value of a setting: a non-empty value in the process environment wins, then the `.env`.
@@ -180,6 +217,38 @@ pub fn resolve(
         });
     }
     let gitlab_url = get(GITLAB_URL_SETTING);
+    let mut model_name = |name: &'static str| {
+        let value = get(name);
+        if value.as_deref().is_some_and(|v| !is_model_name(v)) {
+            errors.push(SettingError::NotAModelName { name });
+        }
+        value
+    };
+    let provider = model_name(PROVIDER_SETTING);
+    let model = model_name(MODEL_SETTING);
+    let on_failure = get(ON_FAILURE_SETTING).map(|v| dir.join(v));
+    let mut number = |name: &'static str, default: u64, min: u64, max: u64| match get(name) {
+        None => default,
+        Some(v) => match v.parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) && !v.starts_with('+') => n,
+            _ => {
+                errors.push(SettingError::NotANumber { name, min, max });
+                default
+            }
+        },
+    };
+    let concurrency = number(
+        CONCURRENCY_SETTING,
+        u64::from(DEFAULT_CONCURRENCY),
+        1,
+        u64::from(MAX_CONCURRENCY),
+    );
+    let time_limit_secs = number(
+        TIME_LIMIT_SETTING,
+        DEFAULT_TIME_LIMIT_SECS,
+        1,
+        MAX_TIME_LIMIT_SECS,
+    );
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -194,7 +263,20 @@ pub fn resolve(
         package_registries,
         job_image,
         gitlab_url,
+        provider,
+        model,
+        on_failure,
+        concurrency: u32::try_from(concurrency).unwrap_or(DEFAULT_CONCURRENCY),
+        time_limit_secs,
     })
+}
+
+/// A provider or model name: 1 to 128 of letters, digits and `-_./:@`.
+pub fn is_model_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:@".contains(&b))
 }
 
 /// `npx=registry.example.org, uvx=pypi.example.org`: each runner once, each host a plain host name.
@@ -304,6 +386,45 @@ mod tests {
                 .unwrap()
                 .egress
         );
+    }
+
+    #[test]
+    fn the_workers_settings_and_their_bounds() {
+        let s = resolve(&from(&[]), Path::new("/d")).unwrap();
+        assert_eq!((s.concurrency, s.time_limit_secs), (1, 3600));
+        assert_eq!(
+            (s.provider.as_deref(), s.on_failure.as_deref()),
+            (None, None)
+        );
+        let s = resolve(
+            &from(&[
+                ("PI_WORKER_CONCURRENCY", "4"),
+                ("PI_JOB_TIME_LIMIT", "90"),
+                ("PI_PROVIDER", "fake"),
+                ("PI_MODEL", "fake-model"),
+                ("PI_ON_FAILURE", "bin/page"),
+            ]),
+            Path::new("/d"),
+        )
+        .unwrap();
+        assert_eq!((s.concurrency, s.time_limit_secs), (4, 90));
+        assert_eq!(s.model.as_deref(), Some("fake-model"));
+        assert_eq!(s.on_failure, Some(PathBuf::from("/d/bin/page")));
+        for (name, bad) in [
+            ("PI_WORKER_CONCURRENCY", "0"),
+            ("PI_WORKER_CONCURRENCY", "65"),
+            ("PI_WORKER_CONCURRENCY", "+2"),
+            ("PI_JOB_TIME_LIMIT", "1h"),
+            ("PI_MODEL", "two words"),
+            ("PI_PROVIDER", "a\nb"),
+        ] {
+            let errors = resolve(&from(&[(name, bad)]), Path::new("/d")).unwrap_err();
+            assert_eq!(errors[0].setting(), name, "{bad}");
+            assert!(
+                !errors[0].to_string().contains(bad),
+                "the value is in the message"
+            );
+        }
     }
 
     #[test]

@@ -38,6 +38,15 @@ pub struct Job {
     pub exclude_tools: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub image: Option<String>,
+    /// A local job's repository folder (an absolute path): the job's workspace.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub folder: Option<String>,
+    /// A local job's task: its prompt.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub task: Option<String>,
+    /// The secrets profile whose resolver fills `secrets` (the trigger's, when it names secrets).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub secrets_profile: Option<String>,
 }
 
 impl Job {
@@ -66,6 +75,9 @@ impl Job {
             max_cost_usd: run.max_cost_usd,
             exclude_tools: run.exclude_tools.clone(),
             image: run.image.clone(),
+            folder: run.folder.clone(),
+            task: run.task.clone(),
+            secrets_profile: run.secrets_profile.clone(),
         }
     }
 

@@ -54,6 +54,17 @@ const ENV: &str = "\
 
 # Your GitLab's address, for gitlab triggers (and the forge's own MCP server of their jobs).
 # GITLAB_URL=
+
+# The model of jobs whose trigger names none: a provider (as in pi's models.json) and a model id.
+# PI_PROVIDER=
+# PI_MODEL=
+
+# A program run when a job stops after it cost something: PROGRAM JOB_ID OUTCOME REASON HOST.
+# PI_ON_FAILURE=
+
+# How many jobs the worker runs at once (1 to 64), and each job's time limit in seconds.
+# PI_WORKER_CONCURRENCY=1
+# PI_JOB_TIME_LIMIT=3600
 ";
 
 const TRIGGERS: &str = "{\n  \"triggers\": []\n}\n";
