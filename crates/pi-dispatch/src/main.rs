@@ -30,6 +30,8 @@ enum Command {
     Doctor(cmd::doctor::Args),
     /// Say what pickup would decide now for the job a trigger would queue, without running it.
     Explain(cmd::explain::Args),
+    /// Job images of the embedded backend (folders under images/).
+    Image(cmd::image::Args),
     /// Stage the host's pi setup (mcp.json, models.json, skills/, APPEND_SYSTEM.md) into the overlay.
     ImportPi(cmd::import_pi::Args),
     /// The job's runner, inside the sandbox: connect the job's MCP servers and start the agent.
@@ -37,6 +39,8 @@ enum Command {
     /// Started by the job's runner: ends the job's processes if the runner is killed.
     #[command(hide = true)]
     JobGuard(cmd::job::GuardArgs),
+    /// The run records: one per job, what happened and what it used.
+    Runs(cmd::runs::Args),
     /// Write the deployment folder's missing files (.env, triggers.json, egress files, overlay).
     Init(cmd::init::Args),
     /// MCP servers offered in the overlay's mcp.json.
@@ -77,6 +81,8 @@ fn main() -> ExitCode {
         Command::Job(args) => cmd::job::run(&args, &ctx),
         Command::JobGuard(args) => cmd::job::guard(&args),
         Command::Doctor(args) => cmd::doctor::run(&args, &ctx),
+        Command::Runs(args) => cmd::runs::run(&args, &ctx),
+        Command::Image(args) => cmd::image::run(&args, &ctx),
         Command::Explain(args) => cmd::explain::run(&args, &ctx),
         Command::ImportPi(args) => cmd::import_pi::run(&args, &ctx),
         Command::Mcp {

@@ -3,5 +3,6 @@
 
 pub mod doctor;
 pub mod fsutil;
+pub mod image;
 pub mod import;
 pub mod init;

