@@ -1,0 +1,8 @@
+//! The job's sandbox, and what goes into it.
+//!
+//! - [`secrets`]: a trigger's `run.secrets` resolved on the host by the operator's resolver, before
+//!   anything is spent; values held in a type that never prints them.
+//!
+//! `docs/sandbox.md` says what a job gets, for the operator.
+
+pub mod secrets;
