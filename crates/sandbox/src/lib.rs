@@ -2,7 +2,9 @@
 //!
 //! - [`secrets`]: a trigger's `run.secrets` resolved on the host by the operator's resolver, before
 //!   anything is spent; values held in a type that never prints them.
+//! - [`env`]: the job's closed environment, built in a fixed order from its parts (pure).
 //!
 //! `docs/sandbox.md` says what a job gets, for the operator.
 
+pub mod env;
 pub mod secrets;
