@@ -291,13 +291,16 @@ pub enum Ending {
 }
 
 /// Starts `spec` under bubblewrap at `bwrap` with exactly the environment `env`, its standard
-/// input, output and error piped to the caller.
+/// input, output and error piped to the caller, and no other descriptor.
 ///
 /// bubblewrap dies with the thread that calls this (`--die-with-parent` follows the spawning
 /// thread): call it from a thread that outlives the job, such as a runtime's worker thread, not
 /// from a short-lived blocking task.
 pub async fn spawn(bwrap: &Path, spec: &SandboxSpec, env: &JobEnv) -> Result<Sandbox, SpawnError> {
     spec.check()?;
+    // A descriptor the worker inherited without close-on-exec would pass through bubblewrap into
+    // the job: every one is marked close-on-exec (the worker's own children never needed them).
+    close_fds::set_fds_cloexec_threadsafe(3, &[]);
     let env_fd = env_file(&env_args(env))?;
     let (info_read, info_write) = io::pipe()?;
 

@@ -501,6 +501,19 @@ async fn a_dropped_sandbox_is_ended() {
 }
 
 #[tokio::test]
+async fn the_job_holds_only_its_standard_streams() {
+    // Neither the environment's file, bubblewrap's info pipe, nor a descriptor the worker holds
+    // without close-on-exec (as one it inherited would be) reaches the job.
+    let fx = Fixture::new(NOBODY, NOBODY);
+    let inherited = std::fs::File::open(&fx.extra).unwrap();
+    rustix::io::fcntl_setfd(&inherited, rustix::io::FdFlags::empty()).unwrap();
+    let out = run(&fx.spec("ls /proc/$$/fd"), &job_env(&[])).await;
+    drop(inherited);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(out.stdout, "0\n1\n2\n");
+}
+
+#[tokio::test]
 async fn the_caller_writes_the_jobs_input_and_reads_its_output() {
     let fx = Fixture::new(NOBODY, NOBODY);
     let spec = fx.spec("read key; echo \"key:$key\"; echo problem >&2; exit 5");
