@@ -1,0 +1,646 @@
+//! The job under bubblewrap: its arguments (pure), and the job started, limited and ended.
+//!
+//! The job gets its own user, pid, ipc, uts and mount namespaces (and its own network namespace
+//! unless the spec shares the host's), runs as an unprivileged uid and gid (65534 by default) with no
+//! capability, sees the host's system directories read-only, `/job`, the overlay and the image
+//! read-only, `/workspace` writable, a private `/tmp`, its own `/proc` and `/dev`, and nothing else:
+//! the root itself is read-only. It dies with the worker.
+//!
+//! The environment never appears in a process's arguments: bubblewrap is started with an empty
+//! environment and reads `--setenv NAME VALUE` triples from a file descriptor (`--args 3`), so the
+//! values live only in bubblewrap's memory and then in the job's own environment.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::io::{self, Seek, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Component, Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use command_fds::{CommandFdExt, FdMapping};
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
+
+use crate::env::JobEnv;
+
+/// Where bubblewrap is on Debian (package `bubblewrap`).
+pub const BWRAP: &str = "/usr/bin/bwrap";
+/// The job's folder (prompt, event, `mcp.json`), read-only.
+pub const JOB_DIR: &str = "/job";
+/// The repository the job works on, writable.
+pub const WORKSPACE: &str = "/workspace";
+/// The overlay (`PI_GLOBAL_PI_DIR`), read-only.
+pub const OVERLAY: &str = "/opt/pi-global";
+/// The job image's folder (Node, pi, the runner), read-only.
+pub const IMAGE: &str = "/opt/pi-dispatch-image";
+/// The job's uid and gid unless the spec says otherwise: the conventional `nobody`.
+pub const NOBODY: u32 = 65534;
+/// The host directories a job sees read-only, when the host has them.
+pub const SYSTEM_DIRS: [&str; 6] = ["/usr", "/etc", "/bin", "/lib", "/lib64", "/sbin"];
+/// The descriptor bubblewrap reads the environment from (`--args`).
+pub const ARGS_FD: i32 = 3;
+/// The descriptor bubblewrap writes the sandbox's first process id to (`--info-fd`).
+pub const INFO_FD: i32 = 4;
+/// How long ending a job may wait for the sandbox's namespace to empty before it kills bubblewrap.
+const END_GRACE: Duration = Duration::from_secs(5);
+
+/// A host system directory as the job sees it: bound read-only, or (a merged-`/usr` link such as
+/// `/bin -> usr/bin`) made the same link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SystemPath {
+    Dir(PathBuf),
+    Link { path: PathBuf, target: PathBuf },
+}
+
+/// The [`SYSTEM_DIRS`] this host has, each a directory or a link.
+pub fn host_system() -> Vec<SystemPath> {
+    SYSTEM_DIRS
+        .iter()
+        .filter_map(|dir| {
+            let path = PathBuf::from(dir);
+            let meta = std::fs::symlink_metadata(&path).ok()?;
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&path).ok()?;
+                Some(SystemPath::Link { path, target })
+            } else if meta.is_dir() {
+                Some(SystemPath::Dir(path))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// A further read-only bind: a host path at a place in the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    pub host: PathBuf,
+    pub sandbox: PathBuf,
+}
+
+/// Everything the sandbox is made of, but the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxSpec {
+    /// The job's uid and gid inside the sandbox; when the worker is root, also the host user
+    /// bubblewrap runs as (see [`host_user`]).
+    pub uid: u32,
+    pub gid: u32,
+    /// The host's system directories ([`host_system`]).
+    pub system: Vec<SystemPath>,
+    /// Host folders: the job's files, the overlay, the workspace, the image.
+    pub job_dir: PathBuf,
+    pub overlay_dir: PathBuf,
+    pub workspace: PathBuf,
+    pub image_dir: PathBuf,
+    pub extra_ro: Vec<Bind>,
+    /// Share the host's network (egress off, `PI_EGRESS=0`); otherwise the job has only its own
+    /// loopback.
+    pub share_net: bool,
+    /// What runs inside: a path in the sandbox (or a name looked up in the job's `PATH`).
+    pub program: OsString,
+    pub args: Vec<OsString>,
+}
+
+/// A spec that cannot make a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("the {what} folder must be an absolute host path")]
+    NotAbsolute { what: &'static str },
+    #[error(
+        "extra bind {index}: {why}; give an absolute host path and an absolute place in the sandbox, away from the sandbox's own mounts"
+    )]
+    ExtraBind { index: usize, why: &'static str },
+    #[error("the program to run is empty")]
+    NoProgram,
+}
+
+/// The places the sandbox mounts itself besides [`SYSTEM_DIRS`]; an extra bind may not be one of
+/// them, inside one, or hold one.
+const OWN_PLACES: [&str; 7] = ["/proc", "/dev", "/tmp", JOB_DIR, WORKSPACE, OVERLAY, IMAGE];
+
+impl SandboxSpec {
+    /// Checks what [`args`] takes for granted. Pure.
+    pub fn check(&self) -> Result<(), SpecError> {
+        for (what, path) in [
+            ("job", &self.job_dir),
+            ("overlay", &self.overlay_dir),
+            ("workspace", &self.workspace),
+            ("image", &self.image_dir),
+        ] {
+            if !path.is_absolute() {
+                return Err(SpecError::NotAbsolute { what });
+            }
+        }
+        for (index, bind) in self.extra_ro.iter().enumerate() {
+            let why = if !bind.host.is_absolute() {
+                Some("the host path is not absolute")
+            } else if !is_plain_absolute(&bind.sandbox) {
+                Some("the place in the sandbox is not a plain absolute path (no '.' or '..')")
+            } else if bind.sandbox == Path::new("/") {
+                Some("the place in the sandbox is its root")
+            } else if SYSTEM_DIRS.iter().chain(&OWN_PLACES).any(|own| {
+                let own = Path::new(own);
+                bind.sandbox.starts_with(own) || own.starts_with(&bind.sandbox)
+            }) {
+                Some("the place in the sandbox is one of its own mounts, inside one, or holds one")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(SpecError::ExtraBind { index, why });
+            }
+        }
+        if self.program.is_empty() {
+            return Err(SpecError::NoProgram);
+        }
+        Ok(())
+    }
+}
+
+fn is_plain_absolute(path: &Path) -> bool {
+    path.is_absolute()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+}
+
+/// bubblewrap's command line for `spec`: no value of the environment is in it (that comes on
+/// [`ARGS_FD`], see [`env_args`]). Pure.
+pub fn args(spec: &SandboxSpec) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::new();
+    let mut push = |items: &[&OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
+    let s = |x: &'static str| OsStr::new(x);
+    let uid = OsString::from(spec.uid.to_string());
+    let gid = OsString::from(spec.gid.to_string());
+
+    // Namespaces and the user the job runs as.
+    push(&[s("--unshare-user"), s("--uid"), &uid, s("--gid"), &gid]);
+    push(&[s("--unshare-pid"), s("--unshare-ipc"), s("--unshare-uts")]);
+    if !spec.share_net {
+        push(&[s("--unshare-net")]);
+    }
+    // No nested user namespace: the job cannot gain capabilities anywhere.
+    push(&[s("--disable-userns")]);
+    push(&[s("--die-with-parent"), s("--new-session")]);
+    push(&[s("--cap-drop"), s("ALL")]);
+
+    // The system, read-only; merged-/usr links made again as links.
+    for p in &spec.system {
+        match p {
+            SystemPath::Dir(dir) => push(&[s("--ro-bind"), dir.as_os_str(), dir.as_os_str()]),
+            SystemPath::Link { path, target } => {
+                push(&[s("--symlink"), target.as_os_str(), path.as_os_str()]);
+            }
+        }
+    }
+    push(&[s("--proc"), s("/proc"), s("--dev"), s("/dev")]);
+    push(&[s("--perms"), s("1777"), s("--tmpfs"), s("/tmp")]);
+
+    // The job's own folders.
+    push(&[s("--ro-bind"), spec.job_dir.as_os_str(), s(JOB_DIR)]);
+    push(&[s("--ro-bind"), spec.overlay_dir.as_os_str(), s(OVERLAY)]);
+    push(&[s("--ro-bind"), spec.image_dir.as_os_str(), s(IMAGE)]);
+    push(&[s("--bind"), spec.workspace.as_os_str(), s(WORKSPACE)]);
+    for bind in &spec.extra_ro {
+        push(&[
+            s("--ro-bind"),
+            bind.host.as_os_str(),
+            bind.sandbox.as_os_str(),
+        ]);
+    }
+    // The root (a tmpfs holding the mount points) read-only too, once every mount point is made.
+    push(&[s("--remount-ro"), s("/")]);
+    push(&[s("--chdir"), s(WORKSPACE)]);
+
+    let info_fd = OsString::from(INFO_FD.to_string());
+    let args_fd = OsString::from(ARGS_FD.to_string());
+    push(&[s("--info-fd"), &info_fd]);
+    push(&[s("--clearenv"), s("--args"), &args_fd]);
+    push(&[s("--"), &spec.program]);
+    a.extend(spec.args.iter().cloned());
+    a
+}
+
+/// The environment as bubblewrap reads it on [`ARGS_FD`]: `--setenv`, name, value, each ended by
+/// a NUL byte. `Debug` never shows it.
+pub struct EnvArgs(Vec<u8>);
+
+impl EnvArgs {
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for EnvArgs {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "EnvArgs({} bytes)", self.0.len())
+    }
+}
+
+/// The job's environment for [`ARGS_FD`]. Pure. ([`JobEnv`] holds no NUL byte and no `=` in a
+/// name, so the triples cannot run into each other.)
+pub fn env_args(env: &JobEnv) -> EnvArgs {
+    let mut out = Vec::new();
+    for (name, value) in env.iter() {
+        for part in [
+            b"--setenv".as_slice(),
+            name.as_bytes(),
+            value.expose().as_bytes(),
+        ] {
+            out.extend_from_slice(part);
+            out.push(0);
+        }
+    }
+    EnvArgs(out)
+}
+
+/// The host user bubblewrap runs as: the job's own uid and gid when the worker is root, so that the
+/// job is unprivileged on the host too (files it writes are the job user's, root's files are not its
+/// own); otherwise bubblewrap runs as the worker, and the job's uid maps to the worker's. Pure.
+pub fn host_user(worker_euid: u32, spec: &SandboxSpec) -> Option<(u32, u32)> {
+    (worker_euid == 0).then_some((spec.uid, spec.gid))
+}
+
+/// Starting a sandbox failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error("could not start bubblewrap: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// A running sandbox: bubblewrap, its standard streams (the job's), and the sandbox's first
+/// process, whose end ends every process in the sandbox.
+pub struct Sandbox {
+    child: Child,
+    /// A pidfd of the pid namespace's first process, when bubblewrap reported it.
+    init: Option<OwnedFd>,
+    init_pid: Option<u32>,
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// bubblewrap's status: the job's exit code, or 128 + a signal that ended the job.
+    Exited(ExitStatus),
+    /// The time limit was reached, and every process of the sandbox was killed.
+    KilledAtLimit,
+}
+
+/// Starts `spec` under bubblewrap at `bwrap` with exactly the environment `env`, its standard
+/// input, output and error piped to the caller, and no other descriptor.
+///
+/// bubblewrap dies with the thread that calls this (`--die-with-parent` follows the spawning
+/// thread): call it from a thread that outlives the job, such as a runtime's worker thread, not
+/// from a short-lived blocking task.
+pub async fn spawn(bwrap: &Path, spec: &SandboxSpec, env: &JobEnv) -> Result<Sandbox, SpawnError> {
+    spec.check()?;
+    // A descriptor the worker inherited without close-on-exec would pass through bubblewrap into
+    // the job: every one is marked close-on-exec (the worker's own children never needed them).
+    close_fds::set_fds_cloexec_threadsafe(3, &[]);
+    let env_fd = env_file(&env_args(env))?;
+    let (info_read, info_write) = io::pipe()?;
+
+    let mut command = std::process::Command::new(bwrap);
+    command
+        .args(args(spec))
+        // bubblewrap itself runs with nothing of the worker's environment (no LD_*, no secret).
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    if let Some((uid, gid)) = host_user(rustix::process::geteuid().as_raw(), spec) {
+        command.uid(uid).gid(gid);
+    }
+    command
+        .fd_mappings(vec![
+            FdMapping {
+                parent_fd: env_fd,
+                child_fd: ARGS_FD,
+            },
+            FdMapping {
+                parent_fd: info_write.into(),
+                child_fd: INFO_FD,
+            },
+        ])
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    let mut command = tokio::process::Command::from(command);
+    command.kill_on_drop(true);
+    let child = command.spawn()?;
+    // Our copies of the environment's file and the info pipe's write end close here.
+    drop(command);
+
+    let bwrap_pid = child.id();
+    let init_pid = read_init_pid(info_read.into()).await;
+    let init = init_pid.zip(bwrap_pid).and_then(|(i, b)| open_init(i, b));
+    Ok(Sandbox {
+        child,
+        init_pid: init.as_ref().and(init_pid),
+        init,
+    })
+}
+
+/// The environment in an anonymous memory file, at its start, for bubblewrap to read.
+fn env_file(env: &EnvArgs) -> io::Result<OwnedFd> {
+    let fd = rustix::fs::memfd_create("pi-dispatch-job-env", rustix::fs::MemfdFlags::CLOEXEC)?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(env.as_bytes())?;
+    file.rewind()?;
+    Ok(file.into())
+}
+
+/// The sandbox's first process, from bubblewrap's `--info-fd` report (`"child-pid": N`); `None`
+/// when bubblewrap ended before reporting it.
+async fn read_init_pid(fd: OwnedFd) -> Option<u32> {
+    let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok()?;
+    let mut text = String::new();
+    let read = pipe.read_to_string(&mut text);
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .ok()?
+        .ok()?;
+    parse_child_pid(&text)
+}
+
+/// `"child-pid": 1234` in bubblewrap's info. Pure.
+pub fn parse_child_pid(info: &str) -> Option<u32> {
+    let rest = &info[info.find("\"child-pid\"")? + "\"child-pid\"".len()..];
+    let rest = rest.trim_start().strip_prefix(':')?.trim_start();
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// A pidfd of `pid`, kept only when that process is bubblewrap's child (so not a reused pid).
+fn open_init(pid: u32, bwrap_pid: u32) -> Option<OwnedFd> {
+    let raw = rustix::process::Pid::from_raw(i32::try_from(pid).ok()?)?;
+    let fd = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()).ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let parent = status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))?
+        .trim()
+        .parse::<u32>()
+        .ok()?;
+    (parent == bwrap_pid).then_some(fd)
+}
+
+impl Sandbox {
+    /// The job's standard input (the runner reads its key here), once.
+    pub fn stdin(&mut self) -> Option<ChildStdin> {
+        self.child.stdin.take()
+    }
+
+    pub fn stdout(&mut self) -> Option<ChildStdout> {
+        self.child.stdout.take()
+    }
+
+    pub fn stderr(&mut self) -> Option<ChildStderr> {
+        self.child.stderr.take()
+    }
+
+    /// bubblewrap's process id, while it runs.
+    pub fn id(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// The host process id of the sandbox's first process, when bubblewrap reported it.
+    pub fn init_pid(&self) -> Option<u32> {
+        self.init_pid
+    }
+
+    /// Waits for the job to end by itself. When the job's command ends, the sandbox's first
+    /// process ends, and with it every process left in the sandbox.
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        self.child.wait().await
+    }
+
+    /// Waits for the job at most `limit`, then ends it with every process in it.
+    pub async fn wait_with_limit(&mut self, limit: Duration) -> io::Result<Ending> {
+        match tokio::time::timeout(limit, self.child.wait()).await {
+            Ok(status) => Ok(Ending::Exited(status?)),
+            Err(_) => {
+                self.kill().await?;
+                Ok(Ending::KilledAtLimit)
+            }
+        }
+    }
+
+    /// Ends every process of the sandbox and waits until they are gone.
+    ///
+    /// Killing the pid namespace's first process makes the kernel kill every other process in it,
+    /// and that first process is reaped (and bubblewrap ends) only once they all are; bubblewrap's
+    /// process group is killed too when that does not happen within a few seconds, or when the
+    /// first process is unknown.
+    pub async fn kill(&mut self) -> io::Result<()> {
+        if self.child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        if let Some(init) = &self.init {
+            let _ = rustix::process::pidfd_send_signal(init, rustix::process::Signal::KILL);
+            if tokio::time::timeout(END_GRACE, self.child.wait())
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+        }
+        self.kill_group();
+        self.child.wait().await.map(|_| ())
+    }
+
+    fn kill_group(&mut self) {
+        if let Some(pid) = self
+            .child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .and_then(rustix::process::Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+        let _ = self.child.start_kill();
+    }
+}
+
+impl Drop for Sandbox {
+    /// A sandbox dropped while it runs is ended: its first process and bubblewrap are killed (the
+    /// kernel then ends the rest).
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            if let Some(init) = &self.init {
+                let _ = rustix::process::pidfd_send_signal(init, rustix::process::Signal::KILL);
+            }
+            self.kill_group();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secrets::Secret;
+
+    fn spec() -> SandboxSpec {
+        SandboxSpec {
+            uid: NOBODY,
+            gid: NOBODY,
+            system: vec![
+                SystemPath::Dir("/usr".into()),
+                SystemPath::Dir("/etc".into()),
+                SystemPath::Link {
+                    path: "/bin".into(),
+                    target: "usr/bin".into(),
+                },
+            ],
+            job_dir: "/srv/state/jobs/j1/job".into(),
+            overlay_dir: "/srv/pi-global".into(),
+            workspace: "/srv/state/jobs/j1/workspace".into(),
+            image_dir: "/srv/images/default".into(),
+            extra_ro: vec![Bind {
+                host: "/srv/cache".into(),
+                sandbox: "/opt/cache".into(),
+            }],
+            share_net: false,
+            program: "/opt/pi-dispatch-image/bin/pi-dispatch".into(),
+            args: vec!["job".into(), "--".into(), "pi".into()],
+        }
+    }
+
+    fn text(a: &[OsString]) -> String {
+        a.iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn the_command_line_of_a_job() {
+        assert_eq!(
+            text(&args(&spec())),
+            "--unshare-user --uid 65534 --gid 65534 --unshare-pid --unshare-ipc --unshare-uts \
+             --unshare-net --disable-userns --die-with-parent --new-session --cap-drop ALL \
+             --ro-bind /usr /usr --ro-bind /etc /etc --symlink usr/bin /bin \
+             --proc /proc --dev /dev --perms 1777 --tmpfs /tmp \
+             --ro-bind /srv/state/jobs/j1/job /job --ro-bind /srv/pi-global /opt/pi-global \
+             --ro-bind /srv/images/default /opt/pi-dispatch-image \
+             --bind /srv/state/jobs/j1/workspace /workspace --ro-bind /srv/cache /opt/cache \
+             --remount-ro / --chdir /workspace --info-fd 4 --clearenv --args 3 \
+             -- /opt/pi-dispatch-image/bin/pi-dispatch job -- pi"
+        );
+    }
+
+    #[test]
+    fn a_shared_network_keeps_the_host_namespace_and_the_uid_is_the_specs() {
+        let a = text(&args(&SandboxSpec {
+            share_net: true,
+            uid: 1234,
+            gid: 4321,
+            ..spec()
+        }));
+        assert!(!a.contains("--unshare-net"), "{a}");
+        assert!(a.contains("--uid 1234 --gid 4321"), "{a}");
+        assert!(a.contains("--unshare-pid"), "{a}");
+    }
+
+    #[test]
+    fn the_environment_goes_on_the_descriptor_never_the_command_line() {
+        let env = crate::env::build(
+            &crate::env::Parts {
+                job_id: "j1",
+                provider: None,
+                model: None,
+                settings: &[],
+                provider_key: None,
+                forward_env: &[],
+                secrets: &[("DOCS_TOKEN".to_owned(), Secret::new("cnry-9"))],
+                proxy: None,
+                home: "/tmp/home",
+                computed: &[],
+                forge: None,
+            },
+            &|_| None,
+        )
+        .unwrap();
+        let payload = env_args(&env);
+        assert_eq!(
+            payload.as_bytes(),
+            b"--setenv\0PI_JOB_ID\0j1\0--setenv\0PI_OFFLINE\x001\0--setenv\0DOCS_TOKEN\0cnry-9\0\
+              --setenv\0HOME\0/tmp/home\0"
+        );
+        assert!(!format!("{payload:?}").contains("cnry"));
+        assert!(!text(&args(&spec())).contains("--setenv"));
+    }
+
+    #[test]
+    fn bubblewrap_runs_as_the_job_user_when_the_worker_is_root() {
+        assert_eq!(host_user(0, &spec()), Some((NOBODY, NOBODY)));
+        assert_eq!(host_user(1000, &spec()), None);
+    }
+
+    #[test]
+    fn a_spec_is_checked() {
+        assert_eq!(spec().check(), Ok(()));
+        let relative = SandboxSpec {
+            workspace: "ws".into(),
+            ..spec()
+        };
+        assert_eq!(
+            relative.check(),
+            Err(SpecError::NotAbsolute { what: "workspace" })
+        );
+        for (host, place) in [
+            ("rel", "/opt/x"),
+            ("/h", "opt/x"),
+            ("/h", "/opt/../etc"),
+            ("/h", "/"),
+            ("/h", "/workspace/sub"),
+            ("/h", "/opt"),
+            ("/h", "/opt/pi-global"),
+            ("/h", "/tmp/x"),
+            ("/h", "/usr/local/x"),
+        ] {
+            let s = SandboxSpec {
+                extra_ro: vec![Bind {
+                    host: host.into(),
+                    sandbox: place.into(),
+                }],
+                ..spec()
+            };
+            assert!(
+                matches!(s.check(), Err(SpecError::ExtraBind { index: 0, .. })),
+                "{host} {place}"
+            );
+        }
+        let no_program = SandboxSpec {
+            program: OsString::new(),
+            ..spec()
+        };
+        assert_eq!(no_program.check(), Err(SpecError::NoProgram));
+    }
+
+    #[test]
+    fn the_first_process_from_bubblewraps_info() {
+        let info = "{\n    \"child-pid\": 28819,\n    \"mnt-namespace\": 4026532178\n}\n";
+        assert_eq!(parse_child_pid(info), Some(28819));
+        assert_eq!(parse_child_pid("{\"child-pid\":7}"), Some(7));
+        assert_eq!(parse_child_pid(""), None);
+        assert_eq!(parse_child_pid("{\"child-pid\": x}"), None);
+    }
+
+    #[test]
+    fn the_host_system_is_read_as_dirs_and_links() {
+        let system = host_system();
+        assert!(system.contains(&SystemPath::Dir("/usr".into())));
+        for p in &system {
+            let path = match p {
+                SystemPath::Dir(p) | SystemPath::Link { path: p, .. } => p,
+            };
+            assert!(SYSTEM_DIRS.contains(&path.to_str().unwrap()));
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! The job's sandbox, and what goes into it.
+//!
+//! - [`secrets`]: a trigger's `run.secrets` resolved on the host by the operator's resolver, before
+//!   anything is spent; values held in a type that never prints them.
+//! - [`env`]: the job's closed environment, built in a fixed order from its parts (pure).
+//! - [`bwrap`]: bubblewrap's arguments for a job (pure), and the job started, limited in time and
+//!   killed with its whole process tree.
+//!
+//! `docs/sandbox.md` says what a job gets, for the operator.
+
+pub mod bwrap;
+pub mod env;
+pub mod secrets;
