@@ -98,6 +98,9 @@ pub struct SandboxSpec {
     /// Share the host's network (egress off, `PI_EGRESS=0`); otherwise the job has only its own
     /// loopback.
     pub share_net: bool,
+    /// When the worker is root: the host user bubblewrap runs as, if not the job's own uid and gid
+    /// (a local job runs as the owner of its folder, so that what it writes is theirs).
+    pub host: Option<(u32, u32)>,
     /// What runs inside: a path in the sandbox (or a name looked up in the job's `PATH`).
     pub program: OsString,
     pub args: Vec<OsString>,
@@ -256,11 +259,12 @@ pub fn env_args(env: &JobEnv) -> EnvArgs {
     EnvArgs(out)
 }
 
-/// The host user bubblewrap runs as: the job's own uid and gid when the worker is root, so that the
-/// job is unprivileged on the host too (files it writes are the job user's, root's files are not its
-/// own); otherwise bubblewrap runs as the worker, and the job's uid maps to the worker's. Pure.
+/// The host user bubblewrap runs as: when the worker is root, the spec's `host` user, else the
+/// job's own uid and gid, so that the job is unprivileged on the host too (files it writes are that
+/// user's, root's files are not its own); otherwise bubblewrap runs as the worker, and the job's uid
+/// maps to the worker's. Pure.
 pub fn host_user(worker_euid: u32, spec: &SandboxSpec) -> Option<(u32, u32)> {
-    (worker_euid == 0).then_some((spec.uid, spec.gid))
+    (worker_euid == 0).then_some(spec.host.unwrap_or((spec.uid, spec.gid)))
 }
 
 /// Starting a sandbox failed.
@@ -506,6 +510,7 @@ mod tests {
                 sandbox: "/opt/cache".into(),
             }],
             share_net: false,
+            host: None,
             program: "/opt/pi-dispatch-image/bin/pi-dispatch".into(),
             args: vec!["job".into(), "--".into(), "pi".into()],
         }
@@ -580,6 +585,12 @@ mod tests {
     fn bubblewrap_runs_as_the_job_user_when_the_worker_is_root() {
         assert_eq!(host_user(0, &spec()), Some((NOBODY, NOBODY)));
         assert_eq!(host_user(1000, &spec()), None);
+        let owned = SandboxSpec {
+            host: Some((1000, 1001)),
+            ..spec()
+        };
+        assert_eq!(host_user(0, &owned), Some((1000, 1001)));
+        assert_eq!(host_user(1000, &owned), None);
     }
 
     #[test]

@@ -98,6 +98,7 @@ impl Fixture {
                 sandbox: "/opt/extra".into(),
             }],
             share_net: false,
+            host: None,
             program: "/bin/sh".into(),
             args: vec!["-c".into(), script.into()],
         }
@@ -344,6 +345,7 @@ async fn the_network_is_the_hosts_only_when_shared() {
 
     let shared = SandboxSpec {
         share_net: true,
+        host: None,
         ..fx.spec(&script)
     };
     let out = run(&shared, &job_env(&[])).await;
