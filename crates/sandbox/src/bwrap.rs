@@ -561,6 +561,7 @@ mod tests {
                 model: None,
                 settings: &[],
                 provider_key: None,
+                models_keys: &[],
                 forward_env: &[],
                 secrets: &[("DOCS_TOKEN".to_owned(), Secret::new("cnry-9"))],
                 proxy: None,

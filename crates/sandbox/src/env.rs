@@ -24,8 +24,11 @@ pub struct Parts<'a> {
     pub model: Option<&'a str>,
     /// Further base settings, each named `PI_*` (applied before the four above).
     pub settings: &'a [(String, String)],
-    /// The provider's key: one of the variables pi reads for `provider`, and its value.
+    /// The provider's key: one of the variables pi reads for `provider` (or the one the overlay's
+    /// `models.json` names for it, in `models_keys`), and its value.
     pub provider_key: Option<(&'a str, &'a Secret)>,
+    /// The variables the overlay's `models.json` names as `provider`'s `apiKey`.
+    pub models_keys: &'a [String],
     /// `PI_FORWARD_ENV`: names whose values come from the worker's environment.
     pub forward_env: &'a [String],
     /// `run.secrets`, resolved.
@@ -149,7 +152,7 @@ pub fn build(parts: &Parts, host: &dyn Fn(&str) -> Option<String>) -> Result<Job
 
     if let Some((name, value)) = parts.provider_key {
         let provider = parts.provider.unwrap_or_default();
-        if !is_provider_key(provider, name) {
+        if !is_provider_key(provider, name) && !parts.models_keys.iter().any(|k| k == name) {
             return Err(EnvError::NotAProviderKey {
                 name: name.to_owned(),
                 provider: provider.to_owned(),
@@ -222,6 +225,7 @@ mod tests {
             model: Some("gpt-x"),
             settings: &[],
             provider_key: Some(("OPENAI_API_KEY", key)),
+            models_keys: &[],
             forward_env: forward,
             secrets,
             proxy: Some(proxy),
@@ -427,6 +431,18 @@ mod tests {
                 name: "ANTHROPIC_API_KEY".into(),
                 provider: "openai".into()
             }
+        );
+        // A custom provider's key is the variable the overlay's models.json names for it.
+        let named = vec!["FAKE_API_KEY".to_owned()];
+        let custom = Parts {
+            provider: Some("fake"),
+            provider_key: Some(("FAKE_API_KEY", &key)),
+            models_keys: &named,
+            ..parts(&key, &[], &proxy, &forge, &[], &[])
+        };
+        assert_eq!(
+            build(&custom, &host).unwrap().get("FAKE_API_KEY"),
+            Some(&key)
         );
 
         let settings = vec![("NODE_OPTIONS".to_owned(), "x".to_owned())];

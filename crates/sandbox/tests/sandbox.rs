@@ -119,6 +119,7 @@ fn job_env(vars: &[(&str, &str)]) -> JobEnv {
             model: Some("gpt-test"),
             settings: &[],
             provider_key: None,
+            models_keys: &[],
             forward_env: &[],
             secrets: &secrets,
             proxy: None,
