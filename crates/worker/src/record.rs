@@ -58,8 +58,19 @@ pub mod reasons {
     pub const JOB_UNREADABLE: &str = "job-unreadable";
     /// The job's folder could not be written.
     pub const JOB_FOLDER_FAILED: &str = "job-folder-failed";
+    /// The job's image (`images/NAME/` with its runner) is not there.
+    pub const JOB_IMAGE_MISSING: &str = "job-image-missing";
+    /// A local job's folder is gone.
+    pub const WORKSPACE_MISSING: &str = "workspace-missing";
+    /// The job's environment could not be built from its parts (a name or value no environment
+    /// can carry).
+    pub const ENVIRONMENT_REFUSED: &str = "environment-refused";
+    /// The secrets profile has no resolver (configuration).
+    pub const SECRET_RESOLVER_MISSING: &str = "secret-resolver-missing";
+    /// The resolver could not answer this time.
+    pub const SECRET_RESOLVER_FAILED: &str = "secret-resolver-failed";
 
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 17] = [
         AGENT_FAILED,
         TERMINATED,
         TIME_LIMIT,
@@ -72,6 +83,11 @@ pub mod reasons {
         PICKUP_RETRIES_SPENT,
         JOB_UNREADABLE,
         JOB_FOLDER_FAILED,
+        JOB_IMAGE_MISSING,
+        WORKSPACE_MISSING,
+        ENVIRONMENT_REFUSED,
+        SECRET_RESOLVER_MISSING,
+        SECRET_RESOLVER_FAILED,
     ];
 }
 
