@@ -1,0 +1,3 @@
+//! The worker. So far: its durable job queue.
+
+pub mod queue;
