@@ -1,5 +1,6 @@
-//! The worker: it takes jobs from the queue, runs the pickup gates, starts the sandbox and writes
-//! one record per job.
+//! The worker: it takes jobs from the durable queue, runs the pickup gates, starts the sandbox and
+//! writes one record per job.
 
 pub mod pipeline;
+pub mod queue;
 pub mod record;
