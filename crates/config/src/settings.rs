@@ -19,6 +19,9 @@ pub const ALLOWLIST_SETTING: &str = "PI_EGRESS_ALLOWLIST";
 pub const ENDPOINTS_SETTING: &str = "PI_MODEL_ENDPOINTS";
 pub const REGISTRIES_SETTING: &str = "PI_PACKAGE_REGISTRIES";
 pub const JOB_IMAGE_SETTING: &str = "PI_JOB_IMAGE";
+/// The image of jobs when neither their trigger nor `PI_JOB_IMAGE` names one (what
+/// `pi-dispatch image install` builds by default).
+pub const DEFAULT_JOB_IMAGE: &str = "pi-job";
 pub const GITLAB_URL_SETTING: &str = "GITLAB_URL";
 pub const PROVIDER_SETTING: &str = "PI_PROVIDER";
 pub const MODEL_SETTING: &str = "PI_MODEL";

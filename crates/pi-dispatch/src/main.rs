@@ -39,6 +39,12 @@ enum Command {
     /// Started by the job's runner: ends the job's processes if the runner is killed.
     #[command(hide = true)]
     JobGuard(cmd::job::GuardArgs),
+    /// Queue a local job on a repository folder.
+    Run(cmd::run::Args),
+    /// The queue: what waits, what runs, what was done lately.
+    Status(cmd::status::Args),
+    /// Run the queue's jobs, each in its own sandbox, and record them.
+    Worker(cmd::worker::Args),
     /// The run records: one per job, what happened and what it used.
     Runs(cmd::runs::Args),
     /// Write the deployment folder's missing files (.env, triggers.json, egress files, overlay).
@@ -82,6 +88,9 @@ fn main() -> ExitCode {
         Command::JobGuard(args) => cmd::job::guard(&args),
         Command::Doctor(args) => cmd::doctor::run(&args, &ctx),
         Command::Runs(args) => cmd::runs::run(&args, &ctx),
+        Command::Run(args) => cmd::run::run(&args, &ctx),
+        Command::Status(args) => cmd::status::run(&args, &ctx),
+        Command::Worker(args) => cmd::worker::run(&args, &ctx),
         Command::Image(args) => cmd::image::run(&args, &ctx),
         Command::Explain(args) => cmd::explain::run(&args, &ctx),
         Command::ImportPi(args) => cmd::import_pi::run(&args, &ctx),

@@ -288,15 +288,17 @@ fn list<'a>(job: &Job, names: &'a [String]) -> Step<&'a [String]> {
 
 fn capabilities(i: &Inputs, forge: bool) -> Step<()> {
     let job = i.job;
-    let image = job.image.as_deref().or(i.settings.job_image.as_deref());
-    let declared = match image.map(|name| i.images.capabilities(name)) {
-        None => Vec::new(),
-        Some(Capabilities::Declared(caps)) => caps,
-        Some(Capabilities::Transient(why)) => {
+    let image = job
+        .image
+        .as_deref()
+        .or(i.settings.job_image.as_deref())
+        .unwrap_or(config::settings::DEFAULT_JOB_IMAGE);
+    let declared = match i.images.capabilities(image) {
+        Capabilities::Declared(caps) => caps,
+        Capabilities::Transient(why) => {
             return Err(retry(format!("image labels: {why}")));
         }
     };
-    let image = image.unwrap_or("(no image)");
     if !declared.iter().any(|c| c == "mcp") {
         return Err(refuse(
             job,

@@ -36,11 +36,15 @@ impl Files for FakeFiles {
     }
 }
 
-struct FakeImages(Capabilities);
+/// Image labels: what every image declares, or (with a name) what only that image declares.
+struct FakeImages(Capabilities, Option<&'static str>);
 
 impl ImageLabels for FakeImages {
-    fn capabilities(&self, _image: &str) -> Capabilities {
-        self.0.clone()
+    fn capabilities(&self, image: &str) -> Capabilities {
+        match self.1 {
+            Some(only) if only != image => Capabilities::Declared(Vec::new()),
+            _ => self.0.clone(),
+        }
     }
 }
 
@@ -105,10 +109,10 @@ fn world() -> World {
             allowlist: bytes("mcp.example.com\napi.github.com\nregistry.example.org\n"),
             endpoints: Read::Missing,
         },
-        images: FakeImages(Capabilities::Declared(vec![
-            "mcp".into(),
-            "forgeMcp".into(),
-        ])),
+        images: FakeImages(
+            Capabilities::Declared(vec!["mcp".into(), "forgeMcp".into()]),
+            None,
+        ),
         env: FakeEnv(vec!["FILES_TOKEN"]),
     }
 }
@@ -401,17 +405,23 @@ fn mcp_excluded() {
 #[test]
 fn job_image_mcp_unsupported() {
     refused_by(Reason::JobImageMcpUnsupported, None, |w| {
-        w.images = FakeImages(Capabilities::Declared(vec!["forgeMcp".into()]));
+        w.images = FakeImages(Capabilities::Declared(vec!["forgeMcp".into()]), None);
     });
+    // Without PI_JOB_IMAGE, the labels are those of the default image, and only its.
     refused_by(Reason::JobImageMcpUnsupported, None, |w| {
         w.settings.job_image = None;
+        w.images.1 = Some("another-image");
     });
+    let mut w = world();
+    w.settings.job_image = None;
+    w.images.1 = Some(config::settings::DEFAULT_JOB_IMAGE);
+    assert!(matches!(decide_in(&w), Decision::Admit { .. }));
 }
 
 #[test]
 fn job_image_forge_mcp_unsupported() {
     refused_by(Reason::JobImageForgeMcpUnsupported, Some("forge"), |w| {
-        w.images = FakeImages(Capabilities::Declared(vec!["mcp".into()]));
+        w.images = FakeImages(Capabilities::Declared(vec!["mcp".into()]), None);
     });
 }
 
@@ -429,7 +439,7 @@ fn a_read_that_may_pass_is_a_retry_never_a_refusal() {
         |w| w.files.models = Read::Transient("Input/output error".into()),
         |w| w.files.allowlist = Read::Transient("Input/output error".into()),
         |w| w.files.endpoints = Read::Transient("Input/output error".into()),
-        |w| w.images = FakeImages(Capabilities::Transient("Input/output error".into())),
+        |w| w.images = FakeImages(Capabilities::Transient("Input/output error".into()), None),
     ];
     for change in cases {
         let mut w = world();

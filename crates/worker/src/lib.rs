@@ -4,3 +4,4 @@
 pub mod pipeline;
 pub mod queue;
 pub mod record;
+pub mod service;

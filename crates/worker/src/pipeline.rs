@@ -21,9 +21,6 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use crate::record::{Outcome, Record, reasons};
 
-/// The image a job runs in when neither its trigger nor `PI_JOB_IMAGE` names one.
-pub const DEFAULT_IMAGE: &str = "pi-job";
-
 /// Where, in the sandbox, the runner keeps pi's private agent folder, and the job's `HOME`.
 const AGENT_DIR: &str = "/tmp/pi-dispatch/agent";
 const HOME: &str = "/tmp";
@@ -41,6 +38,9 @@ pub struct Worker {
     pub host_env: fn(&str) -> Option<String>,
     /// The time limit of a job.
     pub time_limit: Duration,
+    /// Pass the runner's standard error through to the worker's (for debugging a deployment: it
+    /// is pi's and the servers' own output, which may hold anything). Off by default.
+    pub runner_stderr: bool,
 }
 
 /// What to do with the job.
@@ -74,7 +74,13 @@ fn refused(job: &Job, reason: &str, attempt: u32) -> Verdict {
         &format!("refused_{}", reason.replace('-', "_")),
         serde_json::json!({"jobId": job.id, "reason": reason}),
     );
-    Verdict::Done(Record::new(job, Outcome::Policy, Some(reason), attempt, now_ms()))
+    Verdict::Done(Record::new(
+        job,
+        Outcome::Policy,
+        Some(reason),
+        attempt,
+        now_ms(),
+    ))
 }
 
 fn retry(job: &Job, reason: &str, attempt: u32, spent: bool) -> Verdict {
@@ -90,7 +96,8 @@ fn trigger_now(settings: &Settings, job: &Job) -> Result<Option<Trigger>, String
     };
     let bytes = config::files::read_file(&settings.triggers_file, triggers::MAX_FILE_BYTES)
         .map_err(|e| format!("triggers.json {e}"))?;
-    let all = triggers::parse_triggers(&bytes).map_err(|_| "triggers.json is refused".to_owned())?;
+    let all =
+        triggers::parse_triggers(&bytes).map_err(|_| "triggers.json is refused".to_owned())?;
     Ok(all.triggers.into_iter().nth(index))
 }
 
@@ -127,11 +134,11 @@ fn provider_key(
         .iter()
         .filter(|(p, _)| *p == provider)
         .flat_map(|(_, vars)| vars.iter().map(|v| (*v).to_owned()));
-    let key = named
-        .iter()
-        .cloned()
-        .chain(builtin)
-        .find_map(|name| host(&name).filter(|v| !v.is_empty()).map(|v| (name, Secret::new(v))));
+    let key = named.iter().cloned().chain(builtin).find_map(|name| {
+        host(&name)
+            .filter(|v| !v.is_empty())
+            .map(|v| (name, Secret::new(v)))
+    });
     (named, key)
 }
 
@@ -234,7 +241,7 @@ impl Worker {
             .image
             .clone()
             .or_else(|| settings.job_image.clone())
-            .unwrap_or_else(|| DEFAULT_IMAGE.to_owned());
+            .unwrap_or_else(|| config::settings::DEFAULT_JOB_IMAGE.to_owned());
         let image = settings.dir.join("images").join(&image_name);
         if !config::settings::is_image_name(&image_name)
             || !image.join(setup::image::RUNNER).is_file()
@@ -288,8 +295,16 @@ impl Worker {
             Err(_) => return retry(job, reasons::JOB_FOLDER_FAILED, attempt, false),
         };
         // 5. The sandbox.
-        self.run_sandbox(job, attempt, &image, &job_dir, &folder, mcp.as_ref(), &secrets)
-            .await
+        self.run_sandbox(
+            job,
+            attempt,
+            &image,
+            &job_dir,
+            &folder,
+            mcp.as_ref(),
+            &secrets,
+        )
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -421,9 +436,15 @@ impl Worker {
         });
         // The runner's stderr (its log and pi's) is drained and not kept: it could hold anything.
         if let Some(mut stderr) = sandbox.stderr() {
+            let pass = self.runner_stderr;
             tokio::spawn(async move {
-                let mut sink = [0u8; 8192];
-                while matches!(stderr.read(&mut sink).await, Ok(n) if n > 0) {}
+                let mut buf = [0u8; 8192];
+                while let Ok(n @ 1..) = stderr.read(&mut buf).await {
+                    if pass {
+                        use std::io::Write as _;
+                        let _ = std::io::stderr().write_all(&buf[..n]);
+                    }
+                }
             });
         }
         let ending = sandbox.wait_with_limit(self.time_limit).await;

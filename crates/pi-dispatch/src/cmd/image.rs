@@ -18,7 +18,7 @@ enum ImageCommand {
     /// runner. An image that is there is replaced only once the new one is complete.
     Install {
         /// The image's name.
-        #[arg(default_value = "pi-job")]
+        #[arg(default_value = config::settings::DEFAULT_JOB_IMAGE)]
         name: String,
         /// Take the packages from this node_modules folder (installed from the pinned list)
         /// instead of running npm ci.

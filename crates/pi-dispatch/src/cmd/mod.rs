@@ -5,5 +5,8 @@ pub mod import_pi;
 pub mod init;
 pub mod job;
 pub mod mcp_check;
+pub mod run;
 pub mod runs;
+pub mod status;
 pub mod triggers_check;
+pub mod worker;

@@ -1,0 +1,113 @@
+//! `pi-dispatch run FOLDER --task TEXT [--flow F] [--mcp NAME,…] [--image NAME] [--force]`: queues
+//! a local job on the repository in FOLDER. The job works in the folder itself, so a git tree with
+//! uncommitted changes is refused unless `--force`. The worker (`pi-dispatch worker`) runs it.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use pickup::job::Job;
+use worker::queue::Queue as _;
+
+use crate::context::Context;
+use crate::exit::Exit;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The repository folder the job works in.
+    folder: PathBuf,
+    /// What the agent is asked to do.
+    #[arg(long, value_name = "TEXT")]
+    task: String,
+    /// The flow the job follows.
+    #[arg(long, value_name = "NAME", default_value = "task")]
+    flow: String,
+    /// MCP servers of the overlay the job connects, comma-separated.
+    #[arg(long, value_name = "NAME,…", value_delimiter = ',')]
+    mcp: Vec<String>,
+    /// The job image (images/NAME) [default: PI_JOB_IMAGE, else pi-job].
+    #[arg(long, value_name = "NAME")]
+    image: Option<String>,
+    /// Queue the job even though the folder has uncommitted changes.
+    #[arg(long)]
+    force: bool,
+}
+
+/// The queue's file in a deployment.
+pub fn queue_path(dir: &Path) -> PathBuf {
+    dir.join("state").join("queue.sqlite3")
+}
+
+/// A new job id: the time and 6 random bytes.
+pub fn new_job_id(prefix: &str) -> anyhow::Result<String> {
+    let mut bytes = [0u8; 6];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)?;
+    let ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let random: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("{prefix}-{ms}-{random}"))
+}
+
+/// Whether the git work tree at `folder` has changes not committed (untracked files count).
+fn dirty(folder: &Path) -> anyhow::Result<bool> {
+    let out = std::process::Command::new("git")
+        // The folder may belong to the user the job runs as, not to whoever queues it.
+        .args(["-c", "safe.directory=*", "-C"])
+        .arg(folder)
+        .args(["status", "--porcelain", "--untracked-files=normal"])
+        .output()
+        .map_err(|e| anyhow::anyhow!("git could not be run ({})", e.kind()))?;
+    if !out.status.success() {
+        anyhow::bail!("FOLDER is not a git work tree: a local job works on a repository");
+    }
+    Ok(!out.stdout.is_empty())
+}
+
+pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    let settings = ctx.settings()?;
+    let folder = ctx.absolute(&args.folder);
+    let folder = folder
+        .canonicalize()
+        .map_err(|e| anyhow::anyhow!("FOLDER cannot be used ({})", e.kind()))?;
+    if !folder.is_dir() {
+        anyhow::bail!("FOLDER must be a folder");
+    }
+    let Some(folder_text) = folder.to_str().map(str::to_owned) else {
+        anyhow::bail!("FOLDER's path must be UTF-8 text");
+    };
+    if args.task.trim().is_empty() {
+        anyhow::bail!("--task must say what the agent is asked to do");
+    }
+    if dirty(&folder)? && !args.force {
+        eprintln!(
+            "pi-dispatch: FOLDER has uncommitted changes, and the job would work among them; commit or stash them, or pass --force"
+        );
+        return Ok(Exit::CheckFailed);
+    }
+    let job = Job {
+        id: new_job_id("cli")?,
+        trigger_index: None,
+        trigger_type: "cli".to_owned(),
+        kind: "local".to_owned(),
+        flow: Some(args.flow.clone()),
+        command: None,
+        mcp: (!args.mcp.is_empty()).then(|| args.mcp.clone()),
+        secrets: Vec::new(),
+        provider: settings.provider.clone(),
+        model: settings.model.clone(),
+        models: None,
+        max_cost_usd: None,
+        exclude_tools: Vec::new(),
+        image: args.image.clone(),
+        folder: Some(folder_text),
+        task: Some(args.task.clone()),
+        secrets_profile: None,
+    };
+    let queue = worker::queue::SqliteQueue::open(&queue_path(&ctx.dir))?;
+    queue.enqueue(&job.id, &serde_json::to_string(&job)?, SystemTime::now())?;
+    crate::output::print(&format!(
+        "Queued {} (run pi-dispatch worker to run it; pi-dispatch runs show {} for its record).\n",
+        job.id, job.id
+    ))?;
+    Ok(Exit::Success)
+}

@@ -1,0 +1,98 @@
+//! `pi-dispatch worker`: runs the queue's jobs, `PI_WORKER_CONCURRENCY` at a time, each in its own
+//! sandbox under `PI_JOB_TIME_LIMIT`, and writes their records; cron triggers queue their jobs on
+//! schedule while it runs. `--until-empty` returns once nothing is left to run.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use worker::pipeline::Worker;
+use worker::record::Records;
+use worker::service::{self, LoopOptions};
+
+use crate::context::Context;
+use crate::exit::Exit;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Jobs run at once [default: PI_WORKER_CONCURRENCY, else 1].
+    #[arg(long, value_name = "N")]
+    concurrency: Option<u32>,
+    /// Seconds a job may run [default: PI_JOB_TIME_LIMIT, else 3600].
+    #[arg(long, value_name = "SECONDS")]
+    time_limit: Option<u64>,
+    /// Return once the queue has nothing left to run (cron triggers are not run).
+    #[arg(long)]
+    until_empty: bool,
+    /// Seconds a job's lease lasts without renewal: a job whose worker dies runs again after this.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    lease: u64,
+    /// Milliseconds an idle worker waits before asking the queue again.
+    #[arg(long, value_name = "MS", default_value_t = 500, hide = true)]
+    poll_ms: u64,
+    /// Pass each runner's standard error through (pi's and the MCP servers' own output: for
+    /// debugging a deployment only, as it may hold anything a job prints).
+    #[arg(long)]
+    runner_stderr: bool,
+    /// bubblewrap.
+    #[arg(long, value_name = "FILE", default_value = sandbox::bwrap::BWRAP, hide = true)]
+    bwrap: PathBuf,
+}
+
+pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    let settings = ctx.settings()?;
+    let concurrency = args.concurrency.unwrap_or(settings.concurrency);
+    if !(1..=config::settings::MAX_CONCURRENCY).contains(&concurrency) {
+        anyhow::bail!(
+            "--concurrency must be from 1 to {}",
+            config::settings::MAX_CONCURRENCY
+        );
+    }
+    let time_limit = Duration::from_secs(args.time_limit.unwrap_or(settings.time_limit_secs));
+    if time_limit.is_zero() || args.lease == 0 {
+        anyhow::bail!("--time-limit and --lease must be at least one second");
+    }
+    let state = ctx.dir.join("state");
+    let queue: Arc<dyn worker::queue::Queue> = Arc::new(worker::queue::SqliteQueue::open(
+        &crate::cmd::run::queue_path(&ctx.dir),
+    )?);
+    let options = LoopOptions {
+        worker_id: format!(
+            "{}:{}",
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_default(),
+            std::process::id()
+        ),
+        lease_for: Duration::from_secs(args.lease),
+        concurrency,
+        until_empty: args.until_empty,
+        poll: Duration::from_millis(args.poll_ms.max(10)),
+        on_failure: settings.on_failure.clone(),
+    };
+    let worker = Arc::new(Worker {
+        jobs_dir: state.join("jobs"),
+        bwrap: args.bwrap.clone(),
+        host_env: |name| std::env::var(name).ok(),
+        time_limit,
+        runner_stderr: args.runner_stderr,
+        settings,
+    });
+    let records = Arc::new(Records::new(state.join("runs")));
+    // A job's sandbox runs as another user, which must reach its job folder (and nothing else
+    // of the state): state/ and state/jobs/ are traversable but not listable.
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::create_dir_all(state.join("jobs"))?;
+        for dir in [&state, &state.join("jobs")] {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+        }
+    }
+    let summary = service::run(worker, queue, records, &options);
+    crate::output::print(&format!(
+        "The queue is empty: {} records written, {} retries.\n",
+        summary.records.load(std::sync::atomic::Ordering::Relaxed),
+        summary.retries.load(std::sync::atomic::Ordering::Relaxed)
+    ))?;
+    Ok(Exit::Success)
+}

@@ -1,0 +1,311 @@
+//! The worker's loop: `concurrency` slots, each a thread of its own (bubblewrap dies with the
+//! thread that started it, so a slot's thread lives as long as its jobs), each taking a job from
+//! the queue, keeping its lease alive while it runs, and settling it: a record and `finish` when it
+//! is over, `retry` for an infrastructure fault (the record only once no attempt is left). A record
+//! is written before the job is marked done, so a worker killed in between runs the job again and
+//! the second record is not written (records are written once).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use pickup::job::Job;
+
+use crate::pipeline::{Verdict, Worker, log};
+use crate::queue::{Lease, Queue, RetryDecision};
+use crate::record::{Outcome, Record, Records, reasons};
+
+/// How the loop runs.
+#[derive(Debug, Clone)]
+pub struct LoopOptions {
+    /// This worker's name in the queue (host and pid).
+    pub worker_id: String,
+    /// How long a lease lasts without renewal; it is renewed every third of that.
+    pub lease_for: Duration,
+    pub concurrency: u32,
+    /// Stop once the queue has nothing open (for `--until-empty` and tests); otherwise run until
+    /// killed.
+    pub until_empty: bool,
+    /// How long an idle slot waits before asking the queue again.
+    pub poll: Duration,
+    /// `PI_ON_FAILURE`.
+    pub on_failure: Option<PathBuf>,
+}
+
+/// What the loop did.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub records: AtomicUsize,
+    pub retries: AtomicUsize,
+}
+
+/// The queued job, when its payload is one (and for the id it was queued under).
+fn job_of(id: &str, payload: &str) -> Option<Job> {
+    serde_json::from_str::<Job>(payload)
+        .ok()
+        .filter(|j| j.id == id)
+}
+
+/// A job that holds only its id, for the record of a payload that is not a job.
+fn stub(id: &str) -> Job {
+    Job {
+        id: id.to_owned(),
+        trigger_index: None,
+        trigger_type: "unknown".to_owned(),
+        kind: "unknown".to_owned(),
+        flow: None,
+        command: None,
+        mcp: None,
+        secrets: Vec::new(),
+        provider: None,
+        model: None,
+        models: None,
+        max_cost_usd: None,
+        exclude_tools: Vec::new(),
+        image: None,
+        folder: None,
+        task: None,
+        secrets_profile: None,
+    }
+}
+
+/// Runs the loop; returns when `until_empty` and nothing is open.
+pub fn run(
+    worker: Arc<Worker>,
+    queue: Arc<dyn Queue>,
+    records: Arc<Records>,
+    options: &LoopOptions,
+) -> Arc<Summary> {
+    let summary = Arc::new(Summary::default());
+    let slots: Vec<_> = (0..options.concurrency.max(1))
+        .map(|slot| {
+            let (worker, queue, records, summary) = (
+                worker.clone(),
+                queue.clone(),
+                records.clone(),
+                summary.clone(),
+            );
+            let options = options.clone();
+            std::thread::spawn(move || {
+                let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                else {
+                    log("worker_slot_failed", serde_json::json!({"slot": slot}));
+                    return;
+                };
+                runtime.block_on(slot_loop(&worker, &*queue, &records, &options, &summary));
+            })
+        })
+        .collect();
+    for slot in slots {
+        let _ = slot.join();
+    }
+    summary
+}
+
+async fn slot_loop(
+    worker: &Worker,
+    queue: &dyn Queue,
+    records: &Records,
+    options: &LoopOptions,
+    summary: &Summary,
+) {
+    loop {
+        let now = SystemTime::now();
+        match queue.take_lost(now) {
+            Ok(lost) => {
+                for l in lost {
+                    let job = job_of(&l.job_id, &l.payload).unwrap_or_else(|| stub(&l.job_id));
+                    let mut record = Record::new(
+                        &job,
+                        Outcome::Failed,
+                        Some(reasons::WORKER_LOST),
+                        l.attempt,
+                        now_ms(),
+                    );
+                    record.budget_reserved = true;
+                    settle_record(records, &record, options, summary);
+                }
+            }
+            Err(e) => log("queue_error", serde_json::json!({"detail": e.to_string()})),
+        }
+        let lease = match queue.lease(&options.worker_id, options.lease_for, now) {
+            Ok(l) => l,
+            Err(e) => {
+                log("queue_error", serde_json::json!({"detail": e.to_string()}));
+                None
+            }
+        };
+        let Some(lease) = lease else {
+            if options.until_empty && nothing_open(queue) {
+                return;
+            }
+            tokio::time::sleep(options.poll).await;
+            continue;
+        };
+        run_one(worker, queue, records, options, summary, &lease).await;
+    }
+}
+
+fn nothing_open(queue: &dyn Queue) -> bool {
+    queue
+        .status(SystemTime::now(), 0)
+        .is_ok_and(|s| s.open.is_empty())
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+async fn run_one(
+    worker: &Worker,
+    queue: &dyn Queue,
+    records: &Records,
+    options: &LoopOptions,
+    summary: &Summary,
+    lease: &Lease,
+) {
+    let job = match job_of(&lease.job_id, &lease.payload) {
+        Some(job) => job,
+        None => {
+            let record = Record::new(
+                &stub(&lease.job_id),
+                Outcome::Policy,
+                Some(reasons::JOB_UNREADABLE),
+                lease.attempt,
+                now_ms(),
+            );
+            settle_record(records, &record, options, summary);
+            let _ = queue.finish(lease, SystemTime::now());
+            return;
+        }
+    };
+    // The lease is renewed while the job runs.
+    let renewing = async {
+        loop {
+            tokio::time::sleep(options.lease_for / 3).await;
+            match queue.renew(lease, options.lease_for, SystemTime::now()) {
+                Ok(true) => {}
+                Ok(false) => {
+                    log("lease_lost", serde_json::json!({"jobId": lease.job_id}));
+                    return;
+                }
+                Err(e) => log("queue_error", serde_json::json!({"detail": e.to_string()})),
+            }
+        }
+    };
+    let verdict = tokio::select! {
+        v = worker.process(&job, lease.attempt) => v,
+        () = renewing => std::future::pending().await,
+    };
+    let mut record = match verdict {
+        Verdict::Done(record) => record,
+        Verdict::Retry(record) => match queue.retry(lease, SystemTime::now()) {
+            Ok(RetryDecision::Requeued { .. }) => {
+                summary.retries.fetch_add(1, Ordering::Relaxed);
+                log(
+                    "job_retried",
+                    serde_json::json!({"jobId": job.id, "attempt": lease.attempt, "reason": record.reason}),
+                );
+                return;
+            }
+            Ok(RetryDecision::NotHeld) => return,
+            Ok(RetryDecision::Exhausted) => {
+                let mut r = record;
+                r.outcome = Outcome::Failed;
+                settle_record(records, &r, options, summary);
+                return;
+            }
+            Err(e) => {
+                log("queue_error", serde_json::json!({"detail": e.to_string()}));
+                return;
+            }
+        },
+    };
+    if let Ok(status) = queue.status(SystemTime::now(), 0) {
+        record.queued_at_ms = status
+            .open
+            .iter()
+            .find(|o| o.id == job.id)
+            .and_then(|o| o.queued_at.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .and_then(|d| u64::try_from(d.as_millis()).ok());
+    }
+    settle_record(records, &record, options, summary);
+    if let Err(e) = queue.finish(lease, SystemTime::now()) {
+        log("queue_error", serde_json::json!({"detail": e.to_string()}));
+    }
+}
+
+/// Writes the record (once) and, for a stop that cost something, runs `PI_ON_FAILURE`.
+fn settle_record(records: &Records, record: &Record, options: &LoopOptions, summary: &Summary) {
+    match records.write(record) {
+        Ok(true) => {
+            summary.records.fetch_add(1, Ordering::Relaxed);
+            log(
+                "job_recorded",
+                serde_json::json!({"jobId": record.job_id, "outcome": record.outcome.as_str(),
+                    "reason": record.reason, "attempt": record.attempt}),
+            );
+            if let Some(program) = &options.on_failure
+                && record.budget_reserved
+                && record.outcome != Outcome::Completed
+            {
+                on_failure(program, record);
+            }
+        }
+        Ok(false) => log(
+            "job_already_recorded",
+            serde_json::json!({"jobId": record.job_id}),
+        ),
+        Err(e) => log(
+            "record_failed",
+            serde_json::json!({"jobId": record.job_id, "detail": e.to_string()}),
+        ),
+    }
+}
+
+/// `PROGRAM JOB_ID OUTCOME REASON HOST`, with the worker's environment, its output discarded,
+/// at most 30 s.
+fn on_failure(program: &std::path::Path, record: &Record) {
+    let reason = record
+        .reason
+        .as_deref()
+        .filter(|r| {
+            r.len() <= 40
+                && r.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+        .unwrap_or(reasons::RUNNER_REASON_UNKNOWN);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let child = std::process::Command::new(program)
+        .args([&record.job_id, record.outcome.as_str(), reason, &host])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else {
+        log(
+            "on_failure_failed",
+            serde_json::json!({"jobId": record.job_id}),
+        );
+        return;
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => return,
+            Ok(None) if std::time::Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
