@@ -309,3 +309,53 @@ fn on_failure(program: &std::path::Path, record: &Record) {
         }
     }
 }
+
+/// Queues the jobs of cron triggers as they come due, reading `triggers.json` each tick, until the
+/// process ends. The first window starts now: firings missed while no worker ran are not made up.
+pub fn run_cron(settings: &config::settings::Settings, queue: &dyn Queue, tick: Duration) {
+    let mut from = chrono::Utc::now();
+    let mut refused_logged = false;
+    loop {
+        std::thread::sleep(tick);
+        let to = chrono::Utc::now();
+        let Ok(bytes) =
+            config::files::read_file(&settings.triggers_file, config::triggers::MAX_FILE_BYTES)
+        else {
+            continue;
+        };
+        let Ok(all) = config::triggers::parse_triggers(&bytes) else {
+            if !refused_logged {
+                log("cron_triggers_refused", serde_json::json!({}));
+                refused_logged = true;
+            }
+            continue;
+        };
+        refused_logged = false;
+        let (schedules, refused) = crate::cron::schedules(&all.triggers);
+        for (index, id) in refused {
+            log(
+                "cron_pattern_refused",
+                serde_json::json!({"triggerIndex": index, "id": id}),
+            );
+        }
+        for schedule in &schedules {
+            // At most one firing per tick and trigger: a clock jump does not queue a burst.
+            for at in schedule.firings(from, to, 1) {
+                let id = crate::cron::job_id(&schedule.id, at);
+                let job = Job::from_trigger(id.clone(), &schedule.trigger);
+                let Ok(payload) = serde_json::to_string(&job) else {
+                    continue;
+                };
+                match queue.enqueue(&id, &payload, SystemTime::now()) {
+                    Ok(true) => log(
+                        "cron_queued",
+                        serde_json::json!({"jobId": id, "triggerIndex": schedule.trigger.index}),
+                    ),
+                    Ok(false) => {}
+                    Err(e) => log("queue_error", serde_json::json!({"detail": e.to_string()})),
+                }
+            }
+        }
+        from = to;
+    }
+}

@@ -1,6 +1,7 @@
 //! `pi-dispatch run FOLDER --task TEXT [--flow F] [--mcp NAME,…] [--image NAME] [--force]`: queues
 //! a local job on the repository in FOLDER. The job works in the folder itself, so a git tree with
 //! uncommitted changes is refused unless `--force`. The worker (`pi-dispatch worker`) runs it.
+//! `pi-dispatch run --trigger N` queues now the job cron trigger N queues on its schedule.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -14,10 +15,14 @@ use crate::exit::Exit;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The repository folder the job works in.
-    folder: PathBuf,
+    #[arg(required_unless_present = "trigger")]
+    folder: Option<PathBuf>,
     /// What the agent is asked to do.
-    #[arg(long, value_name = "TEXT")]
-    task: String,
+    #[arg(long, value_name = "TEXT", required_unless_present = "trigger")]
+    task: Option<String>,
+    /// Queue the job of cron trigger N of triggers.json now (its folder, task, servers, secrets).
+    #[arg(long, value_name = "N", conflicts_with_all = ["folder", "task", "mcp", "image"])]
+    trigger: Option<usize>,
     /// The flow the job follows.
     #[arg(long, value_name = "NAME", default_value = "task")]
     flow: String,
@@ -63,9 +68,52 @@ fn dirty(folder: &Path) -> anyhow::Result<bool> {
     Ok(!out.stdout.is_empty())
 }
 
-pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+/// The job cron trigger `index` queues, with a fresh id.
+fn trigger_job(ctx: &Context, index: usize) -> anyhow::Result<Job> {
     let settings = ctx.settings()?;
-    let folder = ctx.absolute(&args.folder);
+    let bytes = config::files::read_file(&settings.triggers_file, config::triggers::MAX_FILE_BYTES)
+        .map_err(|e| anyhow::anyhow!("{} {e}", settings.triggers_file.display()))?;
+    let all = config::triggers::parse_triggers(&bytes)
+        .map_err(|e| anyhow::anyhow!("{} is refused: {e}", settings.triggers_file.display()))?;
+    let Some(trigger) = all.triggers.get(index) else {
+        anyhow::bail!("--trigger: triggers.json has no trigger {index}");
+    };
+    let config::triggers::On::Cron { id, .. } = &trigger.on else {
+        anyhow::bail!("--trigger: trigger {index} is not a cron trigger");
+    };
+    Ok(Job::from_trigger(
+        new_job_id(&format!("cron-{id}-now"))?,
+        trigger,
+    ))
+}
+
+fn enqueue(ctx: &Context, job: &Job) -> anyhow::Result<Exit> {
+    let queue = worker::queue::SqliteQueue::open(&queue_path(&ctx.dir))?;
+    queue.enqueue(&job.id, &serde_json::to_string(job)?, SystemTime::now())?;
+    crate::output::print(&format!(
+        "Queued {} (run pi-dispatch worker to run it; pi-dispatch runs show {} for its record).\n",
+        job.id, job.id
+    ))?;
+    Ok(Exit::Success)
+}
+
+pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    if let Some(index) = args.trigger {
+        let job = trigger_job(ctx, index)?;
+        let folder = PathBuf::from(job.folder.clone().unwrap_or_default());
+        if dirty(&folder)? && !args.force {
+            eprintln!(
+                "pi-dispatch: the trigger's folder has uncommitted changes, and the job would work among them; commit or stash them, or pass --force"
+            );
+            return Ok(Exit::CheckFailed);
+        }
+        return enqueue(ctx, &job);
+    }
+    let settings = ctx.settings()?;
+    let (Some(folder), Some(task)) = (&args.folder, &args.task) else {
+        anyhow::bail!("FOLDER and --task are needed (or --trigger N)");
+    };
+    let folder = ctx.absolute(folder);
     let folder = folder
         .canonicalize()
         .map_err(|e| anyhow::anyhow!("FOLDER cannot be used ({})", e.kind()))?;
@@ -75,7 +123,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let Some(folder_text) = folder.to_str().map(str::to_owned) else {
         anyhow::bail!("FOLDER's path must be UTF-8 text");
     };
-    if args.task.trim().is_empty() {
+    if task.trim().is_empty() {
         anyhow::bail!("--task must say what the agent is asked to do");
     }
     if dirty(&folder)? && !args.force {
@@ -100,14 +148,8 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         exclude_tools: Vec::new(),
         image: args.image.clone(),
         folder: Some(folder_text),
-        task: Some(args.task.clone()),
+        task: Some(task.clone()),
         secrets_profile: None,
     };
-    let queue = worker::queue::SqliteQueue::open(&queue_path(&ctx.dir))?;
-    queue.enqueue(&job.id, &serde_json::to_string(&job)?, SystemTime::now())?;
-    crate::output::print(&format!(
-        "Queued {} (run pi-dispatch worker to run it; pi-dispatch runs show {} for its record).\n",
-        job.id, job.id
-    ))?;
-    Ok(Exit::Success)
+    enqueue(ctx, &job)
 }

@@ -88,6 +88,10 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
         }
     }
+    if !args.until_empty {
+        let (settings, queue) = (worker.settings.clone(), queue.clone());
+        std::thread::spawn(move || service::run_cron(&settings, &*queue, Duration::from_secs(1)));
+    }
     let summary = service::run(worker, queue, records, &options);
     crate::output::print(&format!(
         "The queue is empty: {} records written, {} retries.\n",

@@ -1,0 +1,115 @@
+//! Cron triggers: which of them are due between two instants, and the id of the job each firing
+//! queues. Times are UTC. A firing's job id is the trigger's `id` and the firing's time, so every
+//! worker (or host) sharing a queue queues it once: the queue keeps ids unique. Firings missed
+//! while no worker ran are not made up.
+
+use chrono::{DateTime, Utc};
+use config::triggers::{On, Trigger};
+use croner::Cron;
+use croner::parser::{CronParser, Seconds};
+
+/// A cron trigger, parsed.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    pub trigger: Trigger,
+    pub id: String,
+    cron: Cron,
+}
+
+/// The cron triggers of a triggers file, each with its schedule; a pattern the cron parser
+/// refuses is left out and named in the second list (by trigger index and id).
+pub fn schedules(triggers: &[Trigger]) -> (Vec<Schedule>, Vec<(usize, String)>) {
+    let parser = CronParser::builder().seconds(Seconds::Optional).build();
+    let mut ok = Vec::new();
+    let mut refused = Vec::new();
+    for t in triggers {
+        if let On::Cron { id, pattern } = &t.on {
+            match parser.parse(pattern) {
+                Ok(cron) => ok.push(Schedule {
+                    trigger: t.clone(),
+                    id: id.clone(),
+                    cron,
+                }),
+                Err(_) => refused.push((t.index, id.clone())),
+            }
+        }
+    }
+    (ok, refused)
+}
+
+impl Schedule {
+    /// Every firing after `from` (exclusive) up to `to` (inclusive), at most `limit`.
+    pub fn firings(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        limit: usize,
+    ) -> Vec<DateTime<Utc>> {
+        let mut out = Vec::new();
+        let mut at = from;
+        while out.len() < limit {
+            match self.cron.find_next_occurrence(&at, false) {
+                Ok(next) if next <= to => {
+                    out.push(next);
+                    at = next;
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+}
+
+/// The id of the job a firing queues.
+pub fn job_id(trigger_id: &str, at: DateTime<Utc>) -> String {
+    format!("cron-{trigger_id}-{}", at.timestamp())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn triggers(pattern: &str) -> Vec<Trigger> {
+        let text = format!(
+            r#"{{"triggers": [{{"on": {{"type": "cron", "id": "nightly", "pattern": "{pattern}"}},
+               "run": {{"kind": "local", "folder": "/srv/repo", "task": "Tidy up", "flow": "task"}}}}]}}"#
+        );
+        config::triggers::parse_triggers(text.as_bytes())
+            .unwrap()
+            .triggers
+    }
+
+    fn at(text: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(text)
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    #[test]
+    fn firings_between_two_instants_each_once() {
+        let (s, refused) = schedules(&triggers("*/15 * * * *"));
+        assert!(refused.is_empty());
+        let f = s[0].firings(at("2026-11-30T10:00:00Z"), at("2026-11-30T10:45:00Z"), 10);
+        assert_eq!(
+            f,
+            [
+                at("2026-11-30T10:15:00Z"),
+                at("2026-11-30T10:30:00Z"),
+                at("2026-11-30T10:45:00Z")
+            ]
+        );
+        // The next window starts where this one ended: 10:45 is not fired again.
+        let next = s[0].firings(at("2026-11-30T10:45:00Z"), at("2026-11-30T10:50:00Z"), 10);
+        assert!(next.is_empty());
+        assert_eq!(job_id("nightly", f[0]), "cron-nightly-1796033700");
+        let capped = s[0].firings(at("2026-11-30T00:00:00Z"), at("2026-11-30T23:59:00Z"), 3);
+        assert_eq!(capped.len(), 3);
+    }
+
+    #[test]
+    fn a_pattern_the_parser_refuses_is_named() {
+        let (s, refused) = schedules(&triggers("61 * * * *"));
+        assert!(s.is_empty());
+        assert_eq!(refused, [(0, "nightly".to_owned())]);
+    }
+}
