@@ -12,3 +12,4 @@ mod job;
 mod job_signals;
 mod mcp_check;
 mod triggers_check;
+mod worker;
