@@ -488,3 +488,44 @@ fn a_worker_killed_mid_job_runs_it_again_once_and_leaves_one_record() {
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(s.model.requests().len(), 2);
 }
+
+#[test]
+fn a_cron_trigger_queues_its_job_on_schedule_while_the_worker_runs() {
+    let s = Service::new(
+        vec![Step::text("done"), Step::text("done"), Step::text("done")],
+        |_| json!({"direct": stdio(Some("direct"))}),
+        "",
+    );
+    // Every second (a six-field pattern starts with the seconds).
+    let triggers = json!({"triggers": [{
+        "on": {"type": "cron", "id": "often", "pattern": "* * * * * *"},
+        "run": {"kind": "local", "folder": s.repo.to_str().unwrap(), "task": "Tidy up.",
+                "flow": "task", "mcp": ["direct"]}
+    }]});
+    s.d.write("triggers.json", &triggers.to_string());
+    s.seal();
+    let mut cmd = s.d.command(&["worker", "--poll-ms", "100"]);
+    cmd.env("FAKE_API_KEY", MODEL_KEY)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut worker = cmd.spawn().unwrap();
+    let runs = s.d.path().join("state/runs");
+    let until = Instant::now() + Duration::from_secs(60);
+    let first = loop {
+        let found: Vec<PathBuf> = std::fs::read_dir(&runs)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        if let Some(first) = found.into_iter().find(|p| p.extension().is_some_and(|e| e == "json")) {
+            break first;
+        }
+        assert!(Instant::now() < until, "no cron job was recorded");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    let record: Value = serde_json::from_str(&std::fs::read_to_string(&first).unwrap()).unwrap();
+    assert_eq!(record["triggerType"], "cron");
+    assert_eq!(record["triggerIndex"], 0);
+    assert_eq!(record["outcome"], "completed", "{record:#}");
+    assert!(record["jobId"].as_str().unwrap().starts_with("cron-often-"));
+}
