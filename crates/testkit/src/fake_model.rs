@@ -79,7 +79,12 @@ pub const MODEL: &str = "fake-model";
 
 impl FakeModel {
     pub fn start(script: Vec<Step>) -> FakeModel {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        FakeModel::start_on(0, script)
+    }
+
+    /// Listens on `port` of 127.0.0.1 (0: any free port).
+    pub fn start_on(port: u16, script: Vec<Step>) -> FakeModel {
+        let listener = TcpListener::bind(("127.0.0.1", port)).expect("the port is free");
         let port = listener.local_addr().unwrap().port();
         let requests = Arc::new(Mutex::new(Vec::new()));
         let seen = requests.clone();
