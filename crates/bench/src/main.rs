@@ -22,8 +22,12 @@
 //! `node_modules` (see [`mcp_hub`]): the latency the hub adds to a tool call, the time to ready of 8
 //! servers against the official TypeScript SDK client, and the runner's memory with 8 servers
 //! served.
+//!
+//! With `--queue` it also measures the worker's job queue (see [`queue`]): 1,000 jobs enqueued, then
+//! drained by worker threads, each finished exactly once.
 
 mod mcp_hub;
+mod queue;
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -86,6 +90,15 @@ struct Args {
     /// the workspace]
     #[arg(long, value_name = "DIR")]
     node_modules: Option<PathBuf>,
+    /// Also measure the worker's job queue: enqueue jobs, then drain them with worker threads.
+    #[arg(long)]
+    queue: bool,
+    /// Jobs the queue measurement enqueues and drains.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    queue_jobs: u32,
+    /// Worker threads draining the queue, each with its own handle on the file.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    queue_workers: u32,
     /// Internal: run the binary on the overlay in DIR and print the process figures as JSON.
     #[arg(long, value_name = "DIR", hide = true)]
     process_runner: Option<PathBuf>,
@@ -183,6 +196,15 @@ fn run(args: &Args) -> anyhow::Result<()> {
         None
     };
 
+    let queue = if args.queue {
+        Some(queue::measure(
+            &queue_jobs(args.queue_jobs)?,
+            args.queue_workers,
+        )?)
+    } else {
+        None
+    };
+
     let process = Summary::of(figures.ms);
     let parse = Summary::of(parse_us);
     let within_goal = process.median < GOAL_MS;
@@ -222,6 +244,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         if let (Some(hub), Some(object)) = (&hub, report.as_object_mut()) {
             object.insert("hub".to_owned(), hub.json());
         }
+        if let (Some(queue), Some(object)) = (&queue, report.as_object_mut()) {
+            object.insert("queue".to_owned(), queue.json());
+        }
         println!("{report}");
     } else {
         println!(
@@ -260,6 +285,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         );
         if let Some(hub) = &hub {
             hub.print();
+        }
+        if let Some(queue) = &queue {
+            queue.print();
         }
     }
     Ok(())
@@ -621,6 +649,22 @@ fn time_pickup(iterations: u32) -> anyhow::Result<Vec<f64>> {
         us.push(elapsed.as_secs_f64() * 1e6);
     }
     Ok(us)
+}
+
+/// `n` jobs for the queue measurement: the pickup fixture's job under ids of their own, serialized
+/// as the worker stores them.
+fn queue_jobs(n: u32) -> anyhow::Result<Vec<(String, String)>> {
+    let job = PickupFixture::new()?.job;
+    (0..n)
+        .map(|i| {
+            let id = format!("bench-job-{i}");
+            let payload = serde_json::to_string(&Job {
+                id: id.clone(),
+                ..job.clone()
+            })?;
+            Ok((id, payload))
+        })
+        .collect()
 }
 
 /// Deployment files held in memory. Each call hands out a copy of the bytes, as a reader of the

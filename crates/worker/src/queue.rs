@@ -581,6 +581,7 @@ impl Queue for SqliteQueue {
                             worker: row.get::<_, Option<String>>(5)?.unwrap_or_default(),
                             until: time(row.get(6)?),
                         },
+                        // Done rows are not selected.
                         Stored::Lost | Stored::Done => OpenState::Lost,
                     };
                     Ok(OpenJob {

@@ -1,0 +1,139 @@
+//! The worker's job queue (`--queue`): jobs enqueued one by one into a fresh SQLite queue, then
+//! drained by worker threads, each with its own handle on the file, leasing and finishing with a
+//! runner that does nothing. Every job must be finished exactly once, or the bench fails.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context as _, ensure};
+use serde_json::{Value, json};
+use worker::queue::{Queue as _, SqliteQueue};
+
+/// Long enough that no lease lapses during the drain.
+const LEASE: Duration = Duration::from_secs(600);
+
+pub struct QueueFigures {
+    jobs: usize,
+    payload_bytes: usize,
+    enqueue: Duration,
+    drain: Duration,
+    /// Jobs each worker finished.
+    per_worker: Vec<usize>,
+}
+
+/// Enqueues `jobs` (id, payload) in order, then drains them with `workers` threads.
+pub fn measure(jobs: &[(String, String)], workers: u32) -> anyhow::Result<QueueFigures> {
+    let dir = tempfile::tempdir().context("cannot make a temporary folder")?;
+    let path = dir.path().join("state/queue.sqlite3");
+    let queue = SqliteQueue::open(&path)?;
+    let start = Instant::now();
+    for (id, payload) in jobs {
+        ensure!(
+            queue.enqueue(id, payload, SystemTime::now())?,
+            "job {id} was not added"
+        );
+    }
+    let enqueue = start.elapsed();
+
+    let handles = (0..workers)
+        .map(|_| SqliteQueue::open(&path))
+        .collect::<Result<Vec<_>, _>>()?;
+    let start = Instant::now();
+    let finished = std::thread::scope(|scope| {
+        let threads: Vec<_> = handles
+            .into_iter()
+            .enumerate()
+            .map(|(w, queue)| scope.spawn(move || drain(&queue, &format!("bench-{w}"))))
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a worker panicked")))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+    })?;
+    let drain = start.elapsed();
+
+    let mut times: HashMap<&str, usize> = HashMap::new();
+    for id in finished.iter().flatten() {
+        *times.entry(id).or_default() += 1;
+    }
+    let missing = jobs
+        .iter()
+        .filter(|(id, _)| !times.contains_key(&**id))
+        .count();
+    let twice = times.values().filter(|&&n| n > 1).count();
+    ensure!(
+        missing == 0 && twice == 0 && times.len() == jobs.len(),
+        "the drain lost {missing} jobs, finished {twice} more than once, and finished {} distinct \
+         jobs of {}",
+        times.len(),
+        jobs.len()
+    );
+    let status = queue.status(SystemTime::now(), 0)?;
+    ensure!(
+        status.open.is_empty() && status.counts.done == jobs.len(),
+        "the queue holds {} open jobs and {} done after the drain",
+        status.open.len(),
+        status.counts.done
+    );
+    Ok(QueueFigures {
+        jobs: jobs.len(),
+        payload_bytes: jobs.first().map_or(0, |(_, p)| p.len()),
+        enqueue,
+        drain,
+        per_worker: finished.iter().map(Vec::len).collect(),
+    })
+}
+
+/// One worker: lease, run nothing, finish, until the queue is empty.
+fn drain(queue: &SqliteQueue, name: &str) -> anyhow::Result<Vec<String>> {
+    let mut finished = Vec::new();
+    while let Some(lease) = queue.lease(name, LEASE, SystemTime::now())? {
+        black_box(&lease.payload);
+        ensure!(
+            queue.finish(&lease, SystemTime::now())?,
+            "{name} lost its lease on {}",
+            lease.job_id
+        );
+        finished.push(lease.job_id);
+    }
+    Ok(finished)
+}
+
+impl QueueFigures {
+    fn rate(&self, d: Duration) -> f64 {
+        self.jobs as f64 / d.as_secs_f64()
+    }
+
+    pub fn json(&self) -> Value {
+        json!({
+            "jobs": self.jobs,
+            "workers": self.per_worker.len(),
+            "payload_bytes": self.payload_bytes,
+            "enqueue_ms": (self.enqueue.as_secs_f64() * 1e3).round(),
+            "enqueue_jobs_per_s": self.rate(self.enqueue).round(),
+            "drain_ms": (self.drain.as_secs_f64() * 1e3).round(),
+            "drain_jobs_per_s": self.rate(self.drain).round(),
+            "per_worker": self.per_worker,
+            "each_finished_once": true,
+        })
+    }
+
+    pub fn print(&self) {
+        println!(
+            "queue: {} jobs of {} bytes enqueued in {:.0} ms ({:.0} jobs/s); drained by {} workers \
+             (lease, no-op, finish) in {:.0} ms ({:.0} jobs/s; per worker {:?}); each finished once",
+            self.jobs,
+            self.payload_bytes,
+            self.enqueue.as_secs_f64() * 1e3,
+            self.rate(self.enqueue),
+            self.per_worker.len(),
+            self.drain.as_secs_f64() * 1e3,
+            self.rate(self.drain),
+            self.per_worker,
+        );
+    }
+}
