@@ -411,13 +411,21 @@ impl Drop for ProcessGroup {
         if killpg(Pid::from_raw(self.0), Signal::SIGKILL).is_err() {
             return;
         }
-        // Dropped inside a runtime (a future cancelled, a panic unwinding): the kill is sent and a
-        // worker thread is not held up. Outside one, wait as `end` does.
-        if tokio::runtime::Handle::try_current().is_err() {
+        // Dropped with its connection (a connection given up on, a panic unwinding): wait as
+        // `end` does, so that whoever dropped it can say it is gone. On a multi-thread runtime the
+        // wait is handed off with `block_in_place`, so the worker's other tasks go on elsewhere; a
+        // current-thread runtime cannot do that, and there the kill is sent without the wait.
+        let pgid = self.0;
+        let wait = move || {
             let deadline = std::time::Instant::now() + GROUP_GONE_WAIT;
-            while live_members(self.0) > 0 && std::time::Instant::now() < deadline {
+            while live_members(pgid) > 0 && std::time::Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(2));
             }
+        };
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Err(_) => wait(),
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+            Ok(_) => {}
         }
     }
 }

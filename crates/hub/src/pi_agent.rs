@@ -265,7 +265,18 @@ mod tests {
     #[test]
     fn the_extension_has_every_constant_filled_in() {
         let js = guard_js(&folder(), Path::new("/opt/pi"), false);
-        assert!(!js.contains("__"), "a placeholder is left:\n{js}");
+        for placeholder in [
+            "__MCP_MODULE__",
+            "__CODEMODE_MODULE__",
+            "__SELF_PATH__",
+            "__REPORT_PATH__",
+            "__CODEMODE_MODELS__",
+        ] {
+            assert!(
+                GUARD_TEMPLATE.contains(placeholder) && !js.contains(placeholder),
+                "{placeholder}"
+            );
+        }
         assert!(js.contains(r#"from "/opt/pi/dist/extensions/mcp/index.js""#));
         assert!(js.contains(r#"const SELF = "/home/job/.pi-dispatch/agent/pi-dispatch/mcp.js""#));
         assert!(js.contains("const CODEMODE_MODELS = false;"));

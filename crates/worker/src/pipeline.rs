@@ -367,6 +367,11 @@ impl Worker {
             }
         };
         let host_user = match folder_owner(workspace) {
+            // A job of a root worker runs as its folder's owner; never as root, whose files its
+            // sandbox's user would then own.
+            Ok((0, _)) if rustix::process::geteuid().is_root() => {
+                return refused(job, reasons::WORKSPACE_OWNED_BY_ROOT, attempt);
+            }
             Ok(owner) => owner,
             Err(_) => return refused(job, reasons::WORKSPACE_MISSING, attempt),
         };

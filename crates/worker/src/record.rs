@@ -62,6 +62,9 @@ pub mod reasons {
     pub const JOB_IMAGE_MISSING: &str = "job-image-missing";
     /// A local job's folder is gone.
     pub const WORKSPACE_MISSING: &str = "workspace-missing";
+    /// A local job's folder belongs to root, and the worker runs as root: the job would run as
+    /// root's mapping. Give the folder to the user the job should run as.
+    pub const WORKSPACE_OWNED_BY_ROOT: &str = "workspace-owned-by-root";
     /// The job's environment could not be built from its parts (a name or value no environment
     /// can carry).
     pub const ENVIRONMENT_REFUSED: &str = "environment-refused";
@@ -70,7 +73,7 @@ pub mod reasons {
     /// The resolver could not answer this time.
     pub const SECRET_RESOLVER_FAILED: &str = "secret-resolver-failed";
 
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 18] = [
         AGENT_FAILED,
         TERMINATED,
         TIME_LIMIT,
@@ -85,6 +88,7 @@ pub mod reasons {
         JOB_FOLDER_FAILED,
         JOB_IMAGE_MISSING,
         WORKSPACE_MISSING,
+        WORKSPACE_OWNED_BY_ROOT,
         ENVIRONMENT_REFUSED,
         SECRET_RESOLVER_MISSING,
         SECRET_RESOLVER_FAILED,

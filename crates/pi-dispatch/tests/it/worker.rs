@@ -171,6 +171,8 @@ fn a_job_runs_in_its_sandbox_and_pi_calls_mcp_tools_by_every_route() {
                 "codemode",
                 json!({"code": "const r = await tools.mcp__scripted__echo({message: 'from a script'}); return r.content[0].text;"}),
             ),
+            // A pi the job starts itself gets --no-mcp.
+            Step::call("bash", json!({"command": "cat \"$(command -v pi)\""})),
             Step::text("done"),
         ],
         |http| {
@@ -207,7 +209,7 @@ fn a_job_runs_in_its_sandbox_and_pi_calls_mcp_tools_by_every_route() {
     assert_eq!(record["exitCode"], 0);
     assert_eq!(record["budgetReserved"], true);
     assert_eq!(record["attempt"], 1);
-    assert_eq!(record["turns"], 5);
+    assert_eq!(record["turns"], 6);
     assert_eq!(record["provider"], "fake");
     assert!(
         results[1].contains("Echo: by a direct tool"),
@@ -218,6 +220,7 @@ fn a_job_runs_in_its_sandbox_and_pi_calls_mcp_tools_by_every_route() {
         "{results:#?}"
     );
     assert!(results[4].contains("Echo: from a script"), "{results:#?}");
+    assert!(results[5].contains("--no-mcp"), "{results:#?}");
     assert_eq!(calls(&record, "direct", "echo"), 1, "{record:#}");
     assert_eq!(calls(&record, "web", "get-sum"), 1, "{record:#}");
     assert_eq!(calls(&record, "scripted", "echo"), 1, "{record:#}");
@@ -515,7 +518,10 @@ fn a_cron_trigger_queues_its_job_on_schedule_while_the_worker_runs() {
         let found: Vec<PathBuf> = std::fs::read_dir(&runs)
             .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
             .unwrap_or_default();
-        if let Some(first) = found.into_iter().find(|p| p.extension().is_some_and(|e| e == "json")) {
+        if let Some(first) = found
+            .into_iter()
+            .find(|p| p.extension().is_some_and(|e| e == "json"))
+        {
             break first;
         }
         assert!(Instant::now() < until, "no cron job was recorded");
@@ -528,4 +534,131 @@ fn a_cron_trigger_queues_its_job_on_schedule_while_the_worker_runs() {
     assert_eq!(record["triggerIndex"], 0);
     assert_eq!(record["outcome"], "completed", "{record:#}");
     assert!(record["jobId"].as_str().unwrap().starts_with("cron-often-"));
+}
+
+#[test]
+fn a_folder_owned_by_root_is_refused_before_a_sandbox() {
+    let s = Service::new(
+        vec![Step::text("done")],
+        |_| json!({"direct": stdio(None)}),
+        "",
+    );
+    // Not handed to the job's user: the worker (root here) would run the job as root's mapping.
+    let run = s.d.run(&[
+        "run",
+        s.repo.to_str().unwrap(),
+        "--task",
+        "Anything.",
+        "--mcp",
+        "direct",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = run.stdout.split_whitespace().nth(1).unwrap().to_owned();
+    let worked = s.work();
+    let record = s.record(&id);
+    if rustix::process::geteuid().is_root() {
+        assert_eq!(record["reason"], "workspace-owned-by-root", "{record:#}");
+        assert_eq!(record["outcome"], "policy");
+        assert_eq!(record["budgetReserved"], false);
+        assert!(!worked.stderr.contains("job_started"), "{}", worked.stderr);
+    } else {
+        // A worker that is not root runs the job as itself.
+        assert_eq!(record["outcome"], "completed", "{record:#}");
+    }
+}
+
+#[test]
+fn what_the_worker_refuses_or_stops_before_and_after_a_sandbox() {
+    // With egress on (the default) a job is refused before anything starts: the proxy is missing.
+    let s = Service::new(
+        vec![Step::call("bash", json!({"command": "sleep 30"}))],
+        |_| json!({"direct": stdio(None)}),
+        "PI_ON_FAILURE=page.sh\n",
+    );
+    let paged = s.d.path().join("paged.txt");
+    let page = s.d.write(
+        "page.sh",
+        &format!("#!/bin/sh\necho \"$@\" >> {}\n", paged.display()),
+    );
+    chmod(&page, 0o755);
+    let id = s.queue("Anything.", "direct");
+    let env = std::fs::read_to_string(s.d.path().join(".env")).unwrap();
+    s.d.write(".env", &env.replace("PI_EGRESS=0\n", ""));
+    s.work();
+    let record = s.record(&id);
+    assert_eq!(record["reason"], "egress-proxy-missing", "{record:#}");
+    assert_eq!(record["budgetReserved"], false);
+    // A refusal that spent nothing pages nobody.
+    assert!(!paged.exists(), "PI_ON_FAILURE ran for a refusal");
+
+    // A job past its time limit is killed with everything it started, recorded, and paged.
+    s.d.write(".env", &env);
+    let git = std::process::Command::new("git")
+        .args(["-c", "safe.directory=*", "-C"])
+        .arg(&s.repo)
+        .args(["status", "--porcelain"])
+        .output()
+        .unwrap();
+    assert!(git.stdout.is_empty());
+    let run = s.d.run(&[
+        "run",
+        s.repo.to_str().unwrap(),
+        "--task",
+        "Sleep.",
+        "--mcp",
+        "direct",
+    ]);
+    let id = run.stdout.split_whitespace().nth(1).unwrap().to_owned();
+    let worked = Run::from(s.worker_command(&["--time-limit", "3"]).output().unwrap());
+    assert_eq!(worked.code, 0, "{}", worked.stderr);
+    let record = s.record(&id);
+    assert_eq!(record["outcome"], "failed", "{record:#}");
+    assert_eq!(record["reason"], "time-limit");
+    assert_eq!(record["budgetReserved"], true);
+    assert_eq!(processes_with(&id, 0), vec![]);
+    let paged = std::fs::read_to_string(paged).unwrap();
+    assert!(
+        paged.starts_with(&format!("{id} failed time-limit ")),
+        "{paged}"
+    );
+
+    // The queue says what it did.
+    let status = s.d.run(&["status"]);
+    assert!(
+        status.stdout.contains("0 queued") && status.stdout.contains(&id),
+        "{}",
+        status.stdout
+    );
+}
+
+#[test]
+fn run_refuses_a_dirty_tree_unless_forced() {
+    let s = Service::new(
+        vec![Step::text("done")],
+        |_| json!({"direct": stdio(None)}),
+        "",
+    );
+    std::fs::write(s.repo.join("work-in-progress.txt"), "mine\n").unwrap();
+    let repo = s.repo.to_str().unwrap();
+    let refused = s.d.run(&["run", repo, "--task", "Anything."]);
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("uncommitted changes"),
+        "{}",
+        refused.stderr
+    );
+    let forced = s.d.run(&["run", repo, "--task", "Anything.", "--force"]);
+    assert_eq!(forced.code, 0, "{}", forced.stderr);
+    let not_git = s.d.run(&[
+        "run",
+        s.d.path().join("pi-global").to_str().unwrap(),
+        "--task",
+        "x",
+    ]);
+    assert_eq!(not_git.code, 2, "{}", not_git.stderr);
+    assert!(
+        not_git.stderr.contains("not a git work tree"),
+        "{}",
+        not_git.stderr
+    );
 }

@@ -13,16 +13,22 @@ fn main() {
         args.iter()
             .position(|a| a == flag)
             .and_then(|i| args.get(i + 1))
-            .unwrap_or_else(|| panic!("usage: fake-model --port N --script FILE ({flag} is missing)"))
+            .unwrap_or_else(|| {
+                panic!("usage: fake-model --port N --script FILE ({flag} is missing)")
+            })
             .clone()
     };
     let port: u16 = value("--port").parse().expect("--port is a port number");
     let text = std::fs::read_to_string(value("--script")).expect("the script file can be read");
-    let steps: Vec<serde_json::Value> = serde_json::from_str(&text).expect("the script is a JSON list");
+    let steps: Vec<serde_json::Value> =
+        serde_json::from_str(&text).expect("the script is a JSON list");
     let script = steps
         .iter()
         .map(|s| match (s.get("call"), s.get("text")) {
-            (Some(name), _) => Step::call(name.as_str().expect("call is a tool name"), s["args"].clone()),
+            (Some(name), _) => Step::call(
+                name.as_str().expect("call is a tool name"),
+                s["args"].clone(),
+            ),
             (None, Some(t)) => Step::text(t.as_str().expect("text is text")),
             _ => panic!("each step is {{\"call\": ..., \"args\": ...}} or {{\"text\": ...}}"),
         })
