@@ -25,9 +25,13 @@
 //!
 //! With `--queue` it also measures the worker's job queue (see [`queue`]): 1,000 jobs enqueued, then
 //! drained by worker threads, each finished exactly once.
+//!
+//! With `--sandbox` it also measures what the job's sandbox adds to a process's start (see
+//! [`sandbox_start`]): `/bin/true`, and Node's `-e 0`, bare and through bubblewrap.
 
 mod mcp_hub;
 mod queue;
+mod sandbox_start;
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -99,6 +103,15 @@ struct Args {
     /// Worker threads draining the queue, each with its own handle on the file.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     queue_workers: u32,
+    /// Also measure the sandbox's start: `/bin/true` and `node -e 0`, bare and in bubblewrap.
+    #[arg(long)]
+    sandbox: bool,
+    /// Timed runs of each program, bare and sandboxed each (after the warm-up).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    sandbox_runs: u32,
+    /// Untimed runs of each kind before the timed ones.
+    #[arg(long, default_value_t = 5)]
+    sandbox_warm_up: u32,
     /// Internal: run the binary on the overlay in DIR and print the process figures as JSON.
     #[arg(long, value_name = "DIR", hide = true)]
     process_runner: Option<PathBuf>,
@@ -187,7 +200,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
 
     let hub = if args.hub {
         Some(mcp_hub::measure(&mcp_hub::Options {
-            node_modules,
+            node_modules: node_modules.clone(),
             calls: args.hub_calls,
             warm_up: args.hub_warm_up,
             ready_runs: args.hub_ready_runs,
@@ -201,6 +214,16 @@ fn run(args: &Args) -> anyhow::Result<()> {
             &queue_jobs(args.queue_jobs)?,
             args.queue_workers,
         )?)
+    } else {
+        None
+    };
+
+    let sandbox = if args.sandbox {
+        Some(sandbox_start::measure(&sandbox_start::Options {
+            runs: args.sandbox_runs,
+            warm_up: args.sandbox_warm_up,
+            node_modules,
+        })?)
     } else {
         None
     };
@@ -247,6 +270,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         if let (Some(queue), Some(object)) = (&queue, report.as_object_mut()) {
             object.insert("queue".to_owned(), queue.json());
         }
+        if let (Some(sandbox), Some(object)) = (&sandbox, report.as_object_mut()) {
+            object.insert("sandbox".to_owned(), sandbox.json());
+        }
         println!("{report}");
     } else {
         println!(
@@ -288,6 +314,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         }
         if let Some(queue) = &queue {
             queue.print();
+        }
+        if let Some(sandbox) = &sandbox {
+            sandbox.print();
         }
     }
     Ok(())

@@ -117,7 +117,7 @@ fn path_str(path: &Path) -> anyhow::Result<&str> {
         .with_context(|| format!("{} is not UTF-8", path.display()))
 }
 
-/// One side's latencies, µs.
+/// One side's latencies: µs here, ms in the sandbox measurement.
 pub struct Latency {
     pub p50: f64,
     pub p99: f64,
@@ -125,7 +125,7 @@ pub struct Latency {
 }
 
 impl Latency {
-    fn of(mut us: Vec<f64>) -> Latency {
+    pub(crate) fn of(mut us: Vec<f64>) -> Latency {
         us.sort_by(f64::total_cmp);
         Latency {
             p50: percentile(&us, 50),

