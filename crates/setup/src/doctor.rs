@@ -97,7 +97,18 @@ pub struct Inputs {
     pub models_refused: bool,
     pub allowlist: Read<Allowlist>,
     pub endpoints: Read<ModelEndpoints>,
+    /// Whether bubblewrap, the embedded backend's sandbox, is installed.
+    pub bwrap: bool,
+    /// The default job image: whether its runner is there, and the pi version its labels give.
+    pub image_runner: bool,
+    pub image_pi_version: Option<String>,
+    /// Whether this version has an egress proxy for jobs (not yet: the worker refuses jobs with
+    /// egress on).
+    pub egress_proxy: bool,
 }
+
+/// Where the embedded backend expects bubblewrap.
+pub const BWRAP: &str = "/usr/bin/bwrap";
 
 /// Reads what the checks need. Never follows a link.
 pub fn gather(settings: Settings) -> Inputs {
@@ -133,7 +144,24 @@ pub fn gather(settings: Settings) -> Inputs {
         let text = std::str::from_utf8(b).map_err(|_| "it is not UTF-8 text".to_owned())?;
         endpoints::parse_model_endpoints(text).map_err(|e| e.to_string())
     });
+    let image_name = settings
+        .job_image
+        .clone()
+        .unwrap_or_else(|| config::settings::DEFAULT_JOB_IMAGE.to_owned());
+    let image = settings.dir.join("images").join(&image_name);
+    let image_pi_version = std::fs::read(image.join("image.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| {
+            v["labels"]["dev.pi-dispatch.pi-version"]
+                .as_str()
+                .map(str::to_owned)
+        });
     Inputs {
+        bwrap: is_executable(Path::new(BWRAP)),
+        image_runner: is_executable(&image.join(crate::image::RUNNER)),
+        image_pi_version,
+        egress_proxy: false,
         auth_json: present("auth.json"),
         mcp_auth_json: present("mcp-auth.json"),
         settings,
@@ -144,6 +172,11 @@ pub fn gather(settings: Settings) -> Inputs {
         allowlist,
         endpoints,
     }
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 fn read<T>(path: &Path, mut parse: impl FnMut(&[u8]) -> Result<T, String>) -> Read<T> {
@@ -238,7 +271,43 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
     mcp_checks(inputs, &mut out);
     models_check(inputs, &mut out);
     egress_checks(inputs, proof, &mut out);
+    runtime_checks(inputs, &mut out);
     out
+}
+
+/// What running jobs on this machine needs: bubblewrap, the job image, and (until the egress
+/// proxy exists) egress off.
+fn runtime_checks(inputs: &Inputs, out: &mut Vec<Check>) {
+    let s = &inputs.settings;
+    out.push(if inputs.bwrap {
+        Check::ok(format!("bubblewrap: {BWRAP}"))
+    } else {
+        Check::fail(
+            format!("bubblewrap is not installed ({BWRAP}): no job can start"),
+            "install Debian's bubblewrap package (scripts/install does)",
+        )
+    });
+    let image = s
+        .job_image
+        .as_deref()
+        .unwrap_or(config::settings::DEFAULT_JOB_IMAGE);
+    out.push(match (inputs.image_runner, &inputs.image_pi_version) {
+        (true, Some(v)) => Check::ok(format!("job image {image}: pi {v}")),
+        (true, None) => Check::warn(
+            format!("job image {image} has no pi version in its image.json"),
+            format!("rebuild it: `pi-dispatch image install {image}`"),
+        ),
+        (false, _) => Check::warn(
+            format!("job image {image} is not installed: jobs that use it are refused"),
+            format!("`pi-dispatch image install {image}`"),
+        ),
+    });
+    if s.egress && !inputs.egress_proxy {
+        out.push(Check::warn(
+            "egress is on and the egress proxy is not built yet: every job is refused (egress-proxy-missing)",
+            "set PI_EGRESS=0 in .env to run jobs on the host's network until the proxy exists",
+        ));
+    }
 }
 
 fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
@@ -383,7 +452,7 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
     if !s.egress {
         out.push(Check::warn(
             "egress policy off (PI_EGRESS=0): jobs can reach any host",
-            "set PI_EGRESS=1 (or leave it empty) so that jobs reach only the allowlisted hosts and declared endpoints",
+            "once this version has its egress proxy, set PI_EGRESS=1 (or leave it empty) so that jobs reach only the allowlisted hosts and declared endpoints",
         ));
         return;
     }

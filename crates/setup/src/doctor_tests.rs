@@ -59,7 +59,59 @@ fn healthy() -> Inputs {
         allowlist: allowlist("# hosts\ndocs.example.com\n"),
         endpoints: endpoints(""),
         models_refused: false,
+        bwrap: true,
+        image_runner: true,
+        image_pi_version: Some("1.6.0".into()),
+        egress_proxy: true,
     }
+}
+
+#[test]
+fn what_running_jobs_needs_is_checked() {
+    let ok = run(&healthy(), &Proving::default());
+    let labels: Vec<&str> = ok.iter().map(|c| c.label.as_str()).collect();
+    assert!(
+        labels.contains(&"bubblewrap: /usr/bin/bwrap"),
+        "{labels:#?}"
+    );
+    assert!(
+        labels.contains(&"job image pi-job: pi 1.6.0"),
+        "{labels:#?}"
+    );
+    let broken = Inputs {
+        bwrap: false,
+        image_runner: false,
+        ..healthy()
+    };
+    let out = run(&broken, &Proving::default());
+    let bwrap = out
+        .iter()
+        .find(|c| c.label.starts_with("bubblewrap"))
+        .unwrap();
+    assert_eq!(bwrap.level, Level::Fail);
+    let image = out
+        .iter()
+        .find(|c| c.label.starts_with("job image"))
+        .unwrap();
+    assert_eq!(image.level, Level::Warn);
+    assert!(
+        image
+            .fix
+            .as_deref()
+            .unwrap()
+            .contains("image install pi-job")
+    );
+    // Until the egress proxy exists, egress on refuses every job: doctor says so.
+    let no_proxy = Inputs {
+        egress_proxy: false,
+        ..healthy()
+    };
+    let out = run(&no_proxy, &Proving::default());
+    assert!(
+        out.iter()
+            .any(|c| c.level == Level::Warn && c.label.contains("egress-proxy-missing")),
+        "{out:#?}"
+    );
 }
 
 /// A proof that always passes and records what it was asked.
@@ -127,6 +179,8 @@ fn a_healthy_deployment_is_all_ok_and_names_the_offered_servers() {
             "models.json in the overlay holds no credential",
             "egress-allowlist.conf reads: 1 host",
             "model-endpoints.json reads: 0 endpoints declared",
+            "bubblewrap: /usr/bin/bwrap",
+            "job image pi-job: pi 1.6.0",
         ]
     );
 }
