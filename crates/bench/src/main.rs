@@ -210,10 +210,11 @@ fn run(args: &Args) -> anyhow::Result<()> {
     };
 
     let queue = if args.queue {
-        Some(queue::measure(
-            &queue_jobs(args.queue_jobs)?,
-            args.queue_workers,
-        )?)
+        let jobs = queue_jobs(args.queue_jobs)?;
+        Some((
+            queue::measure(&jobs, args.queue_workers)?,
+            queue::measure_service(&jobs, args.queue_workers)?,
+        ))
     } else {
         None
     };
@@ -267,8 +268,12 @@ fn run(args: &Args) -> anyhow::Result<()> {
         if let (Some(hub), Some(object)) = (&hub, report.as_object_mut()) {
             object.insert("hub".to_owned(), hub.json());
         }
-        if let (Some(queue), Some(object)) = (&queue, report.as_object_mut()) {
-            object.insert("queue".to_owned(), queue.json());
+        if let (Some((queue, service)), Some(object)) = (&queue, report.as_object_mut()) {
+            let mut figures = queue.json();
+            if let Some(f) = figures.as_object_mut() {
+                f.insert("worker_loop".to_owned(), service.json());
+            }
+            object.insert("queue".to_owned(), figures);
         }
         if let (Some(sandbox), Some(object)) = (&sandbox, report.as_object_mut()) {
             object.insert("sandbox".to_owned(), sandbox.json());
@@ -312,8 +317,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         if let Some(hub) = &hub {
             hub.print();
         }
-        if let Some(queue) = &queue {
+        if let Some((queue, service)) = &queue {
             queue.print();
+            service.print();
         }
         if let Some(sandbox) = &sandbox {
             sandbox.print();

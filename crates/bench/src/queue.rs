@@ -137,3 +137,110 @@ impl QueueFigures {
         );
     }
 }
+
+/// The worker's own loop (`worker::service::run`) draining the same jobs with a runner that does
+/// nothing but complete each job: leases, lease renewal, records written once, `finish`. Every job
+/// must end with exactly one record and the queue with nothing open, or the bench fails.
+pub struct ServiceFigures {
+    jobs: usize,
+    slots: u32,
+    drain: Duration,
+}
+
+/// Completes every job at once.
+struct Trivial;
+
+impl worker::service::Runner for Trivial {
+    async fn process(&self, job: &pickup::job::Job, attempt: u32) -> worker::pipeline::Verdict {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        worker::pipeline::Verdict::Done(worker::record::Record::new(
+            job,
+            worker::record::Outcome::Completed,
+            None,
+            attempt,
+            now,
+        ))
+    }
+}
+
+pub fn measure_service(jobs: &[(String, String)], slots: u32) -> anyhow::Result<ServiceFigures> {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().context("cannot make a temporary folder")?;
+    let queue = SqliteQueue::open(&dir.path().join("state/queue.sqlite3"))?;
+    for (id, payload) in jobs {
+        ensure!(
+            queue.enqueue(id, payload, SystemTime::now())?,
+            "job {id} was not added"
+        );
+    }
+    let runs = dir.path().join("state/runs");
+    let records = Arc::new(worker::record::Records::new(&runs));
+    let options = worker::service::LoopOptions {
+        worker_id: "bench".to_owned(),
+        lease_for: LEASE,
+        concurrency: slots,
+        until_empty: true,
+        poll: Duration::from_millis(10),
+        on_failure: None,
+    };
+    let start = Instant::now();
+    let summary = worker::service::run(
+        Arc::new(Trivial),
+        Arc::new(queue),
+        records.clone(),
+        &options,
+    );
+    let drain = start.elapsed();
+    let written = records.list()?;
+    let mut ids: Vec<&str> = written.iter().map(|r| r.job_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let expected = jobs.len();
+    ensure!(
+        written.len() == expected
+            && ids.len() == expected
+            && summary.records.load(std::sync::atomic::Ordering::Relaxed) == expected
+            && jobs
+                .iter()
+                .all(|(id, _)| ids.binary_search(&id.as_str()).is_ok()),
+        "the worker's loop wrote {} records for {} distinct jobs of {expected}",
+        written.len(),
+        ids.len()
+    );
+    let status =
+        SqliteQueue::open(&dir.path().join("state/queue.sqlite3"))?.status(SystemTime::now(), 0)?;
+    ensure!(
+        status.open.is_empty() && status.counts.done == expected,
+        "the queue holds {} open jobs after the worker's loop",
+        status.open.len()
+    );
+    Ok(ServiceFigures {
+        jobs: expected,
+        slots,
+        drain,
+    })
+}
+
+impl ServiceFigures {
+    pub fn json(&self) -> Value {
+        json!({
+            "jobs": self.jobs,
+            "slots": self.slots,
+            "drain_ms": (self.drain.as_secs_f64() * 1e3).round(),
+            "drain_jobs_per_s": (self.jobs as f64 / self.drain.as_secs_f64()).round(),
+            "one_record_each": true,
+        })
+    }
+
+    pub fn print(&self) {
+        println!(
+            "worker loop: {} jobs drained by {} slots (lease, trivial runner, record, finish) in {:.0} ms ({:.0} jobs/s); one record each, nothing left open",
+            self.jobs,
+            self.slots,
+            self.drain.as_secs_f64() * 1e3,
+            self.jobs as f64 / self.drain.as_secs_f64(),
+        );
+    }
+}

@@ -16,6 +16,18 @@ use crate::pipeline::{Verdict, Worker, log};
 use crate::queue::{Lease, Queue, RetryDecision};
 use crate::record::{Outcome, Record, Records, reasons};
 
+/// What runs a leased job: the real [`Worker`] (gates, secrets, sandbox), or, for measuring the
+/// loop itself, anything else that says what became of a job.
+pub trait Runner: Send + Sync + 'static {
+    fn process(&self, job: &Job, attempt: u32) -> impl std::future::Future<Output = Verdict>;
+}
+
+impl Runner for Worker {
+    fn process(&self, job: &Job, attempt: u32) -> impl std::future::Future<Output = Verdict> {
+        Worker::process(self, job, attempt)
+    }
+}
+
 /// How the loop runs.
 #[derive(Debug, Clone)]
 pub struct LoopOptions {
@@ -71,8 +83,8 @@ fn stub(id: &str) -> Job {
 }
 
 /// Runs the loop; returns when `until_empty` and nothing is open.
-pub fn run(
-    worker: Arc<Worker>,
+pub fn run<R: Runner>(
+    worker: Arc<R>,
     queue: Arc<dyn Queue>,
     records: Arc<Records>,
     options: &LoopOptions,
@@ -95,7 +107,7 @@ pub fn run(
                     log("worker_slot_failed", serde_json::json!({"slot": slot}));
                     return;
                 };
-                runtime.block_on(slot_loop(&worker, &*queue, &records, &options, &summary));
+                runtime.block_on(slot_loop(&*worker, &*queue, &records, &options, &summary));
             })
         })
         .collect();
@@ -105,8 +117,8 @@ pub fn run(
     summary
 }
 
-async fn slot_loop(
-    worker: &Worker,
+async fn slot_loop<R: Runner>(
+    worker: &R,
     queue: &dyn Queue,
     records: &Records,
     options: &LoopOptions,
@@ -161,8 +173,8 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-async fn run_one(
-    worker: &Worker,
+async fn run_one<R: Runner>(
+    worker: &R,
     queue: &dyn Queue,
     records: &Records,
     options: &LoopOptions,
