@@ -63,7 +63,7 @@ const TAKE_NEXT: &str = "UPDATE jobs
           AND ((state = 'queued' AND available_at <= ?1)
             OR (state = 'leased' AND leased_until < ?1 AND attempt < ?4))
         ORDER BY seq LIMIT 1)
-    RETURNING id, payload, attempt, token";
+    RETURNING id, payload, attempt, token, queued_at";
 
 /// The queue's operations; every time is passed in. Object-safe, so a worker holds a
 /// `Box<dyn Queue>` or `Arc<dyn Queue>` whatever the backend.
@@ -126,6 +126,8 @@ pub struct Lease {
     pub token: String,
     /// When the lease lapses unless renewed.
     pub until: SystemTime,
+    /// When the job was enqueued.
+    pub queued_at: SystemTime,
 }
 
 /// What [`Queue::retry`] did.
@@ -429,6 +431,7 @@ impl Queue for SqliteQueue {
                         attempt: row.get(2)?,
                         token: row.get(3)?,
                         until: time(until),
+                        queued_at: time(row.get(4)?),
                     })
                 },
             )

@@ -45,6 +45,7 @@ fn jobs_are_leased_in_enqueue_order() {
         ("c", "{\"n\":1}", 1)
     );
     assert_eq!(first.until, t(1) + LONG);
+    assert_eq!(first.queued_at, t(0));
     assert_eq!(leased_ids(&queue, t(1)), ["a", "b"]);
 }
 

@@ -229,6 +229,7 @@ async fn run_one<R: Runner>(
             Ok(RetryDecision::Exhausted) => {
                 let mut r = record;
                 r.outcome = Outcome::Failed;
+                r.queued_at_ms = queued_ms(lease);
                 settle_record(records, &r, options, summary);
                 return;
             }
@@ -238,18 +239,19 @@ async fn run_one<R: Runner>(
             }
         },
     };
-    if let Ok(status) = queue.status(SystemTime::now(), 0) {
-        record.queued_at_ms = status
-            .open
-            .iter()
-            .find(|o| o.id == job.id)
-            .and_then(|o| o.queued_at.duration_since(SystemTime::UNIX_EPOCH).ok())
-            .and_then(|d| u64::try_from(d.as_millis()).ok());
-    }
+    record.queued_at_ms = queued_ms(lease);
     settle_record(records, &record, options, summary);
     if let Err(e) = queue.finish(lease, SystemTime::now()) {
         log("queue_error", serde_json::json!({"detail": e.to_string()}));
     }
+}
+
+fn queued_ms(lease: &Lease) -> Option<u64> {
+    lease
+        .queued_at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .ok()
+        .and_then(|d| u64::try_from(d.as_millis()).ok())
 }
 
 /// Writes the record (once) and, for a stop that cost something, runs `PI_ON_FAILURE`.
