@@ -61,6 +61,15 @@ fn io_err(what: &'static str) -> impl Fn(io::Error) -> ImageError {
     }
 }
 
+/// Where the packages come from.
+#[derive(Debug, Clone, Copy)]
+pub enum Source<'a> {
+    /// `npm ci` of the pinned list, with this npm program.
+    Npm(&'a Path),
+    /// A `node_modules` folder already installed from that list.
+    Folder(&'a Path),
+}
+
 /// What was installed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Installed {
@@ -74,7 +83,7 @@ pub struct Installed {
 pub fn install(
     deployment: &Path,
     name: &str,
-    from: Option<&Path>,
+    from: Source,
     runner: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Installed, ImageError> {
@@ -106,13 +115,13 @@ pub fn install(
 
 fn stage(
     staging: &Path,
-    from: Option<&Path>,
+    from: Source,
     runner: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(usize, String, String), ImageError> {
     fs::create_dir(staging).map_err(io_err("creating the staging folder"))?;
     let files = match from {
-        Some(from) => {
+        Source::Folder(from) => {
             for part in [NODE, PI_PACKAGE] {
                 let rel = part.trim_start_matches("node_modules/");
                 if !from.join(rel).exists() {
@@ -125,13 +134,13 @@ fn stage(
                 .map_err(io_err("linking the packages"))?;
             files
         }
-        None => {
+        Source::Npm(npm) => {
             progress("[1/4] installing the pinned packages with npm ci");
             fs::write(staging.join("package.json"), PACKAGE_JSON)
                 .map_err(io_err("writing package.json"))?;
             fs::write(staging.join("package-lock.json"), PACKAGE_LOCK)
                 .map_err(io_err("writing package-lock.json"))?;
-            let status = Command::new("npm")
+            let status = Command::new(npm)
                 .args(["ci", "--no-audit", "--no-fund", "--prefix"])
                 .arg(staging)
                 .status()
@@ -244,9 +253,13 @@ mod tests {
         fs::write(&runner, "#!/bin/sh\n").unwrap();
         let deployment = dir.path().join("d");
         let mut lines = Vec::new();
-        let done = install(&deployment, "pi-job", Some(&nm), &runner, &mut |l| {
-            lines.push(l.to_owned())
-        })
+        let done = install(
+            &deployment,
+            "pi-job",
+            Source::Folder(&nm),
+            &runner,
+            &mut |l| lines.push(l.to_owned()),
+        )
         .unwrap();
         assert_eq!(done.pi_version, "1.6.0");
         assert_eq!(done.node_version, "v22.23.5");
@@ -262,16 +275,75 @@ mod tests {
     }
 
     #[test]
+    fn without_a_folder_the_pinned_list_is_installed_with_npm_ci() {
+        let dir = tempfile::tempdir().unwrap();
+        let runner = dir.path().join("runner");
+        fs::write(&runner, "").unwrap();
+        // A stand-in npm that checks what it is asked and "installs" from a prepared folder.
+        let prepared = fake_modules(&dir.path().join("prepared"), "echo v22.9.0");
+        let npm = dir.path().join("npm");
+        fs::write(
+            &npm,
+            format!(
+                "#!/bin/sh\n[ \"$1 $2 $3 $4\" = \"ci --no-audit --no-fund --prefix\" ] || exit 9\n\
+                 grep -q pi-coding-agent \"$5/package.json\" && [ -s \"$5/package-lock.json\" ] || exit 8\n\
+                 cp -r {} \"$5/node_modules\"\n",
+                prepared.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&npm, fs::Permissions::from_mode(0o755)).unwrap();
+        let deployment = dir.path().join("d");
+        let done = install(
+            &deployment,
+            "pi-job",
+            Source::Npm(&npm),
+            &runner,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(done.node_version, "v22.9.0");
+        assert!(deployment.join("images/pi-job").join(RUNNER).is_file());
+        // npm failing leaves nothing behind and says so.
+        fs::write(&npm, "#!/bin/sh\nexit 3\n").unwrap();
+        let e = install(
+            &deployment,
+            "other",
+            Source::Npm(&npm),
+            &runner,
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(matches!(e, ImageError::Npm(ref code) if code == "3"), "{e}");
+        assert!(!deployment.join("images/other").exists());
+    }
+
+    #[test]
     fn a_failed_install_leaves_the_old_image() {
         let dir = tempfile::tempdir().unwrap();
         let runner = dir.path().join("runner");
         fs::write(&runner, "").unwrap();
         let deployment = dir.path().join("d");
         let good = fake_modules(&dir.path().join("good"), "echo v22.1.0");
-        install(&deployment, "pi-job", Some(&good), &runner, &mut |_| {}).unwrap();
+        install(
+            &deployment,
+            "pi-job",
+            Source::Folder(&good),
+            &runner,
+            &mut |_| {},
+        )
+        .unwrap();
         let old = fs::read(deployment.join("images/pi-job/image.json")).unwrap();
         let bad = fake_modules(&dir.path().join("bad"), "echo v20.1.0");
-        let e = install(&deployment, "pi-job", Some(&bad), &runner, &mut |_| {}).unwrap_err();
+        let e = install(
+            &deployment,
+            "pi-job",
+            Source::Folder(&bad),
+            &runner,
+            &mut |_| {},
+        )
+        .unwrap_err();
         assert!(matches!(e, ImageError::WrongNode), "{e}");
         assert_eq!(
             fs::read(deployment.join("images/pi-job/image.json")).unwrap(),
@@ -283,7 +355,13 @@ mod tests {
             .collect();
         assert_eq!(left, ["pi-job"], "a staging folder was left behind");
         assert!(matches!(
-            install(&deployment, "Bad Name", Some(&good), &runner, &mut |_| {}),
+            install(
+                &deployment,
+                "Bad Name",
+                Source::Folder(&good),
+                &runner,
+                &mut |_| {}
+            ),
             Err(ImageError::BadName)
         ));
     }

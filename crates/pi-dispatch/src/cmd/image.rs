@@ -33,7 +33,11 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         .map_err(|e| anyhow::anyhow!("cannot find this program's own file ({})", e.kind()))?;
     let from = from.as_ref().map(|f| ctx.absolute(f));
     let mut progress = |line: &str| eprintln!("{line}");
-    match setup::image::install(&ctx.dir, name, from.as_deref(), &runner, &mut progress) {
+    let source = match &from {
+        Some(folder) => setup::image::Source::Folder(folder),
+        None => setup::image::Source::Npm(std::path::Path::new("npm")),
+    };
+    match setup::image::install(&ctx.dir, name, source, &runner, &mut progress) {
         Ok(done) => {
             crate::output::print(&format!(
                 "Image {name} is ready at {} (pi {}, Node.js {}, {} package files).\nJobs use it when a trigger says \"image\": \"{name}\" or PI_JOB_IMAGE={name}.\n",
