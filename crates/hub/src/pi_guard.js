@@ -43,6 +43,8 @@ function report(name) {
 }
 
 export default function (pi) {
+  // A pi the job starts itself is given --no-mcp (the runner's `pi` on PATH): it connects nothing.
+  if (process.argv.includes("--no-mcp")) return;
   const guarded = new Proxy(pi, {
     get(target, prop) {
       if (prop === "getMcpServers") return () => [];
@@ -58,7 +60,9 @@ export default function (pi) {
   createMcpExtension()(guarded);
   if (!CODEMODE_MODELS) createCodemodeExtension({ models: false })(pi);
 
-  pi.on("session_start", async () => {
+  // As pi loads (session start) and once more just before the prompt goes out (after every
+  // extension's own session-start handlers): a reserved name taken ends the job.
+  const check = () => {
     const tool = pi.getAllTools().find((t) => reserved(t.name) && !owned(t));
     const command = pi.getCommands().find((c) => c.name === "mcp" || c.name.startsWith("mcp:"));
     const name = tool ? tool.name : command ? "/mcp" : undefined;
@@ -67,7 +71,9 @@ export default function (pi) {
       process.stderr.write(`pi-dispatch: an extension registers ${name}, which only the job's MCP may\n`);
       process.exit(70);
     }
-  });
+  };
+  pi.on("session_start", async () => check());
+  pi.on("before_agent_start", async () => check());
 
   pi.on("tool_call", async (event) => {
     if (!reserved(event.toolName)) return undefined;

@@ -101,6 +101,36 @@ fn trigger_now(settings: &Settings, job: &Job) -> Result<Option<Trigger>, String
     Ok(all.triggers.into_iter().nth(index))
 }
 
+/// The `(NAME, reference)` pairs to resolve for `job`: its own secret names, each with the
+/// reference its trigger gives it now. `Err` when the trigger now is not the job's (another type,
+/// another cron id, another secrets profile) or lacks one of the names.
+fn job_secrets(job: &Job, trigger: Option<&Trigger>) -> Result<Vec<(String, String)>, ()> {
+    if job.secrets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let trigger = trigger.ok_or(())?;
+    let same_type = trigger.on.type_name() == job.trigger_type;
+    let same_cron = match &trigger.on {
+        config::triggers::On::Cron { id, .. } => job.id.starts_with(&format!("cron-{id}-")),
+        _ => true,
+    };
+    if !same_type || !same_cron || trigger.run.secrets_profile != job.secrets_profile {
+        return Err(());
+    }
+    job.secrets
+        .iter()
+        .map(|name| {
+            trigger
+                .run
+                .secrets
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(n, r)| (n.clone(), r.clone()))
+                .ok_or(())
+        })
+        .collect()
+}
+
 /// The variable the overlay's `models.json` names as `provider`'s `apiKey` (`$NAME`/`${NAME}`).
 fn models_key(overlay: &Path, provider: &str) -> Option<String> {
     let bytes = std::fs::read(overlay.join("models.json")).ok()?;
@@ -197,13 +227,6 @@ fn make_writable(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The host user a local job runs as when the worker is root: the owner of its folder.
-pub fn folder_owner(folder: &Path) -> std::io::Result<(u32, u32)> {
-    use std::os::unix::fs::MetadataExt as _;
-    let meta = std::fs::metadata(folder)?;
-    Ok((meta.uid(), meta.gid()))
-}
-
 impl Worker {
     /// Runs every check that costs nothing, then the job. Never panics on what the job holds.
     pub async fn process(&self, job: &Job, attempt: u32) -> Verdict {
@@ -243,22 +266,57 @@ impl Worker {
             .or_else(|| settings.job_image.clone())
             .unwrap_or_else(|| config::settings::DEFAULT_JOB_IMAGE.to_owned());
         let image = settings.dir.join("images").join(&image_name);
-        if !config::settings::is_image_name(&image_name)
-            || !image.join(setup::image::RUNNER).is_file()
-        {
+        if !config::settings::is_image_name(&image_name) {
             return refused(job, reasons::JOB_IMAGE_MISSING, attempt);
+        }
+        match std::fs::metadata(image.join(setup::image::RUNNER)) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => return refused(job, reasons::JOB_IMAGE_MISSING, attempt),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return refused(job, reasons::JOB_IMAGE_MISSING, attempt);
+            }
+            // A read that may pass later (EIO, a stale mount): tried again, never a refusal.
+            Err(_) => return retry(job, reasons::PICKUP_RETRIES_SPENT, attempt, false),
         }
         let Some(folder) = job.folder.as_deref().map(PathBuf::from) else {
             return refused(job, reasons::JOB_UNREADABLE, attempt);
         };
-        if !folder.is_dir() {
-            return refused(job, reasons::WORKSPACE_MISSING, attempt);
-        }
-        // 3. The trigger's secrets, resolved on the host: only values go on.
-        let wanted: Vec<(String, String)> = trigger
-            .as_ref()
-            .map(|t| t.run.secrets.clone())
-            .unwrap_or_default();
+        let host_user = match std::fs::metadata(&folder) {
+            Ok(m) if !m.is_dir() => return refused(job, reasons::WORKSPACE_MISSING, attempt),
+            Ok(m) => {
+                use std::os::unix::fs::MetadataExt as _;
+                // A job of a root worker runs as its folder's owner; never as root, whose files
+                // its sandbox's user would then own.
+                if m.uid() == 0 && rustix::process::geteuid().is_root() {
+                    return refused(job, reasons::WORKSPACE_OWNED_BY_ROOT, attempt);
+                }
+                (m.uid(), m.gid())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return refused(job, reasons::WORKSPACE_MISSING, attempt);
+            }
+            Err(_) => return retry(job, reasons::PICKUP_RETRIES_SPENT, attempt, false),
+        };
+        // 3. The trigger's secrets, resolved on the host: only values go on. The references are
+        // the trigger's as it stands now, and only for the names the job was queued with: a
+        // trigger that is no longer the job's own (another one at its index, or one whose secrets
+        // changed) gives it nothing.
+        let wanted = match job_secrets(job, trigger.as_ref()) {
+            Ok(w) => w,
+            Err(()) => {
+                log(
+                    "refused_trigger_skew",
+                    serde_json::json!({"jobId": job.id, "detail": "the job's secrets are not the trigger's now"}),
+                );
+                return Verdict::Done(Record::new(
+                    job,
+                    Outcome::Policy,
+                    Some(pickup::reason::Reason::TriggerSkew.as_str()),
+                    attempt,
+                    now_ms(),
+                ));
+            }
+        };
         let secrets = if wanted.is_empty() {
             Vec::new()
         } else {
@@ -300,7 +358,7 @@ impl Worker {
             attempt,
             &image,
             &job_dir,
-            &folder,
+            (&folder, host_user),
             mcp.as_ref(),
             &secrets,
         )
@@ -314,7 +372,7 @@ impl Worker {
         attempt: u32,
         image: &Path,
         job_dir: &Path,
-        workspace: &Path,
+        (workspace, host_user): (&Path, (u32, u32)),
         mcp: Option<&pickup::job_mcp::JobMcpFile>,
         secrets: &[(String, Secret)],
     ) -> Verdict {
@@ -366,15 +424,6 @@ impl Worker {
                 return refused(job, reasons::ENVIRONMENT_REFUSED, attempt);
             }
         };
-        let host_user = match folder_owner(workspace) {
-            // A job of a root worker runs as its folder's owner; never as root, whose files its
-            // sandbox's user would then own.
-            Ok((0, _)) if rustix::process::geteuid().is_root() => {
-                return refused(job, reasons::WORKSPACE_OWNED_BY_ROOT, attempt);
-            }
-            Ok(owner) => owner,
-            Err(_) => return refused(job, reasons::WORKSPACE_MISSING, attempt),
-        };
         let spec = SandboxSpec {
             uid: bwrap::NOBODY,
             gid: bwrap::NOBODY,
@@ -424,20 +473,46 @@ impl Worker {
         if let Some(mut stdin) = sandbox.stdin() {
             let _ = stdin.write_all(format!("{key}\n").as_bytes()).await;
         }
-        // The last line the runner prints is its exit line; the job's other output is not kept.
+        // The runner's exit line is the last line that verifies with the job's key; the job's
+        // other output is not kept, and no line longer than MAX_LINE is held in memory.
         let stdout = sandbox.stdout();
+        let line_key = key.clone();
         let reader = tokio::spawn(async move {
-            let mut last = String::new();
+            let mut verified = None;
             let Some(stdout) = stdout else {
-                return last;
+                return verified;
             };
-            let mut lines = tokio::io::BufReader::new(stdout.take(1 << 30)).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if line.len() <= MAX_LINE && !line.trim().is_empty() {
-                    last = line;
+            let mut input = tokio::io::BufReader::new(stdout);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                let mut limited = (&mut input).take(MAX_LINE as u64 + 1);
+                match limited.read_until(b'\n', &mut line).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) if line.len() > MAX_LINE && !line.ends_with(b"\n") => {
+                        // Too long to be an exit line: skip the rest of it.
+                        let mut rest = Vec::new();
+                        loop {
+                            rest.clear();
+                            let mut chunk = (&mut input).take(64 * 1024);
+                            match chunk.read_until(b'\n', &mut rest).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(_) if rest.ends_with(b"\n") => break,
+                                Ok(_) => {}
+                            }
+                        }
+                    }
+                    Ok(_) => {
+                        if let Some(found) = std::str::from_utf8(&line)
+                            .ok()
+                            .and_then(|t| hub::exit_line::verify(t.trim_end(), line_key.as_bytes()))
+                        {
+                            verified = Some(found);
+                        }
+                    }
                 }
             }
-            last
+            verified
         });
         // The runner's stderr (its log and pi's) is drained and not kept: it could hold anything.
         if let Some(mut stderr) = sandbox.stderr() {
@@ -453,11 +528,11 @@ impl Worker {
             });
         }
         let ending = sandbox.wait_with_limit(self.time_limit).await;
-        let last = tokio::time::timeout(Duration::from_secs(5), reader)
+        let exit_line = tokio::time::timeout(Duration::from_secs(5), reader)
             .await
             .ok()
             .and_then(Result::ok)
-            .unwrap_or_default();
+            .flatten();
         let mut verdict = match ending {
             Ok(Ending::KilledAtLimit) => {
                 let mut r = Record::new(
@@ -471,7 +546,7 @@ impl Worker {
                 Verdict::Done(r)
             }
             Err(_) => retry(job, reasons::CONTAINER_NEVER_STARTED, attempt, true),
-            Ok(Ending::Exited(_)) => match hub::exit_line::verify(&last, key.as_bytes()) {
+            Ok(Ending::Exited(_)) => match exit_line {
                 None => retry(job, reasons::NO_EXIT_LINE, attempt, true),
                 Some(line) => {
                     log(
@@ -480,7 +555,10 @@ impl Worker {
                             "server": line.server, "cause": line.cause}),
                     );
                     let record = Record::from_exit_line(job, &line, attempt, now_ms());
-                    if line.code == 1 {
+                    // Code 1 is retried when the fault may pass (a server that did not answer in
+                    // time, the runner told to stop); an agent that failed has spent its budget
+                    // and would only spend it again on the same work.
+                    if line.code == 1 && line.reason.as_deref() != Some(reasons::AGENT_FAILED) {
                         Verdict::Retry(record)
                     } else {
                         Verdict::Done(record)
@@ -503,4 +581,48 @@ fn refusal_record(job: &Job, refusal: &gates::Refusal, attempt: u32) -> Record {
         attempt,
         now_ms(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn triggers(secrets_a: &str, id_a: &str) -> Vec<Trigger> {
+        let text = format!(
+            r#"{{"triggers": [
+              {{"on": {{"type": "cron", "id": "{id_a}", "pattern": "0 3 * * *"}},
+                "run": {{"kind": "local", "folder": "/srv/r", "task": "t", "flow": "task",
+                         "secrets": {secrets_a}, "secretsProfile": "ci"}}}},
+              {{"on": {{"type": "cron", "id": "other", "pattern": "0 4 * * *"}},
+                "run": {{"kind": "local", "folder": "/srv/r", "task": "t", "flow": "task",
+                         "secrets": {{"DEPLOY_TOKEN": "vault://deploy"}}, "secretsProfile": "ci"}}}}
+            ]}}"#
+        );
+        triggers::parse_triggers(text.as_bytes()).unwrap().triggers
+    }
+
+    #[test]
+    fn secrets_come_only_from_the_jobs_own_trigger_and_names() {
+        let now = triggers(r#"{"DOCS_TOKEN": "vault://docs"}"#, "nightly");
+        let job = Job::from_trigger("cron-nightly-1", &now[0]);
+        assert_eq!(
+            job_secrets(&job, Some(&now[0])),
+            Ok(vec![("DOCS_TOKEN".to_owned(), "vault://docs".to_owned())])
+        );
+        // Another trigger at the job's index now: nothing of it.
+        assert_eq!(job_secrets(&job, Some(&now[1])), Err(()));
+        assert_eq!(job_secrets(&job, None), Err(()));
+        // The trigger lost the name the job was queued with.
+        let renamed = triggers(r#"{"WIKI_TOKEN": "vault://docs"}"#, "nightly");
+        assert_eq!(job_secrets(&job, Some(&renamed[0])), Err(()));
+        // It gained one: the job gets only its own.
+        let more = triggers(
+            r#"{"DOCS_TOKEN": "vault://docs", "DEPLOY_TOKEN": "vault://deploy"}"#,
+            "nightly",
+        );
+        assert_eq!(job_secrets(&job, Some(&more[0])).unwrap().len(), 1);
+        // Same index, another cron id.
+        let moved = triggers(r#"{"DOCS_TOKEN": "vault://docs"}"#, "weekly");
+        assert_eq!(job_secrets(&job, Some(&moved[0])), Err(()));
+    }
 }

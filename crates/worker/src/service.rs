@@ -212,7 +212,9 @@ async fn run_one<R: Runner>(
     };
     let verdict = tokio::select! {
         v = worker.process(&job, lease.attempt) => v,
-        () = renewing => std::future::pending().await,
+        // The job is someone else's now (this worker was away past its lease): dropping the run
+        // ends its sandbox, and the slot goes on with the next job.
+        () = renewing => return,
     };
     let mut record = match verdict {
         Verdict::Done(record) => record,
@@ -230,7 +232,8 @@ async fn run_one<R: Runner>(
                 let mut r = record;
                 r.outcome = Outcome::Failed;
                 r.queued_at_ms = queued_ms(lease);
-                settle_record(records, &r, options, summary);
+                write_record(records, &r, summary);
+                page(&r, options);
                 return;
             }
             Err(e) => {
@@ -240,10 +243,13 @@ async fn run_one<R: Runner>(
         },
     };
     record.queued_at_ms = queued_ms(lease);
-    settle_record(records, &record, options, summary);
+    // The record first (a crash after it runs the job again, and the second record is not
+    // written), then the job done, and only then the page, which may take a while.
+    write_record(records, &record, summary);
     if let Err(e) = queue.finish(lease, SystemTime::now()) {
         log("queue_error", serde_json::json!({"detail": e.to_string()}));
     }
+    page(&record, options);
 }
 
 fn queued_ms(lease: &Lease) -> Option<u64> {
@@ -254,8 +260,8 @@ fn queued_ms(lease: &Lease) -> Option<u64> {
         .and_then(|d| u64::try_from(d.as_millis()).ok())
 }
 
-/// Writes the record (once) and, for a stop that cost something, runs `PI_ON_FAILURE`.
-fn settle_record(records: &Records, record: &Record, options: &LoopOptions, summary: &Summary) {
+/// Writes the record (once); a record that exists already is left as it is.
+fn write_record(records: &Records, record: &Record, summary: &Summary) {
     match records.write(record) {
         Ok(true) => {
             summary.records.fetch_add(1, Ordering::Relaxed);
@@ -264,12 +270,6 @@ fn settle_record(records: &Records, record: &Record, options: &LoopOptions, summ
                 serde_json::json!({"jobId": record.job_id, "outcome": record.outcome.as_str(),
                     "reason": record.reason, "attempt": record.attempt}),
             );
-            if let Some(program) = &options.on_failure
-                && record.budget_reserved
-                && record.outcome != Outcome::Completed
-            {
-                on_failure(program, record);
-            }
         }
         Ok(false) => log(
             "job_already_recorded",
@@ -280,6 +280,23 @@ fn settle_record(records: &Records, record: &Record, options: &LoopOptions, summ
             serde_json::json!({"jobId": record.job_id, "detail": e.to_string()}),
         ),
     }
+}
+
+/// Runs `PI_ON_FAILURE` for a stop that cost something (also when its record could not be
+/// written: the page is how the operator hears of it).
+fn page(record: &Record, options: &LoopOptions) {
+    if let Some(program) = &options.on_failure
+        && record.budget_reserved
+        && record.outcome != Outcome::Completed
+    {
+        on_failure(program, record);
+    }
+}
+
+/// A lost job's record and page.
+fn settle_record(records: &Records, record: &Record, options: &LoopOptions, summary: &Summary) {
+    write_record(records, record, summary);
+    page(record, options);
 }
 
 /// `PROGRAM JOB_ID OUTCOME REASON HOST`, with the worker's environment, its output discarded,
@@ -332,6 +349,9 @@ pub fn run_cron(settings: &config::settings::Settings, queue: &dyn Queue, tick: 
     loop {
         std::thread::sleep(tick);
         let to = chrono::Utc::now();
+        let window = (from, to);
+        // The next window starts here whatever happens to this one: missed firings are not made up.
+        from = to;
         let Ok(bytes) =
             config::files::read_file(&settings.triggers_file, config::triggers::MAX_FILE_BYTES)
         else {
@@ -354,7 +374,7 @@ pub fn run_cron(settings: &config::settings::Settings, queue: &dyn Queue, tick: 
         }
         for schedule in &schedules {
             // At most one firing per tick and trigger: a clock jump does not queue a burst.
-            for at in schedule.firings(from, to, 1) {
+            for at in schedule.firings(window.0, window.1, 1) {
                 let id = crate::cron::job_id(&schedule.id, at);
                 let job = Job::from_trigger(id.clone(), &schedule.trigger);
                 let Ok(payload) = serde_json::to_string(&job) else {
@@ -370,6 +390,5 @@ pub fn run_cron(settings: &config::settings::Settings, queue: &dyn Queue, tick: 
                 }
             }
         }
-        from = to;
     }
 }

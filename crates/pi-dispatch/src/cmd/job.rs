@@ -56,6 +56,10 @@ fn model(args: &Args, ctx: &Context) -> Option<String> {
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    // The runner holds every MCP credential and the job's key: nothing else in the job (same
+    // user) may read its environment or memory through /proc, or attach to it.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(|e| anyhow::anyhow!("the runner cannot protect its memory ({e})"))?;
     let mut key = String::new();
     std::io::stdin().lock().read_line(&mut key)?;
     let key = key.trim_end_matches(['\n', '\r']).to_owned();

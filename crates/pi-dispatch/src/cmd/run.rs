@@ -54,12 +54,33 @@ pub fn new_job_id(prefix: &str) -> anyhow::Result<String> {
 }
 
 /// Whether the git work tree at `folder` has changes not committed (untracked files count).
+///
+/// A job can write the repository, its `.git/config` included, so git runs here as the folder's
+/// owner (the user the job itself runs as) when this is root, with the repository's own hook for
+/// file-system monitoring switched off and no global or system configuration.
 fn dirty(folder: &Path) -> anyhow::Result<bool> {
-    let out = std::process::Command::new("git")
-        // The folder may belong to the user the job runs as, not to whoever queues it.
-        .args(["-c", "safe.directory=*", "-C"])
-        .arg(folder)
-        .args(["status", "--porcelain", "--untracked-files=normal"])
+    use std::os::unix::fs::MetadataExt as _;
+    use std::os::unix::process::CommandExt as _;
+    let meta = std::fs::metadata(folder)
+        .map_err(|e| anyhow::anyhow!("FOLDER cannot be used ({})", e.kind()))?;
+    let mut git = std::process::Command::new("git");
+    git.args([
+        "-c",
+        "core.fsmonitor=false",
+        "-c",
+        "core.untrackedCache=false",
+        "-C",
+    ])
+    .arg(folder)
+    .args(["status", "--porcelain", "--untracked-files=normal"])
+    .env("GIT_CONFIG_NOSYSTEM", "1")
+    .env("GIT_CONFIG_GLOBAL", "/dev/null")
+    .env("HOME", "/")
+    .stdin(std::process::Stdio::null());
+    if rustix::process::geteuid().is_root() && meta.uid() != 0 {
+        git.uid(meta.uid()).gid(meta.gid());
+    }
+    let out = git
         .output()
         .map_err(|e| anyhow::anyhow!("git could not be run ({})", e.kind()))?;
     if !out.status.success() {

@@ -352,7 +352,7 @@ fn a_secret_from_the_resolver_reaches_its_server_and_nothing_else() {
             // What pi sees of its own process, its config and its folder.
             Step::call(
                 "bash",
-                json!({"command": "env; cat /tmp/pi-dispatch/agent/*.json; ls -la /tmp/pi-dispatch/agent /job; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '"}),
+                json!({"command": "env; cat /tmp/pi-dispatch/agent/*.json; ls -la /tmp/pi-dispatch/agent /job; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '; for p in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" in *'bin/pi-dispatch job'*) echo RUNNER-ENV:; cat $p/environ 2>&1 | head -c 200;; esac; done"}),
             ),
             Step::text("done"),
         ],
@@ -386,6 +386,9 @@ fn a_secret_from_the_resolver_reaches_its_server_and_nothing_else() {
     assert!(results[1].contains(SECRET), "{results:#?}");
     // ... and pi's own environment, config, folder and every command line in the sandbox do not.
     assert!(results[2].contains("PI_JOB_ID"), "{results:#?}");
+    // The runner (which holds every MCP credential) cannot be read through /proc by the job.
+    assert!(results[2].contains("RUNNER-ENV:"), "{}", results[2]);
+    assert!(results[2].contains("Permission denied"), "{}", results[2]);
     assert!(!results[2].contains(SECRET), "{}", results[2]);
     // Nor the records, the worker's log, or any file the deployment holds but the resolver.
     assert!(!run.stderr.contains(SECRET) && !run.stdout.contains(SECRET));
