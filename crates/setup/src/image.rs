@@ -98,7 +98,8 @@ pub fn install(
     match result {
         Ok((files, pi_version, node_version)) => {
             progress("[4/4] putting the image in place");
-            fsutil::replace_dir(&staging, &target).map_err(io_err("putting the image in place"))?;
+            swap_in(&staging, &target, &images, now_secs())
+                .map_err(io_err("putting the image in place"))?;
             Ok(Installed {
                 dir: target,
                 files,
@@ -109,6 +110,64 @@ pub fn install(
         Err(e) => {
             let _ = fs::remove_dir_all(&staging);
             Err(e)
+        }
+    }
+}
+
+/// Where replaced images go: jobs that started with one still have it mounted, so it is not deleted
+/// at once, only once no job can still run on it ([`RETIRED_FOR_SECS`]).
+pub const RETIRED: &str = ".retired";
+/// A job runs at most `PI_JOB_TIME_LIMIT` seconds, at most this.
+pub const RETIRED_FOR_SECS: u64 = config::settings::MAX_TIME_LIMIT_SECS;
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Puts `staging` in place of `target` in one step; an image that was there is moved to
+/// `images/.retired/NAME-SECONDS` (not deleted: running jobs may have it mounted), and retired
+/// images older than [`RETIRED_FOR_SECS`] are removed.
+fn swap_in(staging: &Path, target: &Path, images: &Path, now: u64) -> io::Result<()> {
+    let retired = images.join(RETIRED);
+    if fsutil::kind(target)? == fsutil::Kind::Missing {
+        fs::rename(staging, target)?;
+    } else {
+        rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            staging,
+            rustix::fs::CWD,
+            target,
+            rustix::fs::RenameFlags::EXCHANGE,
+        )?;
+        fs::create_dir_all(&retired)?;
+        let name = target
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        fs::rename(staging, retired.join(format!("{name}-{now}")))?;
+    }
+    sweep_retired(&retired, now);
+    Ok(())
+}
+
+/// Removes retired images old enough that no job can still run on them.
+fn sweep_retired(retired: &Path, now: u64) {
+    for entry in fs::read_dir(retired)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(at) = name
+            .rsplit_once('-')
+            .and_then(|(_, t)| t.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if now.saturating_sub(at) > RETIRED_FOR_SECS {
+            let _ = fs::remove_dir_all(entry.path());
         }
     }
 }
@@ -317,6 +376,65 @@ mod tests {
         .unwrap_err();
         assert!(matches!(e, ImageError::Npm(ref code) if code == "3"), "{e}");
         assert!(!deployment.join("images/other").exists());
+    }
+
+    #[test]
+    fn a_replaced_image_is_retired_not_deleted_until_no_job_can_use_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let runner = dir.path().join("runner");
+        fs::write(&runner, "").unwrap();
+        let deployment = dir.path().join("d");
+        let first = fake_modules(&dir.path().join("first"), "echo v22.1.0");
+        install(
+            &deployment,
+            "pi-job",
+            Source::Folder(&first),
+            &runner,
+            &mut |_| {},
+        )
+        .unwrap();
+        let images = deployment.join("images");
+        // What a running job has mounted: the old image's folder, by its path now.
+        let old_marker = images.join("pi-job/image.json");
+        let old_text = fs::read_to_string(&old_marker).unwrap();
+        let second = fake_modules(&dir.path().join("second"), "echo v22.2.0");
+        install(
+            &deployment,
+            "pi-job",
+            Source::Folder(&second),
+            &runner,
+            &mut |_| {},
+        )
+        .unwrap();
+        let retired: Vec<_> = fs::read_dir(images.join(RETIRED))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(retired.len(), 1, "{retired:?}");
+        assert_eq!(
+            fs::read_to_string(retired[0].join("image.json")).unwrap(),
+            old_text
+        );
+        assert!(
+            fs::read_to_string(images.join("pi-job/image.json"))
+                .unwrap()
+                .contains("v22.2.0")
+        );
+        // Old enough, it goes at the next install.
+        let old = images
+            .join(RETIRED)
+            .join(format!("pi-job-{}", now_secs() - RETIRED_FOR_SECS - 10));
+        fs::rename(&retired[0], &old).unwrap();
+        install(
+            &deployment,
+            "pi-job",
+            Source::Folder(&first),
+            &runner,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert!(!old.exists());
+        assert_eq!(fs::read_dir(images.join(RETIRED)).unwrap().count(), 1);
     }
 
     #[test]
