@@ -94,31 +94,33 @@ impl Drop for EverythingHttp {
     }
 }
 
-/// Every live process whose environment or command line holds `marker`, with its command line.
+/// Live processes (zombies aside) other than this one whose environment holds `marker`, each with
+/// its command line.
 pub fn processes_with(marker: &str) -> Vec<(u32, String)> {
-    let mut found = Vec::new();
+    let me = std::process::id();
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return found;
+        return Vec::new();
     };
-    for entry in entries.filter_map(Result::ok) {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        let state = stat
-            .rsplit_once(')')
-            .map(|(_, r)| r.trim_start())
-            .unwrap_or("");
-        if state.starts_with('Z') || state.starts_with('X') {
-            continue;
-        }
-        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let has = |bytes: &[u8]| bytes.windows(marker.len()).any(|w| w == marker.as_bytes());
-        if has(&environ) || has(&cmdline) {
-            let cmd = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            found.push((pid, cmd));
-        }
-    }
-    found
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.windows(marker.len()).any(|w| w == marker.as_bytes()))
+        })
+        .filter(|pid| {
+            // A zombie has no environment left to read, but be explicit: state `Z` is gone.
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+            })
+        })
+        .map(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                .unwrap_or_default();
+            (pid, cmd)
+        })
+        .collect()
 }

