@@ -152,15 +152,12 @@ struct Trivial;
 
 impl worker::service::Runner for Trivial {
     async fn process(&self, job: &pickup::job::Job, attempt: u32) -> worker::pipeline::Verdict {
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         worker::pipeline::Verdict::Done(worker::record::Record::new(
             job,
             worker::record::Outcome::Completed,
             None,
             attempt,
-            now,
+            worker::record::now_ms(),
         ))
     }
 }

@@ -19,7 +19,7 @@ use sandbox::env::{self as job_env, Parts};
 use sandbox::secrets::{Resolver, Secret};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
-use crate::record::{Outcome, Record, reasons};
+use crate::record::{Outcome, Record, now_ms, reasons};
 
 /// Where, in the sandbox, the runner keeps pi's private agent folder, and the job's `HOME`.
 const AGENT_DIR: &str = "/tmp/pi-dispatch/agent";
@@ -50,12 +50,6 @@ pub enum Verdict {
     Done(Record),
     /// An infrastructure fault: run it again if attempts remain; if not, this is its record.
     Retry(Record),
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// One line of the worker's log: an event name and fields (names, tokens and counts only).

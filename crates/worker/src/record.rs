@@ -11,6 +11,17 @@ use pickup::job::Job;
 use pickup::reason::{Reason, RunnerReason};
 use serde::{Deserialize, Serialize};
 
+/// `t` in Unix milliseconds, as records hold times.
+pub fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Now, in Unix milliseconds.
+pub fn now_ms() -> u64 {
+    unix_ms(std::time::SystemTime::now())
+}
+
 /// How a job ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -14,7 +14,7 @@ use pickup::job::Job;
 
 use crate::pipeline::{Verdict, Worker, log};
 use crate::queue::{Lease, Queue, RetryDecision};
-use crate::record::{Outcome, Record, Records, reasons};
+use crate::record::{Outcome, Record, Records, now_ms, reasons, unix_ms};
 
 /// What runs a leased job: the real [`Worker`] (gates, secrets, sandbox), or, for measuring the
 /// loop itself, anything else that says what became of a job.
@@ -167,12 +167,6 @@ fn nothing_open(queue: &dyn Queue) -> bool {
         .is_ok_and(|s| s.open.is_empty())
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 async fn run_one<R: Runner>(
     worker: &R,
     queue: &dyn Queue,
@@ -231,7 +225,7 @@ async fn run_one<R: Runner>(
             Ok(RetryDecision::Exhausted) => {
                 let mut r = record;
                 r.outcome = Outcome::Failed;
-                r.queued_at_ms = queued_ms(lease);
+                r.queued_at_ms = Some(unix_ms(lease.queued_at));
                 write_record(records, &r, summary);
                 page(&r, options);
                 return;
@@ -242,7 +236,7 @@ async fn run_one<R: Runner>(
             }
         },
     };
-    record.queued_at_ms = queued_ms(lease);
+    record.queued_at_ms = Some(unix_ms(lease.queued_at));
     // The record first (a crash after it runs the job again, and the second record is not
     // written), then the job done, and only then the page, which may take a while.
     write_record(records, &record, summary);
@@ -250,14 +244,6 @@ async fn run_one<R: Runner>(
         log("queue_error", serde_json::json!({"detail": e.to_string()}));
     }
     page(&record, options);
-}
-
-fn queued_ms(lease: &Lease) -> Option<u64> {
-    lease
-        .queued_at
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .ok()
-        .and_then(|d| u64::try_from(d.as_millis()).ok())
 }
 
 /// Writes the record (once); a record that exists already is left as it is.
