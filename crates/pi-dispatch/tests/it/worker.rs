@@ -201,9 +201,22 @@ fn a_job_runs_in_its_sandbox_and_pi_calls_mcp_tools_by_every_route() {
     std::fs::write(s.repo.join(".pi/extensions/repo.js"), registers("repoext")).unwrap();
     s.d.write("pi-global/extensions/sneaky.js", &registers("sneaky"));
     let id = s.queue("Use the MCP tools.", "direct,web,scripted");
-    s.work();
+    let worked = s.work();
 
     let record = s.record(&id);
+    // The provider's key goes into the sandbox only: not the worker's output, the record, or any
+    // file of the deployment.
+    assert!(!worked.stderr.contains(MODEL_KEY) && !worked.stdout.contains(MODEL_KEY));
+    for (path, bytes) in crate::common::files_under(s.d.path()) {
+        if path.starts_with(s.d.path().join("images")) {
+            continue;
+        }
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(MODEL_KEY),
+            "{} holds the provider's key",
+            path.display()
+        );
+    }
     let results = s.results();
     assert_eq!(record["outcome"], "completed", "{record:#}\n{results:#?}");
     assert_eq!(record["exitCode"], 0);
