@@ -15,6 +15,7 @@ pub mod models;
 pub mod problem;
 pub mod reference;
 pub mod settings;
+pub mod spawn;
 pub mod triggers;
 pub mod url;
 

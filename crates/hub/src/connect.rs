@@ -181,17 +181,19 @@ pub async fn connect_stdio(
     events: UpstreamEvents,
 ) -> Result<Upstream, ConnectError> {
     let started = Instant::now();
-    let mut cmd = tokio::process::Command::new(command);
-    cmd.args(args)
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .current_dir(cwd)
-        .process_group(0)
-        .kill_on_drop(true);
-    let (transport, stderr) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| ConnectError::new(name, ConnectFailure::NotStarted(e.kind().to_string())))?;
+    let (transport, stderr) = config::spawn::retry_busy(|| {
+        let mut cmd = tokio::process::Command::new(command);
+        cmd.args(args)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir(cwd)
+            .process_group(0)
+            .kill_on_drop(true);
+        TokioChildProcess::builder(cmd)
+            .stderr(Stdio::piped())
+            .spawn()
+    })
+    .map_err(|e| ConnectError::new(name, ConnectFailure::NotStarted(e.kind().to_string())))?;
     // With `process_group(0)` the child leads a group whose id is its pid.
     let group = transport
         .id()

@@ -339,7 +339,7 @@ async fn agent(
         .current_dir(&job.workspace)
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = match cmd.spawn() {
+    let mut child = match config::spawn::retry_busy(|| cmd.spawn()) {
         Ok(c) => c,
         Err(e) => {
             return AgentEnd::Stopped(

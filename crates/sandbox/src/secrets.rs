@@ -313,7 +313,8 @@ impl Resolver {
     /// Runs the resolver once: how it ended and what it printed (at most one byte past what a
     /// value may be).
     async fn run(&self, reference: &str) -> Result<(Ending, Vec<u8>), Run> {
-        let mut child = tokio::process::Command::new(&self.program)
+        let mut command = tokio::process::Command::new(&self.program);
+        command
             .arg(reference)
             .current_dir(&self.deployment)
             .stdin(Stdio::null())
@@ -321,9 +322,9 @@ impl Resolver {
             // It may echo what it looked up: never read, never logged.
             .stderr(Stdio::null())
             .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| Run::NotStarted(e.kind()))?;
+            .kill_on_drop(true);
+        let mut child =
+            config::spawn::retry_busy(|| command.spawn()).map_err(|e| Run::NotStarted(e.kind()))?;
         let group = child.id();
         let mut stdout = child
             .stdout

@@ -300,12 +300,13 @@ fn on_failure(program: &std::path::Path, record: &Record) {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
-    let child = std::process::Command::new(program)
+    let mut command = std::process::Command::new(program);
+    command
         .args([&record.job_id, record.outcome.as_str(), reason, &host])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn();
+        .stderr(std::process::Stdio::null());
+    let child = config::spawn::retry_busy(|| command.spawn());
     let Ok(mut child) = child else {
         log(
             "on_failure_failed",
