@@ -17,14 +17,20 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use rmcp::model::{Implementation, InitializeResult, ServerPeerInfo, Tool};
 use rmcp::service::{ClientInitializeError, RunningService, ServiceError};
-use rmcp::transport::{IntoTransport, TokioChildProcess};
+use rmcp::transport::async_rw::AsyncRwTransport;
+use rmcp::transport::{IntoTransport, Transport};
 use rmcp::{Peer, RoleClient, ServiceExt};
 use tokio::io::AsyncReadExt;
 
+use crate::raw::LineTap;
 use crate::relay::UpstreamEvents;
 
 /// How much of a stdio server's stderr is kept: the last 16 KiB.
 pub const STDERR_TAIL_BYTES: usize = 16 * 1024;
+
+/// The longest line of a stdio server's output whose result is relayed as the server wrote it (a
+/// longer one is relayed as rmcp read it): the HTTP servers' body limit.
+const MAX_RAW_LINE: usize = 16 * 1024 * 1024;
 
 /// How long [`Upstream::shutdown`] lets the server go by itself (stdin closed, then `SIGTERM`) before
 /// its whole process group is killed.
@@ -181,24 +187,34 @@ pub async fn connect_stdio(
     events: UpstreamEvents,
 ) -> Result<Upstream, ConnectError> {
     let started = Instant::now();
-    let (transport, stderr) = config::spawn::retry_busy(|| {
-        let mut cmd = tokio::process::Command::new(command);
-        cmd.args(args)
-            .env_clear()
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .current_dir(cwd)
-            .process_group(0)
-            .kill_on_drop(true);
-        TokioChildProcess::builder(cmd)
-            .stderr(Stdio::piped())
-            .spawn()
-    })
-    .map_err(|e| ConnectError::new(name, ConnectFailure::NotStarted(e.kind().to_string())))?;
+    let mut cmd = tokio::process::Command::new(command);
+    cmd.args(args)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let not_started = |e: std::io::Error| {
+        ConnectError::new(name, ConnectFailure::NotStarted(e.kind().to_string()))
+    };
+    let mut child = config::spawn::retry_busy(|| cmd.spawn()).map_err(not_started)?;
     // With `process_group(0)` the child leads a group whose id is its pid.
-    let group = transport
+    let group = child
         .id()
         .and_then(|pid| i32::try_from(pid).ok())
         .map(ProcessGroup);
+    let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+        return Err(not_started(std::io::ErrorKind::BrokenPipe.into()));
+    };
+    let stderr = child.stderr.take();
+    let stdout = LineTap::new(stdout, events.raw().clone(), MAX_RAW_LINE);
+    let transport = ChildTransport {
+        messages: AsyncRwTransport::new(stdout, stdin),
+        child,
+    };
     let tail = StderrTail::default();
     let collector = stderr.map(|stderr| tokio::spawn(tail.clone().collect(stderr)));
     match handshake(name, transport, events, started).await {
@@ -380,6 +396,50 @@ fn closed(error: &rmcp::transport::DynamicTransportError) -> bool {
                     | std::io::ErrorKind::ConnectionReset
             )
         })
+}
+
+/// A stdio server's connection: its messages over its standard input and output (the output also
+/// read by the [`LineTap`]), and the server itself. Closing it is the stdio shutdown the protocol
+/// describes: standard input closed, a while to exit, then `SIGTERM`, a while more, then `SIGKILL`.
+struct ChildTransport {
+    messages: AsyncRwTransport<
+        RoleClient,
+        LineTap<tokio::process::ChildStdout>,
+        tokio::process::ChildStdin,
+    >,
+    child: tokio::process::Child,
+}
+
+impl Transport<RoleClient> for ChildTransport {
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: rmcp::service::TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.messages.send(item)
+    }
+
+    fn receive(
+        &mut self,
+    ) -> impl Future<Output = Option<rmcp::service::RxJsonRpcMessage<RoleClient>>> + Send {
+        self.messages.receive()
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        let _ = self.messages.close().await;
+        let wait = POLITE_SHUTDOWN / 2;
+        if tokio::time::timeout(wait, self.child.wait()).await.is_ok() {
+            return Ok(());
+        }
+        if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+        if tokio::time::timeout(wait, self.child.wait()).await.is_ok() {
+            return Ok(());
+        }
+        self.child.kill().await
+    }
 }
 
 /// A process group, killed (`SIGKILL` to every member) when dropped; [`ProcessGroup::end`] also

@@ -34,6 +34,7 @@ use tokio::sync::watch;
 use pickup::reason::RunnerReason;
 
 use crate::job_file::Stop;
+use crate::raw::RawResults;
 use crate::resolve::Secret;
 
 /// The largest response body taken from a server: 16 MiB.
@@ -471,6 +472,9 @@ pub type HttpTransport = StreamableHttpClientTransport<GuardedClient>;
 pub struct Upstream {
     pub transport: HttpTransport,
     pub monitor: Monitor,
+    /// The server's results as it sent them, for the relay: connect with
+    /// [`crate::relay::UpstreamEvents::reading`] this.
+    pub raw: RawResults,
 }
 
 /// The transport for the server at `url` with `headers`, held to the spec's rules. Must be called
@@ -483,6 +487,7 @@ pub fn transport(
 ) -> Result<Upstream, HttpError> {
     let client = GuardedClient::new(url, headers, policy)?;
     let monitor = client.monitor.clone();
+    let raw = client.raw.clone();
     let limit = usize::try_from(policy.max_body).unwrap_or(usize::MAX);
     let mut config = StreamableHttpClientTransportConfig::with_uri(url.expose())
         .max_json_response_size(limit)
@@ -491,6 +496,7 @@ pub fn transport(
     Ok(Upstream {
         transport: StreamableHttpClientTransport::with_client(client, config),
         monitor,
+        raw,
     })
 }
 
@@ -514,6 +520,7 @@ pub struct GuardedClient {
     headers: Arc<Vec<(HeaderName, HeaderValue)>>,
     max_body: u64,
     monitor: Monitor,
+    raw: RawResults,
 }
 
 impl std::fmt::Debug for GuardedClient {
@@ -574,6 +581,7 @@ impl GuardedClient {
             headers: Arc::new(own),
             max_body: policy.max_body,
             monitor: Monitor::new(origin),
+            raw: RawResults::default(),
         })
     }
 
@@ -661,7 +669,17 @@ impl GuardedClient {
         &self,
         response: reqwest::Response,
     ) -> BoxStream<'static, Result<Sse, SseError>> {
-        SseStream::from_bytes_stream(self.bounded(response)).boxed()
+        let raw = self.raw.clone();
+        SseStream::from_bytes_stream(self.bounded(response))
+            .inspect(move |event| {
+                if let Ok(Sse {
+                    data: Some(data), ..
+                }) = event
+                {
+                    raw.see(data.as_bytes());
+                }
+            })
+            .boxed()
     }
 
     async fn json_body(&self, response: reqwest::Response) -> Result<Vec<u8>, Refused> {
@@ -737,6 +755,7 @@ impl GuardedClient {
             )),
             Some(JSON) => {
                 let body = self.json_body(response).await?;
+                self.raw.see(&body);
                 match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
                     Ok(message) => Ok(StreamableHttpPostResponse::Json(message, new_session)),
                     Err(_) if awaits_no_response => Ok(StreamableHttpPostResponse::Accepted),

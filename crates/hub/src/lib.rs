@@ -2,6 +2,7 @@
 //! what each reference resolves to, what a stdio server may see, how long to wait, what the exit line
 //! says) are pure functions here; the connections are built on them.
 
+mod answers;
 pub mod connect;
 pub mod exit_line;
 pub mod guard;
@@ -11,6 +12,7 @@ pub mod job_file;
 pub mod pi_agent;
 pub mod pi_config;
 pub mod plan;
+pub mod raw;
 pub mod relay;
 pub mod resolve;
 pub mod runner;

@@ -16,8 +16,9 @@
 //! progress notification goes instead to the session whose request it reports on, with that
 //! request's own token.
 //!
-//! Everything is carried through rmcp's typed model: a field rmcp's model does not know is dropped on
-//! the way (server-everything's `capabilities.tasks` and a tool's `execution`, for instance).
+//! Everything is carried through rmcp's typed model, which keeps only the fields it knows; a result
+//! then leaves for pi as the server wrote it ([`crate::raw`] keeps it, [`crate::answers`] sends it).
+//! The rest (the `initialize` answer, notifications, requests either way) is rmcp's reading.
 
 // Logging, sampling, roots and resource subscriptions are deprecated in rmcp (SEP-2577) but are the
 // protocol `2025-11-25` pi and the servers speak; the relay passes them through.
@@ -27,7 +28,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use ::http::{Request, Response, StatusCode, header};
@@ -64,13 +65,16 @@ use rmcp::{
     ErrorData as McpError, Peer, RoleClient, RoleServer, ServerHandler, Service, ServiceError,
 };
 use serde::Serialize;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
+use crate::answers::{AnswerKey, Answers, RawSessions, answer_key, lock_answers};
 use crate::connect::Upstream;
+use crate::raw::RawResults;
 
 /// The GitHub forge server's tools the job withholds (merging, approving, starting Copilot).
 pub const GITHUB_WITHHELD: [&str; 4] = [
@@ -256,6 +260,8 @@ struct Shared {
     to_upstream: ProgressRoutes<RoleClient>,
     /// The server's notifications, in the order they arrived, to the task that forwards them.
     queue: Mutex<Option<mpsc::Sender<Forward>>>,
+    /// The server's results as it sent them, where its transport reads them.
+    raw: RawResults,
 }
 
 impl Shared {
@@ -418,6 +424,18 @@ impl UpstreamEvents {
     /// A client that declares `capabilities` to the server; the requests they invite are relayed to
     /// pi, which answers them or refuses.
     pub fn with_capabilities(capabilities: ClientCapabilities) -> UpstreamEvents {
+        UpstreamEvents::with_raw(capabilities, RawResults::default())
+    }
+
+    /// A client that declares no capability, for a connection whose transport keeps its results
+    /// in `raw` as the server sent them (the HTTP transport's [`crate::http::Upstream::raw`]): the
+    /// relay hands pi those rather than rmcp's reading of them. A stdio connection needs no
+    /// such thing: [`crate::connect::connect_stdio`] reads the server's output itself.
+    pub fn reading(raw: RawResults) -> UpstreamEvents {
+        UpstreamEvents::with_raw(ClientCapabilities::default(), raw)
+    }
+
+    fn with_raw(capabilities: ClientCapabilities, raw: RawResults) -> UpstreamEvents {
         UpstreamEvents {
             shared: Arc::new(Shared {
                 capabilities,
@@ -425,8 +443,14 @@ impl UpstreamEvents {
                 to_downstream: tokio::sync::Mutex::new(HashMap::new()),
                 to_upstream: tokio::sync::Mutex::new(HashMap::new()),
                 queue: Mutex::new(None),
+                raw,
             }),
         }
+    }
+
+    /// Where the connection's transport keeps the server's results as it sent them.
+    pub(crate) fn raw(&self) -> &RawResults {
+        &self.shared.raw
     }
 
     /// Wraps the transport of the connection made with these events (one connection per
@@ -506,7 +530,9 @@ impl Service<RoleClient> for UpstreamEvents {
         // Sent from a task of its own: this handler runs scoped with the server's request id, which
         // rmcp would otherwise attach to the request as the pi request it belongs to.
         let relayed = tokio::spawn(async move {
-            relay_request(&session.peer, request, ct, route, &shared.to_upstream, None).await
+            relay_request(&session.peer, request, ct, route, &shared.to_upstream, None)
+                .await
+                .map(|(answer, _)| answer)
         });
         relayed
             .await
@@ -564,7 +590,7 @@ async fn relay_request<R, P>(
     progress: Option<ProgressRoute<P>>,
     routes: &ProgressRoutes<P>,
     ordered: Option<&Shared>,
-) -> Result<R::PeerResp, McpError>
+) -> Result<(R::PeerResp, RequestId), McpError>
 where
     R: ServiceRole,
     P: ServiceRole,
@@ -580,6 +606,7 @@ where
     }
     drop(map);
     let id = handle.id.clone();
+    let handle_id = id.clone();
     let answer = tokio::select! {
         answer = handle.await_response() => answer.map_err(relay_error),
         () = ct.cancelled() => {
@@ -595,7 +622,7 @@ where
         shared.flush().await;
     }
     routes.lock().await.remove(&token);
-    answer
+    answer.map(|answer| (answer, handle_id))
 }
 
 fn relay_error(e: ServiceError) -> McpError {
@@ -635,6 +662,8 @@ struct Served {
     withheld: Withheld,
     events: UpstreamEvents,
     calls: Arc<ToolCalls>,
+    /// The server's own results waiting to be sent to pi (see [`RawSessions`]).
+    answers: Answers,
 }
 
 /// One of pi's sessions with one server.
@@ -644,11 +673,23 @@ struct RelaySession {
 }
 
 impl RelaySession {
+    fn new(served: Arc<Served>) -> RelaySession {
+        RelaySession {
+            served,
+            session: OnceLock::new(),
+        }
+    }
+
+    fn answers(&self) -> MutexGuard<'_, HashMap<AnswerKey, Value>> {
+        lock_answers(&self.served.answers)
+    }
+
     async fn forward(
         &self,
         mut request: ClientRequest,
         context: RequestContext<RoleServer>,
     ) -> Result<ServerResult, McpError> {
+        let key = answer_key(&context);
         let pi_token = context.meta.get_progress_token();
         if !context.meta.is_empty() {
             *request.get_meta_mut() = context.meta.clone();
@@ -661,7 +702,7 @@ impl RelaySession {
             peer: context.peer.clone(),
             token,
         });
-        relay_request(
+        let (result, id) = relay_request(
             &self.served.peer,
             request,
             context.ct.clone(),
@@ -669,7 +710,12 @@ impl RelaySession {
             &self.served.events.shared.to_downstream,
             Some(&self.served.events.shared),
         )
-        .await
+        .await?;
+        let raw = self.served.events.raw().take(&id);
+        if let (Some(key), Some(raw)) = (key, raw) {
+            self.answers().insert(key, raw);
+        }
+        Ok(result)
     }
 
     async fn notify_upstream(
@@ -701,6 +747,7 @@ impl RelaySession {
             return refuse(format!("unknown tool {tool}: the server did not list it"));
         }
         let started = Instant::now();
+        let key = answer_key(&context);
         let answer = self
             .forward(
                 ClientRequest::CallToolRequest(CallToolRequest::new(params)),
@@ -709,13 +756,23 @@ impl RelaySession {
             .await;
         let took = started.elapsed();
         let answer = answer.and_then(|result| {
-            let bytes = serde_json::to_vec(&result).map_or(0, |b| b.len());
-            call_tool_response(result).map(|r| (r, bytes))
+            // What pi gets: the server's own result when it was seen, else rmcp's reading of it.
+            let answers = self.answers();
+            let (bytes, raw_error) = match key.as_ref().and_then(|k| answers.get(k)) {
+                Some(raw) => (
+                    serde_json::to_vec(raw).map_or(0, |b| b.len()),
+                    Some(raw.get("isError") == Some(&Value::Bool(true))),
+                ),
+                None => (serde_json::to_vec(&result).map_or(0, |b| b.len()), None),
+            };
+            drop(answers);
+            call_tool_response(result).map(|r| (r, bytes, raw_error))
         });
         match answer {
-            Ok((response, bytes)) => {
-                let failed =
-                    matches!(&response, CallToolResponse::Complete(r) if r.is_error == Some(true));
+            Ok((response, bytes, raw_error)) => {
+                let failed = raw_error.unwrap_or(
+                    matches!(&response, CallToolResponse::Complete(r) if r.is_error == Some(true)),
+                );
                 let outcome = if failed { Outcome::Error } else { Outcome::Ok };
                 served
                     .calls
@@ -910,13 +967,26 @@ impl ServerHandler for RelaySession {
             params: request,
             extensions: Default::default(),
         });
+        let key = answer_key(&context);
         let mut result: ListToolsResult = match self.forward(request, context).await? {
             ServerResult::ListToolsResult(r) => r,
             other => typed(other)?,
         };
+        let allowed = &self.served.allowed;
         result
             .tools
-            .retain(|tool| self.served.allowed.contains(tool.name.as_ref()));
+            .retain(|tool| allowed.contains(tool.name.as_ref()));
+        let mut answers = self.answers();
+        if let Some(Value::Array(tools)) = key
+            .and_then(|k| answers.get_mut(&k))
+            .and_then(|raw| raw.get_mut("tools"))
+        {
+            tools.retain(|tool| {
+                tool.get("name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|name| allowed.contains(name))
+            });
+        }
         Ok(result)
     }
 
@@ -1177,19 +1247,19 @@ pub async fn serve(upstreams: Vec<(Upstream, Withheld)>, token: String) -> Resul
             withheld,
             events: upstream.events().clone(),
             calls: calls.clone(),
+            answers: Answers::default(),
         });
-        let mut sessions = LocalSessionManager::default();
+        let mut local = LocalSessionManager::default();
         // pi may leave a server idle for the whole job: its session lasts until the hub stops.
-        sessions.session_config.keep_alive = None;
+        local.session_config.keep_alive = None;
+        let sessions = RawSessions {
+            local,
+            answers: served.answers.clone(),
+        };
         let config =
             StreamableHttpServerConfig::default().with_cancellation_token(ct.child_token());
         let service = StreamableHttpService::new(
-            move || {
-                Ok(RelaySession {
-                    served: served.clone(),
-                    session: OnceLock::new(),
-                })
-            },
+            move || Ok(RelaySession::new(served.clone())),
             Arc::new(sessions),
             config,
         );
@@ -1219,7 +1289,7 @@ pub async fn serve(upstreams: Vec<(Upstream, Withheld)>, token: String) -> Resul
 type HttpBody = BoxBody<Bytes, Infallible>;
 
 struct Router {
-    routes: HashMap<String, StreamableHttpService<RelaySession, LocalSessionManager>>,
+    routes: HashMap<String, StreamableHttpService<RelaySession, RawSessions>>,
     /// SHA-256 of the one `Authorization` value accepted.
     expected: Vec<u8>,
 }

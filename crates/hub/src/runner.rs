@@ -255,7 +255,13 @@ async fn connect_http(
             }
         };
         let monitor = upstream.monitor.clone();
-        match connect::connect_transport(name, upstream.transport, UpstreamEvents::new()).await {
+        match connect::connect_transport(
+            name,
+            upstream.transport,
+            UpstreamEvents::reading(upstream.raw),
+        )
+        .await
+        {
             Ok(connected) => return Outcome::Ready(connected, Some(monitor)),
             Err(error) => {
                 let failure = match error.transport_error() {

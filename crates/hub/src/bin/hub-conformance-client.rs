@@ -53,9 +53,13 @@ async fn run() -> Result<(), String> {
         return Err("the server resolved as a stdio server".to_owned());
     };
     let http = transport(&url, &headers, &HttpPolicy::default()).map_err(|e| e.to_string())?;
-    let upstream = connect_transport("conformance", http.transport, UpstreamEvents::new())
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
+    let upstream = connect_transport(
+        "conformance",
+        http.transport,
+        UpstreamEvents::reading(http.raw),
+    )
+    .await
+    .map_err(|e| format!("connect: {e}"))?;
     println!("connected; tools: {}", upstream.tools.len());
     for tool in &upstream.tools {
         let arguments = match tool.name.as_ref() {
