@@ -285,6 +285,8 @@ where
     } else {
         Vec::new()
     };
+    // The handshake's own results are not pi's to have.
+    events.raw().clear();
     Ok(Upstream {
         name: name.to_owned(),
         tools,
