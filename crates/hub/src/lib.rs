@@ -2,8 +2,8 @@
 //! what each reference resolves to, what a stdio server may see, how long to wait, what the exit line
 //! says) are pure functions here; the connections are built on them.
 
-mod answers;
 pub mod connect;
+mod endpoint;
 pub mod exit_line;
 pub mod guard;
 pub mod http;

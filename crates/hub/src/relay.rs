@@ -16,54 +16,35 @@
 //! progress notification goes instead to the session whose request it reports on, with that
 //! request's own token.
 //!
-//! Everything is carried through rmcp's typed model, which keeps only the fields it knows; a result
-//! then leaves for pi as the server wrote it ([`crate::raw`] keeps it, [`crate::answers`] sends it).
-//! The rest (the `initialize` answer, notifications, requests either way) is rmcp's reading.
+//! The server's side is rmcp's client, whose typed model keeps only the fields it knows; a result
+//! still leaves for pi as the server wrote it ([`crate::raw`] keeps it). pi's side is the hub's own
+//! streamable-HTTP endpoint ([`crate::endpoint`]). What is rmcp's reading: the `initialize` answer,
+//! the server's notifications and requests, pi's requests (parsed to be sent on).
 
 // Logging, sampling, roots and resource subscriptions are deprecated in rmcp (SEP-2577) but are the
 // protocol `2025-11-25` pi and the servers speak; the relay passes them through.
 #![allow(deprecated)]
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
 
 use ::http::{Request, Response, StatusCode, header};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
-    CancelTaskRequest, CancelledNotification, CancelledNotificationParam, ClientCapabilities,
-    ClientConfig, ClientJsonRpcMessage, ClientNotification, ClientRequest, ClientResult,
-    CompleteRequest, CompleteRequestParams, CompleteResult, CustomNotification, CustomRequest,
-    CustomResult, GetExtensions, GetMeta, GetPromptRequest, GetPromptRequestParams,
-    GetPromptResponse, GetPromptResult, GetSkillRequest, GetSkillRequestParams, GetSkillResult,
-    GetTaskParams, GetTaskRequest, GetTaskResult, Implementation, InitializeRequestParams,
-    InitializeResult, JsonRpcMessage, JsonRpcNotification, ListPromptsRequest, ListPromptsResult,
-    ListResourceTemplatesRequest, ListResourceTemplatesResult, ListResourcesRequest,
-    ListResourcesResult, ListSkillsRequest, ListSkillsResult, ListToolsRequest, ListToolsResult,
-    NotificationMetaObject, PaginatedRequestParams, PingRequest, ProgressNotification,
-    ProgressNotificationParam, ProgressToken, ProtocolVersion, ReadResourceDirectoryRequest,
-    ReadResourceDirectoryRequestParams, ReadResourceDirectoryResult, ReadResourceRequest,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, RequestId,
-    RootsListChangedNotification, ServerConfig, ServerJsonRpcMessage, ServerNotification,
-    ServerRequest, ServerResult, SetLevelRequest, SetLevelRequestParams, SubscribeRequest,
-    SubscribeRequestParams, UnsubscribeRequest, UnsubscribeRequestParams, UpdateTaskParams,
-    UpdateTaskRequest,
+    ClientCapabilities, ClientConfig, ClientJsonRpcMessage, ClientResult, GetMeta, Implementation,
+    JsonRpcMessage, JsonRpcNotification, NotificationMetaObject, ProgressToken, ProtocolVersion,
+    RequestId, ServerJsonRpcMessage, ServerNotification, ServerRequest,
 };
-use rmcp::service::{
-    NotificationContext, OriginatingRequestId, PeerRequestOptions, RequestContext, ServiceRole,
-};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService, Transport};
-use rmcp::{
-    ErrorData as McpError, Peer, RoleClient, RoleServer, ServerHandler, Service, ServiceError,
-};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::transport::Transport;
+use rmcp::{ErrorData as McpError, RoleClient, Service};
 use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -72,8 +53,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::answers::{AnswerKey, Answers, RawSessions, answer_key, lock_answers};
 use crate::connect::Upstream;
+use crate::endpoint::{Endpoint, HttpBody, PiSession, Served};
 use crate::raw::RawResults;
 
 /// The GitHub forge server's tools the job withholds (merging, approving, starting Copilot).
@@ -149,17 +130,24 @@ pub struct ToolCallCount {
 }
 
 #[derive(Debug, Clone, Copy)]
-enum Outcome {
+pub(crate) enum Outcome {
     Ok,
     Error,
     Refused,
 }
 
 #[derive(Debug, Default)]
-struct ToolCalls(Mutex<BTreeMap<(String, String), ToolCallCount>>);
+pub(crate) struct ToolCalls(Mutex<BTreeMap<(String, String), ToolCallCount>>);
 
 impl ToolCalls {
-    fn record(&self, server: &str, tool: &str, outcome: Outcome, took: Duration, bytes: usize) {
+    pub(crate) fn record(
+        &self,
+        server: &str,
+        tool: &str,
+        outcome: Outcome,
+        took: Duration,
+        bytes: usize,
+    ) {
         let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let count = all
             .entry((server.to_owned(), tool.to_owned()))
@@ -184,99 +172,45 @@ impl ToolCalls {
     }
 }
 
-/// Where a progress notification for a relayed request goes: the peer that asked, with its token.
-struct ProgressRoute<R: ServiceRole> {
-    peer: Peer<R>,
-    token: ProgressToken,
+/// Where the progress of one of pi's requests goes: that request's stream, under pi's own token.
+pub(crate) struct ProgressRoute {
+    pub(crate) stream: mpsc::Sender<Value>,
+    pub(crate) token: Value,
 }
 
-impl<R: ServiceRole> Clone for ProgressRoute<R> {
-    fn clone(&self) -> Self {
-        ProgressRoute {
-            peer: self.peer.clone(),
-            token: self.token.clone(),
-        }
-    }
-}
-
-/// Progress routes by the token rmcp put on the relayed request. A tokio mutex, held while the
-/// request is sent, so that a progress notification cannot overtake its route.
-type ProgressRoutes<R> = tokio::sync::Mutex<HashMap<ProgressToken, ProgressRoute<R>>>;
-
-/// One downstream (pi's) session, once initialized.
-struct Session {
-    peer: Peer<RoleServer>,
-    /// pi's requests being relayed, oldest first.
-    in_flight: Mutex<Vec<RequestId>>,
-}
-
-impl Session {
-    fn latest_in_flight(&self) -> Option<RequestId> {
-        let ids = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        ids.last().cloned()
-    }
-}
-
-/// Marks one of pi's requests in flight while it is relayed.
-struct InFlight {
-    session: Arc<Session>,
-    id: RequestId,
-}
-
-impl InFlight {
-    fn new(session: Arc<Session>, id: RequestId) -> InFlight {
-        session
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(id.clone());
-        InFlight { session, id }
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let mut ids = self
-            .session
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(at) = ids.iter().rposition(|id| *id == self.id) {
-            ids.remove(at);
-        }
-    }
-}
-
-struct Shared {
+pub(crate) struct Shared {
     capabilities: ClientCapabilities,
     /// pi's sessions, in the order they initialized.
-    sessions: Mutex<Vec<Weak<Session>>>,
-    /// Routes for the progress of requests relayed to the server, towards pi.
-    to_downstream: ProgressRoutes<RoleServer>,
-    /// Routes for the progress of the server's requests relayed to pi, back to the server.
-    to_upstream: ProgressRoutes<RoleClient>,
+    sessions: Mutex<Vec<Weak<PiSession>>>,
+    /// Routes for the progress of requests relayed to the server, by the token rmcp put on the
+    /// relayed request. A Tokio mutex, held while the request is sent, so that a progress
+    /// notification cannot overtake its route.
+    pub(crate) progress: tokio::sync::Mutex<HashMap<ProgressToken, ProgressRoute>>,
     /// The server's notifications, in the order they arrived, to the task that forwards them.
     queue: Mutex<Option<mpsc::Sender<Forward>>>,
+    /// How many of the server's notifications are queued or being forwarded.
+    pending: Arc<AtomicUsize>,
     /// The server's results as it sent them, where its transport reads them.
     raw: RawResults,
 }
 
 impl Shared {
     /// The most recently initialized session that is still open.
-    fn attached(&self) -> Option<Arc<Session>> {
+    fn attached(&self) -> Option<Arc<PiSession>> {
         let sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
         sessions
             .iter()
             .rev()
             .filter_map(Weak::upgrade)
-            .find(|s| !s.peer.is_transport_closed())
+            .find(|s| !s.ended.is_cancelled())
     }
 
     /// Waits (bounded) until every notification the server sent before now has been forwarded.
-    async fn flush(&self) {
+    pub(crate) async fn flush(&self) {
+        // Nothing queued (the usual case): nothing to wait for.
+        if self.pending.load(AtomicOrdering::Acquire) == 0 {
+            return;
+        }
         let queue = self
             .queue
             .lock()
@@ -299,22 +233,26 @@ impl Shared {
             // The server cancels a request it made of the client: rmcp cancels the relayed request
             // (its context token), which tells pi with pi's own request id.
             ServerNotification::CancelledNotification(_) => {}
-            ServerNotification::ProgressNotification(mut progress) => {
-                let route = self
-                    .to_downstream
-                    .lock()
-                    .await
-                    .get(&progress.params.progress_token)
-                    .cloned();
-                if let Some(route) = route {
-                    progress.params.progress_token = route.token;
-                    let notification = ServerNotification::ProgressNotification(progress);
-                    let _ = route.peer.send_notification(notification).await;
+            ServerNotification::ProgressNotification(progress) => {
+                let routes = self.progress.lock().await;
+                let Some(route) = routes.get(&progress.params.progress_token) else {
+                    return;
+                };
+                let notification = ServerJsonRpcMessage::notification(
+                    ServerNotification::ProgressNotification(progress),
+                );
+                if let Ok(mut message) = serde_json::to_value(notification) {
+                    message["params"]["progressToken"] = route.token.clone();
+                    let _ = route.stream.try_send(message);
                 }
             }
             other => {
-                if let Some(session) = self.attached() {
-                    let _ = session.peer.send_notification(other).await;
+                let Some(session) = self.attached() else {
+                    return;
+                };
+                if let Ok(message) = serde_json::to_value(ServerJsonRpcMessage::notification(other))
+                {
+                    session.deliver(message);
                 }
             }
         }
@@ -345,6 +283,7 @@ async fn forward_in_order(shared: Weak<Shared>, mut queue: mpsc::Receiver<Forwar
                     return;
                 };
                 let _ = tokio::time::timeout(FORWARD_BOUND, shared.forward(notification)).await;
+                shared.pending.fetch_sub(1, AtomicOrdering::Release);
             }
         }
     }
@@ -357,6 +296,7 @@ async fn forward_in_order(shared: Weak<Shared>, mut queue: mpsc::Receiver<Forwar
 pub(crate) struct Ordered<T> {
     inner: T,
     queue: mpsc::Sender<Forward>,
+    pending: Arc<AtomicUsize>,
 }
 
 impl<T: Transport<RoleClient>> Transport<RoleClient> for Ordered<T> {
@@ -379,7 +319,14 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Ordered<T> {
                     // Nothing awaits between taking the message and queueing it: cancel-safe as
                     // the inner transport is. A server that floods a stalled client loses the
                     // notifications that do not fit.
-                    let _ = self.queue.try_send(Forward::Notification(notification));
+                    self.pending.fetch_add(1, AtomicOrdering::AcqRel);
+                    if self
+                        .queue
+                        .try_send(Forward::Notification(notification))
+                        .is_err()
+                    {
+                        self.pending.fetch_sub(1, AtomicOrdering::Release);
+                    }
                 }
                 other => return Some(other),
             }
@@ -440,9 +387,9 @@ impl UpstreamEvents {
             shared: Arc::new(Shared {
                 capabilities,
                 sessions: Mutex::new(Vec::new()),
-                to_downstream: tokio::sync::Mutex::new(HashMap::new()),
-                to_upstream: tokio::sync::Mutex::new(HashMap::new()),
+                progress: tokio::sync::Mutex::new(HashMap::new()),
                 queue: Mutex::new(None),
+                pending: Arc::new(AtomicUsize::new(0)),
                 raw,
             }),
         }
@@ -463,7 +410,11 @@ impl UpstreamEvents {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(queue.clone());
         tokio::spawn(forward_in_order(Arc::downgrade(&self.shared), forwarded));
-        Ordered { inner, queue }
+        Ordered {
+            inner,
+            queue,
+            pending: self.shared.pending.clone(),
+        }
     }
 
     /// Whether a downstream session is attached (initialized and still open).
@@ -471,7 +422,7 @@ impl UpstreamEvents {
         self.attached().is_some()
     }
 
-    fn attach(&self, session: &Arc<Session>) {
+    pub(crate) fn attach(&self, session: &Arc<PiSession>) {
         let mut sessions = self
             .shared
             .sessions
@@ -481,8 +432,12 @@ impl UpstreamEvents {
         sessions.push(Arc::downgrade(session));
     }
 
-    fn attached(&self) -> Option<Arc<Session>> {
+    fn attached(&self) -> Option<Arc<PiSession>> {
         self.shared.attached()
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
     }
 }
 
@@ -510,33 +465,26 @@ impl Service<RoleClient> for UpstreamEvents {
                 )),
             };
         };
-        let server_token = context.meta.get_progress_token();
+        // With the server's own `_meta` (its progress token included: pi's progress on the
+        // request goes back to the server unchanged).
         if !context.meta.is_empty() {
             *request.get_meta_mut() = context.meta.clone();
         }
-        // Ride the stream of pi's latest request in flight (the one the server is most likely
-        // working on), or pi's standalone stream when none is.
-        if let Some(origin) = session.latest_in_flight() {
-            request
-                .extensions_mut()
-                .insert(OriginatingRequestId(origin));
+        let message = ServerJsonRpcMessage::request(request, RequestId::Number(0));
+        let message = serde_json::to_value(message)
+            .map_err(|_| McpError::internal_error("the request cannot be relayed", None))?;
+        let answer = session.ask(message, &context.ct).await?;
+        if let Some(error) = answer.get("error") {
+            return Err(
+                serde_json::from_value::<McpError>(error.clone()).unwrap_or_else(|_| {
+                    McpError::internal_error("pi answered with an unreadable error", None)
+                }),
+            );
         }
-        let route = server_token.map(|token| ProgressRoute {
-            peer: context.peer.clone(),
-            token,
-        });
-        let shared = self.shared.clone();
-        let ct = context.ct.clone();
-        // Sent from a task of its own: this handler runs scoped with the server's request id, which
-        // rmcp would otherwise attach to the request as the pi request it belongs to.
-        let relayed = tokio::spawn(async move {
-            relay_request(&session.peer, request, ct, route, &shared.to_upstream, None)
-                .await
-                .map(|(answer, _)| answer)
-        });
-        relayed
-            .await
-            .unwrap_or_else(|_| Err(McpError::internal_error("the relay failed", None)))
+        let result = answer.get("result").cloned().unwrap_or(Value::Null);
+        serde_json::from_value::<ClientResult>(result).map_err(|_| {
+            McpError::internal_error("pi's answer does not have the shape of a result", None)
+        })
     }
 
     async fn handle_notification(
@@ -578,551 +526,6 @@ where
     if !meta.is_empty() {
         *notification.get_meta_mut() = meta;
     }
-}
-
-/// Sends `request` to `to` and waits for its answer; passes a cancellation on (`ct`), and routes the
-/// request's progress to `progress` meanwhile. With `ordered`, the answer waits until the
-/// notifications the server sent before it have been forwarded.
-async fn relay_request<R, P>(
-    to: &Peer<R>,
-    request: R::Req,
-    ct: CancellationToken,
-    progress: Option<ProgressRoute<P>>,
-    routes: &ProgressRoutes<P>,
-    ordered: Option<&Shared>,
-) -> Result<(R::PeerResp, RequestId), McpError>
-where
-    R: ServiceRole,
-    P: ServiceRole,
-{
-    let mut map = routes.lock().await;
-    let handle = to
-        .send_request_with_option(request, PeerRequestOptions::no_options())
-        .await
-        .map_err(relay_error)?;
-    let token = handle.progress_token.clone();
-    if let Some(route) = progress {
-        map.insert(token.clone(), route);
-    }
-    drop(map);
-    let id = handle.id.clone();
-    let handle_id = id.clone();
-    let answer = tokio::select! {
-        answer = handle.await_response() => answer.map_err(relay_error),
-        () = ct.cancelled() => {
-            let cancelled = CancelledNotification::new(CancelledNotificationParam::new(
-                Some(id),
-                Some("the request was cancelled".to_owned()),
-            ));
-            let _ = to.send_notification(cancelled.into()).await;
-            Err(McpError::internal_error("the request was cancelled", None))
-        }
-    };
-    if let Some(shared) = ordered {
-        shared.flush().await;
-    }
-    routes.lock().await.remove(&token);
-    answer.map(|answer| (answer, handle_id))
-}
-
-fn relay_error(e: ServiceError) -> McpError {
-    match e {
-        // The peer's own error passes through unchanged.
-        ServiceError::McpError(e) => e,
-        ServiceError::TransportClosed => McpError::internal_error("the connection is closed", None),
-        ServiceError::Cancelled { .. } => {
-            McpError::internal_error("the request was cancelled", None)
-        }
-        _ => McpError::internal_error("the request could not be relayed", None),
-    }
-}
-
-fn unexpected() -> McpError {
-    McpError::internal_error(
-        "the server's answer does not have the shape its request expects",
-        None,
-    )
-}
-
-/// The result as the type its request expects. rmcp reads a result without knowing its request
-/// (its result type is untagged), so it may have read it as another type of the same shape.
-fn typed<T: serde::de::DeserializeOwned>(result: ServerResult) -> Result<T, McpError> {
-    serde_json::to_value(result)
-        .and_then(serde_json::from_value)
-        .map_err(|_| unexpected())
-}
-
-/// One server as it is served.
-struct Served {
-    name: String,
-    peer: Peer<RoleClient>,
-    info: InitializeResult,
-    /// Listed at connect and not withheld.
-    allowed: HashSet<String>,
-    withheld: Withheld,
-    events: UpstreamEvents,
-    calls: Arc<ToolCalls>,
-    /// The server's own results waiting to be sent to pi (see [`RawSessions`]).
-    answers: Answers,
-}
-
-/// One of pi's sessions with one server.
-struct RelaySession {
-    served: Arc<Served>,
-    session: OnceLock<Arc<Session>>,
-}
-
-impl RelaySession {
-    fn new(served: Arc<Served>) -> RelaySession {
-        RelaySession {
-            served,
-            session: OnceLock::new(),
-        }
-    }
-
-    fn answers(&self) -> MutexGuard<'_, HashMap<AnswerKey, Value>> {
-        lock_answers(&self.served.answers)
-    }
-
-    async fn forward(
-        &self,
-        mut request: ClientRequest,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ServerResult, McpError> {
-        let key = answer_key(&context);
-        let pi_token = context.meta.get_progress_token();
-        if !context.meta.is_empty() {
-            *request.get_meta_mut() = context.meta.clone();
-        }
-        let _in_flight = self
-            .session
-            .get()
-            .map(|s| InFlight::new(s.clone(), context.id.clone()));
-        let route = pi_token.map(|token| ProgressRoute {
-            peer: context.peer.clone(),
-            token,
-        });
-        let (result, id) = relay_request(
-            &self.served.peer,
-            request,
-            context.ct.clone(),
-            route,
-            &self.served.events.shared.to_downstream,
-            Some(&self.served.events.shared),
-        )
-        .await?;
-        let raw = self.served.events.raw().take(&id);
-        if let (Some(key), Some(raw)) = (key, raw) {
-            self.answers().insert(key, raw);
-        }
-        Ok(result)
-    }
-
-    async fn notify_upstream(
-        &self,
-        mut notification: ClientNotification,
-        context: NotificationContext<RoleServer>,
-    ) {
-        restore_notification_meta(&mut notification, context.meta);
-        let _ = self.served.peer.send_notification(notification).await;
-    }
-
-    async fn call(
-        &self,
-        params: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, McpError> {
-        let served = &self.served;
-        let tool = params.name.to_string();
-        let refuse = |message: String| {
-            served
-                .calls
-                .record(&served.name, &tool, Outcome::Refused, Duration::ZERO, 0);
-            Err(McpError::invalid_params(message, None))
-        };
-        if served.withheld.contains(&tool) {
-            return refuse(format!("tool {tool} is withheld from this job"));
-        }
-        if !served.allowed.contains(&tool) {
-            return refuse(format!("unknown tool {tool}: the server did not list it"));
-        }
-        let started = Instant::now();
-        let key = answer_key(&context);
-        let answer = self
-            .forward(
-                ClientRequest::CallToolRequest(CallToolRequest::new(params)),
-                context,
-            )
-            .await;
-        let took = started.elapsed();
-        let answer = answer.and_then(|result| {
-            // What pi gets: the server's own result when it was seen, else rmcp's reading of it.
-            let answers = self.answers();
-            let (bytes, raw_error) = match key.as_ref().and_then(|k| answers.get(k)) {
-                Some(raw) => (
-                    serde_json::to_vec(raw).map_or(0, |b| b.len()),
-                    Some(raw.get("isError") == Some(&Value::Bool(true))),
-                ),
-                None => (serde_json::to_vec(&result).map_or(0, |b| b.len()), None),
-            };
-            drop(answers);
-            call_tool_response(result).map(|r| (r, bytes, raw_error))
-        });
-        match answer {
-            Ok((response, bytes, raw_error)) => {
-                let failed = raw_error.unwrap_or(
-                    matches!(&response, CallToolResponse::Complete(r) if r.is_error == Some(true)),
-                );
-                let outcome = if failed { Outcome::Error } else { Outcome::Ok };
-                served
-                    .calls
-                    .record(&served.name, &tool, outcome, took, bytes);
-                Ok(response)
-            }
-            Err(e) => {
-                served
-                    .calls
-                    .record(&served.name, &tool, Outcome::Error, took, 0);
-                Err(e)
-            }
-        }
-    }
-}
-
-fn call_tool_response(result: ServerResult) -> Result<CallToolResponse, McpError> {
-    Ok(match result {
-        ServerResult::CallToolResult(r) => CallToolResponse::Complete(r),
-        ServerResult::InputRequiredResult(r) => CallToolResponse::InputRequired(r),
-        ServerResult::CreateTaskResult(r) => CallToolResponse::Task(r),
-        other => CallToolResponse::Complete(typed::<CallToolResult>(other)?),
-    })
-}
-
-impl ServerHandler for RelaySession {
-    fn get_info(&self) -> ServerConfig {
-        self.served.info.clone()
-    }
-
-    /// Up to the version the server agreed with the relay: pi gets no newer protocol than the
-    /// server speaks.
-    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        Cow::Borrowed(ProtocolVersion::known_up_to(
-            &self.served.info.protocol_version,
-        ))
-    }
-
-    async fn initialize(
-        &self,
-        request: InitializeRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<InitializeResult, McpError> {
-        context.peer.set_peer_info(request.clone());
-        let session = Arc::new(Session {
-            peer: context.peer.clone(),
-            in_flight: Mutex::new(Vec::new()),
-        });
-        self.served.events.attach(&session);
-        let _ = self.session.set(session);
-        self.negotiate_initialize(&request)
-    }
-
-    async fn ping(&self, context: RequestContext<RoleServer>) -> Result<(), McpError> {
-        let ping = PingRequest {
-            method: Default::default(),
-            extensions: Default::default(),
-        };
-        self.forward(ClientRequest::PingRequest(ping), context)
-            .await
-            .map(drop)
-    }
-
-    async fn complete(
-        &self,
-        request: CompleteRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CompleteResult, McpError> {
-        let request = ClientRequest::CompleteRequest(CompleteRequest::new(request));
-        match self.forward(request, context).await? {
-            ServerResult::CompleteResult(r) => Ok(r),
-            other => typed(other),
-        }
-    }
-
-    async fn set_level(
-        &self,
-        request: SetLevelRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<(), McpError> {
-        let request = ClientRequest::SetLevelRequest(SetLevelRequest::new(request));
-        self.forward(request, context).await.map(drop)
-    }
-
-    async fn get_prompt(
-        &self,
-        request: GetPromptRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<GetPromptResponse, McpError> {
-        let request = ClientRequest::GetPromptRequest(GetPromptRequest::new(request));
-        Ok(match self.forward(request, context).await? {
-            ServerResult::GetPromptResult(r) => GetPromptResponse::Complete(r),
-            ServerResult::InputRequiredResult(r) => GetPromptResponse::InputRequired(r),
-            other => GetPromptResponse::Complete(typed::<GetPromptResult>(other)?),
-        })
-    }
-
-    async fn list_prompts(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ListPromptsResult, McpError> {
-        let request = ClientRequest::ListPromptsRequest(ListPromptsRequest {
-            method: Default::default(),
-            params: request,
-            extensions: Default::default(),
-        });
-        match self.forward(request, context).await? {
-            ServerResult::ListPromptsResult(r) => Ok(r),
-            other => typed(other),
-        }
-    }
-
-    async fn list_resources(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ListResourcesResult, McpError> {
-        let request = ClientRequest::ListResourcesRequest(ListResourcesRequest {
-            method: Default::default(),
-            params: request,
-            extensions: Default::default(),
-        });
-        match self.forward(request, context).await? {
-            ServerResult::ListResourcesResult(r) => Ok(r),
-            other => typed(other),
-        }
-    }
-
-    async fn list_resource_templates(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ListResourceTemplatesResult, McpError> {
-        let request = ClientRequest::ListResourceTemplatesRequest(ListResourceTemplatesRequest {
-            method: Default::default(),
-            params: request,
-            extensions: Default::default(),
-        });
-        match self.forward(request, context).await? {
-            ServerResult::ListResourceTemplatesResult(r) => Ok(r),
-            other => typed(other),
-        }
-    }
-
-    async fn read_resource(
-        &self,
-        request: ReadResourceRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ReadResourceResponse, McpError> {
-        let request = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(request));
-        Ok(match self.forward(request, context).await? {
-            ServerResult::ReadResourceResult(r) => ReadResourceResponse::Complete(r),
-            ServerResult::InputRequiredResult(r) => ReadResourceResponse::InputRequired(r),
-            other => ReadResourceResponse::Complete(typed::<ReadResourceResult>(other)?),
-        })
-    }
-
-    async fn subscribe(
-        &self,
-        request: SubscribeRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<(), McpError> {
-        let request = ClientRequest::SubscribeRequest(SubscribeRequest::new(request));
-        self.forward(request, context).await.map(drop)
-    }
-
-    async fn unsubscribe(
-        &self,
-        request: UnsubscribeRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<(), McpError> {
-        let request = ClientRequest::UnsubscribeRequest(UnsubscribeRequest::new(request));
-        self.forward(request, context).await.map(drop)
-    }
-
-    async fn call_tool(
-        &self,
-        request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, McpError> {
-        self.call(request, context).await
-    }
-
-    async fn list_tools(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ListToolsResult, McpError> {
-        let request = ClientRequest::ListToolsRequest(ListToolsRequest {
-            method: Default::default(),
-            params: request,
-            extensions: Default::default(),
-        });
-        let key = answer_key(&context);
-        let mut result: ListToolsResult = match self.forward(request, context).await? {
-            ServerResult::ListToolsResult(r) => r,
-            other => typed(other)?,
-        };
-        let allowed = &self.served.allowed;
-        result
-            .tools
-            .retain(|tool| allowed.contains(tool.name.as_ref()));
-        let mut answers = self.answers();
-        if let Some(Value::Array(tools)) = key
-            .and_then(|k| answers.get_mut(&k))
-            .and_then(|raw| raw.get_mut("tools"))
-        {
-            tools.retain(|tool| {
-                tool.get("name")
-                    .and_then(Value::as_str)
-                    .is_some_and(|name| allowed.contains(name))
-            });
-        }
-        Ok(result)
-    }
-
-    async fn on_custom_request(
-        &self,
-        request: CustomRequest,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CustomResult, McpError> {
-        let result = self
-            .forward(ClientRequest::CustomRequest(request), context)
-            .await?;
-        serde_json::to_value(result)
-            .map(CustomResult)
-            .map_err(|_| unexpected())
-    }
-
-    async fn get_task(
-        &self,
-        request: GetTaskParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<GetTaskResult, McpError> {
-        let request = ClientRequest::GetTaskRequest(GetTaskRequest::new(request));
-        match self.forward(request, context).await? {
-            ServerResult::GetTaskResult(r) => Ok(r),
-            other => typed(other),
-        }
-    }
-
-    async fn update_task(
-        &self,
-        request: UpdateTaskParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<(), McpError> {
-        let request = ClientRequest::UpdateTaskRequest(UpdateTaskRequest::new(request));
-        self.forward(request, context).await.map(drop)
-    }
-
-    async fn cancel_task(
-        &self,
-        request: CancelTaskParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<(), McpError> {
-        let request = ClientRequest::CancelTaskRequest(CancelTaskRequest::new(request));
-        self.forward(request, context).await.map(drop)
-    }
-
-    async fn list_skills(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ListSkillsResult, McpError> {
-        let request = ClientRequest::ListSkillsRequest(ListSkillsRequest {
-            method: Default::default(),
-            params: request,
-            extensions: Default::default(),
-        });
-        match self.forward(request, context).await? {
-            ServerResult::ListSkillsResult(r) => Ok(r),
-            other => typed(other),
-        }
-    }
-
-    async fn get_skill(
-        &self,
-        request: GetSkillRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<GetSkillResult, McpError> {
-        let request = ClientRequest::GetSkillRequest(GetSkillRequest::new(request));
-        match self.forward(request, context).await? {
-            ServerResult::GetSkillResult(r) => Ok(r),
-            other => typed(other),
-        }
-    }
-
-    async fn read_resource_directory(
-        &self,
-        request: ReadResourceDirectoryRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ReadResourceDirectoryResult, McpError> {
-        let request =
-            ClientRequest::ReadResourceDirectoryRequest(ReadResourceDirectoryRequest::new(request));
-        let result = self.forward(request, context).await?;
-        typed(result)
-    }
-
-    async fn on_progress(
-        &self,
-        mut notification: ProgressNotificationParam,
-        context: NotificationContext<RoleServer>,
-    ) {
-        // pi's progress on a request the server made of it: back to the server, with its token.
-        let route = self
-            .served
-            .events
-            .shared
-            .to_upstream
-            .lock()
-            .await
-            .get(&notification.progress_token)
-            .cloned();
-        if let Some(route) = route {
-            notification.progress_token = route.token;
-            let mut progress =
-                ClientNotification::ProgressNotification(ProgressNotification::new(notification));
-            restore_notification_meta(&mut progress, context.meta);
-            let _ = route.peer.send_notification(progress).await;
-        }
-    }
-
-    async fn on_roots_list_changed(&self, context: NotificationContext<RoleServer>) {
-        let changed = RootsListChangedNotification {
-            method: Default::default(),
-            extensions: Default::default(),
-        };
-        self.notify_upstream(
-            ClientNotification::RootsListChangedNotification(changed),
-            context,
-        )
-        .await;
-    }
-
-    async fn on_custom_notification(
-        &self,
-        notification: CustomNotification,
-        context: NotificationContext<RoleServer>,
-    ) {
-        self.notify_upstream(
-            ClientNotification::CustomNotification(notification),
-            context,
-        )
-        .await;
-    }
-
-    // `notifications/cancelled` from pi: rmcp has already cancelled the relayed request (its
-    // context token), which cancels it upstream with the server's own request id.
-    // `notifications/initialized` from pi: the relay's own handshake; the server had the relay's.
 }
 
 /// Why the hub did not start. The upstreams it was given are dropped, which kills the stdio ones.
@@ -1239,7 +642,7 @@ pub async fn serve(upstreams: Vec<(Upstream, Withheld)>, token: String) -> Resul
             .map(|t| t.name.to_string())
             .filter(|t| !withheld.contains(t))
             .collect();
-        let served = Arc::new(Served {
+        let served = Served {
             name: name.clone(),
             peer: upstream.peer.clone(),
             info: upstream.info().clone(),
@@ -1247,23 +650,9 @@ pub async fn serve(upstreams: Vec<(Upstream, Withheld)>, token: String) -> Resul
             withheld,
             events: upstream.events().clone(),
             calls: calls.clone(),
-            answers: Answers::default(),
-        });
-        let mut local = LocalSessionManager::default();
-        // pi may leave a server idle for the whole job: its session lasts until the hub stops.
-        local.session_config.keep_alive = None;
-        let sessions = RawSessions {
-            local,
-            answers: served.answers.clone(),
         };
-        let config =
-            StreamableHttpServerConfig::default().with_cancellation_token(ct.child_token());
-        let service = StreamableHttpService::new(
-            move || Ok(RelaySession::new(served.clone())),
-            Arc::new(sessions),
-            config,
-        );
-        routes.insert(name, service);
+        // pi may leave a server idle for the whole job: its sessions last until the hub stops.
+        routes.insert(name, Endpoint::new(served, ct.child_token()));
         kept.push(upstream);
     }
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
@@ -1286,10 +675,8 @@ pub async fn serve(upstreams: Vec<(Upstream, Withheld)>, token: String) -> Resul
     })
 }
 
-type HttpBody = BoxBody<Bytes, Infallible>;
-
 struct Router {
-    routes: HashMap<String, StreamableHttpService<RelaySession, RawSessions>>,
+    routes: HashMap<String, Endpoint>,
     /// SHA-256 of the one `Authorization` value accepted.
     expected: Vec<u8>,
 }
@@ -1310,6 +697,14 @@ impl Router {
     }
 
     async fn handle(&self, request: Request<Incoming>) -> Response<HttpBody> {
+        // A page in a browser that reaches the loopback address under a name of its own (DNS
+        // rebinding) is turned away before anything else.
+        if !loopback_host(&request) {
+            return plain(
+                StatusCode::FORBIDDEN,
+                "Forbidden: the Host or Origin is not loopback",
+            );
+        }
         if !self.authorized(&request) {
             return plain(StatusCode::UNAUTHORIZED, "Unauthorized");
         }
@@ -1322,6 +717,37 @@ impl Router {
             Some(service) => service.handle(request).await,
             None => plain(StatusCode::NOT_FOUND, "Not Found"),
         }
+    }
+}
+
+/// Whether the request's `Host` (required) and `Origin` (when sent) name this machine's loopback.
+fn loopback_host(request: &Request<Incoming>) -> bool {
+    let is_loopback = |host: &str| {
+        let host = host.to_ascii_lowercase();
+        matches!(host.as_str(), "localhost" | "127.0.0.1" | "[::1]" | "::1")
+    };
+    let Some(host) = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+    else {
+        return false;
+    };
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    };
+    if !is_loopback(name) {
+        return false;
+    }
+    match request.headers().get(header::ORIGIN) {
+        None => true,
+        Some(origin) => origin
+            .to_str()
+            .ok()
+            .and_then(|o| reqwest::Url::parse(o).ok())
+            .and_then(|url| url.host_str().map(is_loopback))
+            .unwrap_or(false),
     }
 }
 

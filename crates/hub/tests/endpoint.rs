@@ -1,7 +1,7 @@
-//! What pi gets through the hub is what the server wrote, byte for byte as JSON: fields rmcp's
-//! model does not know (server-everything's task tool has `execution`) included. Both ends are
-//! read here without rmcp: the server directly (its stdio lines, its HTTP answers) and the hub
-//! (its HTTP answers), by a bare client.
+//! The hub's endpoint seen by a bare HTTP client (no rmcp at either end): what pi gets is what the
+//! server wrote, fields rmcp's model does not know (server-everything's task tool has `execution`)
+//! included; answers are plain JSON unless something about the request comes first; sessions,
+//! streams and foreign hosts are handled as the transport says.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -240,6 +240,132 @@ async fn an_http_servers_tool_list_reaches_pi_as_the_server_wrote_it() {
         let mut pi = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
         let relayed = pi.request("tools/list", json!({})).await;
         assert_eq!(relayed["result"], direct);
+        hub.shutdown().await;
+    })
+    .await
+    .expect("the test finishes in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_json_unless_progress_comes_first() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let dir = tempfile::tempdir().unwrap();
+        let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
+        let hub = hub_of(upstream, Withheld::none()).await;
+        let mut pi = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
+
+        let (headers, body) = pi
+            .post(json!({"jsonrpc": "2.0", "id": 10, "method": "tools/call",
+                "params": {"name": "echo", "arguments": {"message": "plain"}}}))
+            .await;
+        assert_eq!(headers["content-type"], "application/json");
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(answer["id"], 10);
+        assert_eq!(answer["result"]["content"][0]["text"], "Echo: plain");
+
+        // A long operation with a progress token: its progress, then its result, on one stream.
+        let (headers, body) = pi
+            .post(json!({"jsonrpc": "2.0", "id": 11, "method": "tools/call",
+                "params": {"name": "trigger-long-running-operation",
+                    "arguments": {"duration": 1, "steps": 3},
+                    "_meta": {"progressToken": "pi-token-7"}}}))
+            .await;
+        assert!(
+            headers["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+        let messages: Vec<Value> = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(|d| serde_json::from_str(d.trim()).unwrap())
+            .collect();
+        let (last, progress) = messages.split_last().unwrap();
+        assert_eq!(last["id"], 11, "the result comes last: {body}");
+        assert!(last.get("result").is_some());
+        assert_eq!(progress.len(), 3, "{body}");
+        for p in progress {
+            assert_eq!(p["method"], "notifications/progress");
+            assert_eq!(p["params"]["progressToken"], "pi-token-7");
+        }
+        hub.shutdown().await;
+    })
+    .await
+    .expect("the test finishes in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_streams_and_hosts_are_checked() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let dir = tempfile::tempdir().unwrap();
+        let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
+        let hub = hub_of(upstream, Withheld::none()).await;
+        let url = hub.url("everything");
+        let http = reqwest::Client::new();
+        let post = |session: Option<&str>| {
+            let mut r = http
+                .post(&url)
+                .bearer_auth(TOKEN)
+                .header("Accept", "application/json, text/event-stream")
+                .header("Content-Type", "application/json")
+                .body(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string());
+            if let Some(s) = session {
+                r = r.header("Mcp-Session-Id", s);
+            }
+            r
+        };
+        // No session, or one that does not exist.
+        assert_eq!(post(None).send().await.unwrap().status(), 400);
+        assert_eq!(
+            post(Some("no-such-session")).send().await.unwrap().status(),
+            404
+        );
+
+        let pi = RawClient::open(url.clone(), Some(TOKEN)).await;
+        let session = pi.session.clone().unwrap();
+        assert_eq!(session.len(), 32);
+        assert_eq!(post(Some(&session)).send().await.unwrap().status(), 200);
+
+        // One session stream at a time.
+        let get = || {
+            http.get(&url)
+                .bearer_auth(TOKEN)
+                .header("Accept", "text/event-stream")
+                .header("Mcp-Session-Id", &session)
+        };
+        let stream = get().send().await.unwrap();
+        assert_eq!(stream.status(), 200);
+        assert_eq!(stream.headers()["content-type"], "text/event-stream");
+        assert_eq!(get().send().await.unwrap().status(), 409);
+        drop(stream);
+
+        // Another host, or a page from another origin, is turned away even with the token.
+        for (name, value) in [("Host", "evil.example"), ("Origin", "http://evil.example")] {
+            let refused = post(Some(&session))
+                .header(name, value)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(refused.status(), 403, "{name}");
+        }
+        let local = post(Some(&session))
+            .header("Origin", "http://localhost:5173")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(local.status(), 200);
+
+        // Deleted: gone.
+        let deleted = http
+            .delete(&url)
+            .bearer_auth(TOKEN)
+            .header("Mcp-Session-Id", &session)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(deleted.status(), 200);
+        assert_eq!(post(Some(&session)).send().await.unwrap().status(), 404);
         hub.shutdown().await;
     })
     .await
