@@ -54,6 +54,8 @@ pub struct Upstream {
 
 struct Inner {
     info: InitializeResult,
+    /// The same answer as the server wrote it, when its transport kept it.
+    raw_info: Option<serde_json::Value>,
     events: UpstreamEvents,
     service: RunningService<RoleClient, UpstreamEvents>,
     stderr: Option<StderrTail>,
@@ -91,6 +93,12 @@ impl Upstream {
     /// instructions.
     pub fn info(&self) -> &InitializeResult {
         &self.inner.info
+    }
+
+    /// The server's `initialize` result as the server wrote it (fields rmcp does not know
+    /// included), when the transport kept it.
+    pub fn raw_info(&self) -> Option<&serde_json::Value> {
+        self.inner.raw_info.as_ref()
     }
 
     /// The handler the session was connected with: where its notifications and requests go.
@@ -285,7 +293,11 @@ where
     } else {
         Vec::new()
     };
-    // The handshake's own results are not pi's to have.
+    // The server's own `initialize` answer, for the relay to answer pi with; the rest of the
+    // handshake's results are not pi's to have.
+    let raw_info = events.raw().take_where(|result| {
+        result.get("protocolVersion").is_some() && result.get("capabilities").is_some()
+    });
     events.raw().clear();
     Ok(Upstream {
         name: name.to_owned(),
@@ -294,6 +306,7 @@ where
         ready_after: started.elapsed(),
         inner: Box::new(Inner {
             info,
+            raw_info,
             events,
             service,
             stderr: None,

@@ -52,6 +52,8 @@ pub(crate) struct Served {
     pub(crate) name: String,
     pub(crate) peer: Peer<RoleClient>,
     pub(crate) info: InitializeResult,
+    /// The same, as the server wrote it, when its transport kept it.
+    pub(crate) raw_info: Option<Value>,
     /// Listed at connect and not withheld.
     pub(crate) allowed: HashSet<String>,
     pub(crate) withheld: Withheld,
@@ -347,7 +349,11 @@ impl Endpoint {
             })
             .unwrap_or(&server_version)
             .to_owned();
-        let Ok(mut result) = serde_json::to_value(info) else {
+        let result = match &self.served.raw_info {
+            Some(raw) => Ok(raw.clone()),
+            None => serde_json::to_value(info),
+        };
+        let Ok(mut result) = result else {
             return error_response(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 ErrorCode::INTERNAL_ERROR,

@@ -76,6 +76,18 @@ impl RawResults {
         Some(result)
     }
 
+    /// Takes the first result kept that `pick` chooses, whatever its id.
+    pub fn take_where(&self, pick: impl Fn(&Value) -> bool) -> Option<Value> {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = kept
+            .order
+            .iter()
+            .find(|k| kept.by_id.get(*k).is_some_and(&pick))?
+            .clone();
+        kept.order.retain(|k| *k != key);
+        kept.by_id.remove(&key)
+    }
+
     /// Drops every result kept.
     pub fn clear(&self) {
         let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);

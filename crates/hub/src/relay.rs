@@ -646,6 +646,7 @@ pub async fn serve(upstreams: Vec<(Upstream, Withheld)>, token: String) -> Resul
             name: name.clone(),
             peer: upstream.peer.clone(),
             info: upstream.info().clone(),
+            raw_info: upstream.raw_info().cloned(),
             allowed,
             withheld,
             events: upstream.events().clone(),

@@ -36,6 +36,8 @@ struct RawClient {
     token: Option<&'static str>,
     session: Option<String>,
     next: i64,
+    /// The `initialize` result.
+    initialized: Value,
 }
 
 impl RawClient {
@@ -46,9 +48,11 @@ impl RawClient {
             token,
             session: None,
             next: 1,
+            initialized: Value::Null,
         };
         let answer = client.request("initialize", initialize_params()).await;
         assert!(answer.get("result").is_some(), "{answer}");
+        client.initialized = answer["result"].clone();
         client
             .post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
             .await;
@@ -99,8 +103,9 @@ impl RawClient {
     }
 }
 
-/// server-everything over stdio, spoken to directly: `tools/list`'s result as it printed it.
-async fn tools_listed_over_stdio(dir: &std::path::Path) -> Value {
+/// server-everything over stdio, spoken to directly: the results of `initialize` and `tools/list`
+/// as it printed them.
+async fn talk_over_stdio(dir: &std::path::Path) -> (Value, Value) {
     let mut child = tokio::process::Command::new(node())
         .arg(everything())
         .arg("stdio")
@@ -129,7 +134,7 @@ async fn tools_listed_over_stdio(dir: &std::path::Path) -> Value {
         .write_all(send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": initialize_params()})).as_bytes())
         .await
         .unwrap();
-    answer_to(1).await;
+    let initialized = answer_to(1).await["result"].clone();
     stdin
         .write_all(
             send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).as_bytes(),
@@ -145,7 +150,7 @@ async fn tools_listed_over_stdio(dir: &std::path::Path) -> Value {
     let answer = answer_to(2).await;
     drop(stdin);
     let _ = child.kill().await;
-    answer["result"].clone()
+    (initialized, answer["result"].clone())
 }
 
 async fn hub_of(upstream: hub::connect::Upstream, withheld: Withheld) -> Hub {
@@ -167,7 +172,7 @@ fn tool<'a>(listed: &'a Value, name: &str) -> Option<&'a Value> {
 async fn a_stdio_servers_tool_list_reaches_pi_as_the_server_wrote_it() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let dir = tempfile::tempdir().unwrap();
-        let direct = tools_listed_over_stdio(dir.path()).await;
+        let (direct_init, direct) = talk_over_stdio(dir.path()).await;
         let task_tool = tool(&direct, "simulate-research-query")
             .expect("server-everything lists its task tool");
         assert_eq!(task_tool["execution"]["taskSupport"], "required");
@@ -175,6 +180,13 @@ async fn a_stdio_servers_tool_list_reaches_pi_as_the_server_wrote_it() {
         let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
         let hub = hub_of(upstream, Withheld::new(["get-env"])).await;
         let mut pi = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
+        // The hub answers initialize itself, with the server's own answer: `capabilities.tasks`,
+        // which rmcp's model has no field for, included.
+        assert!(
+            direct_init["capabilities"].get("tasks").is_some(),
+            "{direct_init}"
+        );
+        assert_eq!(pi.initialized, direct_init);
         let relayed = pi.request("tools/list", json!({})).await;
         let relayed = &relayed["result"];
 
@@ -220,6 +232,7 @@ async fn an_http_servers_tool_list_reaches_pi_as_the_server_wrote_it() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let server = testkit::EverythingHttp::start();
         let mut direct_client = RawClient::open(server.url(), None).await;
+        let direct_init = direct_client.initialized.clone();
         tokio::time::sleep(Duration::from_millis(300)).await;
         let direct = direct_client.request("tools/list", json!({})).await["result"].clone();
         assert_eq!(
@@ -238,6 +251,7 @@ async fn an_http_servers_tool_list_reaches_pi_as_the_server_wrote_it() {
         .expect("the hub connects over HTTP");
         let hub = hub_of(upstream, Withheld::none()).await;
         let mut pi = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
+        assert_eq!(pi.initialized, direct_init);
         let relayed = pi.request("tools/list", json!({})).await;
         assert_eq!(relayed["result"], direct);
         hub.shutdown().await;
