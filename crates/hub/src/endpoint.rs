@@ -23,8 +23,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use rmcp::model::{
-    CancelledNotification, CancelledNotificationParam, ClientJsonRpcMessage, ClientRequest,
-    ErrorCode, InitializeResult, JsonRpcMessage, ProtocolVersion,
+    CancelledNotification, CancelledNotificationParam, ClientNotification, ClientRequest,
+    CustomNotification, CustomRequest, ErrorCode, InitializeResult, ProtocolVersion,
 };
 use rmcp::service::PeerRequestOptions;
 use rmcp::{ErrorData as McpError, Peer, RoleClient, ServiceError};
@@ -389,13 +389,13 @@ impl Endpoint {
             // Progress on a request the server made of pi (under the server's own token), roots
             // changed, anything else: to the server.
             _ => {
-                if let Ok(JsonRpcMessage::Notification(notification)) =
-                    serde_json::from_value::<ClientJsonRpcMessage>(message)
+                if let Ok(notification) =
+                    serde_json::from_value::<CustomNotification>(method_and_params(&message))
                 {
                     let _ = self
                         .served
                         .peer
-                        .send_notification(notification.notification)
+                        .send_notification(ClientNotification::CustomNotification(notification))
                         .await;
                 }
             }
@@ -543,15 +543,13 @@ impl Served {
             .then(|| message["params"]["name"].as_str().map(str::to_owned))
             .map(Option::unwrap_or_default);
         let lists_tools = message["method"] == "tools/list";
-        let request = match serde_json::from_value::<ClientJsonRpcMessage>(message) {
-            Ok(JsonRpcMessage::Request(request)) => request.request,
-            _ => {
+        // Sent on as pi wrote it: rmcp adds only its own progress token to `_meta`.
+        let request = match serde_json::from_value::<CustomRequest>(method_and_params(&message)) {
+            Ok(request) => ClientRequest::CustomRequest(request),
+            Err(_) => {
                 return error_message(
                     id,
-                    &McpError::invalid_request(
-                        "the request does not have the shape of its method",
-                        None,
-                    ),
+                    &McpError::invalid_request("the request's params are not an object", None),
                 );
             }
         };
@@ -680,6 +678,15 @@ fn relay_error(e: ServiceError) -> McpError {
         }
         _ => McpError::internal_error("the request could not be relayed", None),
     }
+}
+
+/// A message's `method` and `params`, the shape rmcp reads a request or notification it does not
+/// model from. Without params, `{}`: rmcp would send `"params": null`, which servers refuse.
+fn method_and_params(message: &Value) -> Value {
+    json!({
+        "method": message.get("method").cloned().unwrap_or(Value::Null),
+        "params": message.get("params").cloned().unwrap_or_else(|| json!({})),
+    })
 }
 
 /// The JSON-RPC error answer to request `id`.

@@ -385,3 +385,42 @@ async fn sessions_streams_and_hosts_are_checked() {
     .await
     .expect("the test finishes in time");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pi_s_request_reaches_the_server_as_pi_wrote_it() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let server = http_support::FaultServer::start().await;
+        let (url, headers) = http_support::resolved(&format!("{}/x/mcp", server.base()), &[], &[]);
+        let http = transport(&url, &headers, &HttpPolicy::default()).unwrap();
+        let upstream =
+            connect_transport("fault", http.transport, UpstreamEvents::reading(http.raw))
+                .await
+                .expect("the hub connects");
+        let hub = hub_of(upstream, Withheld::none()).await;
+        let mut pi = RawClient::open(hub.url("fault"), Some(TOKEN)).await;
+        let answer = pi
+            .request(
+                "tools/call",
+                json!({"name": "echo", "arguments": {"message": "as written"},
+                    "x-extra": {"ttl": 60000}, "_meta": {"trace": "t-1"}}),
+            )
+            .await;
+        assert_eq!(answer["result"]["content"][0]["text"], "Echo: as written");
+        let call = server
+            .seen()
+            .into_iter()
+            .find(|s| s.rpc_method().as_deref() == Some("tools/call"))
+            .expect("the call reached the server");
+        let sent: Value = serde_json::from_str(&call.body).unwrap();
+        let params = &sent["params"];
+        assert_eq!(params["arguments"], json!({"message": "as written"}));
+        // A field rmcp's model does not have, and pi's own `_meta`, kept; rmcp's progress token
+        // added beside them.
+        assert_eq!(params["x-extra"], json!({"ttl": 60000}));
+        assert_eq!(params["_meta"]["trace"], "t-1");
+        assert!(params["_meta"].get("progressToken").is_some(), "{sent}");
+        hub.shutdown().await;
+    })
+    .await
+    .expect("the test finishes in time");
+}
