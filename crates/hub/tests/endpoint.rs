@@ -153,6 +153,19 @@ async fn talk_over_stdio(dir: &std::path::Path) -> (Value, Value) {
     (initialized, answer["result"].clone())
 }
 
+async fn bounded<F: Future<Output = ()>>(test: F) {
+    tokio::time::timeout(TEST_TIMEOUT, test)
+        .await
+        .expect("the test finishes in time");
+}
+
+/// A hub serving a stdio server-everything (in a folder of its own, kept with the hub).
+async fn everything_hub() -> (tempfile::TempDir, Hub) {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
+    (dir, hub_of(upstream, Withheld::none()).await)
+}
+
 async fn hub_of(upstream: hub::connect::Upstream, withheld: Withheld) -> Hub {
     serve(vec![(upstream, withheld)], TOKEN.to_owned())
         .await
@@ -170,7 +183,7 @@ fn tool<'a>(listed: &'a Value, name: &str) -> Option<&'a Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stdio_servers_tool_list_reaches_pi_as_the_server_wrote_it() {
-    tokio::time::timeout(TEST_TIMEOUT, async {
+    bounded(async {
         let dir = tempfile::tempdir().unwrap();
         let (direct_init, direct) = talk_over_stdio(dir.path()).await;
         let task_tool = tool(&direct, "simulate-research-query")
@@ -223,13 +236,12 @@ async fn a_stdio_servers_tool_list_reaches_pi_as_the_server_wrote_it() {
         );
         hub.shutdown().await;
     })
-    .await
-    .expect("the test finishes in time");
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_servers_tool_list_reaches_pi_as_the_server_wrote_it() {
-    tokio::time::timeout(TEST_TIMEOUT, async {
+    bounded(async {
         let server = testkit::EverythingHttp::start();
         let mut direct_client = RawClient::open(server.url(), None).await;
         let direct_init = direct_client.initialized.clone();
@@ -256,16 +268,13 @@ async fn an_http_servers_tool_list_reaches_pi_as_the_server_wrote_it() {
         assert_eq!(relayed["result"], direct);
         hub.shutdown().await;
     })
-    .await
-    .expect("the test finishes in time");
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_are_json_unless_progress_comes_first() {
-    tokio::time::timeout(TEST_TIMEOUT, async {
-        let dir = tempfile::tempdir().unwrap();
-        let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
-        let hub = hub_of(upstream, Withheld::none()).await;
+    bounded(async {
+        let (_dir, hub) = everything_hub().await;
         let mut pi = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
 
         let (headers, body) = pi
@@ -305,16 +314,13 @@ async fn answers_are_json_unless_progress_comes_first() {
         }
         hub.shutdown().await;
     })
-    .await
-    .expect("the test finishes in time");
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_streams_and_hosts_are_checked() {
-    tokio::time::timeout(TEST_TIMEOUT, async {
-        let dir = tempfile::tempdir().unwrap();
-        let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
-        let hub = hub_of(upstream, Withheld::none()).await;
+    bounded(async {
+        let (_dir, hub) = everything_hub().await;
         let url = hub.url("everything");
         let http = reqwest::Client::new();
         let post = |session: Option<&str>| {
@@ -382,13 +388,12 @@ async fn sessions_streams_and_hosts_are_checked() {
         assert_eq!(post(Some(&session)).send().await.unwrap().status(), 404);
         hub.shutdown().await;
     })
-    .await
-    .expect("the test finishes in time");
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pi_s_request_reaches_the_server_as_pi_wrote_it() {
-    tokio::time::timeout(TEST_TIMEOUT, async {
+    bounded(async {
         let server = http_support::FaultServer::start().await;
         let (url, headers) = http_support::resolved(&format!("{}/x/mcp", server.base()), &[], &[]);
         let http = transport(&url, &headers, &HttpPolicy::default()).unwrap();
@@ -421,6 +426,5 @@ async fn pi_s_request_reaches_the_server_as_pi_wrote_it() {
         assert!(params["_meta"].get("progressToken").is_some(), "{sent}");
         hub.shutdown().await;
     })
-    .await
-    .expect("the test finishes in time");
+    .await;
 }
