@@ -40,8 +40,8 @@ pub(crate) type HttpBody = BoxBody<Bytes, Infallible>;
 /// a stalled client loses what does not fit.
 const STREAM_QUEUE: usize = 1024;
 
-/// The largest body pi may post.
-const MAX_POST_BODY: usize = 4 * 1024 * 1024;
+/// The largest body pi may post: the limit a server's answer has too.
+const MAX_POST_BODY: usize = 16 * 1024 * 1024;
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const EVENT_STREAM: &str = "text/event-stream";
