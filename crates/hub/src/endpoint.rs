@@ -43,6 +43,15 @@ const STREAM_QUEUE: usize = 1024;
 /// The largest body pi may post: the limit a server's answer has too.
 const MAX_POST_BODY: usize = 16 * 1024 * 1024;
 
+/// How long a request's answer may take before the answer becomes an event stream: its headers go
+/// out then, so that pi's client (Node's `fetch` gives up after 300 s without them) keeps waiting.
+const STREAM_AFTER: Duration = Duration::from_secs(5);
+
+/// How often an event stream that has nothing to say sends a comment, so that neither pi's client
+/// nor anything between gives it up as idle.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+const KEEP_ALIVE_COMMENT: &[u8] = b": keep-alive\n\n";
+
 const SESSION_HEADER: &str = "mcp-session-id";
 const EVENT_STREAM: &str = "text/event-stream";
 const JSON: &str = "application/json";
@@ -88,6 +97,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Puts `message` on `stream` unless it is full or gone, in which case it is handed back.
+fn offer(stream: &mpsc::Sender<Value>, message: Value) -> Result<(), Value> {
+    stream.try_send(message).map_err(|e| match e {
+        mpsc::error::TrySendError::Full(m) | mpsc::error::TrySendError::Closed(m) => m,
+    })
+}
+
 impl PiSession {
     fn new(id: String, ended: CancellationToken) -> PiSession {
         PiSession {
@@ -104,52 +120,40 @@ impl PiSession {
     /// A message of the server's that is about none of pi's requests: on the session's own stream,
     /// else on the stream of pi's latest request in flight, else kept until a stream opens.
     pub(crate) fn deliver(&self, message: Value) {
-        let message = match self.to_standalone(message) {
-            Ok(()) => return,
-            Err(message) => message,
-        };
-        let message = match self.to_latest_call(message) {
-            Ok(()) => return,
-            Err(message) => message,
-        };
-        self.keep(message);
+        self.deliver_in_order(message, false);
     }
 
     /// A request of the server's: on the stream of pi's latest request in flight (the one the
     /// server is most likely working on), else as [`PiSession::deliver`].
     fn deliver_request(&self, message: Value) {
-        match self.to_latest_call(message) {
-            Ok(()) => {}
-            Err(message) => self.deliver(message),
-        }
+        self.deliver_in_order(message, true);
     }
 
-    fn to_standalone(&self, message: Value) -> Result<(), Value> {
+    /// The locks are taken in one order everywhere (the session's stream, then pi's requests, then
+    /// what waits) and held throughout, so that a stream opening meanwhile cannot miss a message.
+    fn deliver_in_order(&self, message: Value, call_first: bool) {
         let standalone = lock(&self.standalone);
-        match standalone.as_ref() {
-            Some(stream) => stream.try_send(message).map_err(|e| match e {
-                mpsc::error::TrySendError::Full(m) | mpsc::error::TrySendError::Closed(m) => m,
-            }),
-            None => Err(message),
-        }
-    }
-
-    fn to_latest_call(&self, message: Value) -> Result<(), Value> {
         let calls = lock(&self.calls);
-        match calls.last() {
-            Some(call) => call.stream.try_send(message).map_err(|e| match e {
-                mpsc::error::TrySendError::Full(m) | mpsc::error::TrySendError::Closed(m) => m,
-            }),
+        let to_call = |message| match calls.last() {
+            Some(call) => offer(&call.stream, message),
             None => Err(message),
+        };
+        let to_standalone = |message| match standalone.as_ref() {
+            Some(stream) => offer(stream, message),
+            None => Err(message),
+        };
+        let tried = if call_first {
+            to_call(message).or_else(to_standalone)
+        } else {
+            to_standalone(message).or_else(to_call)
+        };
+        if let Err(message) = tried {
+            let mut waiting = lock(&self.waiting);
+            if waiting.len() >= STREAM_QUEUE {
+                waiting.pop_front();
+            }
+            waiting.push_back(message);
         }
-    }
-
-    fn keep(&self, message: Value) {
-        let mut waiting = lock(&self.waiting);
-        if waiting.len() >= STREAM_QUEUE {
-            waiting.pop_front();
-        }
-        waiting.push_back(message);
     }
 
     /// Asks pi `request` (a whole JSON-RPC request but its id) and waits for pi's answer; the
@@ -306,6 +310,14 @@ impl Endpoint {
             .and_then(Value::as_str)
             .map(str::to_owned);
         let id = message.get("id").cloned();
+        // MCP forbids a null id, and `initialize` must be a request.
+        if id == Some(Value::Null) || (method.as_deref() == Some("initialize") && id.is_none()) {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::INVALID_REQUEST,
+                "a request needs an id that is a string or a number",
+            );
+        }
         match (method.as_deref(), id, session) {
             (Some("initialize"), Some(id), None) => self.initialize(id, &message),
             (Some("initialize"), Some(_), Some(_)) => error_response(
@@ -402,8 +414,8 @@ impl Endpoint {
         }
     }
 
-    /// Relays one of pi's requests and answers it: plain JSON when nothing about it came first,
-    /// else an event stream.
+    /// Relays one of pi's requests and answers it: plain JSON when the answer comes first and soon,
+    /// else an event stream (kept alive while the answer is awaited).
     async fn request(
         &self,
         session: Arc<PiSession>,
@@ -412,11 +424,21 @@ impl Endpoint {
     ) -> Response<HttpBody> {
         let (stream, mut messages) = mpsc::channel(STREAM_QUEUE);
         let cancel = session.ended.child_token();
-        lock(&session.calls).push(Call {
-            id: id.clone(),
-            stream: stream.clone(),
-            cancel: cancel.clone(),
-        });
+        {
+            // The order of `deliver_in_order`.
+            let standalone = lock(&session.standalone);
+            lock(&session.calls).push(Call {
+                id: id.clone(),
+                stream: stream.clone(),
+                cancel: cancel.clone(),
+            });
+            // What waited for a stream goes on this one while the session has none of its own.
+            if standalone.as_ref().is_none_or(mpsc::Sender::is_closed) {
+                for waiting in lock(&session.waiting).drain(..) {
+                    let _ = stream.try_send(waiting);
+                }
+            }
+        }
         let served = self.served.clone();
         let call_session = session.clone();
         let call_id = id.clone();
@@ -428,50 +450,60 @@ impl Endpoint {
         });
         let first = tokio::select! {
             biased;
-            Some(first) = messages.recv() => first,
+            Some(first) = messages.recv() => Some(first),
             answer = &mut answer => {
                 let answer = answer.unwrap_or_else(|_| internal_error(&id, "the relay failed"));
                 match messages.try_recv() {
                     // Something about the request came just before its result: both go, in order.
                     Ok(first) => {
-                        let mut all = vec![first];
+                        let mut all = vec![event(&first)];
                         while let Ok(next) = messages.try_recv() {
-                            all.push(next);
+                            all.push(event(&next));
                         }
-                        all.push(answer);
+                        all.push(event(&answer));
                         return event_stream_response(futures::stream::iter(all));
                     }
                     Err(_) => return json_response(&answer),
                 }
             }
+            // A long call: the headers go now, so that pi's client does not give up waiting.
+            () = tokio::time::sleep(STREAM_AFTER) => None,
         };
         // The rest as it comes, then the answer; a pi that goes away stops only the sending.
         let (out, sent) = mpsc::channel(STREAM_QUEUE);
         tokio::spawn(async move {
-            if out.send(first).await.is_err() {
+            if let Some(first) = first
+                && out.send(event(&first)).await.is_err()
+            {
                 return;
             }
+            let mut beat = keep_alive();
             loop {
                 tokio::select! {
                     biased;
                     Some(next) = messages.recv() => {
-                        if out.send(next).await.is_err() {
+                        if out.send(event(&next)).await.is_err() {
                             return;
                         }
                     }
                     answer = &mut answer => {
                         while let Ok(next) = messages.try_recv() {
-                            let _ = out.send(next).await;
+                            let _ = out.send(event(&next)).await;
                         }
                         let answer = answer.unwrap_or_else(|_| internal_error(&id, "the relay failed"));
-                        let _ = out.send(answer).await;
+                        let _ = out.send(event(&answer)).await;
                         return;
+                    }
+                    _ = beat.tick() => {
+                        if out.send(Bytes::from_static(KEEP_ALIVE_COMMENT)).await.is_err() {
+                            return;
+                        }
                     }
                 }
             }
         });
         event_stream_response(futures::stream::unfold(sent, |mut sent| async move {
-            sent.recv().await.map(|message| (message, sent))
+            sent.recv().await.map(|bytes| (bytes, sent))
         }))
     }
 
@@ -509,12 +541,17 @@ impl Endpoint {
             *standalone = Some(stream);
         }
         let ended = session.ended.clone();
-        let body = futures::stream::unfold((messages, ended), |(mut messages, ended)| async move {
-            tokio::select! {
-                message = messages.recv() => message.map(|m| (m, (messages, ended))),
-                () = ended.cancelled() => None,
-            }
-        });
+        let body = futures::stream::unfold(
+            (messages, ended, keep_alive()),
+            |(mut messages, ended, mut beat)| async move {
+                let bytes = tokio::select! {
+                    message = messages.recv() => event(&message?),
+                    _ = beat.tick() => Bytes::from_static(KEEP_ALIVE_COMMENT),
+                    () = ended.cancelled() => return None,
+                };
+                Some((bytes, (messages, ended, beat)))
+            },
+        );
         event_stream_response(body)
     }
 
@@ -543,21 +580,15 @@ impl Served {
             .then(|| message["params"]["name"].as_str().map(str::to_owned))
             .map(Option::unwrap_or_default);
         let lists_tools = message["method"] == "tools/list";
-        // Sent on as pi wrote it: rmcp adds only its own progress token to `_meta`.
-        let request = match serde_json::from_value::<CustomRequest>(method_and_params(&message)) {
-            Ok(request) => ClientRequest::CustomRequest(request),
-            Err(_) => {
-                return error_message(
-                    id,
-                    &McpError::invalid_request("the request's params are not an object", None),
-                );
-            }
-        };
         if let Some(tool) = tool {
             return self
-                .call(id, &tool, request, pi_token, stream, cancel)
+                .call(id, &tool, &message, pi_token, stream, cancel)
                 .await;
         }
+        let request = match as_sent(&message) {
+            Ok(request) => request,
+            Err(e) => return error_message(id, &e),
+        };
         match self.relay(request, pi_token, stream, cancel).await {
             Ok(mut result) => {
                 if lists_tools && let Some(Value::Array(tools)) = result.get_mut("tools") {
@@ -577,7 +608,7 @@ impl Served {
         &self,
         id: &Value,
         tool: &str,
-        request: ClientRequest,
+        message: &Value,
         pi_token: Option<Value>,
         stream: mpsc::Sender<Value>,
         cancel: CancellationToken,
@@ -593,6 +624,14 @@ impl Served {
         if !self.allowed.contains(tool) {
             return refuse(format!("unknown tool {tool}: the server did not list it"));
         }
+        let request = match as_sent(message) {
+            Ok(request) => request,
+            Err(e) => {
+                self.calls
+                    .record(&self.name, tool, Outcome::Refused, Duration::ZERO, 0);
+                return error_message(id, &e);
+            }
+        };
         let started = Instant::now();
         let answer = self.relay(request, pi_token, stream, cancel).await;
         let took = started.elapsed();
@@ -647,6 +686,8 @@ impl Served {
         let answer = tokio::select! {
             answer = handle.await_response() => answer.map_err(relay_error),
             () = cancel.cancelled() => {
+                // A result the server sends anyway is not kept.
+                self.events.raw().forget(&id);
                 let cancelled = CancelledNotification::new(CancelledNotificationParam::new(
                     Some(id.clone()),
                     Some("the request was cancelled".to_owned()),
@@ -678,6 +719,14 @@ fn relay_error(e: ServiceError) -> McpError {
         }
         _ => McpError::internal_error("the request could not be relayed", None),
     }
+}
+
+/// pi's request as the server is sent it: pi's method and params as pi wrote them (rmcp adds only
+/// its own progress token to `_meta`).
+fn as_sent(message: &Value) -> Result<ClientRequest, McpError> {
+    serde_json::from_value::<CustomRequest>(method_and_params(message))
+        .map(ClientRequest::CustomRequest)
+        .map_err(|_| McpError::invalid_request("the request's params are not an object", None))
 }
 
 /// A message's `method` and `params`, the shape rmcp reads a request or notification it does not
@@ -734,17 +783,25 @@ fn error_response(code: StatusCode, rpc: ErrorCode, message: &'static str) -> Re
     response
 }
 
-fn event_stream_response<S>(messages: S) -> Response<HttpBody>
+/// One message as an event of a stream.
+fn event(message: &Value) -> Bytes {
+    let mut event = b"event: message\ndata: ".to_vec();
+    event.extend(serde_json::to_vec(message).unwrap_or_default());
+    event.extend_from_slice(b"\n\n");
+    Bytes::from(event)
+}
+
+/// Ticks every [`KEEP_ALIVE`], the first one [`KEEP_ALIVE`] from now.
+fn keep_alive() -> tokio::time::Interval {
+    tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ALIVE, KEEP_ALIVE)
+}
+
+fn event_stream_response<S>(events: S) -> Response<HttpBody>
 where
-    S: futures::Stream<Item = Value> + Send + Sync + 'static,
+    S: futures::Stream<Item = Bytes> + Send + Sync + 'static,
 {
     use futures::StreamExt;
-    let frames = messages.map(|message| {
-        let mut event = b"event: message\ndata: ".to_vec();
-        event.extend(serde_json::to_vec(&message).unwrap_or_default());
-        event.extend_from_slice(b"\n\n");
-        Ok::<_, Infallible>(Frame::data(Bytes::from(event)))
-    });
+    let frames = events.map(|bytes| Ok::<_, Infallible>(Frame::data(bytes)));
     let mut response = Response::new(BodyExt::boxed(StreamBody::new(frames)));
     let headers = response.headers_mut();
     headers.insert(

@@ -27,6 +27,8 @@ pub struct RawResults(Arc<Mutex<Kept>>);
 struct Kept {
     by_id: HashMap<String, Value>,
     order: VecDeque<String>,
+    /// Requests whose results nobody will take (cancelled ones), newest last.
+    forgotten: VecDeque<String>,
 }
 
 impl std::fmt::Debug for RawResults {
@@ -57,6 +59,10 @@ impl RawResults {
         }
         let key = id.to_string();
         let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(at) = kept.forgotten.iter().position(|k| *k == key) {
+            kept.forgotten.remove(at);
+            return;
+        }
         if kept.by_id.insert(key.clone(), result).is_none() {
             kept.order.push_back(key);
         }
@@ -74,6 +80,22 @@ impl RawResults {
         let result = kept.by_id.remove(&key)?;
         kept.order.retain(|k| *k != key);
         Some(result)
+    }
+
+    /// Drops the result of request `id` if it was seen, and the one that may still come.
+    pub fn forget(&self, id: &RequestId) {
+        let Ok(key) = serde_json::to_string(id) else {
+            return;
+        };
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.by_id.remove(&key).is_some() {
+            kept.order.retain(|k| *k != key);
+            return;
+        }
+        if kept.forgotten.len() >= KEPT {
+            kept.forgotten.pop_front();
+        }
+        kept.forgotten.push_back(key);
     }
 
     /// Takes the first result kept that `pick` chooses, whatever its id.
@@ -211,6 +233,21 @@ mod tests {
         assert!(raw.take(&id(KEPT as i64 + 9)).is_some());
         raw.clear();
         assert!(raw.take(&id(11)).is_none());
+    }
+
+    #[test]
+    fn a_forgotten_request_s_result_is_not_kept_when_it_comes() {
+        let raw = RawResults::default();
+        raw.forget(&id(5));
+        raw.see(br#"{"jsonrpc":"2.0","id":5,"result":{"late":true}}"#);
+        assert!(raw.take(&id(5)).is_none());
+        // Only once: a later request with the same id is kept again.
+        raw.see(br#"{"jsonrpc":"2.0","id":5,"result":{"again":true}}"#);
+        assert_eq!(raw.take(&id(5)).unwrap()["again"], true);
+        // Already seen: dropped now.
+        raw.see(br#"{"jsonrpc":"2.0","id":6,"result":{}}"#);
+        raw.forget(&id(6));
+        assert!(raw.take(&id(6)).is_none());
     }
 
     #[tokio::test]

@@ -453,17 +453,18 @@ impl Service<RoleClient> for UpstreamEvents {
         mut request: ServerRequest,
         context: RequestContext<RoleClient>,
     ) -> Result<ClientResult, McpError> {
+        // A ping asks whether the connection is alive, which the hub answers for itself.
+        if matches!(request, ServerRequest::PingRequest(_)) {
+            return Ok(ClientResult::empty(()));
+        }
         let Some(session) = self.attached() else {
-            return match request {
-                ServerRequest::PingRequest(_) => Ok(ClientResult::empty(())),
-                other => Err(McpError::internal_error(
-                    format!(
-                        "no MCP client is attached to the hub to answer {}",
-                        server_request_method(&other)
-                    ),
-                    None,
-                )),
-            };
+            return Err(McpError::internal_error(
+                format!(
+                    "no MCP client is attached to the hub to answer {}",
+                    server_request_method(&request)
+                ),
+                None,
+            ));
         };
         // With the server's own `_meta` (its progress token included: pi's progress on the
         // request goes back to the server unchanged).

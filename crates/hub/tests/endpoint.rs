@@ -60,6 +60,23 @@ impl RawClient {
     }
 
     async fn post(&mut self, body: Value) -> (reqwest::header::HeaderMap, String) {
+        let request = self.build(body);
+        let response = request.send().await.unwrap();
+        assert!(response.status().is_success(), "{}", response.status());
+        let headers = response.headers().clone();
+        if let Some(session) = headers.get("mcp-session-id") {
+            self.session = Some(session.to_str().unwrap().to_owned());
+        }
+        (headers, response.text().await.unwrap())
+    }
+
+    /// Posts `body` and gives back the status only.
+    async fn post_status(&mut self, body: Value) -> (reqwest::header::HeaderMap, u16) {
+        let response = self.build(body).send().await.unwrap();
+        (response.headers().clone(), response.status().as_u16())
+    }
+
+    fn build(&self, body: Value) -> reqwest::RequestBuilder {
         let mut request = self
             .http
             .post(&self.url)
@@ -73,13 +90,7 @@ impl RawClient {
         if let Some(session) = &self.session {
             request = request.header("Mcp-Session-Id", session);
         }
-        let response = request.send().await.unwrap();
-        assert!(response.status().is_success(), "{}", response.status());
-        let headers = response.headers().clone();
-        if let Some(session) = headers.get("mcp-session-id") {
-            self.session = Some(session.to_str().unwrap().to_owned());
-        }
-        (headers, response.text().await.unwrap())
+        request
     }
 
     async fn request(&mut self, method: &str, params: Value) -> Value {
@@ -424,6 +435,57 @@ async fn pi_s_request_reaches_the_server_as_pi_wrote_it() {
         assert_eq!(params["x-extra"], json!({"ttl": 60000}));
         assert_eq!(params["_meta"]["trace"], "t-1");
         assert!(params["_meta"].get("progressToken").is_some(), "{sent}");
+        hub.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_call_becomes_a_stream_and_odd_requests_are_refused_and_counted() {
+    bounded(async {
+        let (_dir, hub) = everything_hub().await;
+        let mut pi = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
+
+        // No progress asked for, but the answer takes longer than the hub waits before sending
+        // headers: an event stream, with the result.
+        let (headers, body) = pi
+            .post(json!({"jsonrpc": "2.0", "id": 20, "method": "tools/call",
+                "params": {"name": "trigger-long-running-operation",
+                    "arguments": {"duration": 7, "steps": 1}}}))
+            .await;
+        assert!(
+            headers["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+        let answer: Value = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(|d| serde_json::from_str(d.trim()).unwrap())
+            .find(|m: &Value| m["id"] == 20)
+            .unwrap_or_else(|| panic!("no answer: {body}"));
+        assert!(answer.get("result").is_some(), "{answer}");
+
+        // A call whose params rmcp cannot carry is refused, and counted as refused.
+        let refused = pi
+            .request(
+                "tools/call",
+                json!({"name": "echo", "arguments": {}, "_meta": "text"}),
+            )
+            .await;
+        assert_eq!(refused["error"]["code"], -32600, "{refused}");
+        let counts = hub.tool_calls();
+        assert!(
+            counts.iter().any(|c| c.tool == "echo" && c.refused == 1),
+            "{counts:?}"
+        );
+
+        // A null id is not an id.
+        let (_, body) = pi
+            .post_status(json!({"jsonrpc": "2.0", "id": null, "method": "tools/list"}))
+            .await;
+        assert_eq!(body, 400);
         hub.shutdown().await;
     })
     .await;
