@@ -106,12 +106,19 @@ impl RawClient {
         if !is_stream {
             return serde_json::from_str(&body).unwrap();
         }
-        body.lines()
-            .filter_map(|line| line.strip_prefix("data:"))
-            .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+        stream_messages(&body)
+            .into_iter()
             .find(|message| message.get("id") == Some(&json!(id)))
             .unwrap_or_else(|| panic!("no answer to {method} in the stream: {body}"))
     }
+}
+
+/// The messages of an event-stream body, in order.
+fn stream_messages(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+        .collect()
 }
 
 /// server-everything over stdio, spoken to directly: the results of `initialize` and `tools/list`
@@ -175,6 +182,13 @@ async fn everything_hub() -> (tempfile::TempDir, Hub) {
     let dir = tempfile::tempdir().unwrap();
     let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
     (dir, hub_of(upstream, Withheld::none()).await)
+}
+
+/// The same, with pi's session open on it.
+async fn everything_session() -> (tempfile::TempDir, Hub, RawClient) {
+    let (dir, hub) = everything_hub().await;
+    let pi = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
+    (dir, hub, pi)
 }
 
 async fn hub_of(upstream: hub::connect::Upstream, withheld: Withheld) -> Hub {
@@ -285,8 +299,7 @@ async fn an_http_servers_tool_list_reaches_pi_as_the_server_wrote_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_are_json_unless_progress_comes_first() {
     bounded(async {
-        let (_dir, hub) = everything_hub().await;
-        let mut pi = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
+        let (_dir, hub, mut pi) = everything_session().await;
 
         let (headers, body) = pi
             .post(json!({"jsonrpc": "2.0", "id": 10, "method": "tools/call",
@@ -310,11 +323,7 @@ async fn answers_are_json_unless_progress_comes_first() {
                 .unwrap()
                 .starts_with("text/event-stream")
         );
-        let messages: Vec<Value> = body
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(|d| serde_json::from_str(d.trim()).unwrap())
-            .collect();
+        let messages = stream_messages(&body);
         let (last, progress) = messages.split_last().unwrap();
         assert_eq!(last["id"], 11, "the result comes last: {body}");
         assert!(last.get("result").is_some());
@@ -443,8 +452,7 @@ async fn pi_s_request_reaches_the_server_as_pi_wrote_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_call_becomes_a_stream_and_odd_requests_are_refused_and_counted() {
     bounded(async {
-        let (_dir, hub) = everything_hub().await;
-        let mut pi = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
+        let (_dir, hub, mut pi) = everything_session().await;
 
         // No progress asked for, but the answer takes longer than the hub waits before sending
         // headers: an event stream, with the result.
@@ -459,11 +467,9 @@ async fn a_long_call_becomes_a_stream_and_odd_requests_are_refused_and_counted()
                 .unwrap()
                 .starts_with("text/event-stream")
         );
-        let answer: Value = body
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(|d| serde_json::from_str(d.trim()).unwrap())
-            .find(|m: &Value| m["id"] == 20)
+        let answer = stream_messages(&body)
+            .into_iter()
+            .find(|m| m["id"] == 20)
             .unwrap_or_else(|| panic!("no answer: {body}"));
         assert!(answer.get("result").is_some(), "{answer}");
 
