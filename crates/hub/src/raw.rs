@@ -19,6 +19,9 @@ use tokio::io::{AsyncRead, ReadBuf};
 /// How many results wait to be taken at most; an older one is dropped for a newer one.
 const KEPT: usize = 64;
 
+/// The line buffer kept between lines at most, bytes.
+const SMALL_LINE: usize = 64 * 1024;
+
 /// Results by request id, as the server sent them. Cheap to clone; clones share the results.
 #[derive(Clone, Default)]
 pub struct RawResults(Arc<Mutex<Kept>>);
@@ -160,7 +163,12 @@ impl<R> LineTap<R> {
             if !self.too_long {
                 self.raw.see(&self.line);
             }
-            self.line.clear();
+            // A large line's buffer is not kept for the small ones after it.
+            if self.line.capacity() > SMALL_LINE {
+                self.line = Vec::new();
+            } else {
+                self.line.clear();
+            }
             self.too_long = false;
             bytes = &bytes[end + 1..];
         }
