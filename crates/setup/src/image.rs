@@ -199,10 +199,11 @@ fn stage(
                 .map_err(io_err("writing package.json"))?;
             fs::write(staging.join("package-lock.json"), PACKAGE_LOCK)
                 .map_err(io_err("writing package-lock.json"))?;
-            let status = Command::new(npm)
+            let mut npm_ci = Command::new(npm);
+            npm_ci
                 .args(["ci", "--no-audit", "--no-fund", "--prefix"])
-                .arg(staging)
-                .status()
+                .arg(staging);
+            let status = config::spawn::retry_busy(|| npm_ci.status())
                 .map_err(|e| ImageError::NoNpm(e.kind()))?;
             if !status.success() {
                 return Err(ImageError::Npm(
@@ -215,9 +216,10 @@ fn stage(
         }
     };
     progress("[2/4] checking Node.js and pi");
-    let output = Command::new(staging.join(NODE))
-        .arg("--version")
-        .output()
+    // Just copied or linked into place: it may still be busy for a moment.
+    let mut node = Command::new(staging.join(NODE));
+    node.arg("--version");
+    let output = config::spawn::retry_busy(|| node.output())
         .map_err(io_err("running the image's node"))?;
     let node_version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     if !output.status.success() || !node_version.starts_with(NODE_MAJOR) {
