@@ -337,18 +337,8 @@ fn job_env() -> anyhow::Result<JobEnv> {
     ];
     sandbox::env::build(
         &Parts {
-            job_id: "bench-sandbox",
-            provider: None,
-            model: None,
-            settings: &[],
-            provider_key: None,
-            models_keys: &[],
-            forward_env: &[],
-            secrets: &[],
-            proxy: None,
-            home: "/tmp",
             computed: &computed,
-            forge: None,
+            ..Parts::new("bench-sandbox", "/tmp")
         },
         &|_| None,
     )

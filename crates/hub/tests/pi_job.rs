@@ -155,16 +155,9 @@ async fn pi_calls_mcp_tools_by_every_route_and_nothing_else_connects() {
         ),
         ("scripted", stdio_everything(json!({}))),
     ]);
-    let model = FakeModel::start(vec![
-        Step::call("mcp__direct__echo", json!({"message": "by a direct tool"})),
-        Step::call("tool_search", json!({"query": "get_sum"})),
-        Step::call("mcp__web__get_sum", json!({"a": 2, "b": 3})),
-        Step::call(
-            "codemode",
-            json!({"code": "const r = await tools.mcp__scripted__echo({message: 'from a script'}); return r.content[0].text;"}),
-        ),
-        Step::text("done"),
-    ]);
+    let mut steps = Step::every_route();
+    steps.push(Step::text("done"));
+    let model = FakeModel::start(steps);
     let line = run_pi(&f, &file, &model).await;
     let requests = model.requests();
     let results: Vec<String> = requests.iter().map(|r| r.last_text()).collect();

@@ -50,6 +50,29 @@ pub struct Job {
 }
 
 impl Job {
+    /// A job with its id, trigger type and kind, and nothing else yet.
+    pub fn new(id: impl Into<String>, trigger_type: &str, kind: &str) -> Job {
+        Job {
+            id: id.into(),
+            trigger_index: None,
+            trigger_type: trigger_type.to_owned(),
+            kind: kind.to_owned(),
+            flow: None,
+            command: None,
+            mcp: None,
+            secrets: Vec::new(),
+            provider: None,
+            model: None,
+            models: None,
+            max_cost_usd: None,
+            exclude_tools: Vec::new(),
+            image: None,
+            folder: None,
+            task: None,
+            secrets_profile: None,
+        }
+    }
+
     /// The job `trigger` queues now.
     pub fn from_trigger(id: impl Into<String>, trigger: &Trigger) -> Job {
         let run = &trigger.run;

@@ -554,20 +554,11 @@ mod tests {
 
     #[test]
     fn the_environment_goes_on_the_descriptor_never_the_command_line() {
+        let secrets = [("DOCS_TOKEN".to_owned(), Secret::new("cnry-9"))];
         let env = crate::env::build(
             &crate::env::Parts {
-                job_id: "j1",
-                provider: None,
-                model: None,
-                settings: &[],
-                provider_key: None,
-                models_keys: &[],
-                forward_env: &[],
-                secrets: &[("DOCS_TOKEN".to_owned(), Secret::new("cnry-9"))],
-                proxy: None,
-                home: "/tmp/home",
-                computed: &[],
-                forge: None,
+                secrets: &secrets,
+                ..crate::env::Parts::new("j1", "/tmp/home")
             },
             &|_| None,
         )

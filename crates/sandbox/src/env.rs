@@ -40,6 +40,27 @@ pub struct Parts<'a> {
     pub forge: Option<&'a ForgeToken>,
 }
 
+impl<'a> Parts<'a> {
+    /// The parts of job `job_id` with `home` and nothing else: no provider, key, secret, proxy,
+    /// forge token, or computed value.
+    pub fn new(job_id: &'a str, home: &'a str) -> Parts<'a> {
+        Parts {
+            job_id,
+            provider: None,
+            model: None,
+            settings: &[],
+            provider_key: None,
+            models_keys: &[],
+            forward_env: &[],
+            secrets: &[],
+            proxy: None,
+            home,
+            computed: &[],
+            forge: None,
+        }
+    }
+}
+
 /// The egress proxy's variables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Proxy {

@@ -114,18 +114,11 @@ fn job_env(vars: &[(&str, &str)]) -> JobEnv {
     let computed = vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())];
     env::build(
         &Parts {
-            job_id: "job-test",
             provider: Some("openai"),
             model: Some("gpt-test"),
-            settings: &[],
-            provider_key: None,
-            models_keys: &[],
-            forward_env: &[],
             secrets: &secrets,
-            proxy: None,
-            home: "/tmp",
             computed: &computed,
-            forge: None,
+            ..Parts::new("job-test", "/tmp")
         },
         &|_| None,
     )
@@ -178,15 +171,11 @@ fn marker(test: &str) -> String {
     format!("{test}-{}-{nanos}", std::process::id())
 }
 
-/// Host processes whose environment holds `NAME=value`.
+/// Live host processes whose environment holds `NAME=value`.
 fn processes_with(name: &str, value: &str) -> Vec<u32> {
-    let needle = format!("{name}={value}\0");
-    all_pids()
+    testkit::processes_with(&format!("{name}={value}"))
         .into_iter()
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| contains(&env, needle.as_bytes()))
-        })
+        .map(|(pid, _)| pid)
         .collect()
 }
 
@@ -200,6 +189,22 @@ fn all_pids() -> Vec<u32> {
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Whether, within 5 s, no process marked `mark` is left.
+async fn all_gone(mark: &str) -> bool {
+    eventually(Duration::from_secs(5), || {
+        processes_with("SANDBOX_TEST_MARK", mark).is_empty()
+    })
+    .await
+}
+
+/// Whether, within [`BOUND`], at least `n` processes marked `mark` run.
+async fn running(mark: &str, n: usize) -> bool {
+    eventually(BOUND, || {
+        processes_with("SANDBOX_TEST_MARK", mark).len() >= n
+    })
+    .await
 }
 
 /// Polls until `f` holds, for at most `within`.
@@ -469,14 +474,7 @@ async fn a_job_that_ends_takes_its_background_processes_with_it() {
     let spec = fx.spec("setsid -f sleep 1000; sleep 1000 & exit 3");
     let out = run(&spec, &env).await;
     assert_eq!(out.status.code(), Some(3));
-    assert!(
-        eventually(Duration::from_secs(5), || processes_with(
-            "SANDBOX_TEST_MARK",
-            &mark
-        )
-        .is_empty())
-        .await
-    );
+    assert!(all_gone(&mark).await);
 }
 
 #[tokio::test]
@@ -487,20 +485,9 @@ async fn a_dropped_sandbox_is_ended() {
     let sandbox = bwrap::spawn(bwrap_path(), &fx.spec("sleep 1000 & sleep 1000"), &env)
         .await
         .unwrap();
-    assert!(
-        eventually(BOUND, || processes_with("SANDBOX_TEST_MARK", &mark).len()
-            >= 2)
-        .await
-    );
+    assert!(running(&mark, 2).await);
     drop(sandbox);
-    assert!(
-        eventually(Duration::from_secs(5), || processes_with(
-            "SANDBOX_TEST_MARK",
-            &mark
-        )
-        .is_empty())
-        .await
-    );
+    assert!(all_gone(&mark).await);
 }
 
 #[tokio::test]
@@ -568,21 +555,11 @@ async fn the_sandbox_dies_with_the_worker() {
         .spawn()
         .unwrap();
     assert!(
-        eventually(BOUND, || processes_with("SANDBOX_TEST_MARK", &mark).len()
-            >= 2)
-        .await,
+        running(&mark, 2).await,
         "the helper's sandbox never started"
     );
     // SIGKILL: nothing in the worker runs to clean up; only --die-with-parent can end the job.
     worker.kill().unwrap();
     worker.wait().unwrap();
-    assert!(
-        eventually(Duration::from_secs(5), || processes_with(
-            "SANDBOX_TEST_MARK",
-            &mark
-        )
-        .is_empty())
-        .await,
-        "the job outlived its worker"
-    );
+    assert!(all_gone(&mark).await, "the job outlived its worker");
 }

@@ -219,8 +219,8 @@ fn stage(
     // Just copied or linked into place: it may still be busy for a moment.
     let mut node = Command::new(staging.join(NODE));
     node.arg("--version");
-    let output = config::spawn::retry_busy(|| node.output())
-        .map_err(io_err("running the image's node"))?;
+    let output =
+        config::spawn::retry_busy(|| node.output()).map_err(io_err("running the image's node"))?;
     let node_version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     if !output.status.success() || !node_version.starts_with(NODE_MAJOR) {
         return Err(ImageError::WrongNode);
@@ -299,6 +299,22 @@ mod tests {
         fs::write(&runner, "#!/bin/sh\n").unwrap();
         let deployment = dir.path().join("d");
         (dir, runner, deployment)
+    }
+
+    /// Installs image `name` from `folder`, quietly.
+    fn from_folder(
+        deployment: &Path,
+        name: &str,
+        folder: &Path,
+        runner: &Path,
+    ) -> Result<Installed, ImageError> {
+        install(
+            deployment,
+            name,
+            Source::Folder(folder),
+            runner,
+            &mut |_| {},
+        )
     }
 
     fn fake_modules(root: &Path, node_script: &str) -> PathBuf {
@@ -387,27 +403,13 @@ mod tests {
     fn a_replaced_image_is_retired_not_deleted_until_no_job_can_use_it() {
         let (dir, runner, deployment) = scratch();
         let first = fake_modules(&dir.path().join("first"), "echo v22.1.0");
-        install(
-            &deployment,
-            "pi-job",
-            Source::Folder(&first),
-            &runner,
-            &mut |_| {},
-        )
-        .unwrap();
+        from_folder(&deployment, "pi-job", &first, &runner).unwrap();
         let images = deployment.join("images");
         // What a running job has mounted: the old image's folder, by its path now.
         let old_marker = images.join("pi-job/image.json");
         let old_text = fs::read_to_string(&old_marker).unwrap();
         let second = fake_modules(&dir.path().join("second"), "echo v22.2.0");
-        install(
-            &deployment,
-            "pi-job",
-            Source::Folder(&second),
-            &runner,
-            &mut |_| {},
-        )
-        .unwrap();
+        from_folder(&deployment, "pi-job", &second, &runner).unwrap();
         let retired: Vec<_> = fs::read_dir(images.join(RETIRED))
             .unwrap()
             .map(|e| e.unwrap().path())
@@ -427,14 +429,7 @@ mod tests {
             .join(RETIRED)
             .join(format!("pi-job-{}", now_secs() - RETIRED_FOR_SECS - 10));
         fs::rename(&retired[0], &old).unwrap();
-        install(
-            &deployment,
-            "pi-job",
-            Source::Folder(&first),
-            &runner,
-            &mut |_| {},
-        )
-        .unwrap();
+        from_folder(&deployment, "pi-job", &first, &runner).unwrap();
         assert!(!old.exists());
         assert_eq!(fs::read_dir(images.join(RETIRED)).unwrap().count(), 1);
     }
@@ -443,24 +438,10 @@ mod tests {
     fn a_failed_install_leaves_the_old_image() {
         let (dir, runner, deployment) = scratch();
         let good = fake_modules(&dir.path().join("good"), "echo v22.1.0");
-        install(
-            &deployment,
-            "pi-job",
-            Source::Folder(&good),
-            &runner,
-            &mut |_| {},
-        )
-        .unwrap();
+        from_folder(&deployment, "pi-job", &good, &runner).unwrap();
         let old = fs::read(deployment.join("images/pi-job/image.json")).unwrap();
         let bad = fake_modules(&dir.path().join("bad"), "echo v20.1.0");
-        let e = install(
-            &deployment,
-            "pi-job",
-            Source::Folder(&bad),
-            &runner,
-            &mut |_| {},
-        )
-        .unwrap_err();
+        let e = from_folder(&deployment, "pi-job", &bad, &runner).unwrap_err();
         assert!(matches!(e, ImageError::WrongNode), "{e}");
         assert_eq!(
             fs::read(deployment.join("images/pi-job/image.json")).unwrap(),
@@ -472,13 +453,7 @@ mod tests {
             .collect();
         assert_eq!(left, ["pi-job"], "a staging folder was left behind");
         assert!(matches!(
-            install(
-                &deployment,
-                "Bad Name",
-                Source::Folder(&good),
-                &runner,
-                &mut |_| {}
-            ),
+            from_folder(&deployment, "Bad Name", &good, &runner),
             Err(ImageError::BadName)
         ));
     }

@@ -28,6 +28,21 @@ impl Step {
     pub fn text(text: &str) -> Step {
         Step::Text(text.to_owned())
     }
+
+    /// One tool call by each route pi has to an MCP tool, against server-everything offered as
+    /// `direct` (exposure `direct`), `web` (`deferred`: loaded by `tool_search` first) and
+    /// `scripted` (called from a `codemode` script).
+    pub fn every_route() -> Vec<Step> {
+        vec![
+            Step::call("mcp__direct__echo", json!({"message": "by a direct tool"})),
+            Step::call("tool_search", json!({"query": "get_sum"})),
+            Step::call("mcp__web__get_sum", json!({"a": 2, "b": 3})),
+            Step::call(
+                "codemode",
+                json!({"code": "const r = await tools.mcp__scripted__echo({message: 'from a script'}); return r.content[0].text;"}),
+            ),
+        ]
+    }
 }
 
 /// What the model was sent.

@@ -61,25 +61,7 @@ fn job_of(id: &str, payload: &str) -> Option<Job> {
 
 /// A job that holds only its id, for the record of a payload that is not a job.
 fn stub(id: &str) -> Job {
-    Job {
-        id: id.to_owned(),
-        trigger_index: None,
-        trigger_type: "unknown".to_owned(),
-        kind: "unknown".to_owned(),
-        flow: None,
-        command: None,
-        mcp: None,
-        secrets: Vec::new(),
-        provider: None,
-        model: None,
-        models: None,
-        max_cost_usd: None,
-        exclude_tools: Vec::new(),
-        image: None,
-        folder: None,
-        task: None,
-        secrets_profile: None,
-    }
+    Job::new(id, "unknown", "unknown")
 }
 
 /// Runs the loop; returns when `until_empty` and nothing is open.

@@ -154,23 +154,14 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         return Ok(Exit::CheckFailed);
     }
     let job = Job {
-        id: new_job_id("cli")?,
-        trigger_index: None,
-        trigger_type: "cli".to_owned(),
-        kind: "local".to_owned(),
         flow: Some(args.flow.clone()),
-        command: None,
         mcp: (!args.mcp.is_empty()).then(|| args.mcp.clone()),
-        secrets: Vec::new(),
         provider: settings.provider.clone(),
         model: settings.model.clone(),
-        models: None,
-        max_cost_usd: None,
-        exclude_tools: Vec::new(),
         image: args.image.clone(),
         folder: Some(folder_text),
         task: Some(task.clone()),
-        secrets_profile: None,
+        ..Job::new(new_job_id("cli")?, "cli", "local")
     };
     enqueue(ctx, &job)
 }

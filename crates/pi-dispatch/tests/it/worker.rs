@@ -162,19 +162,14 @@ fn calls(record: &Value, server: &str, tool: &str) -> u64 {
 
 #[test]
 fn a_job_runs_in_its_sandbox_and_pi_calls_mcp_tools_by_every_route() {
+    let mut steps = Step::every_route();
+    steps.extend([
+        // A pi the job starts itself gets --no-mcp.
+        Step::call("bash", json!({"command": "cat \"$(command -v pi)\""})),
+        Step::text("done"),
+    ]);
     let s = Service::new(
-        vec![
-            Step::call("mcp__direct__echo", json!({"message": "by a direct tool"})),
-            Step::call("tool_search", json!({"query": "get_sum"})),
-            Step::call("mcp__web__get_sum", json!({"a": 2, "b": 3})),
-            Step::call(
-                "codemode",
-                json!({"code": "const r = await tools.mcp__scripted__echo({message: 'from a script'}); return r.content[0].text;"}),
-            ),
-            // A pi the job starts itself gets --no-mcp.
-            Step::call("bash", json!({"command": "cat \"$(command -v pi)\""})),
-            Step::text("done"),
-        ],
+        steps,
         |http| {
             json!({
                 "direct": stdio(Some("direct")),
