@@ -13,7 +13,7 @@
 //!
 //! The goal is a process median under 50 ms.
 //!
-//! It also times the pickup decision (`pickup::gates::decide`) in process: a github job naming 8
+//! It also times the pickup decision (`pickup::admission::decide`) in process: a github job naming 8
 //! servers of a 200-server overlay, with egress on, every file and label read from memory. Each
 //! decision parses the overlay bytes, as the worker does for every job. The goal is a median under
 //! 1 ms.
@@ -41,8 +41,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use clap::Parser;
 use nix::sys::resource::{UsageWho, getrusage};
-use pickup::gates::{self, Capabilities, Decision, Read};
-use pickup::job::Job;
+use pickup::admission::{self as gates, Decision, Folder, Host, Image, Read};
+use protocol::job::Job;
 use serde_json::{Map, Value, json};
 
 /// The number of servers in the generated overlay.
@@ -656,7 +656,8 @@ fn time_pickup(iterations: u32) -> anyhow::Result<Vec<f64>> {
     let fixture = PickupFixture::new()?;
     let inputs = fixture.inputs();
     match gates::decide(&inputs) {
-        Decision::Admit { mcp: Some(file) } => {
+        Decision::Admit(a) if a.mcp.is_some() => {
+            let file = a.mcp.unwrap_or_else(|| unreachable!());
             let missing: Vec<&String> = fixture
                 .named
                 .iter()
@@ -678,7 +679,7 @@ fn time_pickup(iterations: u32) -> anyhow::Result<Vec<f64>> {
         let decision = gates::decide(black_box(&inputs));
         let elapsed = start.elapsed();
         ensure!(
-            matches!(black_box(&decision), Decision::Admit { mcp: Some(_) }),
+            matches!(black_box(&decision), Decision::Admit(a) if a.mcp.is_some()),
             "the pickup decision changed: {decision:?}"
         );
         us.push(elapsed.as_secs_f64() * 1e6);
@@ -705,11 +706,15 @@ fn queue_jobs(n: u32) -> anyhow::Result<Vec<(String, String)>> {
 /// Deployment files held in memory. Each call hands out a copy of the bytes, as a reader of the
 /// real files returns fresh bytes for every job.
 struct MemoryFiles {
+    triggers: Vec<u8>,
     mcp: Vec<u8>,
     allowlist: Vec<u8>,
 }
 
 impl gates::Files for MemoryFiles {
+    fn triggers(&self) -> Read {
+        Read::Bytes(self.triggers.clone())
+    }
     fn overlay_mcp(&self) -> Read {
         Read::Bytes(self.mcp.clone())
     }
@@ -727,28 +732,43 @@ impl gates::Files for MemoryFiles {
 /// Every image declares the same capabilities.
 struct MemoryImages(Vec<String>);
 
-impl gates::ImageLabels for MemoryImages {
-    fn capabilities(&self, _image: &str) -> Capabilities {
-        Capabilities::Declared(self.0.clone())
+impl gates::Images for MemoryImages {
+    fn image(&self, _name: &str) -> Image {
+        Image::Installed {
+            capabilities: self.0.clone(),
+        }
     }
 }
 
-/// A worker environment that holds no variable: the job's secrets map every reference.
+/// The job's repository folder: a folder of an ordinary user.
+struct MemoryFolders;
+
+impl gates::Folders for MemoryFolders {
+    fn folder(&self, _path: &str) -> Folder {
+        Folder::Folder {
+            uid: 1000,
+            gid: 1000,
+            mode: 0o40755,
+        }
+    }
+}
+
+/// A worker environment that holds the provider's key and nothing else: the job's secrets map
+/// every reference.
 struct EmptyEnv;
 
 impl gates::WorkerEnv for EmptyEnv {
-    fn has_value(&self, _name: &str) -> bool {
-        false
+    fn has_value(&self, name: &str) -> bool {
+        name == "OPENAI_API_KEY"
     }
 }
 
-/// Everything one pickup decision reads: a github job from a label trigger naming
+/// Everything one admission reads: a local job from a cron trigger naming
 /// [`PICKUP_NAMED`] servers of a [`PICKUP_SERVERS`]-server overlay, with `run.secrets` for their
 /// variables, egress on and an allowlist naming every HTTP host, and an image declaring
 /// `mcp,forgeMcp`.
 struct PickupFixture {
     job: Job,
-    trigger: config::triggers::Trigger,
     settings: config::settings::Settings,
     files: MemoryFiles,
     images: MemoryImages,
@@ -768,25 +788,28 @@ impl PickupFixture {
         }
         let names: Vec<String> = named.iter().map(|&i| pickup_server_name(i)).collect();
         let triggers = json!({ "triggers": [{
-            "on": { "type": "label", "any": ["pi"] },
+            "on": { "type": "cron", "id": "bench", "pattern": "0 3 * * *" },
             "run": {
-                "kind": "github",
-                "flow": "fix",
+                "kind": "local",
+                "folder": "/srv/repo",
+                "task": "Measure the admission.",
+                "flow": "task",
                 "mcp": names,
                 "secrets": secrets,
                 "provider": "openai",
-                "model": "gpt",
-                "models": ["openai/gpt"],
+                "model": "gpt-4o",
+                "models": ["openai/gpt-4o"],
                 "maxCostUsd": 5,
             },
         }]});
-        let trigger = config::triggers::parse_triggers(&serde_json::to_vec(&triggers)?)
+        let triggers_bytes = serde_json::to_vec(&triggers)?;
+        let trigger = config::triggers::parse_triggers(&triggers_bytes)
             .map_err(|e| anyhow::anyhow!("the pickup trigger is refused: {e}"))?
             .triggers
             .into_iter()
             .next()
             .context("the pickup triggers.json holds no trigger")?;
-        let job = Job::from_trigger("bench-job-1", &trigger);
+        let job = Job::from_trigger("cron-bench-1", &trigger);
 
         let pairs = [("PI_EGRESS", "1"), ("PI_JOB_IMAGE", "pi-job")];
         let settings = config::settings::resolve(
@@ -809,9 +832,9 @@ impl PickupFixture {
             .collect();
         Ok(PickupFixture {
             job,
-            trigger,
             settings,
             files: MemoryFiles {
+                triggers: triggers_bytes,
                 mcp: pickup_overlay_json()?.into_bytes(),
                 allowlist: allowlist.into_bytes(),
             },
@@ -824,11 +847,16 @@ impl PickupFixture {
     fn inputs(&self) -> gates::Inputs<'_> {
         gates::Inputs {
             job: &self.job,
-            trigger_now: Some(&self.trigger),
             settings: &self.settings,
             files: &self.files,
             images: &self.images,
+            folders: &MemoryFolders,
             env: &self.env,
+            host: Host {
+                root: true,
+                // Egress on, with a proxy: every gate of the decision is taken.
+                egress_proxy: true,
+            },
         }
     }
 }
@@ -987,9 +1015,10 @@ mod tests {
         assert!(!fixture.named.iter().any(|n| n == "forge"));
         assert_eq!(fixture.job.secrets.len(), 2 * PICKUP_NAMED);
         assert!(fixture.settings.egress);
-        let Decision::Admit { mcp: Some(file) } = gates::decide(&fixture.inputs()) else {
+        let Decision::Admit(admitted) = gates::decide(&fixture.inputs()) else {
             panic!("not admitted: {:?}", gates::decide(&fixture.inputs()))
         };
+        let file = admitted.mcp.unwrap();
         let parsed = config::json::parse(&file.text).unwrap();
         let servers = parsed
             .as_object()
@@ -1015,7 +1044,7 @@ mod tests {
 
     #[test]
     fn the_pickup_fixture_runs_the_secret_and_egress_gates() {
-        use pickup::reason::Reason;
+        use protocol::reason::Reason;
         let refused = |change: fn(&mut PickupFixture)| {
             let mut fixture = PickupFixture::new().unwrap();
             change(&mut fixture);

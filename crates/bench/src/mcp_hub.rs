@@ -23,7 +23,7 @@ use anyhow::{Context as _, anyhow, bail, ensure};
 use hub::connect::Upstream;
 use hub::relay::Withheld;
 use hub::runner::Connected;
-use pickup::job_mcp::JobMcpFile;
+use protocol::job_mcp::JobMcpFile;
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
 use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;

@@ -7,8 +7,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, ensure};
+use queue::{Queue as _, SqliteQueue};
 use serde_json::{Value, json};
-use worker::queue::{Queue as _, SqliteQueue};
 
 /// Long enough that no lease lapses during the drain.
 const LEASE: Duration = Duration::from_secs(600);
@@ -151,7 +151,12 @@ pub struct ServiceFigures {
 struct Trivial;
 
 impl worker::service::Runner for Trivial {
-    async fn process(&self, job: &pickup::job::Job, attempt: u32) -> worker::pipeline::Verdict {
+    async fn process(
+        &self,
+        job: &protocol::job::Job,
+        attempt: u32,
+        _stop: worker::pipeline::Stop,
+    ) -> worker::pipeline::Verdict {
         worker::pipeline::Verdict::Done(worker::record::Record::new(
             job,
             worker::record::Outcome::Completed,
@@ -180,6 +185,7 @@ pub fn measure_service(jobs: &[(String, String)], slots: u32) -> anyhow::Result<
         concurrency: slots,
         until_empty: true,
         poll: Duration::from_millis(10),
+        cancel_poll: Duration::from_millis(500),
         on_failure: None,
     };
     let start = Instant::now();
@@ -188,9 +194,10 @@ pub fn measure_service(jobs: &[(String, String)], slots: u32) -> anyhow::Result<
         Arc::new(queue),
         records.clone(),
         &options,
+        Arc::new(worker::service::Control::default()),
     );
     let drain = start.elapsed();
-    let written = records.list()?;
+    let written = records.list()?.records;
     let mut ids: Vec<&str> = written.iter().map(|r| r.job_id.as_str()).collect();
     ids.sort_unstable();
     ids.dedup();

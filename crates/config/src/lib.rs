@@ -4,6 +4,7 @@
 //! validated values or problems. Nothing is repaired: what is not exactly right is refused, and every
 //! message names the field, never the value written there.
 
+pub mod catalog;
 pub mod dotenv;
 pub mod egress;
 pub mod endpoints;
@@ -13,9 +14,9 @@ pub mod json;
 pub mod mcp;
 pub mod models;
 pub mod problem;
+pub mod providers;
 pub mod reference;
 pub mod settings;
-pub mod spawn;
 pub mod triggers;
 pub mod url;
 

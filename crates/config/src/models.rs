@@ -43,6 +43,40 @@ pub struct Models {
     pub references: BTreeSet<String>,
     /// Every `baseUrl` written, provider- or model-level, as written.
     pub base_urls: Vec<String>,
+    /// What the file says of each provider, in file order (one entry per name in `providers`).
+    pub entries: Vec<ProviderEntry>,
+}
+
+/// One provider of `models.json`: enough to tell whether a job's model exists and where its key is.
+///
+/// pi (1.6) treats a name that is a built-in provider's as a change to that provider: its built-in
+/// models stay (with `baseUrl`, when written, in front of them) and each `models` entry adds a model
+/// or replaces the built-in one of the same id. Any other name is a new provider whose models are
+/// exactly its `models` entries.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProviderEntry {
+    pub name: String,
+    /// The variable `apiKey` references (`$NAME` or `${NAME}`), when `apiKey` is written.
+    pub api_key_variable: Option<String>,
+    /// The provider's `baseUrl`, when written.
+    pub base_url: Option<String>,
+    /// The `models` entries that have an `id`, in file order.
+    pub models: Vec<ModelEntry>,
+}
+
+/// One entry of a provider's `models` array.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ModelEntry {
+    pub id: String,
+    /// The model's own `baseUrl`, when written (it overrides the provider's).
+    pub base_url: Option<String>,
+}
+
+impl Models {
+    /// What the file says of the provider `name`, when it names it.
+    pub fn entry(&self, name: &str) -> Option<&ProviderEntry> {
+        self.entries.iter().find(|e| e.name == name)
+    }
 }
 
 const LITERAL_KEY: &str =
@@ -67,12 +101,21 @@ pub fn check(bytes: &[u8]) -> Result<Models, ModelsError> {
             printable_key(name).unwrap_or("(a provider)")
         );
         models.providers.push(name.to_owned());
+        let mut entry = ProviderEntry {
+            name: name.to_owned(),
+            ..ProviderEntry::default()
+        };
         let Some(provider) = provider.as_object() else {
+            models.entries.push(entry);
             continue;
         };
         if let Some(key) = provider.get("apiKey") {
-            check_api_key(key, &format!("{at}.apiKey"), &mut models, &mut problems);
+            entry.api_key_variable =
+                check_api_key(key, &format!("{at}.apiKey"), &mut models, &mut problems);
         }
+        entry.base_url = string(provider, "baseUrl");
+        entry.models = model_entries(provider);
+        models.entries.push(entry);
         check_headers(
             provider.get("headers"),
             &format!("{at}.headers"),
@@ -98,6 +141,29 @@ pub fn check(bytes: &[u8]) -> Result<Models, ModelsError> {
     } else {
         Err(ModelsError::Refused(problems))
     }
+}
+
+fn string(object: &Object, key: &str) -> Option<String> {
+    object.get(key).and_then(Json::as_str).map(str::to_owned)
+}
+
+/// The entries of a provider's `models` array that have a non-empty string `id` (pi's schema
+/// requires one).
+fn model_entries(provider: &Object) -> Vec<ModelEntry> {
+    let Some(Json::Array(items)) = provider.get("models") else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(Json::as_object)
+        .filter_map(|model| {
+            let id = string(model, "id").filter(|id| !id.is_empty())?;
+            Some(ModelEntry {
+                id,
+                base_url: string(model, "baseUrl"),
+            })
+        })
+        .collect()
 }
 
 /// The objects of a `models` array or a `modelOverrides` object, numbered.
@@ -137,15 +203,14 @@ fn check_base_url(
     models.base_urls.push(url.to_owned());
 }
 
+/// Checks an `apiKey`; gives the variable it references when it is accepted.
 fn check_api_key(
     value: &Json,
     field: &str,
     models: &mut Models,
     problems: &mut Vec<ModelsProblem>,
-) {
-    let Some(text) = value.as_str() else {
-        return;
-    };
+) -> Option<String> {
+    let text = value.as_str()?;
     if text.starts_with('!') {
         problems.push(ModelsProblem {
             field: field.to_owned(),
@@ -153,12 +218,14 @@ fn check_api_key(
         });
     } else if let Some(name) = whole_reference(text) {
         models.references.insert(name.to_owned());
+        return Some(name.to_owned());
     } else {
         problems.push(ModelsProblem {
             field: field.to_owned(),
             why: LITERAL_KEY,
         });
     }
+    None
 }
 
 fn check_headers(
@@ -329,6 +396,54 @@ mod tests {
             m.base_urls,
             ["http://127.0.0.1:9/v1", "https://llm.example.com/v1"]
         );
+    }
+
+    #[test]
+    fn tells_each_providers_key_variable_base_url_and_models() {
+        let m = check(
+            br#"{"providers": {
+                "anthropic": {"baseUrl": "https://proxy.example.com/v1"},
+                "local": {"baseUrl": "http://127.0.0.1:9/v1", "api": "openai-completions", "apiKey": "${LOCAL_KEY}",
+                          "models": [{"id": "a"}, {"id": "b", "baseUrl": "http://127.0.0.1:10/v1"},
+                                     {"name": "no id"}, {"id": ""}, {"id": 7}, "c"]},
+                "openai": {"apiKey": "$OPENAI_KEY_2", "modelOverrides": {"gpt-x": {"name": "X"}}},
+                "odd": 1
+            }}"#,
+        )
+        .unwrap();
+        let entry =
+            |name: &str, key: Option<&str>, url: Option<&str>, models: &[(&str, Option<&str>)]| {
+                ProviderEntry {
+                    name: name.to_owned(),
+                    api_key_variable: key.map(str::to_owned),
+                    base_url: url.map(str::to_owned),
+                    models: models
+                        .iter()
+                        .map(|(id, url)| ModelEntry {
+                            id: (*id).to_owned(),
+                            base_url: url.map(str::to_owned),
+                        })
+                        .collect(),
+                }
+            };
+        assert_eq!(
+            m.entries,
+            [
+                entry("anthropic", None, Some("https://proxy.example.com/v1"), &[]),
+                entry(
+                    "local",
+                    Some("LOCAL_KEY"),
+                    Some("http://127.0.0.1:9/v1"),
+                    &[("a", None), ("b", Some("http://127.0.0.1:10/v1"))]
+                ),
+                entry("openai", Some("OPENAI_KEY_2"), None, &[]),
+                entry("odd", None, None, &[]),
+            ]
+        );
+        assert_eq!(m.entry("openai"), Some(&m.entries[2]));
+        assert_eq!(m.entry("missing"), None);
+        // What was there before stays.
+        assert_eq!(m.providers, ["anthropic", "local", "openai", "odd"]);
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub const MODEL_SETTING: &str = "PI_MODEL";
 pub const ON_FAILURE_SETTING: &str = "PI_ON_FAILURE";
 pub const CONCURRENCY_SETTING: &str = "PI_WORKER_CONCURRENCY";
 pub const TIME_LIMIT_SETTING: &str = "PI_JOB_TIME_LIMIT";
+pub const DRAIN_LIMIT_SETTING: &str = "PI_WORKER_DRAIN_LIMIT";
+pub const TRANSCRIPTS_SETTING: &str = "PI_TRANSCRIPTS";
 
 /// Jobs the worker runs at once when `PI_WORKER_CONCURRENCY` is not set, and the most it allows.
 pub const DEFAULT_CONCURRENCY: u32 = 1;
@@ -35,13 +37,16 @@ pub const MAX_CONCURRENCY: u32 = 64;
 /// A job's time limit in seconds when `PI_JOB_TIME_LIMIT` is not set, and the bounds it allows.
 pub const DEFAULT_TIME_LIMIT_SECS: u64 = 3600;
 pub const MAX_TIME_LIMIT_SECS: u64 = 24 * 3600;
+/// How long a worker told to stop lets its running jobs finish, in seconds, by default and at most.
+pub const DEFAULT_DRAIN_LIMIT_SECS: u64 = 120;
+pub const MAX_DRAIN_LIMIT_SECS: u64 = 3600;
 
 pub const TRIGGERS_FILE: &str = "triggers.json";
 pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 14] = [
+pub const ALL: [&str; 16] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
@@ -56,13 +61,15 @@ pub const ALL: [&str; 14] = [
     ON_FAILURE_SETTING,
     CONCURRENCY_SETTING,
     TIME_LIMIT_SETTING,
+    DRAIN_LIMIT_SETTING,
+    TRANSCRIPTS_SETTING,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettingError {
     #[error("{name} must be an absolute path")]
     NotAbsolute { name: &'static str },
-    #[error("{name} must be empty or 1 (egress policy on) or 0 (off)")]
+    #[error("{name} must be empty or 1 (on) or 0 (off)")]
     NotAFlag { name: &'static str },
     #[error(
         "{name} must be a comma-separated list of variable names (letters, digits and '_', each once)"
@@ -135,6 +142,11 @@ pub struct Settings {
     pub concurrency: u32,
     /// `PI_JOB_TIME_LIMIT`: seconds a job may run before its sandbox is killed.
     pub time_limit_secs: u64,
+    /// `PI_WORKER_DRAIN_LIMIT`: seconds a worker told to stop lets its running jobs finish before
+    /// it stops them and hands them back to the queue.
+    pub drain_limit_secs: u64,
+    /// `PI_TRANSCRIPTS`: keep each job's transcript (on unless `0`).
+    pub transcripts: bool,
 }
 
 /// The value of a setting: a non-empty value in the process environment wins, then the `.env`.
@@ -252,6 +264,22 @@ pub fn resolve(
         1,
         MAX_TIME_LIMIT_SECS,
     );
+    let drain_limit_secs = number(
+        DRAIN_LIMIT_SETTING,
+        DEFAULT_DRAIN_LIMIT_SECS,
+        0,
+        MAX_DRAIN_LIMIT_SECS,
+    );
+    let transcripts = match get(TRANSCRIPTS_SETTING).as_deref() {
+        None | Some("1") => true,
+        Some("0") => false,
+        Some(_) => {
+            errors.push(SettingError::NotAFlag {
+                name: TRANSCRIPTS_SETTING,
+            });
+            true
+        }
+    };
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -271,6 +299,8 @@ pub fn resolve(
         on_failure,
         concurrency: u32::try_from(concurrency).unwrap_or(DEFAULT_CONCURRENCY),
         time_limit_secs,
+        drain_limit_secs,
+        transcripts,
     })
 }
 

@@ -23,7 +23,7 @@ use rmcp::{Peer, RoleClient, ServiceExt};
 use tokio::io::AsyncReadExt;
 
 use crate::raw::LineTap;
-use crate::relay::UpstreamEvents;
+use crate::upstream::UpstreamEvents;
 
 /// How much of a stdio server's stderr is kept: the last 16 KiB.
 pub const STDERR_TAIL_BYTES: usize = 16 * 1024;
@@ -208,7 +208,7 @@ pub async fn connect_stdio(
     let not_started = |e: std::io::Error| {
         ConnectError::new(name, ConnectFailure::NotStarted(e.kind().to_string()))
     };
-    let mut child = config::spawn::retry_busy(|| cmd.spawn()).map_err(not_started)?;
+    let mut child = spawn::retry_busy(|| cmd.spawn()).map_err(not_started)?;
     // With `process_group(0)` the child leads a group whose id is its pid.
     let group = child
         .id()

@@ -31,7 +31,7 @@ use rmcp::transport::streamable_http_client::{
 use sse_stream::{Sse, SseStream};
 use tokio::sync::watch;
 
-use pickup::reason::RunnerReason;
+use protocol::reason::Reason;
 
 use crate::job_file::Stop;
 use crate::raw::RawResults;
@@ -133,10 +133,10 @@ impl Failure {
 
     /// The runner's reason once this failure ends the job: a retryable one ends it only when the
     /// wait runs out (`mcp-unreachable`), the others at once (`mcp-unavailable`).
-    pub fn reason(&self) -> RunnerReason {
+    pub fn reason(&self) -> Reason {
         match self {
-            Failure::Retryable(_) => RunnerReason::McpUnreachable,
-            Failure::Fatal(_) | Failure::Unauthorized => RunnerReason::McpUnavailable,
+            Failure::Retryable(_) => Reason::McpUnreachable,
+            Failure::Fatal(_) | Failure::Unauthorized => Reason::McpUnavailable,
         }
     }
 
@@ -995,12 +995,12 @@ mod tests {
         assert_eq!(Refusal::Unauthorized.failure(), Failure::Unauthorized);
         assert_eq!(
             Refusal::Status(503).failure().reason(),
-            RunnerReason::McpUnreachable
+            Reason::McpUnreachable
         );
         let stop = Refusal::Unauthorized
             .failure()
             .stop("docs", "https://h.example.com:443");
-        assert_eq!(stop.reason, RunnerReason::McpUnavailable);
+        assert_eq!(stop.reason, Reason::McpUnavailable);
         assert_eq!(stop.server.as_deref(), Some("docs"));
         assert!(
             stop.cause

@@ -3,17 +3,17 @@
 //! credential in its environment, and everything ended when the job ends. The result is the exit
 //! line's content.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use pickup::job_mcp::DIGEST_VARIABLE;
-use pickup::reason::RunnerReason;
+use protocol::job_mcp::DIGEST_VARIABLE;
+use protocol::reason::Reason;
 use tokio::process::Command;
 
-use crate::exit_line::{ExitLine, ServerState};
 use crate::job_file::{JobServer, Stop};
-use crate::pi_agent::{AgentFolder, Usage};
+use crate::pi_agent::{AgentFolder, PiEvents, write_private};
 use crate::runner::{self, Connected};
 use crate::{pi_config, plan, relay, wait};
+use protocol::exit_line::{ExitLine, ServerState};
 
 /// Where the job's parts are (configurable so that tests run without a sandbox).
 pub struct JobOptions {
@@ -53,11 +53,12 @@ fn line(job: &JobOptions, code: u8, stop: Option<&Stop>, servers: Vec<ServerStat
         servers,
         tool_calls: Vec::new(),
         usage: None,
+        final_message: None,
     }
 }
 
 fn stopped(job: &JobOptions, stop: &Stop, servers: Vec<ServerState>) -> ExitLine {
-    line(job, stop.reason.code(), Some(stop), servers)
+    line(job, stop.reason.code().unwrap_or(2), Some(stop), servers)
 }
 
 /// A hub token safe in pi's header values: letters and digits only.
@@ -103,7 +104,7 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         Some(Ok(g)) => Some(g),
         Some(Err(e)) => {
             let stop = Stop::new(
-                RunnerReason::McpUnavailable,
+                Reason::McpUnavailable,
                 None,
                 format!("the runner's guard did not start ({})", e.kind()),
             );
@@ -116,7 +117,7 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         Ok(t) => t,
         Err(e) => {
             let stop = Stop::new(
-                RunnerReason::McpUnavailable,
+                Reason::McpUnavailable,
                 None,
                 format!("the runner cannot watch for SIGTERM ({})", e.kind()),
             );
@@ -136,7 +137,7 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && digest.is_none() => None,
         Err(_) => {
             let stop = Stop::new(
-                RunnerReason::McpConfigMismatch,
+                Reason::McpConfigMismatch,
                 None,
                 "the job carries a digest but /job/mcp.json cannot be read",
             );
@@ -185,10 +186,11 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
     }
 }
 
-/// How the agent's part ended.
+/// How the agent's part ended: exited (well or not), stopped by the runner, or told to stop. pi's
+/// events are there when the agent was pi.
 enum AgentEnd {
-    Exited(bool, Option<Usage>),
-    Stopped(Stop, Option<Usage>),
+    Exited(bool, Option<PiEvents>),
+    Stopped(Stop, Option<PiEvents>),
     Terminated,
 }
 
@@ -209,7 +211,7 @@ async fn run_agent(
         });
         if let Err(e) = written {
             let stop = Stop::new(
-                RunnerReason::McpUnavailable,
+                Reason::McpUnavailable,
                 None,
                 format!("pi's agent folder could not be written ({})", e.kind()),
             );
@@ -229,7 +231,7 @@ async fn run_agent(
                 Ok(h) => h,
                 Err(e) => {
                     let stop = Stop::new(
-                        RunnerReason::McpUnavailable,
+                        Reason::McpUnavailable,
                         None,
                         format!("the hub could not start ({e})"),
                     );
@@ -247,7 +249,7 @@ async fn run_agent(
             if let Err(e) = write_private(&job.agent_dir, "mcp.json", text.as_bytes()) {
                 hub.shutdown().await;
                 let stop = Stop::new(
-                    RunnerReason::McpUnavailable,
+                    Reason::McpUnavailable,
                     None,
                     format!("pi's configuration could not be written ({})", e.kind()),
                 );
@@ -263,22 +265,28 @@ async fn run_agent(
         tool_calls = hub.tool_calls();
         hub.shutdown().await;
     }
-    let (done, usage) = match result {
-        AgentEnd::Exited(true, usage) => (line(job, 0, None, states), usage),
-        AgentEnd::Exited(false, usage) => (
-            ExitLine {
-                reason: Some("agent-failed".to_owned()),
-                cause: Some("the agent exited with a failure".to_owned()),
-                ..line(job, 1, None, states)
-            },
-            usage,
-        ),
-        AgentEnd::Stopped(stop, usage) => (stopped(job, &stop, states), usage),
+    let (done, events) = match result {
+        // pi: the task is done only when its last answer ended normally.
+        AgentEnd::Exited(ok, Some(events)) => match events.verdict(ok) {
+            Ok(()) => (line(job, 0, None, states), Some(events)),
+            Err((reason, cause)) => {
+                let stop = Stop::new(reason, None, cause);
+                (stopped(job, &stop, states), Some(events))
+            }
+        },
+        // Another agent: its exit status says.
+        AgentEnd::Exited(true, None) => (line(job, 0, None, states), None),
+        AgentEnd::Exited(false, None) => {
+            let stop = Stop::new(Reason::AgentFailed, None, "the agent exited with a failure");
+            (stopped(job, &stop, states), None)
+        }
+        AgentEnd::Stopped(stop, events) => (stopped(job, &stop, states), events),
         AgentEnd::Terminated => (terminated(job, states), None),
     };
     ExitLine {
         tool_calls,
-        usage,
+        final_message: events.as_ref().and_then(PiEvents::final_message),
+        usage: events.map(|e| e.usage),
         ..done
     }
 }
@@ -312,7 +320,7 @@ async fn agent(
                 Err(e) => {
                     return AgentEnd::Stopped(
                         Stop::new(
-                            RunnerReason::McpUnavailable,
+                            Reason::McpUnavailable,
                             None,
                             format!("the job's prompt cannot be read ({})", e.kind()),
                         ),
@@ -339,12 +347,12 @@ async fn agent(
         .current_dir(&job.workspace)
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = match config::spawn::retry_busy(|| cmd.spawn()) {
+    let mut child = match spawn::retry_busy(|| cmd.spawn()) {
         Ok(c) => c,
         Err(e) => {
             return AgentEnd::Stopped(
                 Stop::new(
-                    RunnerReason::McpUnavailable,
+                    Reason::McpUnavailable,
                     None,
                     format!("the agent did not start ({})", e.kind()),
                 ),
@@ -352,18 +360,12 @@ async fn agent(
             );
         }
     };
-    // pi's events: read as they come (the pipe must not fill), only usage kept.
-    let reader = child.stdout.take().map(|stdout| {
-        tokio::spawn(async move {
-            use tokio::io::AsyncBufReadExt as _;
-            let mut usage = Usage::default();
-            let mut lines = tokio::io::BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                usage.observe(&line);
-            }
-            usage
-        })
-    });
+    // pi's events: read as they come (the pipe must not fill), and passed on to the runner's
+    // own output, where the worker keeps them as the job's transcript.
+    let reader = child
+        .stdout
+        .take()
+        .map(|stdout| tokio::spawn(read_events(stdout)));
     let unauthorized = async {
         let waits: Vec<_> = monitors
             .iter()
@@ -386,7 +388,7 @@ async fn agent(
     let outcome = tokio::select! {
         status = child.wait() => Ok(status.ok()),
         name = unauthorized => Err(Some(Stop::new(
-            RunnerReason::McpUnavailable,
+            Reason::McpUnavailable,
             Some(&name),
             "HTTP 401 during the job: a job never signs in",
         ))),
@@ -409,7 +411,7 @@ async fn agent(
         Ok(status) => {
             if let Some(report) = crate::pi_agent::read_report(folder) {
                 let stop = Stop::new(
-                    RunnerReason::McpShadowed,
+                    Reason::McpShadowed,
                     None,
                     format!(
                         "an extension registers {}, which only the job's MCP may",
@@ -423,6 +425,28 @@ async fn agent(
     }
 }
 
+/// Reads pi's event stream to its end: each line is taken into account and written to the runner's
+/// standard output, where the worker keeps it as the job's transcript; a line longer than the
+/// exit line's limit is neither held nor passed on.
+async fn read_events(stdout: tokio::process::ChildStdout) -> PiEvents {
+    use protocol::exit_line::{Line, Lines};
+    use tokio::io::AsyncWriteExt as _;
+    let mut events = PiEvents::default();
+    let mut out = tokio::io::stdout();
+    let mut lines = Lines::new(stdout);
+    while let Some(line) = lines.next().await {
+        if let Line::Text(text) = line {
+            if let Ok(text) = std::str::from_utf8(text) {
+                events.observe(text);
+            }
+            let _ = out.write_all(text).await;
+            let _ = out.write_all(b"\n").await;
+        }
+    }
+    let _ = out.flush().await;
+    events
+}
+
 /// Kills a whole process group (the agent's, with everything it started).
 fn kill_group(pgid: i32) {
     let _ = std::process::Command::new("kill")
@@ -430,22 +454,4 @@ fn kill_group(pgid: i32) {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status();
-}
-
-/// Writes a file only the job's user can read, in a folder made for it.
-pub(crate) fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(dir.join(name))?;
-    f.write_all(bytes)?;
-    f.sync_all()
 }

@@ -3,8 +3,8 @@
 
 use config::json::{self, Json};
 use config::mcp::{self, McpServer};
-use pickup::job_mcp::{self, FORGE_GITHUB_COMMAND, FORGE_GITLAB_COMMAND};
-use pickup::reason::RunnerReason;
+use protocol::job_mcp::{self, FORGE_GITHUB_COMMAND, FORGE_GITLAB_COMMAND};
+use protocol::reason::Reason;
 
 /// One server the job connects, as the worker named it.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,7 +52,7 @@ pub struct JobFile {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}: {cause}", reason = .reason.as_str())]
 pub struct Stop {
-    pub reason: RunnerReason,
+    pub reason: Reason,
     /// The server concerned, when there is one.
     pub server: Option<String>,
     /// For the worker's log: names and rules, never a value.
@@ -60,7 +60,7 @@ pub struct Stop {
 }
 
 impl Stop {
-    pub fn new(reason: RunnerReason, server: Option<&str>, cause: impl Into<String>) -> Stop {
+    pub fn new(reason: Reason, server: Option<&str>, cause: impl Into<String>) -> Stop {
         Stop {
             reason,
             server: server.map(str::to_owned),
@@ -74,7 +74,7 @@ pub fn read(bytes: &[u8], expected_digest: Option<&str>) -> Result<JobFile, Stop
     let digest = job_mcp::digest(bytes);
     if expected_digest != Some(digest.as_str()) {
         return Err(Stop::new(
-            RunnerReason::McpConfigMismatch,
+            Reason::McpConfigMismatch,
             None,
             match expected_digest {
                 None => "the job carries no digest of /job/mcp.json".to_owned(),
@@ -86,7 +86,7 @@ pub fn read(bytes: &[u8], expected_digest: Option<&str>) -> Result<JobFile, Stop
 }
 
 fn invalid(server: Option<&str>, cause: impl Into<String>) -> Stop {
-    Stop::new(RunnerReason::McpConfigInvalid, server, cause)
+    Stop::new(Reason::McpConfigInvalid, server, cause)
 }
 
 /// Reads the file as the worker writes it: `mcpServers` and `codemodeModels`, overlay entries valid
@@ -184,7 +184,7 @@ fn forge(entry: &Json) -> Result<ForgeServer, Stop> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pickup::job_mcp::{Forge, JobMcpFile};
+    use protocol::job_mcp::{Forge, JobMcpFile};
 
     fn written() -> JobMcpFile {
         let docs = json::parse(r#"{"url": "https://mcp.example.com/mcp", "headers": {"Authorization": "Bearer ${DOCS_TOKEN}"}, "description": "Docs", "timeout": 30}"#).unwrap();
@@ -207,10 +207,10 @@ mod tests {
         let file = written();
         let tampered = file.text.replace("mcp.example.com", "evil.example.com");
         let stop = read(tampered.as_bytes(), Some(&file.digest)).unwrap_err();
-        assert_eq!(stop.reason, RunnerReason::McpConfigMismatch);
+        assert_eq!(stop.reason, Reason::McpConfigMismatch);
         assert_eq!(
             read(file.text.as_bytes(), None).unwrap_err().reason,
-            RunnerReason::McpConfigMismatch
+            Reason::McpConfigMismatch
         );
     }
 
@@ -226,7 +226,7 @@ mod tests {
         ] {
             let digest = job_mcp::digest(text.as_bytes());
             let stop = read(text.as_bytes(), Some(&digest)).unwrap_err();
-            assert_eq!(stop.reason, RunnerReason::McpConfigInvalid, "{text}");
+            assert_eq!(stop.reason, Reason::McpConfigInvalid, "{text}");
             assert!(!stop.cause.contains("cnry"), "{}", stop.cause);
         }
     }

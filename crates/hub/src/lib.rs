@@ -2,9 +2,9 @@
 //! what each reference resolves to, what a stdio server may see, how long to wait, what the exit line
 //! says) are pure functions here; the connections are built on them.
 
+mod calls;
 pub mod connect;
 mod endpoint;
-pub mod exit_line;
 pub mod guard;
 pub mod http;
 pub mod job;
@@ -16,5 +16,7 @@ pub mod raw;
 pub mod relay;
 pub mod resolve;
 pub mod runner;
+mod session;
 pub mod stdio;
+mod upstream;
 pub mod wait;

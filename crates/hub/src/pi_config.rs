@@ -85,7 +85,7 @@ pub fn token_is_plain(token: &str) -> bool {
 mod tests {
     use super::*;
     use crate::job_file;
-    use pickup::job_mcp::{self, Forge, JobMcpFile};
+    use protocol::job_mcp::{self, Forge, JobMcpFile};
 
     #[test]
     fn names_only_hub_endpoints_with_the_servers_own_settings() {

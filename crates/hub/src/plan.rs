@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use pickup::reason::RunnerReason;
+use protocol::reason::Reason;
 
 use crate::job_file::{self, JobFile, JobServer, Stop};
 use crate::resolve::{self, Resolved};
@@ -61,7 +61,7 @@ pub fn plan(
             None => None,
             Some(c) => Some(stdio::find_command(&c, path.as_deref()).ok_or_else(|| {
                 Stop::new(
-                    RunnerReason::McpCommandMissing,
+                    Reason::McpCommandMissing,
                     Some(server.name()),
                     format!("the command {c} is not in the image"),
                 )
@@ -90,7 +90,7 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pickup::job_mcp::{self, JobMcpFile};
+    use protocol::job_mcp::{self, JobMcpFile};
 
     fn file(entries: &[(&str, &str)]) -> JobMcpFile {
         let entries: Vec<(String, config::json::Json)> = entries
@@ -136,7 +136,7 @@ mod tests {
         let stop = plan(f.text.as_bytes(), Some(&f.digest), &env).unwrap_err();
         assert_eq!(
             stop.reason,
-            RunnerReason::McpCommandMissing,
+            Reason::McpCommandMissing,
             "the command is checked first"
         );
         let f = file(&[(
@@ -144,8 +144,8 @@ mod tests {
             r#"{"command": "sh", "env": {"K": "${MISSING}"}, "description": "d"}"#,
         )]);
         let stop = plan(f.text.as_bytes(), Some(&f.digest), &env).unwrap_err();
-        assert_eq!(stop.reason, RunnerReason::McpSecretMissing);
+        assert_eq!(stop.reason, Reason::McpSecretMissing);
         let stop = plan(f.text.as_bytes(), Some(&job_mcp::digest(b"other")), &env).unwrap_err();
-        assert_eq!(stop.reason, RunnerReason::McpConfigMismatch);
+        assert_eq!(stop.reason, Reason::McpConfigMismatch);
     }
 }

@@ -7,7 +7,7 @@ use std::fmt;
 
 use config::mcp::{McpServer, Transport};
 use config::reference::{Part, Template};
-use pickup::reason::RunnerReason;
+use protocol::reason::Reason;
 
 use crate::job_file::{ForgeServer, JobServer, Stop};
 
@@ -61,7 +61,7 @@ pub fn resolve(server: &JobServer, env: &dyn Fn(&str) -> Option<String>) -> Resu
                 Ok(v)
             }
             None => Err(Stop::new(
-                RunnerReason::McpSecretMissing,
+                Reason::McpSecretMissing,
                 Some(name),
                 format!("{var} is not set in the job"),
             )),
@@ -113,7 +113,7 @@ fn header_value(server: &str, header: &str, v: String) -> Result<Secret, Stop> {
     // A line break in a value would end the header early: such a value cannot be sent.
     if v.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
         return Err(Stop::new(
-            RunnerReason::McpUnavailable,
+            Reason::McpUnavailable,
             Some(server),
             format!("the value for header {header} holds a line break"),
         ));
@@ -198,7 +198,7 @@ fn resolve_forge(
 mod tests {
     use super::*;
     use crate::job_file;
-    use pickup::job_mcp::{self, Forge, JobMcpFile};
+    use protocol::job_mcp::{self, Forge, JobMcpFile};
 
     fn servers(entries: &[(&str, &str)], forge: Option<Forge>) -> Vec<JobServer> {
         let entries: Vec<(String, config::json::Json)> = entries
@@ -271,12 +271,12 @@ mod tests {
         );
         for vars in [env(&[]), env(&[("T", "")])] {
             let stop = resolve(&s[0], &vars).unwrap_err();
-            assert_eq!(stop.reason, RunnerReason::McpSecretMissing);
+            assert_eq!(stop.reason, Reason::McpSecretMissing);
             assert_eq!(stop.server.as_deref(), Some("docs"));
             assert!(stop.cause.contains('T'));
         }
         let stop = resolve(&s[0], &env(&[("T", "a\r\nX-Evil: 1")])).unwrap_err();
-        assert_eq!(stop.reason, RunnerReason::McpUnavailable);
+        assert_eq!(stop.reason, Reason::McpUnavailable);
         assert!(!stop.cause.contains("Evil"));
     }
 

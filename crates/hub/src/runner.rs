@@ -7,18 +7,18 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use pickup::job_mcp::FORGE_GITHUB_COMMAND;
-use pickup::reason::RunnerReason;
+use protocol::job_mcp::FORGE_GITHUB_COMMAND;
+use protocol::reason::Reason;
 use tokio::task::JoinSet;
 
 use crate::connect::{self, ConnectError, Upstream};
-use crate::exit_line::ServerState;
 use crate::http::{self, HttpPolicy, Monitor};
 use crate::job_file::{JobServer, Stop};
 use crate::plan::{Connection, Plan};
 use crate::relay::{GITHUB_WITHHELD, GITLAB_WITHHELD, UpstreamEvents, Withheld};
 use crate::resolve::Resolved;
 use crate::stdio;
+use protocol::exit_line::ServerState;
 
 /// Every server connected: what the hub serves, and each server's state for the exit line.
 pub struct Connected {
@@ -118,7 +118,7 @@ pub async fn connect_all(
             }
             _ => {
                 let stop = Stop::new(
-                    RunnerReason::McpConfigInvalid,
+                    Reason::McpConfigInvalid,
                     Some(&name),
                     "the plan does not match the server's transport",
                 );
@@ -170,7 +170,7 @@ pub async fn connect_all(
                     cause.push_str(&format!(" (last: {last})"));
                 }
                 failure = Some(Stop::new(
-                    RunnerReason::McpUnreachable,
+                    Reason::McpUnreachable,
                     waiting.map(|i| states[i].name.as_str()),
                     cause,
                 ));
@@ -218,7 +218,7 @@ async fn with_own_timeout(
         Some(limit) => match tokio::time::timeout(limit, attempt).await {
             Ok(outcome) => outcome,
             Err(_) => Outcome::Failed(Stop::new(
-                RunnerReason::McpUnavailable,
+                Reason::McpUnavailable,
                 Some(name),
                 format!(
                     "its own timeout of {} s ran out before it answered",
@@ -230,7 +230,7 @@ async fn with_own_timeout(
 }
 
 fn unavailable(name: &str, error: &ConnectError) -> Stop {
-    Stop::new(RunnerReason::McpUnavailable, Some(name), error.to_string())
+    Stop::new(Reason::McpUnavailable, Some(name), error.to_string())
 }
 
 /// Connects an HTTP server, asking again after failures that may pass (408, 429, 5xx other than
@@ -248,7 +248,7 @@ async fn connect_http(
             Ok(u) => u,
             Err(e) => {
                 return Outcome::Failed(Stop::new(
-                    RunnerReason::McpUnavailable,
+                    Reason::McpUnavailable,
                     Some(name),
                     format!("its connection cannot be set up ({e})"),
                 ));

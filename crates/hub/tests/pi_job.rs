@@ -13,10 +13,10 @@ mod runner_support;
 
 use std::path::{Path, PathBuf};
 
-use hub::exit_line::ExitLine;
 use hub::job::{Agent, JobOptions, run};
 use hub::pi_agent::PiOptions;
-use pickup::job_mcp::{DIGEST_VARIABLE, JobMcpFile};
+use protocol::exit_line::ExitLine;
+use protocol::job_mcp::{DIGEST_VARIABLE, JobMcpFile};
 use runner_support::{bounded, job_file};
 use serde_json::{Value, json};
 use testkit::fake_model::{FakeModel, MODEL, PROVIDER, Step};

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use http_support::{FaultServer, GIB, memory};
 use hub::job::{JobOptions, run};
-use pickup::job_mcp::DIGEST_VARIABLE;
-use pickup::reason::RunnerReason;
+use protocol::job_mcp::DIGEST_VARIABLE;
+use protocol::reason::Reason;
 use runner_support::*;
 use serde_json::{Value, json};
 
@@ -100,8 +100,8 @@ fn assert_credentials_sent(server: &FaultServer) {
 /// Asserts a stop of server `fault` with `reason`, its state `state`, and no value in what is said.
 fn assert_stop(
     stop: &hub::job_file::Stop,
-    states: &[hub::exit_line::ServerState],
-    reason: RunnerReason,
+    states: &[protocol::exit_line::ServerState],
+    reason: Reason,
     state: &str,
 ) {
     assert_eq!(stop.reason, reason, "{stop:?}");
@@ -118,8 +118,8 @@ async fn a_redirect_is_refused_not_followed() {
         let (stop, states, after) = connect_http(&server, "redirect", None, WAIT)
             .await
             .stopped();
-        assert_stop(&stop, &states, RunnerReason::McpUnavailable, "failed");
-        assert_eq!(stop.reason.code(), 2);
+        assert_stop(&stop, &states, Reason::McpUnavailable, "failed");
+        assert_eq!(stop.reason.code(), Some(2));
         assert!(
             stop.cause.contains("302") && stop.cause.contains("redirect"),
             "{}",
@@ -146,8 +146,8 @@ async fn a_401_at_the_start_is_unavailable() {
         let (stop, states, after) = connect_http(&server, "unauthorized", None, WAIT)
             .await
             .stopped();
-        assert_stop(&stop, &states, RunnerReason::McpUnavailable, "failed");
-        assert_eq!(stop.reason.code(), 2);
+        assert_stop(&stop, &states, Reason::McpUnavailable, "failed");
+        assert_eq!(stop.reason.code(), Some(2));
         assert!(stop.cause.contains("HTTP 401"), "{}", stop.cause);
         assert!(after < WAIT, "{after:?}");
         assert_eq!(
@@ -167,8 +167,8 @@ async fn a_403_and_a_501_are_unavailable() {
             let server = FaultServer::start().await;
             let kind = format!("status-{code}");
             let (stop, states, after) = connect_http(&server, &kind, None, WAIT).await.stopped();
-            assert_stop(&stop, &states, RunnerReason::McpUnavailable, "failed");
-            assert_eq!(stop.reason.code(), 2);
+            assert_stop(&stop, &states, Reason::McpUnavailable, "failed");
+            assert_eq!(stop.reason.code(), Some(2));
             assert!(
                 stop.cause.contains(&format!("HTTP {code}")),
                 "{}",
@@ -224,8 +224,8 @@ async fn a_429_until_the_wait_ends_is_unreachable() {
         let (stop, states, after) = connect_http(&server, "status-429", None, WAIT)
             .await
             .stopped();
-        assert_stop(&stop, &states, RunnerReason::McpUnreachable, "waiting");
-        assert_eq!(stop.reason.code(), 1);
+        assert_stop(&stop, &states, Reason::McpUnreachable, "waiting");
+        assert_eq!(stop.reason.code(), Some(1));
         assert!(
             stop.cause.contains("429"),
             "the last retried failure is said: {}",
@@ -251,8 +251,8 @@ async fn a_1_gib_body_is_unavailable_without_the_runner_growing() {
         let (stop, states, _) = connect_http(&server, "huge-json", None, Duration::from_secs(10))
             .await
             .stopped();
-        assert_stop(&stop, &states, RunnerReason::McpUnavailable, "failed");
-        assert_eq!(stop.reason.code(), 2);
+        assert_stop(&stop, &states, Reason::McpUnavailable, "failed");
+        assert_eq!(stop.reason.code(), Some(2));
         assert!(stop.cause.contains("over 16777216 bytes"), "{}", stop.cause);
         tokio::time::sleep(Duration::from_millis(200)).await;
         let written = server.huge_written();
@@ -276,8 +276,8 @@ async fn a_server_slower_than_the_wait_is_unreachable() {
     bounded(async {
         let server = FaultServer::start().await;
         let (stop, states, after) = connect_http(&server, "hang", None, WAIT).await.stopped();
-        assert_stop(&stop, &states, RunnerReason::McpUnreachable, "waiting");
-        assert_eq!(stop.reason.code(), 1);
+        assert_stop(&stop, &states, Reason::McpUnreachable, "waiting");
+        assert_eq!(stop.reason.code(), Some(1));
         assert!(stop.cause.contains("wait of 2 s"), "{}", stop.cause);
         assert!(
             after >= WAIT && after < WAIT + Duration::from_secs(2),
@@ -295,8 +295,8 @@ async fn a_server_past_its_own_timeout_is_unavailable() {
         let server = FaultServer::start().await;
         let wait = Duration::from_secs(3);
         let (stop, states, after) = connect_http(&server, "hang", Some(1), wait).await.stopped();
-        assert_stop(&stop, &states, RunnerReason::McpUnavailable, "failed");
-        assert_eq!(stop.reason.code(), 2);
+        assert_stop(&stop, &states, Reason::McpUnavailable, "failed");
+        assert_eq!(stop.reason.code(), Some(2));
         assert!(stop.cause.contains("own timeout of 1 s"), "{}", stop.cause);
         assert!(after >= Duration::from_secs(1) && after < wait, "{after:?}");
         assert_credentials_sent(&server);
@@ -358,8 +358,8 @@ async fn a_stdio_server_that_hangs_is_unreachable_and_killed() {
             left.is_empty(),
             "left running after connect_all returned: {left:?} (during: {during:?})"
         );
-        assert_stop(&stop, &states, RunnerReason::McpUnreachable, "waiting");
-        assert_eq!(stop.reason.code(), 1);
+        assert_stop(&stop, &states, Reason::McpUnreachable, "waiting");
+        assert_eq!(stop.reason.code(), Some(1));
         assert!(
             after >= WAIT && after < WAIT + Duration::from_secs(2),
             "{after:?}"
@@ -374,8 +374,8 @@ async fn a_stdio_server_that_exits_at_once_is_unavailable() {
         let marker = marker("exit");
         let (ended, _) = connect_sh("exit 3", WAIT, &marker).await;
         let (stop, states, after) = ended.stopped();
-        assert_stop(&stop, &states, RunnerReason::McpUnavailable, "failed");
-        assert_eq!(stop.reason.code(), 2);
+        assert_stop(&stop, &states, Reason::McpUnavailable, "failed");
+        assert_eq!(stop.reason.code(), Some(2));
         assert!(stop.cause.contains("exited"), "{}", stop.cause);
         assert!(after < WAIT, "{after:?}");
     })
@@ -419,8 +419,8 @@ async fn a_stdio_server_that_prints_garbage_is_judged_by_what_it_does_next() {
         let (stop, states, after) = ended.stopped();
         assert!(!during.is_empty(), "the server was not running during the wait");
         assert!(left.is_empty(), "left running: {left:?}");
-        assert_stop(&stop, &states, RunnerReason::McpUnreachable, "waiting");
-        assert_eq!(stop.reason.code(), 1);
+        assert_stop(&stop, &states, Reason::McpUnreachable, "waiting");
+        assert_eq!(stop.reason.code(), Some(1));
         assert!(
             stop.cause.contains("wait of 2 s"),
             "the garbage is not what stopped it: {}",
@@ -430,8 +430,8 @@ async fn a_stdio_server_that_prints_garbage_is_judged_by_what_it_does_next() {
 
         let (ended, _) = connect_sh("echo not-json; exit 0", WAIT, &marker).await;
         let (stop, states, after) = ended.stopped();
-        assert_stop(&stop, &states, RunnerReason::McpUnavailable, "failed");
-        assert_eq!(stop.reason.code(), 2);
+        assert_stop(&stop, &states, Reason::McpUnavailable, "failed");
+        assert_eq!(stop.reason.code(), Some(2));
         assert!(stop.cause.contains("exited"), "{}", stop.cause);
         assert!(after < WAIT, "{after:?}");
 
@@ -481,7 +481,7 @@ async fn a_failure_shuts_down_the_servers_already_connected() {
             .stopped();
         // Shut down (awaited) inside connect_all: gone at once, no grace needed.
         let left = processes_with(&marker);
-        assert_stop(&stop, &states, RunnerReason::McpUnavailable, "failed");
+        assert_stop(&stop, &states, Reason::McpUnavailable, "failed");
         let ready = state_of(&states, "everything");
         assert_eq!(ready.state, "ready", "{states:?}");
         assert!(ready.ready_ms.is_some());
@@ -507,7 +507,7 @@ fn the_plan_stops_on_a_missing_command_a_missing_variable_and_a_tampered_file() 
         json!({"command": "no-such-server-cnry", "args": ["--token=${ARG_TOKEN}"], "env": {"SERVER_KEY": "${SERVER_KEY}"}, "description": "d"}),
     )]);
     let stop = plan_with(&missing_command, &env).unwrap_err();
-    assert_eq!(stop.reason, RunnerReason::McpCommandMissing);
+    assert_eq!(stop.reason, Reason::McpCommandMissing);
     assert_eq!(stop.server.as_deref(), Some("fault"));
     // The command's own name is written in the overlay, not a value: the cause may name it.
     assert!(stop.cause.contains("no-such-server-cnry"), "{}", stop.cause);
@@ -518,7 +518,7 @@ fn the_plan_stops_on_a_missing_command_a_missing_variable_and_a_tampered_file() 
     let mut unset = env.clone();
     unset.retain(|(k, _)| k != "SERVER_KEY");
     let stop = plan_with(&job_file(&[("fault", sh_entry("exit 0"))]), &unset).unwrap_err();
-    assert_eq!(stop.reason, RunnerReason::McpSecretMissing);
+    assert_eq!(stop.reason, Reason::McpSecretMissing);
     assert_eq!(stop.server.as_deref(), Some("fault"));
     assert!(
         stop.cause.contains("SERVER_KEY"),
@@ -532,21 +532,21 @@ fn the_plan_stops_on_a_missing_command_a_missing_variable_and_a_tampered_file() 
     empty.retain(|(k, _)| k != "SERVER_KEY");
     empty.push(("SERVER_KEY".to_owned(), String::new()));
     let stop = plan_with(&job_file(&[("fault", sh_entry("exit 0"))]), &empty).unwrap_err();
-    assert_eq!(stop.reason, RunnerReason::McpSecretMissing);
+    assert_eq!(stop.reason, Reason::McpSecretMissing);
 
     let mut tampered = job_file(&[("fault", sh_entry("exit 0"))]);
     tampered.text = tampered.text.replace("exit 0", "exit 1");
     let stop = plan_with(&tampered, &env).unwrap_err();
-    assert_eq!(stop.reason, RunnerReason::McpConfigMismatch);
+    assert_eq!(stop.reason, Reason::McpConfigMismatch);
     assert_eq!(stop.server, None);
     assert_says_no_secret(&stop, &[], &CANARIES);
 
     for reason in [
-        RunnerReason::McpCommandMissing,
-        RunnerReason::McpSecretMissing,
-        RunnerReason::McpConfigMismatch,
+        Reason::McpCommandMissing,
+        Reason::McpSecretMissing,
+        Reason::McpConfigMismatch,
     ] {
-        assert_eq!(reason.code(), 2, "{reason:?}");
+        assert_eq!(reason.code(), Some(2), "{reason:?}");
     }
 }
 

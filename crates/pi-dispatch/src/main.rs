@@ -20,45 +20,58 @@ struct Cli {
     /// The deployment folder, where .env and the other files are [default: the current folder]
     #[arg(long, global = true, value_name = "DIR")]
     dir: Option<std::path::PathBuf>,
+    /// How log lines are written to standard error (each with an RFC 3339 timestamp).
+    #[arg(long, global = true, value_name = "FORMAT", default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
 
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The commands, in the order an operator meets them.
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Check the deployment: settings, overlay, MCP servers, egress files.
-    Doctor(cmd::doctor::Args),
-    /// Say what pickup would decide now for the job a trigger would queue, without running it.
-    Explain(cmd::explain::Args),
-    /// Job images of the embedded backend (folders under images/).
-    Image(cmd::image::Args),
-    /// Stage the host's pi setup (mcp.json, models.json, skills/, APPEND_SYSTEM.md) into the overlay.
-    ImportPi(cmd::import_pi::Args),
-    /// The job's runner, inside the sandbox: connect the job's MCP servers and start the agent.
-    Job(cmd::job::Args),
-    /// Started by the job's runner: ends the job's processes if the runner is killed.
-    #[command(hide = true)]
-    JobGuard(cmd::job::GuardArgs),
-    /// Queue a local job on a repository folder.
-    Run(cmd::run::Args),
-    /// The queue: what waits, what runs, what was done lately.
-    Status(cmd::status::Args),
-    /// Run the queue's jobs, each in its own sandbox, and record them.
-    Worker(cmd::worker::Args),
-    /// The run records: one per job, what happened and what it used.
-    Runs(cmd::runs::Args),
     /// Write the deployment folder's missing files (.env, triggers.json, egress files, overlay).
     Init(cmd::init::Args),
-    /// MCP servers offered in the overlay's mcp.json.
-    Mcp {
-        #[command(subcommand)]
-        command: McpCommand,
-    },
+    /// Stage the host's pi setup (mcp.json, models.json, skills/, APPEND_SYSTEM.md) into the overlay.
+    ImportPi(cmd::import_pi::Args),
+    /// Check the deployment: settings, overlay, MCP servers, models, egress files, what jobs would do.
+    Doctor(cmd::doctor::Args),
+    /// Job images of the embedded backend (folders under images/).
+    Image(cmd::image::Args),
+    /// Queue a local job on a repository folder (refused at once when it is certain to be).
+    Run(cmd::run::Args),
+    /// Run the queue's jobs, each in its own sandbox, and record them.
+    Worker(cmd::worker::Args),
+    /// The queue: what waits, what runs (where, for how long), what was done lately.
+    Status(cmd::status::Args),
+    /// The run records: one per job, what happened, why, and what it used.
+    Runs(cmd::runs::Args),
+    /// Cancel a job: a queued one is removed, a running one is stopped.
+    Cancel(cmd::cancel::Args),
+    /// Say what the worker would decide now for the job a trigger would queue, without running it.
+    Explain(cmd::explain::Args),
     /// The triggers file: which events queue which jobs.
     Triggers {
         #[command(subcommand)]
         command: TriggersCommand,
     },
+    /// MCP servers offered in the overlay's mcp.json.
+    Mcp {
+        #[command(subcommand)]
+        command: McpCommand,
+    },
+    /// The job's runner, inside the sandbox: connect the job's MCP servers and start the agent.
+    #[command(hide = true)]
+    Job(cmd::job::Args),
+    /// Started by the job's runner: ends the job's processes if the runner is killed.
+    #[command(hide = true)]
+    JobGuard(cmd::job::GuardArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -78,6 +91,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),
     };
+    init_logs(cli.log_format);
     let ctx = match context::Context::new(cli.dir.as_deref()) {
         Ok(ctx) => ctx,
         Err(e) => return Exit::from_error(&e),
@@ -93,6 +107,7 @@ fn main() -> ExitCode {
         Command::Worker(args) => cmd::worker::run(&args, &ctx),
         Command::Image(args) => cmd::image::run(&args, &ctx),
         Command::Explain(args) => cmd::explain::run(&args, &ctx),
+        Command::Cancel(args) => cmd::cancel::run(&args, &ctx),
         Command::ImportPi(args) => cmd::import_pi::run(&args, &ctx),
         Command::Mcp {
             command: McpCommand::Check(args),
@@ -105,6 +120,18 @@ fn main() -> ExitCode {
         Ok(exit) => exit.into(),
         Err(e) => Exit::from_error(&e),
     }
+}
+
+/// Log lines go to standard error, one per event, each with its RFC 3339 time (UTC) and level.
+fn init_logs(format: LogFormat) {
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(false);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
 }
 
 /// Prints a usage error (or help, or the version) and exits: 2 for misuse, except that `import-pi`

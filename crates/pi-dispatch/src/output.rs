@@ -33,6 +33,20 @@ pub fn display_name(name: &str) -> String {
     }
 }
 
+/// Text from a job (the agent's words) as a terminal may show it: line ends and tabs kept, every
+/// other control character written as an escape, so nothing it holds can drive the terminal.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c == '\n' || c == '\t' || !c.is_control() {
+                c.to_string()
+            } else {
+                c.escape_default().to_string()
+            }
+        })
+        .collect()
+}
+
 /// Why a configuration file is not used: it cannot be read, or it is read and refused.
 pub enum FileError<E> {
     Read(config::files::ReadError),

@@ -1,22 +1,22 @@
-//! The gates' readers on a real deployment: files read without following links, image labels from
-//! `images/NAME/image.json`, and the worker's environment. A read error that may pass later (EIO and
-//! the like) becomes [`Read::Transient`], so the job is retried rather than refused.
+//! The admission's readers on a real deployment: files read without following links, images from
+//! `images/NAME/` (the runner and `image.json`'s labels), the job's folder, and the worker's
+//! environment. A read error that may pass later (EIO and the like) becomes a retry, never a
+//! refusal. [`Deployment`] bundles them, so every caller decides the same way.
 
 use std::path::{Path, PathBuf};
 
 use config::files::{self, ReadError};
-use config::json::{self, Json};
 use config::settings::Settings;
+use protocol::job::Job;
 
-use crate::gates::{Capabilities, Files, ImageLabels, Read, WorkerEnv};
+use crate::admission::{
+    self, Decision, Files, Folder, Folders, Host, Image, Images, Inputs, Read, WorkerEnv,
+};
 
-/// The largest file the gates read.
+/// The largest file the admission reads.
 const LIMIT: usize = config::mcp::MAX_FILE_BYTES;
 
-/// The image label that lists an image's capabilities.
-pub const CAPABILITIES_LABEL: &str = "dev.pi-dispatch.capabilities";
-
-/// Sorts a read's outcome into the gates' terms.
+/// Sorts a read's outcome into the admission's terms.
 pub fn classify(result: Result<Vec<u8>, ReadError>) -> Read {
     match result {
         Ok(bytes) => Read::Bytes(bytes),
@@ -28,6 +28,7 @@ pub fn classify(result: Result<Vec<u8>, ReadError>) -> Read {
 
 /// The deployment's files, where its settings put them.
 pub struct DeploymentFiles {
+    triggers: PathBuf,
     overlay: PathBuf,
     allowlist: PathBuf,
     endpoints: PathBuf,
@@ -36,6 +37,7 @@ pub struct DeploymentFiles {
 impl DeploymentFiles {
     pub fn new(settings: &Settings) -> DeploymentFiles {
         DeploymentFiles {
+            triggers: settings.triggers_file.clone(),
             overlay: settings.overlay_dir.clone(),
             allowlist: settings.egress_allowlist.clone(),
             endpoints: settings.model_endpoints.clone(),
@@ -44,6 +46,13 @@ impl DeploymentFiles {
 }
 
 impl Files for DeploymentFiles {
+    fn triggers(&self) -> Read {
+        classify(files::read_file(
+            &self.triggers,
+            config::triggers::MAX_FILE_BYTES,
+        ))
+    }
+
     fn overlay_mcp(&self) -> Read {
         classify(files::read_file(&self.overlay.join("mcp.json"), LIMIT))
     }
@@ -61,8 +70,8 @@ impl Files for DeploymentFiles {
     }
 }
 
-/// The embedded backend's images: folders `images/NAME/` of the deployment, each with an
-/// `image.json` of `{"labels": {NAME: VALUE, ...}}`.
+/// The embedded backend's images: folders `images/NAME/` of the deployment, each with the runner
+/// and an `image.json` of `{"labels": {NAME: VALUE, ...}}`.
 pub struct ImageFolders {
     root: PathBuf,
 }
@@ -73,51 +82,128 @@ impl ImageFolders {
             root: deployment.join("images"),
         }
     }
+
+    /// The folder of image `name`, when it is an image name.
+    pub fn folder(&self, name: &str) -> Option<PathBuf> {
+        // A name from the queue is judged again: `..` or a path must not reach another folder.
+        config::settings::is_image_name(name).then(|| self.root.join(name))
+    }
 }
 
-impl ImageLabels for ImageFolders {
-    fn capabilities(&self, image: &str) -> Capabilities {
-        // A name from the queue is judged again: `..` or a path must not reach another folder.
-        if !config::settings::is_image_name(image) {
-            return Capabilities::Declared(Vec::new());
+impl Images for ImageFolders {
+    fn image(&self, name: &str) -> Image {
+        let Some(dir) = self.folder(name) else {
+            return Image::Missing;
+        };
+        match std::fs::metadata(dir.join(protocol::image::RUNNER)) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => return Image::Missing,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Image::Missing,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Image::Missing,
+            Err(e) => return Image::Transient(format!("cannot be read ({})", e.kind())),
         }
-        let path = self.root.join(image).join("image.json");
-        match classify(files::read_file(&path, 1024 * 1024)) {
+        match classify(files::read_file(
+            &dir.join(protocol::image::LABELS_FILE),
+            1024 * 1024,
+        )) {
             // An image without the file, or with a file that is not right, declares nothing.
-            Read::Missing | Read::Failed(_) => Capabilities::Declared(Vec::new()),
-            Read::Transient(why) => Capabilities::Transient(why),
-            Read::Bytes(bytes) => Capabilities::Declared(capabilities_of(&bytes)),
+            Read::Missing | Read::Failed(_) => Image::Installed {
+                capabilities: Vec::new(),
+            },
+            Read::Transient(why) => Image::Transient(why),
+            Read::Bytes(bytes) => Image::Installed {
+                capabilities: protocol::image::capabilities_of(&bytes),
+            },
         }
     }
 }
 
-/// The capabilities an `image.json` declares: the comma-separated label, empty when the file or
-/// the label is not as it should be.
-pub fn capabilities_of(bytes: &[u8]) -> Vec<String> {
-    let Some(label) = std::str::from_utf8(bytes)
-        .ok()
-        .and_then(|t| json::parse(t).ok())
-        .and_then(|root| {
-            root.as_object()?
-                .get("labels")?
-                .as_object()?
-                .get(CAPABILITIES_LABEL)
-                .and_then(Json::as_str)
-                .map(str::to_owned)
-        })
-    else {
-        return Vec::new();
-    };
-    label
-        .split(',')
-        .filter(|c| !c.is_empty())
-        .map(str::to_owned)
-        .collect()
+/// Folders on this host, by their metadata (links followed: the job's folder may be given through
+/// one; what the sandbox binds is the folder itself).
+pub struct HostFolders;
+
+impl Folders for HostFolders {
+    fn folder(&self, path: &str) -> Folder {
+        use std::os::unix::fs::MetadataExt as _;
+        let path = Path::new(path);
+        if !path.is_absolute() {
+            return Folder::Failed("is not an absolute path".to_owned());
+        }
+        match std::fs::metadata(path) {
+            Ok(m) if !m.is_dir() => Folder::NotAFolder,
+            Ok(m) => Folder::Folder {
+                uid: m.uid(),
+                gid: m.gid(),
+                mode: m.mode(),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Folder::Missing,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Folder::Failed(
+                "cannot be reached by the worker's user (permission denied)".to_owned(),
+            ),
+            Err(e) => Folder::Transient(format!("cannot be read ({})", e.kind())),
+        }
+    }
+}
+
+/// The worker's environment: a variable counts when it holds a non-empty value.
+pub struct ProcessEnv;
+
+impl WorkerEnv for ProcessEnv {
+    fn has_value(&self, name: &str) -> bool {
+        std::env::var_os(name).is_some_and(|v| !v.is_empty())
+    }
+}
+
+/// A deployment's readers, as every caller of the admission uses them.
+pub struct Deployment<'a> {
+    pub settings: &'a Settings,
+    pub files: DeploymentFiles,
+    pub images: ImageFolders,
+    pub host: Host,
+}
+
+impl<'a> Deployment<'a> {
+    /// The deployment of `settings` on this host (the worker's own user decides whether it runs
+    /// as root).
+    pub fn new(settings: &'a Settings) -> Deployment<'a> {
+        Deployment {
+            settings,
+            files: DeploymentFiles::new(settings),
+            images: ImageFolders::new(&settings.dir),
+            host: Host {
+                root: rustix::process::geteuid().is_root(),
+                // The egress proxy is not built yet: a job with egress on is refused.
+                egress_proxy: false,
+            },
+        }
+    }
+
+    fn inputs<'j>(&'j self, job: &'j Job) -> Inputs<'j> {
+        Inputs {
+            job,
+            settings: self.settings,
+            files: &self.files,
+            images: &self.images,
+            folders: &HostFolders,
+            env: &ProcessEnv,
+            host: self.host,
+        }
+    }
+
+    /// The admission's decision for `job`.
+    pub fn decide(&self, job: &Job) -> Decision {
+        admission::decide(&self.inputs(job))
+    }
+
+    /// The deployment's default provider and model (`PI_PROVIDER`, `PI_MODEL`), judged as a job's.
+    pub fn default_model(&self) -> Result<protocol::admitted::ModelChoice, Decision> {
+        admission::model_check(&self.inputs(&Job::new("doctor", "cli", "local")))
+    }
 }
 
 /// Writes the job's `mcp.json` into the job folder `dir`, read-only (0444), whole or not at all:
 /// written under a temporary name, flushed, then linked into place (never over an existing file).
-pub fn write_job_mcp(dir: &Path, file: &crate::job_mcp::JobMcpFile) -> std::io::Result<PathBuf> {
+pub fn write_job_mcp(dir: &Path, file: &protocol::job_mcp::JobMcpFile) -> std::io::Result<PathBuf> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt;
     let target = dir.join("mcp.json");
@@ -134,15 +220,6 @@ pub fn write_job_mcp(dir: &Path, file: &crate::job_mcp::JobMcpFile) -> std::io::
         .and_then(|()| std::fs::hard_link(&tmp, &target));
     let _ = std::fs::remove_file(&tmp);
     written.map(|()| target)
-}
-
-/// The worker's environment: a variable counts when it holds a non-empty value.
-pub struct ProcessEnv;
-
-impl WorkerEnv for ProcessEnv {
-    fn has_value(&self, name: &str) -> bool {
-        std::env::var_os(name).is_some_and(|v| !v.is_empty())
-    }
 }
 
 #[cfg(test)]
@@ -170,29 +247,14 @@ mod tests {
     }
 
     #[test]
-    fn capabilities_come_from_the_label() {
-        assert_eq!(
-            capabilities_of(br#"{"labels": {"dev.pi-dispatch.capabilities": "mcp,forgeMcp", "dev.pi-dispatch.pi-version": "1.6.0"}}"#),
-            ["mcp", "forgeMcp"]
-        );
-        for nothing in [
-            &b"{}"[..],
-            br#"{"labels": {}}"#,
-            b"not json",
-            br#"{"labels": {"dev.pi-dispatch.capabilities": 5}}"#,
-        ] {
-            assert!(capabilities_of(nothing).is_empty());
-        }
-    }
-
-    #[test]
     fn the_job_file_is_written_read_only_and_whole() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
-        let file = crate::job_mcp::JobMcpFile::new(&[], Some(&crate::job_mcp::Forge::Github), true);
+        let file =
+            protocol::job_mcp::JobMcpFile::new(&[], Some(&protocol::job_mcp::Forge::Github), true);
         let path = write_job_mcp(dir.path(), &file).unwrap();
         let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(crate::job_mcp::digest(&bytes), file.digest);
+        assert_eq!(protocol::job_mcp::digest(&bytes), file.digest);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o444);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
@@ -201,29 +263,39 @@ mod tests {
     }
 
     #[test]
-    fn image_folders_read_their_image_json() {
+    fn image_folders_read_their_runner_and_labels() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("images/pi-job")).unwrap();
+        let image = dir.path().join("images/pi-job");
+        std::fs::create_dir_all(image.join("bin")).unwrap();
         std::fs::write(
-            dir.path().join("images/pi-job/image.json"),
+            image.join("image.json"),
             r#"{"labels": {"dev.pi-dispatch.capabilities": "mcp"}}"#,
         )
         .unwrap();
         let images = ImageFolders::new(dir.path());
+        // Labels without the runner: not installed.
+        assert_eq!(images.image("pi-job"), Image::Missing);
+        std::fs::write(image.join("bin/pi-dispatch"), "").unwrap();
         assert_eq!(
-            images.capabilities("pi-job"),
-            Capabilities::Declared(vec!["mcp".into()])
+            images.image("pi-job"),
+            Image::Installed {
+                capabilities: vec!["mcp".into()]
+            }
         );
-        assert_eq!(images.capabilities("other"), Capabilities::Declared(vec![]));
-        std::fs::write(
-            dir.path().join("image.json"),
-            r#"{"labels": {"dev.pi-dispatch.capabilities": "mcp"}}"#,
-        )
-        .unwrap();
-        assert_eq!(images.capabilities(".."), Capabilities::Declared(vec![]));
-        assert_eq!(
-            images.capabilities("../images/pi-job"),
-            Capabilities::Declared(vec![])
-        );
+        assert_eq!(images.image("other"), Image::Missing);
+        assert_eq!(images.image(".."), Image::Missing);
+        assert_eq!(images.image("../images/pi-job"), Image::Missing);
+    }
+
+    #[test]
+    fn host_folders_tell_missing_files_and_owners() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        let at = |p: &Path| HostFolders.folder(p.to_str().unwrap());
+        assert!(matches!(at(dir.path()), Folder::Folder { .. }));
+        assert_eq!(at(&file), Folder::NotAFolder);
+        assert_eq!(at(&dir.path().join("nope")), Folder::Missing);
+        assert!(matches!(HostFolders.folder("relative"), Folder::Failed(_)));
     }
 }

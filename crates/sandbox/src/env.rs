@@ -221,9 +221,7 @@ pub fn build(parts: &Parts, host: &dyn Fn(&str) -> Option<String>) -> Result<Job
 
 /// Whether pi reads `name` for `provider`'s key (the pickup's table of pi's variables).
 fn is_provider_key(provider: &str, name: &str) -> bool {
-    pickup::providers::PROVIDER_KEYS
-        .iter()
-        .any(|(p, vars)| *p == provider && vars.contains(&name))
+    config::providers::is_key_of(provider, name)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //!
 //! `docs/sandbox.md` says what a job gets, for the operator.
 
+pub mod backend;
 pub mod bwrap;
 pub mod env;
 pub mod secrets;

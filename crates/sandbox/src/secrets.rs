@@ -139,12 +139,13 @@ pub enum SecretError {
 
 impl SecretError {
     /// The reason token of the refusal or the retry.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> protocol::reason::Reason {
+        use protocol::reason::Reason;
         match self {
-            SecretError::ResolverMissing { .. } => "secret-resolver-missing",
-            SecretError::Unresolved { .. } => "secret-unresolved",
+            SecretError::ResolverMissing { .. } => Reason::SecretResolverMissing,
+            SecretError::Unresolved { .. } => Reason::SecretUnresolved,
             SecretError::ResolverFailed { .. } | SecretError::ResolverUnreadable { .. } => {
-                "secret-resolver-failed"
+                Reason::SecretResolverFailed
             }
         }
     }
@@ -324,7 +325,7 @@ impl Resolver {
             .process_group(0)
             .kill_on_drop(true);
         let mut child =
-            config::spawn::retry_busy(|| command.spawn()).map_err(|e| Run::NotStarted(e.kind()))?;
+            spawn::retry_busy(|| command.spawn()).map_err(|e| Run::NotStarted(e.kind()))?;
         let group = child.id();
         let mut stdout = child
             .stdout
@@ -498,15 +499,15 @@ mod tests {
             fault: Fault::TimedOut,
         };
         assert_eq!(
-            (missing.reason(), missing.code()),
+            (missing.reason().as_str(), missing.code()),
             ("secret-resolver-missing", 2)
         );
         assert_eq!(
-            (unresolved.reason(), unresolved.code()),
+            (unresolved.reason().as_str(), unresolved.code()),
             ("secret-unresolved", 2)
         );
         assert_eq!(
-            (failed.reason(), failed.code()),
+            (failed.reason().as_str(), failed.code()),
             ("secret-resolver-failed", 1)
         );
         assert!(unresolved.to_string().contains("DOCS_TOKEN"));

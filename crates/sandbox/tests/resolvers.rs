@@ -109,7 +109,7 @@ async fn exit_two_refuses_naming_the_secret_never_the_output() {
         }
     );
     assert_eq!(
-        (e.reason(), e.code(), e.is_retry()),
+        (e.reason().as_str(), e.code(), e.is_retry()),
         ("secret-unresolved", 2, false)
     );
     assert!(e.to_string().contains("DOCS_TOKEN"));
@@ -135,7 +135,7 @@ async fn another_exit_is_retried_never_showing_the_output() {
         }
     );
     assert_eq!(
-        (e.reason(), e.code(), e.is_retry()),
+        (e.reason().as_str(), e.code(), e.is_retry()),
         ("secret-resolver-failed", 1, true)
     );
     assert_clean(&e);
@@ -247,7 +247,7 @@ async fn a_missing_or_unusable_resolver_refuses() {
         }
     );
     assert_eq!(
-        (missing.reason(), missing.code()),
+        (missing.reason().as_str(), missing.code()),
         ("secret-resolver-missing", 2)
     );
 

@@ -30,30 +30,36 @@ pub struct Check {
     pub label: String,
     /// What to do about it; every check that is not ok has one.
     pub fix: Option<String>,
+    /// The reason a job would be refused for, when the check is the admission's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl Check {
-    fn ok(label: impl Into<String>) -> Check {
+    pub fn ok(label: impl Into<String>) -> Check {
         Check {
             level: Level::Ok,
             label: label.into(),
             fix: None,
+            reason: None,
         }
     }
 
-    fn warn(label: impl Into<String>, fix: impl Into<String>) -> Check {
+    pub fn warn(label: impl Into<String>, fix: impl Into<String>) -> Check {
         Check {
             level: Level::Warn,
             label: label.into(),
             fix: Some(fix.into()),
+            reason: None,
         }
     }
 
-    fn fail(label: impl Into<String>, fix: impl Into<String>) -> Check {
+    pub fn fail(label: impl Into<String>, fix: impl Into<String>) -> Check {
         Check {
             level: Level::Fail,
             label: label.into(),
             fix: Some(fix.into()),
+            reason: None,
         }
     }
 }

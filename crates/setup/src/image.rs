@@ -203,8 +203,8 @@ fn stage(
             npm_ci
                 .args(["ci", "--no-audit", "--no-fund", "--prefix"])
                 .arg(staging);
-            let status = config::spawn::retry_busy(|| npm_ci.status())
-                .map_err(|e| ImageError::NoNpm(e.kind()))?;
+            let status =
+                spawn::retry_busy(|| npm_ci.status()).map_err(|e| ImageError::NoNpm(e.kind()))?;
             if !status.success() {
                 return Err(ImageError::Npm(
                     status
@@ -219,8 +219,7 @@ fn stage(
     // Just copied or linked into place: it may still be busy for a moment.
     let mut node = Command::new(staging.join(NODE));
     node.arg("--version");
-    let output =
-        config::spawn::retry_busy(|| node.output()).map_err(io_err("running the image's node"))?;
+    let output = spawn::retry_busy(|| node.output()).map_err(io_err("running the image's node"))?;
     let node_version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     if !output.status.success() || !node_version.starts_with(NODE_MAJOR) {
         return Err(ImageError::WrongNode);
@@ -351,7 +350,7 @@ mod tests {
         assert!(!image.join("node_modules/a-link").exists());
         let labels = fs::read_to_string(image.join("image.json")).unwrap();
         assert_eq!(
-            pickup::fs::capabilities_of(labels.as_bytes()),
+            protocol::image::capabilities_of(labels.as_bytes()),
             vec!["mcp".to_owned()]
         );
         assert!(lines.iter().any(|l| l.starts_with("[4/4]")), "{lines:?}");

@@ -65,6 +65,13 @@ const ENV: &str = "\
 # How many jobs the worker runs at once (1 to 64), and each job's time limit in seconds.
 # PI_WORKER_CONCURRENCY=1
 # PI_JOB_TIME_LIMIT=3600
+
+# Seconds a worker told to stop (SIGTERM, SIGINT) lets its running jobs finish before it stops
+# them and hands them back to the queue.
+# PI_WORKER_DRAIN_LIMIT=120
+
+# Keep each job's transcript (pi's events, secrets redacted) in state/jobs/ID/: 1 (on) or 0 (off).
+# PI_TRANSCRIPTS=1
 ";
 
 const TRIGGERS: &str = "{\n  \"triggers\": []\n}\n";

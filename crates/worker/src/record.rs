@@ -5,10 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-use hub::exit_line::{ExitLine, ServerState};
-use hub::relay::ToolCallCount;
-use pickup::job::Job;
-use pickup::reason::{Reason, RunnerReason};
+use protocol::detail::Detail;
+use protocol::exit_line::{ExitLine, ServerState};
+use protocol::job::Job;
+pub use protocol::reason::{Outcome, Reason};
+use protocol::usage::ToolCallCount;
 use serde::{Deserialize, Serialize};
 
 /// `t` in Unix milliseconds, as records hold times.
@@ -20,97 +21,6 @@ pub fn unix_ms(t: std::time::SystemTime) -> u64 {
 /// Now, in Unix milliseconds.
 pub fn now_ms() -> u64 {
     unix_ms(std::time::SystemTime::now())
-}
-
-/// How a job ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Outcome {
-    Completed,
-    /// A rule or the configuration stopped it (code 2, or a refusal at pickup).
-    Policy,
-    /// Infrastructure, once retries are spent (code 1).
-    Failed,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Completed => "completed",
-            Outcome::Policy => "policy",
-            Outcome::Failed => "failed",
-        }
-    }
-}
-
-/// Reasons of the worker's own, beside the pickup's and the runner's.
-pub mod reasons {
-    /// The agent exited with a failure.
-    pub const AGENT_FAILED: &str = "agent-failed";
-    /// The runner was told to stop (SIGTERM).
-    pub const TERMINATED: &str = "terminated";
-    /// The job ran past its time limit and was killed.
-    pub const TIME_LIMIT: &str = "time-limit";
-    /// A `run.secrets` reference was refused by its resolver (exit 2).
-    pub const SECRET_UNRESOLVED: &str = "secret-unresolved";
-    /// Egress is on and the egress proxy does not exist yet.
-    pub const EGRESS_PROXY_MISSING: &str = "egress-proxy-missing";
-    /// The sandbox did not start.
-    pub const CONTAINER_NEVER_STARTED: &str = "container-never-started";
-    /// The runner ended without an exit line the worker could verify.
-    pub const NO_EXIT_LINE: &str = "runner-no-exit-line";
-    /// The job's worker disappeared (its lease lapsed) once too often.
-    pub const WORKER_LOST: &str = "worker-lost";
-    /// The reason the runner gave is not one the worker knows.
-    pub const RUNNER_REASON_UNKNOWN: &str = "runner-reason-unknown";
-    /// A check before the sandbox could not be made (a read that may pass later), too often.
-    pub const PICKUP_RETRIES_SPENT: &str = "pickup-retries-spent";
-    /// A job in the queue the worker cannot read.
-    pub const JOB_UNREADABLE: &str = "job-unreadable";
-    /// The job's folder could not be written.
-    pub const JOB_FOLDER_FAILED: &str = "job-folder-failed";
-    /// The job's image (`images/NAME/` with its runner) is not there.
-    pub const JOB_IMAGE_MISSING: &str = "job-image-missing";
-    /// A local job's folder is gone.
-    pub const WORKSPACE_MISSING: &str = "workspace-missing";
-    /// A local job's folder belongs to root, and the worker runs as root: the job would run as
-    /// root's mapping. Give the folder to the user the job should run as.
-    pub const WORKSPACE_OWNED_BY_ROOT: &str = "workspace-owned-by-root";
-    /// The job's environment could not be built from its parts (a name or value no environment
-    /// can carry).
-    pub const ENVIRONMENT_REFUSED: &str = "environment-refused";
-    /// The secrets profile has no resolver (configuration).
-    pub const SECRET_RESOLVER_MISSING: &str = "secret-resolver-missing";
-    /// The resolver could not answer this time.
-    pub const SECRET_RESOLVER_FAILED: &str = "secret-resolver-failed";
-
-    pub const ALL: [&str; 18] = [
-        AGENT_FAILED,
-        TERMINATED,
-        TIME_LIMIT,
-        SECRET_UNRESOLVED,
-        EGRESS_PROXY_MISSING,
-        CONTAINER_NEVER_STARTED,
-        NO_EXIT_LINE,
-        WORKER_LOST,
-        RUNNER_REASON_UNKNOWN,
-        PICKUP_RETRIES_SPENT,
-        JOB_UNREADABLE,
-        JOB_FOLDER_FAILED,
-        JOB_IMAGE_MISSING,
-        WORKSPACE_MISSING,
-        WORKSPACE_OWNED_BY_ROOT,
-        ENVIRONMENT_REFUSED,
-        SECRET_RESOLVER_MISSING,
-        SECRET_RESOLVER_FAILED,
-    ];
-}
-
-/// Whether `reason` is one a record may carry: the pickup's, the runner's, or the worker's own.
-pub fn is_known_reason(reason: &str) -> bool {
-    Reason::ALL.iter().any(|r| r.as_str() == reason)
-        || RunnerReason::ALL.iter().any(|r| r.as_str() == reason)
-        || reasons::ALL.contains(&reason)
 }
 
 /// Tokens and cost, as pi counted them.
@@ -136,8 +46,14 @@ pub struct McpPart {
 pub struct Record {
     pub job_id: String,
     pub outcome: Outcome,
-    /// A fixed token (see [`is_known_reason`]); `None` for a completed job.
-    pub reason: Option<String>,
+    /// `None` for a completed job.
+    pub reason: Option<Reason>,
+    /// What the reason concerns, by name (server, field, variable, host, path), never a value.
+    #[serde(default)]
+    pub detail: Option<Detail>,
+    /// What to do about it, in one line.
+    #[serde(default)]
+    pub fix: Option<String>,
     /// The runner's exit code; `None` when no runner ran (a refusal) or none reported.
     pub exit_code: Option<u8>,
     pub turns: Option<u64>,
@@ -147,6 +63,9 @@ pub struct Record {
     pub model: Option<String>,
     /// Whether the job got past the checks that cost nothing (a sandbox was started for it).
     pub budget_reserved: bool,
+    /// Whether the model provider counted anything (tokens or cost) for the job.
+    #[serde(default)]
+    pub spent: bool,
     pub attempt: u32,
     pub trigger_index: Option<usize>,
     pub trigger_type: String,
@@ -156,6 +75,12 @@ pub struct Record {
     pub started_at_ms: Option<u64>,
     pub finished_at_ms: u64,
     pub mcp: McpPart,
+    /// The agent's last answer, with every secret the worker knows redacted.
+    #[serde(default)]
+    pub final_message: Option<String>,
+    /// Whether the job's transcript is kept (`state/jobs/ID/transcript.jsonl`).
+    #[serde(default)]
+    pub transcript: bool,
 }
 
 impl Record {
@@ -163,14 +88,16 @@ impl Record {
     pub fn new(
         job: &Job,
         outcome: Outcome,
-        reason: Option<&str>,
+        reason: Option<Reason>,
         attempt: u32,
         now_ms: u64,
     ) -> Record {
         Record {
             job_id: job.id.clone(),
             outcome,
-            reason: reason.map(str::to_owned),
+            reason,
+            detail: None,
+            fix: None,
             exit_code: None,
             turns: None,
             tokens: None,
@@ -178,6 +105,7 @@ impl Record {
             provider: job.provider.clone(),
             model: job.model.clone(),
             budget_reserved: false,
+            spent: false,
             attempt,
             trigger_index: job.trigger_index,
             trigger_type: job.trigger_type.clone(),
@@ -186,30 +114,51 @@ impl Record {
             started_at_ms: None,
             finished_at_ms: now_ms,
             mcp: McpPart::default(),
+            final_message: None,
+            transcript: false,
         }
     }
 
-    /// The record of a job whose runner reported `line`: code 0 completed, 2 policy, anything
-    /// else failed. The runner's reason is copied only when it is a known one.
+    /// The record of a job that ended for `reason`, with nothing spent yet: its outcome is the
+    /// reason's.
+    pub fn ended(job: &Job, reason: Reason, attempt: u32, now_ms: u64) -> Record {
+        Record::new(job, reason.outcome(), Some(reason), attempt, now_ms)
+    }
+
+    /// With its detail and fix.
+    pub fn with_detail(mut self, detail: Detail, fix: impl Into<String>) -> Record {
+        self.detail = Some(detail);
+        self.fix = Some(fix.into());
+        self
+    }
+
+    /// The record of a job whose runner reported `line`: code 0 completed; otherwise the outcome
+    /// of the reason it gave, which is copied only when it is one of the product's.
     pub fn from_exit_line(job: &Job, line: &ExitLine, attempt: u32, now_ms: u64) -> Record {
-        let outcome = match line.code {
-            0 => Outcome::Completed,
-            2 => Outcome::Policy,
-            _ => Outcome::Failed,
-        };
-        let reason = match (&line.reason, outcome) {
-            (_, Outcome::Completed) => None,
-            (Some(r), _) if is_known_reason(r) => Some(r.as_str()),
-            _ => Some(reasons::RUNNER_REASON_UNKNOWN),
+        let (outcome, reason) = match (line.code, line.known_reason()) {
+            (0, _) => (Outcome::Completed, None),
+            (_, Some(r)) => (r.outcome(), Some(r)),
+            (_, None) => (Outcome::Failed, Some(Reason::RunnerReasonUnknown)),
         };
         let mut record = Record::new(job, outcome, reason, attempt, now_ms);
+        if let Some(r) = reason {
+            let mut detail = Detail::new(
+                line.cause
+                    .clone()
+                    .unwrap_or_else(|| r.sentence().to_owned()),
+            );
+            detail.server.clone_from(&line.server);
+            record = record.with_detail(detail, r.fix());
+        }
         record.exit_code = Some(line.code);
         record.budget_reserved = true;
         record.mcp = McpPart {
             servers: line.servers.clone(),
             tool_calls: line.tool_calls.clone(),
         };
+        record.final_message.clone_from(&line.final_message);
         if let Some(usage) = &line.usage {
+            record.spent = usage.spent();
             record.turns = Some(usage.turns);
             record.tokens = Some(Tokens {
                 input: usage.input_tokens,
@@ -226,6 +175,15 @@ impl Record {
         }
         record
     }
+}
+
+/// What [`Records::list`] found.
+#[derive(Debug, Default)]
+pub struct Listing {
+    pub records: Vec<Record>,
+    /// Files named as records that are not readable as one (written by a newer version, or
+    /// damaged).
+    pub unreadable: Vec<PathBuf>,
 }
 
 /// The folder of records (`state/runs`).
@@ -298,28 +256,33 @@ impl Records {
         serde_json::from_slice(&bytes).map_err(|_| RecordError::Invalid)
     }
 
-    /// Every record, oldest first (by finish time, then id). Files that are not records are
-    /// skipped.
-    pub fn list(&self) -> Result<Vec<Record>, RecordError> {
+    /// Every record, oldest first (by finish time, then id), and the files of the folder that
+    /// should be records and cannot be read as one.
+    pub fn list(&self) -> Result<Listing, RecordError> {
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Listing::default()),
             Err(e) => return Err(RecordError::Read(e.kind())),
         };
-        let mut all: Vec<Record> = entries
-            .filter_map(Result::ok)
-            .filter(|e| {
-                let name = e.file_name();
-                let name = name.to_string_lossy();
-                name.ends_with(".json") && !name.starts_with('.')
-            })
-            .filter_map(|e| std::fs::read(e.path()).ok())
-            .filter_map(|b| serde_json::from_slice(&b).ok())
-            .collect();
-        all.sort_by(|a: &Record, b: &Record| {
+        let mut listing = Listing::default();
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.ends_with(".json") || name.starts_with('.') {
+                continue;
+            }
+            match std::fs::read(entry.path())
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Record>(&b).ok())
+            {
+                Some(record) => listing.records.push(record),
+                None => listing.unreadable.push(entry.path()),
+            }
+        }
+        listing.records.sort_by(|a: &Record, b: &Record| {
             (a.finished_at_ms, &a.job_id).cmp(&(b.finished_at_ms, &b.job_id))
         });
-        Ok(all)
+        listing.unreadable.sort();
+        Ok(listing)
     }
 
     pub fn dir(&self) -> &Path {

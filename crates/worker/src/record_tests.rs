@@ -1,5 +1,5 @@
 use super::*;
-use hub::pi_agent::Usage;
+use protocol::usage::Usage;
 
 fn job() -> Job {
     serde_json::from_value(serde_json::json!({
@@ -30,6 +30,7 @@ fn line(code: u8, reason: Option<&str>) -> ExitLine {
             ok: 3,
             ..ToolCallCount::default()
         }],
+        final_message: Some("All done.".into()),
         usage: Some(Usage {
             turns: 4,
             input_tokens: 100,
@@ -55,27 +56,30 @@ fn an_exit_line_becomes_a_record_with_usage_and_the_mcp_part() {
     assert_eq!(r.trigger_index, Some(2));
     assert_eq!(r.mcp.tool_calls[0].calls, 3);
     assert_eq!(r.mcp.servers[0].ready_ms, Some(40));
-    // The cause is for the log, never the record.
-    let text = serde_json::to_string(&r).unwrap();
-    assert!(!text.contains("free text"), "{text}");
+    assert!(r.spent);
+    assert_eq!(r.final_message.as_deref(), Some("All done."));
+    // A completed job has no reason, detail or fix.
+    assert_eq!((r.reason, &r.detail, &r.fix), (None, &None, &None));
 }
 
 #[test]
 fn only_known_reasons_are_copied() {
     let shadowed = Record::from_exit_line(&job(), &line(2, Some("mcp-shadowed")), 1, 5);
     assert_eq!(shadowed.outcome, Outcome::Policy);
-    assert_eq!(shadowed.reason.as_deref(), Some("mcp-shadowed"));
+    assert_eq!(shadowed.reason, Some(Reason::McpShadowed));
+    // The runner's cause and server are the record's detail, with the reason's fix.
+    let detail = shadowed.detail.unwrap();
+    assert_eq!(detail.server.as_deref(), Some("docs"));
+    assert_eq!(shadowed.fix.as_deref(), Some(Reason::McpShadowed.fix()));
     let odd = Record::from_exit_line(&job(), &line(2, Some("free words; rm -rf")), 1, 5);
-    assert_eq!(odd.reason.as_deref(), Some(reasons::RUNNER_REASON_UNKNOWN));
+    assert_eq!(odd.reason, Some(Reason::RunnerReasonUnknown));
+    assert_eq!(odd.outcome, Outcome::Failed);
     let failed = Record::from_exit_line(&job(), &line(1, Some("agent-failed")), 2, 5);
     assert_eq!(failed.outcome, Outcome::Failed);
-    assert_eq!(failed.reason.as_deref(), Some("agent-failed"));
-    for r in reasons::ALL {
-        assert!(
-            r.len() <= 40 && r.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'),
-            "{r}"
-        );
-    }
+    assert_eq!(failed.reason, Some(Reason::AgentFailed));
+    // A model that could not be reached is a failure, whatever the code.
+    let down = Record::from_exit_line(&job(), &line(1, Some("model-unreachable")), 1, 5);
+    assert_eq!(down.outcome, Outcome::Failed);
 }
 
 #[test]
@@ -90,7 +94,13 @@ fn a_record_is_written_once_and_read_back() {
         "a second record replaced the first"
     );
     assert_eq!(records.read("job-7").unwrap(), first);
-    assert_eq!(records.list().unwrap(), vec![first]);
+    assert_eq!(records.list().unwrap().records, vec![first]);
+    // A file that is not a record is reported, not skipped.
+    std::fs::write(records.dir().join("broken.json"), "{").unwrap();
+    let listing = records.list().unwrap();
+    assert_eq!(listing.records.len(), 1);
+    assert_eq!(listing.unreadable, [records.dir().join("broken.json")]);
+    std::fs::remove_file(records.dir().join("broken.json")).unwrap();
     assert!(matches!(
         records.read("../etc/passwd"),
         Err(RecordError::NotFound)

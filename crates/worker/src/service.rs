@@ -7,24 +7,37 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use pickup::job::Job;
+use protocol::job::Job;
+use protocol::reason::{Outcome, Reason};
+use queue::{Lease, LeaseState, Queue, RetryDecision};
+use tokio::sync::watch;
 
-use crate::pipeline::{Verdict, Worker, log};
-use crate::queue::{Lease, Queue, RetryDecision};
-use crate::record::{Outcome, Record, Records, now_ms, reasons, unix_ms};
+use crate::pipeline::{Stop, StopCause, Verdict, Worker};
+use crate::record::{Record, Records, now_ms, unix_ms};
 
-/// What runs a leased job: the real [`Worker`] (gates, secrets, sandbox), or, for measuring the
-/// loop itself, anything else that says what became of a job.
+/// What runs a leased job: the real [`Worker`] (admission, secrets, sandbox), or, for measuring
+/// the loop itself, anything else that says what became of a job. `stop` says when the job must
+/// end early (cancelled, or the worker stopping).
 pub trait Runner: Send + Sync + 'static {
-    fn process(&self, job: &Job, attempt: u32) -> impl std::future::Future<Output = Verdict>;
+    fn process(
+        &self,
+        job: &Job,
+        attempt: u32,
+        stop: Stop,
+    ) -> impl std::future::Future<Output = Verdict>;
 }
 
 impl Runner for Worker {
-    fn process(&self, job: &Job, attempt: u32) -> impl std::future::Future<Output = Verdict> {
-        Worker::process(self, job, attempt)
+    fn process(
+        &self,
+        job: &Job,
+        attempt: u32,
+        stop: Stop,
+    ) -> impl std::future::Future<Output = Verdict> {
+        Worker::process(self, job, attempt, stop)
     }
 }
 
@@ -37,10 +50,12 @@ pub struct LoopOptions {
     pub lease_for: Duration,
     pub concurrency: u32,
     /// Stop once the queue has nothing open (for `--until-empty` and tests); otherwise run until
-    /// killed.
+    /// told to stop.
     pub until_empty: bool,
     /// How long an idle slot waits before asking the queue again.
     pub poll: Duration,
+    /// How often a running job's cancel mark is looked at.
+    pub cancel_poll: Duration,
     /// `PI_ON_FAILURE`.
     pub on_failure: Option<PathBuf>,
 }
@@ -50,6 +65,34 @@ pub struct LoopOptions {
 pub struct Summary {
     pub records: AtomicUsize,
     pub retries: AtomicUsize,
+    pub handed_back: AtomicUsize,
+}
+
+/// Tells the loop to stop: first it drains (takes no new job, lets the running ones finish), then
+/// it stops (ends the running ones and hands them back to the queue).
+#[derive(Debug, Default)]
+pub struct Control {
+    draining: AtomicBool,
+    stopping: AtomicBool,
+}
+
+impl Control {
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn stop(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
 }
 
 /// The queued job, when its payload is one (and for the id it was queued under).
@@ -64,21 +107,24 @@ fn stub(id: &str) -> Job {
     Job::new(id, "unknown", "unknown")
 }
 
-/// Runs the loop; returns when `until_empty` and nothing is open.
+/// Runs the loop; returns when `until_empty` and nothing is open, or once `control` has drained
+/// or stopped every slot.
 pub fn run<R: Runner>(
     worker: Arc<R>,
     queue: Arc<dyn Queue>,
     records: Arc<Records>,
     options: &LoopOptions,
+    control: Arc<Control>,
 ) -> Arc<Summary> {
     let summary = Arc::new(Summary::default());
     let slots: Vec<_> = (0..options.concurrency.max(1))
         .map(|slot| {
-            let (worker, queue, records, summary) = (
+            let (worker, queue, records, summary, control) = (
                 worker.clone(),
                 queue.clone(),
                 records.clone(),
                 summary.clone(),
+                control.clone(),
             );
             let options = options.clone();
             std::thread::spawn(move || {
@@ -86,10 +132,17 @@ pub fn run<R: Runner>(
                     .enable_all()
                     .build()
                 else {
-                    log("worker_slot_failed", serde_json::json!({"slot": slot}));
+                    tracing::error!(event = "worker_slot_failed", slot);
                     return;
                 };
-                runtime.block_on(slot_loop(&*worker, &*queue, &records, &options, &summary));
+                let slot = Slot {
+                    queue: &*queue,
+                    records: &records,
+                    options: &options,
+                    summary: &summary,
+                    control: &control,
+                };
+                runtime.block_on(slot.run(&*worker));
             })
         })
         .collect();
@@ -99,154 +152,187 @@ pub fn run<R: Runner>(
     summary
 }
 
-async fn slot_loop<R: Runner>(
-    worker: &R,
-    queue: &dyn Queue,
-    records: &Records,
-    options: &LoopOptions,
-    summary: &Summary,
-) {
-    loop {
-        let now = SystemTime::now();
-        match queue.take_lost(now) {
-            Ok(lost) => {
-                for l in lost {
-                    let job = job_of(&l.job_id, &l.payload).unwrap_or_else(|| stub(&l.job_id));
-                    let mut record = Record::new(
-                        &job,
-                        Outcome::Failed,
-                        Some(reasons::WORKER_LOST),
-                        l.attempt,
-                        now_ms(),
-                    );
-                    record.budget_reserved = true;
-                    settle_record(records, &record, options, summary);
-                }
-            }
-            Err(e) => log("queue_error", serde_json::json!({"detail": e.to_string()})),
-        }
-        let lease = match queue.lease(&options.worker_id, options.lease_for, now) {
-            Ok(l) => l,
-            Err(e) => {
-                log("queue_error", serde_json::json!({"detail": e.to_string()}));
-                None
-            }
-        };
-        let Some(lease) = lease else {
-            if options.until_empty && nothing_open(queue) {
+/// One slot of the loop: it leases a job, runs it, settles it, and again.
+struct Slot<'a> {
+    queue: &'a dyn Queue,
+    records: &'a Records,
+    options: &'a LoopOptions,
+    summary: &'a Summary,
+    control: &'a Control,
+}
+
+fn queue_error(e: &queue::QueueError) {
+    tracing::error!(event = "queue_error", detail = %e);
+}
+
+impl Slot<'_> {
+    async fn run<R: Runner>(&self, worker: &R) {
+        loop {
+            if self.control.is_draining() {
                 return;
             }
-            tokio::time::sleep(options.poll).await;
-            continue;
-        };
-        run_one(worker, queue, records, options, summary, &lease).await;
-    }
-}
-
-fn nothing_open(queue: &dyn Queue) -> bool {
-    queue
-        .status(SystemTime::now(), 0)
-        .is_ok_and(|s| s.open.is_empty())
-}
-
-async fn run_one<R: Runner>(
-    worker: &R,
-    queue: &dyn Queue,
-    records: &Records,
-    options: &LoopOptions,
-    summary: &Summary,
-    lease: &Lease,
-) {
-    let job = match job_of(&lease.job_id, &lease.payload) {
-        Some(job) => job,
-        None => {
-            let record = Record::new(
-                &stub(&lease.job_id),
-                Outcome::Policy,
-                Some(reasons::JOB_UNREADABLE),
-                lease.attempt,
-                now_ms(),
-            );
-            settle_record(records, &record, options, summary);
-            let _ = queue.finish(lease, SystemTime::now());
-            return;
-        }
-    };
-    // The lease is renewed while the job runs.
-    let renewing = async {
-        loop {
-            tokio::time::sleep(options.lease_for / 3).await;
-            match queue.renew(lease, options.lease_for, SystemTime::now()) {
-                Ok(true) => {}
-                Ok(false) => {
-                    log("lease_lost", serde_json::json!({"jobId": lease.job_id}));
+            let now = SystemTime::now();
+            match self.queue.take_lost(now) {
+                Ok(lost) => {
+                    for l in lost {
+                        let job = job_of(&l.job_id, &l.payload).unwrap_or_else(|| stub(&l.job_id));
+                        let reason = if l.cancelled {
+                            Reason::Cancelled
+                        } else {
+                            Reason::WorkerLost
+                        };
+                        let mut record = Record::ended(&job, reason, l.attempt, now_ms());
+                        record.budget_reserved = true;
+                        self.settle_record(&record);
+                    }
+                }
+                Err(e) => queue_error(&e),
+            }
+            let lease = match self
+                .queue
+                .lease(&self.options.worker_id, self.options.lease_for, now)
+            {
+                Ok(l) => l,
+                Err(e) => {
+                    queue_error(&e);
+                    None
+                }
+            };
+            let Some(lease) = lease else {
+                if self.options.until_empty && self.nothing_open() {
                     return;
                 }
-                Err(e) => log("queue_error", serde_json::json!({"detail": e.to_string()})),
-            }
+                tokio::time::sleep(self.options.poll).await;
+                continue;
+            };
+            self.run_one(worker, &lease).await;
         }
-    };
-    let verdict = tokio::select! {
-        v = worker.process(&job, lease.attempt) => v,
-        // The job is someone else's now (this worker was away past its lease): dropping the run
-        // ends its sandbox, and the slot goes on with the next job.
-        () = renewing => return,
-    };
-    let mut record = match verdict {
-        Verdict::Done(record) => record,
-        Verdict::Retry(record) => match queue.retry(lease, SystemTime::now()) {
-            Ok(RetryDecision::Requeued { .. }) => {
-                summary.retries.fetch_add(1, Ordering::Relaxed);
-                log(
-                    "job_retried",
-                    serde_json::json!({"jobId": job.id, "attempt": lease.attempt, "reason": record.reason}),
-                );
-                return;
-            }
-            Ok(RetryDecision::NotHeld) => return,
-            Ok(RetryDecision::Exhausted) => {
-                let mut r = record;
-                r.outcome = Outcome::Failed;
-                r.queued_at_ms = Some(unix_ms(lease.queued_at));
-                write_record(records, &r, summary);
-                page(&r, options);
-                return;
-            }
-            Err(e) => {
-                log("queue_error", serde_json::json!({"detail": e.to_string()}));
-                return;
-            }
-        },
-    };
-    record.queued_at_ms = Some(unix_ms(lease.queued_at));
-    // The record first (a crash after it runs the job again, and the second record is not
-    // written), then the job done, and only then the page, which may take a while.
-    write_record(records, &record, summary);
-    if let Err(e) = queue.finish(lease, SystemTime::now()) {
-        log("queue_error", serde_json::json!({"detail": e.to_string()}));
     }
-    page(&record, options);
+
+    fn nothing_open(&self) -> bool {
+        self.queue
+            .status(SystemTime::now(), 0)
+            .is_ok_and(|s| s.open.is_empty())
+    }
+
+    async fn run_one<R: Runner>(&self, worker: &R, lease: &Lease) {
+        let queue = self.queue;
+        let options = self.options;
+        let job = match job_of(&lease.job_id, &lease.payload) {
+            Some(job) => job,
+            None => {
+                let record = Record::ended(
+                    &stub(&lease.job_id),
+                    Reason::JobUnreadable,
+                    lease.attempt,
+                    now_ms(),
+                );
+                self.settle_record(&record);
+                let _ = queue.finish(lease, SystemTime::now());
+                return;
+            }
+        };
+        // The lease is renewed while the job runs.
+        let renewing = async {
+            loop {
+                tokio::time::sleep(options.lease_for / 3).await;
+                match queue.renew(lease, options.lease_for, SystemTime::now()) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(event = "lease_lost", job_id = %lease.job_id);
+                        return;
+                    }
+                    Err(e) => queue_error(&e),
+                }
+            }
+        };
+        // The job is told to stop when the operator cancels it or the worker stops.
+        let (tell, stop) = watch::channel(None);
+        let watching = async {
+            loop {
+                if self.control.is_stopping() {
+                    let _ = tell.send(Some(StopCause::Shutdown));
+                } else if matches!(queue.lease_state(lease), Ok(LeaseState::CancelRequested)) {
+                    let _ = tell.send(Some(StopCause::Cancelled));
+                }
+                tokio::time::sleep(options.cancel_poll).await;
+            }
+        };
+        let verdict = tokio::select! {
+            v = worker.process(&job, lease.attempt, stop) => v,
+            // The job is someone else's now (this worker was away past its lease): dropping the run
+            // ends its sandbox, and the slot goes on with the next job.
+            () = renewing => return,
+            () = watching => return,
+        };
+        let mut record = match verdict {
+            Verdict::Done(record) => record,
+            Verdict::HandBack => {
+                match queue.release(lease, SystemTime::now()) {
+                    Ok(_) => {
+                        self.summary.handed_back.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(event = "job_handed_back", job_id = %job.id, attempt = lease.attempt);
+                    }
+                    Err(e) => queue_error(&e),
+                }
+                return;
+            }
+            Verdict::Retry(record) => match queue.retry(lease, SystemTime::now()) {
+                Ok(RetryDecision::Requeued { .. }) => {
+                    self.summary.retries.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(event = "job_retried", job_id = %job.id, attempt = lease.attempt,
+                        reason = record.reason.map(Reason::as_str));
+                    return;
+                }
+                Ok(RetryDecision::NotHeld) => return,
+                Ok(RetryDecision::Exhausted) => {
+                    let mut r = record;
+                    r.queued_at_ms = Some(unix_ms(lease.queued_at));
+                    self.write_record(&r);
+                    page(&r, options);
+                    return;
+                }
+                Err(e) => {
+                    queue_error(&e);
+                    return;
+                }
+            },
+        };
+        record.queued_at_ms = Some(unix_ms(lease.queued_at));
+        // The record first (a crash after it runs the job again, and the second record is not
+        // written), then the job done, and only then the page, which may take a while.
+        self.write_record(&record);
+        if let Err(e) = queue.finish(lease, SystemTime::now()) {
+            queue_error(&e);
+        }
+        page(&record, options);
+    }
+
+    /// Writes the record (once); a record that exists already is left as it is.
+    fn write_record(&self, record: &Record) {
+        write_record(self.records, record, Some(self.summary));
+    }
+
+    /// A lost job's record and page.
+    fn settle_record(&self, record: &Record) {
+        self.write_record(record);
+        page(record, self.options);
+    }
 }
 
 /// Writes the record (once); a record that exists already is left as it is.
-fn write_record(records: &Records, record: &Record, summary: &Summary) {
+pub fn write_record(records: &Records, record: &Record, summary: Option<&Summary>) {
     match records.write(record) {
         Ok(true) => {
-            summary.records.fetch_add(1, Ordering::Relaxed);
-            log(
-                "job_recorded",
-                serde_json::json!({"jobId": record.job_id, "outcome": record.outcome.as_str(),
-                    "reason": record.reason, "attempt": record.attempt}),
-            );
+            if let Some(summary) = summary {
+                summary.records.fetch_add(1, Ordering::Relaxed);
+            }
+            tracing::info!(event = "job_recorded", job_id = %record.job_id,
+                outcome = %record.outcome, reason = record.reason.map(Reason::as_str),
+                attempt = record.attempt);
         }
-        Ok(false) => log(
-            "job_already_recorded",
-            serde_json::json!({"jobId": record.job_id}),
-        ),
-        Err(e) => log(
-            "record_failed",
-            serde_json::json!({"jobId": record.job_id, "detail": e.to_string()}),
-        ),
+        Ok(false) => tracing::info!(event = "job_already_recorded", job_id = %record.job_id),
+        Err(e) => tracing::error!(event = "record_failed", job_id = %record.job_id, detail = %e),
     }
 }
 
@@ -255,30 +341,20 @@ fn write_record(records: &Records, record: &Record, summary: &Summary) {
 fn page(record: &Record, options: &LoopOptions) {
     if let Some(program) = &options.on_failure
         && record.budget_reserved
-        && record.outcome != Outcome::Completed
+        && !matches!(record.outcome, Outcome::Completed | Outcome::Cancelled)
     {
         on_failure(program, record);
     }
 }
 
-/// A lost job's record and page.
-fn settle_record(records: &Records, record: &Record, options: &LoopOptions, summary: &Summary) {
-    write_record(records, record, summary);
-    page(record, options);
-}
-
 /// `PROGRAM JOB_ID OUTCOME REASON HOST`, with the worker's environment, its output discarded,
 /// at most 30 s.
 fn on_failure(program: &std::path::Path, record: &Record) {
+    // Every token is plain (`^[a-z0-9-]{1,40}$`, tested with the reasons).
     let reason = record
         .reason
-        .as_deref()
-        .filter(|r| {
-            r.len() <= 40
-                && r.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        })
-        .unwrap_or(reasons::RUNNER_REASON_UNKNOWN);
+        .unwrap_or(Reason::RunnerReasonUnknown)
+        .as_str();
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
@@ -288,12 +364,9 @@ fn on_failure(program: &std::path::Path, record: &Record) {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-    let child = config::spawn::retry_busy(|| command.spawn());
+    let child = spawn::retry_busy(|| command.spawn());
     let Ok(mut child) = child else {
-        log(
-            "on_failure_failed",
-            serde_json::json!({"jobId": record.job_id}),
-        );
+        tracing::warn!(event = "on_failure_failed", job_id = %record.job_id);
         return;
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -312,34 +385,64 @@ fn on_failure(program: &std::path::Path, record: &Record) {
 
 /// Queues the jobs of cron triggers as they come due, reading `triggers.json` each tick, until the
 /// process ends. The first window starts now: firings missed while no worker ran are not made up.
-pub fn run_cron(settings: &config::settings::Settings, queue: &dyn Queue, tick: Duration) {
+pub fn run_cron(
+    settings: &config::settings::Settings,
+    queue: &dyn Queue,
+    tick: Duration,
+    control: &Control,
+) {
     let mut from = chrono::Utc::now();
-    let mut refused_logged = false;
+    // What was last said about the file, so a refusal is logged once until it changes.
+    let mut said: Option<String> = None;
+    let mut say = |why: Option<String>| {
+        if why != said {
+            match &why {
+                Some(why) => tracing::error!(event = "cron_triggers_refused",
+                    file = %settings.triggers_file.display(), why = %why),
+                None if said.is_some() => tracing::info!(event = "cron_triggers_read",
+                    file = %settings.triggers_file.display()),
+                None => {}
+            }
+            said = why;
+        }
+    };
     loop {
         std::thread::sleep(tick);
+        if control.is_draining() {
+            return;
+        }
         let to = chrono::Utc::now();
         let window = (from, to);
         // The next window starts here whatever happens to this one: missed firings are not made up.
         from = to;
-        let Ok(bytes) =
-            config::files::read_file(&settings.triggers_file, config::triggers::MAX_FILE_BYTES)
-        else {
-            continue;
-        };
-        let Ok(all) = config::triggers::parse_triggers(&bytes) else {
-            if !refused_logged {
-                log("cron_triggers_refused", serde_json::json!({}));
-                refused_logged = true;
+        let bytes = match config::files::read_file(
+            &settings.triggers_file,
+            config::triggers::MAX_FILE_BYTES,
+        ) {
+            Ok(b) => b,
+            // No triggers file: nothing to fire.
+            Err(config::files::ReadError::Missing) => {
+                say(None);
+                continue;
             }
-            continue;
+            Err(e) => {
+                say(Some(format!("it {e}")));
+                continue;
+            }
         };
-        refused_logged = false;
+        let all = match config::triggers::parse_triggers(&bytes) {
+            Ok(all) => all,
+            Err(e) => {
+                say(Some(format!(
+                    "it is refused, so no cron trigger fires: {e}"
+                )));
+                continue;
+            }
+        };
+        say(None);
         let (schedules, refused) = crate::cron::schedules(&all.triggers);
         for (index, id) in refused {
-            log(
-                "cron_pattern_refused",
-                serde_json::json!({"triggerIndex": index, "id": id}),
-            );
+            tracing::warn!(event = "cron_pattern_refused", trigger_index = index, id = %id);
         }
         for schedule in &schedules {
             // At most one firing per tick and trigger: a clock jump does not queue a burst.
@@ -350,12 +453,10 @@ pub fn run_cron(settings: &config::settings::Settings, queue: &dyn Queue, tick: 
                     continue;
                 };
                 match queue.enqueue(&id, &payload, SystemTime::now()) {
-                    Ok(true) => log(
-                        "cron_queued",
-                        serde_json::json!({"jobId": id, "triggerIndex": schedule.trigger.index}),
-                    ),
+                    Ok(true) => tracing::info!(event = "cron_queued", job_id = %id,
+                        trigger_index = schedule.trigger.index),
                     Ok(false) => {}
-                    Err(e) => log("queue_error", serde_json::json!({"detail": e.to_string()})),
+                    Err(e) => queue_error(&e),
                 }
             }
         }

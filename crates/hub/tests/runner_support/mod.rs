@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hub::exit_line::ServerState;
 use hub::job_file::Stop;
 use hub::plan::{Plan, plan};
 use hub::runner::{Connected, connect_all};
-use pickup::job_mcp::JobMcpFile;
+use protocol::exit_line::ServerState;
+use protocol::job_mcp::JobMcpFile;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};

@@ -50,7 +50,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
                             anyhow::anyhow!("cannot delete {} ({})", path.display(), e.kind())
                         })?;
                         notes.push(format!("--fix: deleted {}", path.display()));
-                        inputs = doctor::gather(settings);
+                        inputs = doctor::gather(settings.clone());
                     } else {
                         notes.push(format!("--fix: kept {} (you said no)", path.display()));
                     }
@@ -62,11 +62,8 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
                 }
             }
             let mut checks = doctor::checks(&inputs, &NoRouteProof);
-            checks.extend(notes.into_iter().map(|n| Check {
-                level: Level::Ok,
-                label: n,
-                fix: None,
-            }));
+            checks.extend(admission_checks(&settings));
+            checks.extend(notes.into_iter().map(Check::ok));
             checks
         }
     };
@@ -85,6 +82,90 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     } else {
         Exit::Success
     })
+}
+
+/// What the worker would decide: the deployment's default model, then the job each trigger would
+/// queue, each asked of the admission the worker asks.
+fn admission_checks(settings: &config::settings::Settings) -> Vec<Check> {
+    use pickup::admission::Decision;
+    let deployment = pickup::fs::Deployment::new(settings);
+    let mut out = Vec::new();
+    let refused = |label: String, decision: &Decision| -> Check {
+        match decision {
+            Decision::Refuse(r) => {
+                let label = format!("{label}: refused, {}: {}", r.reason, r.detail.why);
+                // A forge trigger is refused by this version whatever else holds: said, not failed.
+                let mut check = if r.reason == protocol::reason::Reason::JobKindUnsupported {
+                    Check::warn(label, r.fix.clone())
+                } else {
+                    Check::fail(label, r.fix.clone())
+                };
+                check.reason = Some(r.reason.as_str().to_owned());
+                check
+            }
+            Decision::Retry { detail } => Check::warn(
+                format!("{label}: cannot be decided now ({detail})"),
+                "check that the deployment's files can be read; the worker tries again",
+            ),
+            Decision::Admit(_) => Check::ok(label),
+        }
+    };
+    match deployment.default_model() {
+        Ok(m) => out.push(Check::ok(format!(
+            "default model {}/{}: {}{}",
+            m.provider,
+            m.model,
+            if m.source == "builtin" {
+                "in pi's catalog"
+            } else {
+                "in the overlay's models.json"
+            },
+            match &m.key_variable {
+                Some(v) => format!(", its key in {v}"),
+                None => ", keyless".to_owned(),
+            }
+        ))),
+        Err(d) => out.push(refused(
+            "default model (PI_PROVIDER, PI_MODEL)".to_owned(),
+            &d,
+        )),
+    }
+    let Ok(bytes) =
+        config::files::read_file(&settings.triggers_file, config::triggers::MAX_FILE_BYTES)
+    else {
+        return out;
+    };
+    let Ok(all) = config::triggers::parse_triggers(&bytes) else {
+        out.push(Check::fail(
+            format!(
+                "{} is refused: no trigger can queue a job",
+                settings.triggers_file.display()
+            ),
+            "`pi-dispatch triggers check` lists every error",
+        ));
+        return out;
+    };
+    for trigger in &all.triggers {
+        let job = crate::cmd::explain::trigger_job(trigger);
+        let label = format!(
+            "trigger {} ({} -> {}): its job would be admitted",
+            trigger.index,
+            trigger.on.type_name(),
+            trigger.run.kind.as_str()
+        );
+        let decision = deployment.decide(&job);
+        let label = match &decision {
+            Decision::Admit(_) => label,
+            _ => format!(
+                "trigger {} ({} -> {})",
+                trigger.index,
+                trigger.on.type_name(),
+                trigger.run.kind.as_str()
+            ),
+        };
+        out.push(refused(label, &decision));
+    }
+    out
 }
 
 /// Asks on the terminal (stderr, so `--json` output stays clean); only "y" or "yes" is a yes.

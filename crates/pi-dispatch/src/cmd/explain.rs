@@ -1,15 +1,16 @@
-//! `pi-dispatch explain --trigger N [--event FILE] [--json]`: what pickup would decide now for the
-//! job trigger N would queue, without queueing or running anything.
+//! `pi-dispatch explain --trigger N [--event FILE] [--json]`: what the worker would decide now for
+//! the job trigger N would queue, without queueing or running anything. It asks the admission the
+//! worker asks, with the deployment's files, images and environment, so "admit" here is what the
+//! worker does.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use config::files;
 use config::json::{Json, Object};
-use config::triggers::{self, Action};
-use pickup::fs::{DeploymentFiles, ImageFolders, ProcessEnv};
-use pickup::gates::{self, Decision, Inputs};
-use pickup::job::Job;
+use config::triggers::{self, Action, On};
+use pickup::admission::Decision;
+use protocol::job::Job;
 
 use crate::context::Context;
 use crate::exit::Exit;
@@ -19,7 +20,7 @@ pub struct Args {
     /// The index of the trigger in triggers.json (from 0).
     #[arg(long, value_name = "N")]
     trigger: usize,
-    /// A forge event (JSON) to explain the job for; it is read and checked, and the MCP decision
+    /// A forge event (JSON) to explain the job for; it is read and checked, and the decision
     /// does not depend on its content.
     #[arg(long, value_name = "FILE")]
     event: Option<PathBuf>,
@@ -28,20 +29,53 @@ pub struct Args {
     json: bool,
 }
 
+/// The job trigger `trigger` queues, under an id the worker would give it.
+pub fn trigger_job(trigger: &triggers::Trigger) -> Job {
+    let id = match &trigger.on {
+        On::Cron { id, .. } => format!("cron-{id}-explain"),
+        _ => "explain".to_owned(),
+    };
+    Job::from_trigger(id, trigger)
+}
+
+fn text(v: &str) -> Json {
+    Json::String(v.to_owned())
+}
+
+fn object(members: Vec<(&str, Json)>) -> Json {
+    Json::Object(Object::from_members(
+        members
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+    ))
+}
+
+fn value<T: serde::Serialize>(v: &T) -> anyhow::Result<Json> {
+    Ok(config::json::parse(&serde_json::to_string(v)?)?)
+}
+
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let settings = ctx.settings()?;
-    let bytes = files::read_file(&settings.triggers_file, triggers::MAX_FILE_BYTES)
-        .map_err(|e| anyhow::anyhow!("{} {e}", settings.triggers_file.display()))?;
-    let all = triggers::parse_triggers(&bytes)
-        .map_err(|e| anyhow::anyhow!("{} is refused: {e}", settings.triggers_file.display()))?;
-    let trigger = all.triggers.get(args.trigger).ok_or_else(|| {
-        anyhow::anyhow!(
-            "{} has no trigger {} (it has {})",
-            settings.triggers_file.display(),
-            args.trigger,
-            all.triggers.len()
-        )
-    })?;
+    let file = settings.triggers_file.display().to_string();
+    let all = match files::read_file(&settings.triggers_file, triggers::MAX_FILE_BYTES) {
+        Err(e) => return unusable(args, &file, &format!("{file} {e}")),
+        Ok(bytes) => match triggers::parse_triggers(&bytes) {
+            Ok(all) => all,
+            Err(e) => return unusable(args, &file, &format!("{file} is refused: {e}")),
+        },
+    };
+    let Some(trigger) = all.triggers.get(args.trigger) else {
+        return unusable(
+            args,
+            &file,
+            &format!(
+                "{file} has no trigger {} (it has {})",
+                args.trigger,
+                all.triggers.len()
+            ),
+        );
+    };
     if let Some(event) = &args.event {
         let path = ctx.absolute(event);
         let bytes = files::read_file(&path, 16 * 1024 * 1024)
@@ -52,77 +86,71 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             anyhow::bail!("{} is not a JSON object", path.display());
         }
     }
-    let job = Job::from_trigger("explain", trigger);
-    let decision = gates::decide(&Inputs {
-        job: &job,
-        trigger_now: Some(trigger),
-        settings: &settings,
-        files: &DeploymentFiles::new(&settings),
-        images: &ImageFolders::new(&settings.dir),
-        env: &ProcessEnv,
-    });
-    let report = report(&decision)?;
-    let text = if args.json {
-        config::json::to_pretty(&report)
+    let job = trigger_job(trigger);
+    let decision = pickup::fs::Deployment::new(&settings).decide(&job);
+    let out = if args.json {
+        config::json::to_pretty(&report(&decision)?)
     } else {
         human(trigger, &decision)
     };
-    crate::output::print(&text)?;
+    crate::output::print(&out)?;
     Ok(match decision {
-        Decision::Admit { .. } => Exit::Success,
+        Decision::Admit(_) => Exit::Success,
         Decision::Refuse(_) | Decision::Retry { .. } => Exit::CheckFailed,
     })
 }
 
+/// The triggers file cannot be used: said on stderr, and with `--json` as a JSON report too.
+fn unusable(args: &Args, file: &str, why: &str) -> anyhow::Result<Exit> {
+    if args.json {
+        let report = object(vec![
+            ("outcome", text("unusable")),
+            ("file", text(file)),
+            ("error", text(why)),
+        ]);
+        crate::output::print(&config::json::to_pretty(&report))?;
+    }
+    eprintln!("pi-dispatch: {why}");
+    Ok(Exit::Unusable)
+}
+
 /// The JSON report, built on the order-keeping JSON type so that `mcpJson` shows the job's file in
 /// its own order.
-fn report(decision: &Decision) -> anyhow::Result<Json> {
-    let text = |v: &str| Json::String(v.to_owned());
-    let object = |members: Vec<(&str, Json)>| {
-        Json::Object(Object::from_members(
-            members
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v))
-                .collect(),
-        ))
-    };
+pub fn report(decision: &Decision) -> anyhow::Result<Json> {
     Ok(match decision {
-        Decision::Admit { mcp } => object(vec![
+        Decision::Admit(a) => object(vec![
             ("outcome", text("admit")),
             ("reason", Json::Null),
-            ("comment", Json::Null),
-            ("log", Json::Null),
+            ("admitted", value(a)?),
             (
                 "mcpJson",
-                match mcp {
+                match &a.mcp {
                     Some(file) => config::json::parse(&file.text)?,
                     None => Json::Null,
                 },
             ),
             (
                 "mcpDigest",
-                mcp.as_ref().map_or(Json::Null, |f| text(&f.digest)),
+                a.mcp.as_ref().map_or(Json::Null, |f| text(&f.digest)),
             ),
         ]),
         Decision::Refuse(r) => object(vec![
             ("outcome", text("policy")),
             ("reason", text(r.reason.as_str())),
-            ("comment", text(&r.comment)),
-            ("log", config::json::parse(&serde_json::to_string(&r.log)?)?),
+            ("sentence", text(r.sentence())),
+            ("comment", text(&r.comment())),
+            ("detail", value(&r.detail)?),
+            ("fix", text(&r.fix)),
+            (
+                "server",
+                r.detail.server.as_deref().map_or(Json::Null, text),
+            ),
             ("mcpJson", Json::Null),
-            ("server", r.server.as_deref().map_or(Json::Null, text)),
         ]),
         Decision::Retry { detail } => object(vec![
             ("outcome", text("retry")),
             ("reason", Json::Null),
-            ("comment", Json::Null),
-            (
-                "log",
-                object(vec![
-                    ("event", text("pickup_retry")),
-                    ("detail", text(detail)),
-                ]),
-            ),
+            ("detail", text(detail)),
             ("mcpJson", Json::Null),
         ]),
     })
@@ -142,23 +170,34 @@ fn human(trigger: &triggers::Trigger, decision: &Decision) -> String {
         trigger.run.kind.as_str()
     );
     match decision {
-        Decision::Admit { mcp: None } => {
-            let _ = writeln!(out, "✓ admit: the job would start, with no MCP server");
-        }
-        Decision::Admit { mcp: Some(file) } => {
+        Decision::Admit(a) => {
             let _ = writeln!(
                 out,
-                "✓ admit: the job would start; its /job/mcp.json (digest {}):",
-                file.digest
+                "✓ admit: the job would start, on image {}, in {} as uid {}, with {}/{}",
+                a.image, a.workspace.path, a.workspace.uid, a.model.provider, a.model.model
             );
-            for line in file.text.lines() {
-                let _ = writeln!(out, "    {line}");
+            match &a.mcp {
+                None => {
+                    let _ = writeln!(out, "  no MCP server");
+                }
+                Some(file) => {
+                    let _ = writeln!(out, "  its /job/mcp.json (digest {}):", file.digest);
+                    for line in file.text.lines() {
+                        let _ = writeln!(out, "    {line}");
+                    }
+                }
             }
         }
         Decision::Refuse(r) => {
-            let _ = writeln!(out, "✗ policy: {} (nothing would be spent)", r.reason);
-            let _ = writeln!(out, "  comment: {}", r.comment);
-            let _ = writeln!(out, "  log: {} {}", r.log.event, r.log.detail);
+            let _ = writeln!(
+                out,
+                "✗ policy: {} (nothing would be spent): {}",
+                r.reason,
+                r.sentence()
+            );
+            let _ = writeln!(out, "  why: {}", r.detail.why);
+            let _ = writeln!(out, "  fix: {}", r.fix);
+            let _ = writeln!(out, "  comment: {}", r.comment());
         }
         Decision::Retry { detail } => {
             let _ = writeln!(

@@ -103,7 +103,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         .enable_all()
         .build()?;
     let line = runtime.block_on(hub::job::run(options));
-    let text = hub::exit_line::sign(&line, key.as_bytes())?;
+    let text = protocol::exit_line::sign(&line, key.as_bytes())?;
     crate::output::print(&format!("{text}\n"))?;
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     Ok(match line.code {

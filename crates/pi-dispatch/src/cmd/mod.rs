@@ -1,3 +1,4 @@
+pub mod cancel;
 pub mod doctor;
 pub mod explain;
 pub mod image;

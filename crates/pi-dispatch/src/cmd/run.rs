@@ -2,12 +2,16 @@
 //! a local job on the repository in FOLDER. The job works in the folder itself, so a git tree with
 //! uncommitted changes is refused unless `--force`. The worker (`pi-dispatch worker`) runs it.
 //! `pi-dispatch run --trigger N` queues now the job cron trigger N queues on its schedule.
+//!
+//! Before queueing, `run` asks the admission the worker asks: a job certain to be refused (an
+//! unknown server, a folder owned by root, a model without its key, ...) is not queued, and the
+//! refusal is said with its fix.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use pickup::job::Job;
-use worker::queue::Queue as _;
+use pickup::admission::Decision;
+use protocol::job::{Job, McpField};
 
 use crate::context::Context;
 use crate::exit::Exit;
@@ -37,15 +41,10 @@ pub struct Args {
     force: bool,
 }
 
-/// The queue's file in a deployment.
-pub fn queue_path(dir: &Path) -> PathBuf {
-    dir.join("state").join("queue.sqlite3")
-}
-
 /// A new job id: the time and 6 random bytes.
 pub fn new_job_id(prefix: &str) -> anyhow::Result<String> {
     let mut bytes = [0u8; 6];
-    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)?;
+    getrandom::fill(&mut bytes).map_err(|_| anyhow::anyhow!("no random bytes for a job id"))?;
     let ms = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
@@ -108,14 +107,38 @@ fn trigger_job(ctx: &Context, index: usize) -> anyhow::Result<Job> {
     ))
 }
 
+/// Queues `job` unless the admission refuses it now: then nothing is queued, and the refusal is
+/// said as the worker would record it.
 fn enqueue(ctx: &Context, job: &Job) -> anyhow::Result<Exit> {
-    let queue = worker::queue::SqliteQueue::open(&queue_path(&ctx.dir))?;
+    let settings = ctx.settings()?;
+    match pickup::fs::Deployment::new(&settings).decide(job) {
+        Decision::Refuse(r) => {
+            eprint!("{}", refusal_text(&r));
+            return Ok(Exit::CheckFailed);
+        }
+        Decision::Retry { detail } => eprintln!(
+            "pi-dispatch: a check could not be made now ({detail}); the job is queued and the worker decides when it can"
+        ),
+        Decision::Admit(_) => {}
+    }
+    let queue = queue::open(&settings)?;
     queue.enqueue(&job.id, &serde_json::to_string(job)?, SystemTime::now())?;
     crate::output::print(&format!(
         "Queued {} (run pi-dispatch worker to run it; pi-dispatch runs show {} for its record).\n",
         job.id, job.id
     ))?;
     Ok(Exit::Success)
+}
+
+/// A refusal as `run` says it: the reason and its sentence, what it concerns, and the fix.
+pub fn refusal_text(r: &pickup::admission::Refusal) -> String {
+    format!(
+        "pi-dispatch: the job would be refused, so it is not queued: {} ({})\n  why: {}\n  fix: {}\n",
+        r.reason,
+        r.sentence(),
+        r.detail.why,
+        r.fix
+    )
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
@@ -155,7 +178,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     }
     let job = Job {
         flow: Some(args.flow.clone()),
-        mcp: (!args.mcp.is_empty()).then(|| args.mcp.clone()),
+        mcp: (!args.mcp.is_empty()).then(|| McpField::names(args.mcp.iter().map(String::as_str))),
         provider: settings.provider.clone(),
         model: settings.model.clone(),
         image: args.image.clone(),

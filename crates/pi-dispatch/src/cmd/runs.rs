@@ -1,7 +1,11 @@
 //! `pi-dispatch runs [--json]` lists the run records of the deployment (`state/runs/`), oldest
-//! first; `pi-dispatch runs show ID` prints one record as it is stored.
+//! first, and says which files it could not read; `pi-dispatch runs show ID [--json |
+//! --transcript]` shows one record (why it ended, the detail and the fix, what it used), the record
+//! as stored, or the job's transcript.
 
-use worker::record::{RecordError, Records};
+use std::fmt::Write as _;
+
+use worker::record::{Record, RecordError, Records};
 
 use crate::context::Context;
 use crate::exit::Exit;
@@ -17,10 +21,16 @@ pub struct Args {
 
 #[derive(Debug, clap::Subcommand)]
 enum RunsCommand {
-    /// Print one job's record.
+    /// Show one job's record.
     Show {
         /// The job's id.
         id: String,
+        /// Print the record as stored (JSON).
+        #[arg(long, conflicts_with = "transcript")]
+        json: bool,
+        /// Print the job's transcript: pi's events as the worker kept them (secrets redacted).
+        #[arg(long)]
+        transcript: bool,
     },
 }
 
@@ -31,42 +41,188 @@ pub fn records(ctx: &Context) -> Records {
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let records = records(ctx);
-    if let Some(RunsCommand::Show { id }) = &args.command {
-        return match records.read(id) {
-            Ok(record) => {
-                crate::output::print(&format!("{}\n", serde_json::to_string_pretty(&record)?))?;
-                Ok(Exit::Success)
-            }
+    if let Some(RunsCommand::Show {
+        id,
+        json,
+        transcript,
+    }) = &args.command
+    {
+        let record = match records.read(id) {
+            Ok(record) => record,
             Err(RecordError::NotFound) => {
-                eprintln!("pi-dispatch: no run record has that id (see pi-dispatch runs)");
-                Ok(Exit::CheckFailed)
+                eprintln!(
+                    "pi-dispatch: no run record has the id {} in {} (see pi-dispatch runs)",
+                    crate::output::display_name(id),
+                    records.dir().display()
+                );
+                return Ok(Exit::Unusable);
             }
-            Err(e) => Err(e.into()),
+            Err(e) => return Err(e.into()),
         };
-    }
-    let all = records.list()?;
-    if args.json {
-        crate::output::print(&format!("{}\n", serde_json::to_string_pretty(&all)?))?;
+        if *transcript {
+            return show_transcript(ctx, &record);
+        }
+        let text = if *json {
+            format!("{}\n", serde_json::to_string_pretty(&record)?)
+        } else {
+            human(&record)
+        };
+        crate::output::print(&text)?;
         return Ok(Exit::Success);
     }
-    if all.is_empty() {
+    let listing = records.list()?;
+    for path in &listing.unreadable {
+        eprintln!(
+            "pi-dispatch: {} is not readable as a run record (damaged, or written by another version); it is left out",
+            path.display()
+        );
+    }
+    if args.json {
+        crate::output::print(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&listing.records)?
+        ))?;
+        return Ok(Exit::Success);
+    }
+    if listing.records.is_empty() {
         crate::output::print("No runs yet.\n")?;
         return Ok(Exit::Success);
     }
     let mut text = String::new();
-    for r in &all {
+    for r in &listing.records {
         let calls: u64 = r.mcp.tool_calls.iter().map(|c| c.calls).sum();
-        text.push_str(&format!(
-            "{}  {:<9}  {:<26}  attempt {}  {} turns  {} MCP calls  {}\n",
+        let _ = writeln!(
+            text,
+            "{}  {:<9}  {:<26}  attempt {}  {} turns  {} MCP calls  {}",
             r.job_id,
             r.outcome.as_str(),
-            r.reason.as_deref().unwrap_or("-"),
+            r.reason.map_or("-", |r| r.as_str()),
             r.attempt,
             r.turns.map_or("-".to_owned(), |t| t.to_string()),
             calls,
             r.trigger_type,
-        ));
+        );
     }
     crate::output::print(&text)?;
     Ok(Exit::Success)
+}
+
+fn show_transcript(ctx: &Context, record: &Record) -> anyhow::Result<Exit> {
+    let path = ctx
+        .dir
+        .join("state/jobs")
+        .join(&record.job_id)
+        .join(worker::transcript::FILE);
+    if !record.transcript {
+        eprintln!(
+            "pi-dispatch: job {} has no transcript (it did not start, transcripts are off, or it could not be kept)",
+            record.job_id
+        );
+        return Ok(Exit::CheckFailed);
+    }
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| anyhow::anyhow!("{} cannot be read ({})", path.display(), e.kind()))?;
+    crate::output::print(&text)?;
+    Ok(Exit::Success)
+}
+
+/// A record for a person: how it ended and why, then what it used.
+fn human(r: &Record) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "job {}  {}", r.job_id, r.outcome);
+    if let Some(reason) = r.reason {
+        let _ = writeln!(out, "reason: {reason}: {}", reason.sentence());
+    }
+    if let Some(d) = &r.detail {
+        let _ = writeln!(out, "why: {}", d.why);
+        let mut names = Vec::new();
+        if let Some(s) = &d.server {
+            names.push(format!("server {s}"));
+        }
+        if let Some(f) = &d.field {
+            names.push(format!("field {f}"));
+        }
+        if !d.variables.is_empty() {
+            names.push(format!("variables {}", d.variables.join(", ")));
+        }
+        if let Some(h) = &d.host {
+            names.push(format!("host {h} port {}", d.port.unwrap_or(0)));
+        }
+        if let Some(p) = &d.path {
+            names.push(format!("path {p}"));
+        }
+        if let Some(u) = d.uid {
+            names.push(format!("uid {u}"));
+        }
+        if let Some(m) = &d.model {
+            names.push(format!("model {m}"));
+        }
+        if !names.is_empty() {
+            let _ = writeln!(out, "concerns: {}", names.join("; "));
+        }
+    }
+    if let Some(fix) = &r.fix {
+        let _ = writeln!(out, "fix: {fix}");
+    }
+    let _ = writeln!(
+        out,
+        "trigger: {} (index {}), kind {}, attempt {}",
+        r.trigger_type,
+        r.trigger_index.map_or("-".to_owned(), |i| i.to_string()),
+        r.kind,
+        r.attempt
+    );
+    let _ = writeln!(
+        out,
+        "model: {}/{}  turns {}  tokens {}  cost {}  spent {}  budget reserved {}",
+        r.provider.as_deref().unwrap_or("-"),
+        r.model.as_deref().unwrap_or("-"),
+        r.turns.map_or("-".to_owned(), |t| t.to_string()),
+        r.tokens.as_ref().map_or("-".to_owned(), |t| format!(
+            "{} in, {} out",
+            t.input, t.output
+        )),
+        r.cost_usd.map_or("-".to_owned(), |c| format!("${c:.4}")),
+        if r.spent { "yes" } else { "no" },
+        if r.budget_reserved { "yes" } else { "no" },
+    );
+    if let (Some(q), Some(s)) = (r.queued_at_ms, r.started_at_ms) {
+        let _ = writeln!(
+            out,
+            "times: waited {} ms, ran {} ms",
+            s.saturating_sub(q),
+            r.finished_at_ms.saturating_sub(s)
+        );
+    }
+    for s in &r.mcp.servers {
+        let _ = writeln!(
+            out,
+            "server {}: {}{}",
+            s.name,
+            s.state,
+            s.ready_ms
+                .map_or(String::new(), |m| format!(", ready in {m} ms"))
+        );
+    }
+    for c in &r.mcp.tool_calls {
+        let _ = writeln!(
+            out,
+            "tool {}/{}: {} calls ({} ok, {} errors, {} refused), {} ms, {} bytes",
+            c.server, c.tool, c.calls, c.ok, c.error, c.refused, c.total_ms, c.result_bytes
+        );
+    }
+    if let Some(m) = &r.final_message {
+        let _ = writeln!(out, "final message:");
+        for line in crate::output::printable(m).lines() {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
+    if r.transcript {
+        let _ = writeln!(
+            out,
+            "transcript: pi-dispatch runs show {} --transcript",
+            r.job_id
+        );
+    }
+    out
 }

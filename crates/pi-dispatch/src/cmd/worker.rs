@@ -1,14 +1,19 @@
 //! `pi-dispatch worker`: runs the queue's jobs, `PI_WORKER_CONCURRENCY` at a time, each in its own
 //! sandbox under `PI_JOB_TIME_LIMIT`, and writes their records; cron triggers queue their jobs on
 //! schedule while it runs. `--until-empty` returns once nothing is left to run.
+//!
+//! SIGTERM or SIGINT drains it: it takes no new job, lets the running ones finish for up to
+//! `PI_WORKER_DRAIN_LIMIT` seconds, then stops the rest and hands them back to the queue, and exits
+//! 0. A second signal stops at once.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sandbox::backend::Bubblewrap;
 use worker::pipeline::Worker;
 use worker::record::Records;
-use worker::service::{self, LoopOptions};
+use worker::service::{self, Control, LoopOptions};
 
 use crate::context::Context;
 use crate::exit::Exit;
@@ -53,9 +58,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         anyhow::bail!("--time-limit and --lease must be at least one second");
     }
     let state = ctx.dir.join("state");
-    let queue: Arc<dyn worker::queue::Queue> = Arc::new(worker::queue::SqliteQueue::open(
-        &crate::cmd::run::queue_path(&ctx.dir),
-    )?);
+    let queue = queue::open(&settings)?;
     let options = LoopOptions {
         worker_id: format!(
             "{}:{}",
@@ -68,11 +71,16 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         concurrency,
         until_empty: args.until_empty,
         poll: Duration::from_millis(args.poll_ms.max(10)),
+        cancel_poll: Duration::from_millis(500),
         on_failure: settings.on_failure.clone(),
     };
+    let drain_limit = Duration::from_secs(settings.drain_limit_secs);
     let worker = Arc::new(Worker {
         jobs_dir: state.join("jobs"),
-        bwrap: args.bwrap.clone(),
+        locks_dir: state.join("locks"),
+        backend: Arc::new(Bubblewrap {
+            bwrap: args.bwrap.clone(),
+        }),
         host_env: |name| std::env::var(name).ok(),
         time_limit,
         runner_stderr: args.runner_stderr,
@@ -88,15 +96,67 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
         }
     }
+    let control = Arc::new(Control::default());
+    on_signals(control.clone(), drain_limit)?;
     if !args.until_empty {
-        let (settings, queue) = (worker.settings.clone(), queue.clone());
-        std::thread::spawn(move || service::run_cron(&settings, &*queue, Duration::from_secs(1)));
+        let (settings, queue, control) = (worker.settings.clone(), queue.clone(), control.clone());
+        std::thread::spawn(move || {
+            service::run_cron(&settings, &*queue, Duration::from_secs(1), &control)
+        });
     }
-    let summary = service::run(worker, queue, records, &options);
-    crate::output::print(&format!(
-        "The queue is empty: {} records written, {} retries.\n",
-        summary.records.load(std::sync::atomic::Ordering::Relaxed),
-        summary.retries.load(std::sync::atomic::Ordering::Relaxed)
-    ))?;
+    tracing::info!(event = "worker_started", worker = %options.worker_id, concurrency);
+    let summary = service::run(worker, queue, records, &options, control.clone());
+    let count = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::Relaxed);
+    let (written, retries, back) = (
+        count(&summary.records),
+        count(&summary.retries),
+        count(&summary.handed_back),
+    );
+    tracing::info!(
+        event = "worker_stopped",
+        records = written,
+        retries,
+        handed_back = back
+    );
+    let text = if control.is_draining() {
+        format!(
+            "Stopped: {written} records written, {retries} retries, {back} jobs handed back to the queue.\n"
+        )
+    } else {
+        format!("The queue is empty: {written} records written, {retries} retries.\n")
+    };
+    crate::output::print(&text)?;
     Ok(Exit::Success)
+}
+
+/// The first SIGTERM or SIGINT drains the worker (and, after `drain_limit`, stops it); a second
+/// one stops it at once.
+fn on_signals(control: Arc<Control>, drain_limit: Duration) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
+        .map_err(|e| anyhow::anyhow!("cannot watch for SIGTERM and SIGINT ({})", e.kind()))?;
+    std::thread::spawn(move || {
+        for signal in signals.forever() {
+            if control.is_draining() {
+                tracing::warn!(event = "worker_stopping", signal, why = "a second signal");
+                control.stop();
+                continue;
+            }
+            tracing::info!(
+                event = "worker_draining",
+                signal,
+                limit_secs = drain_limit.as_secs()
+            );
+            control.drain();
+            let control = control.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(drain_limit);
+                if !control.is_stopping() {
+                    tracing::warn!(event = "worker_stopping", why = "the drain limit passed");
+                    control.stop();
+                }
+            });
+        }
+    });
+    Ok(())
 }

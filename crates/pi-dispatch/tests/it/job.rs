@@ -48,7 +48,7 @@ struct JobRun {
 fn run_job(d: &Deployment, entry: &str, env: &[(&str, &str)], tamper: bool) -> JobRun {
     let job_dir = d.path().join("job");
     std::fs::create_dir_all(&job_dir).unwrap();
-    let file = pickup::job_mcp::JobMcpFile::new(
+    let file = protocol::job_mcp::JobMcpFile::new(
         &[("everything".to_owned(), config::json::parse(entry).unwrap())],
         None,
         true,
@@ -94,8 +94,8 @@ fn run_job(d: &Deployment, entry: &str, env: &[(&str, &str)], tamper: bool) -> J
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let last = stdout.lines().last().unwrap_or("").to_owned();
-    let line =
-        hub::exit_line::verify(&last, KEY.as_bytes()).map(|l| serde_json::to_value(l).unwrap());
+    let line = protocol::exit_line::verify(&last, KEY.as_bytes())
+        .map(|l| serde_json::to_value(l).unwrap());
     JobRun {
         code: out.status.code().unwrap_or(-1),
         stdout,

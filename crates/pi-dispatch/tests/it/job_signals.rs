@@ -59,7 +59,7 @@ fn start(
 ) -> Runner {
     let job_dir = d.path().join("job");
     std::fs::create_dir_all(&job_dir).unwrap();
-    let file = pickup::job_mcp::JobMcpFile::new(
+    let file = protocol::job_mcp::JobMcpFile::new(
         &[(
             "srv".to_owned(),
             config::json::parse(&entry.to_string()).unwrap(),
@@ -195,7 +195,7 @@ fn sigterm_during_the_agent_ends_everything_with_a_signed_line() {
     kill_left(&[&server_marker, &agent_marker]);
 
     let last = stdout.lines().last().unwrap_or_default();
-    let line = hub::exit_line::verify(last, KEY.as_bytes())
+    let line = protocol::exit_line::verify(last, KEY.as_bytes())
         .unwrap_or_else(|| panic!("no signed exit line ({status}):\n{stdout}\n{stderr}"));
     assert!(
         !stdout.contains("done"),
@@ -260,7 +260,7 @@ fn sigterm_during_the_wait_ends_everything_with_a_signed_line() {
 
     assert!(!stdout.contains("agent-ran"), "{stdout}");
     let last = stdout.lines().last().unwrap_or_default();
-    let line = hub::exit_line::verify(last, KEY.as_bytes());
+    let line = protocol::exit_line::verify(last, KEY.as_bytes());
     assert!(
         line.is_some() && server_left.is_empty(),
         "exit {status}, signed line {line:?}, left running {server_left:?}\nstdout: {stdout}\nstderr: {stderr}"

@@ -5,6 +5,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::sync::{Arc, Barrier};
 
 use super::*;
+use crate::{Backoff, LeaseState, MAX_ATTEMPTS};
 
 /// A long lease: nothing lapses unless a test moves the clock past it.
 const LONG: Duration = Duration::from_secs(3600);
@@ -185,6 +186,7 @@ fn a_lapsed_last_attempt_is_lost_and_reported_once() {
             job_id: "a".to_owned(),
             payload: "{\"p\":1}".to_owned(),
             attempt: 2,
+            cancelled: false,
         }]
     );
     assert_eq!(queue.take_lost(t(600)).unwrap(), []);
@@ -234,6 +236,7 @@ fn a_stale_lease_cannot_renew_finish_or_retry() {
         OpenState::Leased {
             worker: "w".to_owned(),
             until: t(101) + LONG,
+            since: t(101),
         }
     );
     assert!(queue.renew(&current, LONG, t(103)).unwrap());
@@ -403,7 +406,10 @@ fn a_newer_schema_version_is_refused() {
         "{err:?}"
     );
     let message = err.to_string();
-    assert!(message.contains("schema version 2"), "{message}");
+    assert!(
+        message.contains(&format!("schema version {}", SCHEMA_VERSION + 1)),
+        "{message}"
+    );
     assert!(message.contains("queue.sqlite3"), "{message}");
     // Refused without a change.
     let conn = Connection::open(&path).unwrap();
@@ -491,7 +497,8 @@ fn status_shows_every_open_job_and_the_counts() {
                 "leased",
                 OpenState::Leased {
                     worker: "busy".to_owned(),
-                    until: t(40) + LONG
+                    until: t(40) + LONG,
+                    since: t(40),
                 },
                 1
             ),
@@ -569,4 +576,134 @@ fn leasing_reads_only_open_jobs() {
             .any(|step| step.starts_with("SCAN jobs") && !step.contains("INDEX")),
         "the lease scans the whole table: {plan:?}"
     );
+}
+
+#[test]
+fn a_job_not_running_is_cancelled_at_once_and_never_leased() {
+    let (_dir, queue) = fresh();
+    queue.enqueue("a", "{\"p\":1}", t(0)).unwrap();
+    queue.enqueue("b", "{}", t(0)).unwrap();
+    assert_eq!(
+        queue.cancel("a", t(10)).unwrap(),
+        Cancel::Removed {
+            payload: "{\"p\":1}".to_owned(),
+            attempt: 0
+        }
+    );
+    assert_eq!(queue.cancel("a", t(11)).unwrap(), Cancel::AlreadyDone);
+    assert_eq!(queue.cancel("nope", t(11)).unwrap(), Cancel::Unknown);
+    let lease = queue.lease("w", LONG, t(20)).unwrap().unwrap();
+    assert_eq!(lease.job_id, "b");
+    let status = queue.status(t(30), 5).unwrap();
+    assert_eq!(status.recent_done[0].end, End::Cancelled);
+    // A job waiting out its backoff is cancelled the same way.
+    queue.retry(&lease, t(40)).unwrap();
+    assert!(matches!(
+        queue.cancel("b", t(41)).unwrap(),
+        Cancel::Removed { attempt: 1, .. }
+    ));
+    assert_eq!(queue.lease("w", LONG, t(100_000)).unwrap(), None);
+}
+
+#[test]
+fn a_running_job_is_marked_for_its_worker_and_not_taken_over() {
+    let (_dir, queue) = fresh();
+    queue.enqueue("a", "{}", t(0)).unwrap();
+    let lease = queue
+        .lease("w1", Duration::from_millis(100), t(0))
+        .unwrap()
+        .unwrap();
+    assert_eq!(queue.lease_state(&lease).unwrap(), LeaseState::Held);
+    assert_eq!(
+        queue.cancel("a", t(10)).unwrap(),
+        Cancel::Stopping {
+            worker: "w1".to_owned()
+        }
+    );
+    assert_eq!(
+        queue.lease_state(&lease).unwrap(),
+        LeaseState::CancelRequested
+    );
+    assert!(queue.status(t(20), 0).unwrap().open[0].cancel_requested);
+    // Its worker disappears: the job is not leased again, it is reported lost, cancelled.
+    assert_eq!(queue.lease("w2", LONG, t(500)).unwrap(), None);
+    let lost = queue.take_lost(t(600)).unwrap();
+    assert_eq!(lost.len(), 1);
+    assert!(lost[0].cancelled);
+    assert_eq!(
+        queue.status(t(700), 1).unwrap().recent_done[0].end,
+        End::Cancelled
+    );
+}
+
+#[test]
+fn a_lapsed_lease_is_cancelled_at_once() {
+    let (_dir, queue) = fresh();
+    queue.enqueue("a", "{}", t(0)).unwrap();
+    let lease = queue
+        .lease("w1", Duration::from_millis(100), t(0))
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        queue.cancel("a", t(500)).unwrap(),
+        Cancel::Removed { attempt: 1, .. }
+    ));
+    // The old lease holds nothing any more, and says so.
+    assert_eq!(queue.lease_state(&lease).unwrap(), LeaseState::Lost);
+    assert!(!queue.finish(&lease, t(600)).unwrap());
+}
+
+#[test]
+fn a_released_job_is_queued_at_once_without_using_an_attempt() {
+    let (_dir, queue) = fresh();
+    queue.enqueue("a", "{}", t(0)).unwrap();
+    let lease = queue.lease("w1", LONG, t(0)).unwrap().unwrap();
+    assert_eq!(lease.attempt, 1);
+    assert!(queue.release(&lease, t(10)).unwrap());
+    assert!(!queue.release(&lease, t(11)).unwrap());
+    assert!(!queue.finish(&lease, t(12)).unwrap());
+    let again = queue.lease("w2", LONG, t(13)).unwrap().unwrap();
+    assert_eq!((again.job_id.as_str(), again.attempt), ("a", 1));
+}
+
+#[test]
+fn a_schema_1_file_is_migrated_with_every_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.sqlite3");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE jobs (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,
+                payload TEXT NOT NULL,
+                state TEXT NOT NULL CHECK (state IN ('queued', 'leased', 'lost', 'done')),
+                attempt INTEGER NOT NULL DEFAULT 0, queued_at INTEGER NOT NULL,
+                available_at INTEGER NOT NULL, worker TEXT, token TEXT, leased_until INTEGER,
+                finished_at INTEGER,
+                outcome TEXT CHECK (outcome IN ('finished', 'exhausted', 'lost')));
+             INSERT INTO jobs (id, payload, state, queued_at, available_at)
+                 VALUES ('old', '{\"p\":1}', 'queued', 1, 1);
+             INSERT INTO jobs (id, payload, state, attempt, queued_at, available_at, finished_at, outcome)
+                 VALUES ('done', '', 'done', 1, 1, 1, 2, 'finished');
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let queue = SqliteQueue::open(&path).unwrap();
+    let status = queue.status(t(0), 5).unwrap();
+    assert_eq!(status.open.len(), 1);
+    assert_eq!(status.open[0].payload, "{\"p\":1}");
+    assert_eq!(status.counts.done, 1);
+    // The done id is still refused, and a new job goes after the old one.
+    assert!(!queue.enqueue("done", "{}", t(1)).unwrap());
+    queue.enqueue("new", "{}", t(1)).unwrap();
+    assert_eq!(queue.lease("w", LONG, t(2)).unwrap().unwrap().job_id, "old");
+    assert!(matches!(
+        queue.cancel("new", t(3)).unwrap(),
+        Cancel::Removed { .. }
+    ));
+    drop(queue);
+    // Opening again changes nothing.
+    let queue = SqliteQueue::open(&path).unwrap();
+    assert_eq!(queue.status(t(4), 0).unwrap().counts.done, 2);
 }

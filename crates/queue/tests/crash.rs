@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use worker::queue::{Lease, OpenState, Queue, SqliteQueue};
+use queue::{Lease, OpenState, Queue, SqliteQueue};
 
 /// The queue file a child opens; a child test without it returns at once.
 const CHILD_QUEUE: &str = "PI_DISPATCH_QUEUE_TEST_CHILD";
@@ -114,6 +114,7 @@ fn a_killed_workers_job_is_leased_again() {
         OpenState::Leased {
             worker: "child".to_owned(),
             until: t(200),
+            since: t(0),
         }
     );
 

@@ -4,6 +4,28 @@
 use config::triggers::{Action, Kind, Trigger};
 use serde::{Deserialize, Serialize};
 
+/// `run.mcp` as a queued job carries it: a list of names, or anything else a writer put there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum McpField {
+    Names(Vec<String>),
+    Malformed(serde_json::Value),
+}
+
+impl McpField {
+    pub fn names<'a>(names: impl IntoIterator<Item = &'a str>) -> McpField {
+        McpField::Names(names.into_iter().map(str::to_owned).collect())
+    }
+
+    /// The names, when the field is a list of strings.
+    pub fn as_names(&self) -> Option<&[String]> {
+        match self {
+            McpField::Names(n) => Some(n),
+            McpField::Malformed(_) => None,
+        }
+    }
+}
+
 /// A job as queued. Lists are kept as written into the queue (strings), so that a job written by
 /// another version or by hand is judged at pickup rather than trusted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -20,9 +42,11 @@ pub struct Job {
     pub flow: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub command: Option<String>,
-    /// `run.mcp` as carried; absent when the trigger names no server.
+    /// `run.mcp` as carried; absent when the trigger names no server. Kept as any JSON, so that
+    /// a list another version (or a hand) wrote wrongly is judged at admission
+    /// (`mcp-list-invalid`) rather than making the whole job unreadable.
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub mcp: Option<Vec<String>>,
+    pub mcp: Option<McpField>,
     /// The names of `run.secrets` (their values are resolved on the host later, never stored here).
     #[serde(default)]
     pub secrets: Vec<String>,
@@ -90,7 +114,7 @@ impl Job {
             mcp: run
                 .mcp
                 .as_ref()
-                .map(|names| names.iter().map(|n| n.as_str().to_owned()).collect()),
+                .map(|names| McpField::names(names.iter().map(|n| n.as_str()))),
             secrets: run.secrets.iter().map(|(name, _)| name.clone()).collect(),
             provider: run.provider.clone(),
             model: run.model.clone(),
@@ -109,9 +133,14 @@ impl Job {
         Kind::parse(&self.kind)
     }
 
-    /// The providers on the job's model list, with its own provider (`None`: no list, so every
-    /// provider pi knows).
-    pub fn listed_providers(&self) -> Option<Vec<String>> {
+    /// The servers the job names, when it names a well-formed list (`None` when it names none).
+    pub fn mcp_names(&self) -> Option<&[String]> {
+        self.mcp.as_ref().and_then(McpField::as_names)
+    }
+
+    /// The providers on the job's model list, with `provider` (the job's own, its trigger's or
+    /// the deployment's default) (`None`: no list, so every provider pi knows).
+    pub fn listed_providers(&self, provider: Option<&str>) -> Option<Vec<String>> {
         let models = self.models.as_ref()?;
         // A list that is empty or holds an entry without a provider is not one the loader writes:
         // it narrows nothing, so every provider's key stays reserved.
@@ -122,7 +151,7 @@ impl Job {
             .iter()
             .filter_map(|m| m.split_once('/').map(|(p, _)| p.to_owned()))
             .collect();
-        providers.extend(self.provider.clone());
+        providers.extend(provider.map(str::to_owned));
         providers.sort();
         providers.dedup();
         Some(providers)

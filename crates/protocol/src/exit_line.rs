@@ -30,9 +30,28 @@ pub struct ExitLine {
     pub servers: Vec<ServerState>,
     /// Every tool call the agent made, per server and tool (counts, time, bytes, outcome; never
     /// arguments), for the record.
-    pub tool_calls: Vec<crate::relay::ToolCallCount>,
+    pub tool_calls: Vec<crate::usage::ToolCallCount>,
     /// What pi spent (turns, tokens, cost), when the agent was pi.
-    pub usage: Option<crate::pi_agent::Usage>,
+    pub usage: Option<crate::usage::Usage>,
+    /// The text of the agent's last answer (at most [`MAX_FINAL_MESSAGE`] bytes), for the record;
+    /// the worker redacts it before it keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_message: Option<String>,
+}
+
+/// The most of the agent's last answer an exit line carries.
+pub const MAX_FINAL_MESSAGE: usize = 16 * 1024;
+
+/// The longest line [`read`] holds in memory; a longer one cannot be an exit line and is skipped.
+pub const MAX_LINE: usize = 1024 * 1024;
+
+impl ExitLine {
+    /// The reason it gives, when it is one of the product's.
+    pub fn known_reason(&self) -> Option<crate::reason::Reason> {
+        self.reason
+            .as_deref()
+            .and_then(crate::reason::Reason::parse)
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -76,6 +95,77 @@ pub fn verify(text: &str, key: &[u8]) -> Option<ExitLine> {
     m.verify_slice(&given).ok().map(|()| signed.line)
 }
 
+/// A line read by [`Lines`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line<'a> {
+    /// A line, without its line end.
+    Text(&'a [u8]),
+    /// A line longer than [`MAX_LINE`], skipped.
+    Overlong,
+}
+
+/// Lines of a stream, none longer than [`MAX_LINE`] held in memory.
+pub struct Lines<R> {
+    input: tokio::io::BufReader<R>,
+    line: Vec<u8>,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> Lines<R> {
+    pub fn new(input: R) -> Lines<R> {
+        Lines {
+            input: tokio::io::BufReader::new(input),
+            line: Vec::new(),
+        }
+    }
+
+    /// The next line, or `None` at the end of the stream (or on a read error).
+    pub async fn next(&mut self) -> Option<Line<'_>> {
+        use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _};
+        self.line.clear();
+        let mut limited = (&mut self.input).take(MAX_LINE as u64 + 1);
+        match limited.read_until(b'\n', &mut self.line).await {
+            Ok(0) | Err(_) => None,
+            Ok(_) if self.line.len() > MAX_LINE && !self.line.ends_with(b"\n") => {
+                // Skip the rest of it, a bounded chunk at a time.
+                let mut rest = Vec::new();
+                loop {
+                    rest.clear();
+                    let mut chunk = (&mut self.input).take(64 * 1024);
+                    match chunk.read_until(b'\n', &mut rest).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) if rest.ends_with(b"\n") => break,
+                        Ok(_) => {}
+                    }
+                }
+                Some(Line::Overlong)
+            }
+            Ok(_) => Some(Line::Text(
+                self.line.strip_suffix(b"\n").unwrap_or(&self.line),
+            )),
+        }
+    }
+}
+
+/// Reads the runner's standard output to its end: the exit line is the last line that verifies
+/// with `key`; every other line goes to `other` as it comes.
+pub async fn read<R>(input: R, key: &[u8], mut other: impl FnMut(Line<'_>)) -> Option<ExitLine>
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    let mut lines = Lines::new(input);
+    let mut verified = None;
+    while let Some(line) = lines.next().await {
+        match line {
+            Line::Text(text) => match std::str::from_utf8(text).ok().and_then(|t| verify(t, key)) {
+                Some(found) => verified = Some(found),
+                None => other(Line::Text(text)),
+            },
+            Line::Overlong => other(Line::Overlong),
+        }
+    }
+    verified
+}
+
 fn decode_hex(text: &str) -> Option<Vec<u8>> {
     if !text.len().is_multiple_of(2) {
         return None;
@@ -102,7 +192,7 @@ mod tests {
                 state: "skipped".into(),
                 ready_ms: None,
             }],
-            tool_calls: vec![crate::relay::ToolCallCount {
+            tool_calls: vec![crate::usage::ToolCallCount {
                 server: "docs".into(),
                 tool: "search".into(),
                 calls: 2,
@@ -113,6 +203,7 @@ mod tests {
                 result_bytes: 340,
             }],
             usage: None,
+            final_message: Some("Done.".into()),
         }
     }
 
@@ -125,5 +216,26 @@ mod tests {
         let forged = text.replace("\"code\":2", "\"code\":0");
         assert_eq!(verify(&forged, b"job-key"), None);
         assert_eq!(verify("{\"event\":\"exit\"}", b"job-key"), None);
+    }
+
+    #[tokio::test]
+    async fn the_reader_finds_the_line_and_hands_on_the_rest() {
+        let signed = sign(&line(), b"job-key").unwrap();
+        let forged = sign(&ExitLine { code: 0, ..line() }, b"other").unwrap();
+        let long = "x".repeat(MAX_LINE + 10);
+        let text = format!("{{\"type\":\"turn_start\"}}\n{long}\n{forged}\n{signed}\nafter");
+        let mut seen = Vec::new();
+        let found = read(text.as_bytes(), b"job-key", |o| {
+            seen.push(match o {
+                Line::Text(l) => String::from_utf8_lossy(l).into_owned(),
+                Line::Overlong => "<overlong>".to_owned(),
+            })
+        })
+        .await;
+        assert_eq!(found, Some(line()));
+        assert_eq!(
+            seen,
+            ["{\"type\":\"turn_start\"}", "<overlong>", &forged, "after"]
+        );
     }
 }

@@ -1,34 +1,29 @@
-//! The worker's durable job queue: one SQLite file (`<deployment>/state/queue.sqlite3`), behind the
-//! [`Queue`] trait so that another backend (Redis or Valkey, for several hosts) can stand in later.
-//!
-//! A job is `queued` (or waiting for its `available_at` after a retry), `leased` by one worker until
-//! its lease lapses, `lost` once a lapsed lease has used every attempt and until [`Queue::take_lost`]
-//! reports it, and `done`. A done job keeps its id, attempt and times (so that a repeated delivery
-//! is refused) but not its payload. Every change is one SQLite transaction, so a process killed at
-//! any point leaves a consistent queue. Time is always passed in. See `docs/queue.md`.
+//! The queue in one SQLite file. Every change is one SQLite transaction, so a process killed at
+//! any point leaves a consistent queue.
 
 use std::fs::{DirBuilder, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ValueRef};
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 
-/// How many leases a job gets, counting the first: a job whose worker died once is run again,
-/// twice is lost; a job retried once after an infrastructure fault is exhausted at its next fault.
-pub const MAX_ATTEMPTS: u32 = 2;
+use crate::{
+    Cancel, Config, Counts, DoneJob, End, Lease, LeaseState, LostJob, OpenJob, OpenState, Queue,
+    QueueError, RetryDecision, Status,
+};
 
 /// The schema version this code writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// How long a statement waits for another connection's write transaction before it fails.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The first schema. `seq` is the enqueue order; times are unix milliseconds. The partial indexes
-/// keep leasing and listing independent of how many done jobs the file holds.
-const SCHEMA_V1: &str = "
+/// The table of schema 2. `seq` is the enqueue order; times are unix milliseconds.
+/// `cancel_requested` marks a running job its worker is to stop.
+const JOBS_V2: &str = "
 CREATE TABLE jobs (
     seq          INTEGER PRIMARY KEY AUTOINCREMENT,
     id           TEXT NOT NULL UNIQUE,
@@ -41,256 +36,51 @@ CREATE TABLE jobs (
     token        TEXT,
     leased_until INTEGER,
     finished_at  INTEGER,
-    outcome      TEXT CHECK (outcome IN ('finished', 'exhausted', 'lost')),
+    outcome      TEXT CHECK (outcome IN ('finished', 'exhausted', 'lost', 'cancelled')),
+    cancel_requested INTEGER NOT NULL DEFAULT 0 CHECK (cancel_requested IN (0, 1)),
+    leased_at    INTEGER,
     CHECK ((state = 'leased') = (token IS NOT NULL AND leased_until IS NOT NULL)),
     CHECK ((state = 'done') = (finished_at IS NOT NULL AND outcome IS NOT NULL))
 );
+";
+
+/// The partial indexes keep leasing and listing independent of how many done jobs the file holds.
+const INDEXES: &str = "
 CREATE INDEX jobs_open ON jobs (seq) WHERE state <> 'done';
 CREATE INDEX jobs_done ON jobs (finished_at) WHERE state = 'done';
 ";
 
+/// From schema 1 (no cancelling): the table made again with the new column and outcome, every
+/// row kept, in the transaction that sets the new version.
+const MIGRATE_V1: &str = "
+ALTER TABLE jobs RENAME TO jobs_v1;
+DROP INDEX IF EXISTS jobs_open;
+DROP INDEX IF EXISTS jobs_done;
+";
+const COPY_V1: &str = "
+INSERT INTO jobs (seq, id, payload, state, attempt, queued_at, available_at, worker, token,
+                  leased_until, finished_at, outcome)
+    SELECT seq, id, payload, state, attempt, queued_at, available_at, worker, token,
+           leased_until, finished_at, outcome FROM jobs_v1;
+DROP TABLE jobs_v1;
+";
+
 /// A lapsed lease that has used every attempt becomes lost (run inside each write that looks).
+/// So does one marked for cancelling: it is never run again.
 const SWEEP_LOST: &str = "UPDATE jobs SET state = 'lost', token = NULL, leased_until = NULL
-    WHERE state = 'leased' AND leased_until < ?1 AND attempt >= ?2";
+    WHERE state = 'leased' AND leased_until < ?1 AND (attempt >= ?2 OR cancel_requested = 1)";
 
 /// Takes the oldest available job: queued and due, or leased with a lapsed lease and attempts left.
 const TAKE_NEXT: &str = "UPDATE jobs
-    SET state = 'leased', attempt = attempt + 1, worker = ?2,
+    SET state = 'leased', attempt = attempt + 1, worker = ?2, leased_at = ?1,
         token = lower(hex(randomblob(16))), leased_until = ?3
     WHERE seq = (
         SELECT seq FROM jobs
         WHERE state <> 'done'
           AND ((state = 'queued' AND available_at <= ?1)
-            OR (state = 'leased' AND leased_until < ?1 AND attempt < ?4))
+            OR (state = 'leased' AND leased_until < ?1 AND attempt < ?4 AND cancel_requested = 0))
         ORDER BY seq LIMIT 1)
     RETURNING id, payload, attempt, token, queued_at";
-
-/// The queue's operations; every time is passed in. Object-safe, so a worker holds a
-/// `Box<dyn Queue>` or `Arc<dyn Queue>` whatever the backend.
-pub trait Queue: Send + Sync {
-    /// Stores a job under `id` with an opaque `payload`, queued at `now`. A job with this id
-    /// already in the queue (in any state, done included) is left alone and the answer is `false`,
-    /// so a repeated delivery is not run twice.
-    fn enqueue(&self, id: &str, payload: &str, now: SystemTime) -> Result<bool, QueueError>;
-
-    /// Takes the oldest available job for `worker` until `now + lease_for`, or `None`. Available:
-    /// queued with `available_at <= now`, or leased with a lapsed lease (`leased_until < now`) and
-    /// attempts left. Lapsed leases without attempts left become lost first.
-    fn lease(
-        &self,
-        worker: &str,
-        lease_for: Duration,
-        now: SystemTime,
-    ) -> Result<Option<Lease>, QueueError>;
-
-    /// Extends a lease still held to `now + lease_for`; `false` if the job is no longer this
-    /// lease's (taken over by another lease, finished, retried or lost). A lapsed lease that no one
-    /// has taken over is still held.
-    fn renew(
-        &self,
-        lease: &Lease,
-        lease_for: Duration,
-        now: SystemTime,
-    ) -> Result<bool, QueueError>;
-
-    /// Marks the job done at `now`, whatever its outcome (completed, refused, failed); `false` if
-    /// the lease is no longer held, and then nothing changes.
-    fn finish(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError>;
-
-    /// An infrastructure fault: the job waits out a backoff and is available again, or, with no
-    /// attempt left, is done. Never for a policy refusal (that is [`Queue::finish`]).
-    fn retry(&self, lease: &Lease, now: SystemTime) -> Result<RetryDecision, QueueError>;
-
-    /// The lost jobs, each reported once: they are done (outcome lost) when this returns. The
-    /// worker writes a record for each; a crash between this call and that record loses the record,
-    /// not the job's `done` row.
-    fn take_lost(&self, now: SystemTime) -> Result<Vec<LostJob>, QueueError>;
-
-    /// Every job not done, oldest first, with counts, and the `recent_done` most recently done.
-    /// Reads only: a lapsed lease shows as leased until a `lease` or `take_lost` call settles it.
-    fn status(&self, now: SystemTime, recent_done: usize) -> Result<Status, QueueError>;
-
-    /// Forgets done jobs finished before `before` (their ids may then be enqueued again); returns
-    /// how many.
-    fn prune_done(&self, before: SystemTime) -> Result<usize, QueueError>;
-}
-
-/// A job leased to one worker. `token` tells this lease from any later lease of the same job, so
-/// a worker that lost its lease cannot renew, finish or retry the job.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
-    pub job_id: String,
-    pub payload: String,
-    /// 1 on the first lease.
-    pub attempt: u32,
-    pub token: String,
-    /// When the lease lapses unless renewed.
-    pub until: SystemTime,
-    /// When the job was enqueued.
-    pub queued_at: SystemTime,
-}
-
-/// What [`Queue::retry`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetryDecision {
-    /// Available again from `available_at`.
-    Requeued { available_at: SystemTime },
-    /// Every attempt is used: the job is done.
-    Exhausted,
-    /// The lease is no longer held; nothing changed.
-    NotHeld,
-}
-
-/// A job whose lease lapsed on its last attempt (its worker died, twice by default).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LostJob {
-    pub job_id: String,
-    pub payload: String,
-    pub attempt: u32,
-}
-
-/// What [`Queue::status`] shows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Status {
-    /// Every job not done, in enqueue order.
-    pub open: Vec<OpenJob>,
-    pub counts: Counts,
-    /// The most recently done jobs, newest first.
-    pub recent_done: Vec<DoneJob>,
-}
-
-/// How many jobs are in each state.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts {
-    pub queued: usize,
-    pub waiting: usize,
-    pub leased: usize,
-    pub lost: usize,
-    pub done: usize,
-}
-
-/// A job not done.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpenJob {
-    pub id: String,
-    pub state: OpenState,
-    /// Leases so far.
-    pub attempt: u32,
-    pub queued_at: SystemTime,
-}
-
-/// Where a job not done stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OpenState {
-    /// Available now.
-    Queued,
-    /// Retried; available from `until`.
-    Waiting { until: SystemTime },
-    /// Held by `worker` until `until` (lapsed if that is past).
-    Leased { worker: String, until: SystemTime },
-    /// Lapsed on its last attempt; waiting for [`Queue::take_lost`].
-    Lost,
-}
-
-/// A done job.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DoneJob {
-    pub id: String,
-    pub attempt: u32,
-    pub finished_at: SystemTime,
-    pub end: End,
-}
-
-/// How a job came to be done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum End {
-    /// [`Queue::finish`]: completed, refused or failed; the worker's record says which.
-    Finished,
-    /// [`Queue::retry`] with no attempt left.
-    Exhausted,
-    /// Reported by [`Queue::take_lost`].
-    Lost,
-}
-
-/// How long a retried job waits: `first × 2^(attempt − 1)`, at most `cap`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    pub first: Duration,
-    pub cap: Duration,
-}
-
-impl Backoff {
-    /// The wait after a fault on `attempt` (1 for the first lease).
-    pub fn after(&self, attempt: u32) -> Duration {
-        let factor = 2u32.saturating_pow(attempt.saturating_sub(1));
-        self.first.saturating_mul(factor).min(self.cap)
-    }
-}
-
-impl Default for Backoff {
-    /// 5 s, then 10 s, 20 s, ..., at most 5 minutes.
-    fn default() -> Backoff {
-        Backoff {
-            first: Duration::from_secs(5),
-            cap: Duration::from_secs(300),
-        }
-    }
-}
-
-/// A queue's policy. Every handle on one file should use the same.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Config {
-    /// Leases a job gets, counting the first; at least 1.
-    pub max_attempts: u32,
-    pub backoff: Backoff,
-}
-
-impl Default for Config {
-    fn default() -> Config {
-        Config {
-            max_attempts: MAX_ATTEMPTS,
-            backoff: Backoff::default(),
-        }
-    }
-}
-
-/// What failed. Messages name the file or the operation, never a job's payload.
-#[derive(Debug, thiserror::Error)]
-pub enum QueueError {
-    #[error("cannot create the queue's folder {}", path.display())]
-    CreateFolder {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot create the queue file {}", path.display())]
-    CreateFile {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot open the queue file {} ({step})", path.display())]
-    Open {
-        path: PathBuf,
-        step: &'static str,
-        #[source]
-        source: rusqlite::Error,
-    },
-    #[error(
-        "the queue file {} has schema version {found}, which this pi-dispatch does not know (it \
-         knows up to {SCHEMA_VERSION}); a newer pi-dispatch wrote it",
-        path.display()
-    )]
-    UnknownSchema { path: PathBuf, found: i64 },
-    #[error("the queue file {} is in {mode} journal mode and cannot be put in WAL mode", path.display())]
-    NotWal { path: PathBuf, mode: String },
-    #[error("the queue cannot {op}")]
-    Sqlite {
-        op: &'static str,
-        #[source]
-        source: rusqlite::Error,
-    },
-}
 
 /// The queue in one SQLite file. Several handles, in one process or several, may share the file:
 /// each write is a `BEGIN IMMEDIATE` transaction, in WAL mode, with a busy timeout.
@@ -369,12 +159,17 @@ impl SqliteQueue {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(open_err("begin the schema transaction"))?;
         // Read again inside the write lock: another process may have created the schema meanwhile.
-        if known(user_version(&tx).map_err(open_err("read the schema version"))?)? == 0 {
-            tx.execute_batch(SCHEMA_V1)
-                .map_err(open_err("create the schema"))?;
-            tx.pragma_update(None, "user_version", SCHEMA_VERSION)
-                .map_err(open_err("set the schema version"))?;
+        match known(user_version(&tx).map_err(open_err("read the schema version"))?)? {
+            0 => tx
+                .execute_batch(&format!("{JOBS_V2}{INDEXES}"))
+                .map_err(open_err("create the schema"))?,
+            1 => tx
+                .execute_batch(&format!("{MIGRATE_V1}{JOBS_V2}{COPY_V1}{INDEXES}"))
+                .map_err(open_err("migrate the schema from version 1"))?,
+            _ => {}
         }
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(open_err("set the schema version"))?;
         tx.commit().map_err(open_err("commit the schema"))?;
         Ok(SqliteQueue {
             conn: Mutex::new(conn),
@@ -529,7 +324,7 @@ impl Queue for SqliteQueue {
             // `state <> 'done'` lets SQLite read the open-jobs index rather than every row.
             let mut stmt = tx
                 .prepare(
-                    "SELECT id, payload, attempt FROM jobs
+                    "SELECT id, payload, attempt, cancel_requested FROM jobs
                      WHERE state <> 'done' AND state = 'lost' ORDER BY seq",
                 )
                 .map_err(err)?;
@@ -539,13 +334,15 @@ impl Queue for SqliteQueue {
                         job_id: row.get(0)?,
                         payload: row.get(1)?,
                         attempt: row.get(2)?,
+                        cancelled: row.get(3)?,
                     })
                 })
                 .map_err(err)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(err)?
         };
         tx.execute(
-            "UPDATE jobs SET state = 'done', outcome = 'lost', finished_at = ?1, payload = ''
+            "UPDATE jobs SET state = 'done', finished_at = ?1, payload = '',
+                 outcome = CASE cancel_requested WHEN 1 THEN 'cancelled' ELSE 'lost' END
              WHERE state = 'lost'",
             params![now],
         )
@@ -563,7 +360,8 @@ impl Queue for SqliteQueue {
         let open = {
             let mut stmt = tx
                 .prepare(
-                    "SELECT id, state, attempt, queued_at, available_at, worker, leased_until
+                    "SELECT id, state, attempt, queued_at, available_at, worker, leased_until,
+                            payload, cancel_requested, leased_at
                      FROM jobs WHERE state <> 'done' ORDER BY seq",
                 )
                 .map_err(err)?;
@@ -583,6 +381,7 @@ impl Queue for SqliteQueue {
                         Stored::Leased => OpenState::Leased {
                             worker: row.get::<_, Option<String>>(5)?.unwrap_or_default(),
                             until: time(row.get(6)?),
+                            since: time(row.get::<_, Option<i64>>(9)?.unwrap_or(0)),
                         },
                         // Done rows are not selected.
                         Stored::Lost | Stored::Done => OpenState::Lost,
@@ -592,6 +391,8 @@ impl Queue for SqliteQueue {
                         state,
                         attempt: row.get(2)?,
                         queued_at: time(row.get(3)?),
+                        payload: row.get(7)?,
+                        cancel_requested: row.get(8)?,
                     })
                 })
                 .map_err(err)?;
@@ -652,7 +453,93 @@ impl Queue for SqliteQueue {
             )
             .map_err(sqlite("prune done jobs"))
     }
+
+    fn cancel(&self, id: &str, now: SystemTime) -> Result<Cancel, QueueError> {
+        let err = sqlite("cancel a job");
+        let now = millis(now);
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let row: Option<CancelRow> = tx
+            .query_row(
+                "SELECT state, payload, attempt, leased_until, worker FROM jobs WHERE id = ?1",
+                params![id],
+                |row| {
+                    Ok((
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(err)?;
+        let answer = match row {
+            None => Cancel::Unknown,
+            Some((Stored::Done, ..)) => Cancel::AlreadyDone,
+            Some((Stored::Leased, _, _, Some(until), worker)) if until >= now => {
+                tx.execute(
+                    "UPDATE jobs SET cancel_requested = 1 WHERE id = ?1",
+                    params![id],
+                )
+                .map_err(err)?;
+                Cancel::Stopping {
+                    worker: worker.unwrap_or_default(),
+                }
+            }
+            // Queued, waiting, lost, or leased by a worker whose lease lapsed: nobody runs it.
+            Some((_, payload, attempt, ..)) => {
+                tx.execute(
+                    "UPDATE jobs SET state = 'done', outcome = 'cancelled', finished_at = ?2,
+                         payload = '', token = NULL, leased_until = NULL, cancel_requested = 1
+                     WHERE id = ?1",
+                    params![id, now],
+                )
+                .map_err(err)?;
+                Cancel::Removed { payload, attempt }
+            }
+        };
+        tx.commit().map_err(err)?;
+        Ok(answer)
+    }
+
+    fn lease_state(&self, lease: &Lease) -> Result<LeaseState, QueueError> {
+        let held: Option<bool> = self
+            .conn()
+            .query_row(
+                "SELECT cancel_requested FROM jobs
+                 WHERE id = ?1 AND token = ?2 AND state = 'leased'",
+                params![lease.job_id, lease.token],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(sqlite("read a job's cancel mark"))?;
+        Ok(match held {
+            None => LeaseState::Lost,
+            Some(true) => LeaseState::CancelRequested,
+            Some(false) => LeaseState::Held,
+        })
+    }
+
+    fn release(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError> {
+        let changed = self
+            .conn()
+            .execute(
+                "UPDATE jobs SET state = 'queued', available_at = ?3, attempt = max(attempt - 1, 0),
+                     worker = NULL, token = NULL, leased_until = NULL
+                 WHERE id = ?1 AND token = ?2 AND state = 'leased'",
+                params![lease.job_id, lease.token, millis(now)],
+            )
+            .map_err(sqlite("hand a job back"))?;
+        Ok(changed == 1)
+    }
 }
+
+/// What cancelling reads of a job: its state, payload, attempt, lease end and worker.
+type CancelRow = (Stored, String, u32, Option<i64>, Option<String>);
 
 /// A job's state as the file stores it.
 enum Stored {
@@ -680,6 +567,7 @@ impl FromSql for End {
             "finished" => Ok(End::Finished),
             "exhausted" => Ok(End::Exhausted),
             "lost" => Ok(End::Lost),
+            "cancelled" => Ok(End::Cancelled),
             _ => Err(FromSqlError::InvalidType),
         }
     }

@@ -1,0 +1,102 @@
+//! What the hub refuses and counts of the tool calls: the tools a job withholds from a server, and
+//! the count of every call pi makes, by server and tool.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use protocol::usage::ToolCallCount;
+
+/// The GitHub forge server's tools the job withholds (merging, approving, starting Copilot).
+pub const GITHUB_WITHHELD: [&str; 4] = [
+    "merge_pull_request",
+    "pull_request_review_write",
+    "assign_copilot_to_issue",
+    "request_copilot_review",
+];
+
+/// The GitLab forge server's tools the job withholds (merging, approving, more toolsets, GraphQL).
+pub const GITLAB_WITHHELD: [&str; 6] = [
+    "merge_merge_request",
+    "approve_merge_request",
+    "unapprove_merge_request",
+    "approve_deployment",
+    "discover_tools",
+    "execute_graphql",
+];
+
+/// Tools of one server left out of every tool list and refused on every call.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Withheld(pub Vec<String>);
+
+impl Withheld {
+    /// Nothing withheld (every overlay server).
+    pub fn none() -> Withheld {
+        Withheld(Vec::new())
+    }
+
+    pub fn new<I, S>(names: I) -> Withheld
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Withheld(names.into_iter().map(Into::into).collect())
+    }
+
+    /// What the job withholds from GitHub's forge server.
+    pub fn github() -> Withheld {
+        Withheld::new(GITHUB_WITHHELD)
+    }
+
+    /// What the job withholds from GitLab's forge server.
+    pub fn gitlab() -> Withheld {
+        Withheld::new(GITLAB_WITHHELD)
+    }
+
+    pub fn contains(&self, tool: &str) -> bool {
+        self.0.iter().any(|t| t == tool)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Outcome {
+    Ok,
+    Error,
+    Refused,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct ToolCalls(Mutex<BTreeMap<(String, String), ToolCallCount>>);
+
+impl ToolCalls {
+    pub(crate) fn record(
+        &self,
+        server: &str,
+        tool: &str,
+        outcome: Outcome,
+        took: Duration,
+        bytes: usize,
+    ) {
+        let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = all
+            .entry((server.to_owned(), tool.to_owned()))
+            .or_insert_with(|| ToolCallCount {
+                server: server.to_owned(),
+                tool: tool.to_owned(),
+                ..ToolCallCount::default()
+            });
+        count.calls += 1;
+        match outcome {
+            Outcome::Ok => count.ok += 1,
+            Outcome::Error => count.error += 1,
+            Outcome::Refused => count.refused += 1,
+        }
+        count.total_ms += u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        count.result_bytes += u64::try_from(bytes).unwrap_or(u64::MAX);
+    }
+
+    pub(crate) fn snapshot(&self) -> Vec<ToolCallCount> {
+        let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        all.values().cloned().collect()
+    }
+}

@@ -1,0 +1,151 @@
+//! One of pi's sessions with one server: its streams, its requests in flight, and the server's
+//! requests of pi awaiting pi's answer.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use rmcp::ErrorData as McpError;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// How many messages for pi may wait on one stream (or for a stream to open): a server that floods
+/// a stalled client loses what does not fit.
+pub(crate) const STREAM_QUEUE: usize = 1024;
+
+/// One of pi's requests in flight: where messages about it go, and how to cancel it.
+pub(crate) struct Call {
+    pub(crate) id: Value,
+    pub(crate) stream: mpsc::Sender<Value>,
+    pub(crate) cancel: CancellationToken,
+}
+
+/// One of pi's sessions with one server.
+pub(crate) struct PiSession {
+    pub(crate) id: String,
+    /// The session's own event stream (`GET`), while pi holds it open.
+    pub(crate) standalone: Mutex<Option<mpsc::Sender<Value>>>,
+    /// Messages that found no stream to go on: sent when pi opens one.
+    pub(crate) waiting: Mutex<VecDeque<Value>>,
+    /// pi's requests being relayed, oldest first.
+    pub(crate) calls: Mutex<Vec<Call>>,
+    /// The server's requests of pi awaiting pi's answer, by the id the hub gave them.
+    pub(crate) asked: Mutex<HashMap<String, oneshot::Sender<Value>>>,
+    pub(crate) next_ask: AtomicU64,
+    /// Cancelled when the session ends (`DELETE`, or the hub stops).
+    pub(crate) ended: CancellationToken,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Puts `message` on `stream` unless it is full or gone, in which case it is handed back.
+pub(crate) fn offer(stream: &mpsc::Sender<Value>, message: Value) -> Result<(), Value> {
+    stream.try_send(message).map_err(|e| match e {
+        mpsc::error::TrySendError::Full(m) | mpsc::error::TrySendError::Closed(m) => m,
+    })
+}
+
+impl PiSession {
+    pub(crate) fn new(id: String, ended: CancellationToken) -> PiSession {
+        PiSession {
+            id,
+            standalone: Mutex::new(None),
+            waiting: Mutex::new(VecDeque::new()),
+            calls: Mutex::new(Vec::new()),
+            asked: Mutex::new(HashMap::new()),
+            next_ask: AtomicU64::new(1),
+            ended,
+        }
+    }
+
+    /// A message of the server's that is about none of pi's requests: on the session's own stream,
+    /// else on the stream of pi's latest request in flight, else kept until a stream opens.
+    pub(crate) fn deliver(&self, message: Value) {
+        self.deliver_in_order(message, false);
+    }
+
+    /// A request of the server's: on the stream of pi's latest request in flight (the one the
+    /// server is most likely working on), else as [`PiSession::deliver`].
+    pub(crate) fn deliver_request(&self, message: Value) {
+        self.deliver_in_order(message, true);
+    }
+
+    /// The locks are taken in one order everywhere (the session's stream, then pi's requests, then
+    /// what waits) and held throughout, so that a stream opening meanwhile cannot miss a message.
+    fn deliver_in_order(&self, message: Value, call_first: bool) {
+        let standalone = lock(&self.standalone);
+        let calls = lock(&self.calls);
+        let to_call = |message| match calls.last() {
+            Some(call) => offer(&call.stream, message),
+            None => Err(message),
+        };
+        let to_standalone = |message| match standalone.as_ref() {
+            Some(stream) => offer(stream, message),
+            None => Err(message),
+        };
+        let tried = if call_first {
+            to_call(message).or_else(to_standalone)
+        } else {
+            to_standalone(message).or_else(to_call)
+        };
+        if let Err(message) = tried {
+            let mut waiting = lock(&self.waiting);
+            if waiting.len() >= STREAM_QUEUE {
+                waiting.pop_front();
+            }
+            waiting.push_back(message);
+        }
+    }
+
+    /// Asks pi `request` (a whole JSON-RPC request but its id) and waits for pi's answer; the
+    /// server cancelling (`cancel`) or the session ending gives up, telling pi.
+    pub(crate) async fn ask(
+        &self,
+        mut request: Value,
+        cancel: &CancellationToken,
+    ) -> Result<Value, McpError> {
+        let id = format!("hub-{}", self.next_ask.fetch_add(1, Ordering::Relaxed));
+        let (answer, answered) = oneshot::channel();
+        lock(&self.asked).insert(id.clone(), answer);
+        request["id"] = Value::String(id.clone());
+        self.deliver_request(request);
+        let outcome = tokio::select! {
+            answer = answered => answer.map_err(|_| McpError::internal_error("pi did not answer", None)),
+            () = cancel.cancelled() => Err(McpError::internal_error("the request was cancelled", None)),
+            () = self.ended.cancelled() => Err(McpError::internal_error("pi's session ended", None)),
+        };
+        if lock(&self.asked).remove(&id).is_some() && cancel.is_cancelled() {
+            self.deliver(json!({
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": id, "reason": "the server cancelled the request"}
+            }));
+        }
+        outcome
+    }
+
+    pub(crate) fn answered(&self, message: Value) {
+        let Some(id) = message.get("id").and_then(Value::as_str) else {
+            return;
+        };
+        if let Some(waiter) = lock(&self.asked).remove(id) {
+            let _ = waiter.send(message);
+        }
+    }
+
+    pub(crate) fn cancel_call(&self, id: &Value) {
+        for call in lock(&self.calls).iter().filter(|c| c.id == *id) {
+            call.cancel.cancel();
+        }
+    }
+
+    pub(crate) fn end_call(&self, id: &Value) {
+        let mut calls = lock(&self.calls);
+        if let Some(at) = calls.iter().rposition(|c| c.id == *id) {
+            calls.remove(at);
+        }
+    }
+}

@@ -1,0 +1,1133 @@
+//! The admission: one pure function that decides, for a queued job, before anything is spent,
+//! whether it starts. It admits the job with everything it will run with ([`Admitted`]), refuses it
+//! with a reason, the detail (names only) and a fix, or asks for a retry when a read failed in a way
+//! that may pass.
+//!
+//! `run` (at queue time), `explain`, `doctor` and the worker all call [`decide`], so what an
+//! operator is told before is what the worker does. Files, image labels, folders and the worker's
+//! environment come through small traits, so every rule is tested on values; [`crate::fs`] has the
+//! readers of a real deployment.
+
+use config::catalog;
+use config::egress::{self, Allowlist};
+use config::endpoints::{self, ModelEndpoints};
+use config::json::Json;
+use config::mcp::{self, Exposure, McpServer, Overlay, ServerName, Transport};
+use config::models::Models;
+use config::settings::Settings;
+use config::triggers::{self, Kind, On, Trigger};
+use config::url::{Host as UrlHost, Scheme};
+use protocol::admitted::{Admitted, Egress, ModelChoice, Route, SecretRef, Workspace};
+use protocol::detail::Detail;
+use protocol::job::{Job, McpField};
+use protocol::job_mcp::{Forge, JobMcpFile};
+use protocol::reason::Reason;
+use serde::Serialize;
+
+use crate::routes::{Routes, has_way_in};
+
+/// A file as a reader found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Read {
+    Missing,
+    Bytes(Vec<u8>),
+    /// A failure that will not pass by itself (a link, permission denied, too large).
+    Failed(String),
+    /// A failure that may pass on a retry (EIO and the like).
+    Transient(String),
+}
+
+/// The deployment files the admission reads.
+pub trait Files {
+    fn triggers(&self) -> Read;
+    fn overlay_mcp(&self) -> Read;
+    fn overlay_models(&self) -> Read;
+    fn allowlist(&self) -> Read;
+    fn endpoints(&self) -> Read;
+}
+
+/// An image as the backend knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Image {
+    /// Not installed (no such image, or no runner in it).
+    Missing,
+    /// Installed, with the capabilities its labels declare (none when it has no label).
+    Installed { capabilities: Vec<String> },
+    /// It could not be told in a way that may pass.
+    Transient(String),
+}
+
+/// Reads images; the embedded backend reads `images/NAME/`, a container backend asks its engine.
+pub trait Images {
+    fn image(&self, name: &str) -> Image;
+}
+
+/// A folder as the worker sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Folder {
+    Missing,
+    NotAFolder,
+    Folder { uid: u32, gid: u32, mode: u32 },
+    Failed(String),
+    Transient(String),
+}
+
+/// Reads the job's repository folder.
+pub trait Folders {
+    fn folder(&self, path: &str) -> Folder;
+}
+
+/// The worker's own environment, by name only: whether a variable holds a value.
+pub trait WorkerEnv {
+    fn has_value(&self, name: &str) -> bool;
+}
+
+/// What the host running the job can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Host {
+    /// The worker runs as root (a job then runs as its folder's owner, never as root).
+    pub root: bool,
+    /// An egress proxy is there for jobs with egress on.
+    pub egress_proxy: bool,
+}
+
+pub struct Inputs<'a> {
+    pub job: &'a Job,
+    pub settings: &'a Settings,
+    pub files: &'a dyn Files,
+    pub images: &'a dyn Images,
+    pub folders: &'a dyn Folders,
+    pub env: &'a dyn WorkerEnv,
+    pub host: Host,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Start the job, with this.
+    Admit(Box<Admitted>),
+    Refuse(Box<Refusal>),
+    /// Try again later: nothing was decided.
+    Retry {
+        detail: String,
+    },
+}
+
+impl Decision {
+    /// The reason, when the job is refused.
+    pub fn reason(&self) -> Option<Reason> {
+        match self {
+            Decision::Refuse(r) => Some(r.reason),
+            _ => None,
+        }
+    }
+}
+
+/// A refusal: the reason, what it concerns (names only), and what to do about it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Refusal {
+    pub reason: Reason,
+    pub detail: Detail,
+    pub fix: String,
+}
+
+impl Refusal {
+    fn new(reason: Reason, detail: Detail, fix: impl Into<String>) -> Refusal {
+        Refusal {
+            reason,
+            detail,
+            fix: fix.into(),
+        }
+    }
+
+    /// The reason's fixed public sentence.
+    pub fn sentence(&self) -> &'static str {
+        self.reason.sentence()
+    }
+
+    /// The fixed comment a forge issue gets: it names the server and the rule, nothing else.
+    pub fn comment(&self) -> String {
+        self.reason.comment(self.detail.server.as_deref())
+    }
+
+    /// The worker's `refused_<reason>` log line: names and counts, never a value.
+    pub fn log(&self, job: &Job) -> serde_json::Value {
+        serde_json::json!({
+            "event": self.reason.log_event(),
+            "jobId": job.id,
+            "reason": self.reason,
+            "detail": self.detail,
+            "fix": self.fix,
+        })
+    }
+}
+
+/// The GitHub API host a github job's forge server reaches.
+pub const GITHUB_API_HOST: &str = "api.github.com";
+pub const MAX_NAMES: usize = 8;
+
+/// A step of the decision: `Err` ends it there.
+type Step<T> = Result<T, Box<Decision>>;
+
+fn refuse(reason: Reason, detail: Detail, fix: impl Into<String>) -> Box<Decision> {
+    Box::new(Decision::Refuse(Box::new(Refusal::new(
+        reason, detail, fix,
+    ))))
+}
+
+/// A refusal with the reason's own fix.
+fn refuse_plain(reason: Reason, detail: Detail) -> Box<Decision> {
+    refuse(reason, detail, reason.fix())
+}
+
+fn retry(detail: String) -> Box<Decision> {
+    Box::new(Decision::Retry { detail })
+}
+
+/// Decides whether the job may start.
+pub fn decide(i: &Inputs) -> Decision {
+    match decide_steps(i) {
+        Ok(admitted) => Decision::Admit(Box::new(admitted)),
+        Err(d) => *d,
+    }
+}
+
+fn decide_steps(i: &Inputs) -> Step<Admitted> {
+    let job = i.job;
+    let trigger = trigger_now(i)?;
+    skew(job, trigger.as_ref())?;
+    let names = list(job)?;
+    let image = image(i, names)?;
+    let mcp = match names {
+        Some(names) => Some(mcp_gates(i, names)?),
+        None => None,
+    };
+    let models = read_models(i)?;
+    let model = model(i, models.as_ref())?;
+    let egress = if i.settings.egress {
+        if !i.host.egress_proxy {
+            return Err(refuse_plain(
+                Reason::EgressProxyMissing,
+                Detail::new("PI_EGRESS is on (the default), and this version has no egress proxy")
+                    .variable(config::settings::EGRESS_SETTING),
+            ));
+        }
+        let mut routes = mcp.as_ref().map(|m| m.routes.clone()).unwrap_or_default();
+        routes.extend(model.1);
+        Egress::On { routes }
+    } else {
+        Egress::Off
+    };
+    let workspace = workspace(i)?;
+    let secrets = job_secrets(job, trigger.as_ref())?;
+    let (servers, file) = match mcp {
+        Some(m) => (m.servers, Some(m.file)),
+        None => (Vec::new(), None),
+    };
+    Ok(Admitted {
+        image,
+        workspace,
+        servers,
+        mcp: file,
+        secrets,
+        secrets_profile: (!job.secrets.is_empty()).then(|| {
+            job.secrets_profile
+                .clone()
+                .unwrap_or_else(|| triggers::DEFAULT_SECRETS_PROFILE.to_owned())
+        }),
+        model: model.0,
+        egress,
+    })
+}
+
+/// The trigger at the job's index in `triggers.json` as it is now (`None` for a CLI job, or when
+/// the file no longer has that index).
+fn trigger_now(i: &Inputs) -> Step<Option<Trigger>> {
+    let Some(index) = i.job.trigger_index else {
+        return Ok(None);
+    };
+    let file = i.settings.triggers_file.display().to_string();
+    let bytes = match i.files.triggers() {
+        Read::Bytes(b) => b,
+        Read::Missing => return Ok(None),
+        Read::Failed(why) | Read::Transient(why) => {
+            return Err(retry(format!("{file} {why}")));
+        }
+    };
+    match triggers::parse_triggers(&bytes) {
+        Ok(all) => Ok(all.triggers.into_iter().nth(index)),
+        // The job's trigger cannot be told now: an operator fixing the file lets it through.
+        Err(e) => Err(retry(format!("{file} is refused: {e}"))),
+    }
+}
+
+/// The narrowing fields: when the trigger as authored now has one and the job arrived without it,
+/// the job would run with more than its trigger allows.
+fn skew(job: &Job, now: Option<&Trigger>) -> Step<()> {
+    let Some(now) = now else {
+        return Ok(());
+    };
+    if now.on.type_name() != job.trigger_type {
+        return Ok(()); // another trigger stands at that index now: nothing to compare with
+    }
+    let missing = [
+        ("mcp", now.run.mcp.is_some() && job.mcp.is_none()),
+        ("models", now.run.models.is_some() && job.models.is_none()),
+        (
+            "maxCostUsd",
+            now.run.max_cost_usd.is_some() && job.max_cost_usd.is_none(),
+        ),
+        (
+            "excludeTools",
+            !now.run.exclude_tools.is_empty() && job.exclude_tools.is_empty(),
+        ),
+    ];
+    match missing.iter().find(|(_, m)| *m) {
+        Some((field, _)) => Err(refuse_plain(
+            Reason::TriggerSkew,
+            Detail::new(format!(
+                "the trigger names run.{field} and the job arrived without it"
+            ))
+            .field(format!("run.{field}")),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The `(NAME, reference)` pairs to resolve for the job: its own secret names, each with the
+/// reference its trigger gives it now. Refused as skew when the trigger now is not the job's
+/// (another type, another cron id, another secrets profile) or lacks one of the names.
+fn job_secrets(job: &Job, trigger: Option<&Trigger>) -> Step<Vec<SecretRef>> {
+    if job.secrets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let skew = |why: &str| {
+        refuse_plain(
+            Reason::TriggerSkew,
+            Detail::new(why.to_owned()).field("run.secrets"),
+        )
+    };
+    let Some(trigger) = trigger else {
+        return Err(skew(
+            "the job names secrets and no trigger of triggers.json gives them now",
+        ));
+    };
+    let same_type = trigger.on.type_name() == job.trigger_type;
+    let same_cron = match &trigger.on {
+        On::Cron { id, .. } => job.id.starts_with(&format!("cron-{id}-")),
+        _ => true,
+    };
+    if !same_type || !same_cron || trigger.run.secrets_profile != job.secrets_profile {
+        return Err(skew(
+            "the trigger at the job's index is no longer the one that queued it",
+        ));
+    }
+    job.secrets
+        .iter()
+        .map(|name| {
+            trigger
+                .run
+                .secrets
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(n, r)| SecretRef {
+                    name: n.clone(),
+                    reference: r.clone(),
+                })
+                .ok_or_else(|| {
+                    refuse_plain(
+                        Reason::TriggerSkew,
+                        Detail::new("the trigger no longer gives a secret the job was queued with")
+                            .field("run.secrets")
+                            .variable(name.clone()),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// The list as the loader writes it: 1 to 8 distinct names, each `forge` or a server name.
+fn list(job: &Job) -> Step<Option<&[String]>> {
+    let names = match &job.mcp {
+        None => return Ok(None),
+        Some(McpField::Names(names)) => names,
+        Some(McpField::Malformed(_)) => {
+            return Err(refuse_plain(
+                Reason::McpListInvalid,
+                Detail::new("run.mcp is not a list of names").field("run.mcp"),
+            ));
+        }
+    };
+    let why = if names.is_empty() || names.len() > MAX_NAMES {
+        Some(format!(
+            "the list has {} names (1 to {MAX_NAMES})",
+            names.len()
+        ))
+    } else if names
+        .iter()
+        .enumerate()
+        .any(|(k, n)| names[..k].contains(n))
+    {
+        Some("a name appears twice".to_owned())
+    } else if names
+        .iter()
+        .any(|n| n != mcp::FORGE && ServerName::parse(n).is_err())
+    {
+        Some("an entry is not a server name (lowercase letters and digits, words joined by '-', up to 32 characters)".to_owned())
+    } else {
+        None
+    };
+    match why {
+        Some(w) => Err(refuse_plain(
+            Reason::McpListInvalid,
+            Detail::new(w).field("run.mcp"),
+        )),
+        None => Ok(Some(names)),
+    }
+}
+
+/// The job's image: installed, and declaring what the job needs.
+fn image(i: &Inputs, names: Option<&[String]>) -> Step<String> {
+    let name = i
+        .job
+        .image
+        .clone()
+        .or_else(|| i.settings.job_image.clone())
+        .unwrap_or_else(|| config::settings::DEFAULT_JOB_IMAGE.to_owned());
+    let fix_install = || format!("install it: `pi-dispatch image install {name}`");
+    if !config::settings::is_image_name(&name) {
+        return Err(refuse(
+            Reason::JobImageMissing,
+            Detail::new("the job's image is not an image name").field("run.image"),
+            "name an image installed with `pi-dispatch image install`",
+        ));
+    }
+    let declared = match i.images.image(&name) {
+        Image::Missing => {
+            return Err(refuse(
+                Reason::JobImageMissing,
+                Detail::new(format!("image {name} is not installed"))
+                    .path(format!("images/{name}")),
+                fix_install(),
+            ));
+        }
+        Image::Transient(why) => return Err(retry(format!("image {name}: {why}"))),
+        Image::Installed { capabilities } => capabilities,
+    };
+    let Some(names) = names else {
+        return Ok(name);
+    };
+    if !declared.iter().any(|c| c == "mcp") {
+        return Err(refuse(
+            Reason::JobImageMcpUnsupported,
+            Detail::new(format!("image {name} does not declare the mcp capability")),
+            format!("rebuild it with this version: `pi-dispatch image install {name}`"),
+        ));
+    }
+    if names.iter().any(|n| n == mcp::FORGE) && !declared.iter().any(|c| c == "forgeMcp") {
+        return Err(refuse_plain(
+            Reason::JobImageForgeMcpUnsupported,
+            Detail::new(format!(
+                "image {name} does not declare the forgeMcp capability"
+            ))
+            .server(mcp::FORGE),
+        ));
+    }
+    Ok(name)
+}
+
+/// What the MCP gates admit: the servers, the job's file, and the routes they need.
+struct McpAdmitted {
+    servers: Vec<String>,
+    file: JobMcpFile,
+    routes: Vec<Route>,
+}
+
+/// The spec's pickup gates for a job that names servers.
+fn mcp_gates(i: &Inputs, names: &[String]) -> Step<McpAdmitted> {
+    let job = i.job;
+    let forge = if names.iter().any(|n| n == mcp::FORGE) {
+        Some(forge_entry(i)?)
+    } else {
+        None
+    };
+    let overlay_names: Vec<&str> = names
+        .iter()
+        .map(String::as_str)
+        .filter(|n| *n != mcp::FORGE)
+        .collect();
+    // The overlay is read only when a server of it is named: forge alone needs none.
+    let overlay = if overlay_names.is_empty() {
+        None
+    } else {
+        Some(read_overlay(i, &overlay_names)?)
+    };
+    let mut servers = Vec::new();
+    if let Some(overlay) = &overlay {
+        for name in &overlay_names {
+            match offered(overlay, name) {
+                Ok(server) => servers.push((server, *name)),
+                Err(refusal) => return Err(with_every_unknown(refusal, overlay, &overlay_names)),
+            }
+        }
+    }
+    // The forge entry is the worker's own: only overlay servers are judged for their variables.
+    if !servers.is_empty() {
+        let reserved = reserved_variables(i)?;
+        for (server, name) in &servers {
+            secrets(i, server, name, &reserved)?;
+        }
+    }
+    for (server, name) in &servers {
+        excluded(job, server, name)?;
+    }
+    if forge.is_some() {
+        let routes = Routes::new(mcp::FORGE, Exposure::Codemode, &[]);
+        if !routes.way_in(&job.exclude_tools) {
+            return Err(refuse_plain(
+                Reason::McpExcluded,
+                Detail::new(
+                    "run.excludeTools removes every route to its tools (direct, tool_search, codemode)",
+                )
+                .server(mcp::FORGE)
+                .field("run.excludeTools"),
+            ));
+        }
+    }
+    let routes = if i.settings.egress {
+        egress_gate(i, &servers, forge.as_ref())?
+    } else {
+        Vec::new()
+    };
+    let entries: Vec<(String, Json)> = servers
+        .iter()
+        .filter_map(|(_, name)| {
+            let entry = overlay.as_ref()?.entry(name)?;
+            Some((name.to_string(), entry.raw.clone()))
+        })
+        .collect();
+    let codemode_models = overlay.as_ref().is_none_or(|o| o.codemode_models);
+    Ok(McpAdmitted {
+        servers: names.to_vec(),
+        file: JobMcpFile::new(&entries, forge.as_ref(), codemode_models),
+        routes,
+    })
+}
+
+/// The forge entry of a github or gitlab job; any other job naming `forge` is refused.
+fn forge_entry(i: &Inputs) -> Step<Forge> {
+    let job = i.job;
+    let unknown = |why: &str| {
+        refuse(
+            Reason::McpServerUnknown,
+            Detail::new(why.to_owned()).server(mcp::FORGE),
+            "name forge only on a github or gitlab trigger, with GITLAB_URL a plain http(s) URL for gitlab",
+        )
+    };
+    match job.kind() {
+        Some(Kind::Github) => Ok(Forge::Github),
+        Some(Kind::Gitlab) => {
+            let url = i
+                .settings
+                .gitlab_url
+                .as_deref()
+                .ok_or_else(|| unknown("GITLAB_URL is not set"))?;
+            gitlab_api_url(url)
+                .map(|api_url| Forge::Gitlab { api_url })
+                .ok_or_else(|| {
+                    unknown(
+                        "GITLAB_URL is not a plain http(s) URL without user, password, query, fragment or comma",
+                    )
+                })
+        }
+        _ => Err(unknown(&format!(
+            "forge on a {} job: only github and gitlab jobs have a forge server",
+            job.kind
+        ))),
+    }
+}
+
+/// `GITLAB_URL` as the API's base: a plain http(s) URL without user, password, query, fragment or
+/// comma; a trailing `/api/v4` (or `/`) is allowed and not doubled.
+pub fn gitlab_api_url(text: &str) -> Option<String> {
+    if text.contains(',') || text.contains('$') {
+        return None;
+    }
+    let url = config::url::parse(text).ok()?;
+    if !url.query().is_empty() || url.path().references().next().is_some() {
+        return None;
+    }
+    let base = text.trim_end_matches('/');
+    let base = base.strip_suffix("/api/v4").unwrap_or(base);
+    Some(format!("{base}/api/v4"))
+}
+
+fn overlay_file(i: &Inputs, name: &str) -> String {
+    i.settings.overlay_dir.join(name).display().to_string()
+}
+
+fn read_overlay(i: &Inputs, names: &[&str]) -> Step<Overlay> {
+    let path = overlay_file(i, "mcp.json");
+    let invalid = |why: String| {
+        refuse(
+            Reason::McpConfigInvalid,
+            Detail::new(why).path(path.clone()),
+            Reason::McpConfigInvalid.fix(),
+        )
+    };
+    match i.files.overlay_mcp() {
+        Read::Bytes(bytes) => mcp::parse_overlay_named(&bytes, names)
+            .map_err(|e| invalid(format!("overlay mcp.json: {} [{}]", e, e.code()))),
+        Read::Missing => Err(refuse(
+            Reason::McpConfigInvalid,
+            Detail::new("the overlay has no mcp.json").path(path.clone()),
+            "offer the servers in the overlay's mcp.json (`pi-dispatch import-pi`)",
+        )),
+        Read::Failed(why) => Err(invalid(format!("overlay mcp.json {why}"))),
+        Read::Transient(why) => Err(retry(format!("overlay mcp.json: {why}"))),
+    }
+}
+
+/// A refusal for an unknown server names every server of the job that the overlay does not offer,
+/// not only the first.
+fn with_every_unknown(refusal: Box<Decision>, overlay: &Overlay, names: &[&str]) -> Box<Decision> {
+    let mut refusal = refusal;
+    if let Decision::Refuse(r) = refusal.as_mut() {
+        let unknown: Vec<String> = names
+            .iter()
+            .filter(|n| offered(overlay, n).is_err())
+            .map(|n| (*n).to_owned())
+            .collect();
+        if unknown.len() > 1 {
+            r.detail.why = format!(
+                "{} (the overlay offers none of {})",
+                r.detail.why,
+                unknown.join(", ")
+            );
+            r.detail.servers = unknown;
+        }
+    }
+    refusal
+}
+
+fn offered<'o>(overlay: &'o Overlay, name: &str) -> Step<&'o McpServer> {
+    let (why, fix) = match overlay.entry(name) {
+        None => (
+            "the overlay's mcp.json does not offer it".to_owned(),
+            format!(
+                "offer {name} in the overlay's mcp.json, or remove it from the trigger's run.mcp"
+            ),
+        ),
+        Some(e) => match &e.verdict {
+            Ok(s) if s.enabled => return Ok(s),
+            Ok(_) => (
+                "it is turned off (\"enabled\": false)".to_owned(),
+                format!("turn {name} on in the overlay's mcp.json, or remove it from run.mcp"),
+            ),
+            Err(problems) => {
+                let codes: Vec<&str> = problems.iter().map(|p| p.code.as_str()).collect();
+                (
+                    format!("the overlay refuses it ({})", codes.join(", ")),
+                    format!(
+                        "fix {name} in the overlay's mcp.json (`pi-dispatch mcp check` says why)"
+                    ),
+                )
+            }
+        },
+    };
+    Err(refuse(
+        Reason::McpServerUnknown,
+        Detail::new(why).server(name),
+        fix,
+    ))
+}
+
+/// The overlay's `models.json`, when it has one: refused whole when it cannot be read or holds
+/// what a job may not.
+fn read_models(i: &Inputs) -> Step<Option<Models>> {
+    let path = overlay_file(i, "models.json");
+    let invalid = |why: String| {
+        refuse_plain(
+            Reason::ModelsConfigInvalid,
+            Detail::new(why).path(path.clone()),
+        )
+    };
+    match i.files.overlay_models() {
+        Read::Missing => Ok(None),
+        Read::Bytes(bytes) => config::models::check(&bytes)
+            .map(Some)
+            .map_err(|e| invalid(e.to_string())),
+        Read::Failed(why) => Err(invalid(format!("models.json {why}"))),
+        Read::Transient(why) => Err(retry(format!("overlay models.json: {why}"))),
+    }
+}
+
+/// The model part of the admission alone (doctor checks the deployment's default provider and model
+/// this way): the overlay's models.json read, the model found, its key held.
+pub fn model_check(i: &Inputs) -> Result<ModelChoice, Decision> {
+    let models = read_models(i).map_err(|d| *d)?;
+    model(i, models.as_ref()).map(|(m, _)| m).map_err(|d| *d)
+}
+
+/// The job's provider and model, `None` when neither the job nor the deployment names them.
+fn job_model(i: &Inputs) -> Option<(String, String)> {
+    let provider = i
+        .job
+        .provider
+        .clone()
+        .or_else(|| i.settings.provider.clone())?;
+    let model = i.job.model.clone().or_else(|| i.settings.model.clone())?;
+    Some((provider, model))
+}
+
+/// Every variable the job is set up to spend with, or that belongs to the forge, the proxy or the
+/// runner.
+fn reserved_variables(i: &Inputs) -> Step<Vec<String>> {
+    let provider = job_model(i).map(|(p, _)| p);
+    let listed = i.job.listed_providers(provider.as_deref());
+    let mut reserved = config::providers::key_variables(listed.as_deref());
+    if let Some(models) = read_models(i)? {
+        reserved.extend(models.references);
+    }
+    Ok(reserved)
+}
+
+/// The runner's, proxy and forge variables: one list with the names a trigger may not bind as a
+/// secret (`config::triggers`), so the two cannot drift.
+fn is_runner_variable(name: &str) -> bool {
+    config::triggers::is_reserved_secret_name(name)
+}
+
+fn secrets(i: &Inputs, server: &McpServer, name: &str, reserved: &[String]) -> Step<()> {
+    let job = i.job;
+    for var in server.references() {
+        let var = var.as_str();
+        if reserved.iter().any(|r| r == var) || is_runner_variable(var) {
+            return Err(refuse_plain(
+                Reason::McpSecretReserved,
+                Detail::new(format!("references {var}, reserved for the job itself"))
+                    .server(name)
+                    .variable(var),
+            ));
+        }
+        let mapped = job.secrets.iter().any(|s| s == var)
+            || (i.settings.forward_env.iter().any(|f| f == var) && i.env.has_value(var));
+        if !mapped {
+            return Err(refuse(
+                Reason::McpSecretUnmapped,
+                Detail::new(format!(
+                    "references {var}, which is neither in run.secrets nor a forwarded variable the worker holds"
+                ))
+                .server(name)
+                .variable(var),
+                format!(
+                    "map {var} in the trigger's run.secrets, or add it to PI_FORWARD_ENV and set it in the worker's environment"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the trigger's `excludeTools` leaves the server a way to its tools, where its exposures
+/// would otherwise give one.
+fn excluded(job: &Job, server: &McpServer, name: &str) -> Step<()> {
+    if has_way_in(server, &[]) && !has_way_in(server, &job.exclude_tools) {
+        return Err(refuse_plain(
+            Reason::McpExcluded,
+            Detail::new(
+                "run.excludeTools removes every route to its tools (direct, tool_search, codemode)",
+            )
+            .server(name)
+            .field("run.excludeTools"),
+        ));
+    }
+    Ok(())
+}
+
+/// The egress files, read as the proxy reads them. `concerns` is the server named in a refusal.
+fn egress_files(i: &Inputs, concerns: Option<&str>) -> Step<(Allowlist, ModelEndpoints)> {
+    let unreadable = |path: &std::path::Path, why: String| {
+        let detail = Detail::new(why).path(path.display().to_string());
+        refuse(
+            Reason::McpEgressUnreachable,
+            match concerns {
+                Some(name) => detail.server(name),
+                None => detail,
+            },
+            format!("fix {} (`pi-dispatch doctor` reads it)", path.display()),
+        )
+    };
+    let allow = &i.settings.egress_allowlist;
+    let allowlist: Allowlist = match i.files.allowlist() {
+        Read::Bytes(b) => std::str::from_utf8(&b)
+            .map_err(|_| "it is not UTF-8 text".to_owned())
+            .and_then(|t| egress::parse_allowlist(t).map_err(|e| e.to_string()))
+            .map_err(|why| {
+                unreadable(
+                    allow,
+                    format!("egress-allowlist.conf cannot be read: {why}"),
+                )
+            })?,
+        Read::Missing => {
+            return Err(unreadable(
+                allow,
+                "egress-allowlist.conf does not exist".to_owned(),
+            ));
+        }
+        Read::Failed(why) => {
+            return Err(unreadable(allow, format!("egress-allowlist.conf {why}")));
+        }
+        Read::Transient(why) => {
+            return Err(retry(format!("egress-allowlist.conf: {why}")));
+        }
+    };
+    let ends = &i.settings.model_endpoints;
+    let declared: ModelEndpoints = match i.files.endpoints() {
+        Read::Missing => ModelEndpoints::empty(),
+        Read::Bytes(b) => std::str::from_utf8(&b)
+            .map_err(|_| "it is not UTF-8 text".to_owned())
+            .and_then(|t| endpoints::parse_model_endpoints(t).map_err(|e| e.to_string()))
+            .map_err(|why| {
+                unreadable(ends, format!("model-endpoints.json cannot be read: {why}"))
+            })?,
+        Read::Failed(why) => {
+            return Err(unreadable(ends, format!("model-endpoints.json {why}")));
+        }
+        Read::Transient(why) => {
+            return Err(retry(format!("model-endpoints.json: {why}")));
+        }
+    };
+    Ok((allowlist, declared))
+}
+
+/// The routes the job's servers need, each one the proxy would let through.
+fn egress_gate(
+    i: &Inputs,
+    servers: &[(&McpServer, &str)],
+    forge: Option<&Forge>,
+) -> Step<Vec<Route>> {
+    let needs_routes = forge.is_some()
+        || servers.iter().any(|(s, _)| {
+            matches!(s.transport, Transport::Http(_)) || s.package_runner().is_some()
+        });
+    if !needs_routes {
+        return Ok(Vec::new());
+    }
+    let first = servers
+        .first()
+        .map(|(_, n)| *n)
+        .or(forge.map(|_| mcp::FORGE));
+    let (allowlist, declared) = egress_files(i, first)?;
+    let reach = |scheme: Scheme, host: &UrlHost, port: u16| {
+        egress::route(scheme, host, port, &allowlist, &declared)
+    };
+    let unreachable_fix = |host: &UrlHost, port: u16| {
+        if port == 443 {
+            format!(
+                "add {host} to {}, or declare {host} port {port} in {}",
+                i.settings.egress_allowlist.display(),
+                i.settings.model_endpoints.display()
+            )
+        } else {
+            format!(
+                "declare {host} port {port} in {} (the allowlist opens port 443 only)",
+                i.settings.model_endpoints.display()
+            )
+        }
+    };
+    let mut routes = Vec::new();
+    for (server, name) in servers {
+        if let Transport::Http(h) = &server.transport {
+            let (host, port) = (h.url.host(), h.url.port());
+            if let Err(why) = reach(h.url.scheme(), host, port) {
+                return Err(refuse(
+                    Reason::McpEgressUnreachable,
+                    Detail::new(format!("{host} port {port}: {why}"))
+                        .server(name)
+                        .host(host.to_string(), port),
+                    unreachable_fix(host, port),
+                ));
+            }
+            routes.push(Route {
+                for_: (*name).to_owned(),
+                host: host.to_string(),
+                port,
+            });
+        }
+        if let Some(runner) = server.package_runner() {
+            let registry = i
+                .settings
+                .package_registries
+                .iter()
+                .find(|(r, _)| r == runner)
+                .map(|(_, h)| h);
+            let Some(host) = registry else {
+                return Err(refuse(
+                    Reason::McpPackageRunner,
+                    Detail::new(format!(
+                        "no registry host is declared for {runner} in PI_PACKAGE_REGISTRIES"
+                    ))
+                    .server(name)
+                    .variable(config::settings::REGISTRIES_SETTING),
+                    format!(
+                        "declare {runner}=HOST in PI_PACKAGE_REGISTRIES and allowlist HOST, or install the server in the job image"
+                    ),
+                ));
+            };
+            if let Err(why) = reach(Scheme::Https, host, 443) {
+                return Err(refuse(
+                    Reason::McpPackageRunner,
+                    Detail::new(format!("{runner} fetches from {host}: {why}"))
+                        .server(name)
+                        .host(host.to_string(), 443),
+                    unreachable_fix(host, 443),
+                ));
+            }
+            routes.push(Route {
+                for_: (*name).to_owned(),
+                host: host.to_string(),
+                port: 443,
+            });
+        }
+    }
+    if let Some(forge) = forge {
+        let (scheme, host, port) = match forge {
+            Forge::Github => (
+                Scheme::Https,
+                UrlHost::Name(GITHUB_API_HOST.to_owned()),
+                443,
+            ),
+            Forge::Gitlab { api_url } => match config::url::parse(api_url) {
+                Ok(u) => (u.scheme(), u.host().clone(), u.port()),
+                Err(_) => {
+                    return Err(refuse_plain(
+                        Reason::McpServerUnknown,
+                        Detail::new("GITLAB_URL cannot be read as a URL")
+                            .server(mcp::FORGE)
+                            .variable(config::settings::GITLAB_URL_SETTING),
+                    ));
+                }
+            },
+        };
+        if let Err(why) = reach(scheme, &host, port) {
+            return Err(refuse(
+                Reason::McpEgressUnreachable,
+                Detail::new(format!("the forge API {host} port {port}: {why}"))
+                    .server(mcp::FORGE)
+                    .host(host.to_string(), port),
+                unreachable_fix(&host, port),
+            ));
+        }
+        routes.push(Route {
+            for_: mcp::FORGE.to_owned(),
+            host: host.to_string(),
+            port,
+        });
+    }
+    Ok(routes)
+}
+
+/// The job's model: it exists (pi's catalog, or the overlay's models.json), its trigger's list
+/// allows it, and the worker holds its key unless it is keyless. With egress on, also the route
+/// to the model's own endpoint when the overlay sets one.
+fn model(i: &Inputs, models: Option<&Models>) -> Step<(ModelChoice, Option<Route>)> {
+    let Some((provider, model)) = job_model(i) else {
+        return Err(refuse_plain(
+            Reason::ModelUnset,
+            Detail::new("neither the job nor PI_PROVIDER and PI_MODEL name a provider and model")
+                .variables([
+                    config::settings::PROVIDER_SETTING,
+                    config::settings::MODEL_SETTING,
+                ]),
+        ));
+    };
+    let full = format!("{provider}/{model}");
+    let found = catalog::find(models, &provider, &model).map_err(|e| match e {
+        catalog::NotFound::ProviderUnknown => refuse(
+            Reason::ModelProviderUnknown,
+            Detail::new(format!(
+                "{provider} is neither a provider of pi {} nor in the overlay's models.json",
+                catalog::pi_version()
+            ))
+            .model(full.clone()),
+            format!(
+                "name a provider pi knows, or define {provider} in {}",
+                overlay_file(i, "models.json")
+            ),
+        ),
+        catalog::NotFound::ModelUnknown => refuse(
+            Reason::ModelUnknown,
+            Detail::new(format!(
+                "{provider} has no chat model {model} (pi {}'s catalog and the overlay's models.json)",
+                catalog::pi_version()
+            ))
+            .model(full.clone()),
+            format!(
+                "name one of {provider}'s models, or add {model} to {provider}'s models in the overlay's models.json"
+            ),
+        ),
+    })?;
+    if let Some(list) = &i.job.models
+        && !list.contains(&full)
+    {
+        return Err(refuse(
+            Reason::ModelNotAllowed,
+            Detail::new(format!("{full} is not on the trigger's model list"))
+                .field("run.models")
+                .model(full.clone()),
+            format!("add {full} to the trigger's run.models, or choose a model on it"),
+        ));
+    }
+    // The model's own endpoint, when the overlay sets one: keyless when declared so.
+    let endpoint = found
+        .base_url
+        .as_deref()
+        .and_then(|u| config::url::parse(u).ok());
+    let (keyless, route) = match &endpoint {
+        None => (false, None),
+        Some(url) => {
+            let declared = match i.files.endpoints() {
+                Read::Bytes(b) => std::str::from_utf8(&b)
+                    .ok()
+                    .and_then(|t| endpoints::parse_model_endpoints(t).ok()),
+                _ => None,
+            };
+            let keyless = declared.is_some_and(|d| {
+                d.endpoints
+                    .iter()
+                    .any(|e| e.keyless && e.port == url.port() && &e.host == url.host())
+            });
+            let route = Route {
+                for_: "model".to_owned(),
+                host: url.host().to_string(),
+                port: url.port(),
+            };
+            (keyless, Some(route))
+        }
+    };
+    let key_variable = if keyless {
+        None
+    } else {
+        let held = found.key_variables.iter().find(|v| i.env.has_value(v));
+        match held {
+            Some(v) => Some(v.clone()),
+            None if found.key_variables.is_empty() => {
+                return Err(refuse(
+                    Reason::ModelKeyMissing,
+                    Detail::new(format!(
+                        "pi takes {provider}'s key only from a sign-in, which a job cannot make"
+                    ))
+                    .model(full.clone()),
+                    format!(
+                        "give {provider} an apiKey variable in the overlay's models.json, or use another provider"
+                    ),
+                ));
+            }
+            None => {
+                return Err(refuse(
+                    Reason::ModelKeyMissing,
+                    Detail::new(format!(
+                        "the worker's environment sets none of the variables pi reads for {provider}'s key"
+                    ))
+                    .model(full.clone())
+                    .variables(found.key_variables.iter().cloned()),
+                    format!(
+                        "set {} in the worker's environment",
+                        found.key_variables.join(" or ")
+                    ),
+                ));
+            }
+        }
+    };
+    let source = match found.source {
+        catalog::Source::Builtin => "builtin",
+        catalog::Source::Overlay => "overlay",
+    };
+    Ok((
+        ModelChoice {
+            provider,
+            model,
+            key_variable,
+            source,
+        },
+        route.filter(|_| i.settings.egress),
+    ))
+}
+
+/// The folder a local job works in, and the user it runs as.
+fn workspace(i: &Inputs) -> Step<Workspace> {
+    let job = i.job;
+    if job.kind() != Some(Kind::Local) {
+        return Err(refuse(
+            Reason::JobKindUnsupported,
+            Detail::new(format!(
+                "a {} job works on a clone of its repository, which this version does not make yet",
+                job.kind
+            ))
+            .field("run.kind"),
+            "run local jobs (run.kind \"local\", or `pi-dispatch run`) until forge jobs are supported",
+        ));
+    }
+    let Some(path) = job.folder.as_deref() else {
+        return Err(refuse_plain(
+            Reason::JobUnreadable,
+            Detail::new("a local job without a folder").field("folder"),
+        ));
+    };
+    let (uid, gid, mode) = match i.folders.folder(path) {
+        Folder::Folder { uid, gid, mode } => (uid, gid, mode),
+        Folder::Missing => {
+            return Err(refuse_plain(
+                Reason::WorkspaceMissing,
+                Detail::new(format!("{path} does not exist")).path(path),
+            ));
+        }
+        Folder::NotAFolder => {
+            return Err(refuse_plain(
+                Reason::WorkspaceMissing,
+                Detail::new(format!("{path} is not a folder")).path(path),
+            ));
+        }
+        Folder::Failed(why) => {
+            return Err(refuse(
+                Reason::WorkspaceUnreachable,
+                Detail::new(format!("{path} {why}")).path(path),
+                format!("let the worker's user reach {path}"),
+            ));
+        }
+        Folder::Transient(why) => return Err(retry(format!("{path} {why}"))),
+    };
+    // A job of a root worker runs as its folder's owner; never as root, whose files its sandbox's
+    // user would then own.
+    if uid == 0 && i.host.root {
+        return Err(refuse(
+            Reason::WorkspaceOwnedByRoot,
+            Detail::new(format!("{path} belongs to root"))
+                .path(path)
+                .uid(0),
+            format!("give {path} to the user the job should run as: chown -R USER {path}"),
+        ));
+    }
+    if mode & 0o700 != 0o700 {
+        return Err(refuse(
+            Reason::WorkspaceUnreachable,
+            Detail::new(format!(
+                "the job runs as {path}'s owner (uid {uid}), who may not read, write and enter it (mode {:o})",
+                mode & 0o7777
+            ))
+            .path(path)
+            .uid(uid),
+            format!("chmod u+rwx {path}"),
+        ));
+    }
+    Ok(Workspace {
+        path: path.to_owned(),
+        uid,
+        gid,
+    })
+}
+
+#[cfg(test)]
+#[path = "admission_tests.rs"]
+mod tests;

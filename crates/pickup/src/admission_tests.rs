@@ -1,0 +1,944 @@
+//! Each reason: a job that is admitted, and the one change that refuses it with that reason.
+
+use std::path::Path;
+
+use config::triggers::parse_triggers;
+
+use super::*;
+
+const OVERLAY: &str = r#"{"mcpServers": {
+  "docs": {"url": "https://mcp.example.com/mcp", "headers": {"Authorization": "Bearer ${DOCS_TOKEN}"}, "description": "Docs"},
+  "files": {"command": "/opt/pi-global/mcp/files", "env": {"FILES_TOKEN": "${FILES_TOKEN}"}, "description": "Files", "exposure": "deferred"},
+  "memory": {"command": "npx", "args": ["-y", "m"], "allowPackageRunner": true, "description": "Memory"},
+  "old": {"url": "https://old.example.com/mcp", "description": "Old", "enabled": false}
+}}"#;
+
+struct FakeFiles {
+    triggers: Read,
+    mcp: Read,
+    models: Read,
+    allowlist: Read,
+    endpoints: Read,
+}
+
+impl Files for FakeFiles {
+    fn triggers(&self) -> Read {
+        self.triggers.clone()
+    }
+    fn overlay_mcp(&self) -> Read {
+        self.mcp.clone()
+    }
+    fn overlay_models(&self) -> Read {
+        self.models.clone()
+    }
+    fn allowlist(&self) -> Read {
+        self.allowlist.clone()
+    }
+    fn endpoints(&self) -> Read {
+        self.endpoints.clone()
+    }
+}
+
+/// Images: what every image is, or (with a name) what only that image is; others are missing.
+struct FakeImages(Image, Option<&'static str>);
+
+impl Images for FakeImages {
+    fn image(&self, name: &str) -> Image {
+        match self.1 {
+            Some(only) if only != name => Image::Missing,
+            _ => self.0.clone(),
+        }
+    }
+}
+
+struct FakeFolders(Folder);
+
+impl Folders for FakeFolders {
+    fn folder(&self, _path: &str) -> Folder {
+        self.0.clone()
+    }
+}
+
+struct FakeEnv(Vec<&'static str>);
+
+impl WorkerEnv for FakeEnv {
+    fn has_value(&self, name: &str) -> bool {
+        self.0.contains(&name)
+    }
+}
+
+/// Everything a decision reads, owned, so each test changes one thing.
+struct World {
+    job: Job,
+    settings: Settings,
+    files: FakeFiles,
+    images: FakeImages,
+    folders: FakeFolders,
+    env: FakeEnv,
+    host: Host,
+}
+
+fn bytes(s: &str) -> Read {
+    Read::Bytes(s.as_bytes().to_vec())
+}
+
+fn settings(pairs: &[(&str, &str)]) -> Settings {
+    let pairs: Vec<(String, String)> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    config::settings::resolve(
+        &|n| pairs.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone()),
+        Path::new("/srv/d"),
+    )
+    .unwrap()
+}
+
+/// A cron job on a local repository naming three overlay servers, egress on, that is admitted.
+const TRIGGERS: &str = r#"{"triggers": [{
+  "on": {"type": "cron", "id": "nightly", "pattern": "0 3 * * *"},
+  "run": {"kind": "local", "folder": "/srv/repo", "task": "t", "flow": "task",
+          "mcp": ["docs", "files", "memory"],
+          "secrets": {"DOCS_TOKEN": "op://ci/docs"}, "provider": "openai", "model": "gpt-4o",
+          "models": ["openai/gpt-4o"], "maxCostUsd": 5}
+}]}"#;
+
+/// The same job as a github job naming forge too: admitted by every gate but the last (this
+/// version runs local jobs only).
+const GITHUB_TRIGGERS: &str = r#"{"triggers": [{
+  "on": {"type": "label", "any": ["pi"]},
+  "run": {"kind": "github", "flow": "fix", "mcp": ["forge", "docs", "files", "memory"],
+          "secrets": {"DOCS_TOKEN": "op://ci/docs"}, "provider": "openai", "model": "gpt-4o",
+          "models": ["openai/gpt-4o"], "maxCostUsd": 5}
+}]}"#;
+
+fn world_of(triggers: &str, id: &str) -> World {
+    let trigger = parse_triggers(triggers.as_bytes())
+        .unwrap()
+        .triggers
+        .remove(0);
+    World {
+        job: Job::from_trigger(id, &trigger),
+        settings: settings(&[
+            ("PI_FORWARD_ENV", "FILES_TOKEN"),
+            ("PI_PACKAGE_REGISTRIES", "npx=registry.example.org"),
+            ("PI_JOB_IMAGE", "pi-job"),
+        ]),
+        files: FakeFiles {
+            triggers: bytes(triggers),
+            mcp: bytes(OVERLAY),
+            models: bytes(r#"{"providers": {"local": {"apiKey": "$LOCAL_KEY"}}}"#),
+            allowlist: bytes("mcp.example.com\napi.github.com\nregistry.example.org\n"),
+            endpoints: Read::Missing,
+        },
+        images: FakeImages(
+            Image::Installed {
+                capabilities: vec!["mcp".into(), "forgeMcp".into()],
+            },
+            None,
+        ),
+        folders: FakeFolders(Folder::Folder {
+            uid: 1000,
+            gid: 1000,
+            mode: 0o40755,
+        }),
+        env: FakeEnv(vec!["FILES_TOKEN", "OPENAI_API_KEY"]),
+        host: Host {
+            root: true,
+            egress_proxy: true,
+        },
+    }
+}
+
+fn world() -> World {
+    world_of(TRIGGERS, "cron-nightly-1")
+}
+
+fn github() -> World {
+    world_of(GITHUB_TRIGGERS, "job-1")
+}
+
+fn inputs(w: &World) -> Inputs<'_> {
+    Inputs {
+        job: &w.job,
+        settings: &w.settings,
+        files: &w.files,
+        images: &w.images,
+        folders: &w.folders,
+        env: &w.env,
+        host: w.host,
+    }
+}
+
+fn decide_in(w: &World) -> Decision {
+    decide(&inputs(w))
+}
+
+fn admitted(w: &World) -> Admitted {
+    match decide_in(w) {
+        Decision::Admit(a) => *a,
+        other => panic!("not admitted: {other:?}"),
+    }
+}
+
+/// What the MCP gates make of a world (for a forge job, which the admission refuses later).
+fn mcp_of(w: &World) -> Result<McpAdmitted, Box<Decision>> {
+    mcp_gates(&inputs(w), w.job.mcp_names().unwrap())
+}
+
+/// Checks that a refusal says nothing in its public sentence or comment that its detail names
+/// (a variable or a host).
+fn names_nothing_publicly(r: &Refusal) {
+    let public = format!("{} {}", r.sentence(), r.comment());
+    for v in &r.detail.variables {
+        assert!(!public.contains(v.as_str()), "{v} in {public}");
+    }
+    if let Some(h) = &r.detail.host {
+        assert!(!public.contains(h.as_str()), "{h} in {public}");
+    }
+    assert!(!r.fix.is_empty());
+}
+
+/// Applies `change` to the admitted `base` world and checks it is refused for `reason`, naming
+/// `server`.
+fn refused_in(
+    base: fn() -> World,
+    reason: Reason,
+    server: Option<&str>,
+    change: impl FnOnce(&mut World),
+) -> Refusal {
+    let mut w = base();
+    change(&mut w);
+    match decide_in(&w) {
+        Decision::Refuse(r) => {
+            assert_eq!(r.reason, reason, "{r:?}");
+            assert_eq!(r.detail.server.as_deref(), server, "{r:?}");
+            let log = r.log(&w.job);
+            if Reason::PICKUP_TABLE.contains(&reason) {
+                assert_eq!(log["event"], "refused_mcp");
+            }
+            assert_eq!(log["reason"], reason.as_str());
+            names_nothing_publicly(&r);
+            *r
+        }
+        other => panic!("wanted {reason}, got {other:?}"),
+    }
+}
+
+fn refused_by(reason: Reason, server: Option<&str>, change: impl FnOnce(&mut World)) -> Refusal {
+    assert!(
+        matches!(decide_in(&world()), Decision::Admit(_)),
+        "the base world is admitted: {:?}",
+        decide_in(&world())
+    );
+    refused_in(world, reason, server, change)
+}
+
+/// A change to the github world, refused for `reason` (the base github world reaches the last
+/// check, `job-kind-unsupported`).
+fn github_refused_by(
+    reason: Reason,
+    server: Option<&str>,
+    change: impl FnOnce(&mut World),
+) -> Refusal {
+    assert_eq!(
+        decide_in(&github()).reason(),
+        Some(Reason::JobKindUnsupported)
+    );
+    refused_in(github, reason, server, change)
+}
+
+fn set_mcp(w: &mut World, names: &[&str]) {
+    w.job.mcp = Some(McpField::names(names.iter().copied()));
+}
+
+/// The trigger on file without its narrowing fields, so that a test may change the job's.
+fn loosen(w: &mut World) {
+    let Read::Bytes(b) = &w.files.triggers else {
+        return;
+    };
+    let text = String::from_utf8(b.clone())
+        .unwrap()
+        .replace(r#""mcp": ["docs", "files", "memory"],"#, "")
+        .replace(r#""mcp": ["forge", "docs", "files", "memory"],"#, "")
+        .replace(
+            r#",
+          "models": ["openai/gpt-4o"], "maxCostUsd": 5"#,
+            "",
+        );
+    parse_triggers(text.as_bytes()).unwrap();
+    w.files.triggers = bytes(&text);
+}
+
+#[test]
+fn the_base_job_is_admitted_with_everything_it_runs_with() {
+    let a = admitted(&world());
+    assert_eq!(a.image, "pi-job");
+    assert_eq!(
+        a.workspace,
+        Workspace {
+            path: "/srv/repo".into(),
+            uid: 1000,
+            gid: 1000
+        }
+    );
+    assert_eq!(a.servers, ["docs", "files", "memory"]);
+    assert_eq!(
+        a.secrets,
+        [SecretRef {
+            name: "DOCS_TOKEN".into(),
+            reference: "op://ci/docs".into()
+        }]
+    );
+    assert_eq!(a.model.provider, "openai");
+    assert_eq!(a.model.model, "gpt-4o");
+    assert_eq!(a.model.key_variable.as_deref(), Some("OPENAI_API_KEY"));
+    let Egress::On { routes } = &a.egress else {
+        panic!("{:?}", a.egress)
+    };
+    let routes: Vec<(&str, &str, u16)> = routes
+        .iter()
+        .map(|r| (r.for_.as_str(), r.host.as_str(), r.port))
+        .collect();
+    assert_eq!(
+        routes,
+        [
+            ("docs", "mcp.example.com", 443),
+            ("memory", "registry.example.org", 443)
+        ]
+    );
+    let file = a.mcp.unwrap();
+    let parsed = config::json::parse(&file.text).unwrap();
+    let servers = parsed
+        .as_object()
+        .unwrap()
+        .get("mcpServers")
+        .unwrap()
+        .as_object()
+        .unwrap();
+    assert_eq!(
+        servers.keys().collect::<Vec<_>>(),
+        ["docs", "files", "memory"]
+    );
+    // A github job naming forge gets the worker's own entry last.
+    let file = mcp_of(&github()).ok().unwrap().file;
+    let parsed = config::json::parse(&file.text).unwrap();
+    let names: Vec<String> = parsed
+        .as_object()
+        .unwrap()
+        .get("mcpServers")
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(names, ["docs", "files", "memory", "forge"]);
+    assert!(file.text.contains("Bearer ${DOCS_TOKEN}"));
+    assert!(!file.text.contains("\"old\""));
+}
+
+#[test]
+fn a_job_naming_no_server_is_admitted_without_an_mcp_json() {
+    let mut w = world();
+    w.job.mcp = None;
+    loosen(&mut w);
+    let a = admitted(&w);
+    assert_eq!(a.mcp, None);
+    assert!(a.servers.is_empty());
+}
+
+#[test]
+fn mcp_list_invalid() {
+    for names in [
+        &[][..],
+        &["docs", "docs"][..],
+        &["Docs"][..],
+        &["a", "b", "c", "d", "e", "f", "g", "h", "i"][..],
+    ] {
+        refused_by(Reason::McpListInvalid, None, |w| set_mcp(w, names));
+    }
+}
+
+#[test]
+fn mcp_config_invalid() {
+    for read in [
+        Read::Missing,
+        Read::Failed("is a link".into()),
+        bytes("{,}"),
+    ] {
+        refused_by(Reason::McpConfigInvalid, None, |w| w.files.mcp = read);
+    }
+    // Missing is fine when the only name is forge.
+    let mut w = github();
+    set_mcp(&mut w, &["forge"]);
+    loosen(&mut w);
+    w.files.mcp = Read::Missing;
+    assert!(mcp_of(&w).is_ok());
+    assert_eq!(decide_in(&w).reason(), Some(Reason::JobKindUnsupported));
+}
+
+#[test]
+fn mcp_server_unknown() {
+    refused_by(Reason::McpServerUnknown, Some("wiki"), |w| {
+        set_mcp(w, &["wiki"])
+    });
+    refused_by(Reason::McpServerUnknown, Some("old"), |w| {
+        set_mcp(w, &["old"])
+    });
+    refused_by(Reason::McpServerUnknown, Some("docs"), |w| {
+        w.files.mcp = bytes(
+            r#"{"mcpServers": {"docs": {"url": "https://h.example.com/mcp", "headers": {"A": "lit"}, "description": "d"}}}"#,
+        );
+        set_mcp(w, &["docs"]);
+    });
+    refused_by(Reason::McpServerUnknown, Some("forge"), |w| {
+        set_mcp(w, &["forge"])
+    });
+    github_refused_by(Reason::McpServerUnknown, Some("forge"), |w| {
+        w.job.kind = "forgejo".into();
+    });
+    // A gitlab job with a GITLAB_URL that is not plain.
+    for url in [
+        None,
+        Some("https://u:p@gitlab.example.com"),
+        Some("https://gitlab.example.com/?a=${B}"),
+        Some("https://gitlab.example.com/a,b"),
+    ] {
+        github_refused_by(Reason::McpServerUnknown, Some("forge"), |w| {
+            w.job.kind = "gitlab".into();
+            w.settings.gitlab_url = url.map(str::to_owned);
+            w.files.allowlist =
+                bytes("mcp.example.com\ngitlab.example.com\nregistry.example.org\n");
+        });
+    }
+}
+
+#[test]
+fn every_unknown_server_is_named() {
+    let r = refused_by(Reason::McpServerUnknown, Some("wiki"), |w| {
+        set_mcp(w, &["docs", "wiki", "old", "blog"])
+    });
+    assert_eq!(r.detail.servers, ["wiki", "old", "blog"]);
+    assert!(r.detail.why.contains("wiki, old, blog"), "{}", r.detail.why);
+}
+
+#[test]
+fn a_gitlab_job_gets_its_forge_entry_with_the_api_url() {
+    let mut w = github();
+    w.job.kind = "gitlab".into();
+    w.settings.gitlab_url = Some("https://gitlab.example.com/api/v4/".into());
+    w.files.allowlist = bytes("mcp.example.com\ngitlab.example.com\nregistry.example.org\n");
+    let file = mcp_of(&w).ok().unwrap().file;
+    assert!(
+        file.text
+            .contains("\"GITLAB_API_URL\": \"https://gitlab.example.com/api/v4\""),
+        "{}",
+        file.text
+    );
+}
+
+#[test]
+fn mcp_secret_reserved() {
+    for var in [
+        "OPENAI_API_KEY",
+        "LOCAL_KEY",
+        "GH_TOKEN",
+        "GITLAB_TOKEN",
+        "HTTPS_PROXY",
+        "PI_JOB_ID",
+        "NODE_OPTIONS",
+    ] {
+        let r = refused_by(Reason::McpSecretReserved, Some("docs"), |w| {
+            w.files.mcp = bytes(&OVERLAY.replace("${DOCS_TOKEN}", &format!("${{{var}}}")));
+            w.job.secrets.push(var.to_owned());
+        });
+        assert_eq!(r.detail.variables, [var]);
+        assert!(!r.comment().contains(var), "{}", r.comment());
+    }
+    // A provider's key on purpose: a model list without that provider frees it.
+    let mut w = world();
+    w.files.mcp = bytes(&OVERLAY.replace("${DOCS_TOKEN}", "${HF_TOKEN}"));
+    w.job.secrets.push("HF_TOKEN".into());
+    assert!(mcp_of(&w).is_ok());
+    // Without a list, every provider's key is reserved.
+    refused_by(Reason::McpSecretReserved, Some("docs"), |w| {
+        w.files.mcp = bytes(&OVERLAY.replace("${DOCS_TOKEN}", "${HF_TOKEN}"));
+        w.job.secrets.push("HF_TOKEN".into());
+        w.job.models = None;
+        loosen(w);
+    });
+}
+
+#[test]
+fn mcp_secret_unmapped() {
+    refused_by(Reason::McpSecretUnmapped, Some("docs"), |w| {
+        w.job.secrets.clear()
+    });
+    // A forwarded name counts only when the worker holds a value for it.
+    refused_by(Reason::McpSecretUnmapped, Some("files"), |w| {
+        w.env.0.clear()
+    });
+    refused_by(Reason::McpSecretUnmapped, Some("files"), |w| {
+        w.settings.forward_env.clear();
+    });
+}
+
+#[test]
+fn mcp_egress_unreachable() {
+    refused_by(Reason::McpEgressUnreachable, Some("docs"), |w| {
+        w.files.allowlist = bytes("api.github.com\nregistry.example.org\n");
+    });
+    refused_by(Reason::McpEgressUnreachable, Some("docs"), |w| {
+        w.files.allowlist = Read::Failed("is a link".into());
+    });
+    refused_by(Reason::McpEgressUnreachable, Some("docs"), |w| {
+        w.files.allowlist = bytes("https://not a host\n");
+    });
+    refused_by(Reason::McpEgressUnreachable, Some("docs"), |w| {
+        w.files.mcp = bytes(&OVERLAY.replace(
+            "https://mcp.example.com/mcp",
+            "http://mcp.example.com:443/mcp",
+        ));
+    });
+    refused_by(Reason::McpEgressUnreachable, Some("docs"), |w| {
+        w.files.mcp =
+            bytes(&OVERLAY.replace("https://mcp.example.com/mcp", "https://localhost/mcp"));
+        w.files.allowlist = bytes("localhost\napi.github.com\nregistry.example.org\n");
+    });
+    github_refused_by(Reason::McpEgressUnreachable, Some("forge"), |w| {
+        w.files.allowlist = bytes("mcp.example.com\nregistry.example.org\n");
+    });
+    // A declared endpoint reaches exactly its host and port.
+    let mut w = world();
+    w.files.mcp = bytes(&OVERLAY.replace(
+        "https://mcp.example.com/mcp",
+        "http://llm.internal.example:8000/mcp",
+    ));
+    w.files.endpoints = bytes(
+        r#"{"version": 1, "endpoints": [{"id": "llm", "host": "llm.internal.example", "port": 8000}]}"#,
+    );
+    admitted(&w);
+    // With egress off, nothing of this is looked at.
+    let mut w = world();
+    w.settings.egress = false;
+    w.files.allowlist = Read::Failed("is a link".into());
+    assert_eq!(admitted(&w).egress, Egress::Off);
+}
+
+#[test]
+fn mcp_package_runner() {
+    refused_by(Reason::McpPackageRunner, Some("memory"), |w| {
+        w.settings.package_registries.clear();
+    });
+    refused_by(Reason::McpPackageRunner, Some("memory"), |w| {
+        w.files.allowlist = bytes("mcp.example.com\napi.github.com\n");
+    });
+}
+
+#[test]
+fn mcp_excluded() {
+    // `files` is deferred (tool_search only); `docs` is codemode (codemode or tool_search).
+    for (exclude, server) in [
+        (&["mcp__files__*"][..], "files"),
+        (&["mcp__fi*"][..], "files"),
+        (&["tool_search"][..], "files"),
+        (&["mcp__*"][..], "docs"),
+        (&["*"][..], "docs"),
+        (&["codemode", "tool_search"][..], "docs"),
+    ] {
+        refused_by(Reason::McpExcluded, Some(server), |w| {
+            w.job.exclude_tools = exclude.iter().map(|e| e.to_string()).collect();
+        });
+    }
+    // Excluding one tool, or codemode for a deferred server, leaves a way in.
+    let mut w = world();
+    w.job.exclude_tools = vec!["mcp__files__delete".into(), "codemode".into()];
+    set_mcp(&mut w, &["files"]);
+    admitted(&w);
+}
+
+#[test]
+fn job_image_mcp_unsupported() {
+    refused_by(Reason::JobImageMcpUnsupported, None, |w| {
+        w.images = FakeImages(
+            Image::Installed {
+                capabilities: vec!["forgeMcp".into()],
+            },
+            None,
+        );
+    });
+    // A job that names no server needs no capability.
+    let mut w = world();
+    w.images.0 = Image::Installed {
+        capabilities: Vec::new(),
+    };
+    w.job.mcp = None;
+    loosen(&mut w);
+    admitted(&w);
+}
+
+#[test]
+fn job_image_missing() {
+    // Without PI_JOB_IMAGE, the job's image is the default one, and only it.
+    refused_by(Reason::JobImageMissing, None, |w| {
+        w.settings.job_image = None;
+        w.images.1 = Some("another-image");
+    });
+    refused_by(Reason::JobImageMissing, None, |w| {
+        w.images.0 = Image::Missing
+    });
+    refused_by(Reason::JobImageMissing, None, |w| {
+        w.job.image = Some("../x".into())
+    });
+    let mut w = world();
+    w.settings.job_image = None;
+    w.images.1 = Some(config::settings::DEFAULT_JOB_IMAGE);
+    assert_eq!(admitted(&w).image, config::settings::DEFAULT_JOB_IMAGE);
+}
+
+#[test]
+fn job_image_forge_mcp_unsupported() {
+    github_refused_by(Reason::JobImageForgeMcpUnsupported, Some("forge"), |w| {
+        w.images = FakeImages(
+            Image::Installed {
+                capabilities: vec!["mcp".into()],
+            },
+            None,
+        );
+    });
+}
+
+#[test]
+fn trigger_skew() {
+    refused_by(Reason::TriggerSkew, None, |w| w.job.mcp = None);
+    refused_by(Reason::TriggerSkew, None, |w| w.job.models = None);
+    refused_by(Reason::TriggerSkew, None, |w| w.job.max_cost_usd = None);
+    // The secrets: only the job's own names, from its own trigger.
+    let r = refused_by(Reason::TriggerSkew, None, |w| {
+        w.job.secrets.push("WIKI_TOKEN".into());
+    });
+    assert_eq!(r.detail.variables, ["WIKI_TOKEN"]);
+    refused_by(Reason::TriggerSkew, None, |w| {
+        w.job.id = "cron-weekly-1".into()
+    });
+    refused_by(Reason::TriggerSkew, None, |w| w.job.trigger_index = None);
+    refused_by(Reason::TriggerSkew, None, |w| {
+        w.job.secrets_profile = Some("other".into());
+    });
+}
+
+#[test]
+fn a_badly_typed_list_is_mcp_list_invalid() {
+    for bad in [
+        serde_json::json!("docs"),
+        serde_json::json!([1]),
+        serde_json::json!({}),
+    ] {
+        let job: Job = serde_json::from_value(serde_json::json!({
+            "id": "cli-1", "triggerType": "cli", "kind": "local", "mcp": bad,
+        }))
+        .unwrap();
+        let r = refused_by(Reason::McpListInvalid, None, |w| w.job = job);
+        assert_eq!(r.detail.field.as_deref(), Some("run.mcp"));
+    }
+}
+
+#[test]
+fn a_read_that_may_pass_is_a_retry_never_a_refusal() {
+    let cases: [fn(&mut World); 8] = [
+        |w| w.files.triggers = Read::Transient("Input/output error".into()),
+        // A triggers.json refused now: the job's trigger cannot be told, so it waits.
+        |w| w.files.triggers = bytes("{"),
+        |w| w.folders.0 = Folder::Transient("Input/output error".into()),
+        |w| w.files.mcp = Read::Transient("Input/output error".into()),
+        |w| w.files.models = Read::Transient("Input/output error".into()),
+        |w| w.files.allowlist = Read::Transient("Input/output error".into()),
+        |w| w.files.endpoints = Read::Transient("Input/output error".into()),
+        |w| w.images = FakeImages(Image::Transient("Input/output error".into()), None),
+    ];
+    for change in cases {
+        let mut w = world();
+        change(&mut w);
+        assert!(
+            matches!(decide_in(&w), Decision::Retry { .. }),
+            "{:?}",
+            decide_in(&w)
+        );
+    }
+}
+
+#[test]
+fn no_comment_holds_a_host_a_variable_or_a_value() {
+    let forbidden = [
+        "mcp.example.com",
+        "api.github.com",
+        "registry.example.org",
+        "DOCS_TOKEN",
+        "FILES_TOKEN",
+        "GH_TOKEN",
+        "literal-value",
+        "localhost",
+    ];
+    for reason in Reason::ALL {
+        for server in [None, Some("docs"), Some("forge")] {
+            let c = reason.comment(server);
+            for f in forbidden {
+                assert!(!c.contains(f), "{reason}: {c}");
+            }
+        }
+    }
+}
+
+#[test]
+fn forge_is_judged_against_exclude_tools_too() {
+    for exclude in [
+        &["mcp__*"][..],
+        &["mcp__forge__*"][..],
+        &["codemode", "tool_search"][..],
+    ] {
+        github_refused_by(Reason::McpExcluded, Some("forge"), |w| {
+            set_mcp(w, &["forge"]);
+            loosen(w);
+            w.job.exclude_tools = exclude.iter().map(|e| e.to_string()).collect();
+        });
+    }
+}
+
+#[test]
+fn a_forge_only_job_needs_no_overlay_at_all() {
+    let mut w = github();
+    set_mcp(&mut w, &["forge"]);
+    loosen(&mut w);
+    w.files.mcp = Read::Missing;
+    w.files.models = Read::Missing;
+    assert!(mcp_of(&w).is_ok());
+    // A models.json problem is its own reason, never the MCP file's.
+    w.files.models = bytes(r#"{"providers": {"p": {"apiKey": "literal"}}}"#);
+    assert!(mcp_of(&w).is_ok());
+    assert_eq!(decide_in(&w).reason(), Some(Reason::ModelsConfigInvalid));
+}
+
+#[test]
+fn the_runner_and_forge_variables_the_loader_reserves_are_reserved_here_too() {
+    for var in ["HOME", "PATH", "LD_PRELOAD", "GITLAB_URL", "https_proxy"] {
+        let var_ref = var.to_ascii_uppercase();
+        let r = refused_by(Reason::McpSecretReserved, Some("files"), |w| {
+            w.files.mcp = bytes(&OVERLAY.replace("${FILES_TOKEN}", &format!("${{{var_ref}}}")));
+            w.settings.forward_env.push(var_ref.clone());
+            w.env.0.push(Box::leak(var_ref.clone().into_boxed_str()));
+        });
+        assert_eq!(r.detail.variables, std::slice::from_ref(&var_ref));
+    }
+}
+
+#[test]
+fn exclude_tools_is_a_narrowing_field() {
+    let mut w = world();
+    let text = TRIGGERS.replace(
+        r#""maxCostUsd": 5"#,
+        r#""maxCostUsd": 5, "excludeTools": ["bash"]"#,
+    );
+    w.files.triggers = bytes(&text);
+    match decide_in(&w) {
+        Decision::Refuse(r) => {
+            assert_eq!(r.reason, Reason::TriggerSkew);
+            assert_eq!(r.detail.field.as_deref(), Some("run.excludeTools"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_tool_exposed_by_name_loses_its_route_when_excluded_by_name() {
+    let overlay = r#"{"mcpServers": {"docs": {"url": "https://mcp.example.com/mcp", "headers": {"Authorization": "Bearer ${DOCS_TOKEN}"}, "description": "Docs", "exposure": "hidden", "toolExposure": {"search-all": "direct"}}}}"#;
+    let mut w = world();
+    w.files.mcp = bytes(overlay);
+    set_mcp(&mut w, &["docs"]);
+    loosen(&mut w);
+    admitted(&w);
+    w.job.exclude_tools = vec!["mcp__docs__search_all".into()];
+    assert!(matches!(decide_in(&w), Decision::Refuse(r) if r.reason == Reason::McpExcluded));
+}
+
+#[test]
+fn a_model_list_the_loader_would_not_write_narrows_nothing() {
+    for models in [vec![], vec!["gpt".to_owned()]] {
+        refused_by(Reason::McpSecretReserved, Some("docs"), |w| {
+            w.files.mcp = bytes(&OVERLAY.replace("${DOCS_TOKEN}", "${HF_TOKEN}"));
+            w.job.secrets.push("HF_TOKEN".into());
+            w.job.models = Some(models.clone());
+        });
+    }
+}
+
+#[test]
+fn a_gitlab_url_with_a_dollar_is_not_plain() {
+    github_refused_by(Reason::McpServerUnknown, Some("forge"), |w| {
+        w.job.kind = "gitlab".into();
+        w.settings.gitlab_url = Some("https://gitlab.example.com/$GH_TOKEN".into());
+    });
+}
+
+#[test]
+fn the_model_is_checked_before_anything_is_spent() {
+    let r = refused_by(Reason::ModelUnset, None, |w| {
+        w.job.provider = None;
+        w.job.model = None;
+    });
+    assert_eq!(r.detail.variables, ["PI_PROVIDER", "PI_MODEL"]);
+    // The deployment's default stands in for the job's.
+    let mut w = world();
+    w.job.provider = None;
+    w.job.model = None;
+    w.settings.provider = Some("openai".into());
+    w.settings.model = Some("gpt-4o".into());
+    assert_eq!(admitted(&w).model.model, "gpt-4o");
+    let r = refused_by(Reason::ModelProviderUnknown, None, |w| {
+        w.job.provider = Some("nope".into());
+        w.job.models = Some(vec!["nope/gpt-4o".into()]);
+        loosen(w);
+    });
+    assert_eq!(r.detail.model.as_deref(), Some("nope/gpt-4o"));
+    refused_by(Reason::ModelUnknown, None, |w| {
+        w.job.model = Some("gpt-none".into());
+        w.job.models = Some(vec!["openai/gpt-none".into()]);
+    });
+    refused_by(Reason::ModelNotAllowed, None, |w| {
+        w.job.model = Some("gpt-4.1".into());
+    });
+    let r = refused_by(Reason::ModelKeyMissing, None, |w| {
+        w.env.0.retain(|v| *v != "OPENAI_API_KEY")
+    });
+    assert_eq!(r.detail.variables, ["OPENAI_API_KEY"]);
+    assert!(r.fix.contains("OPENAI_API_KEY"));
+    refused_by(Reason::ModelsConfigInvalid, None, |w| {
+        w.files.models = bytes("{,}")
+    });
+    refused_by(Reason::ModelsConfigInvalid, None, |w| {
+        w.files.models = Read::Failed("is a link".into())
+    });
+}
+
+#[test]
+fn a_provider_of_the_overlay_uses_its_own_key_and_a_keyless_endpoint_needs_none() {
+    let models = r#"{"providers": {"local": {"baseUrl": "http://llm.internal.example:8000/v1", "api": "openai-completions", "apiKey": "$LOCAL_KEY", "models": [{"id": "small"}]}}}"#;
+    let local = |w: &mut World| {
+        w.files.models = bytes(models);
+        w.job.provider = Some("local".into());
+        w.job.model = Some("small".into());
+        w.job.models = Some(vec!["local/small".into()]);
+    };
+    let r = refused_by(Reason::ModelKeyMissing, None, local);
+    assert_eq!(r.detail.variables, ["LOCAL_KEY"]);
+    let mut w = world();
+    local(&mut w);
+    w.env.0.push("LOCAL_KEY");
+    let a = admitted(&w);
+    assert_eq!(a.model.key_variable.as_deref(), Some("LOCAL_KEY"));
+    assert_eq!(a.model.source, "overlay");
+    let Egress::On { routes } = &a.egress else {
+        panic!()
+    };
+    assert!(
+        routes
+            .iter()
+            .any(|r| r.for_ == "model" && r.host == "llm.internal.example" && r.port == 8000)
+    );
+    // Declared keyless: no key is needed.
+    let mut w = world();
+    local(&mut w);
+    w.files.endpoints = bytes(
+        r#"{"version": 1, "endpoints": [{"id": "llm", "host": "llm.internal.example", "port": 8000, "keyless": true}]}"#,
+    );
+    assert_eq!(admitted(&w).model.key_variable, None);
+}
+
+#[test]
+fn the_default_provider_counts_for_reserved_keys_when_the_trigger_names_a_list_only() {
+    // run.models without run.provider: the deployment's PI_PROVIDER is the job's own provider,
+    // and its key is reserved though the list names another provider only.
+    let r = refused_by(Reason::McpSecretReserved, Some("docs"), |w| {
+        w.job.provider = None;
+        w.job.models = Some(vec![
+            "anthropic/claude-haiku-4-5".into(),
+            "openai/gpt-4o".into(),
+        ]);
+        w.settings.provider = Some("google".into());
+        w.files.mcp = bytes(&OVERLAY.replace("${DOCS_TOKEN}", "${GEMINI_API_KEY}"));
+        w.job.secrets.push("GEMINI_API_KEY".into());
+        loosen(w);
+    });
+    assert_eq!(r.detail.variables, ["GEMINI_API_KEY"]);
+}
+
+#[test]
+fn egress_on_without_a_proxy_is_refused() {
+    let r = refused_by(Reason::EgressProxyMissing, None, |w| {
+        w.host.egress_proxy = false
+    });
+    assert_eq!(r.detail.variables, ["PI_EGRESS"]);
+    let mut w = world();
+    w.host.egress_proxy = false;
+    w.settings.egress = false;
+    admitted(&w);
+}
+
+#[test]
+fn the_workspace_must_be_a_folder_its_owner_can_use_and_not_roots() {
+    let r = refused_by(Reason::WorkspaceMissing, None, |w| {
+        w.folders.0 = Folder::Missing
+    });
+    assert_eq!(r.detail.path.as_deref(), Some("/srv/repo"));
+    refused_by(Reason::WorkspaceMissing, None, |w| {
+        w.folders.0 = Folder::NotAFolder
+    });
+    refused_by(Reason::WorkspaceOwnedByRoot, None, |w| {
+        w.folders.0 = Folder::Folder {
+            uid: 0,
+            gid: 0,
+            mode: 0o40755,
+        }
+    });
+    // A worker that is not root runs the job as itself: a folder of root's is then its own
+    // business (it could not write it).
+    let mut w = world();
+    w.host.root = false;
+    w.folders.0 = Folder::Folder {
+        uid: 0,
+        gid: 0,
+        mode: 0o40755,
+    };
+    admitted(&w);
+    let r = refused_by(Reason::WorkspaceUnreachable, None, |w| {
+        w.folders.0 = Folder::Folder {
+            uid: 1000,
+            gid: 1000,
+            mode: 0o40500,
+        }
+    });
+    assert_eq!(r.detail.uid, Some(1000));
+    assert!(r.detail.why.contains("/srv/repo") && r.fix.contains("/srv/repo"));
+    refused_by(Reason::WorkspaceUnreachable, None, |w| {
+        w.folders.0 = Folder::Failed("cannot be reached".into())
+    });
+    refused_by(Reason::JobUnreadable, None, |w| w.job.folder = None);
+}
+
+#[test]
+fn a_forge_job_passes_every_gate_and_is_refused_as_not_yet_supported() {
+    let r = refused_in(github, Reason::JobKindUnsupported, None, |_| {});
+    assert_eq!(r.detail.field.as_deref(), Some("run.kind"));
+}
+
+#[test]
+fn every_refusal_has_a_fix_and_the_log_line_names_only() {
+    let r = refused_by(Reason::McpSecretUnmapped, Some("docs"), |w| {
+        w.job.secrets.clear()
+    });
+    let log = r.log(&world().job);
+    assert_eq!(log["event"], "refused_mcp");
+    assert_eq!(log["detail"]["server"], "docs");
+    assert_eq!(log["detail"]["variables"][0], "DOCS_TOKEN");
+    assert!(log["fix"].as_str().unwrap().contains("DOCS_TOKEN"));
+}

@@ -1,0 +1,16 @@
+//! What crosses a process boundary in pi-dispatch: the queued job, the admitted job, the job's
+//! `mcp.json` and its digest, the one vocabulary of reasons, the runner's signed exit line with what
+//! the job used, and where the parts of a job image are. The queue, the worker, the runner and the
+//! command line all speak these types, so two versions meet on them or refuse each other clearly.
+
+pub mod admitted;
+pub mod detail;
+pub mod exit_line;
+pub mod image;
+pub mod job;
+pub mod job_mcp;
+pub mod reason;
+pub mod usage;
+
+pub use job::Job;
+pub use reason::{Outcome, Reason};

@@ -1,0 +1,594 @@
+//! The product's one vocabulary for why a job was refused, stopped or failed: every reason the
+//! pickup, the worker and the job's runner can give, each with what follows from it (the outcome a
+//! record shows, the runner's exit code, whether the worker runs the job again) and its fixed public
+//! sentence. A sentence names no server, host, variable or value; the record's detail and the
+//! worker's log carry names.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// How a job ended, as its record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// The agent finished its task: its last answer ended normally.
+    Completed,
+    /// A rule or the configuration stopped it: refused before anything was spent, or stopped by
+    /// the runner with code 2.
+    Policy,
+    /// It did not get done: the model, the agent or the infrastructure failed.
+    Failed,
+    /// The operator cancelled it.
+    Cancelled,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Policy => "policy",
+            Outcome::Failed => "failed",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a reason is decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Before anything is spent: the admission (the spec's pickup table and the product's own
+    /// checks). A refusal spends nothing and pages nobody.
+    Admission,
+    /// After admission, on the host, before the sandbox (secrets, the job's folder).
+    Preparation,
+    /// Inside the job, on the runner's exit line.
+    Job,
+    /// The worker, around the sandbox (time limit, lost workers, cancellation).
+    Worker,
+}
+
+macro_rules! reasons {
+    ($( $variant:ident = $token:literal, $stage:ident, $outcome:ident, $code:expr, $retried:literal, $sentence:literal; )*) => {
+        /// Every reason a job can end with (but `completed`, which has none).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Reason { $( $variant, )* }
+
+        impl Reason {
+            pub const ALL: &'static [Reason] = &[ $( Reason::$variant, )* ];
+
+            /// The token, as records, logs and `PI_ON_FAILURE` carry it.
+            pub fn as_str(self) -> &'static str {
+                match self { $( Reason::$variant => $token, )* }
+            }
+
+            /// The reason a token names, when it is one of ours.
+            pub fn parse(token: &str) -> Option<Reason> {
+                match token { $( $token => Some(Reason::$variant), )* _ => None }
+            }
+
+            pub fn stage(self) -> Stage {
+                match self { $( Reason::$variant => Stage::$stage, )* }
+            }
+
+            /// The outcome a record with this reason shows.
+            pub fn outcome(self) -> Outcome {
+                match self { $( Reason::$variant => Outcome::$outcome, )* }
+            }
+
+            /// The runner's exit code for a reason it reports (0 done, 1 infrastructure, 2 policy
+            /// or configuration); `None` for a reason no runner reports.
+            pub fn code(self) -> Option<u8> {
+                match self { $( Reason::$variant => $code, )* }
+            }
+
+            /// Whether the worker runs the job again (while attempts remain).
+            pub fn retried(self) -> bool {
+                match self { $( Reason::$variant => $retried, )* }
+            }
+
+            /// The fixed public sentence: what happened, naming no server, host or variable.
+            pub fn sentence(self) -> &'static str {
+                match self { $( Reason::$variant => $sentence, )* }
+            }
+        }
+    };
+}
+
+reasons! {
+    // The spec's pickup table.
+    McpListInvalid = "mcp-list-invalid", Admission, Policy, None, false,
+        "The list of MCP servers the job carries is not one pi-dispatch writes.";
+    McpConfigInvalid = "mcp-config-invalid", Admission, Policy, Some(2), false,
+        "The MCP configuration (the overlay's mcp.json, or the job's copy of it) is missing or cannot be read.";
+    McpServerUnknown = "mcp-server-unknown", Admission, Policy, None, false,
+        "An MCP server the job names is not offered to jobs.";
+    McpSecretReserved = "mcp-secret-reserved", Admission, Policy, None, false,
+        "An MCP server the job names references a credential reserved for the job itself.";
+    McpSecretUnmapped = "mcp-secret-unmapped", Admission, Policy, None, false,
+        "An MCP server the job names references a variable the job will not have.";
+    McpEgressUnreachable = "mcp-egress-unreachable", Admission, Policy, None, false,
+        "The egress policy would not let the job reach an MCP server it names.";
+    McpPackageRunner = "mcp-package-runner", Admission, Policy, None, false,
+        "The egress policy would not let an MCP server's package runner reach its registry.";
+    McpExcluded = "mcp-excluded", Admission, Policy, None, false,
+        "The trigger's excluded tools leave an MCP server it names no way in.";
+    JobImageMcpUnsupported = "job-image-mcp-unsupported", Admission, Policy, None, false,
+        "The job image does not declare the mcp capability.";
+    JobImageForgeMcpUnsupported = "job-image-forge-mcp-unsupported", Admission, Policy, None, false,
+        "The job image does not declare the forgeMcp capability.";
+    TriggerSkew = "trigger-skew", Admission, Policy, None, false,
+        "The trigger narrows what its jobs may do in a way the queued job does not carry.";
+    // The product's own admission checks.
+    JobUnreadable = "job-unreadable", Admission, Policy, None, false,
+        "The queued job cannot be read.";
+    JobKindUnsupported = "job-kind-unsupported", Admission, Policy, None, false,
+        "This version runs local jobs only; a forge job needs a clone of its repository.";
+    JobImageMissing = "job-image-missing", Admission, Policy, None, false,
+        "The job image is not installed.";
+    WorkspaceMissing = "workspace-missing", Admission, Policy, None, false,
+        "The job's repository folder does not exist or is not a folder.";
+    WorkspaceOwnedByRoot = "workspace-owned-by-root", Admission, Policy, None, false,
+        "The job's repository folder belongs to root, and a job never runs as root.";
+    WorkspaceUnreachable = "workspace-unreachable", Admission, Policy, None, false,
+        "The user the job runs as cannot use the job's repository folder.";
+    EgressProxyMissing = "egress-proxy-missing", Admission, Policy, None, false,
+        "The egress policy is on and this pi-dispatch has no egress proxy yet.";
+    ModelsConfigInvalid = "models-config-invalid", Admission, Policy, None, false,
+        "The overlay's models.json cannot be read or holds what a job may not.";
+    ModelUnset = "model-unset", Admission, Policy, None, false,
+        "The job names no provider and model, and the deployment sets no default.";
+    ModelProviderUnknown = "model-provider-unknown", Admission, Policy, None, false,
+        "The job's model provider is neither one pi knows nor one the overlay's models.json defines.";
+    ModelUnknown = "model-unknown", Admission, Policy, None, false,
+        "The job's provider has no model of that name.";
+    ModelNotAllowed = "model-not-allowed", Admission, Policy, None, false,
+        "The job's model is not on its trigger's model list.";
+    ModelKeyMissing = "model-key-missing", Admission, Policy, None, false,
+        "The worker holds no key for the job's model provider.";
+    // After admission, before the sandbox.
+    SecretUnresolved = "secret-unresolved", Preparation, Policy, None, false,
+        "A secret the trigger names was refused by its resolver.";
+    SecretResolverMissing = "secret-resolver-missing", Preparation, Policy, None, false,
+        "The trigger's secrets profile has no resolver.";
+    SecretResolverFailed = "secret-resolver-failed", Preparation, Failed, None, true,
+        "The secrets resolver could not answer.";
+    EnvironmentRefused = "environment-refused", Preparation, Policy, None, false,
+        "The job's environment could not be built from its parts.";
+    JobFolderFailed = "job-folder-failed", Preparation, Failed, None, true,
+        "The job's folder could not be written.";
+    PickupRetriesSpent = "pickup-retries-spent", Preparation, Failed, None, true,
+        "A check before the job could not be made, too many times.";
+    // The spec's in-job table.
+    McpUnavailable = "mcp-unavailable", Job, Policy, Some(2), false,
+        "An MCP server refused: it did not start, failed its handshake or its tool list, or answered with an error.";
+    McpUnreachable = "mcp-unreachable", Job, Failed, Some(1), true,
+        "An MCP server had not answered when the wait ran out.";
+    McpShadowed = "mcp-shadowed", Job, Policy, Some(2), false,
+        "An extension registers a name only the job's MCP may.";
+    McpCommandMissing = "mcp-command-missing", Job, Policy, Some(2), false,
+        "A stdio MCP server's command is not in the job image.";
+    McpSecretMissing = "mcp-secret-missing", Job, Policy, Some(2), false,
+        "A variable an MCP server references is not set in the job.";
+    McpConfigMismatch = "mcp-config-mismatch", Job, Policy, Some(2), false,
+        "The job's mcp.json is not the one the worker wrote for it.";
+    // The agent and its model, on the exit line.
+    AgentFailed = "agent-failed", Job, Failed, Some(1), false,
+        "The agent exited with a failure.";
+    AgentAborted = "agent-aborted", Job, Failed, Some(1), false,
+        "The agent's run was aborted before it finished.";
+    AgentNoTurn = "agent-no-turn", Job, Failed, Some(1), false,
+        "The agent ended without a single answer from its model.";
+    ModelUnreachable = "model-unreachable", Job, Failed, Some(1), true,
+        "The model provider could not be reached.";
+    ModelUnauthorized = "model-unauthorized", Job, Failed, Some(2), false,
+        "The model provider refused the job's key.";
+    ModelRateLimited = "model-rate-limited", Job, Failed, Some(1), true,
+        "The model provider kept refusing for its rate limit.";
+    ModelError = "model-error", Job, Failed, Some(1), false,
+        "The model provider answered with an error.";
+    ModelLengthLimit = "model-length-limit", Job, Failed, Some(1), false,
+        "The model's last answer was cut off at its length limit.";
+    Terminated = "terminated", Job, Failed, Some(1), true,
+        "The job's runner was told to stop.";
+    // The worker, around the sandbox.
+    TimeLimit = "time-limit", Worker, Failed, None, false,
+        "The job ran past its time limit and was stopped.";
+    Cancelled = "cancelled", Worker, Cancelled, None, false,
+        "The job was cancelled.";
+    ContainerNeverStarted = "container-never-started", Worker, Failed, None, true,
+        "The job's sandbox did not start.";
+    RunnerNoExitLine = "runner-no-exit-line", Worker, Failed, None, true,
+        "The job's runner ended without saying how.";
+    RunnerReasonUnknown = "runner-reason-unknown", Worker, Failed, None, false,
+        "The job's runner gave a reason this worker does not know.";
+    WorkerLost = "worker-lost", Worker, Failed, None, false,
+        "The job's worker disappeared while it ran, on its last attempt.";
+}
+
+impl Reason {
+    /// The spec's pickup table, in its order.
+    pub const PICKUP_TABLE: [Reason; 11] = [
+        Reason::McpListInvalid,
+        Reason::McpConfigInvalid,
+        Reason::McpServerUnknown,
+        Reason::McpSecretReserved,
+        Reason::McpSecretUnmapped,
+        Reason::McpEgressUnreachable,
+        Reason::McpPackageRunner,
+        Reason::McpExcluded,
+        Reason::JobImageMcpUnsupported,
+        Reason::JobImageForgeMcpUnsupported,
+        Reason::TriggerSkew,
+    ];
+
+    /// The spec's in-job table, in its order.
+    pub const JOB_TABLE: [Reason; 7] = [
+        Reason::McpUnavailable,
+        Reason::McpUnreachable,
+        Reason::McpShadowed,
+        Reason::McpCommandMissing,
+        Reason::McpSecretMissing,
+        Reason::McpConfigMismatch,
+        Reason::McpConfigInvalid,
+    ];
+
+    /// The worker's log event of a refusal: `refused_mcp` for the spec's pickup table (the spec's
+    /// name; the reason rides in the line's `reason` field), else `refused_<reason>`.
+    pub fn log_event(self) -> String {
+        if Reason::PICKUP_TABLE.contains(&self) {
+            "refused_mcp".to_owned()
+        } else {
+            format!("refused_{}", self.as_str().replace('-', "_"))
+        }
+    }
+
+    /// The fixed comment a forge issue gets for a refusal at pickup. `server` is the server the
+    /// rule concerns, when there is one (a validated name, or `forge`); nothing else is put in.
+    pub fn comment(self, server: Option<&str>) -> String {
+        let subject = match server {
+            Some(name) => format!("the MCP server `{name}`"),
+            None => "an MCP server it names".to_owned(),
+        };
+        let why = match self {
+            Reason::McpServerUnknown => format!("{subject} is not offered to jobs"),
+            Reason::McpSecretReserved => format!(
+                "{subject} references a credential reserved for the job itself (a provider key, the forge token, or a proxy or runner variable)"
+            ),
+            Reason::McpSecretUnmapped => {
+                format!("{subject} references a variable the job will not have")
+            }
+            Reason::McpEgressUnreachable => {
+                format!("the egress policy would not let the job reach {subject}")
+            }
+            Reason::McpPackageRunner => format!(
+                "the egress policy would not let the package runner of {subject} reach its registry"
+            ),
+            Reason::McpExcluded => {
+                format!("the trigger's excludeTools leaves {subject} no way in")
+            }
+            other => lowercase_first(other.sentence().trim_end_matches('.')),
+        };
+        format!(
+            "pi-dispatch did not start this job: {why} (rule {}). Nothing was spent; the worker's log has the details.",
+            self.as_str()
+        )
+    }
+}
+
+impl Reason {
+    /// What to do about it, in one line, when nothing more precise is known (a refusal's own fix
+    /// names the server, file or variable).
+    pub fn fix(self) -> &'static str {
+        match self {
+            Reason::McpListInvalid => {
+                "queue the job again from its trigger or with `pi-dispatch run`; upgrade the receiver and the worker together"
+            }
+            Reason::McpConfigInvalid => {
+                "fix the overlay's mcp.json (`pi-dispatch mcp check` shows what is wrong)"
+            }
+            Reason::McpServerUnknown => {
+                "offer the server in the overlay's mcp.json (`pi-dispatch mcp check` says why it is refused), or remove it from the trigger's run.mcp"
+            }
+            Reason::McpSecretReserved => {
+                "give the server its own variable, or give the trigger a model list without that provider"
+            }
+            Reason::McpSecretUnmapped => {
+                "map the variable in the trigger's run.secrets, or forward it with PI_FORWARD_ENV from the worker's environment"
+            }
+            Reason::McpEgressUnreachable => {
+                "allowlist the server's host in egress-allowlist.conf (https on port 443), or declare its host and port in model-endpoints.json"
+            }
+            Reason::McpPackageRunner => {
+                "declare the runner's registry in PI_PACKAGE_REGISTRIES and allowlist it, or install the server in the job image"
+            }
+            Reason::McpExcluded => {
+                "leave the server a way in: do not exclude codemode, tool_search or all of its tools in run.excludeTools"
+            }
+            Reason::JobImageMcpUnsupported => {
+                "use a job image that declares the mcp capability (`pi-dispatch image install`)"
+            }
+            Reason::JobImageForgeMcpUnsupported => {
+                "use a job image that declares the forgeMcp capability"
+            }
+            Reason::TriggerSkew => {
+                "queue the job again from the trigger as it is now; upgrade the receiver and the worker together"
+            }
+            Reason::JobUnreadable => "queue the job again with this version of pi-dispatch",
+            Reason::JobKindUnsupported => {
+                "run the job as a local job (run.kind \"local\", or `pi-dispatch run`)"
+            }
+            Reason::JobImageMissing => "install the job image: `pi-dispatch image install`",
+            Reason::WorkspaceMissing => "point the job at an existing repository folder",
+            Reason::WorkspaceOwnedByRoot => {
+                "give the folder to the user the job should run as (chown)"
+            }
+            Reason::WorkspaceUnreachable => {
+                "let the folder's owner read, write and enter it (chmod u+rwx)"
+            }
+            Reason::EgressProxyMissing => {
+                "set PI_EGRESS=0 to run jobs on the host's network until the egress proxy exists"
+            }
+            Reason::ModelsConfigInvalid => {
+                "fix the overlay's models.json (`pi-dispatch doctor` shows what is wrong)"
+            }
+            Reason::ModelUnset => {
+                "set PI_PROVIDER and PI_MODEL in .env, or run.provider and run.model in the trigger"
+            }
+            Reason::ModelProviderUnknown => {
+                "name a provider pi knows, or define it in the overlay's models.json"
+            }
+            Reason::ModelUnknown => {
+                "name a model the provider has (pi's catalog, or the overlay's models.json)"
+            }
+            Reason::ModelNotAllowed => {
+                "add provider/model to the trigger's run.models, or use a model on it"
+            }
+            Reason::ModelKeyMissing => {
+                "set the provider's key variable in the worker's environment"
+            }
+            Reason::SecretUnresolved => {
+                "check the trigger's run.secrets references against its resolver"
+            }
+            Reason::SecretResolverMissing => {
+                "install the secrets profile's resolver (see docs/sandbox.md)"
+            }
+            Reason::SecretResolverFailed => "check the secrets resolver; the job is tried again",
+            Reason::EnvironmentRefused => {
+                "check PI_FORWARD_ENV and run.secrets for names or values an environment cannot carry"
+            }
+            Reason::JobFolderFailed => "check that the worker can write its state folder",
+            Reason::PickupRetriesSpent => {
+                "check that the worker can read the deployment's files (a disk or mount error)"
+            }
+            Reason::McpUnavailable => {
+                "check the server named in the record: its command, its URL and its credentials"
+            }
+            Reason::McpUnreachable => {
+                "check that the server answers in time; the job is tried again"
+            }
+            Reason::McpShadowed => {
+                "remove the extension that registers the reserved name from the overlay"
+            }
+            Reason::McpCommandMissing => {
+                "install the server's command in the job image or the overlay"
+            }
+            Reason::McpSecretMissing => {
+                "give the job the variable (run.secrets, or PI_FORWARD_ENV with a value in the worker's environment)"
+            }
+            Reason::McpConfigMismatch => {
+                "run the job with a worker and an image of the same version"
+            }
+            Reason::AgentFailed => {
+                "read the job's transcript (`pi-dispatch runs show ID --transcript`)"
+            }
+            Reason::AgentAborted => {
+                "read the job's transcript (`pi-dispatch runs show ID --transcript`)"
+            }
+            Reason::AgentNoTurn => {
+                "read the job's transcript (`pi-dispatch runs show ID --transcript`)"
+            }
+            Reason::ModelUnreachable => {
+                "check that the model provider is reachable from the job (its host, the egress policy); the job is tried again"
+            }
+            Reason::ModelUnauthorized => "check the provider's key in the worker's environment",
+            Reason::ModelRateLimited => {
+                "wait for the provider's rate limit, or lower PI_WORKER_CONCURRENCY; the job is tried again"
+            }
+            Reason::ModelError => "read the provider's error in the job's transcript",
+            Reason::ModelLengthLimit => {
+                "give the model a larger output limit in models.json, or a smaller task"
+            }
+            Reason::Terminated => "the job is tried again",
+            Reason::TimeLimit => "raise PI_JOB_TIME_LIMIT, or give the job a smaller task",
+            Reason::Cancelled => "queue it again if it should run",
+            Reason::ContainerNeverStarted => {
+                "run `pi-dispatch doctor`: bubblewrap and the job image must work on this host"
+            }
+            Reason::RunnerNoExitLine => {
+                "run the worker with --runner-stderr to see the runner's own output"
+            }
+            Reason::RunnerReasonUnknown => "run a worker and a job image of the same version",
+            Reason::WorkerLost => "check why the worker stopped (its log, the host's memory)",
+        }
+    }
+}
+
+fn lowercase_first(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Reason {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Reason {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Reason, D::Error> {
+        let token = String::deserialize(d)?;
+        Reason::parse(&token).ok_or_else(|| serde::de::Error::custom("an unknown reason"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The spec's tables as (token, code) rows; the test below also reads the spec itself when it
+    /// is beside the repository, so the two cannot drift.
+    const PICKUP_ROWS: [&str; 11] = [
+        "mcp-list-invalid",
+        "mcp-config-invalid",
+        "mcp-server-unknown",
+        "mcp-secret-reserved",
+        "mcp-secret-unmapped",
+        "mcp-egress-unreachable",
+        "mcp-package-runner",
+        "mcp-excluded",
+        "job-image-mcp-unsupported",
+        "job-image-forge-mcp-unsupported",
+        "trigger-skew",
+    ];
+    const JOB_ROWS: [(&str, u8); 7] = [
+        ("mcp-unavailable", 2),
+        ("mcp-unreachable", 1),
+        ("mcp-shadowed", 2),
+        ("mcp-command-missing", 2),
+        ("mcp-secret-missing", 2),
+        ("mcp-config-mismatch", 2),
+        ("mcp-config-invalid", 2),
+    ];
+
+    #[test]
+    fn tokens_match_the_spec_tables() {
+        let ours: Vec<&str> = Reason::PICKUP_TABLE.iter().map(|r| r.as_str()).collect();
+        assert_eq!(ours, PICKUP_ROWS);
+        let ours: Vec<(&str, u8)> = Reason::JOB_TABLE
+            .iter()
+            .map(|r| (r.as_str(), r.code().unwrap()))
+            .collect();
+        assert_eq!(ours, JOB_ROWS);
+    }
+
+    #[test]
+    fn every_token_is_plain_unique_and_reads_back() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            let t = r.as_str();
+            // PI_ON_FAILURE's contract: ^[a-z0-9-]{1,40}$.
+            assert!(
+                !t.is_empty()
+                    && t.len() <= 40
+                    && t.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                "{t}"
+            );
+            assert_eq!(Reason::parse(t), Some(*r));
+            assert!(!Reason::ALL[..i].contains(r), "{t} twice");
+            assert_eq!(serde_json::to_value(r).unwrap(), t);
+            assert_eq!(serde_json::from_value::<Reason>(t.into()).unwrap(), *r);
+            assert!(r.sentence().ends_with('.'), "{t}");
+        }
+        assert!(serde_json::from_value::<Reason>("no-such-reason".into()).is_err());
+    }
+
+    #[test]
+    fn outcomes_codes_and_retries_follow_the_stage() {
+        for r in Reason::ALL {
+            match r.stage() {
+                // Nothing was spent: a refusal is never retried and has no runner code (but
+                // mcp-config-invalid, which is in both of the spec's tables).
+                Stage::Admission => {
+                    assert_eq!(r.outcome(), Outcome::Policy, "{r}");
+                    assert!(!r.retried(), "{r}");
+                }
+                Stage::Job => assert!(r.code().is_some(), "{r}"),
+                Stage::Preparation | Stage::Worker => assert_eq!(r.code(), None, "{r}"),
+            }
+            if r.code() == Some(2) {
+                assert!(!r.retried(), "{r}: code 2 is never retried");
+            }
+        }
+        assert!(Reason::McpUnreachable.retried());
+        assert_eq!(Reason::ModelUnreachable.outcome(), Outcome::Failed);
+        assert_eq!(Reason::Cancelled.outcome(), Outcome::Cancelled);
+    }
+
+    /// Reads the spec's tables from `shared/spec/mcp.md` beside the repository (where the workplace
+    /// lays it, for development and CI) and compares them with the rows above.
+    #[test]
+    fn the_rows_above_are_the_spec_tables() {
+        let spec =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/spec/mcp.md");
+        let Ok(text) = std::fs::read_to_string(&spec) else {
+            // Outside the workplace the spec is not beside the repository; the rows above stand.
+            eprintln!(
+                "spec not found at {}; compared with the embedded rows only",
+                spec.display()
+            );
+            return;
+        };
+        let pickup_start = text.find("Reason Why").unwrap();
+        let pickup_end = text[pickup_start..]
+            .find("The comment on the issue")
+            .unwrap()
+            + pickup_start;
+        let pickup: Vec<&str> = text[pickup_start..pickup_end]
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert_eq!(pickup, PICKUP_ROWS);
+        let job_start = text.find("Reason Code Why").unwrap();
+        let job_end = text[job_start..].find("Each reason with code 2").unwrap() + job_start;
+        let mut job: Vec<(String, u8)> = Vec::new();
+        for line in text[job_start..job_end].lines().skip(1) {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            // "mcp-config-mismatch, mcp-config-invalid 2 ..." names two tokens in one row.
+            if let Some(at) = words.iter().position(|w| *w == "1" || *w == "2") {
+                for w in &words[..at] {
+                    job.push((
+                        w.trim_end_matches(',').to_owned(),
+                        words[at].parse().unwrap(),
+                    ));
+                }
+            }
+        }
+        let expected: Vec<(String, u8)> =
+            JOB_ROWS.iter().map(|(t, c)| (t.to_string(), *c)).collect();
+        assert_eq!(job, expected);
+    }
+
+    #[test]
+    fn sentences_and_comments_name_no_value() {
+        for r in Reason::ALL {
+            for text in [r.sentence().to_owned(), r.comment(Some("docs"))] {
+                assert!(!text.contains('$') && !text.contains("://"), "{text}");
+            }
+            let c = r.comment(Some("docs"));
+            assert!(c.contains(r.as_str()), "{c}");
+            assert!(c.starts_with("pi-dispatch did not start this job"), "{c}");
+        }
+        assert_eq!(Reason::McpSecretUnmapped.log_event(), "refused_mcp");
+        assert_eq!(
+            Reason::ModelKeyMissing.log_event(),
+            "refused_model_key_missing"
+        );
+    }
+}

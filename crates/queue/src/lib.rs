@@ -1,0 +1,311 @@
+//! The worker's durable job queue, behind the [`Queue`] trait: the embedded default is one SQLite
+//! file ([`SqliteQueue`], `<deployment>/state/queue.sqlite3`); another backend (Redis, for several
+//! hosts) stands behind the same trait. [`open`] picks the backend from the settings, so no caller
+//! names one.
+//!
+//! A job is `queued` (or waiting for its `available_at` after a retry), `leased` by one worker until
+//! its lease lapses, `lost` once a lapsed lease has used every attempt and until [`Queue::take_lost`]
+//! reports it, and `done`. A done job keeps its id, attempt and times (so that a repeated delivery
+//! is refused) but not its payload. Time is always passed in. See `docs/queue.md`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+mod sqlite;
+
+pub use sqlite::{SCHEMA_VERSION, SqliteQueue};
+
+/// How many leases a job gets, counting the first: a job whose worker died once is run again,
+/// twice is lost; a job retried once after an infrastructure fault is exhausted at its next fault.
+pub const MAX_ATTEMPTS: u32 = 2;
+
+/// The queue file of a deployment, for the embedded backend.
+pub fn sqlite_path(deployment: &Path) -> PathBuf {
+    deployment.join("state").join("queue.sqlite3")
+}
+
+/// The deployment's queue, as its settings choose it (the embedded SQLite file today).
+pub fn open(settings: &config::settings::Settings) -> Result<Arc<dyn Queue>, QueueError> {
+    Ok(Arc::new(SqliteQueue::open(&sqlite_path(&settings.dir))?))
+}
+
+/// Whether the deployment's queue exists yet (a command that only reads need not create it).
+pub fn exists(settings: &config::settings::Settings) -> bool {
+    sqlite_path(&settings.dir).exists()
+}
+
+/// The queue's operations; every time is passed in. Object-safe, so a worker holds a
+/// `Box<dyn Queue>` or `Arc<dyn Queue>` whatever the backend.
+pub trait Queue: Send + Sync {
+    /// Stores a job under `id` with an opaque `payload`, queued at `now`. A job with this id
+    /// already in the queue (in any state, done included) is left alone and the answer is `false`,
+    /// so a repeated delivery is not run twice.
+    fn enqueue(&self, id: &str, payload: &str, now: SystemTime) -> Result<bool, QueueError>;
+
+    /// Takes the oldest available job for `worker` until `now + lease_for`, or `None`. Available:
+    /// queued with `available_at <= now`, or leased with a lapsed lease (`leased_until < now`) and
+    /// attempts left. Lapsed leases without attempts left become lost first.
+    fn lease(
+        &self,
+        worker: &str,
+        lease_for: Duration,
+        now: SystemTime,
+    ) -> Result<Option<Lease>, QueueError>;
+
+    /// Extends a lease still held to `now + lease_for`; `false` if the job is no longer this
+    /// lease's (taken over by another lease, finished, retried or lost). A lapsed lease that no one
+    /// has taken over is still held.
+    fn renew(
+        &self,
+        lease: &Lease,
+        lease_for: Duration,
+        now: SystemTime,
+    ) -> Result<bool, QueueError>;
+
+    /// Marks the job done at `now`, whatever its outcome (completed, refused, failed); `false` if
+    /// the lease is no longer held, and then nothing changes.
+    fn finish(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError>;
+
+    /// An infrastructure fault: the job waits out a backoff and is available again, or, with no
+    /// attempt left, is done. Never for a policy refusal (that is [`Queue::finish`]).
+    fn retry(&self, lease: &Lease, now: SystemTime) -> Result<RetryDecision, QueueError>;
+
+    /// The lost jobs, each reported once: they are done (outcome lost) when this returns. The
+    /// worker writes a record for each; a crash between this call and that record loses the record,
+    /// not the job's `done` row.
+    fn take_lost(&self, now: SystemTime) -> Result<Vec<LostJob>, QueueError>;
+
+    /// Every job not done, oldest first, with counts, and the `recent_done` most recently done.
+    /// Reads only: a lapsed lease shows as leased until a `lease` or `take_lost` call settles it.
+    fn status(&self, now: SystemTime, recent_done: usize) -> Result<Status, QueueError>;
+
+    /// Forgets done jobs finished before `before` (their ids may then be enqueued again); returns
+    /// how many.
+    fn prune_done(&self, before: SystemTime) -> Result<usize, QueueError>;
+
+    /// Cancels job `id`. A job not running (queued, waiting to retry, lost, or leased by a worker
+    /// whose lease lapsed) is done at once, outcome cancelled, and its payload handed back for its
+    /// record; a running one is marked, and the worker holding it stops it
+    /// ([`Queue::cancel_requested`]). A marked job is never leased again.
+    fn cancel(&self, id: &str, now: SystemTime) -> Result<Cancel, QueueError>;
+
+    /// Whether the lease is still held, and whether its job is marked for cancelling.
+    fn lease_state(&self, lease: &Lease) -> Result<LeaseState, QueueError>;
+
+    /// Hands a leased job back at once (a worker that drains): queued, available now, and this
+    /// attempt not counted. `false` if the lease is no longer held.
+    fn release(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError>;
+}
+
+/// Where a lease stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    Held,
+    /// Held, and the job is marked for cancelling: its worker stops it.
+    CancelRequested,
+    /// No longer this lease's (taken over, finished, retried, handed back or cancelled).
+    Lost,
+}
+
+/// What [`Queue::cancel`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cancel {
+    /// It was not running: it is done (cancelled), and this was its payload.
+    Removed { payload: String, attempt: u32 },
+    /// It is running: its worker stops it and writes its record.
+    Stopping { worker: String },
+    /// It was done already.
+    AlreadyDone,
+    /// No job has that id.
+    Unknown,
+}
+
+/// A job leased to one worker. `token` tells this lease from any later lease of the same job, so
+/// a worker that lost its lease cannot renew, finish or retry the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub job_id: String,
+    pub payload: String,
+    /// 1 on the first lease.
+    pub attempt: u32,
+    pub token: String,
+    /// When the lease lapses unless renewed.
+    pub until: SystemTime,
+    /// When the job was enqueued.
+    pub queued_at: SystemTime,
+}
+
+/// What [`Queue::retry`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryDecision {
+    /// Available again from `available_at`.
+    Requeued { available_at: SystemTime },
+    /// Every attempt is used: the job is done.
+    Exhausted,
+    /// The lease is no longer held; nothing changed.
+    NotHeld,
+}
+
+/// A job whose lease lapsed on its last attempt (its worker died, twice by default).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LostJob {
+    pub job_id: String,
+    pub payload: String,
+    pub attempt: u32,
+    /// It was marked for cancelling when its worker disappeared.
+    pub cancelled: bool,
+}
+
+/// What [`Queue::status`] shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    /// Every job not done, in enqueue order.
+    pub open: Vec<OpenJob>,
+    pub counts: Counts,
+    /// The most recently done jobs, newest first.
+    pub recent_done: Vec<DoneJob>,
+}
+
+/// How many jobs are in each state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub queued: usize,
+    pub waiting: usize,
+    pub leased: usize,
+    pub lost: usize,
+    pub done: usize,
+}
+
+/// A job not done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenJob {
+    pub id: String,
+    pub state: OpenState,
+    /// Leases so far.
+    pub attempt: u32,
+    pub queued_at: SystemTime,
+    /// The job as queued (opaque to the queue).
+    pub payload: String,
+    /// Marked for cancelling; its worker is stopping it.
+    pub cancel_requested: bool,
+}
+
+/// Where a job not done stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpenState {
+    /// Available now.
+    Queued,
+    /// Retried; available from `until`.
+    Waiting { until: SystemTime },
+    /// Held by `worker` since `since` (its lease taken), until `until` (lapsed if that is past).
+    Leased {
+        worker: String,
+        until: SystemTime,
+        since: SystemTime,
+    },
+    /// Lapsed on its last attempt; waiting for [`Queue::take_lost`].
+    Lost,
+}
+
+/// A done job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoneJob {
+    pub id: String,
+    pub attempt: u32,
+    pub finished_at: SystemTime,
+    pub end: End,
+}
+
+/// How a job came to be done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// [`Queue::finish`]: completed, refused or failed; the worker's record says which.
+    Finished,
+    /// [`Queue::retry`] with no attempt left.
+    Exhausted,
+    /// Reported by [`Queue::take_lost`].
+    Lost,
+    /// [`Queue::cancel`] of a job that was not running, or a marked job whose worker stopped it.
+    Cancelled,
+}
+
+/// How long a retried job waits: `first × 2^(attempt − 1)`, at most `cap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub first: Duration,
+    pub cap: Duration,
+}
+
+impl Backoff {
+    /// The wait after a fault on `attempt` (1 for the first lease).
+    pub fn after(&self, attempt: u32) -> Duration {
+        let factor = 2u32.saturating_pow(attempt.saturating_sub(1));
+        self.first.saturating_mul(factor).min(self.cap)
+    }
+}
+
+impl Default for Backoff {
+    /// 5 s, then 10 s, 20 s, ..., at most 5 minutes.
+    fn default() -> Backoff {
+        Backoff {
+            first: Duration::from_secs(5),
+            cap: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A queue's policy. Every handle on one file should use the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Leases a job gets, counting the first; at least 1.
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            max_attempts: MAX_ATTEMPTS,
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+/// What failed. Messages name the file or the operation, never a job's payload.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("cannot create the queue's folder {}", path.display())]
+    CreateFolder {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot create the queue file {}", path.display())]
+    CreateFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open the queue file {} ({step})", path.display())]
+    Open {
+        path: PathBuf,
+        step: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error(
+        "the queue file {} has schema version {found}, which this pi-dispatch does not know (it \
+         knows up to {SCHEMA_VERSION}); a newer pi-dispatch wrote it",
+        path.display()
+    )]
+    UnknownSchema { path: PathBuf, found: i64 },
+    #[error("the queue file {} is in {mode} journal mode and cannot be put in WAL mode", path.display())]
+    NotWal { path: PathBuf, mode: String },
+    #[error("the queue cannot {op}")]
+    Sqlite {
+        op: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+}

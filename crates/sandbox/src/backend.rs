@@ -1,0 +1,135 @@
+//! The sandbox backends behind one trait: a job is started from a backend-neutral [`JobSpec`] and
+//! its environment; the running job offers its standard streams, a wait under the time limit, and
+//! kill. bubblewrap ([`Bubblewrap`]) is the embedded default; a container backend implements the
+//! same trait.
+
+use std::ffi::OsString;
+use std::future::Future;
+use std::io;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
+
+use crate::bwrap::{self, Ending, SandboxSpec};
+use crate::env::JobEnv;
+
+/// A future a backend returns.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a job's sandbox is made of, whatever runs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSpec {
+    /// The host folders the job sees: its files (read-only), the overlay (read-only), the image
+    /// (read-only) and the workspace (writable).
+    pub job_dir: PathBuf,
+    pub overlay_dir: PathBuf,
+    pub image_dir: PathBuf,
+    pub workspace: PathBuf,
+    /// The host user whose files the job writes (a root worker runs a local job as its folder's
+    /// owner); `None` runs it as the worker's own user.
+    pub host_user: Option<(u32, u32)>,
+    pub network: Network,
+    /// What runs inside (a path in the sandbox) and its arguments.
+    pub program: OsString,
+    pub args: Vec<OsString>,
+}
+
+/// The job's network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Network {
+    /// The host's network (egress off).
+    Host,
+    /// Its own loopback only.
+    None,
+}
+
+/// A sandbox backend.
+pub trait Backend: Send + Sync {
+    /// Starts `spec` with exactly the environment `env`. Call it from a thread that outlives the
+    /// job (bubblewrap dies with the thread that started it).
+    fn start<'a>(
+        &'a self,
+        spec: &'a JobSpec,
+        env: &'a JobEnv,
+    ) -> BoxFuture<'a, Result<Box<dyn RunningJob>, StartError>>;
+}
+
+/// A job that runs: its streams, taken once each; a wait; and kill. Dropping it ends the job with
+/// every process in it.
+pub trait RunningJob: Send {
+    fn stdin(&mut self) -> Option<ChildStdin>;
+    fn stdout(&mut self) -> Option<ChildStdout>;
+    fn stderr(&mut self) -> Option<ChildStderr>;
+    /// Waits for the job at most `limit`, then ends it with every process in it.
+    fn wait_with_limit(&mut self, limit: Duration) -> BoxFuture<'_, io::Result<Ending>>;
+    /// Ends every process of the job and waits until they are gone.
+    fn kill(&mut self) -> BoxFuture<'_, io::Result<()>>;
+}
+
+/// The sandbox did not start.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct StartError(#[from] pub bwrap::SpawnError);
+
+/// The embedded backend: bubblewrap, with the host's system directories read-only.
+#[derive(Debug, Clone)]
+pub struct Bubblewrap {
+    pub bwrap: PathBuf,
+}
+
+impl Bubblewrap {
+    /// bubblewrap's spec for a job: the job runs as the conventional `nobody` inside.
+    pub fn spec(job: &JobSpec) -> SandboxSpec {
+        SandboxSpec {
+            uid: bwrap::NOBODY,
+            gid: bwrap::NOBODY,
+            system: bwrap::host_system(),
+            job_dir: job.job_dir.clone(),
+            overlay_dir: job.overlay_dir.clone(),
+            workspace: job.workspace.clone(),
+            image_dir: job.image_dir.clone(),
+            extra_ro: Vec::new(),
+            share_net: job.network == Network::Host,
+            host: job.host_user,
+            program: job.program.clone(),
+            args: job.args.clone(),
+        }
+    }
+}
+
+impl Backend for Bubblewrap {
+    fn start<'a>(
+        &'a self,
+        spec: &'a JobSpec,
+        env: &'a JobEnv,
+    ) -> BoxFuture<'a, Result<Box<dyn RunningJob>, StartError>> {
+        Box::pin(async move {
+            let sandbox = bwrap::spawn(&self.bwrap, &Bubblewrap::spec(spec), env).await?;
+            Ok(Box::new(sandbox) as Box<dyn RunningJob>)
+        })
+    }
+}
+
+impl RunningJob for bwrap::Sandbox {
+    fn stdin(&mut self) -> Option<ChildStdin> {
+        bwrap::Sandbox::stdin(self)
+    }
+
+    fn stdout(&mut self) -> Option<ChildStdout> {
+        bwrap::Sandbox::stdout(self)
+    }
+
+    fn stderr(&mut self) -> Option<ChildStderr> {
+        bwrap::Sandbox::stderr(self)
+    }
+
+    fn wait_with_limit(&mut self, limit: Duration) -> BoxFuture<'_, io::Result<Ending>> {
+        Box::pin(bwrap::Sandbox::wait_with_limit(self, limit))
+    }
+
+    fn kill(&mut self) -> BoxFuture<'_, io::Result<()>> {
+        Box::pin(bwrap::Sandbox::kill(self))
+    }
+}
