@@ -1068,15 +1068,20 @@ fn url_code(p: &UrlProblem) -> Code {
     }
 }
 
-/// Cc (control), Cf (invisible formatting), Zl and Zp (line and paragraph separators).
+/// Cc (control), Cf (invisible formatting), Zl and Zp (line and paragraph separators), and every
+/// code point of Unicode's Default_Ignorable_Code_Point set (DerivedCoreProperties.txt): what a
+/// renderer draws as nothing, such as variation selectors (U+FE00..U+FE0F, U+E0100..U+E01EF), the
+/// Hangul fillers (U+115F, U+1160, U+3164, U+FFA0), the combining grapheme joiner and U+180B..U+180F.
 fn forbidden_in_description(c: char) -> bool {
+    const IGNORABLE: icu_properties::CodePointSetDataBorrowed<'static> =
+        icu_properties::CodePointSetData::new::<icu_properties::props::DefaultIgnorableCodePoint>();
     matches!(
         get_general_category(c),
         GeneralCategory::Control
             | GeneralCategory::Format
             | GeneralCategory::LineSeparator
             | GeneralCategory::ParagraphSeparator
-    )
+    ) || IGNORABLE.contains(c)
 }
 
 /// An HTTP token (RFC 9110): letters, digits and ``!#$%&'*+-.^_`|~``.

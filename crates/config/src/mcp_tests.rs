@@ -121,6 +121,22 @@ fn a_description_is_required_and_is_one_clean_line() {
         "tag\\udb40\\udc41",
         "line\\u2028sep",
         "para\\u2029sep",
+        // Invisible, though not Cc or Cf: Unicode's Default_Ignorable_Code_Point set.
+        "vs1\\ufe00",
+        "vs16\\ufe0f",
+        "vs17\\udb40\\udd00",
+        "vs256\\udb40\\uddef",
+        "choseong\\u115ffiller",
+        "jungseong\\u1160filler",
+        "hangul\\u3164filler",
+        "halfwidth\\uffa0filler",
+        "cgj\\u034fjoiner",
+        "khmer\\u17b4inherent",
+        "mongolian\\u180bfvs1",
+        "mongolian\\u180ffvs4",
+        "unassigned\\u2065ignorable",
+        "unassigned\\ufff0ignorable",
+        "unassigned\\udb43\\udfffplane14",
     ] {
         let body = format!(r#""url": "https://h/mcp", "description": "{bad}""#);
         assert_eq!(codes(&body), [Code::DescriptionInvalid], "{bad}");
