@@ -11,6 +11,7 @@ use config::files::{self, ReadError};
 use config::mcp::{self, Overlay, Transport};
 use config::models::{self, Models, ModelsError};
 use config::settings::Settings;
+use config::url::Host;
 use serde::Serialize;
 
 use crate::fsutil::{self, Kind};
@@ -472,7 +473,7 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
         match egress::route(url.scheme(), url.host(), port, allowlist, declared) {
             Ok(egress::Route::Allowlisted) => {}
             Ok(egress::Route::DeclaredEndpoint { id }) => {
-                if model_hosts.contains(&(host.clone(), port)) {
+                if model_hosts.contains(&(url.host().clone(), port)) {
                     continue;
                 }
                 let key = (host.clone(), port);
@@ -563,16 +564,16 @@ fn reach_fix(
     }
 }
 
-/// The host and port of every model `baseUrl` in the overlay's models.json that reads as a URL.
-fn model_host_ports(models: &Read<Models>) -> Vec<(String, u16)> {
+/// The host and port of every model `baseUrl` in the overlay's models.json that names one, in the
+/// plain form the egress rule compares (`HTTPS://Host:443/v1` is `host` on 443).
+fn model_host_ports(models: &Read<Models>) -> Vec<(Host, u16)> {
     let Read::Parsed(models) = models else {
         return Vec::new();
     };
     models
         .base_urls
         .iter()
-        .filter_map(|u| config::url::parse(u).ok())
-        .map(|u| (u.host().to_string(), u.port()))
+        .filter_map(|u| config::url::host_port(u))
         .collect()
 }
 

@@ -664,6 +664,41 @@ fn a_server_on_an_endpoint_an_overlay_model_uses_needs_no_proof() {
 }
 
 #[test]
+fn a_model_base_url_written_another_way_still_uses_its_endpoint() {
+    // The endpoint on 443, and the server on it; each baseUrl names that host and port, not plainly.
+    for base_url in [
+        "https://LLM.example.com:443/v1",
+        "HTTPS://llm.example.com/v1",
+        "https://llm.example.com.:0443/v1",
+    ] {
+        let inputs = Inputs {
+            mcp: overlay(r#""llm": {"url": "https://llm.example.com/mcp", "description": "LLM"}"#),
+            endpoints: endpoints(r#"{"id": "gpu-1", "host": "llm.example.com", "port": 443}"#),
+            models: models_file(&format!(
+                r#"{{"providers": {{"local": {{"baseUrl": "{base_url}", "apiKey": "$LOCAL_KEY"}}}}}}"#
+            )),
+            ..healthy()
+        };
+        let proof = Proving::default();
+        let out = run(&inputs, &proof);
+        assert!(proof.asked.borrow().is_empty(), "{base_url}");
+        assert!(not_ok(&out).is_empty(), "{base_url}: {out:#?}");
+    }
+    // Another port is another endpoint: the route to the server's still wants its proof.
+    let inputs = Inputs {
+        mcp: overlay(r#""llm": {"url": "https://llm.example.com/mcp", "description": "LLM"}"#),
+        endpoints: endpoints(r#"{"id": "gpu-1", "host": "llm.example.com", "port": 443}"#),
+        models: models_file(
+            r#"{"providers": {"local": {"baseUrl": "HTTPS://LLM.example.com:8443/v1", "apiKey": "$K"}}}"#,
+        ),
+        ..healthy()
+    };
+    let out = run(&inputs, &NoRouteProof);
+    let c = the(&out, "server llm is on declared endpoint gpu-1");
+    assert_eq!(c.level, Level::Warn);
+}
+
+#[test]
 fn egress_off_warns_once_and_judges_no_reach() {
     let inputs = Inputs {
         settings: settings(false),
