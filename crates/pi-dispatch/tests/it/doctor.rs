@@ -234,3 +234,22 @@ fn the_deployment_folder_can_be_given_with_dir() {
     let run = elsewhere.run(&["mcp", "check", "--dir", d.path().to_str().unwrap()]);
     assert_eq!(run.code, 0, "{}", run.stdout);
 }
+
+#[test]
+fn a_key_written_twice_in_an_overlay_file_is_named() {
+    let d = realistic();
+    std::fs::write(
+        d.path().join("pi-global/mcp.json"),
+        "{\"mcpServers\": {\"docs\": {\"url\": \"https://mcp.example.com/mcp\",\n  \"url\": \"https://other.example.com/mcp\", \"description\": \"d\"}}}",
+    )
+    .unwrap();
+    std::fs::write(
+        d.path().join("pi-global/models.json"),
+        r#"{"providers": {"p": {"apiKey": "$K", "apiKey": "$L"}}}"#,
+    )
+    .unwrap();
+    let run = d.run(&["doctor"]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    let failed: Vec<&str> = run.stdout.lines().filter(|l| l.starts_with('✗')).collect();
+    insta::assert_snapshot!("duplicate_key_failures", failed.join("\n"));
+}

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::common::{CANARIES, Deployment, Run, files_under, write_host_agent};
+use crate::common::{CANARIES, Deployment, HOST_MCP, Run, files_under, write_host_agent};
 
 /// A deployment made by `init`, with a realistic host pi folder beside it.
 fn deployment_with_host() -> (Deployment, PathBuf) {
@@ -460,4 +460,32 @@ fn a_crash_mid_write_or_before_the_rename_leaves_the_old_file_whole() {
         assert_ne!(std::fs::read(&target).unwrap(), old);
         assert_eq!(temp_files(&d), Vec::<String>::new(), "{point}");
     }
+}
+
+#[test]
+fn a_key_written_twice_in_a_host_file_is_named() {
+    let (d, host) = deployment_with_host();
+    std::fs::write(
+        host.join("mcp.json"),
+        "{\"mcpServers\": {\"docs\": {\"url\": \"https://a.example.com/mcp\",\n  \"description\": \"d\", \"description\": \"e\"}}}",
+    )
+    .unwrap();
+    let run = import(&d, &host, &[]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    insta::assert_snapshot!("duplicate_key_human", d.redact(&run.stdout));
+    // models.json is read by the same reader, and names its key too.
+    std::fs::write(host.join("mcp.json"), HOST_MCP).unwrap();
+    std::fs::write(
+        host.join("models.json"),
+        r#"{"providers": {"p": {"apiKey": "$K"}}, "providers": {}}"#,
+    )
+    .unwrap();
+    let run = import(&d, &host, &[]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains("the key 'providers' is written twice in one object"),
+        "{}",
+        run.stdout
+    );
 }

@@ -379,3 +379,34 @@ fn a_broken_dotenv_does_not_matter_when_the_environment_decides() {
     // Without the environment, the .env is needed and its error is reported.
     assert_eq!(d.run(&["mcp", "check"]).code, 2);
 }
+
+#[test]
+fn a_key_written_twice_is_named_and_escaped_when_not_printable() {
+    let d = Deployment::new();
+    d.write(
+        "pi-global/mcp.json",
+        "{\"mcpServers\": {\"a\": {\"url\": \"https://h/mcp\",\n  \"url\": \"https://i/mcp\"}}}",
+    );
+    let run = d.run(&["mcp", "check"]);
+    assert_eq!(run.code, 2);
+    insta::assert_snapshot!("duplicate_key_human", d.redact(&run.stdout));
+
+    // A key with a control character is shown escaped, never raw.
+    d.write(
+        "pi-global/mcp.json",
+        r#"{"mcpServers": {}, "x\u001b[2J": 1, "x\u001b[2J": 2}"#,
+    );
+    let run = d.run(&["mcp", "check", "--json"]);
+    assert_eq!(run.code, 2);
+    let message = json_of(&run.stdout)["problems"][0]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains(r"the key 'x\u{1b}[2J' is written twice"),
+        "{message}"
+    );
+    let human = d.run(&["mcp", "check"]).stdout;
+    assert!(!human.contains('\u{1b}'), "{human:?}");
+    assert!(human.contains(r"'x\u{1b}[2J'"), "{human}");
+}

@@ -475,3 +475,15 @@ fn no_value_reaches_the_output() {
         assert!(paths.contains(&path), "{path} not in {paths:?}");
     }
 }
+
+#[test]
+fn a_key_written_twice_is_named() {
+    let d = Deployment::new();
+    d.write(
+        "triggers.json",
+        "{\"triggers\": [{\"on\": {\"type\": \"label\", \"any\": [\"a\"]},\n  \"run\": {\"kind\": \"github\", \"flow\": \"answer\", \"flow\": \"review\"}}]}",
+    );
+    let run = d.run(&["triggers", "check"]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    insta::assert_snapshot!("duplicate_key_human", d.redact(&run.stdout));
+}
