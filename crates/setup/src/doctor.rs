@@ -379,6 +379,12 @@ fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
                 "install the server in the job image or the overlay and name its command; if you keep the runner, allowlist the registry it fetches from",
             ));
         }
+        for w in server.warnings() {
+            out.push(Check::warn(
+                format!("server {}: {} [{}]", server.name, w.message, w.code),
+                w.fix,
+            ));
+        }
     }
 }
 

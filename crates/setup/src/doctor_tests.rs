@@ -412,6 +412,46 @@ fn a_package_runner_server_warns() {
 }
 
 #[test]
+fn an_http_server_sending_headers_warns_that_they_travel_in_plain_text() {
+    let out = run(
+        &Inputs {
+            mcp: overlay(&format!(
+                r#"{SERVERS},
+                "intranet": {{"url": "http://wiki.corp.example:8080/mcp", "description": "Wiki", "headers": {{"Authorization": "Bearer ${{WIKI_TOKEN}}"}}}},
+                "local": {{"url": "http://127.0.0.1:3000/mcp", "description": "Local", "headers": {{"X-Api-Key": "${{LOCAL_KEY}}"}}}},
+                "plain": {{"url": "http://other.example.com:8080/mcp", "description": "No headers"}}"#
+            )),
+            settings: settings(false),
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    let c = the(&out, "server intranet: the url is http://");
+    assert_eq!(c.level, Level::Warn);
+    assert!(
+        c.label.contains("(Authorization) would be sent in plain text across the network to wiki.corp.example port 8080"),
+        "{c:?}"
+    );
+    assert!(c.label.ends_with("[plain-http-credentials]"), "{c:?}");
+    assert!(fix(c).contains("https://"), "{c:?}");
+    let local = the(&out, "server local: the url is http://");
+    assert_eq!(local.level, Level::Warn);
+    assert!(
+        local
+            .label
+            .contains("to 127.0.0.1 port 3000, the loopback of the machine the job runs on"),
+        "{local:?}"
+    );
+    assert!(
+        !labels(&out).iter().any(|l| l.contains("server plain")),
+        "{out:#?}"
+    );
+    // With egress off, the only other warning is that one.
+    let egress_off = the(&out, "egress policy off");
+    assert_eq!(not_ok(&out), [c, local, egress_off]);
+}
+
+#[test]
 fn an_unreadable_models_json_fails() {
     let why = "models.json holds a credential or a command: providers.x.apiKey: the key is written in the file";
     let out = run(

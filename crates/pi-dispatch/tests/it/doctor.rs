@@ -253,3 +253,28 @@ fn a_key_written_twice_in_an_overlay_file_is_named() {
     let failed: Vec<&str> = run.stdout.lines().filter(|l| l.starts_with('✗')).collect();
     insta::assert_snapshot!("duplicate_key_failures", failed.join("\n"));
 }
+
+#[test]
+fn an_http_server_sending_a_credential_header_is_a_warning() {
+    let d = realistic();
+    std::fs::write(
+        d.path().join("pi-global/mcp.json"),
+        r#"{"mcpServers": {"wiki": {"url": "http://wiki.internal.example:8443/mcp", "headers": {"Authorization": "Bearer ${WIKI_TOKEN}"}, "description": "Team wiki"}}}"#,
+    )
+    .unwrap();
+    let run = d.run(&["doctor"]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(
+        run.stdout.contains(
+            "⚠ server wiki: the url is http://, so the credential in the header (Authorization) would be sent in plain text across the network to wiki.internal.example port 8443"
+        ),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .contains("    fix: use the server's https:// url\n"),
+        "{}",
+        run.stdout
+    );
+}
