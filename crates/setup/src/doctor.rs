@@ -90,6 +90,10 @@ pub struct Inputs {
     pub settings: Settings,
     /// What the overlay path is, or why that cannot be told (permission denied, ...).
     pub overlay_kind: Result<Kind, std::io::ErrorKind>,
+    /// Whether the deployment folder has a `.env`, and whether the triggers file is there (in any
+    /// form: what it holds is `triggers check`'s to judge).
+    pub dotenv: bool,
+    pub triggers_file: bool,
     pub auth_json: bool,
     pub mcp_auth_json: bool,
     pub mcp: Read<Overlay>,
@@ -158,7 +162,10 @@ pub fn gather(settings: Settings) -> Inputs {
                 .as_str()
                 .map(str::to_owned)
         });
+    let exists = |path: &Path| fsutil::kind(path).is_ok_and(|k| k != Kind::Missing);
     Inputs {
+        dotenv: exists(&settings.dir.join(".env")),
+        triggers_file: exists(&settings.triggers_file),
         bwrap: is_executable(Path::new(BWRAP)),
         image_runner: is_executable(&image.join(crate::image::RUNNER)),
         image_pi_version,
@@ -217,6 +224,9 @@ pub fn settings_failed(errors: &[String], dir: &Path) -> Vec<Check> {
 pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
     let s = &inputs.settings;
     let mut out = vec![Check::ok("settings: the environment and .env read cleanly")];
+    if !deployment_checks(inputs, &mut out) {
+        return out;
+    }
     let overlay = s.overlay_dir.display();
     match inputs.overlay_kind {
         Ok(Kind::Dir) => out.push(Check::ok(format!("overlay folder: {overlay}"))),
@@ -274,6 +284,45 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
     egress_checks(inputs, proof, &mut out);
     runtime_checks(inputs, &mut out);
     out
+}
+
+/// Whether the folder is a deployment: a failure, and `false` (nothing else to check), when it has
+/// none of a deployment's files; a warning for each of `.env` and the triggers file it lacks. A
+/// missing overlay folder is the overlay check's to report.
+fn deployment_checks(inputs: &Inputs, out: &mut Vec<Check>) -> bool {
+    let s = &inputs.settings;
+    let dir = s.dir.display();
+    let triggers = s.triggers_file.display();
+    let init = format!("`pi-dispatch init {dir}`");
+    if !inputs.dotenv && !inputs.triggers_file && inputs.overlay_kind == Ok(Kind::Missing) {
+        out.push(Check::fail(
+            format!(
+                "{dir} is not a pi-dispatch deployment: it has no .env, no triggers file ({triggers}) and no overlay folder ({})",
+                s.overlay_dir.display()
+            ),
+            format!(
+                "run {init} to make one there, or run doctor in the deployment's folder (or name it with --dir)"
+            ),
+        ));
+        return false;
+    }
+    if !inputs.dotenv {
+        out.push(Check::warn(
+            format!("no .env in {dir}: every setting is the environment's or its default"),
+            format!(
+                "{init} writes one with every setting explained (it only adds what is missing)"
+            ),
+        ));
+    }
+    if !inputs.triggers_file {
+        out.push(Check::warn(
+            format!("the triggers file {triggers} does not exist: the worker has no trigger to run"),
+            format!(
+                "{init} writes an empty one (or set PI_TRIGGERS_FILE); add triggers and check them with `pi-dispatch triggers check`"
+            ),
+        ));
+    }
+    true
 }
 
 /// What running jobs on this machine needs: bubblewrap, the job image, and (until the egress

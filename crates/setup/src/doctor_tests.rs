@@ -50,6 +50,8 @@ fn healthy() -> Inputs {
     Inputs {
         settings: settings(true),
         overlay_kind: Ok(Kind::Dir),
+        dotenv: true,
+        triggers_file: true,
         auth_json: false,
         mcp_auth_json: false,
         mcp: overlay(SERVERS),
@@ -183,6 +185,80 @@ fn a_healthy_deployment_is_all_ok_and_names_the_offered_servers() {
             "job image pi-job: pi 1.6.0",
         ]
     );
+}
+
+#[test]
+fn a_folder_with_none_of_a_deployments_files_fails_and_says_how_to_make_one() {
+    let inputs = Inputs {
+        dotenv: false,
+        triggers_file: false,
+        overlay_kind: Ok(Kind::Missing),
+        ..healthy()
+    };
+    let out = run(&inputs, &NoRouteProof);
+    assert_eq!(out.len(), 2, "{out:#?}");
+    let c = &out[1];
+    assert_eq!(c.level, Level::Fail);
+    assert_eq!(
+        c.label,
+        "/srv/d is not a pi-dispatch deployment: it has no .env, no triggers file (/srv/d/triggers.json) and no overlay folder (/srv/d/pi-global)"
+    );
+    assert!(fix(c).contains("`pi-dispatch init /srv/d`"), "{c:?}");
+}
+
+#[test]
+fn a_deployment_missing_one_file_warns_for_it() {
+    let out = run(
+        &Inputs {
+            dotenv: false,
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    let c = the(&out, "no .env in /srv/d");
+    assert_eq!(c.level, Level::Warn);
+    assert!(fix(c).contains("`pi-dispatch init /srv/d`"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+
+    let out = run(
+        &Inputs {
+            triggers_file: false,
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    let c = the(
+        &out,
+        "the triggers file /srv/d/triggers.json does not exist",
+    );
+    assert_eq!(c.level, Level::Warn);
+    assert!(fix(c).contains("`pi-dispatch init /srv/d`"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+
+    // With .env and triggers.json but no overlay folder, the overlay check alone says so.
+    let out = run(
+        &Inputs {
+            overlay_kind: Ok(Kind::Missing),
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    assert_eq!(not_ok(&out).len(), 1, "{out:#?}");
+    assert_eq!(
+        the(&out, "overlay folder /srv/d/pi-global does not exist").level,
+        Level::Warn
+    );
+    // Two files missing are two warnings, not the failure.
+    let out = run(
+        &Inputs {
+            dotenv: false,
+            triggers_file: false,
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    assert_eq!(not_ok(&out).len(), 2, "{out:#?}");
+    assert!(out.iter().all(|c| c.level != Level::Fail), "{out:#?}");
 }
 
 #[test]

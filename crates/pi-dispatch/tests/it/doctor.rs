@@ -278,3 +278,28 @@ fn an_http_server_sending_a_credential_header_is_a_warning() {
         run.stdout
     );
 }
+
+#[test]
+fn a_folder_that_is_not_a_deployment_fails_and_says_how_to_make_one() {
+    let d = Deployment::new();
+    let run = d.run(&["doctor"]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    insta::assert_snapshot!("doctor_not_a_deployment", d.redact(&run.stdout));
+    let run = d.run(&["doctor", "--json"]);
+    assert_eq!(run.code, 1);
+    assert_eq!(json(&run)["ok"], false);
+
+    // init makes it one; a single file missing afterwards is a warning.
+    assert_eq!(d.run(&["init"]).code, 0);
+    std::fs::remove_file(d.path().join("triggers.json")).unwrap();
+    let run = d.run(&["doctor"]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(
+        d.redact(&run.stdout).contains(
+            "⚠ the triggers file [DIR]/triggers.json does not exist: the worker has no trigger to run\n    fix: `pi-dispatch init [DIR]` writes an empty one"
+        ),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("not a pi-dispatch deployment"));
+}
