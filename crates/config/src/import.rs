@@ -127,6 +127,29 @@ impl McpImport {
     }
 }
 
+/// The names under the top-level object `member` (`mcpServers` of an `mcp.json`, `providers` of a
+/// `models.json`) of an overlay file an import replaces, that `kept` does not hold: what the
+/// replacement drops (hand edits, most often), in file order. A file without that member drops
+/// nothing; `None` when the file is not strict JSON or its member is not an object, so what it held
+/// cannot be told.
+pub fn dropped_names(old: &[u8], member: &str, kept: &[&str]) -> Option<Vec<String>> {
+    let text = std::str::from_utf8(old).ok()?;
+    let Json::Object(root) = json::parse(text).ok()? else {
+        return None;
+    };
+    match root.get(member) {
+        None => Some(Vec::new()),
+        Some(Json::Object(names)) => Some(
+            names
+                .keys()
+                .filter(|name| !kept.contains(name))
+                .map(str::to_owned)
+                .collect(),
+        ),
+        Some(_) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,6 +228,29 @@ mod tests {
                 None,
                 "{host}"
             );
+        }
+    }
+
+    #[test]
+    fn the_names_a_replacement_drops_are_told_in_file_order() {
+        let old =
+            br#"{"mcpServers": {"mine": {}, "docs": {"url": 5}, "z-hand": "not even an entry"}}"#;
+        assert_eq!(
+            dropped_names(old, "mcpServers", &["docs", "new"]),
+            Some(vec!["mine".to_owned(), "z-hand".to_owned()])
+        );
+        assert_eq!(
+            dropped_names(old, "mcpServers", &["mine", "docs", "z-hand"]),
+            Some(vec![])
+        );
+        let models = br#"{"providers": {"local": {"apiKey": "sk-literal"}, "openai": {}}}"#;
+        assert_eq!(
+            dropped_names(models, "providers", &["openai"]),
+            Some(vec!["local".to_owned()])
+        );
+        assert_eq!(dropped_names(b"{}", "providers", &[]), Some(vec![]));
+        for unreadable in [&b"{,}"[..], b"[]", br#"{"providers": []}"#, b"\xff"] {
+            assert_eq!(dropped_names(unreadable, "providers", &[]), None);
         }
     }
 

@@ -115,32 +115,71 @@ pub fn to_pretty(value: &Json) -> String {
     text
 }
 
-/// Why a text is not strict JSON. The message says where, never what was written there.
+/// Why a text is not strict JSON. The message says where, never what was written there; a key
+/// written twice is named, as [`shown_key`] writes it (keys are names, not values).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JsonError {
     #[error("not JSON: {detail}")]
     Syntax { detail: String },
-    #[error("not strict JSON: a key is written twice in one object (line {line}, column {column})")]
-    DuplicateKey { line: usize, column: usize },
+    #[error(
+        "not strict JSON: the key '{key}' is written twice in one object (line {line}, column {column})"
+    )]
+    DuplicateKey {
+        /// The key as [`shown_key`] writes it: escaped, and cut short when long.
+        key: String,
+        line: usize,
+        column: usize,
+    },
 }
 
-/// Marker text the visitor raises on a repeated key; `parse` turns it into `JsonError::DuplicateKey`.
-const DUPLICATE_MARKER: &str = "pi-dispatch: duplicate key";
+/// Marker text the visitor raises on a repeated key, followed by the key as shown; `parse` turns it
+/// into `JsonError::DuplicateKey`.
+const DUPLICATE_MARKER: &str = "pi-dispatch: duplicate key: ";
+
+/// The most characters of a key a message shows; a longer one is cut short with `…`.
+pub const MAX_SHOWN_KEY_CHARS: usize = 64;
+
+/// A key as a message may show it: printable ASCII as written; a quote or a backslash escaped with
+/// a backslash; anything else (a control character, a character outside ASCII, an invisible one) as
+/// `\u{…}`, so no key is ever printed raw. Cut at [`MAX_SHOWN_KEY_CHARS`] characters.
+pub fn shown_key(key: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in key.chars().enumerate() {
+        if i == MAX_SHOWN_KEY_CHARS {
+            out.push('…');
+            break;
+        }
+        match c {
+            '\'' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+        }
+    }
+    out
+}
 
 /// Parses `text` as one strict JSON document.
 pub fn parse(text: &str) -> Result<Json, JsonError> {
     // serde_json rejects a byte-order mark, comments and trailing commas already; it also stops
     // at 128 levels of nesting with an error rather than overflowing the stack.
     serde_json::from_str::<Json>(text).map_err(|e| {
-        if e.to_string().starts_with(DUPLICATE_MARKER) {
-            JsonError::DuplicateKey {
-                line: e.line(),
-                column: e.column(),
+        let message = e.to_string();
+        match message.strip_prefix(DUPLICATE_MARKER) {
+            Some(rest) => {
+                // serde_json writes a custom error as "MESSAGE at line L column C".
+                let position = format!(" at line {} column {}", e.line(), e.column());
+                JsonError::DuplicateKey {
+                    key: rest.strip_suffix(&position).unwrap_or(rest).to_owned(),
+                    line: e.line(),
+                    column: e.column(),
+                }
             }
-        } else {
-            JsonError::Syntax {
+            None => JsonError::Syntax {
                 detail: syntax_detail(&e),
-            }
+            },
         }
     })
 }
@@ -220,7 +259,10 @@ impl<'de> Visitor<'de> for JsonVisitor {
         let mut seen: HashSet<String> = HashSet::new();
         while let Some(key) = map.next_key::<String>()? {
             if !seen.insert(key.clone()) {
-                return Err(de::Error::custom(DUPLICATE_MARKER));
+                return Err(de::Error::custom(format!(
+                    "{DUPLICATE_MARKER}{}",
+                    shown_key(&key)
+                )));
             }
             let value = map.next_value()?;
             members.push((key, value));
@@ -270,11 +312,52 @@ mod tests {
     }
 
     #[test]
-    fn duplicate_key_message_gives_a_position_not_the_key_or_value() {
-        let err = parse("{\n  \"secret-key\": \"v1\",\n  \"secret-key\": \"v2\"\n}").unwrap_err();
+    fn duplicate_key_message_names_the_key_and_gives_a_position_not_the_value() {
+        let err = parse("{\n  \"api-key\": \"v1\",\n  \"api-key\": \"v2\"\n}").unwrap_err();
+        assert_eq!(
+            err,
+            JsonError::DuplicateKey {
+                key: "api-key".into(),
+                line: 3,
+                column: 11
+            }
+        );
         let msg = err.to_string();
-        assert!(msg.contains("line 3"), "{msg}");
+        assert_eq!(
+            msg,
+            "not strict JSON: the key 'api-key' is written twice in one object (line 3, column 11)"
+        );
         assert!(!msg.contains("v1") && !msg.contains("v2"), "{msg}");
+        // Deep in the document, with spaces and an escape.
+        let err = parse(r#"[{"x": {"a b\"c": 1, "a b\"c": 2}}]"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(r#"the key 'a b"c' is written twice"#),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_duplicate_key_that_is_not_printable_is_shown_escaped() {
+        let err = parse("{\"k\\u001b[31m\u{e9}\u{200b}'\": 1, \"k\\u001b[31m\u{e9}\u{200b}'\": 2}")
+            .unwrap_err();
+        let JsonError::DuplicateKey { key, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(key, "k\\u{1b}[31m\\u{e9}\\u{200b}\\'");
+        let msg = err.to_string();
+        assert!(
+            msg.chars().all(|c| c.is_ascii_graphic() || c == ' '),
+            "{msg:?}"
+        );
+        let long = "k".repeat(100);
+        let err = parse(&format!(r#"{{"{long}": 1, "{long}": 2}}"#)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("the key '{}…' is", "k".repeat(64))),
+            "{err}"
+        );
+        assert_eq!(shown_key("new\nline\\"), "new\\u{a}line\\\\");
     }
 
     #[test]

@@ -281,6 +281,18 @@ impl McpServer {
         }
     }
 
+    /// What is worth saying of this valid server without refusing it.
+    pub fn warnings(&self) -> Vec<Warning> {
+        let mut out = Vec::new();
+        if let Transport::Http(h) = &self.transport
+            && h.url.scheme() == url::Scheme::Http
+            && !h.headers.is_empty()
+        {
+            out.push(plain_http_credentials(h));
+        }
+        out
+    }
+
     /// Every variable the entry references, in its headers, url, arguments and env.
     pub fn references(&self) -> BTreeSet<&VarName> {
         let mut names = BTreeSet::new();
@@ -300,6 +312,50 @@ impl McpServer {
             }
         }
         names
+    }
+}
+
+/// A note on a valid server: it stays offered, and `mcp check` still exits 0. The message names
+/// fields, hosts and header names, never a value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    /// A stable code, as `mcp check --json` prints it.
+    pub code: &'static str,
+    /// Where in the entry, as for a [`Problem`].
+    pub field: String,
+    pub message: String,
+    /// What to do about it.
+    pub fix: String,
+}
+
+/// The code of [`plain_http_credentials`].
+pub const WARNING_PLAIN_HTTP_CREDENTIALS: &str = "plain-http-credentials";
+
+/// An `http://` server sent headers: every header value is a reference to a credential, and it
+/// would travel unencrypted to the server's host and port, loopback included.
+fn plain_http_credentials(h: &HttpServer) -> Warning {
+    let names: Vec<&str> = h.headers.iter().map(|h| h.name.as_str()).collect();
+    let (host, port) = (h.url.host(), h.url.port());
+    let heard = if crate::egress::is_loopback(host) {
+        format!(
+            "to {host} port {port}, the loopback of the machine the job runs on, where any program listening on that port receives it"
+        )
+    } else {
+        format!("across the network to {host} port {port}, readable on every hop")
+    };
+    Warning {
+        code: WARNING_PLAIN_HTTP_CREDENTIALS,
+        field: "url".to_owned(),
+        message: format!(
+            "the url is http://, so the credential in {} ({}) would be sent in plain text {heard}",
+            if names.len() == 1 {
+                "the header"
+            } else {
+                "each header"
+            },
+            names.join(", ")
+        ),
+        fix: "use the server's https:// url".to_owned(),
     }
 }
 
@@ -1068,15 +1124,20 @@ fn url_code(p: &UrlProblem) -> Code {
     }
 }
 
-/// Cc (control), Cf (invisible formatting), Zl and Zp (line and paragraph separators).
+/// Cc (control), Cf (invisible formatting), Zl and Zp (line and paragraph separators), and every
+/// code point of Unicode's Default_Ignorable_Code_Point set (DerivedCoreProperties.txt): what a
+/// renderer draws as nothing, such as variation selectors (U+FE00..U+FE0F, U+E0100..U+E01EF), the
+/// Hangul fillers (U+115F, U+1160, U+3164, U+FFA0), the combining grapheme joiner and U+180B..U+180F.
 fn forbidden_in_description(c: char) -> bool {
+    const IGNORABLE: icu_properties::CodePointSetDataBorrowed<'static> =
+        icu_properties::CodePointSetData::new::<icu_properties::props::DefaultIgnorableCodePoint>();
     matches!(
         get_general_category(c),
         GeneralCategory::Control
             | GeneralCategory::Format
             | GeneralCategory::LineSeparator
             | GeneralCategory::ParagraphSeparator
-    )
+    ) || IGNORABLE.contains(c)
 }
 
 /// An HTTP token (RFC 9110): letters, digits and ``!#$%&'*+-.^_`|~``.

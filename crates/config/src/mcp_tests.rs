@@ -121,6 +121,22 @@ fn a_description_is_required_and_is_one_clean_line() {
         "tag\\udb40\\udc41",
         "line\\u2028sep",
         "para\\u2029sep",
+        // Invisible, though not Cc or Cf: Unicode's Default_Ignorable_Code_Point set.
+        "vs1\\ufe00",
+        "vs16\\ufe0f",
+        "vs17\\udb40\\udd00",
+        "vs256\\udb40\\uddef",
+        "choseong\\u115ffiller",
+        "jungseong\\u1160filler",
+        "hangul\\u3164filler",
+        "halfwidth\\uffa0filler",
+        "cgj\\u034fjoiner",
+        "khmer\\u17b4inherent",
+        "mongolian\\u180bfvs1",
+        "mongolian\\u180ffvs4",
+        "unassigned\\u2065ignorable",
+        "unassigned\\ufff0ignorable",
+        "unassigned\\udb43\\udfffplane14",
     ] {
         let body = format!(r#""url": "https://h/mcp", "description": "{bad}""#);
         assert_eq!(codes(&body), [Code::DescriptionInvalid], "{bad}");
@@ -800,4 +816,46 @@ fn a_named_read_judges_only_the_named_entries_but_reads_the_whole_file() {
         parse_overlay_named(dup, &["b"]).unwrap_err().code(),
         "duplicate-key"
     );
+}
+
+#[test]
+fn an_http_server_sending_headers_is_warned_of_not_refused() {
+    let s = valid(
+        r#""url": "http://mcp.example.com:8080/mcp", "description": "d", "headers": {"Authorization": "Bearer ${TOKEN}", "X-Team": "${TEAM}"}"#,
+    );
+    let w = s.warnings();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!(w[0].code, "plain-http-credentials");
+    assert_eq!(w[0].field, "url");
+    assert_eq!(
+        w[0].message,
+        "the url is http://, so the credential in each header (Authorization, X-Team) would be sent in plain text across the network to mcp.example.com port 8080, readable on every hop"
+    );
+    assert!(w[0].fix.contains("https://"), "{w:?}");
+    // To loopback it is still sent in plain text: the warning says where.
+    for (url, place) in [
+        (
+            "http://localhost:3000/mcp",
+            "to localhost port 3000, the loopback",
+        ),
+        ("http://127.0.0.1/mcp", "to 127.0.0.1 port 80, the loopback"),
+        ("http://[::1]:9/mcp", "to [::1] port 9, the loopback"),
+    ] {
+        let s = valid(&format!(
+            r#""url": "{url}", "description": "d", "headers": {{"X-Api-Key": "${{KEY}}"}}"#
+        ));
+        let w = s.warnings();
+        assert_eq!(w.len(), 1, "{url}: {w:?}");
+        assert!(w[0].message.contains("the header (X-Api-Key)"), "{w:?}");
+        assert!(w[0].message.contains(place), "{url}: {}", w[0].message);
+    }
+    // https://, no headers, or stdio: nothing to say.
+    for body in [
+        r#""url": "https://h/mcp", "description": "d", "headers": {"Authorization": "Bearer ${T}"}"#,
+        r#""url": "http://h:8080/mcp?k=${K}", "description": "d""#,
+        r#""url": "http://h:8080/mcp", "description": "d", "headers": {}"#,
+        STDIO,
+    ] {
+        assert_eq!(valid(body).warnings(), [], "{body}");
+    }
 }

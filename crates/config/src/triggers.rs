@@ -118,6 +118,75 @@ pub struct Triggers {
     pub triggers: Vec<Trigger>,
 }
 
+impl Triggers {
+    /// Whether any trigger names a server of the overlay (anything but `forge`) in `run.mcp`: only
+    /// then do its jobs need the overlay's `mcp.json`.
+    pub fn names_overlay_servers(&self) -> bool {
+        self.triggers.iter().any(|t| {
+            t.run
+                .mcp
+                .iter()
+                .flatten()
+                .any(|n| matches!(n, McpName::Server(_)))
+        })
+    }
+
+    /// Every name in a trigger's `run.mcp` that `overlay` does not offer, in file order: a job of
+    /// that trigger is refused at pickup (`mcp-server-unknown`). `forge` is never one.
+    pub fn unoffered(&self, overlay: &mcp::Overlay) -> Vec<Unoffered<'_>> {
+        let mut out = Vec::new();
+        for t in &self.triggers {
+            for (i, name) in t.run.mcp.iter().flatten().enumerate() {
+                let McpName::Server(name) = name else {
+                    continue;
+                };
+                let why = match overlay.entry(name.as_str()) {
+                    None => NotOffered::Missing,
+                    Some(e) if e.verdict.is_err() => NotOffered::Refused,
+                    Some(e) if e.offered().is_none() => NotOffered::TurnedOff,
+                    Some(_) => continue,
+                };
+                out.push(Unoffered {
+                    path: format!("triggers[{}].run.mcp[{i}]", t.index),
+                    name,
+                    why,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// A server a trigger names that the overlay does not offer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unoffered<'a> {
+    /// Where, as `triggers[2].run.mcp[1]`.
+    pub path: String,
+    pub name: &'a ServerName,
+    pub why: NotOffered,
+}
+
+/// Why the overlay does not offer a name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotOffered {
+    /// The overlay's `mcp.json` has no entry of that name.
+    Missing,
+    /// It has one, and refuses it (`mcp check` says why).
+    Refused,
+    /// It has a valid one with `"enabled": false`.
+    TurnedOff,
+}
+
+impl NotOffered {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotOffered::Missing => "has no such server",
+            NotOffered::Refused => "refuses it (`pi-dispatch mcp check` says why)",
+            NotOffered::TurnedOff => "turns it off (\"enabled\": false)",
+        }
+    }
+}
+
 /// One trigger: the event that starts it and the job it runs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Trigger {

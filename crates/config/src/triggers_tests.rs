@@ -1788,3 +1788,57 @@ fn an_mcp_pattern_pi_could_never_match_is_refused() {
     );
     assert!(ok.is_ok(), "{ok:?}");
 }
+
+#[test]
+fn names_the_overlay_does_not_offer_are_found_by_trigger_and_place() {
+    let triggers = parse(
+        r#"{"triggers": [
+            {"on": {"type": "label", "any": ["a"]}, "run": {"kind": "github", "flow": "f", "mcp": ["forge", "docs", "gone"]}},
+            {"on": {"type": "label", "any": ["b"]}, "run": {"kind": "github", "flow": "f"}},
+            {"on": {"type": "label", "any": ["c"]}, "run": {"kind": "github", "flow": "f", "mcp": ["off", "bad", "docs"]}}
+        ]}"#,
+    )
+    .unwrap();
+    let overlay = crate::mcp::parse_overlay(
+        br#"{"mcpServers": {
+            "docs": {"url": "https://h.example.com/mcp", "description": "d"},
+            "off": {"url": "https://h.example.com/mcp", "description": "d", "enabled": false},
+            "bad": {"url": "https://h.example.com/mcp"}
+        }}"#,
+    )
+    .unwrap();
+    assert!(triggers.names_overlay_servers());
+    let found: Vec<(String, &str, NotOffered)> = triggers
+        .unoffered(&overlay)
+        .into_iter()
+        .map(|u| (u.path, u.name.as_str(), u.why))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (
+                "triggers[0].run.mcp[2]".to_owned(),
+                "gone",
+                NotOffered::Missing
+            ),
+            (
+                "triggers[2].run.mcp[0]".to_owned(),
+                "off",
+                NotOffered::TurnedOff
+            ),
+            (
+                "triggers[2].run.mcp[1]".to_owned(),
+                "bad",
+                NotOffered::Refused
+            ),
+        ]
+    );
+    // forge alone needs no overlay.
+    let forge_only = parse(
+        r#"{"triggers": [{"on": {"type": "label", "any": ["a"]}, "run": {"kind": "github", "flow": "f", "mcp": ["forge"]}}]}"#,
+    )
+    .unwrap();
+    assert!(!forge_only.names_overlay_servers());
+    let empty = crate::mcp::parse_overlay(br#"{"mcpServers": {}}"#).unwrap();
+    assert_eq!(forge_only.unoffered(&empty), []);
+}

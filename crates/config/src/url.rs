@@ -211,24 +211,29 @@ impl fmt::Display for UrlProblem {
     }
 }
 
-/// Parses `text` as a server URL; on refusal, every problem found.
-pub fn parse(text: &str) -> Result<PlainUrl, Vec<UrlProblem>> {
+/// A URL cut at its markers (each at its first): the pieces [`parse`] then judges one by one.
+struct Pieces<'a> {
+    scheme: Scheme,
+    credentials: bool,
+    host_port: &'a str,
+    path: &'a str,
+    query: Option<&'a str>,
+    fragment: bool,
+}
+
+/// Cuts `text` into its pieces, noting in `how` what of the scheme is not written plainly.
+fn cut<'a>(text: &'a str, how: &mut Vec<&'static str>) -> Result<Pieces<'a>, UrlProblem> {
     if text
         .chars()
         .any(|c| c.is_whitespace() || c.is_control() || c == '\\' || !c.is_ascii())
     {
-        return Err(vec![UrlProblem::Characters]);
+        return Err(UrlProblem::Characters);
     }
-    let mut problems = Vec::new();
-    let mut how: Vec<&'static str> = Vec::new();
-
-    let Some((scheme_text, after_scheme)) = text.split_once(':') else {
-        return Err(vec![UrlProblem::Scheme]);
-    };
+    let (scheme_text, after_scheme) = text.split_once(':').ok_or(UrlProblem::Scheme)?;
     let scheme = match scheme_text.to_ascii_lowercase().as_str() {
         "http" => Scheme::Http,
         "https" => Scheme::Https,
-        _ => return Err(vec![UrlProblem::Scheme]),
+        _ => return Err(UrlProblem::Scheme),
     };
     if scheme_text != scheme.as_str() {
         how.push("lowercase scheme");
@@ -237,17 +242,16 @@ pub fn parse(text: &str) -> Result<PlainUrl, Vec<UrlProblem>> {
     if after_scheme.len() - rest.len() != 2 {
         how.push("two slashes after the scheme");
     }
-
     // Fragment, then query, then path, then the authority: each split at its first marker.
     let (rest, fragment) = match rest.split_once('#') {
         Some((r, _)) => (r, true),
         None => (rest, false),
     };
-    let (rest, query_text) = match rest.split_once('?') {
+    let (rest, query) = match rest.split_once('?') {
         Some((r, q)) => (r, Some(q)),
         None => (rest, None),
     };
-    let (authority, path_text) = match rest.find('/') {
+    let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, ""),
     };
@@ -255,6 +259,40 @@ pub fn parse(text: &str) -> Result<PlainUrl, Vec<UrlProblem>> {
         Some((_, hp)) => (true, hp),
         None => (false, authority),
     };
+    Ok(Pieces {
+        scheme,
+        credentials,
+        host_port,
+        path,
+        query,
+        fragment,
+    })
+}
+
+/// The host and port a URL connects to, as its plain form has them: read by [`parse`]'s own rules
+/// for the scheme and the authority, but also for a URL that `parse` refuses only for how it is
+/// written (`HTTPS://Host:443/v1`, a trailing dot) or for its path, query, user or fragment. This
+/// is the form in which the egress rule ([`crate::egress::route`]) and the declared endpoints
+/// compare hosts and ports; `None` when the scheme or the authority itself is not a URL's.
+pub fn host_port(text: &str) -> Option<(Host, u16)> {
+    let mut how = Vec::new();
+    let pieces = cut(text, &mut how).ok()?;
+    let (host, port) = parse_host_port(pieces.host_port, pieces.scheme, &mut how).ok()?;
+    Some((host, port.unwrap_or(pieces.scheme.default_port())))
+}
+
+/// Parses `text` as a server URL; on refusal, every problem found.
+pub fn parse(text: &str) -> Result<PlainUrl, Vec<UrlProblem>> {
+    let mut problems = Vec::new();
+    let mut how: Vec<&'static str> = Vec::new();
+    let Pieces {
+        scheme,
+        credentials,
+        host_port,
+        path: path_text,
+        query: query_text,
+        fragment,
+    } = cut(text, &mut how).map_err(|p| vec![p])?;
 
     let (host, port) = match parse_host_port(host_port, scheme, &mut how) {
         Ok(hp) => hp,
@@ -644,6 +682,40 @@ mod tests {
             "https://h:80/mcp",
         ] {
             assert_eq!(plain(text).to_string(), text);
+        }
+    }
+
+    #[test]
+    fn host_port_reads_the_plain_form_of_a_url_written_another_way() {
+        let llm = Some((Host::Name("llm.example.com".into()), 443));
+        for text in [
+            "https://llm.example.com/v1",
+            "https://llm.example.com:443/v1",
+            "HTTPS://LLM.Example.com/v1",
+            "Https://llm.EXAMPLE.com:0443/v1",
+            "https:/llm.example.com./v1",
+            "https://llm.example.com/v1?key=$KEY",
+            "https://u:p@llm.example.com/v1#f",
+        ] {
+            assert_eq!(host_port(text), llm, "{text}");
+        }
+        assert_eq!(
+            host_port("http://[0:0:0:0:0:0:0:1]:8000/v1"),
+            Some((Host::Ipv6(Ipv6Addr::LOCALHOST), 8000))
+        );
+        assert_eq!(
+            host_port("HTTP://LLM.example.com:80/v1"),
+            Some((Host::Name("llm.example.com".into()), 80))
+        );
+        // Not a host and port a connection could go to.
+        for text in [
+            "ftp://h/v1",
+            "https://${H}/v1",
+            "https://h:x/v1",
+            "https://",
+            "h/v1",
+        ] {
+            assert_eq!(host_port(text), None, "{text}");
         }
     }
 

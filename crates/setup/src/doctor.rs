@@ -11,6 +11,7 @@ use config::files::{self, ReadError};
 use config::mcp::{self, Overlay, Transport};
 use config::models::{self, Models, ModelsError};
 use config::settings::Settings;
+use config::url::Host;
 use serde::Serialize;
 
 use crate::fsutil::{self, Kind};
@@ -95,6 +96,10 @@ pub struct Inputs {
     pub settings: Settings,
     /// What the overlay path is, or why that cannot be told (permission denied, ...).
     pub overlay_kind: Result<Kind, std::io::ErrorKind>,
+    /// Whether the deployment folder has a `.env`, and whether the triggers file is there (in any
+    /// form: what it holds is `triggers check`'s to judge).
+    pub dotenv: bool,
+    pub triggers_file: bool,
     pub auth_json: bool,
     pub mcp_auth_json: bool,
     pub mcp: Read<Overlay>,
@@ -163,7 +168,10 @@ pub fn gather(settings: Settings) -> Inputs {
                 .as_str()
                 .map(str::to_owned)
         });
+    let exists = |path: &Path| fsutil::kind(path).is_ok_and(|k| k != Kind::Missing);
     Inputs {
+        dotenv: exists(&settings.dir.join(".env")),
+        triggers_file: exists(&settings.triggers_file),
         bwrap: is_executable(Path::new(BWRAP)),
         image_runner: is_executable(&image.join(crate::image::RUNNER)),
         image_pi_version,
@@ -222,6 +230,9 @@ pub fn settings_failed(errors: &[String], dir: &Path) -> Vec<Check> {
 pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
     let s = &inputs.settings;
     let mut out = vec![Check::ok("settings: the environment and .env read cleanly")];
+    if !deployment_checks(inputs, &mut out) {
+        return out;
+    }
     let overlay = s.overlay_dir.display();
     match inputs.overlay_kind {
         Ok(Kind::Dir) => out.push(Check::ok(format!("overlay folder: {overlay}"))),
@@ -279,6 +290,45 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
     egress_checks(inputs, proof, &mut out);
     runtime_checks(inputs, &mut out);
     out
+}
+
+/// Whether the folder is a deployment: a failure, and `false` (nothing else to check), when it has
+/// none of a deployment's files; a warning for each of `.env` and the triggers file it lacks. A
+/// missing overlay folder is the overlay check's to report.
+fn deployment_checks(inputs: &Inputs, out: &mut Vec<Check>) -> bool {
+    let s = &inputs.settings;
+    let dir = s.dir.display();
+    let triggers = s.triggers_file.display();
+    let init = format!("`pi-dispatch init {dir}`");
+    if !inputs.dotenv && !inputs.triggers_file && inputs.overlay_kind == Ok(Kind::Missing) {
+        out.push(Check::fail(
+            format!(
+                "{dir} is not a pi-dispatch deployment: it has no .env, no triggers file ({triggers}) and no overlay folder ({})",
+                s.overlay_dir.display()
+            ),
+            format!(
+                "run {init} to make one there, or run doctor in the deployment's folder (or name it with --dir)"
+            ),
+        ));
+        return false;
+    }
+    if !inputs.dotenv {
+        out.push(Check::warn(
+            format!("no .env in {dir}: every setting is the environment's or its default"),
+            format!(
+                "{init} writes one with every setting explained (it only adds what is missing)"
+            ),
+        ));
+    }
+    if !inputs.triggers_file {
+        out.push(Check::warn(
+            format!("the triggers file {triggers} does not exist: the worker has no trigger to run"),
+            format!(
+                "{init} writes an empty one (or set PI_TRIGGERS_FILE); add triggers and check them with `pi-dispatch triggers check`"
+            ),
+        ));
+    }
+    true
 }
 
 /// What running jobs on this machine needs: bubblewrap, the job image, and (until the egress
@@ -384,6 +434,12 @@ fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
                 "install the server in the job image or the overlay and name its command; if you keep the runner, allowlist the registry it fetches from",
             ));
         }
+        for w in server.warnings() {
+            out.push(Check::warn(
+                format!("server {}: {} [{}]", server.name, w.message, w.code),
+                w.fix,
+            ));
+        }
     }
 }
 
@@ -478,7 +534,7 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
         match egress::route(url.scheme(), url.host(), port, allowlist, declared) {
             Ok(egress::Route::Allowlisted) => {}
             Ok(egress::Route::DeclaredEndpoint { id }) => {
-                if model_hosts.contains(&(host.clone(), port)) {
+                if model_hosts.contains(&(url.host().clone(), port)) {
                     continue;
                 }
                 let key = (host.clone(), port);
@@ -569,16 +625,16 @@ fn reach_fix(
     }
 }
 
-/// The host and port of every model `baseUrl` in the overlay's models.json that reads as a URL.
-fn model_host_ports(models: &Read<Models>) -> Vec<(String, u16)> {
+/// The host and port of every model `baseUrl` in the overlay's models.json that names one, in the
+/// plain form the egress rule compares (`HTTPS://Host:443/v1` is `host` on 443).
+fn model_host_ports(models: &Read<Models>) -> Vec<(Host, u16)> {
     let Read::Parsed(models) = models else {
         return Vec::new();
     };
     models
         .base_urls
         .iter()
-        .filter_map(|u| config::url::parse(u).ok())
-        .map(|u| (u.host().to_string(), u.port()))
+        .filter_map(|u| config::url::host_port(u))
         .collect()
 }
 

@@ -50,6 +50,8 @@ fn healthy() -> Inputs {
     Inputs {
         settings: settings(true),
         overlay_kind: Ok(Kind::Dir),
+        dotenv: true,
+        triggers_file: true,
         auth_json: false,
         mcp_auth_json: false,
         mcp: overlay(SERVERS),
@@ -183,6 +185,80 @@ fn a_healthy_deployment_is_all_ok_and_names_the_offered_servers() {
             "job image pi-job: pi 1.6.0",
         ]
     );
+}
+
+#[test]
+fn a_folder_with_none_of_a_deployments_files_fails_and_says_how_to_make_one() {
+    let inputs = Inputs {
+        dotenv: false,
+        triggers_file: false,
+        overlay_kind: Ok(Kind::Missing),
+        ..healthy()
+    };
+    let out = run(&inputs, &NoRouteProof);
+    assert_eq!(out.len(), 2, "{out:#?}");
+    let c = &out[1];
+    assert_eq!(c.level, Level::Fail);
+    assert_eq!(
+        c.label,
+        "/srv/d is not a pi-dispatch deployment: it has no .env, no triggers file (/srv/d/triggers.json) and no overlay folder (/srv/d/pi-global)"
+    );
+    assert!(fix(c).contains("`pi-dispatch init /srv/d`"), "{c:?}");
+}
+
+#[test]
+fn a_deployment_missing_one_file_warns_for_it() {
+    let out = run(
+        &Inputs {
+            dotenv: false,
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    let c = the(&out, "no .env in /srv/d");
+    assert_eq!(c.level, Level::Warn);
+    assert!(fix(c).contains("`pi-dispatch init /srv/d`"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+
+    let out = run(
+        &Inputs {
+            triggers_file: false,
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    let c = the(
+        &out,
+        "the triggers file /srv/d/triggers.json does not exist",
+    );
+    assert_eq!(c.level, Level::Warn);
+    assert!(fix(c).contains("`pi-dispatch init /srv/d`"), "{c:?}");
+    assert_eq!(not_ok(&out), [c]);
+
+    // With .env and triggers.json but no overlay folder, the overlay check alone says so.
+    let out = run(
+        &Inputs {
+            overlay_kind: Ok(Kind::Missing),
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    assert_eq!(not_ok(&out).len(), 1, "{out:#?}");
+    assert_eq!(
+        the(&out, "overlay folder /srv/d/pi-global does not exist").level,
+        Level::Warn
+    );
+    // Two files missing are two warnings, not the failure.
+    let out = run(
+        &Inputs {
+            dotenv: false,
+            triggers_file: false,
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    assert_eq!(not_ok(&out).len(), 2, "{out:#?}");
+    assert!(out.iter().all(|c| c.level != Level::Fail), "{out:#?}");
 }
 
 #[test]
@@ -409,6 +485,46 @@ fn a_package_runner_server_warns() {
     assert_eq!(c.level, Level::Warn);
     assert!(fix(c).contains("install the server"), "{c:?}");
     assert_eq!(not_ok(&out), [c]);
+}
+
+#[test]
+fn an_http_server_sending_headers_warns_that_they_travel_in_plain_text() {
+    let out = run(
+        &Inputs {
+            mcp: overlay(&format!(
+                r#"{SERVERS},
+                "intranet": {{"url": "http://wiki.corp.example:8080/mcp", "description": "Wiki", "headers": {{"Authorization": "Bearer ${{WIKI_TOKEN}}"}}}},
+                "local": {{"url": "http://127.0.0.1:3000/mcp", "description": "Local", "headers": {{"X-Api-Key": "${{LOCAL_KEY}}"}}}},
+                "plain": {{"url": "http://other.example.com:8080/mcp", "description": "No headers"}}"#
+            )),
+            settings: settings(false),
+            ..healthy()
+        },
+        &NoRouteProof,
+    );
+    let c = the(&out, "server intranet: the url is http://");
+    assert_eq!(c.level, Level::Warn);
+    assert!(
+        c.label.contains("(Authorization) would be sent in plain text across the network to wiki.corp.example port 8080"),
+        "{c:?}"
+    );
+    assert!(c.label.ends_with("[plain-http-credentials]"), "{c:?}");
+    assert!(fix(c).contains("https://"), "{c:?}");
+    let local = the(&out, "server local: the url is http://");
+    assert_eq!(local.level, Level::Warn);
+    assert!(
+        local
+            .label
+            .contains("to 127.0.0.1 port 3000, the loopback of the machine the job runs on"),
+        "{local:?}"
+    );
+    assert!(
+        !labels(&out).iter().any(|l| l.contains("server plain")),
+        "{out:#?}"
+    );
+    // With egress off, the only other warning is that one.
+    let egress_off = the(&out, "egress policy off");
+    assert_eq!(not_ok(&out), [c, local, egress_off]);
 }
 
 #[test]
@@ -661,6 +777,41 @@ fn a_server_on_an_endpoint_an_overlay_model_uses_needs_no_proof() {
     let out = run(&inputs, &NoRouteProof);
     assert!(not_ok(&out).is_empty(), "{out:#?}");
     assert_eq!(out.len(), run(&healthy(), &NoRouteProof).len());
+}
+
+#[test]
+fn a_model_base_url_written_another_way_still_uses_its_endpoint() {
+    // The endpoint on 443, and the server on it; each baseUrl names that host and port, not plainly.
+    for base_url in [
+        "https://LLM.example.com:443/v1",
+        "HTTPS://llm.example.com/v1",
+        "https://llm.example.com.:0443/v1",
+    ] {
+        let inputs = Inputs {
+            mcp: overlay(r#""llm": {"url": "https://llm.example.com/mcp", "description": "LLM"}"#),
+            endpoints: endpoints(r#"{"id": "gpu-1", "host": "llm.example.com", "port": 443}"#),
+            models: models_file(&format!(
+                r#"{{"providers": {{"local": {{"baseUrl": "{base_url}", "apiKey": "$LOCAL_KEY"}}}}}}"#
+            )),
+            ..healthy()
+        };
+        let proof = Proving::default();
+        let out = run(&inputs, &proof);
+        assert!(proof.asked.borrow().is_empty(), "{base_url}");
+        assert!(not_ok(&out).is_empty(), "{base_url}: {out:#?}");
+    }
+    // Another port is another endpoint: the route to the server's still wants its proof.
+    let inputs = Inputs {
+        mcp: overlay(r#""llm": {"url": "https://llm.example.com/mcp", "description": "LLM"}"#),
+        endpoints: endpoints(r#"{"id": "gpu-1", "host": "llm.example.com", "port": 443}"#),
+        models: models_file(
+            r#"{"providers": {"local": {"baseUrl": "HTTPS://LLM.example.com:8443/v1", "apiKey": "$K"}}}"#,
+        ),
+        ..healthy()
+    };
+    let out = run(&inputs, &NoRouteProof);
+    let c = the(&out, "server llm is on declared endpoint gpu-1");
+    assert_eq!(c.level, Level::Warn);
 }
 
 #[test]

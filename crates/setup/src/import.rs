@@ -118,6 +118,21 @@ pub struct Report {
     pub append_system: PartOutcome<()>,
     /// Host files that exist and were deliberately not staged.
     pub never_staged: Vec<&'static str>,
+    /// What the overlay's replaced files held that the new ones do not.
+    pub dropped: Dropped,
+}
+
+/// What an import took out of the overlay: names only. The overlay's `mcp.json` and `models.json`
+/// are replaced whole, so a server or provider written there by hand is gone after the import.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// Servers of the overlay's previous `mcp.json` that its new one (or none) does not have.
+    pub servers: Vec<String>,
+    /// Providers of the overlay's previous `models.json` that the host's does not have.
+    pub providers: Vec<String>,
+    /// Overlay files replaced or removed that could not be read before, so what they held is not
+    /// known (`mcp.json`, `models.json`).
+    pub unread: Vec<&'static str>,
 }
 
 /// Phase 1's result: what the host has, judged.
@@ -164,6 +179,7 @@ pub fn import(opts: &Options) -> Result<Report, ImportError> {
         _ => stage_err("the overlay's lock")(e),
     })?;
     fsutil::remove_leftovers(&opts.to).map_err(stage_err("the overlay folder"))?;
+    let dropped = dropped(opts, &host);
 
     let staging = stage(opts, &host)?;
     let (mcp_file, models_file, append_file, skills) = (
@@ -235,7 +251,51 @@ pub fn import(opts: &Options) -> Result<Report, ImportError> {
         skills,
         append_system,
         never_staged,
+        dropped,
     })
+}
+
+/// What the overlay's `mcp.json` and `models.json` hold that the import will not put back: read
+/// under the lock, before anything is replaced.
+fn dropped(opts: &Options, host: &HostSetup) -> Dropped {
+    let mut out = Dropped::default();
+    // mcp.json is replaced or removed on every import: what stays is what is staged.
+    let staged: Vec<&str> = host
+        .mcp
+        .iter()
+        .flat_map(|plan| plan.staged.iter().map(|s| s.name.as_str()))
+        .collect();
+    if let Some(names) = old_names(opts, MCP_FILE, "mcpServers", &staged, &mut out.unread) {
+        out.servers = names;
+    }
+    // models.json is replaced only when the host has one.
+    if let Some((_, models)) = &host.models {
+        let kept: Vec<&str> = models.providers.iter().map(String::as_str).collect();
+        if let Some(names) = old_names(opts, MODELS_FILE, "providers", &kept, &mut out.unread) {
+            out.providers = names;
+        }
+    }
+    out
+}
+
+/// The names the overlay's `file` holds under `member` beyond `kept`; nothing when it has no such
+/// file, and the file noted in `unread` when it cannot be read or parsed.
+fn old_names(
+    opts: &Options,
+    file: &'static str,
+    member: &str,
+    kept: &[&str],
+    unread: &mut Vec<&'static str>,
+) -> Option<Vec<String>> {
+    let names = match files::read_file(&opts.to.join(file), config::mcp::MAX_FILE_BYTES) {
+        Ok(bytes) => import::dropped_names(&bytes, member, kept),
+        Err(ReadError::Missing) => return None,
+        Err(_) => None,
+    };
+    if names.is_none() {
+        unread.push(file);
+    }
+    names
 }
 
 /// The host folder must be a real folder; the overlay a real folder or missing; and neither may be

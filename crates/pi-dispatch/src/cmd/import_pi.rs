@@ -5,7 +5,9 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use config::import::LeftReason;
-use setup::import::{self, ImportError, McpOutcome, Options, PartOutcome, Report};
+use setup::import::{
+    self, ImportError, MCP_FILE, MODELS_FILE, McpOutcome, Options, PartOutcome, Report,
+};
 
 use crate::context::Context;
 use crate::exit::Exit;
@@ -85,6 +87,8 @@ fn human(report: &Report) -> String {
         report.to.display()
     );
     mcp_lines(&mut out, &report.mcp);
+    dropped_line(&mut out, MCP_FILE, "servers", &report.dropped.servers);
+    unread_line(&mut out, MCP_FILE, &report.dropped.unread);
     match &report.models {
         PartOutcome::Staged(m) => {
             let refs = if m.references.is_empty() {
@@ -101,6 +105,13 @@ fn human(report: &Report) -> String {
         }
         PartOutcome::NotOnHost => not_on_host(&mut out, "models.json"),
     }
+    dropped_line(
+        &mut out,
+        MODELS_FILE,
+        "providers",
+        &report.dropped.providers,
+    );
+    unread_line(&mut out, MODELS_FILE, &report.dropped.unread);
     match &report.skills {
         PartOutcome::Staged(s) => {
             let _ = write!(
@@ -146,6 +157,31 @@ fn human(report: &Report) -> String {
     );
     let _ = writeln!(out, "Next: pi-dispatch doctor");
     out
+}
+
+/// Names the servers or providers the overlay's `file` held that the import replaced away.
+fn dropped_line(out: &mut String, file: &str, what: &str, names: &[String]) {
+    if names.is_empty() {
+        return;
+    }
+    let names: Vec<String> = names
+        .iter()
+        .map(|n| crate::output::display_name(n))
+        .collect();
+    let _ = writeln!(
+        out,
+        "  dropped from the overlay's {file} (the import replaces it; hand edits there are lost): {what} {}",
+        names.join(", ")
+    );
+}
+
+fn unread_line(out: &mut String, file: &'static str, unread: &[&'static str]) {
+    if unread.contains(&file) {
+        let _ = writeln!(
+            out,
+            "  the overlay's previous {file} could not be read, so what the import dropped from it is not known"
+        );
+    }
 }
 
 fn not_on_host(out: &mut String, what: &str) {

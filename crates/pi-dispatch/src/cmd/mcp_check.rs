@@ -1,7 +1,7 @@
 //! `pi-dispatch mcp check [--overlay DIR] [--json]`: the verdict on the overlay's mcp.json.
 //!
 //! Exit 0 when every server is valid, 1 when any server is refused, 2 when the file cannot be read
-//! as a whole (or the command is misused).
+//! as a whole (or the command is misused). A warning on a valid server never changes the exit code.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -45,7 +45,7 @@ impl Unreadable {
 }
 
 /// The report, in the shape `--json` prints. Extra keys beyond the documented ones:
-/// `codemodeModels`, and per server `references` and `packageRunner`.
+/// `codemodeModels`, and per server `references`, `packageRunner` and `warnings`.
 #[derive(Debug, Serialize)]
 pub struct Report {
     file: String,
@@ -73,6 +73,16 @@ struct ServerReport {
     /// The variables the entry references (names only).
     references: Vec<String>,
     problems: Vec<ServerProblem>,
+    /// Notes on a valid server that do not refuse it.
+    warnings: Vec<ServerWarning>,
+}
+
+#[derive(Debug, Serialize)]
+struct ServerWarning {
+    code: &'static str,
+    field: String,
+    message: String,
+    fix: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -161,14 +171,26 @@ impl Report {
                     let _ = writeln!(out, "    {}: {} [{}]", p.field, p.message, p.code);
                 }
             }
+            for w in &s.warnings {
+                let _ = writeln!(
+                    out,
+                    "    ⚠ {}: {}; {} [{}]",
+                    w.field, w.message, w.fix, w.code
+                );
+            }
         }
         let servers = match self.servers.len() {
             1 => "1 server".to_owned(),
             n => format!("{n} servers"),
         };
+        let warnings = match self.servers.iter().map(|s| s.warnings.len()).sum() {
+            0 => String::new(),
+            1 => "; 1 warning".to_owned(),
+            n => format!("; {n} warnings"),
+        };
         let _ = writeln!(
             out,
-            "{servers}: {offered} offered, {off} turned off, {refused} refused"
+            "{servers}: {offered} offered, {off} turned off, {refused} refused{warnings}"
         );
         out
     }
@@ -195,6 +217,19 @@ impl ServerReport {
                     message: p.message.clone(),
                 })
                 .collect(),
+            warnings: valid
+                .map(|s| {
+                    s.warnings()
+                        .into_iter()
+                        .map(|w| ServerWarning {
+                            code: w.code,
+                            field: w.field,
+                            message: w.message,
+                            fix: w.fix,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
     }
 }

@@ -4,10 +4,15 @@
 //! when it cannot be read at all (or the command is misused). The file is refused whole, so the
 //! report lists every error; of a valid file it shows each trigger's type, kind, flow name and MCP
 //! names, never a command, task, secret reference, label, phrase or any other value.
+//!
+//! Of a valid file it also warns, without changing the exit code, of each `run.mcp` name the
+//! overlay's `mcp.json` does not offer (read as `mcp check` reads it), or once that the overlay cannot
+//! be read, when a trigger names any server but `forge`.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use config::mcp;
 use config::settings;
 use config::triggers::{self, Action, Trigger, Triggers, TriggersError};
 use serde::Serialize;
@@ -36,7 +41,12 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         },
     };
     let verdict = read_and_parse(&file, triggers::MAX_FILE_BYTES, triggers::parse_triggers);
-    let report = Report::new(file.display().to_string(), &verdict);
+    let mut report = Report::new(file.display().to_string(), &verdict);
+    if let Ok(triggers) = &verdict
+        && triggers.names_overlay_servers()
+    {
+        report.warnings = overlay_warnings(ctx, triggers);
+    }
     print_report(args.json, &report, || report.human())?;
     Ok(report.exit())
 }
@@ -75,6 +85,9 @@ pub struct Report {
     code: Option<&'static str>,
     errors: Vec<ErrorReport>,
     triggers: Vec<TriggerReport>,
+    /// Of a valid file: each name the overlay does not offer, by path; or one, with an empty path,
+    /// saying that the overlay cannot be read.
+    warnings: Vec<ErrorReport>,
     /// Whether the file could be read as JSON (not printed: `code` tells it).
     #[serde(skip)]
     readable: bool,
@@ -117,6 +130,7 @@ impl Report {
                 code: None,
                 errors: Vec::new(),
                 triggers: triggers.triggers.iter().map(TriggerReport::new).collect(),
+                warnings: Vec::new(),
                 readable: true,
             },
             Err(e) => Report {
@@ -125,6 +139,7 @@ impl Report {
                 code: Some(e.code()),
                 errors: e.errors(),
                 triggers: Vec::new(),
+                warnings: Vec::new(),
                 readable: e.is_invalid(),
             },
         }
@@ -178,12 +193,64 @@ impl Report {
                 None => out.push('\n'),
             }
         }
+        for w in &self.warnings {
+            if w.path.is_empty() {
+                let _ = writeln!(out, "⚠ {}", w.message);
+            } else {
+                let _ = writeln!(out, "⚠ {}: {}", w.path, w.message);
+            }
+        }
         let triggers = match self.triggers.len() {
             1 => "1 trigger".to_owned(),
             n => format!("{n} triggers"),
         };
-        let _ = writeln!(out, "{triggers}: all valid");
+        let warnings = match self.warnings.len() {
+            0 => String::new(),
+            1 => "; 1 warning".to_owned(),
+            n => format!("; {n} warnings"),
+        };
+        let _ = writeln!(out, "{triggers}: all valid{warnings}");
         out
+    }
+}
+
+/// What the overlay's `mcp.json` says of the servers the triggers name, read as `mcp check` reads
+/// it (`PI_GLOBAL_PI_DIR`, else `pi-global` in the deployment folder).
+fn overlay_warnings(ctx: &Context, triggers: &Triggers) -> Vec<ErrorReport> {
+    let unchecked = "so the servers the triggers name are not checked; every job that names a server other than forge is refused (mcp-config-invalid)";
+    let dir = match ctx.overlay_dir(None) {
+        Ok(dir) => dir,
+        Err(e) => {
+            return vec![ErrorReport::whole(format!(
+                "the overlay folder cannot be told ({e}), {unchecked}"
+            ))];
+        }
+    };
+    let file = dir.join("mcp.json");
+    match read_and_parse(&file, mcp::MAX_FILE_BYTES, mcp::parse_overlay) {
+        Ok(overlay) => triggers
+            .unoffered(&overlay)
+            .into_iter()
+            .map(|u| ErrorReport {
+                path: u.path,
+                message: format!(
+                    "the overlay does not offer '{}': its mcp.json {}; a job of this trigger is refused (mcp-server-unknown)",
+                    u.name,
+                    u.why.as_str()
+                ),
+            })
+            .collect(),
+        Err(e) => {
+            let why = match &e {
+                FileError::Read(r) => format!("mcp.json {r}"),
+                FileError::Parse(p) => p.to_string(),
+            };
+            vec![ErrorReport::whole(format!(
+                "the overlay's {} cannot be read ({why} [{}]), {unchecked}",
+                file.display(),
+                e.code()
+            ))]
+        }
     }
 }
 

@@ -234,3 +234,72 @@ fn the_deployment_folder_can_be_given_with_dir() {
     let run = elsewhere.run(&["mcp", "check", "--dir", d.path().to_str().unwrap()]);
     assert_eq!(run.code, 0, "{}", run.stdout);
 }
+
+#[test]
+fn a_key_written_twice_in_an_overlay_file_is_named() {
+    let d = realistic();
+    std::fs::write(
+        d.path().join("pi-global/mcp.json"),
+        "{\"mcpServers\": {\"docs\": {\"url\": \"https://mcp.example.com/mcp\",\n  \"url\": \"https://other.example.com/mcp\", \"description\": \"d\"}}}",
+    )
+    .unwrap();
+    std::fs::write(
+        d.path().join("pi-global/models.json"),
+        r#"{"providers": {"p": {"apiKey": "$K", "apiKey": "$L"}}}"#,
+    )
+    .unwrap();
+    let run = d.run(&["doctor"]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    let failed: Vec<&str> = run.stdout.lines().filter(|l| l.starts_with('✗')).collect();
+    insta::assert_snapshot!("duplicate_key_failures", failed.join("\n"));
+}
+
+#[test]
+fn an_http_server_sending_a_credential_header_is_a_warning() {
+    let d = realistic();
+    std::fs::write(
+        d.path().join("pi-global/mcp.json"),
+        r#"{"mcpServers": {"wiki": {"url": "http://wiki.internal.example:8443/mcp", "headers": {"Authorization": "Bearer ${WIKI_TOKEN}"}, "description": "Team wiki"}}}"#,
+    )
+    .unwrap();
+    let run = d.run(&["doctor"]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(
+        run.stdout.contains(
+            "⚠ server wiki: the url is http://, so the credential in the header (Authorization) would be sent in plain text across the network to wiki.internal.example port 8443"
+        ),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .contains("    fix: use the server's https:// url\n"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn a_folder_that_is_not_a_deployment_fails_and_says_how_to_make_one() {
+    let d = Deployment::new();
+    let run = d.run(&["doctor"]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    insta::assert_snapshot!("doctor_not_a_deployment", d.redact(&run.stdout));
+    let run = d.run(&["doctor", "--json"]);
+    assert_eq!(run.code, 1);
+    assert_eq!(json(&run)["ok"], false);
+
+    // init makes it one; a single file missing afterwards is a warning.
+    assert_eq!(d.run(&["init"]).code, 0);
+    std::fs::remove_file(d.path().join("triggers.json")).unwrap();
+    let run = d.run(&["doctor"]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(
+        d.redact(&run.stdout).contains(
+            "⚠ the triggers file [DIR]/triggers.json does not exist: the worker has no trigger to run\n    fix: `pi-dispatch init [DIR]` writes an empty one"
+        ),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("not a pi-dispatch deployment"));
+}

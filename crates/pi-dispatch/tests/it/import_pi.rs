@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::common::{CANARIES, Deployment, Run, files_under, write_host_agent};
+use crate::common::{CANARIES, Deployment, HOST_MCP, Run, files_under, write_host_agent};
 
 /// A deployment made by `init`, with a realistic host pi folder beside it.
 fn deployment_with_host() -> (Deployment, PathBuf) {
@@ -106,6 +106,64 @@ fn an_import_replaces_a_hand_written_overlay_file() {
     let now = std::fs::read_to_string(overlay(&d).join("mcp.json")).unwrap();
     assert!(!now.contains("mine"), "{now}");
     assert!(now.contains("\"docs\""));
+}
+
+#[test]
+fn an_import_names_the_servers_and_providers_it_replaced_away() {
+    let (d, host) = deployment_with_host();
+    // Hand edits in the overlay: two servers and a provider the host does not have, beside ones it
+    // has (docs, local), an odd name, and a value that must not be echoed.
+    std::fs::write(
+        overlay(&d).join("mcp.json"),
+        r#"{"mcpServers": {
+            "docs": {"url": "https://mcp.example.com/mcp", "description": "Docs"},
+            "mine": {"url": "https://mine.example.com/mcp", "description": "Hand-written"},
+            "x\u001b[2J": {"url": "https://x.example.com/mcp", "headers": {"A": "CNRY-header-7f3a"}, "description": "Odd"},
+            "tickets": {"url": "https://tickets.example.com/mcp", "description": "Refused on the host"}
+        }}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        overlay(&d).join("models.json"),
+        r#"{"providers": {"local": {"apiKey": "$LOCAL_LLM_KEY"}, "hand": {"apiKey": "CNRY-models-key-3e3e"}}}"#,
+    )
+    .unwrap();
+    let run = import(&d, &host, &[]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    insta::assert_snapshot!("replaced_hand_edits", d.redact(&run.stdout));
+    assert!(!run.stdout.contains('\u{1b}'), "{:?}", run.stdout);
+    for canary in CANARIES {
+        assert!(!run.stdout.contains(canary), "{canary}: {}", run.stdout);
+    }
+    // The files were replaced all the same.
+    let mcp = std::fs::read_to_string(overlay(&d).join("mcp.json")).unwrap();
+    assert!(!mcp.contains("mine"), "{mcp}");
+    let models = std::fs::read_to_string(overlay(&d).join("models.json")).unwrap();
+    assert!(!models.contains("hand"), "{models}");
+
+    // The same import again drops nothing, and says nothing of it.
+    let run = import(&d, &host, &[]);
+    assert!(!run.stdout.contains("dropped"), "{}", run.stdout);
+
+    // --no-mcp removes the file: every server it held is named.
+    let run = import(&d, &host, &["--no-mcp"]);
+    assert!(
+        run.stdout.contains(
+            "  dropped from the overlay's mcp.json (the import replaces it; hand edits there are lost): servers docs, memory, wiki\n"
+        ),
+        "{}",
+        run.stdout
+    );
+    // A previous file that cannot be read is said to be so.
+    std::fs::write(overlay(&d).join("mcp.json"), "{not json").unwrap();
+    let run = import(&d, &host, &[]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains("the overlay's previous mcp.json could not be read"),
+        "{}",
+        run.stdout
+    );
 }
 
 #[test]
@@ -460,4 +518,32 @@ fn a_crash_mid_write_or_before_the_rename_leaves_the_old_file_whole() {
         assert_ne!(std::fs::read(&target).unwrap(), old);
         assert_eq!(temp_files(&d), Vec::<String>::new(), "{point}");
     }
+}
+
+#[test]
+fn a_key_written_twice_in_a_host_file_is_named() {
+    let (d, host) = deployment_with_host();
+    std::fs::write(
+        host.join("mcp.json"),
+        "{\"mcpServers\": {\"docs\": {\"url\": \"https://a.example.com/mcp\",\n  \"description\": \"d\", \"description\": \"e\"}}}",
+    )
+    .unwrap();
+    let run = import(&d, &host, &[]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    insta::assert_snapshot!("duplicate_key_human", d.redact(&run.stdout));
+    // models.json is read by the same reader, and names its key too.
+    std::fs::write(host.join("mcp.json"), HOST_MCP).unwrap();
+    std::fs::write(
+        host.join("models.json"),
+        r#"{"providers": {"p": {"apiKey": "$K"}}, "providers": {}}"#,
+    )
+    .unwrap();
+    let run = import(&d, &host, &[]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains("the key 'providers' is written twice in one object"),
+        "{}",
+        run.stdout
+    );
 }

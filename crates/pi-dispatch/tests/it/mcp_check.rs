@@ -379,3 +379,73 @@ fn a_broken_dotenv_does_not_matter_when_the_environment_decides() {
     // Without the environment, the .env is needed and its error is reported.
     assert_eq!(d.run(&["mcp", "check"]).code, 2);
 }
+
+#[test]
+fn a_key_written_twice_is_named_and_escaped_when_not_printable() {
+    let d = Deployment::new();
+    d.write(
+        "pi-global/mcp.json",
+        "{\"mcpServers\": {\"a\": {\"url\": \"https://h/mcp\",\n  \"url\": \"https://i/mcp\"}}}",
+    );
+    let run = d.run(&["mcp", "check"]);
+    assert_eq!(run.code, 2);
+    insta::assert_snapshot!("duplicate_key_human", d.redact(&run.stdout));
+
+    // A key with a control character is shown escaped, never raw.
+    d.write(
+        "pi-global/mcp.json",
+        r#"{"mcpServers": {}, "x\u001b[2J": 1, "x\u001b[2J": 2}"#,
+    );
+    let run = d.run(&["mcp", "check", "--json"]);
+    assert_eq!(run.code, 2);
+    let message = json_of(&run.stdout)["problems"][0]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains(r"the key 'x\u{1b}[2J' is written twice"),
+        "{message}"
+    );
+    let human = d.run(&["mcp", "check"]).stdout;
+    assert!(!human.contains('\u{1b}'), "{human:?}");
+    assert!(human.contains(r"'x\u{1b}[2J'"), "{human}");
+}
+
+#[test]
+fn an_http_server_sending_a_credential_header_passes_with_a_warning() {
+    let d = Deployment::new();
+    d.write(
+        "pi-global/mcp.json",
+        r#"{"mcpServers": {
+          "intranet": {"url": "http://wiki.corp.example:8080/mcp", "headers": {"Authorization": "Bearer ${WIKI_TOKEN}"}, "description": "Wiki"},
+          "local": {"url": "http://localhost:3000/mcp", "headers": {"X-Api-Key": "${LOCAL_KEY}"}, "description": "Local"},
+          "open": {"url": "http://open.example.com:8080/mcp", "description": "No credential"}
+        }}"#,
+    );
+    let run = d.run(&["mcp", "check"]);
+    assert_eq!(run.code, 0, "a warning keeps the exit code: {}", run.stdout);
+    insta::assert_snapshot!("plain_http_human", d.redact(&run.stdout));
+
+    let run = d.run(&["mcp", "check", "--json"]);
+    assert_eq!(run.code, 0);
+    let report = json_of(&run.stdout);
+    let servers = report["servers"].as_array().unwrap();
+    for (server, place) in [
+        (
+            &servers[0],
+            "across the network to wiki.corp.example port 8080",
+        ),
+        (&servers[1], "to localhost port 3000, the loopback"),
+    ] {
+        assert_eq!(server["offered"], true, "{server}");
+        assert_eq!(server["problems"], serde_json::json!([]), "{server}");
+        let warnings = server["warnings"].as_array().unwrap();
+        assert_eq!(warnings.len(), 1, "{server}");
+        let w = &warnings[0];
+        assert_eq!(w["code"], "plain-http-credentials");
+        assert_eq!(w["field"], "url");
+        assert!(w["message"].as_str().unwrap().contains(place), "{w}");
+        assert!(w["fix"].as_str().unwrap().contains("https://"), "{w}");
+    }
+    assert_eq!(servers[2]["warnings"], serde_json::json!([]));
+}

@@ -73,10 +73,17 @@ fn json_of(stdout: &str) -> Value {
     serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
 }
 
+/// An overlay `mcp.json` offering the servers [`VALID`] names.
+const OVERLAY: &str = r#"{"mcpServers": {
+  "docs": {"url": "https://mcp.example.com/mcp", "description": "Docs"},
+  "wiki": {"url": "https://wiki.example.com/mcp", "description": "Wiki"}
+}}"#;
+
 #[test]
 fn a_valid_file_passes() {
     let d = Deployment::new();
     d.write("triggers.json", VALID);
+    d.write("pi-global/mcp.json", OVERLAY);
     let run = d.run(&["triggers", "check"]);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     assert_eq!(run.stderr, "");
@@ -92,7 +99,11 @@ fn a_valid_file_passes() {
         .map(String::as_str)
         .collect();
     // serde_json's map sorts its keys.
-    assert_eq!(keys, ["code", "errors", "file", "triggers", "valid"]);
+    assert_eq!(
+        keys,
+        ["code", "errors", "file", "triggers", "valid", "warnings"]
+    );
+    assert_eq!(report["warnings"], json!([]));
     assert!(report["file"].as_str().unwrap().ends_with("/triggers.json"));
     assert_eq!(report["valid"], true);
     assert_eq!(report["code"], Value::Null);
@@ -474,4 +485,142 @@ fn no_value_reaches_the_output() {
     ] {
         assert!(paths.contains(&path), "{path} not in {paths:?}");
     }
+}
+
+#[test]
+fn a_key_written_twice_is_named() {
+    let d = Deployment::new();
+    d.write(
+        "triggers.json",
+        "{\"triggers\": [{\"on\": {\"type\": \"label\", \"any\": [\"a\"]},\n  \"run\": {\"kind\": \"github\", \"flow\": \"answer\", \"flow\": \"review\"}}]}",
+    );
+    let run = d.run(&["triggers", "check"]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    insta::assert_snapshot!("duplicate_key_human", d.redact(&run.stdout));
+}
+
+#[test]
+fn a_server_the_overlay_does_not_offer_is_a_warning_per_trigger_and_name() {
+    let d = Deployment::new();
+    d.write(
+        "triggers.json",
+        r#"{"triggers": [
+          {"on": {"type": "label", "any": ["a"]}, "run": {"kind": "github", "flow": "answer", "mcp": ["docs", "forge", "gone"]}},
+          {"on": {"type": "label", "any": ["b"]}, "run": {"kind": "gitlab", "flow": "answer", "mcp": ["off", "bad"]}},
+          {"on": {"type": "label", "any": ["c"]}, "run": {"kind": "github", "flow": "answer", "mcp": ["forge"]}}
+        ]}"#,
+    );
+    d.write(
+        "pi-global/mcp.json",
+        r#"{"mcpServers": {
+          "docs": {"url": "https://mcp.example.com/mcp", "description": "Docs"},
+          "off": {"url": "https://off.example.com/mcp", "description": "Off", "enabled": false},
+          "bad": {"url": "HTTPS://Bad.example.com/mcp", "description": "Bad"}
+        }}"#,
+    );
+    let run = d.run(&["triggers", "check"]);
+    assert_eq!(run.code, 0, "warnings keep the exit code: {}", run.stdout);
+    insta::assert_snapshot!("unoffered_human", d.redact(&run.stdout));
+
+    let run = d.run(&["triggers", "check", "--json"]);
+    assert_eq!(run.code, 0);
+    let report = json_of(&run.stdout);
+    assert_eq!(report["valid"], true);
+    let warnings = report["warnings"].as_array().unwrap();
+    let paths: Vec<&str> = warnings
+        .iter()
+        .map(|w| w["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "triggers[0].run.mcp[2]",
+            "triggers[1].run.mcp[0]",
+            "triggers[1].run.mcp[1]"
+        ]
+    );
+    assert!(
+        warnings[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not offer 'gone'"),
+        "{warnings:?}"
+    );
+
+    // The overlay found through PI_GLOBAL_PI_DIR, as mcp check finds it: this one offers them all.
+    d.write(
+        "other/mcp.json",
+        r#"{"mcpServers": {
+          "docs": {"url": "https://mcp.example.com/mcp", "description": "Docs"},
+          "gone": {"url": "https://gone.example.com/mcp", "description": "Gone"},
+          "off": {"url": "https://off.example.com/mcp", "description": "Off"},
+          "bad": {"url": "https://bad.example.com/mcp", "description": "Bad"}
+        }}"#,
+    );
+    let out = d
+        .command(&["triggers", "check", "--json"])
+        .env("PI_GLOBAL_PI_DIR", d.path().join("other"))
+        .output()
+        .unwrap();
+    let run: crate::common::Run = out.into();
+    assert_eq!(run.code, 0);
+    assert_eq!(json_of(&run.stdout)["warnings"], json!([]));
+}
+
+#[test]
+fn an_overlay_that_cannot_be_read_is_said_once() {
+    let d = Deployment::new();
+    d.write("triggers.json", VALID);
+    // No overlay at all: one warning, however many names.
+    let run = d.run(&["triggers", "check"]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    let warnings: Vec<&str> = run.stdout.lines().filter(|l| l.starts_with('⚠')).collect();
+    assert_eq!(warnings.len(), 1, "{}", run.stdout);
+    assert!(
+        d.redact(warnings[0]).starts_with(
+            "⚠ the overlay's [DIR]/pi-global/mcp.json cannot be read (mcp.json not found [file-missing])"
+        ),
+        "{}",
+        warnings[0]
+    );
+    assert!(
+        run.stdout.ends_with("5 triggers: all valid; 1 warning\n"),
+        "{}",
+        run.stdout
+    );
+    // Not JSON.
+    d.write("pi-global/mcp.json", "{,}");
+    let report = json_of(&d.run(&["triggers", "check", "--json"]).stdout);
+    let warnings = report["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0]["path"], "");
+    assert!(
+        warnings[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("[not-json]"),
+        "{warnings:?}"
+    );
+    // A setting that cannot be used: still a warning, and the exit code is the file's.
+    let out = d
+        .command(&["triggers", "check"])
+        .env("PI_GLOBAL_PI_DIR", "relative")
+        .output()
+        .unwrap();
+    let run: crate::common::Run = out.into();
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .contains("⚠ the overlay folder cannot be told (PI_GLOBAL_PI_DIR"),
+        "{}",
+        run.stdout
+    );
+    // Triggers that name only forge, or no server, need no overlay and hear nothing of it.
+    d.write(
+        "triggers.json",
+        r#"{"triggers": [{"on": {"type": "label", "any": ["a"]}, "run": {"kind": "github", "flow": "answer", "mcp": ["forge"]}}]}"#,
+    );
+    std::fs::remove_file(d.path().join("pi-global/mcp.json")).unwrap();
+    let run = d.run(&["triggers", "check"]);
+    assert!(!run.stdout.contains('⚠'), "{}", run.stdout);
 }
