@@ -71,6 +71,12 @@ impl Context {
             .map_err(|e| SettingsError::Dotenv(e.clone()))
     }
 
+    /// The deployment's environment (the process's over the `.env`), as the worker reads keys and
+    /// forwarded variables from it.
+    pub fn environment(&self) -> Result<pickup::fs::Environment, SettingsError> {
+        Ok(pickup::fs::Environment::new(self.dotenv()?.clone()))
+    }
+
     /// The overlay folder: `flag` when given (relative to the current folder), else the
     /// `PI_GLOBAL_PI_DIR` setting, else `pi-global` in the deployment folder.
     pub fn overlay_dir(&self, flag: Option<&Path>) -> anyhow::Result<PathBuf> {

@@ -145,18 +145,45 @@ impl Folders for HostFolders {
     }
 }
 
-/// The worker's environment: a variable counts when it holds a non-empty value.
-pub struct ProcessEnv;
+/// The deployment's environment, as every command sees it: the process environment over the
+/// deployment folder's `.env` (the same order as the settings), a variable counting when it holds
+/// a non-empty value. The worker takes the provider's key and the forwarded variables from it, and
+/// `run`, `explain` and `doctor` judge with it, so they agree when they run where the worker runs.
+#[derive(Clone, Default)]
+pub struct Environment {
+    dotenv: config::dotenv::Dotenv,
+}
 
-impl WorkerEnv for ProcessEnv {
+impl std::fmt::Debug for Environment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Environment({} names in .env)", self.dotenv.len())
+    }
+}
+
+impl Environment {
+    pub fn new(dotenv: config::dotenv::Dotenv) -> Environment {
+        Environment { dotenv }
+    }
+
+    /// A variable's value, when it holds one.
+    pub fn get(&self, name: &str) -> Option<String> {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .or_else(|| self.dotenv.get(name).filter(|v| !v.is_empty()).cloned())
+    }
+}
+
+impl WorkerEnv for Environment {
     fn has_value(&self, name: &str) -> bool {
-        std::env::var_os(name).is_some_and(|v| !v.is_empty())
+        self.get(name).is_some()
     }
 }
 
 /// A deployment's readers, as every caller of the admission uses them.
 pub struct Deployment<'a> {
     pub settings: &'a Settings,
+    pub env: &'a Environment,
     pub files: DeploymentFiles,
     pub images: ImageFolders,
     pub host: Host,
@@ -165,9 +192,10 @@ pub struct Deployment<'a> {
 impl<'a> Deployment<'a> {
     /// The deployment of `settings` on this host (the worker's own user decides whether it runs
     /// as root).
-    pub fn new(settings: &'a Settings) -> Deployment<'a> {
+    pub fn new(settings: &'a Settings, env: &'a Environment) -> Deployment<'a> {
         Deployment {
             settings,
+            env,
             files: DeploymentFiles::new(settings),
             images: ImageFolders::new(&settings.dir),
             host: Host {
@@ -185,7 +213,7 @@ impl<'a> Deployment<'a> {
             files: &self.files,
             images: &self.images,
             folders: &HostFolders,
-            env: &ProcessEnv,
+            env: self.env,
             host: self.host,
         }
     }

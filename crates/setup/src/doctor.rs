@@ -292,6 +292,12 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
     out
 }
 
+/// Whether the folder holds any of a deployment's files (when it holds none, doctor checks nothing
+/// but that).
+pub fn is_deployment(inputs: &Inputs) -> bool {
+    inputs.dotenv || inputs.triggers_file || inputs.overlay_kind != Ok(Kind::Missing)
+}
+
 /// Whether the folder is a deployment: a failure, and `false` (nothing else to check), when it has
 /// none of a deployment's files; a warning for each of `.env` and the triggers file it lacks. A
 /// missing overlay folder is the overlay check's to report.
@@ -300,7 +306,7 @@ fn deployment_checks(inputs: &Inputs, out: &mut Vec<Check>) -> bool {
     let dir = s.dir.display();
     let triggers = s.triggers_file.display();
     let init = format!("`pi-dispatch init {dir}`");
-    if !inputs.dotenv && !inputs.triggers_file && inputs.overlay_kind == Ok(Kind::Missing) {
+    if !is_deployment(inputs) {
         out.push(Check::fail(
             format!(
                 "{dir} is not a pi-dispatch deployment: it has no .env, no triggers file ({triggers}) and no overlay folder ({})",
@@ -353,16 +359,24 @@ fn runtime_checks(inputs: &Inputs, out: &mut Vec<Check>) {
             format!("job image {image} has no pi version in its image.json"),
             format!("rebuild it: `pi-dispatch image install {image}`"),
         ),
-        (false, _) => Check::warn(
-            format!("job image {image} is not installed: jobs that use it are refused"),
-            format!("`pi-dispatch image install {image}`"),
-        ),
+        (false, _) => Check {
+            reason: Some("job-image-missing".to_owned()),
+            ..Check::fail(
+                format!(
+                    "job image {image} is not installed: jobs that use it are refused (job-image-missing)"
+                ),
+                format!("`pi-dispatch image install {image}`"),
+            )
+        },
     });
     if s.egress && !inputs.egress_proxy {
-        out.push(Check::warn(
-            "egress is on and the egress proxy is not built yet: every job is refused (egress-proxy-missing)",
-            "set PI_EGRESS=0 in .env to run jobs on the host's network until the proxy exists",
-        ));
+        out.push(Check {
+            reason: Some("egress-proxy-missing".to_owned()),
+            ..Check::fail(
+                "egress is on and this version has no egress proxy: every job is refused (egress-proxy-missing)",
+                "set PI_EGRESS=0 in .env to run jobs on the host's network until the proxy exists",
+            )
+        });
     }
 }
 

@@ -95,7 +95,9 @@ fn what_running_jobs_needs_is_checked() {
         .iter()
         .find(|c| c.label.starts_with("job image"))
         .unwrap();
-    assert_eq!(image.level, Level::Warn);
+    // A job on it is refused (job-image-missing), so doctor fails as the worker would.
+    assert_eq!(image.level, Level::Fail);
+    assert_eq!(image.reason.as_deref(), Some("job-image-missing"));
     assert!(
         image
             .fix
@@ -111,7 +113,7 @@ fn what_running_jobs_needs_is_checked() {
     let out = run(&no_proxy, &Proving::default());
     assert!(
         out.iter()
-            .any(|c| c.level == Level::Warn && c.label.contains("egress-proxy-missing")),
+            .any(|c| c.level == Level::Fail && c.reason.as_deref() == Some("egress-proxy-missing")),
         "{out:#?}"
     );
 }

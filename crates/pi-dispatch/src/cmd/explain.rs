@@ -87,7 +87,8 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         }
     }
     let job = trigger_job(trigger);
-    let decision = pickup::fs::Deployment::new(&settings).decide(&job);
+    let env = ctx.environment()?;
+    let decision = pickup::fs::Deployment::new(&settings, &env).decide(&job);
     let out = if args.json {
         config::json::to_pretty(&report(&decision)?)
     } else {

@@ -111,7 +111,8 @@ fn trigger_job(ctx: &Context, index: usize) -> anyhow::Result<Job> {
 /// said as the worker would record it.
 fn enqueue(ctx: &Context, job: &Job) -> anyhow::Result<Exit> {
     let settings = ctx.settings()?;
-    match pickup::fs::Deployment::new(&settings).decide(job) {
+    let env = ctx.environment()?;
+    match pickup::fs::Deployment::new(&settings, &env).decide(job) {
         Decision::Refuse(r) => {
             eprint!("{}", refusal_text(&r));
             return Ok(Exit::CheckFailed);

@@ -81,7 +81,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         backend: Arc::new(Bubblewrap {
             bwrap: args.bwrap.clone(),
         }),
-        host_env: |name| std::env::var(name).ok(),
+        env: ctx.environment()?,
         time_limit,
         runner_stderr: args.runner_stderr,
         settings,

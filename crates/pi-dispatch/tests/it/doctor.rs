@@ -31,11 +31,27 @@ fn json(run: &Run) -> serde_json::Value {
     serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
 }
 
+/// The lines of doctor's output that a check failed.
+fn failures(run: &Run) -> Vec<&str> {
+    run.stdout.lines().filter(|l| l.starts_with('✗')).collect()
+}
+
 #[test]
 fn a_realistic_deployment_reads_clearly() {
     let d = realistic();
     let run = d.run(&["doctor"]);
-    assert_eq!(run.code, 0, "warnings only: {}", run.stdout);
+    // It fails for what the worker would refuse every job for: no image yet, and egress on with
+    // no proxy. Nothing else.
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert_eq!(
+        failures(&run),
+        [
+            "✗ job image pi-job is not installed: jobs that use it are refused (job-image-missing)",
+            "✗ egress is on and this version has no egress proxy: every job is refused (egress-proxy-missing)",
+        ],
+        "{}",
+        run.stdout
+    );
     insta::assert_snapshot!("doctor_realistic", d.redact(&run.stdout));
 }
 
@@ -196,20 +212,42 @@ fn each_fix_it_prints_works() {
     let image = d.run(&["image", "install", "--from", nm.to_str().unwrap()]);
     assert_eq!(image.code, 0, "{}", image.stderr);
     let run = d.run(&["doctor"]);
-    assert_eq!(run.code, 0, "{}", run.stdout);
-    // Until the egress proxy exists, egress on or off is a warning either way (jobs refused, or
-    // jobs reaching any host): the one warning left says so.
-    let warnings: Vec<&str> = run.stdout.lines().filter(|l| l.starts_with('⚠')).collect();
-    assert_eq!(
-        warnings,
-        [
-            "⚠ egress is on and the egress proxy is not built yet: every job is refused (egress-proxy-missing)"
-        ],
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(
+        run.stdout.contains("    fix: set PI_EGRESS=0 in .env"),
         "{}",
         run.stdout
     );
+    assert!(
+        run.stdout
+            .contains("    fix: set PI_PROVIDER and PI_MODEL in .env"),
+        "{}",
+        run.stdout
+    );
+    // Following those fixes (the model of the overlay's models.json, with its key) leaves one
+    // warning: until the egress proxy exists, egress off lets jobs reach any host.
+    let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
+    std::fs::write(
+        d.path().join(".env"),
+        format!("{env}PI_EGRESS=0\nPI_PROVIDER=local\nPI_MODEL=qwen\nLOCAL_LLM_KEY=k-1\n"),
+    )
+    .unwrap();
     let run = d.run(&["doctor"]);
-    assert!(!run.stdout.contains('✗'), "{}", run.stdout);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    let warnings: Vec<&str> = run.stdout.lines().filter(|l| l.starts_with('⚠')).collect();
+    assert_eq!(
+        warnings,
+        ["⚠ egress policy off (PI_EGRESS=0): jobs can reach any host"],
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains(
+            "✓ default model local/qwen: in the overlay's models.json, its key in LOCAL_LLM_KEY"
+        ),
+        "{}",
+        run.stdout
+    );
 }
 
 #[test]
@@ -217,7 +255,7 @@ fn the_deployment_folder_can_be_given_with_dir() {
     let d = realistic();
     let elsewhere = Deployment::new();
     let run = elsewhere.run(&["--dir", d.path().to_str().unwrap(), "doctor", "--json"]);
-    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert_eq!(run.code, 1, "{}", run.stdout);
     let labels: Vec<String> = json(&run)["checks"]
         .as_array()
         .unwrap()
@@ -263,7 +301,6 @@ fn an_http_server_sending_a_credential_header_is_a_warning() {
     )
     .unwrap();
     let run = d.run(&["doctor"]);
-    assert_eq!(run.code, 0, "{}", run.stdout);
     assert!(
         run.stdout.contains(
             "⚠ server wiki: the url is http://, so the credential in the header (Authorization) would be sent in plain text across the network to wiki.internal.example port 8443"
@@ -293,7 +330,9 @@ fn a_folder_that_is_not_a_deployment_fails_and_says_how_to_make_one() {
     assert_eq!(d.run(&["init"]).code, 0);
     std::fs::remove_file(d.path().join("triggers.json")).unwrap();
     let run = d.run(&["doctor"]);
-    assert_eq!(run.code, 0, "{}", run.stdout);
+    // It still fails, for what the worker would refuse a job for (no image yet).
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(run.stdout.contains("job-image-missing"), "{}", run.stdout);
     assert!(
         d.redact(&run.stdout).contains(
             "⚠ the triggers file [DIR]/triggers.json does not exist: the worker has no trigger to run\n    fix: `pi-dispatch init [DIR]` writes an empty one"

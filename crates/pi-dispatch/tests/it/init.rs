@@ -36,12 +36,16 @@ fn writes_the_missing_files_and_never_overwrites() {
 }
 
 #[test]
-fn the_deployment_init_writes_passes_doctor() {
+fn the_deployment_init_writes_reads_cleanly_and_doctor_says_what_is_left() {
     let d = Deployment::new();
     assert_eq!(d.run(&["init"]).code, 0);
     let run = d.run(&["doctor"]);
-    assert_eq!(run.code, 0, "{}", run.stdout);
-    assert!(!run.stdout.contains('✗'), "{}", run.stdout);
+    // Every file init wrote reads; what doctor still fails is what the worker would refuse a job
+    // for, each with its fix: no image yet, and egress on with no proxy.
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    let failed: Vec<&str> = run.stdout.lines().filter(|l| l.starts_with('✗')).collect();
+    assert_eq!(failed.len(), 2, "{}", run.stdout);
+    assert!(failed[0].contains("job-image-missing") && failed[1].contains("egress-proxy-missing"));
 }
 
 #[test]

@@ -108,9 +108,16 @@ impl Service {
         give_to_nobody(&self.repo);
     }
 
+    /// Runs a command with the worker's environment (the provider's key): `run` judges with it.
+    fn cli(&self, args: &[&str]) -> Run {
+        let mut cmd = self.d.command(args);
+        cmd.env("FAKE_API_KEY", MODEL_KEY);
+        Run::from(cmd.output().unwrap())
+    }
+
     fn queue(&self, task: &str, mcp: &str) -> String {
         self.seal();
-        let run = self.d.run(&[
+        let run = self.cli(&[
             "run",
             self.repo.to_str().unwrap(),
             "--task",
@@ -119,7 +126,7 @@ impl Service {
             mcp,
         ]);
         assert_eq!(run.code, 0, "{}", run.stderr);
-        run.stdout.split_whitespace().nth(1).unwrap().to_owned()
+        queued_id(&run)
     }
 
     fn worker_command(&self, extra: &[&str]) -> std::process::Command {
@@ -149,6 +156,11 @@ impl Service {
             .map(|r| r.last_text())
             .collect()
     }
+}
+
+/// The id `run` queued a job under.
+fn queued_id(run: &Run) -> String {
+    run.stdout.split_whitespace().nth(1).unwrap().to_owned()
 }
 
 fn calls(record: &Value, server: &str, tool: &str) -> u64 {
@@ -272,11 +284,55 @@ fn a_job_naming_an_unknown_server_is_refused_with_its_record_and_no_sandbox() {
         |_| json!({"direct": stdio(None)}),
         "",
     );
+    // `run` says so at once, and queues nothing.
+    s.seal();
+    let repo = s.repo.to_str().unwrap().to_owned();
+    let refused = s.cli(&[
+        "run",
+        &repo,
+        "--task",
+        "Anything.",
+        "--mcp",
+        "direct,nosuch",
+    ]);
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("mcp-server-unknown"),
+        "{}",
+        refused.stderr
+    );
+    assert!(
+        refused.stderr.contains("fix: offer nosuch"),
+        "{}",
+        refused.stderr
+    );
+    assert!(refused.stdout.is_empty());
+    // A job queued while the server was offered, and refused by the worker once it is not.
+    s.d.write(
+        "pi-global/mcp.json",
+        &json!({"mcpServers": {"direct": stdio(None), "nosuch": stdio(None)}}).to_string(),
+    );
     let id = s.queue("Anything.", "direct,nosuch");
+    s.d.write(
+        "pi-global/mcp.json",
+        &json!({"mcpServers": {"direct": stdio(None)}}).to_string(),
+    );
     let run = s.work();
     let record = s.record(&id);
     assert_eq!(record["outcome"], "policy");
     assert_eq!(record["reason"], "mcp-server-unknown");
+    // The record says which server, and what to do.
+    assert_eq!(record["detail"]["server"], "nosuch", "{record:#}");
+    assert!(
+        record["fix"].as_str().unwrap().contains("nosuch"),
+        "{record:#}"
+    );
+    let shown = s.d.run(&["runs", "show", &id]);
+    assert!(
+        shown.stdout.contains("fix: offer nosuch"),
+        "{}",
+        shown.stdout
+    );
     assert_eq!(record["budgetReserved"], false);
     assert_eq!(record["exitCode"], Value::Null);
     assert!(run.stderr.contains("refused_mcp"), "{}", run.stderr);
@@ -344,9 +400,9 @@ fn secrets_service(resolver: &str, script: Vec<Step>) -> (Service, String) {
     }]});
     s.d.write("triggers.json", &triggers.to_string());
     s.seal();
-    let run = s.d.run(&["run", "--trigger", "0"]);
+    let run = s.cli(&["run", "--trigger", "0"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let id = run.stdout.split_whitespace().nth(1).unwrap().to_owned();
+    let id = queued_id(&run);
     (s, id)
 }
 
@@ -554,27 +610,41 @@ fn a_folder_owned_by_root_is_refused_before_a_sandbox() {
         |_| json!({"direct": stdio(None)}),
         "",
     );
-    // Not handed to the job's user: the worker (root here) would run the job as root's mapping.
-    let run = s.d.run(&[
-        "run",
-        s.repo.to_str().unwrap(),
-        "--task",
-        "Anything.",
-        "--mcp",
-        "direct",
-    ]);
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    let id = run.stdout.split_whitespace().nth(1).unwrap().to_owned();
+    // Not handed to the job's user: the worker (root here) would run the job as root's mapping,
+    // so `run` refuses it at once.
+    let repo = s.repo.to_str().unwrap().to_owned();
+    let args = ["run", &repo, "--task", "Anything.", "--mcp", "direct"];
+    let run = s.cli(&args);
+    if !rustix::process::geteuid().is_root() {
+        // A worker that is not root runs the job as itself.
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        s.work();
+        assert_eq!(s.record(&queued_id(&run))["outcome"], "completed");
+        return;
+    }
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("workspace-owned-by-root"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains(&repo), "{}", run.stderr);
+    // Queued while it was nobody's, then given back to root: the worker refuses it.
+    let id = s.queue("Anything.", "direct");
+    let chown = std::process::Command::new("chown")
+        .args(["-R", "0:0"])
+        .arg(&s.repo)
+        .status()
+        .unwrap();
+    assert!(chown.success());
     let worked = s.work();
     let record = s.record(&id);
-    if rustix::process::geteuid().is_root() {
+    {
         assert_eq!(record["reason"], "workspace-owned-by-root", "{record:#}");
+        assert_eq!(record["detail"]["path"], repo.as_str(), "{record:#}");
         assert_eq!(record["outcome"], "policy");
         assert_eq!(record["budgetReserved"], false);
         assert!(!worked.stderr.contains("job_started"), "{}", worked.stderr);
-    } else {
-        // A worker that is not root runs the job as itself.
-        assert_eq!(record["outcome"], "completed", "{record:#}");
     }
 }
 
@@ -611,7 +681,7 @@ fn what_the_worker_refuses_or_stops_before_and_after_a_sandbox() {
         .output()
         .unwrap();
     assert!(git.stdout.is_empty());
-    let run = s.d.run(&[
+    let run = s.cli(&[
         "run",
         s.repo.to_str().unwrap(),
         "--task",
@@ -619,7 +689,7 @@ fn what_the_worker_refuses_or_stops_before_and_after_a_sandbox() {
         "--mcp",
         "direct",
     ]);
-    let id = run.stdout.split_whitespace().nth(1).unwrap().to_owned();
+    let id = queued_id(&run);
     let worked = Run::from(s.worker_command(&["--time-limit", "3"]).output().unwrap());
     assert_eq!(worked.code, 0, "{}", worked.stderr);
     let record = s.record(&id);
@@ -650,17 +720,18 @@ fn run_refuses_a_dirty_tree_unless_forced() {
         "",
     );
     std::fs::write(s.repo.join("work-in-progress.txt"), "mine\n").unwrap();
+    give_to_nobody(&s.repo);
     let repo = s.repo.to_str().unwrap();
-    let refused = s.d.run(&["run", repo, "--task", "Anything."]);
+    let refused = s.cli(&["run", repo, "--task", "Anything."]);
     assert_eq!(refused.code, 1, "{}", refused.stderr);
     assert!(
         refused.stderr.contains("uncommitted changes"),
         "{}",
         refused.stderr
     );
-    let forced = s.d.run(&["run", repo, "--task", "Anything.", "--force"]);
+    let forced = s.cli(&["run", repo, "--task", "Anything.", "--force"]);
     assert_eq!(forced.code, 0, "{}", forced.stderr);
-    let not_git = s.d.run(&[
+    let not_git = s.cli(&[
         "run",
         s.d.path().join("pi-global").to_str().unwrap(),
         "--task",
