@@ -18,6 +18,8 @@ pub enum Step {
     Call(String, Value),
     /// Answer with text (ends the agent's run).
     Text(String),
+    /// Answer with this HTTP status and an error body (a provider failing, or refusing the key).
+    Status(u16),
 }
 
 impl Step {
@@ -27,6 +29,10 @@ impl Step {
 
     pub fn text(text: &str) -> Step {
         Step::Text(text.to_owned())
+    }
+
+    pub fn status(code: u16) -> Step {
+        Step::Status(code)
     }
 
     /// One tool call by each route pi has to an MCP tool, against server-everything offered as
@@ -206,7 +212,19 @@ fn read_request(stream: &TcpStream) -> Option<Request> {
     })
 }
 
+/// What a failing provider says in its error body (tests look for it where it must not be).
+pub const ERROR_BODY_CANARY: &str = "cnry-provider-error-7c1";
+
 fn answer(mut stream: TcpStream, n: usize, step: &Step) -> std::io::Result<()> {
+    if let Step::Status(code) = step {
+        let body = json!({"error": {"message": format!("refused by the scripted provider ({ERROR_BODY_CANARY})"), "type": "scripted"}}).to_string();
+        write!(
+            stream,
+            "HTTP/1.1 {code} Scripted\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )?;
+        return stream.flush();
+    }
     let chunk = |delta: Value, finish: Option<&str>, usage: bool| {
         let mut c = json!({
             "id": format!("chatcmpl-{n}"),
@@ -240,6 +258,7 @@ fn answer(mut stream: TcpStream, n: usize, step: &Step) -> std::io::Result<()> {
             ));
             body.push_str(&chunk(json!({}), Some("stop"), true));
         }
+        Step::Status(_) => {}
     }
     body.push_str("data: [DONE]\n\n");
     write!(

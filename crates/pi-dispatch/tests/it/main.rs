@@ -3,7 +3,9 @@
 // Test code fails loudly on purpose; the workspace denies unwrap only in product code.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod admission;
 mod common;
+mod control;
 mod doctor;
 mod explain;
 mod import_pi;
@@ -11,6 +13,7 @@ mod init;
 mod job;
 mod job_signals;
 mod mcp_check;
+mod outcomes;
 mod service;
 mod triggers_check;
 mod worker;

@@ -13,19 +13,19 @@ use testkit::fake_model::{FakeModel, Step};
 use crate::common::{Deployment, Run, processes_with};
 
 /// server-everything inside the image, as a job sees it.
-const EVERYTHING: &str =
+pub(crate) const EVERYTHING: &str =
     "/opt/pi-dispatch-image/node_modules/@modelcontextprotocol/server-everything/dist/index.js";
-const MODEL_KEY: &str = "cnry-model-key-5e1";
+pub(crate) const MODEL_KEY: &str = "cnry-model-key-5e1";
 
 /// A deployment with an image, a fake model provider, a repository and the given servers.
-struct Service {
-    d: Deployment,
-    repo: PathBuf,
-    model: FakeModel,
+pub(crate) struct Service {
+    pub(crate) d: Deployment,
+    pub(crate) repo: PathBuf,
+    pub(crate) model: FakeModel,
     _http: testkit::EverythingHttp,
 }
 
-fn stdio(exposure: Option<&str>) -> Value {
+pub(crate) fn stdio(exposure: Option<&str>) -> Value {
     let mut entry = json!({"command": "node", "args": [EVERYTHING, "stdio"], "description": "Everything over stdio"});
     if let Some(e) = exposure {
         entry["exposure"] = e.into();
@@ -33,14 +33,14 @@ fn stdio(exposure: Option<&str>) -> Value {
     entry
 }
 
-fn chmod(path: &Path, mode: u32) {
+pub(crate) fn chmod(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
 /// Makes `path` and everything under it belong to the job's user (the sandbox runs a local job as
 /// its folder's owner).
-fn give_to_nobody(path: &Path) {
+pub(crate) fn give_to_nobody(path: &Path) {
     let status = std::process::Command::new("chown")
         .args(["-R", "65534:65534"])
         .arg(path)
@@ -50,7 +50,11 @@ fn give_to_nobody(path: &Path) {
 }
 
 impl Service {
-    fn new(script: Vec<Step>, servers: impl FnOnce(&str) -> Value, env: &str) -> Service {
+    pub(crate) fn new(
+        script: Vec<Step>,
+        servers: impl FnOnce(&str) -> Value,
+        env: &str,
+    ) -> Service {
         let d = Deployment::new();
         chmod(d.path(), 0o755);
         assert_eq!(d.run(&["init"]).code, 0);
@@ -94,7 +98,7 @@ impl Service {
     }
 
     /// Commits what the test put in the repository, then hands it to the job's user.
-    fn seal(&self) {
+    pub(crate) fn seal(&self) {
         let git = |args: &[&str]| {
             std::process::Command::new("git")
                 .args(["-c", "user.email=t@t", "-c", "user.name=t", "-C"])
@@ -109,13 +113,13 @@ impl Service {
     }
 
     /// Runs a command with the worker's environment (the provider's key): `run` judges with it.
-    fn cli(&self, args: &[&str]) -> Run {
+    pub(crate) fn cli(&self, args: &[&str]) -> Run {
         let mut cmd = self.d.command(args);
         cmd.env("FAKE_API_KEY", MODEL_KEY);
         Run::from(cmd.output().unwrap())
     }
 
-    fn queue(&self, task: &str, mcp: &str) -> String {
+    pub(crate) fn queue(&self, task: &str, mcp: &str) -> String {
         self.seal();
         let run = self.cli(&[
             "run",
@@ -129,7 +133,7 @@ impl Service {
         queued_id(&run)
     }
 
-    fn worker_command(&self, extra: &[&str]) -> std::process::Command {
+    pub(crate) fn worker_command(&self, extra: &[&str]) -> std::process::Command {
         let mut args = vec!["worker", "--until-empty", "--poll-ms", "100"];
         args.extend_from_slice(extra);
         let mut cmd = self.d.command(&args);
@@ -137,19 +141,19 @@ impl Service {
         cmd
     }
 
-    fn work(&self) -> Run {
+    pub(crate) fn work(&self) -> Run {
         let run = Run::from(self.worker_command(&[]).output().unwrap());
         assert_eq!(run.code, 0, "{}", run.stderr);
         run
     }
 
-    fn record(&self, id: &str) -> Value {
+    pub(crate) fn record(&self, id: &str) -> Value {
         let text = std::fs::read_to_string(self.d.path().join(format!("state/runs/{id}.json")))
             .unwrap_or_else(|e| panic!("no record for {id}: {e}"));
         serde_json::from_str(&text).unwrap()
     }
 
-    fn results(&self) -> Vec<String> {
+    pub(crate) fn results(&self) -> Vec<String> {
         self.model
             .requests()
             .iter()
@@ -159,7 +163,7 @@ impl Service {
 }
 
 /// The id `run` queued a job under.
-fn queued_id(run: &Run) -> String {
+pub(crate) fn queued_id(run: &Run) -> String {
     run.stdout.split_whitespace().nth(1).unwrap().to_owned()
 }
 
@@ -695,6 +699,13 @@ fn what_the_worker_refuses_or_stops_before_and_after_a_sandbox() {
     let record = s.record(&id);
     assert_eq!(record["outcome"], "failed", "{record:#}");
     assert_eq!(record["reason"], "time-limit");
+    // The end of the job is on the worker's log too, with its reason.
+    let ended = worked
+        .stderr
+        .lines()
+        .find(|l| l.contains("job_ended") && l.contains(&id))
+        .unwrap_or_else(|| panic!("no job_ended line: {}", worked.stderr));
+    assert!(ended.contains("time-limit"), "{ended}");
     assert_eq!(record["budgetReserved"], true);
     assert_eq!(processes_with(&id, 0), vec![]);
     let paged = std::fs::read_to_string(paged).unwrap();

@@ -1,0 +1,183 @@
+//! An outcome is a claim: a job is `completed` only when real pi finished its task. A model that
+//! cannot be reached, that answers 500, or that refuses the key is a failure with its own reason,
+//! and the record says nothing was spent. What the agent did is kept as its transcript, with every
+//! secret the worker knows redacted.
+
+use serde_json::{Value, json};
+use testkit::fake_model::{ERROR_BODY_CANARY, Step};
+
+use crate::worker::{EVERYTHING, MODEL_KEY, Service, stdio};
+
+/// A job on a deployment whose model fails as `script` says (or, with `down`, whose model's port
+/// has nothing listening), run to its record.
+fn failing(script: Vec<Step>, down: bool) -> (Service, Value, crate::common::Run) {
+    let s = Service::new(script, |_| json!({"direct": stdio(None)}), "");
+    if down {
+        // A port that was free a moment ago and is closed now.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let models = s
+            .model
+            .models_json("FAKE_API_KEY")
+            .replace(&s.model.port.to_string(), &port.to_string());
+        s.d.write("pi-global/models.json", &models);
+    }
+    let id = s.queue("Do the work.", "direct");
+    let run = s.work();
+    let record = s.record(&id);
+    (s, record, run)
+}
+
+#[test]
+fn a_model_that_fails_is_never_a_completed_job() {
+    // Three deployments at once: each job waits out pi's own retries (about 15 s).
+    let down = std::thread::spawn(|| failing(vec![], true));
+    let error = std::thread::spawn(|| failing(vec![Step::status(500); 8], false));
+    let refused = std::thread::spawn(|| failing(vec![Step::status(401); 8], false));
+    for (handle, reason, retried) in [
+        (down, "model-unreachable", true),
+        (error, "model-error", false),
+        (refused, "model-unauthorized", false),
+    ] {
+        let (s, record, run) = handle.join().unwrap();
+        assert_eq!(record["outcome"], "failed", "{reason}: {record:#}");
+        assert_eq!(record["reason"], reason, "{record:#}");
+        assert_eq!(record["turns"], 0, "{record:#}");
+        assert_eq!(record["spent"], false, "{record:#}");
+        assert_eq!(record["budgetReserved"], true, "{record:#}");
+        assert!(record["fix"].is_string(), "{record:#}");
+        // A provider that could not be reached is tried again (nothing was spent); the others
+        // are not.
+        assert_eq!(record["attempt"], if retried { 2 } else { 1 }, "{record:#}");
+        // What the provider said is in the transcript (it is what happened), never in the record or
+        // the worker's log.
+        let text = record.to_string();
+        assert!(!text.contains(ERROR_BODY_CANARY), "{text}");
+        assert!(!run.stderr.contains(ERROR_BODY_CANARY), "{}", run.stderr);
+        if !s.model.requests().is_empty() {
+            let shown = s.d.run(&[
+                "runs",
+                "show",
+                record["jobId"].as_str().unwrap(),
+                "--transcript",
+            ]);
+            assert!(shown.stdout.contains(ERROR_BODY_CANARY), "{}", shown.stdout);
+        }
+        // The record's reason is on the worker's log line for the job's end.
+        assert!(
+            run.stderr.contains("job_ended") && run.stderr.contains(reason),
+            "{}",
+            run.stderr
+        );
+    }
+}
+
+#[test]
+fn the_transcript_keeps_what_the_agent_did_with_every_secret_redacted() {
+    const TOKEN: &str = "cnry-docs-token-93b1";
+    let s = Service::new(
+        vec![
+            Step::call("mcp__vault__get_env", json!({})),
+            Step::call("bash", json!({"command": "env"})),
+            Step::text(&format!("Done. The server's token was {TOKEN}.")),
+        ],
+        |_| {
+            json!({"vault": {"command": "node", "args": [EVERYTHING, "stdio"],
+                "env": {"DOCS_TOKEN": "${DOCS_TOKEN}"}, "description": "Sees a secret", "exposure": "direct"}})
+        },
+        "PI_FORWARD_ENV=DOCS_TOKEN\n",
+    );
+    let id = {
+        s.seal();
+        let mut cmd = s.d.command(&[
+            "run",
+            s.repo.to_str().unwrap(),
+            "--task",
+            "Look around.",
+            "--mcp",
+            "vault",
+        ]);
+        cmd.env("FAKE_API_KEY", MODEL_KEY).env("DOCS_TOKEN", TOKEN);
+        let run = crate::common::Run::from(cmd.output().unwrap());
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        crate::worker::queued_id(&run)
+    };
+    let mut worker = s.worker_command(&[]);
+    worker.env("DOCS_TOKEN", TOKEN);
+    let run = crate::common::Run::from(worker.output().unwrap());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let record = s.record(&id);
+    assert_eq!(record["outcome"], "completed", "{record:#}");
+    assert_eq!(record["transcript"], true);
+    // The model really saw the secrets (the server's env, pi's own env): the test is not empty.
+    let results = s.results();
+    assert!(results[1].contains(TOKEN), "{results:#?}");
+    assert!(results[2].contains(MODEL_KEY), "{results:#?}");
+    // The transcript has every event, and neither value.
+    let path = s.d.path().join(format!("state/jobs/{id}/transcript.jsonl"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    for line in text.lines() {
+        serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    }
+    assert!(text.contains("\"type\":\"tool_execution_end\""), "{text}");
+    assert!(text.contains("[redacted:DOCS_TOKEN]"), "{text}");
+    assert!(text.contains("[redacted:FAKE_API_KEY]"), "{text}");
+    assert!(!text.contains(TOKEN) && !text.contains(MODEL_KEY));
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // The agent's last words are in the record, redacted too.
+    assert_eq!(
+        record["finalMessage"],
+        "Done. The server's token was [redacted:DOCS_TOKEN]."
+    );
+    let shown = s.d.run(&["runs", "show", &id, "--transcript"]);
+    assert_eq!(shown.code, 0);
+    assert_eq!(shown.stdout, text);
+    let human = s.d.run(&["runs", "show", &id]);
+    assert!(
+        human.stdout.contains("final message:") && !human.stdout.contains(TOKEN),
+        "{}",
+        human.stdout
+    );
+    // Nothing of the deployment holds either value (but the images, which hold no secret).
+    for (path, bytes) in crate::common::files_under(s.d.path()) {
+        if path.starts_with(s.d.path().join("images")) {
+            continue;
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            !text.contains(TOKEN) && !text.contains(MODEL_KEY),
+            "{} holds a secret",
+            path.display()
+        );
+    }
+    assert!(!run.stderr.contains(TOKEN) && !run.stderr.contains(MODEL_KEY));
+}
+
+#[test]
+fn transcripts_can_be_turned_off() {
+    let s = Service::new(
+        vec![Step::text("done")],
+        |_| json!({"direct": stdio(None)}),
+        "PI_TRANSCRIPTS=0\n",
+    );
+    let id = s.queue("Anything.", "direct");
+    s.work();
+    let record = s.record(&id);
+    assert_eq!(record["outcome"], "completed", "{record:#}");
+    assert_eq!(record["transcript"], false);
+    assert!(
+        !s.d.path()
+            .join(format!("state/jobs/{id}/transcript.jsonl"))
+            .exists()
+    );
+    let shown = s.d.run(&["runs", "show", &id, "--transcript"]);
+    assert_eq!(shown.code, 1, "{}", shown.stderr);
+    assert!(shown.stderr.contains("no transcript"), "{}", shown.stderr);
+}
