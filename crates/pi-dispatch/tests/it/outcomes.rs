@@ -181,3 +181,22 @@ fn transcripts_can_be_turned_off() {
     assert_eq!(shown.code, 1, "{}", shown.stderr);
     assert!(shown.stderr.contains("no transcript"), "{}", shown.stderr);
 }
+
+#[test]
+fn runs_says_which_records_it_cannot_read() {
+    let d = crate::common::Deployment::new();
+    assert_eq!(d.run(&["init"]).code, 0);
+    d.write("state/runs/broken.json", "{ not a record");
+    let run = d.run(&["runs"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("broken.json is not readable as a run record"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stdout.contains("No runs yet"), "{}", run.stdout);
+    // An unknown id is misuse (exit 2), and the message names where records are.
+    let show = d.run(&["runs", "show", "nope"]);
+    assert_eq!(show.code, 2, "{}", show.stderr);
+    assert!(show.stderr.contains("state/runs"), "{}", show.stderr);
+}
