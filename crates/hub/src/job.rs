@@ -10,10 +10,11 @@ use protocol::reason::Reason;
 use tokio::process::Command;
 
 use crate::job_file::{JobServer, Stop};
-use crate::pi_agent::{AgentFolder, PiEvents, write_private};
+use crate::pi_agent::{AgentFolder, write_private};
 use crate::runner::{self, Connected};
 use crate::{pi_config, plan, relay, wait};
 use protocol::exit_line::{ExitLine, ServerState};
+use protocol::pi_events::PiEvents;
 
 /// Where the job's parts are (configurable so that tests run without a sandbox).
 pub struct JobOptions {

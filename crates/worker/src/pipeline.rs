@@ -19,6 +19,7 @@ use protocol::detail::Detail;
 use protocol::exit_line::{ExitLine, Line};
 use protocol::job::Job;
 use protocol::job_mcp::DIGEST_VARIABLE;
+use protocol::pi_events::PiEvents;
 use protocol::reason::Reason;
 use sandbox::backend::{Backend, JobSpec, Network, RunningJob};
 use sandbox::bwrap::{self, Ending};
@@ -496,10 +497,17 @@ impl Worker {
         let stdout = running.stdout();
         let reader = tokio::spawn(async move {
             let mut transcript = transcript;
+            // What the job spent, from pi's events, for a job that ends without an exit line.
+            let mut events = PiEvents::default();
             let found = match stdout {
                 None => None,
                 Some(out) => {
                     protocol::exit_line::read(out, key.as_bytes(), |line| {
+                        if let Line::Text(text) = &line
+                            && let Ok(text) = std::str::from_utf8(text)
+                        {
+                            events.observe(text);
+                        }
                         if let Some(t) = transcript.as_mut() {
                             match line {
                                 Line::Text(text) => t.line(text),
@@ -513,7 +521,7 @@ impl Worker {
             let kept = transcript
                 .map(Transcript::finish)
                 .is_some_and(|r| r.is_ok());
-            (found, kept)
+            (found, kept, events)
         });
         // The runner's stderr (its log and pi's) is drained and not kept: it could hold anything.
         if let Some(mut stderr) = running.stderr() {
@@ -536,15 +544,22 @@ impl Worker {
             let _ = running.kill().await;
         }
         drop(running);
-        let (exit_line, transcript_kept) = tokio::time::timeout(Duration::from_secs(5), reader)
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or((None, false));
+        let (exit_line, transcript_kept, events) =
+            tokio::time::timeout(Duration::from_secs(5), reader)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or((None, false, PiEvents::default()));
+        let had_line = exit_line.is_some();
         let mut verdict = self.settle(job, attempt, ran, exit_line, &redactor);
         if let Verdict::Done(r) | Verdict::Retry(r) = &mut verdict {
             r.started_at_ms = Some(started_at);
             r.transcript = transcript_kept;
+            // No exit line (the time limit, a cancel, a runner that died): what pi's events say
+            // it spent, so the record never claims nothing was spent when something was.
+            if !had_line && events.answers() > 0 {
+                r.set_usage(&events.usage);
+            }
         }
         verdict
     }

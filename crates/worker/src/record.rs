@@ -158,22 +158,27 @@ impl Record {
         };
         record.final_message.clone_from(&line.final_message);
         if let Some(usage) = &line.usage {
-            record.spent = usage.spent();
-            record.turns = Some(usage.turns);
-            record.tokens = Some(Tokens {
-                input: usage.input_tokens,
-                output: usage.output_tokens,
-                total: usage.total_tokens,
-            });
-            record.cost_usd = Some(usage.cost_usd);
-            if usage.provider.is_some() {
-                record.provider.clone_from(&usage.provider);
-            }
-            if usage.model.is_some() {
-                record.model.clone_from(&usage.model);
-            }
+            record.set_usage(usage);
         }
         record
+    }
+
+    /// What the model spent, as pi counted it.
+    pub fn set_usage(&mut self, usage: &protocol::usage::Usage) {
+        self.spent = usage.spent();
+        self.turns = Some(usage.turns);
+        self.tokens = Some(Tokens {
+            input: usage.input_tokens,
+            output: usage.output_tokens,
+            total: usage.total_tokens,
+        });
+        self.cost_usd = Some(usage.cost_usd);
+        if usage.provider.is_some() {
+            self.provider.clone_from(&usage.provider);
+        }
+        if usage.model.is_some() {
+            self.model.clone_from(&usage.model);
+        }
     }
 }
 

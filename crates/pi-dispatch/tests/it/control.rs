@@ -148,6 +148,7 @@ fn a_running_job_is_cancelled_with_its_whole_tree_and_status_shows_it_running_fi
     assert_eq!(record["outcome"], "cancelled", "{record:#}");
     assert_eq!(record["reason"], "cancelled");
     assert_eq!(record["budgetReserved"], true);
+    assert_eq!(record["spent"], true, "{record:#}");
     // The operator's own stop pages nobody.
     assert!(!paged.exists(), "PI_ON_FAILURE ran for a cancel");
     // The worker goes on; told to stop, it exits 0.

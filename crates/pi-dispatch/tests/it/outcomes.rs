@@ -190,7 +190,8 @@ fn runs_says_which_records_it_cannot_read() {
     let run = d.run(&["runs"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(
-        run.stderr.contains("broken.json is not readable as a run record"),
+        run.stderr
+            .contains("broken.json is not readable as a run record"),
         "{}",
         run.stderr
     );

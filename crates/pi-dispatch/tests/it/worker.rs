@@ -694,11 +694,20 @@ fn what_the_worker_refuses_or_stops_before_and_after_a_sandbox() {
         "direct",
     ]);
     let id = queued_id(&run);
-    let worked = Run::from(s.worker_command(&["--time-limit", "3"]).output().unwrap());
+    // Long enough for pi to ask the model (and start its 30 s sleep) before the limit.
+    let worked = Run::from(s.worker_command(&["--time-limit", "8"]).output().unwrap());
     assert_eq!(worked.code, 0, "{}", worked.stderr);
     let record = s.record(&id);
     assert_eq!(record["outcome"], "failed", "{record:#}");
     assert_eq!(record["reason"], "time-limit");
+    // No exit line came, and the record still says what the model spent before the limit.
+    assert_eq!(
+        s.model.requests().len(),
+        1,
+        "the model was not asked in time"
+    );
+    assert_eq!(record["spent"], true, "{record:#}");
+    assert_eq!(record["turns"], 1, "{record:#}");
     // The end of the job is on the worker's log too, with its reason.
     let ended = worked
         .stderr

@@ -1,0 +1,346 @@
+//! What pi's JSON event stream (`pi --mode json`, one event a line) says of a job: what the model
+//! spent, how its last answer ended, and that answer's text. The runner reads it to tell a finished
+//! task from a failed one; the worker reads the same lines (the runner passes them on) for what a
+//! job spent when no exit line came.
+
+use crate::exit_line::MAX_FINAL_MESSAGE;
+use crate::reason::Reason;
+use crate::usage::Usage;
+
+/// What pi's JSON event stream (`--mode json`) says: what it spent, how its last answer ended,
+/// and that answer's text. Only what is needed is kept; the provider's own error text is read to
+/// tell the failures apart and never kept.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PiEvents {
+    pub usage: Usage,
+    /// Assistant messages seen, failed ones included.
+    answers: u64,
+    /// How the last assistant message ended.
+    last: Option<Ending>,
+    /// The text of the last assistant message (at most [`MAX_FINAL_MESSAGE`] bytes).
+    last_text: String,
+}
+
+/// How an assistant message ended, as pi's `stopReason` says, with a failure sorted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ending {
+    /// `stop`: the model finished its answer.
+    Stop,
+    /// `toolUse`: the model asked for a tool.
+    ToolUse,
+    Length,
+    Aborted,
+    Error(ModelFailure),
+    Other,
+}
+
+/// A model call that ended in an error, sorted by what the provider's error says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ModelFailure {
+    /// No connection (refused, reset, no such host, timed out).
+    Unreachable(&'static str),
+    /// An HTTP status from the provider.
+    Status(u16),
+    /// Anything else.
+    Other,
+}
+
+/// The connection failures Node's fetch reports, by the name a cause may carry.
+const CONNECTION_ERRORS: [&str; 8] = [
+    "ECONNREFUSED",
+    "ECONNRESET",
+    "ENOTFOUND",
+    "EAI_AGAIN",
+    "ETIMEDOUT",
+    "EHOSTUNREACH",
+    "ENETUNREACH",
+    "UND_ERR_CONNECT_TIMEOUT",
+];
+
+fn sort_failure(message: &str) -> ModelFailure {
+    // pi-ai writes an HTTP failure as "STATUS: body".
+    let digits: String = message.chars().take_while(char::is_ascii_digit).collect();
+    if digits.len() == 3
+        && message[3..].starts_with(':')
+        && let Ok(status) = digits.parse()
+    {
+        return ModelFailure::Status(status);
+    }
+    if let Some(code) = CONNECTION_ERRORS.iter().find(|c| message.contains(*c)) {
+        return ModelFailure::Unreachable(code);
+    }
+    if message.starts_with("Connection error") || message.contains("fetch failed") {
+        return ModelFailure::Unreachable("connection error");
+    }
+    ModelFailure::Other
+}
+
+impl PiEvents {
+    /// Takes one line of pi's `--mode json` output into account (anything else is ignored).
+    pub fn observe(&mut self, line: &str) {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+            return;
+        };
+        if event.get("type").and_then(|t| t.as_str()) != Some("message_end") {
+            return;
+        }
+        let Some(message) = event.get("message") else {
+            return;
+        };
+        if message.get("role").and_then(|r| r.as_str()) != Some("assistant") {
+            return;
+        }
+        self.answers += 1;
+        let ending = match message.get("stopReason").and_then(|r| r.as_str()) {
+            Some("stop") => Ending::Stop,
+            Some("toolUse") => Ending::ToolUse,
+            Some("length") => Ending::Length,
+            Some("aborted") => Ending::Aborted,
+            Some("error") => Ending::Error(sort_failure(
+                message
+                    .get("errorMessage")
+                    .and_then(|m| m.as_str())
+                    .unwrap_or_default(),
+            )),
+            _ => Ending::Other,
+        };
+        if !matches!(ending, Ending::Error(_) | Ending::Aborted) {
+            self.usage.turns += 1;
+        }
+        self.last = Some(ending);
+        self.last_text = answer_text(message);
+        let number = |v: Option<&serde_json::Value>| v.and_then(|n| n.as_u64()).unwrap_or(0);
+        if let Some(usage) = message.get("usage") {
+            self.usage.input_tokens += number(usage.get("input"));
+            self.usage.output_tokens += number(usage.get("output"));
+            self.usage.total_tokens += number(usage.get("totalTokens"));
+            self.usage.cost_usd += usage
+                .get("cost")
+                .and_then(|c| c.get("total"))
+                .and_then(|t| t.as_f64())
+                .unwrap_or(0.0);
+        }
+        // Names of a provider and a model are short words; anything else is not copied.
+        let word = |v: Option<&serde_json::Value>| {
+            v.and_then(|s| s.as_str())
+                .filter(|s| {
+                    s.len() <= 128
+                        && s.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"-_./:@".contains(&b))
+                })
+                .map(str::to_owned)
+        };
+        if let Some(p) = word(message.get("provider")) {
+            self.usage.provider = Some(p);
+        }
+        if let Some(m) = word(message.get("model")) {
+            self.usage.model = Some(m);
+        }
+    }
+
+    /// Whether the agent finished its task: pi exited well and its last answer ended normally.
+    /// Otherwise the reason and a cause for the log (fixed words, a status code or an error's
+    /// name; never the provider's text).
+    pub fn verdict(&self, exited_ok: bool) -> Result<(), (Reason, String)> {
+        let failed = |reason, cause: &str| Err((reason, cause.to_owned()));
+        match &self.last {
+            None if exited_ok => failed(
+                Reason::AgentNoTurn,
+                "pi ended without any answer from its model",
+            ),
+            None => failed(
+                Reason::AgentFailed,
+                "pi exited with a failure before any answer",
+            ),
+            Some(Ending::Stop) if exited_ok => Ok(()),
+            Some(Ending::Stop) => failed(
+                Reason::AgentFailed,
+                "pi exited with a failure after its model's last answer",
+            ),
+            Some(Ending::Error(failure)) => Err(match failure {
+                ModelFailure::Unreachable(code) => (
+                    Reason::ModelUnreachable,
+                    format!("the model provider could not be reached ({code}), after pi's retries"),
+                ),
+                ModelFailure::Status(status @ (401 | 403)) => (
+                    Reason::ModelUnauthorized,
+                    format!("the model provider answered HTTP {status}"),
+                ),
+                ModelFailure::Status(429) => (
+                    Reason::ModelRateLimited,
+                    "the model provider answered HTTP 429, after pi's retries".to_owned(),
+                ),
+                ModelFailure::Status(status) => (
+                    Reason::ModelError,
+                    format!("the model provider answered HTTP {status}"),
+                ),
+                ModelFailure::Other => (
+                    Reason::ModelError,
+                    "the model's answer ended with an error".to_owned(),
+                ),
+            }),
+            Some(Ending::Aborted) => failed(Reason::AgentAborted, "the model's answer was aborted"),
+            Some(Ending::Length) => failed(
+                Reason::ModelLengthLimit,
+                "the model's last answer stopped at its length limit",
+            ),
+            Some(Ending::ToolUse | Ending::Other) => failed(
+                Reason::AgentFailed,
+                "pi ended while its model's last answer asked for more",
+            ),
+        }
+    }
+
+    /// Assistant messages seen, failed ones included.
+    pub fn answers(&self) -> u64 {
+        self.answers
+    }
+
+    /// The text of the agent's last answer, when it gave one.
+    pub fn final_message(&self) -> Option<String> {
+        (self.answers > 0 && !self.last_text.is_empty()).then(|| self.last_text.clone())
+    }
+}
+
+/// The text parts of an assistant message, joined, at most [`MAX_FINAL_MESSAGE`] bytes.
+fn answer_text(message: &serde_json::Value) -> String {
+    let mut text = String::new();
+    for part in message
+        .get("content")
+        .and_then(|c| c.as_array())
+        .into_iter()
+        .flatten()
+    {
+        if part.get("type").and_then(|t| t.as_str()) == Some("text")
+            && let Some(t) = part.get("text").and_then(|t| t.as_str())
+        {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(t);
+        }
+    }
+    if text.len() > MAX_FINAL_MESSAGE {
+        let mut end = MAX_FINAL_MESSAGE;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(stop: &str, extra: &str) -> String {
+        format!(
+            r#"{{"type":"message_end","message":{{"role":"assistant","provider":"fake","model":"fake-model","content":[{{"type":"text","text":"Done, all of it."}}],"usage":{{"input":10,"output":5,"totalTokens":15,"cost":{{"total":0.25}}}},"stopReason":"{stop}"{extra}}}}}"#
+        )
+    }
+
+    fn events(lines: &[String]) -> PiEvents {
+        let mut e = PiEvents::default();
+        for l in lines {
+            e.observe(l);
+        }
+        e
+    }
+
+    #[test]
+    fn usage_adds_up_assistant_messages_and_counts_real_answers() {
+        let e = events(&[
+            r#"{"type":"turn_start"}"#.to_owned(),
+            answer("toolUse", ""),
+            r#"{"type":"message_end","message":{"role":"toolResult","usage":{"input":99}}}"#
+                .to_owned(),
+            r#"{"type":"turn_end","message":{}}"#.to_owned(),
+            answer("stop", ""),
+            r#"{"type":"turn_end","message":{}}"#.to_owned(),
+            "not json".to_owned(),
+        ]);
+        assert_eq!(
+            e.usage,
+            Usage {
+                turns: 2,
+                input_tokens: 20,
+                output_tokens: 10,
+                total_tokens: 30,
+                cost_usd: 0.5,
+                provider: Some("fake".into()),
+                model: Some("fake-model".into()),
+            }
+        );
+        assert_eq!(e.verdict(true), Ok(()));
+        assert_eq!(e.final_message().as_deref(), Some("Done, all of it."));
+        let mut e = e;
+        e.observe(r#"{"type":"message_end","message":{"role":"assistant","model":"a model with spaces","stopReason":"stop"}}"#);
+        assert_eq!(e.usage.model.as_deref(), Some("fake-model"));
+    }
+
+    #[test]
+    fn only_a_normal_last_answer_is_a_finished_task() {
+        let failure = |msg: &str| {
+            events(&[answer(
+                "error",
+                &format!(r#","errorMessage":{}"#, serde_json::json!(msg)),
+            )])
+            .verdict(true)
+            .unwrap_err()
+            .0
+        };
+        assert_eq!(
+            failure("Connection error.: connect ECONNREFUSED 127.0.0.1:9"),
+            Reason::ModelUnreachable
+        );
+        assert_eq!(failure("fetch failed"), Reason::ModelUnreachable);
+        assert_eq!(failure("500: {\"error\":\"x\"}"), Reason::ModelError);
+        assert_eq!(failure("401: {\"error\":\"x\"}"), Reason::ModelUnauthorized);
+        assert_eq!(failure("403: nope"), Reason::ModelUnauthorized);
+        assert_eq!(failure("429: slow down"), Reason::ModelRateLimited);
+        assert_eq!(failure("something odd"), Reason::ModelError);
+        let verdict = |lines: &[String], ok| events(lines).verdict(ok).map_err(|e| e.0);
+        assert_eq!(verdict(&[], true), Err(Reason::AgentNoTurn));
+        assert_eq!(verdict(&[], false), Err(Reason::AgentFailed));
+        assert_eq!(
+            verdict(&[answer("aborted", "")], true),
+            Err(Reason::AgentAborted)
+        );
+        assert_eq!(
+            verdict(&[answer("length", "")], true),
+            Err(Reason::ModelLengthLimit)
+        );
+        assert_eq!(
+            verdict(&[answer("toolUse", "")], true),
+            Err(Reason::AgentFailed)
+        );
+        assert_eq!(
+            verdict(&[answer("stop", "")], false),
+            Err(Reason::AgentFailed)
+        );
+        // An answer after a failed one decides: pi's own retry succeeded.
+        assert_eq!(
+            verdict(
+                &[
+                    answer("error", r#","errorMessage":"500: x""#),
+                    answer("stop", "")
+                ],
+                true
+            ),
+            Ok(())
+        );
+        // A failed answer is no turn, and its cause never quotes the provider.
+        let e = events(&[answer("error", r#","errorMessage":"500: secret-ish body""#)]);
+        assert_eq!(e.usage.turns, 0);
+        assert!(!e.verdict(true).unwrap_err().1.contains("secret"));
+    }
+
+    #[test]
+    fn the_final_message_is_cut_on_a_character() {
+        let long = "é".repeat(MAX_FINAL_MESSAGE);
+        let line = serde_json::json!({"type": "message_end", "message": {"role": "assistant", "stopReason": "stop", "content": [{"type": "text", "text": long}]}}).to_string();
+        let text = events(&[line]).final_message().unwrap();
+        assert!(text.len() <= MAX_FINAL_MESSAGE && text.len() > MAX_FINAL_MESSAGE - 2);
+    }
+}
