@@ -11,5 +11,6 @@ mod init;
 mod job;
 mod job_signals;
 mod mcp_check;
+mod run;
 mod triggers_check;
 mod worker;
