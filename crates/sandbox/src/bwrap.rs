@@ -12,10 +12,10 @@
 //!
 //! The worker opens every folder the sandbox binds and hands bubblewrap the descriptors. bubblewrap
 //! still resolves a descriptor to its path as the user it runs as, so a root worker, whose job's
-//! bubblewrap runs as an unprivileged host user, goes through a relay: a first bubblewrap, run as
-//! root with no capability but changing users, binds the descriptors in a mount namespace of its own
-//! (under [`RELAY`]) and starts the job user's bubblewrap there, which then needs no host path
-//! above those folders (a deployment under a 0700 folder works).
+//! bubblewrap runs as an unprivileged host user, goes through a stage (not the hub's relay): a
+//! first bubblewrap, run as root with no capability but changing users, binds the descriptors in
+//! a mount namespace of its own (under [`STAGE`]) and starts the job user's bubblewrap there,
+//! which then needs no host path above those folders (a deployment under a 0700 folder works).
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -53,10 +53,10 @@ pub const INFO_FD: i32 = 4;
 /// The first descriptor of the folders bubblewrap binds, in their order: the job's folder, the
 /// overlay, the image, the workspace, then the extra binds.
 pub const FIRST_BIND_FD: i32 = 5;
-/// util-linux's `setpriv`, which a relay changes to the host user with.
+/// util-linux's `setpriv`, which a stage changes to the host user with.
 pub const SETPRIV: &str = "/usr/bin/setpriv";
-/// In a relay: where the worker's folders are bound for the program it runs.
-pub const RELAY: &str = "/relay";
+/// In a stage: where the worker's folders are bound for the program it runs.
+pub const STAGE: &str = "/stage";
 /// How long ending a job may wait for the sandbox's namespace to empty before it kills bubblewrap.
 const END_GRACE: Duration = Duration::from_secs(5);
 
@@ -188,17 +188,17 @@ fn is_plain_absolute(path: &Path) -> bool {
 pub enum Sources {
     /// Descriptors the worker opened, numbered from [`FIRST_BIND_FD`] in bind order.
     Fds,
-    /// Their places in a relay (`/relay/job`, ...), where the relay bound those descriptors.
-    Relay,
+    /// Their places in a stage (`/stage/job`, ...), where the stage bound those descriptors.
+    Stage,
 }
 
 /// One host path the sandbox binds: what it is (for messages), its host path, its place in a
-/// relay and in the sandbox, whether the job may write it, and whether it must be a folder (an
+/// stage and in the sandbox, whether the job may write it, and whether it must be a folder (an
 /// extra bind may be a file).
 struct Bound<'a> {
     what: String,
     host: &'a Path,
-    relay: PathBuf,
+    stage: PathBuf,
     sandbox: &'a OsStr,
     writable: bool,
     folder: bool,
@@ -209,7 +209,7 @@ fn bound(spec: &SandboxSpec) -> Vec<Bound<'_>> {
     let own = |what: &str, host, sandbox, writable| Bound {
         what: format!("{what} folder"),
         host,
-        relay: Path::new(RELAY).join(what),
+        stage: Path::new(STAGE).join(what),
         sandbox: OsStr::new(sandbox),
         writable,
         folder: true,
@@ -224,7 +224,7 @@ fn bound(spec: &SandboxSpec) -> Vec<Bound<'_>> {
         all.push(Bound {
             what: format!("host path of extra bind {index}"),
             host: &bind.host,
-            relay: Path::new(RELAY).join(format!("extra-{index}")),
+            stage: Path::new(STAGE).join(format!("extra-{index}")),
             sandbox: bind.sandbox.as_os_str(),
             writable: false,
             folder: false,
@@ -238,7 +238,7 @@ fn bind_fd(index: usize) -> i32 {
     FIRST_BIND_FD.saturating_add(i32::try_from(index).unwrap_or(i32::MAX))
 }
 
-/// bubblewrap's command line for `spec`, its folders taken `from` descriptors or a relay: no value
+/// bubblewrap's command line for `spec`, its folders taken `from` descriptors or a stage: no value
 /// of the environment is in it (that comes on [`ARGS_FD`], see [`env_args`]). Pure.
 pub fn args(spec: &SandboxSpec, from: Sources) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
@@ -276,9 +276,9 @@ pub fn args(spec: &SandboxSpec, from: Sources) -> Vec<OsString> {
                 let fd = OsString::from(bind_fd(index).to_string());
                 push(&[s(flag), &fd, b.sandbox]);
             }
-            Sources::Relay => {
+            Sources::Stage => {
                 let flag = if b.writable { "--bind" } else { "--ro-bind" };
-                push(&[s(flag), b.relay.as_os_str(), b.sandbox]);
+                push(&[s(flag), b.stage.as_os_str(), b.sandbox]);
             }
         }
     }
@@ -286,7 +286,7 @@ pub fn args(spec: &SandboxSpec, from: Sources) -> Vec<OsString> {
     push(&[s("--remount-ro"), s("/")]);
     push(&[s("--chdir"), s(WORKSPACE)]);
 
-    // Through a relay, the relay reports its own first process, whose end ends this sandbox too.
+    // Through a stage, the stage reports its own first process, whose end ends this sandbox too.
     if from == Sources::Fds {
         let info_fd = OsString::from(INFO_FD.to_string());
         push(&[s("--info-fd"), &info_fd]);
@@ -313,30 +313,30 @@ fn system_args(system: &[SystemPath]) -> Vec<OsString> {
     a
 }
 
-/// A folder a relay binds from a descriptor: the descriptor's number in the relay's bubblewrap,
-/// its place under [`RELAY`], and whether the program may write it.
+/// A folder a stage binds from a descriptor: the descriptor's number in the stage's bubblewrap,
+/// its place under [`STAGE`], and whether the program may write it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RelayFolder {
+pub struct StageFolder {
     pub fd: i32,
     pub place: PathBuf,
     pub writable: bool,
 }
 
-/// The relay's bubblewrap command line, up to and with `-- setpriv ... --`: the program to run
-/// (and its arguments) follow it. The relay runs as root in mount and pid namespaces of its own,
+/// The stage's bubblewrap command line, up to and with `-- setpriv ... --`: the program to run
+/// (and its arguments) follow it. The stage runs as root in mount and pid namespaces of its own,
 /// with no capability but `CAP_SETUID` and `CAP_SETGID`: the host's system directories read-only,
 /// the host's `/proc`, a minimal `/dev`, an empty `/tmp` folder, `folders` bound by descriptor and
 /// `files` (host path, place) bound read-only; then `setpriv` becomes `user`, with no supplementary
 /// group and so no capability left, and runs the program, which reaches the folders at their places
-/// whatever the host's folders above them let that user do. The relay reports its first process on
-/// `info_fd`: when that process ends, the kernel ends every process the relay started.
+/// whatever the host's folders above them let that user do. The stage reports its first process on
+/// `info_fd`: when that process ends, the kernel ends every process the stage started.
 ///
-/// The pid namespace is what ties the program to the relay: a parent-death signal from root's
+/// The pid namespace is what ties the program to the stage: a parent-death signal from root's
 /// bubblewrap, which holds no capability, would not reach a process of another user. Pure.
-pub fn relay_args(
+pub fn stage_args(
     system: &[SystemPath],
     user: (u32, u32),
-    folders: &[RelayFolder],
+    folders: &[StageFolder],
     files: &[(PathBuf, PathBuf)],
     info_fd: Option<i32>,
 ) -> Vec<OsString> {
@@ -366,7 +366,7 @@ pub fn relay_args(
         s("--perms"),
         s("0755"),
         s("--dir"),
-        s(RELAY),
+        s(STAGE),
     ]);
     for folder in folders {
         let flag = if folder.writable {
@@ -403,7 +403,7 @@ fn open_bind(path: &Path) -> io::Result<OwnedFd> {
     Ok(rustix::fs::open(path, flags, Mode::empty())?)
 }
 
-/// A folder the worker opened (see [`open_folder`]), for a relay to bind at `place`.
+/// A folder the worker opened (see [`open_folder`]), for a stage to bind at `place`.
 #[derive(Debug)]
 pub struct Handoff {
     pub folder: OwnedFd,
@@ -411,12 +411,12 @@ pub struct Handoff {
     pub writable: bool,
 }
 
-/// `program` (a name looked up in the `PATH` the caller sets, or a path in the relay) run with
-/// `args` as the host user `user` in a relay (see [`relay_args`]), with the `handoffs` bound at
+/// `program` (a name looked up in the `PATH` the caller sets, or a path in the stage) run with
+/// `args` as the host user `user` in a stage (see [`stage_args`]), with the `handoffs` bound at
 /// their places. Meant for a root worker that must act as a job's user on a folder that user may
 /// not reach by its host path. The command's environment is the caller's to set: bubblewrap passes
 /// it on, adding `PWD=/`.
-pub fn relay_command(
+pub fn stage_command(
     bwrap: &Path,
     user: (u32, u32),
     handoffs: Vec<Handoff>,
@@ -426,7 +426,7 @@ pub fn relay_command(
     let mut folders = Vec::new();
     let mut mappings = Vec::new();
     for (index, h) in handoffs.into_iter().enumerate() {
-        folders.push(RelayFolder {
+        folders.push(StageFolder {
             fd: bind_fd(index),
             place: h.place,
             writable: h.writable,
@@ -438,7 +438,7 @@ pub fn relay_command(
     }
     let mut command = std::process::Command::new(bwrap);
     command
-        .args(relay_args(&host_system(), user, &folders, &[], None))
+        .args(stage_args(&host_system(), user, &folders, &[], None))
         .arg(program)
         .args(args);
     command
@@ -482,7 +482,7 @@ pub fn env_args(env: &JobEnv) -> EnvArgs {
 
 /// The host user the job's bubblewrap runs as: when the worker is root, the spec's `host` user,
 /// else the job's own uid and gid, so that the job is unprivileged on the host too (files it writes
-/// are that user's, root's files are not its own), started through a relay; otherwise bubblewrap
+/// are that user's, root's files are not its own), started through a stage; otherwise bubblewrap
 /// runs as the worker, and the job's uid maps to the worker's. Pure.
 pub fn host_user(worker_euid: u32, spec: &SandboxSpec) -> Option<(u32, u32)> {
     (worker_euid == 0).then_some(spec.host.unwrap_or((spec.uid, spec.gid)))
@@ -554,22 +554,22 @@ pub async fn spawn(bwrap: &Path, spec: &SandboxSpec, env: &JobEnv) -> Result<San
 
     let mut command = std::process::Command::new(bwrap);
     match host_user(rustix::process::geteuid().as_raw(), spec) {
-        // Root: the relay binds the folders and starts the job user's bubblewrap (bound at
-        // /relay/bwrap), to which it passes the environment's descriptor on; the relay's first
+        // Root: the stage binds the folders and starts the job user's bubblewrap (bound at
+        // /stage/bwrap), to which it passes the environment's descriptor on; the stage's first
         // process is the sandbox's.
         Some(user) => {
-            let folders: Vec<RelayFolder> = bound
+            let folders: Vec<StageFolder> = bound
                 .iter()
                 .enumerate()
-                .map(|(index, b)| RelayFolder {
+                .map(|(index, b)| StageFolder {
                     fd: bind_fd(index),
-                    place: b.relay.clone(),
+                    place: b.stage.clone(),
                     writable: b.writable,
                 })
                 .collect();
-            let inner = Path::new(RELAY).join("bwrap");
+            let inner = Path::new(STAGE).join("bwrap");
             command
-                .args(relay_args(
+                .args(stage_args(
                     &spec.system,
                     user,
                     &folders,
@@ -577,7 +577,7 @@ pub async fn spawn(bwrap: &Path, spec: &SandboxSpec, env: &JobEnv) -> Result<San
                     Some(INFO_FD),
                 ))
                 .arg(inner)
-                .args(args(spec, Sources::Relay));
+                .args(args(spec, Sources::Stage));
         }
         None => {
             command.args(args(spec, Sources::Fds));
@@ -808,13 +808,13 @@ mod tests {
     }
 
     #[test]
-    fn through_a_relay_the_folders_are_the_relays_places() {
-        let a = text(&args(&spec(), Sources::Relay));
+    fn through_a_stage_the_folders_are_the_stages_places() {
+        let a = text(&args(&spec(), Sources::Stage));
         assert!(
             a.contains(
-                "--tmpfs /tmp --ro-bind /relay/job /job --ro-bind /relay/overlay /opt/pi-global \
-                 --ro-bind /relay/image /opt/pi-dispatch-image --bind /relay/workspace /workspace \
-                 --ro-bind /relay/extra-0 /opt/cache --remount-ro / --chdir /workspace \
+                "--tmpfs /tmp --ro-bind /stage/job /job --ro-bind /stage/overlay /opt/pi-global \
+                 --ro-bind /stage/image /opt/pi-dispatch-image --bind /stage/workspace /workspace \
+                 --ro-bind /stage/extra-0 /opt/cache --remount-ro / --chdir /workspace \
                  --clearenv --args 3 --"
             ),
             "{a}"
@@ -823,22 +823,22 @@ mod tests {
     }
 
     #[test]
-    fn the_relay_binds_the_descriptors_and_becomes_the_user() {
+    fn the_stage_binds_the_descriptors_and_becomes_the_user() {
         let folders = [
-            RelayFolder {
+            StageFolder {
                 fd: 5,
-                place: "/relay/job".into(),
+                place: "/stage/job".into(),
                 writable: false,
             },
-            RelayFolder {
+            StageFolder {
                 fd: 6,
-                place: "/relay/workspace".into(),
+                place: "/stage/workspace".into(),
                 writable: true,
             },
         ];
-        let files = [("/usr/bin/bwrap".into(), "/relay/bwrap".into())];
+        let files = [("/usr/bin/bwrap".into(), "/stage/bwrap".into())];
         assert_eq!(
-            text(&relay_args(
+            text(&stage_args(
                 &spec().system,
                 (1000, 1001),
                 &folders,
@@ -848,9 +848,9 @@ mod tests {
             "--unshare-pid --die-with-parent --info-fd 4 --cap-drop ALL \
              --cap-add CAP_SETUID --cap-add CAP_SETGID \
              --ro-bind /usr /usr --ro-bind /etc /etc --symlink usr/bin /bin \
-             --bind /proc /proc --dev /dev --dir /tmp --perms 0755 --dir /relay \
-             --ro-bind-fd 5 /relay/job --bind-fd 6 /relay/workspace \
-             --ro-bind /usr/bin/bwrap /relay/bwrap --remount-ro / --chdir / \
+             --bind /proc /proc --dev /dev --dir /tmp --perms 0755 --dir /stage \
+             --ro-bind-fd 5 /stage/job --bind-fd 6 /stage/workspace \
+             --ro-bind /usr/bin/bwrap /stage/bwrap --remount-ro / --chdir / \
              -- /usr/bin/setpriv --reuid 1000 --regid 1001 --clear-groups --"
         );
     }

@@ -59,8 +59,8 @@ pub fn new_job_id(prefix: &str) -> anyhow::Result<String> {
 /// the folder's owner (the user the job itself runs as), with the repository's own hook for
 /// file-system monitoring switched off, no global or system configuration and no optional lock.
 /// git works from the absolute path of its folder, which the owner may not be able to walk (a
-/// repository under root's home): it runs in a relay that binds the folder, opened here, read-only
-/// (see `sandbox::bwrap::relay_command`). A folder its owner cannot read, write or enter is refused
+/// repository under root's home): it runs in a stage that binds the folder, opened here, read-only
+/// (see `sandbox::bwrap::stage_command`). A folder its owner cannot read, write or enter is refused
 /// first, saying so.
 fn dirty(folder: &Path) -> anyhow::Result<bool> {
     use sandbox::bwrap;
@@ -80,7 +80,7 @@ fn dirty(folder: &Path) -> anyhow::Result<bool> {
         "core.untrackedCache=false",
     ];
     let status = ["status", "--porcelain", "--untracked-files=normal"];
-    let in_relay = Path::new(bwrap::RELAY).join("repo");
+    let in_stage = Path::new(bwrap::STAGE).join("repo");
     let as_owner = rustix::process::geteuid().is_root() && uid != 0;
     let mut git = if as_owner {
         let owner = reach::User {
@@ -99,15 +99,15 @@ fn dirty(folder: &Path) -> anyhow::Result<bool> {
         let args: Vec<std::ffi::OsString> = options
             .iter()
             .map(Into::into)
-            .chain(["-C".into(), in_relay.clone().into_os_string()])
+            .chain(["-C".into(), in_stage.clone().into_os_string()])
             .chain(status.iter().map(Into::into))
             .collect();
         let handoff = bwrap::Handoff {
             folder: opened,
-            place: in_relay.clone(),
+            place: in_stage.clone(),
             writable: false,
         };
-        let mut git = bwrap::relay_command(
+        let mut git = bwrap::stage_command(
             Path::new(bwrap::BWRAP),
             (uid, gid),
             vec![handoff],
@@ -142,7 +142,7 @@ fn dirty(folder: &Path) -> anyhow::Result<bool> {
             .lines()
             .next()
             .unwrap_or("no message")
-            .replace(&in_relay.display().to_string(), &shown.to_string());
+            .replace(&in_stage.display().to_string(), &shown.to_string());
         anyhow::bail!(
             "{shown} is not a git work tree that git can read ({said}): a local job works on a repository"
         );
