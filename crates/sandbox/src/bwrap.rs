@@ -183,9 +183,9 @@ fn is_plain_absolute(path: &Path) -> bool {
             .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
 }
 
-/// Where bubblewrap takes the folders it binds from.
+/// Where the job's bubblewrap takes the folders it binds from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sources {
+enum Sources {
     /// Descriptors the worker opened, numbered from [`FIRST_BIND_FD`] in bind order.
     Fds,
     /// Their places in a stage (`/stage/job`, ...), where the stage bound those descriptors.
@@ -238,9 +238,21 @@ fn bind_fd(index: usize) -> i32 {
     FIRST_BIND_FD.saturating_add(i32::try_from(index).unwrap_or(i32::MAX))
 }
 
-/// bubblewrap's command line for `spec`, its folders taken `from` descriptors or a stage: no value
-/// of the environment is in it (that comes on [`ARGS_FD`], see [`env_args`]). Pure.
-pub fn args(spec: &SandboxSpec, from: Sources) -> Vec<OsString> {
+/// bubblewrap's command line for `spec`, its folders taken from the descriptors the worker opened
+/// ([`FIRST_BIND_FD`] on): no value of the environment is in it (that comes on [`ARGS_FD`], see
+/// [`env_args`]). Pure.
+pub fn args(spec: &SandboxSpec) -> Vec<OsString> {
+    job_args(spec, Sources::Fds)
+}
+
+/// The same command line for the job's bubblewrap in a stage (see [`stage_args`]): its folders
+/// taken from their places under [`STAGE`], and no `--info-fd` (the stage reports its own first
+/// process). Pure.
+pub fn args_in_stage(spec: &SandboxSpec) -> Vec<OsString> {
+    job_args(spec, Sources::Stage)
+}
+
+fn job_args(spec: &SandboxSpec, from: Sources) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
     let mut push = |items: &[&OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
     let s = |x: &'static str| OsStr::new(x);
@@ -577,10 +589,10 @@ pub async fn spawn(bwrap: &Path, spec: &SandboxSpec, env: &JobEnv) -> Result<San
                     Some(INFO_FD),
                 ))
                 .arg(inner)
-                .args(args(spec, Sources::Stage));
+                .args(args_in_stage(spec));
         }
         None => {
-            command.args(args(spec, Sources::Fds));
+            command.args(args(spec));
         }
     }
     command
@@ -795,7 +807,7 @@ mod tests {
     #[test]
     fn the_command_line_of_a_job() {
         assert_eq!(
-            text(&args(&spec(), Sources::Fds)),
+            text(&args(&spec())),
             "--unshare-user --uid 65534 --gid 65534 --unshare-pid --unshare-ipc --unshare-uts \
              --unshare-net --disable-userns --die-with-parent --new-session --cap-drop ALL \
              --ro-bind /usr /usr --ro-bind /etc /etc --symlink usr/bin /bin \
@@ -809,7 +821,7 @@ mod tests {
 
     #[test]
     fn through_a_stage_the_folders_are_the_stages_places() {
-        let a = text(&args(&spec(), Sources::Stage));
+        let a = text(&args_in_stage(&spec()));
         assert!(
             a.contains(
                 "--tmpfs /tmp --ro-bind /stage/job /job --ro-bind /stage/overlay /opt/pi-global \
@@ -857,15 +869,12 @@ mod tests {
 
     #[test]
     fn a_shared_network_keeps_the_host_namespace_and_the_uid_is_the_specs() {
-        let a = text(&args(
-            &SandboxSpec {
-                share_net: true,
-                uid: 1234,
-                gid: 4321,
-                ..spec()
-            },
-            Sources::Fds,
-        ));
+        let a = text(&args(&SandboxSpec {
+            share_net: true,
+            uid: 1234,
+            gid: 4321,
+            ..spec()
+        }));
         assert!(!a.contains("--unshare-net"), "{a}");
         assert!(a.contains("--uid 1234 --gid 4321"), "{a}");
         assert!(a.contains("--unshare-pid"), "{a}");
@@ -889,7 +898,7 @@ mod tests {
               --setenv\0HOME\0/tmp/home\0"
         );
         assert!(!format!("{payload:?}").contains("cnry"));
-        assert!(!text(&args(&spec(), Sources::Fds)).contains("--setenv"));
+        assert!(!text(&args(&spec())).contains("--setenv"));
     }
 
     #[test]
