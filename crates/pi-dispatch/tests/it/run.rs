@@ -60,7 +60,22 @@ fn a_clean_repository_under_a_folder_its_owner_cannot_enter_is_queued() {
         return;
     }
     let (d, repo) = closed_deployment();
-    let out = run(&d, &repo);
+    // A job the worker could run: its image, a model and the model's key are there.
+    let nm = crate::common::node_modules();
+    let image = d.run(&["image", "install", "--from", nm.to_str().unwrap()]);
+    assert_eq!(image.code, 0, "{}", image.stderr);
+    d.write(
+        "pi-global/models.json",
+        r#"{"providers": {"demo": {"baseUrl": "http://127.0.0.1:9/v1", "api": "openai-completions",
+            "apiKey": "$DEMO_MODEL_KEY", "models": [{"id": "scripted"}]}}}"#,
+    );
+    d.write(".env", "PI_EGRESS=0\nPI_PROVIDER=demo\nPI_MODEL=scripted\n");
+    let out = Run::from(
+        d.command(&["run", repo.to_str().unwrap(), "--task", "Write NOTES.md"])
+            .env("DEMO_MODEL_KEY", "demo-key")
+            .output()
+            .unwrap(),
+    );
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(out.stdout.starts_with("Queued cli-"), "{}", out.stdout);
 }
