@@ -9,6 +9,13 @@
 //! The environment never appears in a process's arguments: bubblewrap is started with an empty
 //! environment and reads `--setenv NAME VALUE` triples from a file descriptor (`--args 3`), so the
 //! values live only in bubblewrap's memory and then in the job's own environment.
+//!
+//! The worker opens every folder the sandbox binds and hands bubblewrap the descriptors. bubblewrap
+//! still resolves a descriptor to its path as the user it runs as, so a root worker, whose job's
+//! bubblewrap runs as an unprivileged host user, goes through a stage (not the hub's relay): a
+//! first bubblewrap, run as root with no capability but changing users, binds the descriptors in
+//! a mount namespace of its own (under [`STAGE`]) and starts the job user's bubblewrap there,
+//! which then needs no host path above those folders (a deployment under a 0700 folder works).
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -43,6 +50,13 @@ pub const SYSTEM_DIRS: [&str; 6] = ["/usr", "/etc", "/bin", "/lib", "/lib64", "/
 pub const ARGS_FD: i32 = 3;
 /// The descriptor bubblewrap writes the sandbox's first process id to (`--info-fd`).
 pub const INFO_FD: i32 = 4;
+/// The first descriptor of the folders bubblewrap binds, in their order: the job's folder, the
+/// overlay, the image, the workspace, then the extra binds.
+pub const FIRST_BIND_FD: i32 = 5;
+/// util-linux's `setpriv`, which a stage changes to the host user with.
+pub const SETPRIV: &str = "/usr/bin/setpriv";
+/// In a stage: where the worker's folders are bound for the program it runs.
+pub const STAGE: &str = "/stage";
 /// How long ending a job may wait for the sandbox's namespace to empty before it kills bubblewrap.
 const END_GRACE: Duration = Duration::from_secs(5);
 
@@ -169,9 +183,76 @@ fn is_plain_absolute(path: &Path) -> bool {
             .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
 }
 
-/// bubblewrap's command line for `spec`: no value of the environment is in it (that comes on
-/// [`ARGS_FD`], see [`env_args`]). Pure.
+/// Where the job's bubblewrap takes the folders it binds from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sources {
+    /// Descriptors the worker opened, numbered from [`FIRST_BIND_FD`] in bind order.
+    Fds,
+    /// Their places in a stage (`/stage/job`, ...), where the stage bound those descriptors.
+    Stage,
+}
+
+/// One host path the sandbox binds: what it is (for messages), its host path, its place in a
+/// stage and in the sandbox, whether the job may write it, and whether it must be a folder (an
+/// extra bind may be a file).
+struct Bound<'a> {
+    what: String,
+    host: &'a Path,
+    stage: PathBuf,
+    sandbox: &'a OsStr,
+    writable: bool,
+    folder: bool,
+}
+
+/// The host paths `spec` binds, in bind order (that of the descriptors from [`FIRST_BIND_FD`]).
+fn bound(spec: &SandboxSpec) -> Vec<Bound<'_>> {
+    let own = |what: &str, host, sandbox, writable| Bound {
+        what: format!("{what} folder"),
+        host,
+        stage: Path::new(STAGE).join(what),
+        sandbox: OsStr::new(sandbox),
+        writable,
+        folder: true,
+    };
+    let mut all = vec![
+        own("job", &spec.job_dir, JOB_DIR, false),
+        own("overlay", &spec.overlay_dir, OVERLAY, false),
+        own("image", &spec.image_dir, IMAGE, false),
+        own("workspace", &spec.workspace, WORKSPACE, true),
+    ];
+    for (index, bind) in spec.extra_ro.iter().enumerate() {
+        all.push(Bound {
+            what: format!("host path of extra bind {index}"),
+            host: &bind.host,
+            stage: Path::new(STAGE).join(format!("extra-{index}")),
+            sandbox: bind.sandbox.as_os_str(),
+            writable: false,
+            folder: false,
+        });
+    }
+    all
+}
+
+/// The descriptor of the `index`th folder bound.
+fn bind_fd(index: usize) -> i32 {
+    FIRST_BIND_FD.saturating_add(i32::try_from(index).unwrap_or(i32::MAX))
+}
+
+/// bubblewrap's command line for `spec`, its folders taken from the descriptors the worker opened
+/// ([`FIRST_BIND_FD`] on): no value of the environment is in it (that comes on [`ARGS_FD`], see
+/// [`env_args`]). Pure.
 pub fn args(spec: &SandboxSpec) -> Vec<OsString> {
+    job_args(spec, Sources::Fds)
+}
+
+/// The same command line for the job's bubblewrap in a stage (see [`stage_args`]): its folders
+/// taken from their places under [`STAGE`], and no `--info-fd` (the stage reports its own first
+/// process). Pure.
+pub fn args_in_stage(spec: &SandboxSpec) -> Vec<OsString> {
+    job_args(spec, Sources::Stage)
+}
+
+fn job_args(spec: &SandboxSpec, from: Sources) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
     let mut push = |items: &[&OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
     let s = |x: &'static str| OsStr::new(x);
@@ -190,40 +271,192 @@ pub fn args(spec: &SandboxSpec) -> Vec<OsString> {
     push(&[s("--cap-drop"), s("ALL")]);
 
     // The system, read-only; merged-/usr links made again as links.
-    for p in &spec.system {
-        match p {
-            SystemPath::Dir(dir) => push(&[s("--ro-bind"), dir.as_os_str(), dir.as_os_str()]),
-            SystemPath::Link { path, target } => {
-                push(&[s("--symlink"), target.as_os_str(), path.as_os_str()]);
-            }
-        }
-    }
+    let system = system_args(&spec.system);
+    push(&system.iter().map(OsString::as_os_str).collect::<Vec<_>>());
     push(&[s("--proc"), s("/proc"), s("--dev"), s("/dev")]);
     push(&[s("--perms"), s("1777"), s("--tmpfs"), s("/tmp")]);
 
-    // The job's own folders.
-    push(&[s("--ro-bind"), spec.job_dir.as_os_str(), s(JOB_DIR)]);
-    push(&[s("--ro-bind"), spec.overlay_dir.as_os_str(), s(OVERLAY)]);
-    push(&[s("--ro-bind"), spec.image_dir.as_os_str(), s(IMAGE)]);
-    push(&[s("--bind"), spec.workspace.as_os_str(), s(WORKSPACE)]);
-    for bind in &spec.extra_ro {
-        push(&[
-            s("--ro-bind"),
-            bind.host.as_os_str(),
-            bind.sandbox.as_os_str(),
-        ]);
+    // The job's own folders, then the extra binds.
+    for (index, b) in bound(spec).iter().enumerate() {
+        match from {
+            Sources::Fds => {
+                let flag = if b.writable {
+                    "--bind-fd"
+                } else {
+                    "--ro-bind-fd"
+                };
+                let fd = OsString::from(bind_fd(index).to_string());
+                push(&[s(flag), &fd, b.sandbox]);
+            }
+            Sources::Stage => {
+                let flag = if b.writable { "--bind" } else { "--ro-bind" };
+                push(&[s(flag), b.stage.as_os_str(), b.sandbox]);
+            }
+        }
     }
     // The root (a tmpfs holding the mount points) read-only too, once every mount point is made.
     push(&[s("--remount-ro"), s("/")]);
     push(&[s("--chdir"), s(WORKSPACE)]);
 
-    let info_fd = OsString::from(INFO_FD.to_string());
+    // Through a stage, the stage reports its own first process, whose end ends this sandbox too.
+    if from == Sources::Fds {
+        let info_fd = OsString::from(INFO_FD.to_string());
+        push(&[s("--info-fd"), &info_fd]);
+    }
     let args_fd = OsString::from(ARGS_FD.to_string());
-    push(&[s("--info-fd"), &info_fd]);
     push(&[s("--clearenv"), s("--args"), &args_fd]);
     push(&[s("--"), &spec.program]);
     a.extend(spec.args.iter().cloned());
     a
+}
+
+/// `--ro-bind DIR DIR` and `--symlink TARGET PATH` for the host's system directories.
+fn system_args(system: &[SystemPath]) -> Vec<OsString> {
+    let mut a = Vec::new();
+    for p in system {
+        let (flag, from, to) = match p {
+            SystemPath::Dir(dir) => ("--ro-bind", dir.as_os_str(), dir.as_os_str()),
+            SystemPath::Link { path, target } => {
+                ("--symlink", target.as_os_str(), path.as_os_str())
+            }
+        };
+        a.extend([OsString::from(flag), from.to_owned(), to.to_owned()]);
+    }
+    a
+}
+
+/// A folder a stage binds from a descriptor: the descriptor's number in the stage's bubblewrap,
+/// its place under [`STAGE`], and whether the program may write it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageFolder {
+    pub fd: i32,
+    pub place: PathBuf,
+    pub writable: bool,
+}
+
+/// The stage's bubblewrap command line, up to and with `-- setpriv ... --`: the program to run
+/// (and its arguments) follow it. The stage runs as root in mount and pid namespaces of its own,
+/// with no capability but `CAP_SETUID` and `CAP_SETGID`: the host's system directories read-only,
+/// the host's `/proc`, a minimal `/dev`, an empty `/tmp` folder, `folders` bound by descriptor and
+/// `files` (host path, place) bound read-only; then `setpriv` becomes `user`, with no supplementary
+/// group and so no capability left, and runs the program, which reaches the folders at their places
+/// whatever the host's folders above them let that user do. The stage reports its first process on
+/// `info_fd`: when that process ends, the kernel ends every process the stage started.
+///
+/// The pid namespace is what ties the program to the stage: a parent-death signal from root's
+/// bubblewrap, which holds no capability, would not reach a process of another user. Pure.
+pub fn stage_args(
+    system: &[SystemPath],
+    user: (u32, u32),
+    folders: &[StageFolder],
+    files: &[(PathBuf, PathBuf)],
+    info_fd: Option<i32>,
+) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::new();
+    let mut push = |items: &[&OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
+    let s = |x: &'static str| OsStr::new(x);
+    push(&[s("--unshare-pid"), s("--die-with-parent")]);
+    if let Some(fd) = info_fd {
+        let fd = OsString::from(fd.to_string());
+        push(&[s("--info-fd"), &fd]);
+    }
+    push(&[s("--cap-drop"), s("ALL")]);
+    push(&[
+        s("--cap-add"),
+        s("CAP_SETUID"),
+        s("--cap-add"),
+        s("CAP_SETGID"),
+    ]);
+    let system = system_args(system);
+    push(&system.iter().map(OsString::as_os_str).collect::<Vec<_>>());
+    // The job user's bubblewrap writes its own uid map in /proc, mounts a proc of its own (which
+    // needs a full one in view) and makes its root on /tmp.
+    push(&[s("--bind"), s("/proc"), s("/proc"), s("--dev"), s("/dev")]);
+    push(&[
+        s("--dir"),
+        s("/tmp"),
+        s("--perms"),
+        s("0755"),
+        s("--dir"),
+        s(STAGE),
+    ]);
+    for folder in folders {
+        let flag = if folder.writable {
+            "--bind-fd"
+        } else {
+            "--ro-bind-fd"
+        };
+        let fd = OsString::from(folder.fd.to_string());
+        push(&[s(flag), &fd, folder.place.as_os_str()]);
+    }
+    for (host, place) in files {
+        push(&[s("--ro-bind"), host.as_os_str(), place.as_os_str()]);
+    }
+    push(&[s("--remount-ro"), s("/"), s("--chdir"), s("/")]);
+    let uid = OsString::from(user.0.to_string());
+    let gid = OsString::from(user.1.to_string());
+    push(&[s("--"), s(SETPRIV), s("--reuid"), &uid, s("--regid"), &gid]);
+    push(&[s("--clear-groups"), s("--")]);
+    a
+}
+
+/// A folder opened to be bound, by the worker, without following a link at its end.
+pub fn open_folder(path: &Path) -> io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    Ok(rustix::fs::open(path, flags, Mode::empty())?)
+}
+
+/// An extra bind's host path opened to be bound (a folder or a file), without following a link
+/// at its end.
+fn open_bind(path: &Path) -> io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    Ok(rustix::fs::open(path, flags, Mode::empty())?)
+}
+
+/// A folder the worker opened (see [`open_folder`]), for a stage to bind at `place`.
+#[derive(Debug)]
+pub struct Handoff {
+    pub folder: OwnedFd,
+    pub place: PathBuf,
+    pub writable: bool,
+}
+
+/// `program` (a name looked up in the `PATH` the caller sets, or a path in the stage) run with
+/// `args` as the host user `user` in a stage (see [`stage_args`]), with the `handoffs` bound at
+/// their places. Meant for a root worker that must act as a job's user on a folder that user may
+/// not reach by its host path. The command's environment is the caller's to set: bubblewrap passes
+/// it on, adding `PWD=/`.
+pub fn stage_command(
+    bwrap: &Path,
+    user: (u32, u32),
+    handoffs: Vec<Handoff>,
+    program: &OsStr,
+    args: &[OsString],
+) -> io::Result<std::process::Command> {
+    let mut folders = Vec::new();
+    let mut mappings = Vec::new();
+    for (index, h) in handoffs.into_iter().enumerate() {
+        folders.push(StageFolder {
+            fd: bind_fd(index),
+            place: h.place,
+            writable: h.writable,
+        });
+        mappings.push(FdMapping {
+            parent_fd: h.folder,
+            child_fd: bind_fd(index),
+        });
+    }
+    let mut command = std::process::Command::new(bwrap);
+    command
+        .args(stage_args(&host_system(), user, &folders, &[], None))
+        .arg(program)
+        .args(args);
+    command
+        .fd_mappings(mappings)
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(command)
 }
 
 /// The environment as bubblewrap reads it on [`ARGS_FD`]: `--setenv`, name, value, each ended by
@@ -259,10 +492,10 @@ pub fn env_args(env: &JobEnv) -> EnvArgs {
     EnvArgs(out)
 }
 
-/// The host user bubblewrap runs as: when the worker is root, the spec's `host` user, else the
-/// job's own uid and gid, so that the job is unprivileged on the host too (files it writes are that
-/// user's, root's files are not its own); otherwise bubblewrap runs as the worker, and the job's uid
-/// maps to the worker's. Pure.
+/// The host user the job's bubblewrap runs as: when the worker is root, the spec's `host` user,
+/// else the job's own uid and gid, so that the job is unprivileged on the host too (files it writes
+/// are that user's, root's files are not its own), started through a stage; otherwise bubblewrap
+/// runs as the worker, and the job's uid maps to the worker's. Pure.
 pub fn host_user(worker_euid: u32, spec: &SandboxSpec) -> Option<(u32, u32)> {
     (worker_euid == 0).then_some(spec.host.unwrap_or((spec.uid, spec.gid)))
 }
@@ -272,6 +505,12 @@ pub fn host_user(worker_euid: u32, spec: &SandboxSpec) -> Option<(u32, u32)> {
 pub enum SpawnError {
     #[error(transparent)]
     Spec(#[from] SpecError),
+    #[error("the {what} cannot be opened to be bound in the sandbox ({source})")]
+    Open {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
     #[error("could not start bubblewrap: {0}")]
     Io(#[from] io::Error),
 }
@@ -305,37 +544,79 @@ pub async fn spawn(bwrap: &Path, spec: &SandboxSpec, env: &JobEnv) -> Result<San
     // A descriptor the worker inherited without close-on-exec would pass through bubblewrap into
     // the job: every one is marked close-on-exec (the worker's own children never needed them).
     close_fds::set_fds_cloexec_threadsafe(3, &[]);
+    let bound = bound(spec);
+    let mut mappings = Vec::new();
+    for (index, b) in bound.iter().enumerate() {
+        let opened = if b.folder {
+            open_folder(b.host)
+        } else {
+            open_bind(b.host)
+        };
+        let folder = opened.map_err(|source| SpawnError::Open {
+            what: b.what.clone(),
+            source,
+        })?;
+        mappings.push(FdMapping {
+            parent_fd: folder,
+            child_fd: bind_fd(index),
+        });
+    }
     let env_fd = env_file(&env_args(env))?;
     let (info_read, info_write) = io::pipe()?;
 
     let mut command = std::process::Command::new(bwrap);
+    match host_user(rustix::process::geteuid().as_raw(), spec) {
+        // Root: the stage binds the folders and starts the job user's bubblewrap (bound at
+        // /stage/bwrap), to which it passes the environment's descriptor on; the stage's first
+        // process is the sandbox's.
+        Some(user) => {
+            let folders: Vec<StageFolder> = bound
+                .iter()
+                .enumerate()
+                .map(|(index, b)| StageFolder {
+                    fd: bind_fd(index),
+                    place: b.stage.clone(),
+                    writable: b.writable,
+                })
+                .collect();
+            let inner = Path::new(STAGE).join("bwrap");
+            command
+                .args(stage_args(
+                    &spec.system,
+                    user,
+                    &folders,
+                    &[(bwrap.to_owned(), inner.clone())],
+                    Some(INFO_FD),
+                ))
+                .arg(inner)
+                .args(args_in_stage(spec));
+        }
+        None => {
+            command.args(args(spec));
+        }
+    }
     command
-        .args(args(spec))
         // bubblewrap itself runs with nothing of the worker's environment (no LD_*, no secret).
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    if let Some((uid, gid)) = host_user(rustix::process::geteuid().as_raw(), spec) {
-        command.uid(uid).gid(gid);
-    }
+    mappings.push(FdMapping {
+        parent_fd: env_fd,
+        child_fd: ARGS_FD,
+    });
+    mappings.push(FdMapping {
+        parent_fd: info_write.into(),
+        child_fd: INFO_FD,
+    });
     command
-        .fd_mappings(vec![
-            FdMapping {
-                parent_fd: env_fd,
-                child_fd: ARGS_FD,
-            },
-            FdMapping {
-                parent_fd: info_write.into(),
-                child_fd: INFO_FD,
-            },
-        ])
+        .fd_mappings(mappings)
         .map_err(|e| io::Error::other(e.to_string()))?;
     let mut command = tokio::process::Command::from(command);
     command.kill_on_drop(true);
     let child = command.spawn()?;
-    // Our copies of the environment's file and the info pipe's write end close here.
+    // Our copies of the folders, the environment's file and the info pipe's write end close here.
     drop(command);
 
     let bwrap_pid = child.id();
@@ -531,11 +812,58 @@ mod tests {
              --unshare-net --disable-userns --die-with-parent --new-session --cap-drop ALL \
              --ro-bind /usr /usr --ro-bind /etc /etc --symlink usr/bin /bin \
              --proc /proc --dev /dev --perms 1777 --tmpfs /tmp \
-             --ro-bind /srv/state/jobs/j1/job /job --ro-bind /srv/pi-global /opt/pi-global \
-             --ro-bind /srv/images/default /opt/pi-dispatch-image \
-             --bind /srv/state/jobs/j1/workspace /workspace --ro-bind /srv/cache /opt/cache \
+             --ro-bind-fd 5 /job --ro-bind-fd 6 /opt/pi-global --ro-bind-fd 7 /opt/pi-dispatch-image \
+             --bind-fd 8 /workspace --ro-bind-fd 9 /opt/cache \
              --remount-ro / --chdir /workspace --info-fd 4 --clearenv --args 3 \
              -- /opt/pi-dispatch-image/bin/pi-dispatch job -- pi"
+        );
+    }
+
+    #[test]
+    fn through_a_stage_the_folders_are_the_stages_places() {
+        let a = text(&args_in_stage(&spec()));
+        assert!(
+            a.contains(
+                "--tmpfs /tmp --ro-bind /stage/job /job --ro-bind /stage/overlay /opt/pi-global \
+                 --ro-bind /stage/image /opt/pi-dispatch-image --bind /stage/workspace /workspace \
+                 --ro-bind /stage/extra-0 /opt/cache --remount-ro / --chdir /workspace \
+                 --clearenv --args 3 --"
+            ),
+            "{a}"
+        );
+        assert!(!a.contains("/srv"), "{a}");
+    }
+
+    #[test]
+    fn the_stage_binds_the_descriptors_and_becomes_the_user() {
+        let folders = [
+            StageFolder {
+                fd: 5,
+                place: "/stage/job".into(),
+                writable: false,
+            },
+            StageFolder {
+                fd: 6,
+                place: "/stage/workspace".into(),
+                writable: true,
+            },
+        ];
+        let files = [("/usr/bin/bwrap".into(), "/stage/bwrap".into())];
+        assert_eq!(
+            text(&stage_args(
+                &spec().system,
+                (1000, 1001),
+                &folders,
+                &files,
+                Some(4)
+            )),
+            "--unshare-pid --die-with-parent --info-fd 4 --cap-drop ALL \
+             --cap-add CAP_SETUID --cap-add CAP_SETGID \
+             --ro-bind /usr /usr --ro-bind /etc /etc --symlink usr/bin /bin \
+             --bind /proc /proc --dev /dev --dir /tmp --perms 0755 --dir /stage \
+             --ro-bind-fd 5 /stage/job --bind-fd 6 /stage/workspace \
+             --ro-bind /usr/bin/bwrap /stage/bwrap --remount-ro / --chdir / \
+             -- /usr/bin/setpriv --reuid 1000 --regid 1001 --clear-groups --"
         );
     }
 

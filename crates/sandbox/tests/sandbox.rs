@@ -252,6 +252,54 @@ async fn the_system_and_job_folders_are_read_only_and_the_workspace_writable() {
 }
 
 #[tokio::test]
+async fn a_deployment_under_a_folder_the_job_user_cannot_enter_still_runs() {
+    // A root worker's job runs as nobody, who cannot enter the 0700 folder above the deployment:
+    // the worker's descriptors, not host paths, bring the folders into the sandbox.
+    if !is_root() {
+        eprintln!("skipped: only a root worker runs the job as another user");
+        return;
+    }
+    let closed = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let meta = std::fs::metadata(closed.path()).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o700));
+    let fx = Fixture::new_in(closed.path(), NOBODY, NOBODY);
+    let script = "id -u; cat /job/prompt.md /opt/pi-global/mcp.json /opt/extra/note; \
+                  /opt/pi-dispatch-image/hello; echo job > /workspace/out && echo written";
+    let out = run(&fx.spec(script), &job_env(&[])).await;
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(
+        out.stdout,
+        "65534\nthe prompt\n{}\nextra\nhello from the image\nwritten\n"
+    );
+    let written = fx.workspace.join("out");
+    assert_eq!(std::fs::read_to_string(&written).unwrap(), "job\n");
+    let meta = std::fs::metadata(&written).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (NOBODY, NOBODY));
+}
+
+#[tokio::test]
+async fn a_folder_that_is_a_link_is_not_followed() {
+    let fx = Fixture::new(NOBODY, NOBODY);
+    let link = fx.job.with_file_name("job-link");
+    std::os::unix::fs::symlink(&fx.job, &link).unwrap();
+    let spec = SandboxSpec {
+        job_dir: link,
+        ..fx.spec("true")
+    };
+    match bwrap::spawn(bwrap_path(), &spec, &job_env(&[])).await {
+        Err(e @ bwrap::SpawnError::Open { .. }) => {
+            assert!(
+                e.to_string().starts_with("the job folder cannot be opened"),
+                "{e}"
+            );
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a link was followed"),
+    }
+}
+
+#[tokio::test]
 async fn tmp_is_empty_and_private() {
     let fx = Fixture::new(NOBODY, NOBODY);
     let mark = marker("tmp");

@@ -54,36 +54,97 @@ pub fn new_job_id(prefix: &str) -> anyhow::Result<String> {
 
 /// Whether the git work tree at `folder` has changes not committed (untracked files count).
 ///
-/// A job can write the repository, its `.git/config` included, so git runs here as the folder's
-/// owner (the user the job itself runs as) when this is root, with the repository's own hook for
-/// file-system monitoring switched off and no global or system configuration.
+/// A job can write the repository, its `.git/config` included, so when this is root git runs as
+/// the folder's owner (the user the job itself runs as), with the repository's own hook for
+/// file-system monitoring switched off, no global or system configuration and no optional lock.
+/// git works from the absolute path of its folder, which the owner may not be able to walk (a
+/// repository under root's home): it runs in a stage that binds the folder, opened here, read-only
+/// (see `sandbox::bwrap::stage_command`). A folder its owner cannot read, write or enter is refused
+/// first, saying so.
 fn dirty(folder: &Path) -> anyhow::Result<bool> {
-    use std::os::unix::fs::MetadataExt as _;
-    use std::os::unix::process::CommandExt as _;
-    let meta = std::fs::metadata(folder)
-        .map_err(|e| anyhow::anyhow!("FOLDER cannot be used ({})", e.kind()))?;
-    let mut git = std::process::Command::new("git");
-    git.args([
+    use sandbox::bwrap;
+    use sandbox::reach;
+    let shown = folder.display();
+    if folder.as_os_str().is_empty() {
+        anyhow::bail!("the job names no folder: a local job works on a repository");
+    }
+    let opened = bwrap::open_folder(folder)
+        .map_err(|e| anyhow::anyhow!("{shown} cannot be used as a folder ({})", e.kind()))?;
+    let meta = rustix::fs::fstat(&opened)?;
+    let (uid, gid) = (meta.st_uid, meta.st_gid);
+    let options = [
         "-c",
         "core.fsmonitor=false",
         "-c",
         "core.untrackedCache=false",
-        "-C",
-    ])
-    .arg(folder)
-    .args(["status", "--porcelain", "--untracked-files=normal"])
-    .env("GIT_CONFIG_NOSYSTEM", "1")
-    .env("GIT_CONFIG_GLOBAL", "/dev/null")
-    .env("HOME", "/")
-    .stdin(std::process::Stdio::null());
-    if rustix::process::geteuid().is_root() && meta.uid() != 0 {
-        git.uid(meta.uid()).gid(meta.gid());
-    }
+    ];
+    let status = ["status", "--porcelain", "--untracked-files=normal"];
+    let in_stage = Path::new(bwrap::STAGE).join("repo");
+    let as_owner = rustix::process::geteuid().is_root() && uid != 0;
+    let mut git = if as_owner {
+        let owner = reach::User {
+            uid,
+            gid,
+            groups: Vec::new(),
+        };
+        let found = reach::Folder {
+            mode: meta.st_mode,
+            uid,
+            gid,
+        };
+        let passwd = std::fs::read_to_string("/etc/passwd").ok();
+        reach::check(folder, &found, &owner, &reach::WORKSPACE, passwd.as_deref())
+            .map_err(|e| anyhow::anyhow!("{e}; a local job works in its folder as its owner"))?;
+        let args: Vec<std::ffi::OsString> = options
+            .iter()
+            .map(Into::into)
+            .chain(["-C".into(), in_stage.clone().into_os_string()])
+            .chain(status.iter().map(Into::into))
+            .collect();
+        let handoff = bwrap::Handoff {
+            folder: opened,
+            place: in_stage.clone(),
+            writable: false,
+        };
+        let mut git = bwrap::stage_command(
+            Path::new(bwrap::BWRAP),
+            (uid, gid),
+            vec![handoff],
+            std::ffi::OsStr::new("git"),
+            &args,
+        )
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "git could not be prepared to run as the owner of {shown} ({})",
+                e.kind()
+            )
+        })?;
+        git.env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("GIT_OPTIONAL_LOCKS", "0");
+        git
+    } else {
+        let mut git = std::process::Command::new("git");
+        git.args(options).arg("-C").arg(folder).args(status);
+        git
+    };
+    git.env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("HOME", "/")
+        .stdin(std::process::Stdio::null());
     let out = git
         .output()
         .map_err(|e| anyhow::anyhow!("git could not be run ({})", e.kind()))?;
     if !out.status.success() {
-        anyhow::bail!("FOLDER is not a git work tree: a local job works on a repository");
+        let said = String::from_utf8_lossy(&out.stderr);
+        let said = said
+            .lines()
+            .next()
+            .unwrap_or("no message")
+            .replace(&in_stage.display().to_string(), &shown.to_string());
+        anyhow::bail!(
+            "{shown} is not a git work tree that git can read ({said}): a local job works on a repository"
+        );
     }
     Ok(!out.stdout.is_empty())
 }
@@ -148,7 +209,8 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         let folder = PathBuf::from(job.folder.clone().unwrap_or_default());
         if dirty(&folder)? && !args.force {
             eprintln!(
-                "pi-dispatch: the trigger's folder has uncommitted changes, and the job would work among them; commit or stash them, or pass --force"
+                "pi-dispatch: the trigger's folder {} has uncommitted changes, and the job would work among them; commit or stash them, or pass --force",
+                folder.display()
             );
             return Ok(Exit::CheckFailed);
         }
@@ -173,7 +235,8 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     }
     if dirty(&folder)? && !args.force {
         eprintln!(
-            "pi-dispatch: FOLDER has uncommitted changes, and the job would work among them; commit or stash them, or pass --force"
+            "pi-dispatch: {} has uncommitted changes, and the job would work among them; commit or stash them, or pass --force",
+            folder.display()
         );
         return Ok(Exit::CheckFailed);
     }

@@ -14,6 +14,7 @@ mod job;
 mod job_signals;
 mod mcp_check;
 mod outcomes;
+mod run;
 mod service;
 mod triggers_check;
 mod worker;
