@@ -768,6 +768,7 @@ impl gates::WorkerEnv for EmptyEnv {
 /// variables, egress on and an allowlist naming every HTTP host, and an image declaring
 /// `mcp,forgeMcp`.
 struct PickupFixture {
+    host: Host,
     job: Job,
     settings: config::settings::Settings,
     files: MemoryFiles,
@@ -831,6 +832,17 @@ impl PickupFixture {
             .map(|i| format!("{}\n", pickup_http_host(i)))
             .collect();
         Ok(PickupFixture {
+            // Egress on, with a proxy: every gate of the decision is taken.
+            host: Host {
+                root: true,
+                user: pickup::reach::User {
+                    uid: 0,
+                    gid: 0,
+                    groups: Vec::new(),
+                },
+                passwd: None,
+                egress_proxy: true,
+            },
             job,
             settings,
             files: MemoryFiles {
@@ -852,11 +864,7 @@ impl PickupFixture {
             images: &self.images,
             folders: &MemoryFolders,
             env: &self.env,
-            host: Host {
-                root: true,
-                // Egress on, with a proxy: every gate of the decision is taken.
-                egress_proxy: true,
-            },
+            host: &self.host,
         }
     }
 }

@@ -24,6 +24,7 @@ use protocol::job_mcp::{Forge, JobMcpFile};
 use protocol::reason::Reason;
 use serde::Serialize;
 
+use crate::reach;
 use crate::routes::{Routes, has_way_in};
 
 /// A file as a reader found it.
@@ -83,10 +84,14 @@ pub trait WorkerEnv {
 }
 
 /// What the host running the job can do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Host {
     /// The worker runs as root (a job then runs as its folder's owner, never as root).
     pub root: bool,
+    /// The worker's own user: a worker that is not root runs a job as itself.
+    pub user: reach::User,
+    /// The text of `/etc/passwd`, to name users in messages.
+    pub passwd: Option<String>,
     /// An egress proxy is there for jobs with egress on.
     pub egress_proxy: bool,
 }
@@ -98,7 +103,7 @@ pub struct Inputs<'a> {
     pub images: &'a dyn Images,
     pub folders: &'a dyn Folders,
     pub env: &'a dyn WorkerEnv,
-    pub host: Host,
+    pub host: &'a Host,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -1109,16 +1114,35 @@ fn workspace(i: &Inputs) -> Step<Workspace> {
             format!("give {path} to the user the job should run as: chown -R USER {path}"),
         ));
     }
-    if mode & 0o700 != 0o700 {
+    // The job's user: the folder's owner under a root worker, else the worker's own user.
+    let user = if i.host.root {
+        reach::User {
+            uid,
+            gid,
+            groups: Vec::new(),
+        }
+    } else {
+        i.host.user.clone()
+    };
+    let folder = reach::Folder { mode, uid, gid };
+    if let Err(unreachable) = reach::check(
+        std::path::Path::new(path),
+        &folder,
+        &user,
+        &reach::WORKSPACE,
+        i.host.passwd.as_deref(),
+    ) {
+        let missing: Vec<&str> = unreachable.missing.iter().map(|a| a.as_str()).collect();
         return Err(refuse(
             Reason::WorkspaceUnreachable,
-            Detail::new(format!(
-                "the job runs as {path}'s owner (uid {uid}), who may not read, write and enter it (mode {:o})",
-                mode & 0o7777
-            ))
-            .path(path)
-            .uid(uid),
-            format!("chmod u+rwx {path}"),
+            Detail::new(unreachable.to_string())
+                .path(path)
+                .uid(user.uid),
+            format!(
+                "let uid {} {} {path} (chown or chmod), or run the job on a folder it can use",
+                user.uid,
+                missing.join(" and ")
+            ),
         ));
     }
     Ok(Workspace {

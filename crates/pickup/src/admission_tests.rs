@@ -145,6 +145,14 @@ fn world_of(triggers: &str, id: &str) -> World {
         env: FakeEnv(vec!["FILES_TOKEN", "OPENAI_API_KEY"]),
         host: Host {
             root: true,
+            user: reach::User {
+                uid: 0,
+                gid: 0,
+                groups: Vec::new(),
+            },
+            passwd: Some(
+                "root:x:0:0::/root:/bin/sh\nmaint:x:1000:1000::/home/maint:/bin/sh\n".into(),
+            ),
             egress_proxy: true,
         },
     }
@@ -166,7 +174,7 @@ fn inputs(w: &World) -> Inputs<'_> {
         images: &w.images,
         folders: &w.folders,
         env: &w.env,
-        host: w.host,
+        host: &w.host,
     }
 }
 

@@ -200,6 +200,14 @@ impl<'a> Deployment<'a> {
             images: ImageFolders::new(&settings.dir),
             host: Host {
                 root: rustix::process::geteuid().is_root(),
+                user: crate::reach::User {
+                    uid: rustix::process::geteuid().as_raw(),
+                    gid: rustix::process::getegid().as_raw(),
+                    groups: rustix::process::getgroups()
+                        .map(|g| g.iter().map(|g| g.as_raw()).collect())
+                        .unwrap_or_default(),
+                },
+                passwd: std::fs::read_to_string("/etc/passwd").ok(),
                 // The egress proxy is not built yet: a job with egress on is refused.
                 egress_proxy: false,
             },
@@ -214,7 +222,7 @@ impl<'a> Deployment<'a> {
             images: &self.images,
             folders: &HostFolders,
             env: self.env,
-            host: self.host,
+            host: &self.host,
         }
     }
 

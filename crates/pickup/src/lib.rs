@@ -3,4 +3,5 @@
 
 pub mod admission;
 pub mod fs;
+pub mod reach;
 mod routes;

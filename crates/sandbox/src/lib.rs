@@ -5,12 +5,10 @@
 //! - [`env`]: the job's closed environment, built in a fixed order from its parts (pure).
 //! - [`bwrap`]: bubblewrap's arguments for a job (pure), and the job started, limited in time and
 //!   killed with its whole process tree.
-//! - [`reach`]: whether a job's user can read, write or enter a folder, and what it cannot (pure).
 //!
 //! `docs/sandbox.md` says what a job gets, for the operator.
 
 pub mod backend;
 pub mod bwrap;
 pub mod env;
-pub mod reach;
 pub mod secrets;

@@ -110,6 +110,9 @@ pub struct Inputs {
     pub endpoints: Read<ModelEndpoints>,
     /// Whether bubblewrap, the embedded backend's sandbox, is installed.
     pub bwrap: bool,
+    /// Whether util-linux's setpriv is installed, when the worker would need it (as root, a job's
+    /// sandbox changes to the job's user with it); `None` when it is not needed.
+    pub setpriv: Option<bool>,
     /// The default job image: whether its runner is there, and the pi version its labels give.
     pub image_runner: bool,
     pub image_pi_version: Option<String>,
@@ -118,8 +121,9 @@ pub struct Inputs {
     pub egress_proxy: bool,
 }
 
-/// Where the embedded backend expects bubblewrap.
+/// Where the embedded backend expects bubblewrap, and (for a root worker) setpriv.
 pub const BWRAP: &str = "/usr/bin/bwrap";
+pub const SETPRIV: &str = "/usr/bin/setpriv";
 
 /// Reads what the checks need. Never follows a link.
 pub fn gather(settings: Settings) -> Inputs {
@@ -173,6 +177,9 @@ pub fn gather(settings: Settings) -> Inputs {
         dotenv: exists(&settings.dir.join(".env")),
         triggers_file: exists(&settings.triggers_file),
         bwrap: is_executable(Path::new(BWRAP)),
+        setpriv: rustix::process::geteuid()
+            .is_root()
+            .then(|| is_executable(Path::new(SETPRIV))),
         image_runner: is_executable(&image.join(crate::image::RUNNER)),
         image_pi_version,
         egress_proxy: false,
@@ -349,6 +356,12 @@ fn runtime_checks(inputs: &Inputs, out: &mut Vec<Check>) {
             "install Debian's bubblewrap package (scripts/install does)",
         )
     });
+    if inputs.setpriv == Some(false) {
+        out.push(Check::fail(
+            format!("setpriv is not installed ({SETPRIV}): a root worker starts no job"),
+            "install Debian's util-linux package",
+        ));
+    }
     let image = s
         .job_image
         .as_deref()

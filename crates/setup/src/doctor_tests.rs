@@ -62,6 +62,7 @@ fn healthy() -> Inputs {
         endpoints: endpoints(""),
         models_refused: false,
         bwrap: true,
+        setpriv: Some(true),
         image_runner: true,
         image_pi_version: Some("1.6.0".into()),
         egress_proxy: true,
@@ -82,6 +83,7 @@ fn what_running_jobs_needs_is_checked() {
     );
     let broken = Inputs {
         bwrap: false,
+        setpriv: Some(false),
         image_runner: false,
         ..healthy()
     };
@@ -91,6 +93,11 @@ fn what_running_jobs_needs_is_checked() {
         .find(|c| c.label.starts_with("bubblewrap"))
         .unwrap();
     assert_eq!(bwrap.level, Level::Fail);
+    assert!(
+        out.iter()
+            .any(|c| c.level == Level::Fail && c.label.starts_with("setpriv is not installed")),
+        "{out:#?}"
+    );
     let image = out
         .iter()
         .find(|c| c.label.starts_with("job image"))

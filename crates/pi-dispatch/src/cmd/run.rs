@@ -62,8 +62,8 @@ pub fn new_job_id(prefix: &str) -> anyhow::Result<String> {
 /// (see `sandbox::bwrap::stage_command`). A folder its owner cannot read, write or enter is refused
 /// first, saying so.
 fn dirty(folder: &Path) -> anyhow::Result<bool> {
+    use pickup::reach;
     use sandbox::bwrap;
-    use sandbox::reach;
     let shown = folder.display();
     if folder.as_os_str().is_empty() {
         anyhow::bail!("the job names no folder: a local job works on a repository");

@@ -5,7 +5,7 @@
 //! Only the mode's bits are read, as the kernel reads them for a process without capabilities (the
 //! job's user holds none): the owner's bits for the owner, else the group's for a member of the
 //! folder's group, else the others'. An ACL is not read. The folders above need not be open to
-//! the user: the worker binds folders from descriptors (see [`crate::bwrap`]).
+//! the user: the worker binds folders from descriptors (see the sandbox crate's `bwrap`).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
