@@ -12,6 +12,7 @@ mod import_pi;
 mod init;
 mod job;
 mod job_signals;
+mod layout;
 mod mcp_check;
 mod outcomes;
 mod service;
