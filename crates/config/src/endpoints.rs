@@ -13,10 +13,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::ops::RangeInclusive;
 
-use crate::egress;
 use crate::json::{self, Json, JsonError};
 use crate::problem::printable_key;
-use crate::url::Host;
+use crate::url::{self, Host};
 
 pub const FILE_NAME: &str = "model-endpoints.json";
 pub const VERSION: u64 = 1;
@@ -257,9 +256,9 @@ fn parse_endpoint(index: usize, item: &Json) -> Result<Endpoint, EndpointsError>
 
     let host = get(Field::Host)
         .and_then(Json::as_str)
-        .and_then(|s| egress::parse_name_or_ipv4(s).ok())
+        .and_then(|s| url::parse_host_name(s).ok())
         .ok_or(invalid(Field::Host))?;
-    if egress::is_loopback(&host) {
+    if url::is_loopback(&host) {
         return Err(EndpointsError::HostLoopback { index });
     }
 

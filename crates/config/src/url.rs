@@ -494,6 +494,25 @@ pub(crate) enum HostNameError {
     Ipv4,
 }
 
+/// Whether `host` is the proxy's own machine: `localhost` and names under `.localhost`, IPv4
+/// 127.0.0.0/8 and 0.0.0.0, IPv6 `::1` and `::`, and those IPv4 addresses inside IPv6 (mapped, as
+/// `::ffff:127.0.0.1`, or the older compatible form `::127.0.0.1`). Names are never looked up.
+pub fn is_loopback(host: &Host) -> bool {
+    let v4 = |a: &Ipv4Addr| a.is_loopback() || a.is_unspecified();
+    match host {
+        Host::Name(n) => {
+            // Hosts are lowercase and have no trailing dot, but this guards the proxy: be lenient
+            // in what counts as loopback.
+            let n = n.strip_suffix('.').unwrap_or(n).to_ascii_lowercase();
+            n == "localhost" || n.ends_with(".localhost")
+        }
+        Host::Ipv4(a) => v4(a),
+        Host::Ipv6(a) => {
+            a.is_loopback() || a.is_unspecified() || a.to_ipv4().is_some_and(|m| v4(&m))
+        }
+    }
+}
+
 /// A lowercase DNS name or a dotted IPv4 address: the one rule for hosts, shared by URLs, the egress
 /// allowlist and the model endpoints.
 pub(crate) fn parse_host_name(name: &str) -> Result<Host, HostNameError> {

@@ -220,23 +220,24 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let (Some(folder), Some(task)) = (&args.folder, &args.task) else {
         anyhow::bail!("FOLDER and --task are needed (or --trigger N)");
     };
-    let folder = ctx.absolute(folder);
-    let folder = folder
+    // Messages name the folder as it was given.
+    let given = folder.display();
+    let folder = ctx
+        .absolute(folder)
         .canonicalize()
-        .map_err(|e| anyhow::anyhow!("FOLDER cannot be used ({})", e.kind()))?;
+        .map_err(|e| anyhow::anyhow!("the folder {given} cannot be used ({})", e.kind()))?;
     if !folder.is_dir() {
-        anyhow::bail!("FOLDER must be a folder");
+        anyhow::bail!("{given} is not a folder: a local job works in a repository's folder");
     }
     let Some(folder_text) = folder.to_str().map(str::to_owned) else {
-        anyhow::bail!("FOLDER's path must be UTF-8 text");
+        anyhow::bail!("the path of {given} must be UTF-8 text");
     };
     if task.trim().is_empty() {
         anyhow::bail!("--task must say what the agent is asked to do");
     }
     if dirty(&folder)? && !args.force {
         eprintln!(
-            "pi-dispatch: {} has uncommitted changes, and the job would work among them; commit or stash them, or pass --force",
-            folder.display()
+            "pi-dispatch: {given} has uncommitted changes, and the job would work among them; commit or stash them, or pass --force"
         );
         return Ok(Exit::CheckFailed);
     }

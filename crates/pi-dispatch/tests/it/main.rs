@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod admission;
+mod cli;
 mod common;
 mod control;
 mod doctor;
@@ -12,6 +13,7 @@ mod import_pi;
 mod init;
 mod job;
 mod job_signals;
+mod layout;
 mod mcp_check;
 mod outcomes;
 mod run;

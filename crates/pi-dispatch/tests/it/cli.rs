@@ -1,0 +1,312 @@
+//! The command line as an operator meets it: the commands `--help` lists, the global flags on
+//! either side of a subcommand, what an unknown id or a wrong folder is told, `status` on a fresh
+//! deployment, and the worker's log lines.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::{Deployment, Run};
+
+/// A deployment folder `init` wrote.
+fn deployment() -> Deployment {
+    let d = Deployment::new();
+    let init = d.run(&["init"]);
+    assert_eq!(init.code, 0, "{}", init.stderr);
+    d
+}
+
+#[test]
+fn help_lists_the_commands_in_their_order_and_hides_the_internal_ones() {
+    let d = Deployment::new();
+    let run = d.run(&["--help"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let commands: Vec<&str> = run
+        .stdout
+        .lines()
+        .skip_while(|l| l.trim() != "Commands:")
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let expected = [
+        "init",
+        "import-pi",
+        "doctor",
+        "image",
+        "run",
+        "worker",
+        "status",
+        "runs",
+        "cancel",
+        "explain",
+        "triggers",
+        "mcp",
+    ];
+    let listed = commands.strip_suffix(&["help"]).unwrap_or(&commands);
+    assert_eq!(listed, expected, "{}", run.stdout);
+}
+
+/// A folder to run commands from that is not a deployment: its `.env` cannot be read, so a command
+/// that looked here instead of at `--dir` would fail.
+fn elsewhere() -> Deployment {
+    let cwd = Deployment::new();
+    cwd.write(".env", "this is not a setting\n");
+    cwd
+}
+
+#[test]
+fn dir_is_taken_before_and_after_the_subcommand() {
+    let d = deployment();
+    let dir = d.path().to_str().unwrap();
+    let cwd = elsewhere();
+    // Without --dir the folder it runs in is the deployment, and its .env is refused.
+    assert_eq!(cwd.run(&["status"]).code, 2);
+    for args in [["--dir", dir, "status"], ["status", "--dir", dir]] {
+        let run = cwd.run(&args);
+        assert_eq!(run.code, 0, "{args:?}: {}", run.stderr);
+        assert!(run.stdout.contains("The queue is empty"), "{}", run.stdout);
+    }
+
+    d.write(
+        "pi-global/mcp.json",
+        r#"{"mcpServers": {"wiki": {"url": "https://wiki.example.com/mcp", "description": "Team wiki"}}}"#,
+    );
+    for args in [
+        ["--dir", dir, "mcp", "check"],
+        ["mcp", "--dir", dir, "check"],
+        ["mcp", "check", "--dir", dir],
+    ] {
+        let run = cwd.run(&args);
+        assert_eq!(run.code, 0, "{args:?}: {}{}", run.stdout, run.stderr);
+        assert!(run.stdout.contains(dir), "{args:?}: {}", run.stdout);
+        assert!(run.stdout.contains("wiki"), "{args:?}: {}", run.stdout);
+    }
+}
+
+#[test]
+fn log_format_is_taken_before_and_after_the_subcommand() {
+    let d = deployment();
+    for args in [
+        ["--log-format", "json", "worker", "--until-empty"],
+        ["worker", "--until-empty", "--log-format", "json"],
+    ] {
+        let run = d.run(&args);
+        assert_eq!(run.code, 0, "{args:?}: {}", run.stderr);
+        assert!(!run.stderr.is_empty(), "{args:?}");
+        for line in run.stderr.lines() {
+            assert!(
+                serde_json::from_str::<Value>(line).is_ok(),
+                "{args:?}: {line}"
+            );
+        }
+    }
+    for args in [
+        ["--log-format", "text", "worker", "--until-empty"],
+        ["worker", "--until-empty", "--log-format", "text"],
+    ] {
+        let run = d.run(&args);
+        assert_eq!(run.code, 0, "{args:?}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("worker_started"),
+            "{args:?}: {}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.lines().all(|l| !l.starts_with('{')),
+            "{args:?}: {}",
+            run.stderr
+        );
+    }
+    let run = d.run(&["status", "--log-format", "yaml"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("--log-format"), "{}", run.stderr);
+}
+
+#[test]
+fn an_unknown_id_is_said_with_where_it_was_looked_for() {
+    let d = deployment();
+    let run = d.run(&["runs", "show", "cli-0-unknown"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("cli-0-unknown"), "{}", run.stderr);
+    let records = d.path().join("state").join("runs");
+    assert!(
+        run.stderr.contains(records.to_str().unwrap()),
+        "{}",
+        run.stderr
+    );
+
+    // Before any job was queued (no queue file), and once the queue exists.
+    let run = d.run(&["cancel", "cli-0-unknown"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("cli-0-unknown"), "{}", run.stderr);
+    assert_eq!(d.run(&["worker", "--until-empty"]).code, 0);
+    let run = d.run(&["cancel", "cli-0-unknown"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("cli-0-unknown"), "{}", run.stderr);
+}
+
+#[test]
+fn status_of_a_fresh_deployment() {
+    let d = deployment();
+    let run = d.run(&["status"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("The queue is empty"), "{}", run.stdout);
+
+    let run = d.run(&["status", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert!(report["counts"].is_object(), "{report}");
+    assert_eq!(report["counts"]["queued"], 0, "{report}");
+    assert_eq!(report["open"], serde_json::json!([]), "{report}");
+}
+
+/// Whether `text` is an RFC 3339 time in UTC as the logs write it: `YYYY-MM-DDTHH:MM:SS`, an
+/// optional fraction, then `Z`.
+fn is_utc_timestamp(text: &str) -> bool {
+    let b = text.as_bytes();
+    let digits = |range: std::ops::Range<usize>| {
+        b.get(range)
+            .is_some_and(|s| s.iter().all(u8::is_ascii_digit))
+    };
+    let fixed = b.len() >= 20
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && b[10] == b'T'
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19);
+    if !fixed {
+        return false;
+    }
+    match &b[19..] {
+        b"Z" => true,
+        [b'.', rest @ .., b'Z'] => !rest.is_empty() && rest.iter().all(u8::is_ascii_digit),
+        _ => false,
+    }
+}
+
+#[test]
+fn the_timestamp_pattern_is_strict() {
+    for good in [
+        "2026-01-02T03:04:05Z",
+        "2026-01-02T03:04:05.123456Z",
+        "2026-01-02T03:04:05.1Z",
+    ] {
+        assert!(is_utc_timestamp(good), "{good}");
+    }
+    for bad in [
+        "2026-01-02 03:04:05Z",
+        "2026-01-02T03:04:05",
+        "2026-01-02T03:04:05+00:00",
+        "2026-01-02T03:04:05.Z",
+        "2026-1-02T03:04:05Z",
+        "1767322445",
+        "2026-01-02T03:04:05.12aZ",
+    ] {
+        assert!(!is_utc_timestamp(bad), "{bad}");
+    }
+}
+
+/// The events of a JSON log, checking that every line is one object with a timestamp and a level.
+fn json_events(stderr: &str) -> Vec<Value> {
+    assert!(!stderr.is_empty());
+    stderr
+        .lines()
+        .map(|line| {
+            let event: Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not one JSON object ({e}): {line}"));
+            assert!(event.is_object(), "{line}");
+            let time = event["timestamp"].as_str().unwrap_or_default();
+            assert!(is_utc_timestamp(time), "timestamp: {line}");
+            assert!(
+                matches!(
+                    event["level"].as_str(),
+                    Some("TRACE" | "DEBUG" | "INFO" | "WARN" | "ERROR")
+                ),
+                "level: {line}"
+            );
+            event
+        })
+        .collect()
+}
+
+#[test]
+fn worker_log_lines_carry_a_timestamp_and_a_level() {
+    let d = deployment();
+    let run = d.run(&["worker", "--until-empty", "--log-format", "json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let events: Vec<String> = json_events(&run.stderr)
+        .iter()
+        .map(|e| e["event"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(events.first().map(String::as_str), Some("worker_started"));
+    assert_eq!(events.last().map(String::as_str), Some("worker_stopped"));
+
+    let run = d.run(&["worker", "--until-empty"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stderr.lines().count() >= 2, "{}", run.stderr);
+    for line in run.stderr.lines() {
+        let (time, rest) = line.split_once(' ').unwrap_or((line, ""));
+        assert!(is_utc_timestamp(time), "{line}");
+        assert!(
+            ["INFO", "WARN", "ERROR", "DEBUG", "TRACE"]
+                .contains(&rest.split_whitespace().next().unwrap_or("")),
+            "{line}"
+        );
+    }
+    assert!(run.stderr.contains("worker_started") && run.stderr.contains("worker_stopped"));
+}
+
+#[test]
+fn a_refused_triggers_file_is_logged_once_with_why() {
+    let d = deployment();
+    d.write(
+        "triggers.json",
+        r#"{"triggers": [{"on": {"type": "cron", "id": "nightly", "pattern": "0 3 * * *"},
+            "run": {"kind": "local", "folder": "/srv/repo", "task": "t", "flaw": "task"}}]}"#,
+    );
+    // A worker that runs cron triggers: it reads the file once a second.
+    let child = d
+        .command(&["worker", "--log-format", "json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(3500));
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let run = Run::from(child.wait_with_output().unwrap());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let refused: Vec<Value> = json_events(&run.stderr)
+        .into_iter()
+        .filter(|e| e["event"] == "cron_triggers_refused")
+        .collect();
+    assert_eq!(refused.len(), 1, "{}", run.stderr);
+    let why = refused[0]["why"].as_str().unwrap_or_default();
+    assert!(why.contains("triggers[0].run.flaw"), "{why}");
+    assert_eq!(refused[0]["level"], "ERROR");
+}
+
+#[test]
+fn run_names_the_folder_it_cannot_use() {
+    let d = deployment();
+    let file = d.write("notes.txt", "not a repository\n");
+    std::fs::create_dir_all(d.path().join("plain")).unwrap();
+    let given_file = file.to_str().unwrap();
+    for given in ["no-such-repo", given_file, "plain"] {
+        let run = d.run(&["run", given, "--task", "Fix the build."]);
+        assert_eq!(run.code, 2, "{given}: {}", run.stderr);
+        assert!(run.stderr.contains(given), "{given}: {}", run.stderr);
+        assert!(!run.stderr.contains("FOLDER"), "{given}: {}", run.stderr);
+    }
+}
