@@ -226,7 +226,8 @@ pub enum End {
     Exhausted,
     /// Reported by [`Queue::take_lost`].
     Lost,
-    /// [`Queue::cancel`] of a job that was not running, or a marked job whose worker stopped it.
+    /// [`Queue::cancel`] of a job that was not running, or a marked job whose worker was lost (a
+    /// running job its worker stops is finished: its record says cancelled).
     Cancelled,
 }
 
