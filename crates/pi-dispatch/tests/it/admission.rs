@@ -16,6 +16,19 @@ struct Said {
     worker: Option<String>,
 }
 
+impl Said {
+    /// All four saying `reason`.
+    fn alike(reason: Option<&str>) -> Said {
+        let r = reason.map(str::to_owned);
+        Said {
+            run: r.clone(),
+            explain: r.clone(),
+            doctor: r.clone(),
+            worker: r,
+        }
+    }
+}
+
 /// The reason `run` gave when it refused (it prints the token first on its refusal line).
 fn run_reason(run: &Run) -> Option<String> {
     if run.code == 0 {
@@ -164,33 +177,15 @@ fn run_explain_doctor_and_the_worker_decide_alike() {
     let triggers = json!({"triggers": table.iter().map(|(_, t, _)| t.clone()).collect::<Vec<_>>()});
     s.d.write("triggers.json", &triggers.to_string());
     for (index, (name, _, expected)) in table.iter().enumerate() {
-        let said = said(&s, index, "1");
-        let expected = expected.map(str::to_owned);
-        assert_eq!(
-            said,
-            Said {
-                run: expected.clone(),
-                explain: expected.clone(),
-                doctor: expected.clone(),
-                worker: expected.clone(),
-            },
-            "{name}"
-        );
+        assert_eq!(said(&s, index, "1"), Said::alike(*expected), "{name}");
     }
 
     // Egress on (the default) with no proxy: all four refuse the good job alike.
     let env = std::fs::read_to_string(s.d.path().join(".env")).unwrap();
     s.d.write(".env", &env.replace("PI_EGRESS=0\n", ""));
-    let said = said(&s, 0, "egress");
-    let expected = Some("egress-proxy-missing".to_owned());
     assert_eq!(
-        said,
-        Said {
-            run: expected.clone(),
-            explain: expected.clone(),
-            doctor: expected.clone(),
-            worker: expected,
-        }
+        said(&s, 0, "egress"),
+        Said::alike(Some("egress-proxy-missing"))
     );
     s.d.write(".env", &env);
 

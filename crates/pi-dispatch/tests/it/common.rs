@@ -213,3 +213,18 @@ pub fn processes_with(marker: &str, except: u32) -> Vec<(u32, String)> {
         .filter(|(pid, _)| *pid != except)
         .collect()
 }
+
+/// Runs git in `repo` as a test's author would, and insists that it works.
+pub fn git(repo: &Path, args: &[&str]) {
+    let out = Command::new("git")
+        .args(["-c", "user.email=t@t", "-c", "user.name=t", "-C"])
+        .arg(repo)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

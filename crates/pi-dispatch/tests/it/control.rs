@@ -42,6 +42,15 @@ fn asked(s: &Service, n: usize) {
     });
 }
 
+/// Waits until the job's pi runs its `sleep 120`.
+fn sleeping(id: &str) {
+    wait_for(Duration::from_secs(10), "pi's sleep", || {
+        processes_with(id, 0)
+            .iter()
+            .any(|(_, cmd)| cmd.contains("sleep 120"))
+    });
+}
+
 fn signal(child: &Child, signal: &str) {
     let ok = std::process::Command::new("kill")
         .args([&format!("-{signal}"), &child.id().to_string()])
@@ -106,11 +115,7 @@ fn a_running_job_is_cancelled_with_its_whole_tree_and_status_shows_it_running_fi
     let id = s.queue("Take the first line.\nNot this one.", "direct");
     let worker = start_worker(&s, &[]);
     asked(&s, 1);
-    wait_for(Duration::from_secs(10), "pi's sleep", || {
-        processes_with(&id, 0)
-            .iter()
-            .any(|(_, cmd)| cmd.contains("sleep 120"))
-    });
+    sleeping(&id);
     // status: running, where, on what, for how long.
     let status = status_json(&s);
     assert_eq!(status["counts"]["running"], 1, "{status:#}");
@@ -172,11 +177,7 @@ fn sigterm_drains_and_hands_back_what_outlasts_the_limit() {
     let id = s.queue("Sleep.", "direct");
     let worker = start_worker(&s, &[]);
     asked(&s, 1);
-    wait_for(Duration::from_secs(10), "pi's sleep", || {
-        processes_with(&id, 0)
-            .iter()
-            .any(|(_, cmd)| cmd.contains("sleep 120"))
-    });
+    sleeping(&id);
     let told = Instant::now();
     signal(&worker, "TERM");
     let run = finish(worker);
@@ -230,11 +231,7 @@ fn sigterm_lets_a_short_job_finish_takes_no_new_one_and_a_second_signal_stops_at
     // The second job sleeps long; two signals stop the worker at once, the job handed back.
     let worker = start_worker(&s, &[]);
     asked(&s, 3);
-    wait_for(Duration::from_secs(10), "pi's sleep", || {
-        processes_with(&second, 0)
-            .iter()
-            .any(|(_, cmd)| cmd.contains("sleep 120"))
-    });
+    sleeping(&second);
     let told = Instant::now();
     signal(&worker, "TERM");
     std::thread::sleep(Duration::from_millis(300));

@@ -5,7 +5,7 @@
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
-use crate::common::{Deployment, Run};
+use crate::common::{Deployment, Run, git};
 
 const NOBODY: u32 = 65534;
 
@@ -33,20 +33,6 @@ fn closed_deployment() -> (Deployment, PathBuf) {
         .unwrap();
     assert!(chown.success());
     (d, repo.canonicalize().unwrap())
-}
-
-fn git(repo: &Path, args: &[&str]) {
-    let out = std::process::Command::new("git")
-        .args(["-c", "user.email=t@t", "-c", "user.name=t", "-C"])
-        .arg(repo)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn run(d: &Deployment, repo: &Path) -> Run {
