@@ -158,6 +158,20 @@ fn the_transcript_keeps_what_the_agent_did_with_every_secret_redacted() {
         );
     }
     assert!(!run.stderr.contains(TOKEN) && !run.stderr.contains(MODEL_KEY));
+    // Nor what the queue and the records say, in either form.
+    for args in [
+        &["status", "--json"][..],
+        &["status"][..],
+        &["runs", "--json"][..],
+        &["runs", "show", &id, "--json"][..],
+    ] {
+        let out = s.d.run(args);
+        assert!(
+            !out.stdout.contains(TOKEN) && !out.stdout.contains(MODEL_KEY),
+            "{args:?}: {}",
+            out.stdout
+        );
+    }
 }
 
 #[test]
