@@ -68,7 +68,7 @@ struct Args {
     /// Timed calls of `parse_overlay` in this process.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
     iterations: u32,
-    /// Timed pickup decisions (`gates::decide`) in this process.
+    /// Timed admission decisions (`pickup::admission::decide`) in this process.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
     pickup_iterations: u32,
     /// The pi-dispatch binary [default: target/release/pi-dispatch in the workspace]

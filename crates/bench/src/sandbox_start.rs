@@ -286,10 +286,18 @@ impl Folders {
             open(&path)?;
             Ok(path)
         };
+        let workspace = dir("workspace")?;
+        // As the worker runs a job: never as root, but as the folder's owner (nobody here).
+        if rustix::process::geteuid().is_root() {
+            let nobody = Some(rustix::process::Uid::from_raw(bwrap::NOBODY));
+            let group = Some(rustix::process::Gid::from_raw(bwrap::NOBODY));
+            rustix::fs::chown(&workspace, nobody, group)
+                .with_context(|| format!("cannot give {} to nobody", workspace.display()))?;
+        }
         Ok(Folders {
             job: dir("job")?,
             overlay: dir("overlay")?,
-            workspace: dir("workspace")?,
+            workspace,
             image: dir("image")?,
             _root: root,
         })
