@@ -55,19 +55,7 @@ fn json_of(run: &Run) -> Value {
 fn repo(s: &Service, name: &str, owner: Option<&str>) -> String {
     let path = s.d.path().join(name);
     std::fs::create_dir_all(&path).unwrap();
-    let git = |args: &[&str]| {
-        let out = std::process::Command::new("git")
-            .args(["-c", "user.email=t@t", "-c", "user.name=t", "-C"])
-            .arg(&path)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let git = |args: &[&str]| crate::common::git(&path, args);
     git(&["init", "-q"]);
     std::fs::write(path.join("README.md"), "r\n").unwrap();
     git(&["add", "."]);

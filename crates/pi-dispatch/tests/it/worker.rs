@@ -72,19 +72,7 @@ impl Service {
         );
         let repo = d.path().join("repo");
         std::fs::create_dir_all(&repo).unwrap();
-        let git = |args: &[&str]| {
-            let ok = std::process::Command::new("git")
-                .args(["-c", "user.email=t@t", "-c", "user.name=t", "-C"])
-                .arg(&repo)
-                .args(args)
-                .output()
-                .unwrap();
-            assert!(
-                ok.status.success(),
-                "{}",
-                String::from_utf8_lossy(&ok.stderr)
-            );
-        };
+        let git = |args: &[&str]| crate::common::git(&repo, args);
         git(&["init", "-q"]);
         std::fs::write(repo.join("README.md"), "a repository\n").unwrap();
         git(&["add", "."]);
