@@ -296,10 +296,13 @@ impl Unreachable {
 /// Whether a job may reach `scheme://host:port` through the egress proxy, and how.
 ///
 /// In order: `http` on port 443 is refused; a model endpoint declaring exactly this host and port
-/// is reached; `https` on port 443 to a host the allowlist names is reached; everything else is
-/// refused. A host that would be reached but is the proxy's own machine ([`is_loopback`]) is refused
-/// as [`Unreachable::Loopback`] (the endpoints reader never accepts a loopback host; the check here
-/// also covers endpoints built by hand).
+/// is reached (even on the proxy's own machine: a local model server, and only that port of it);
+/// any other host that is the proxy's own machine ([`is_loopback`]) is refused; `https` on port
+/// 443 to a host the allowlist names is reached; everything else is refused.
+///
+/// This is the rule as far as it can be judged without looking a name up: the proxy applies it,
+/// then also refuses an allowlisted name whose addresses are its own machine or not public
+/// (loopback, link-local, unspecified, multicast); doctor and the pickup predict with it alone.
 pub fn route(
     scheme: Scheme,
     host: &Host,
@@ -310,15 +313,15 @@ pub fn route(
     if scheme == Scheme::Http && port == ALLOWLIST_PORT {
         return Err(Unreachable::PlainHttpOn443);
     }
-    // The proxy's own machine is never reachable, however it is listed: say so first, since no
-    // entry in either file could change it.
-    if is_loopback(host) {
-        return Err(Unreachable::Loopback);
-    }
     if let Some(endpoint) = endpoints.find(host, port) {
         return Ok(Route::DeclaredEndpoint {
             id: endpoint.id.clone(),
         });
+    }
+    // The proxy's own machine is never reachable through the allowlist, however it is listed: say
+    // so before "not allowed", since no allowlist entry could change it.
+    if is_loopback(host) {
+        return Err(Unreachable::Loopback);
     }
     if scheme == Scheme::Https && port == ALLOWLIST_PORT && allowlist.names(host) {
         return Ok(Route::Allowlisted);
@@ -686,7 +689,8 @@ mod tests {
                 "{h}"
             );
         }
-        // A hand-built endpoint on a loopback host is refused too.
+        // A declared endpoint on the proxy's own machine is reached at exactly its port, and no
+        // other port of that host is.
         let own = ModelEndpoints {
             endpoints: vec![Endpoint {
                 id: "own".into(),
@@ -696,16 +700,26 @@ mod tests {
                 keyless: false,
             }],
         };
+        let at = |scheme, host: Host, port| route(scheme, &host, port, &list("localhost\n"), &own);
         assert_eq!(
-            route(
-                Scheme::Http,
-                &name("localhost"),
-                8000,
-                &Allowlist::default(),
-                &own
-            ),
-            Err(Unreachable::Loopback)
+            at(Scheme::Http, name("localhost"), 8000),
+            Ok(Route::DeclaredEndpoint { id: "own".into() })
         );
+        assert_eq!(
+            at(Scheme::Https, name("localhost"), 8000),
+            Ok(Route::DeclaredEndpoint { id: "own".into() })
+        );
+        for (scheme, host, port) in [
+            (Scheme::Http, name("localhost"), 8001),
+            (Scheme::Https, name("localhost"), 443),
+            (Scheme::Http, v4([127, 0, 0, 1]), 8000),
+        ] {
+            assert_eq!(
+                at(scheme, host.clone(), port),
+                Err(Unreachable::Loopback),
+                "{host}:{port}"
+            );
+        }
     }
 
     #[test]

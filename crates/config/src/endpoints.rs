@@ -6,7 +6,9 @@
 //! ```
 //!
 //! Read strictly: a duplicate key anywhere, an unknown key at either level, a missing or wrong field,
-//! two endpoints with one id or one host and port, or a loopback host refuses the whole file. Messages
+//! two endpoints with one id or one host and port, or the unspecified address refuses the whole file.
+//! An endpoint may be on the worker's own machine (`localhost`, `127.0.0.1`: a local model server);
+//! the proxy then reaches exactly that port of it. Messages
 //! name the endpoint's index and the field, never the value written there.
 
 use std::collections::HashMap;
@@ -28,7 +30,8 @@ pub const SLOTS: RangeInclusive<u64> = 1..=1024;
 pub struct Endpoint {
     /// `^[a-z0-9-]{1,32}$`, unique in the file.
     pub id: String,
-    /// A lowercase DNS name or an IPv4 address; never loopback.
+    /// A lowercase DNS name or an IPv4 address (loopback for a model server on the worker's own
+    /// machine); never `0.0.0.0`.
     pub host: Host,
     pub port: u16,
     /// How many requests the server takes at once, if the file says.
@@ -148,9 +151,9 @@ pub enum EndpointsError {
     #[error("model-endpoints.json: endpoints[{index}].{field} {}", .field.rule())]
     FieldInvalid { index: usize, field: Field },
     #[error(
-        "model-endpoints.json: endpoints[{index}].host is the egress proxy's own machine (loopback), which jobs never reach"
+        "model-endpoints.json: endpoints[{index}].host is the unspecified address, which names no machine; write the server's own address (127.0.0.1 for this machine)"
     )]
-    HostLoopback { index: usize },
+    HostUnspecified { index: usize },
     #[error("model-endpoints.json: endpoints[{index}].id is also the id of endpoints[{first}]")]
     DuplicateId { index: usize, first: usize },
     #[error(
@@ -177,7 +180,7 @@ impl EndpointsError {
             EndpointsError::EntryUnknownKey { .. } => "key-unknown",
             EndpointsError::FieldMissing { .. } => "field-missing",
             EndpointsError::FieldInvalid { field, .. } => field.code(),
-            EndpointsError::HostLoopback { .. } => "host-loopback",
+            EndpointsError::HostUnspecified { .. } => "host-unspecified",
             EndpointsError::DuplicateId { .. } => "id-duplicate",
             EndpointsError::DuplicateHostPort { .. } => "host-port-duplicate",
         }
@@ -258,8 +261,8 @@ fn parse_endpoint(index: usize, item: &Json) -> Result<Endpoint, EndpointsError>
         .and_then(Json::as_str)
         .and_then(|s| url::parse_host_name(s).ok())
         .ok_or(invalid(Field::Host))?;
-    if url::is_loopback(&host) {
-        return Err(EndpointsError::HostLoopback { index });
+    if matches!(host, Host::Ipv4(a) if a.is_unspecified()) {
+        return Err(EndpointsError::HostUnspecified { index });
     }
 
     let port = get(Field::Port)
@@ -541,18 +544,18 @@ mod tests {
     }
 
     #[test]
-    fn host_may_not_be_loopback() {
-        for bad in [
-            "localhost",
-            "a.localhost",
-            "127.0.0.1",
-            "127.1.2.3",
-            "0.0.0.0",
-        ] {
-            let e = field_err(&[("host", Some(&format!("\"{bad}\"")))]);
-            assert_eq!(e, EndpointsError::HostLoopback { index: 1 }, "{bad}");
-            assert_eq!(e.code(), "host-loopback");
+    fn host_may_be_this_machine_but_not_the_unspecified_address() {
+        for own in ["localhost", "a.localhost", "127.0.0.1", "127.1.2.3"] {
+            let text = format!(
+                r#"{{"version": 1, "endpoints": [{{"id": "own", "host": "{own}", "port": 8000}}]}}"#
+            );
+            let parsed = parse_model_endpoints(&text).unwrap();
+            assert!(url::is_loopback(&parsed.endpoints[0].host), "{own}");
         }
+        let e = field_err(&[("host", Some("\"0.0.0.0\""))]);
+        assert_eq!(e, EndpointsError::HostUnspecified { index: 1 });
+        assert_eq!(e.code(), "host-unspecified");
+        assert!(!e.to_string().contains("0.0.0.0 "), "{e}");
     }
 
     #[test]
@@ -699,7 +702,7 @@ mod tests {
             ("id", s(&format!("{canary}-{}", "x".repeat(40)))),
             ("host", s(&format!("https://{canary}.example"))),
             ("host", s(&format!("{canary}.example:8000"))),
-            ("host", s(&format!("{canary}.localhost"))),
+            ("host", s(&format!("{canary}..example"))),
             ("port", s(canary)),
             ("slots", s(canary)),
             ("keyless", s(canary)),

@@ -30,6 +30,8 @@ pub const CONCURRENCY_SETTING: &str = "PI_WORKER_CONCURRENCY";
 pub const TIME_LIMIT_SETTING: &str = "PI_JOB_TIME_LIMIT";
 pub const DRAIN_LIMIT_SETTING: &str = "PI_WORKER_DRAIN_LIMIT";
 pub const TRANSCRIPTS_SETTING: &str = "PI_TRANSCRIPTS";
+pub const NAMESERVER_SETTING: &str = "PI_EGRESS_NAMESERVER";
+pub const PROXY_DIR_SETTING: &str = "PI_EGRESS_PROXY_DIR";
 
 /// Jobs the worker runs at once when `PI_WORKER_CONCURRENCY` is not set, and the most it allows.
 pub const DEFAULT_CONCURRENCY: u32 = 1;
@@ -46,7 +48,7 @@ pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 16] = [
+pub const ALL: [&str; 18] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
@@ -63,6 +65,8 @@ pub const ALL: [&str; 16] = [
     TIME_LIMIT_SETTING,
     DRAIN_LIMIT_SETTING,
     TRANSCRIPTS_SETTING,
+    NAMESERVER_SETTING,
+    PROXY_DIR_SETTING,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -91,6 +95,8 @@ pub enum SettingError {
     },
     #[error("{name} must be a name of letters, digits and '-', '_', '.', '/', ':' (no spaces)")]
     NotAModelName { name: &'static str },
+    #[error("{name} must be an IP address and port, as in 192.0.2.53:53 or [2001:db8::53]:53")]
+    NotASocketAddress { name: &'static str },
 }
 
 impl SettingError {
@@ -103,7 +109,8 @@ impl SettingError {
             | SettingError::NotARegistryList { name }
             | SettingError::NotAnImageName { name }
             | SettingError::NotANumber { name, .. }
-            | SettingError::NotAModelName { name } => name,
+            | SettingError::NotAModelName { name }
+            | SettingError::NotASocketAddress { name } => name,
         }
     }
 }
@@ -147,6 +154,12 @@ pub struct Settings {
     pub drain_limit_secs: u64,
     /// `PI_TRANSCRIPTS`: keep each job's transcript (on unless `0`).
     pub transcripts: bool,
+    /// `PI_EGRESS_NAMESERVER`: the one nameserver the egress proxy asks (`ip:port`), else the
+    /// system's resolver.
+    pub egress_nameserver: Option<std::net::SocketAddr>,
+    /// `PI_EGRESS_PROXY_DIR` (absolute), else `DIR/state/egress`: the folder of the egress proxy's
+    /// control socket, which workers sharing one proxy name alike.
+    pub egress_proxy_dir: PathBuf,
 }
 
 /// The value of a setting: a non-empty value in the process environment wins, then the `.env`.
@@ -280,6 +293,24 @@ pub fn resolve(
             true
         }
     };
+    let egress_nameserver = get(NAMESERVER_SETTING).and_then(|v| {
+        v.parse::<std::net::SocketAddr>().ok().or_else(|| {
+            errors.push(SettingError::NotASocketAddress {
+                name: NAMESERVER_SETTING,
+            });
+            None
+        })
+    });
+    let egress_proxy_dir = match get(PROXY_DIR_SETTING) {
+        None => dir.join("state").join("egress"),
+        Some(v) if Path::new(&v).is_absolute() => PathBuf::from(v),
+        Some(_) => {
+            errors.push(SettingError::NotAbsolute {
+                name: PROXY_DIR_SETTING,
+            });
+            PathBuf::new()
+        }
+    };
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -301,6 +332,8 @@ pub fn resolve(
         time_limit_secs,
         drain_limit_secs,
         transcripts,
+        egress_nameserver,
+        egress_proxy_dir,
     })
 }
 

@@ -72,6 +72,12 @@ const ENV: &str = "\
 
 # Keep each job's transcript (pi's events, secrets redacted) in state/jobs/ID/: 1 (on) or 0 (off).
 # PI_TRANSCRIPTS=1
+
+# The egress proxy (egress on): the one nameserver it asks, as IP:PORT (default: this machine's
+# resolver), and the folder of its control socket, for workers of several deployments on one host
+# that share one proxy (default: ./state/egress).
+# PI_EGRESS_NAMESERVER=
+# PI_EGRESS_PROXY_DIR=
 ";
 
 const TRIGGERS: &str = "{\n  \"triggers\": []\n}\n";

@@ -1,5 +1,6 @@
 pub mod cancel;
 pub mod doctor;
+pub mod egress_proxy;
 pub mod explain;
 pub mod image;
 pub mod import_pi;

@@ -1,0 +1,687 @@
+//! The proxy itself: one listening socket per job (so every connection is known to be that job's),
+//! a bounded read of each request's head, the decision of [`crate::rules`], then a tunnel or one
+//! plain request to exactly the address that was checked. TLS is never terminated: a CONNECT
+//! tunnel carries the job's bytes as they are.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use config::egress::Route;
+use config::url::Host;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpStream, UnixListener};
+use tokio::task::JoinHandle;
+
+use crate::dns::Resolver;
+use crate::files::{RuleFiles, WatchedRules};
+use crate::rules::{self, Denial, OwnMachine, Target};
+
+/// The bounds that keep one job, or a hostile client, from taking the proxy down.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// The request line and headers, in bytes.
+    pub max_head: usize,
+    /// How long a client may take to send its request's head.
+    pub head_timeout: Duration,
+    /// How long a tunnel may carry nothing either way before it is closed.
+    pub idle_timeout: Duration,
+    /// How long a connection to the upstream may take.
+    pub connect_timeout: Duration,
+    /// Connections open at once for one job (tunnels, plain requests and heads still arriving).
+    pub per_job: usize,
+    /// Connections open at once in all.
+    pub total: usize,
+    /// The copy buffer of each direction of a tunnel, in bytes.
+    pub buffer: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_head: 16 * 1024,
+            head_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(10),
+            per_job: 256,
+            total: 4096,
+            buffer: 64 * 1024,
+        }
+    }
+}
+
+/// A host and port a job was refused, and how many times.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeniedHost {
+    pub host: String,
+    pub port: u16,
+    /// The denial's code ([`Denial::code`]) of the first refusal.
+    pub reason: String,
+    pub count: u64,
+}
+
+/// One job's connections: its counters, and what it was denied.
+#[derive(Debug)]
+pub struct JobState {
+    id: String,
+    open: AtomicUsize,
+    denied: Mutex<BTreeMap<(String, u16), (Denial, u64)>>,
+}
+
+impl JobState {
+    pub fn new(id: &str) -> Arc<JobState> {
+        Arc::new(JobState {
+            id: id.to_owned(),
+            open: AtomicUsize::new(0),
+            denied: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// At most this many distinct hosts are kept per job; more are counted under the last one.
+    const MAX_DENIED: usize = 256;
+
+    fn deny(&self, host: &Host, port: u16, why: Denial) {
+        let mut d = self.denied.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (host.to_string(), port);
+        if d.len() >= Self::MAX_DENIED && !d.contains_key(&key) {
+            if let Some((_, (_, n))) = d.iter_mut().next_back() {
+                *n += 1;
+            }
+            return;
+        }
+        d.entry(key).or_insert((why, 0)).1 += 1;
+    }
+
+    pub fn denied(&self) -> Vec<DeniedHost> {
+        let d = self.denied.lock().unwrap_or_else(PoisonError::into_inner);
+        d.iter()
+            .map(|((host, port), (why, count))| DeniedHost {
+                host: host.clone(),
+                port: *port,
+                reason: why.code().to_owned(),
+                count: *count,
+            })
+            .collect()
+    }
+}
+
+struct JobHandle {
+    socket: PathBuf,
+    accept: JoinHandle<()>,
+    state: Arc<JobState>,
+}
+
+struct Inner {
+    rules: WatchedRules,
+    resolver: Resolver,
+    limits: Limits,
+    own: Mutex<(Instant, Arc<OwnMachine>)>,
+    total: AtomicUsize,
+    jobs: Mutex<HashMap<String, JobHandle>>,
+}
+
+/// The proxy: cheap to clone, shared by every job's listener and the control socket.
+#[derive(Clone)]
+pub struct Proxy {
+    inner: Arc<Inner>,
+}
+
+/// Why a job's socket could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("a job id is 1 to 128 letters, digits, '.', '_' or '-'")]
+    JobId,
+    #[error("the job already has a socket")]
+    Open,
+    #[error("the socket path must be absolute")]
+    Path,
+    #[error("the job's socket cannot be made: {0}")]
+    Io(io::ErrorKind),
+}
+
+pub fn valid_job_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && !id.starts_with('.')
+}
+
+impl Proxy {
+    pub fn new(files: RuleFiles, resolver: Resolver, limits: Limits) -> Proxy {
+        Proxy {
+            inner: Arc::new(Inner {
+                rules: WatchedRules::new(files),
+                resolver,
+                limits,
+                own: Mutex::new((Instant::now(), Arc::new(own_machine()))),
+                total: AtomicUsize::new(0),
+                jobs: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// Makes `socket` (a path that must not exist yet) job `job`'s way to the proxy: everything
+    /// that connects there is that job's. The socket is mode 0666; who reaches it is decided by
+    /// the folder it is in, which the sandbox binds.
+    pub fn open_job(&self, job: &str, socket: &Path) -> Result<(), OpenError> {
+        if !valid_job_id(job) {
+            return Err(OpenError::JobId);
+        }
+        if !socket.is_absolute() {
+            return Err(OpenError::Path);
+        }
+        let mut jobs = self
+            .inner
+            .jobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if jobs.contains_key(job) {
+            return Err(OpenError::Open);
+        }
+        let listener = UnixListener::bind(socket).map_err(|e| OpenError::Io(e.kind()))?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666))
+                .map_err(|e| OpenError::Io(e.kind()))?;
+        }
+        let state = JobState::new(job);
+        let accept = tokio::spawn(self.clone().accept_loop(listener, state.clone()));
+        jobs.insert(
+            job.to_owned(),
+            JobHandle {
+                socket: socket.to_owned(),
+                accept,
+                state,
+            },
+        );
+        tracing::info!(event = "egress_job_open", job_id = %job);
+        Ok(())
+    }
+
+    /// Closes job `job`'s socket (its open tunnels end with the job's sandbox) and says what it was
+    /// denied; `None` for a job with no socket.
+    pub fn close_job(&self, job: &str) -> Option<Vec<DeniedHost>> {
+        let handle = self
+            .inner
+            .jobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(job)?;
+        handle.accept.abort();
+        let _ = std::fs::remove_file(&handle.socket);
+        tracing::info!(event = "egress_job_closed", job_id = %job);
+        Some(handle.state.denied())
+    }
+
+    /// What job `job` was denied so far.
+    pub fn denied(&self, job: &str) -> Option<Vec<DeniedHost>> {
+        let jobs = self
+            .inner
+            .jobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        jobs.get(job).map(|h| h.state.denied())
+    }
+
+    /// Jobs with a socket now.
+    pub fn jobs(&self) -> usize {
+        self.inner
+            .jobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Connections open now, in all.
+    pub fn connections(&self) -> usize {
+        self.inner.total.load(Ordering::Relaxed)
+    }
+
+    /// Closes every job's socket (at shutdown).
+    pub fn close_all(&self) {
+        let ids: Vec<String> = {
+            let jobs = self
+                .inner
+                .jobs
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            jobs.keys().cloned().collect()
+        };
+        for id in ids {
+            self.close_job(&id);
+        }
+    }
+
+    async fn accept_loop(self, listener: UnixListener, job: Arc<JobState>) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let proxy = self.clone();
+                    let job = job.clone();
+                    tokio::spawn(async move { proxy.serve(stream, &job).await });
+                }
+                Err(e) => {
+                    // Out of descriptors, say: wait rather than spin, and go on serving.
+                    tracing::warn!(event = "egress_accept_failed", job_id = %job.id, detail = %e.kind());
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn own(&self) -> Arc<OwnMachine> {
+        let mut own = self
+            .inner
+            .own
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if own.0.elapsed() > Duration::from_secs(10) {
+            *own = (Instant::now(), Arc::new(own_machine()));
+        }
+        own.1.clone()
+    }
+
+    /// Serves one connection of `job`: a CONNECT tunnel or one plain request.
+    pub async fn serve<S>(&self, mut client: S, job: &JobState)
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let limits = &self.inner.limits;
+        let _total = Count::enter(&self.inner.total);
+        let _mine = Count::enter(&job.open);
+        if _total.0 > limits.total {
+            let _ = answer(&mut client, 503, "too-many-connections").await;
+            tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections");
+            return;
+        }
+        if _mine.0 > limits.per_job {
+            let _ = answer(&mut client, 429, "too-many-connections-for-job").await;
+            tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections-for-job");
+            return;
+        }
+        let head = match tokio::time::timeout(
+            limits.head_timeout,
+            read_head(&mut client, limits.max_head),
+        )
+        .await
+        {
+            Err(_) => {
+                let _ = answer(&mut client, 408, "head-timeout").await;
+                tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "head-timeout");
+                return;
+            }
+            Ok(Err(HeadError::TooLarge)) => {
+                let _ = answer(&mut client, 431, "head-too-large").await;
+                tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "head-too-large");
+                return;
+            }
+            Ok(Err(HeadError::Closed)) => return,
+            Ok(Ok(head)) => head,
+        };
+        let Some(request) = parse_request(&head.bytes[..head.len]) else {
+            let _ = answer(&mut client, 400, "bad-request").await;
+            tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "bad-request");
+            return;
+        };
+        let target = match &request.kind {
+            Kind::Connect(t) | Kind::Plain(t, _) => t.clone(),
+        };
+        let decided = self.decide(&target).await;
+        let (addrs, route) = match decided {
+            Ok(ok) => ok,
+            Err(why) => {
+                job.deny(&target.host, target.port, why);
+                tracing::info!(
+                    event = "egress_decision", job_id = %job.id, host = %target.host,
+                    port = target.port, verdict = "denied", reason = why.code()
+                );
+                let _ = answer(&mut client, 403, why.code()).await;
+                return;
+            }
+        };
+        let upstream = connect(&addrs, target.port, limits.connect_timeout).await;
+        let route_text = match &route {
+            Route::Allowlisted => "allowlist".to_owned(),
+            Route::DeclaredEndpoint { id } => format!("endpoint:{id}"),
+        };
+        let mut upstream = match upstream {
+            Ok(s) => {
+                tracing::info!(
+                    event = "egress_decision", job_id = %job.id, host = %target.host,
+                    port = target.port, verdict = "allowed", route = %route_text, upstream = "connected"
+                );
+                s
+            }
+            Err(e) => {
+                tracing::info!(
+                    event = "egress_decision", job_id = %job.id, host = %target.host,
+                    port = target.port, verdict = "allowed", route = %route_text, upstream = e.code()
+                );
+                let _ = answer(&mut client, e.status(), e.code()).await;
+                return;
+            }
+        };
+        let _ = upstream.set_nodelay(true);
+        let rest = &head.bytes[head.len..];
+        let sent = match &request.kind {
+            Kind::Connect(_) => {
+                let ok = client
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await;
+                match ok {
+                    Ok(()) if rest.is_empty() => Ok(()),
+                    Ok(()) => upstream.write_all(rest).await,
+                    Err(e) => Err(e),
+                }
+            }
+            Kind::Plain(_, rewritten) => {
+                let mut out = Vec::with_capacity(rewritten.len() + rest.len());
+                out.extend_from_slice(rewritten);
+                out.extend_from_slice(rest);
+                upstream.write_all(&out).await
+            }
+        };
+        if sent.is_err() {
+            return;
+        }
+        tunnel(client, upstream, limits).await;
+    }
+
+    /// The addresses `target` may be connected to, and by which route; or why not.
+    async fn decide(&self, target: &Target) -> Result<(Vec<IpAddr>, Route), Denial> {
+        let rules = self
+            .inner
+            .rules
+            .current()
+            .map_err(|_| Denial::RulesUnreadable)?;
+        let route = rules::judge(target, &rules)?;
+        let resolved: Vec<IpAddr> = match &target.host {
+            Host::Ipv4(a) => vec![IpAddr::V4(*a)],
+            Host::Ipv6(a) => vec![IpAddr::V6(*a)],
+            Host::Name(n) => self.inner.resolver.lookup(n).await,
+        };
+        let addrs = rules::addresses_for(&route, target, &resolved, &self.own())?;
+        Ok((addrs, route))
+    }
+}
+
+/// A counter held up while a connection is open.
+struct Count<'a>(usize, &'a AtomicUsize);
+
+impl<'a> Count<'a> {
+    fn enter(c: &'a AtomicUsize) -> Count<'a> {
+        Count(c.fetch_add(1, Ordering::AcqRel) + 1, c)
+    }
+}
+
+impl Drop for Count<'_> {
+    fn drop(&mut self) {
+        self.1.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// This machine's name and interface addresses.
+pub fn own_machine() -> OwnMachine {
+    let names = nix::unistd::gethostname()
+        .ok()
+        .and_then(|n| n.into_string().ok())
+        .map(|n| n.to_ascii_lowercase())
+        .into_iter()
+        .collect();
+    let addresses = nix::ifaddrs::getifaddrs()
+        .map(|ifs| {
+            ifs.filter_map(|i| i.address)
+                .filter_map(|a| {
+                    if let Some(v4) = a.as_sockaddr_in() {
+                        Some(IpAddr::V4(v4.ip()))
+                    } else {
+                        a.as_sockaddr_in6()
+                            .map(|v6| rules::canonical(IpAddr::V6(v6.ip())))
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    OwnMachine { names, addresses }
+}
+
+struct Head {
+    bytes: Vec<u8>,
+    /// Where the head ends (after its blank line); what follows is the body or tunnel's start.
+    len: usize,
+}
+
+enum HeadError {
+    TooLarge,
+    Closed,
+}
+
+async fn read_head<S: AsyncRead + Unpin>(s: &mut S, max: usize) -> Result<Head, HeadError> {
+    let mut bytes = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = s.read(&mut chunk).await.map_err(|_| HeadError::Closed)?;
+        if n == 0 {
+            return Err(HeadError::Closed);
+        }
+        let from = bytes.len().saturating_sub(3);
+        bytes.extend_from_slice(&chunk[..n]);
+        if let Some(i) = bytes[from..].windows(4).position(|w| w == b"\r\n\r\n") {
+            let len = from + i + 4;
+            if len > max {
+                return Err(HeadError::TooLarge);
+            }
+            return Ok(Head { bytes, len });
+        }
+        if bytes.len() > max {
+            return Err(HeadError::TooLarge);
+        }
+    }
+}
+
+enum Kind {
+    Connect(Target),
+    /// A plain request and its head as sent on: origin-form, no proxy headers, one request only.
+    Plain(Target, Vec<u8>),
+}
+
+struct Request {
+    kind: Kind,
+}
+
+/// Headers a proxy consumes or that would keep a plain connection open for another request.
+const DROPPED: [&str; 5] = [
+    "proxy-connection",
+    "proxy-authorization",
+    "connection",
+    "keep-alive",
+    "upgrade",
+];
+
+fn parse_request(head: &[u8]) -> Option<Request> {
+    let mut headers = [httparse::EMPTY_HEADER; 100];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return None,
+    }
+    let method = req.method?;
+    let uri = req.path?;
+    if method.eq_ignore_ascii_case("CONNECT") {
+        return rules::connect_target(uri).map(|t| Request {
+            kind: Kind::Connect(t),
+        });
+    }
+    let target = rules::plain_target(uri)?;
+    let after = &uri[7..];
+    let origin = after.find(['/', '?']).map_or("/", |i| &after[i..]);
+    let origin = if origin.starts_with('?') {
+        format!("/{origin}")
+    } else {
+        origin.to_owned()
+    };
+    let mut out = format!("{method} {origin} HTTP/1.{}\r\n", req.version.unwrap_or(1)).into_bytes();
+    for h in req.headers.iter() {
+        if DROPPED.iter().any(|d| h.name.eq_ignore_ascii_case(d)) {
+            continue;
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    Some(Request {
+        kind: Kind::Plain(target, out),
+    })
+}
+
+/// A short answer that ends the connection, with the decision's code (never the host).
+async fn answer<S: AsyncWrite + Unpin>(s: &mut S, status: u16, code: &str) -> io::Result<()> {
+    let reason = match status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        408 => "Request Timeout",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Error",
+    };
+    let body = format!("pi-dispatch egress proxy: {code}\n");
+    let text = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nX-Pi-Dispatch-Egress: {code}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(text.as_bytes()).await?;
+    s.shutdown().await
+}
+
+enum ConnectError {
+    Refused,
+    Timeout,
+}
+
+impl ConnectError {
+    fn code(&self) -> &'static str {
+        match self {
+            ConnectError::Refused => "upstream-unreachable",
+            ConnectError::Timeout => "upstream-timeout",
+        }
+    }
+    fn status(&self) -> u16 {
+        match self {
+            ConnectError::Refused => 502,
+            ConnectError::Timeout => 504,
+        }
+    }
+}
+
+/// Connects to the checked addresses in order, never to anything looked up again.
+async fn connect(
+    addrs: &[IpAddr],
+    port: u16,
+    timeout: Duration,
+) -> Result<TcpStream, ConnectError> {
+    let mut last = ConnectError::Refused;
+    for a in addrs {
+        match tokio::time::timeout(timeout, TcpStream::connect(SocketAddr::new(*a, port))).await {
+            Ok(Ok(s)) => return Ok(s),
+            Ok(Err(_)) => last = ConnectError::Refused,
+            Err(_) => last = ConnectError::Timeout,
+        }
+    }
+    Err(last)
+}
+
+/// Carries bytes both ways until both sides are done, or nothing moves for the idle time.
+async fn tunnel<A, B>(a: A, b: B, limits: &Limits)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let start = Instant::now();
+    let last = Arc::new(AtomicU64::new(0));
+    let mut a = Active {
+        inner: a,
+        last: last.clone(),
+        start,
+    };
+    let mut b = Active {
+        inner: b,
+        last: last.clone(),
+        start,
+    };
+    let idle = limits.idle_timeout;
+    let watch = async {
+        loop {
+            let since = start
+                .elapsed()
+                .saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
+            if since >= idle {
+                return;
+            }
+            tokio::time::sleep(idle - since).await;
+        }
+    };
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, limits.buffer, limits.buffer) => {}
+        () = watch => {}
+    }
+}
+
+/// A stream that notes when it last read anything.
+struct Active<S> {
+    inner: S,
+    last: Arc<AtomicU64>,
+    start: Instant,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Active<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+            self.last.store(ms, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Active<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,95 @@
+//! The proxy as a process: a control socket in a folder of the worker's user, one proxy for every
+//! worker of the deployment on this host (a lock beside the socket keeps it to one), its jobs'
+//! sockets closed when it stops.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use tokio::net::UnixListener;
+
+use crate::control;
+use crate::dns::Resolver;
+use crate::files::RuleFiles;
+use crate::proxy::{Limits, Proxy};
+
+/// What the process needs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The folder of the control socket (made 0700 if missing).
+    pub dir: PathBuf,
+    pub files: RuleFiles,
+    pub resolver: Resolver,
+    pub limits: Limits,
+}
+
+/// Why the proxy cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("another egress proxy already serves this folder")]
+    Running,
+    #[error("the egress proxy's folder cannot be prepared: {0}")]
+    Folder(io::ErrorKind),
+    #[error("the control socket cannot be made: {0}")]
+    Socket(io::ErrorKind),
+}
+
+/// A started proxy: its control socket is answering once this exists.
+pub struct Started {
+    pub proxy: Proxy,
+    pub socket: PathBuf,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+    control: tokio::task::JoinHandle<()>,
+}
+
+impl Started {
+    /// Stops answering and closes every job's socket.
+    pub fn stop(self) {
+        self.control.abort();
+        self.proxy.close_all();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Prepares the folder, takes the lock and binds the control socket.
+pub fn start(options: Options) -> Result<Started, StartError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let dir = &options.dir;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| StartError::Folder(e.kind()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| StartError::Folder(e.kind()))?;
+    let lock = lock(&dir.join("proxy.lock"))?;
+    let socket = dir.join(control::SOCKET);
+    // The lock is ours, so a socket left here is a dead proxy's.
+    match std::fs::remove_file(&socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(StartError::Socket(e.kind())),
+    }
+    let listener = UnixListener::bind(&socket).map_err(|e| StartError::Socket(e.kind()))?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| StartError::Socket(e.kind()))?;
+    let proxy = Proxy::new(options.files, options.resolver, options.limits);
+    let control = tokio::spawn(control::serve(proxy.clone(), listener));
+    tracing::info!(event = "egress_proxy_started", pid = std::process::id());
+    Ok(Started {
+        proxy,
+        socket,
+        _lock: lock,
+        control,
+    })
+}
+
+fn lock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StartError> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| StartError::Folder(e.kind()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|_| StartError::Running)
+}
