@@ -40,6 +40,17 @@ pub struct McpPart {
     pub tool_calls: Vec<ToolCallCount>,
 }
 
+/// A host and port the egress proxy refused the job, how many times, and why (the proxy's code of
+/// the first refusal: `not-allowed`, `loopback`, `special-address`, ...). Never a path or query.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressDenial {
+    pub host: String,
+    pub port: u16,
+    pub reason: String,
+    pub count: u64,
+}
+
 /// One job's record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -81,6 +92,9 @@ pub struct Record {
     /// Whether the job's transcript is kept (`state/jobs/ID/transcript.jsonl`).
     #[serde(default)]
     pub transcript: bool,
+    /// What the egress proxy refused the job (egress on), by host and port.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_denied: Vec<EgressDenial>,
 }
 
 impl Record {
@@ -116,6 +130,7 @@ impl Record {
             mcp: McpPart::default(),
             final_message: None,
             transcript: false,
+            egress_denied: Vec::new(),
         }
     }
 
