@@ -663,11 +663,14 @@ async fn serve_upstream(mut s: tokio::net::TcpStream) {
 }
 
 /// A squid of the bench's own: `-N` (no daemon), a config in a temporary folder with its pid file
-/// and cache log there, no access log, no cache; killed when dropped.
+/// and cache log there, no access log, no cache, and a service name of its own (squid names its
+/// shared memory segments in `/dev/shm` after it, so they are not a system squid's); stopped when
+/// dropped.
 struct Squid {
     child: Child,
     addr: SocketAddr,
     dir: tempfile::TempDir,
+    name: String,
 }
 
 impl Squid {
@@ -728,8 +731,11 @@ impl Squid {
         std::fs::write(&conf_path, conf).context("cannot write squid.conf")?;
         let out = std::fs::File::create(dir.path().join("squid.out"))
             .context("cannot make squid's output file")?;
+        let name = format!("pidispatchbench{}", std::process::id());
         let child = Command::new(program)
             .arg("-N")
+            .arg("-n")
+            .arg(&name)
             .arg("-f")
             .arg(&conf_path)
             .stdin(Stdio::null())
@@ -741,6 +747,7 @@ impl Squid {
             child,
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
             dir,
+            name,
         };
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
@@ -775,10 +782,29 @@ impl Squid {
 }
 
 impl Drop for Squid {
-    /// Kills squid and waits for it; its folder goes after it.
+    /// Stops squid (SIGTERM, so that it removes its shared memory; SIGKILL if it is still there
+    /// after 10 s) and waits for it; then removes any segment of its name left behind. Its folder
+    /// goes after it.
     fn drop(&mut self) {
+        use rustix::process::{Pid, Signal, kill_process};
+        let pid = i32::try_from(self.child.id()).ok().and_then(Pid::from_raw);
+        if let Some(pid) = pid {
+            let _ = kill_process(pid, Signal::TERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let prefix = format!("{}-", self.name);
+        if let Ok(entries) = std::fs::read_dir("/dev/shm") {
+            for entry in entries.flatten() {
+                if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
     }
 }
 
@@ -873,6 +899,45 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
         assert_eq!(median(&[]), 0.0);
+    }
+
+    fn segments(name: &str) -> Vec<String> {
+        std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&format!("{name}-")))
+            .collect()
+    }
+
+    /// Where squid is installed (this machine, not CI): the bench's squid keeps its files to its
+    /// folder and its own shared memory names, and leaves nothing when it stops.
+    #[test]
+    fn the_benchs_squid_keeps_to_its_folder_and_leaves_nothing_behind() {
+        let program = Path::new(SQUID);
+        if !program.is_file() {
+            eprintln!("skipped: {SQUID} is missing");
+            return;
+        }
+        let squid = Squid::start(program, 9).unwrap();
+        let (pid, name, dir) = (
+            squid.child.id(),
+            squid.name.clone(),
+            squid.dir.path().to_owned(),
+        );
+        assert!(dir.join("squid.pid").is_file());
+        assert!(dir.join("cache.log").is_file());
+        assert!(
+            !segments(&name).is_empty(),
+            "squid's segments carry its own name"
+        );
+        drop(squid);
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "squid is gone"
+        );
+        assert_eq!(segments(&name), Vec::<String>::new());
+        assert!(!dir.exists());
     }
 
     /// Every way but squid carries its bytes and echoes; a missing squid is named with the way to
