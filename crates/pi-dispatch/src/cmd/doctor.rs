@@ -376,8 +376,17 @@ impl RouteProof for ProxyProbe {
                 let _ = stream.write_all(b"HEAD / HTTP/1.0\r\n\r\n");
                 let mut byte = [0u8; 1];
                 match stream.read(&mut byte) {
-                    Ok(_) => Ok(()),
-                    Err(_) => {
+                    // A byte, a close or a reset: something is there.
+                    Ok(0 | 1) => Ok(()),
+                    Err(e)
+                        if !matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        Ok(())
+                    }
+                    _ => {
                         Err("the proxy connected, but nothing answered there within 5 s".to_owned())
                     }
                 }

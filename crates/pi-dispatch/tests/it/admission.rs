@@ -168,15 +168,6 @@ fn run_explain_doctor_and_the_worker_decide_alike() {
         assert_eq!(said(&s, index, "1"), Said::alike(*expected), "{name}");
     }
 
-    // Egress on (the default) with no proxy: all four refuse the good job alike.
-    let env = std::fs::read_to_string(s.d.path().join(".env")).unwrap();
-    s.d.write(".env", &env.replace("PI_EGRESS=0\n", ""));
-    assert_eq!(
-        said(&s, 0, "egress"),
-        Said::alike(Some("egress-proxy-missing"))
-    );
-    s.d.write(".env", &env);
-
     // A badly typed list cannot be written in triggers.json (the loader refuses it): `run` refuses
     // a bad name at once, and the worker a hand-written job, both as mcp-list-invalid.
     let run = env_cli(&s, &["run", &good, "--task", "x", "--mcp", "Not_A_Name"]);
