@@ -391,6 +391,9 @@ impl RouteProof for ProxyProbe {
                     }
                 }
             }
+            403 if code == "unresolved" => {
+                Err("its name does not resolve (looked up as the egress proxy does)".to_owned())
+            }
             403 => Err(format!("the egress proxy refuses it ({code})")),
             _ => Err(format!(
                 "nothing answers there through the egress proxy ({code})"
