@@ -2,10 +2,16 @@
 
 use crate::common::{Deployment, Run, write_host_agent};
 
+/// A nameserver on loopback that nothing answers on: the names doctor's egress proxy looks up are
+/// asked there, never of this machine's resolver.
+pub const NO_NAMESERVER: &str = "PI_EGRESS_NAMESERVER=127.0.0.1:9\n";
+
 /// init, a realistic import, an allowlist and a declared endpoint.
 fn realistic() -> Deployment {
     let d = Deployment::new();
     assert_eq!(d.run(&["init"]).code, 0);
+    let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
+    std::fs::write(d.path().join(".env"), format!("{env}{NO_NAMESERVER}")).unwrap();
     let host = write_host_agent(d.path());
     assert_eq!(
         d.run(&["import-pi", "--from", host.to_str().unwrap()]).code,
@@ -362,7 +368,10 @@ fn the_route_to_a_declared_endpoint_no_model_uses_is_proven_through_the_proxy() 
     let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
     std::fs::write(
         d.path().join(".env"),
-        format!("{env}PI_EGRESS_NAMESERVER={}\n", dns.addr),
+        env.replace(
+            NO_NAMESERVER,
+            &format!("PI_EGRESS_NAMESERVER={}\n", dns.addr),
+        ),
     )
     .unwrap();
     let run = d.run(&["doctor"]);
