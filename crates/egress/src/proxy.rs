@@ -505,14 +505,9 @@ struct Request {
     kind: Kind,
 }
 
-/// Headers a proxy consumes or that would keep a plain connection open for another request.
-const DROPPED: [&str; 5] = [
-    "proxy-connection",
-    "proxy-authorization",
-    "connection",
-    "keep-alive",
-    "upgrade",
-];
+/// Headers a proxy consumes or that would keep a plain connection open for another request (and
+/// every `Proxy-*` header, below); `Host` is written anew from the request's target.
+const DROPPED: [&str; 4] = ["connection", "keep-alive", "upgrade", "host"];
 
 fn parse_request(head: &[u8]) -> Option<Request> {
     let mut headers = [httparse::EMPTY_HEADER; 100];
@@ -530,6 +525,7 @@ fn parse_request(head: &[u8]) -> Option<Request> {
     }
     let target = rules::plain_target(uri)?;
     let after = &uri[7..];
+    let authority = &after[..after.find(['/', '?', '#']).unwrap_or(after.len())];
     let origin = after.find(['/', '?']).map_or("/", |i| &after[i..]);
     let origin = if origin.starts_with('?') {
         format!("/{origin}")
@@ -537,8 +533,14 @@ fn parse_request(head: &[u8]) -> Option<Request> {
         origin.to_owned()
     };
     let mut out = format!("{method} {origin} HTTP/1.{}\r\n", req.version.unwrap_or(1)).into_bytes();
+    // A proxy sends the target's host, whatever `Host` the client wrote (RFC 9112, 3.2.2).
+    out.extend_from_slice(format!("Host: {authority}\r\n").as_bytes());
     for h in req.headers.iter() {
-        if DROPPED.iter().any(|d| h.name.eq_ignore_ascii_case(d)) {
+        let dropped = DROPPED.iter().any(|d| h.name.eq_ignore_ascii_case(d))
+            || h.name
+                .get(..6)
+                .is_some_and(|p| p.eq_ignore_ascii_case("proxy-"));
+        if dropped {
             continue;
         }
         out.extend_from_slice(h.name.as_bytes());

@@ -273,6 +273,7 @@ fn a_declared_endpoint_is_reached_on_its_exact_port_by_connect_and_by_a_plain_re
          Accept: application/json\r\n\
          Proxy-Authorization: Basic dXNlcjpwYXNz\r\n\
          Proxy-Connection: keep-alive\r\n\
+         Proxy-Token: t0ken\r\n\
          Connection: keep-alive\r\n\
          Keep-Alive: timeout=5\r\n\r\n",
     );
@@ -309,6 +310,9 @@ fn a_declared_endpoint_is_reached_on_its_exact_port_by_connect_and_by_a_plain_re
         plain.contains("\r\nAccept: application/json\r\n"),
         "{plain}"
     );
+    // The host asked for, not the one the client wrote (RFC 9112, 3.2.2).
+    assert!(plain.contains("\r\nHost: model.test:8000\r\n"), "{plain}");
+    assert_eq!(plain.matches("\r\nHost:").count(), 1, "{plain}");
     assert!(
         seen[2].starts_with("POST /v1/chat/completions HTTP/1.1\r\n")
             && seen[2].ends_with("\r\n\r\n{\"a\":\"b12\"}"),
