@@ -541,9 +541,29 @@ fn the_files_are_read_again_when_they_change() {
     w.write_endpoints(MODEL);
     assert_eq!(w.ask(plain).status, 200);
 
+    // A change that keeps the size and puts the old modification time back is a change too.
+    w.write_allowlist("aaaa.test\n");
+    assert_eq!(w.connect("aaaa.test:443").status, 200);
+    let stamp = std::fs::metadata(w.allowlist_path())
+        .unwrap()
+        .modified()
+        .unwrap();
+    w.write_allowlist("bbbb.test\n");
+    std::fs::File::options()
+        .write(true)
+        .open(w.allowlist_path())
+        .unwrap()
+        .set_modified(stamp)
+        .unwrap();
+    let r = w.connect("bbbb.test:443");
+    assert_eq!(r.status, 200, "{r:?}");
+    let r = w.connect("aaaa.test:443");
+    assert!(r.refused(403, "not-allowed"), "{r:?}");
+
     assert_eq!(
         w.denied(),
         denied(&[
+            ("aaaa.test", 443, 1, "not-allowed"),
             ("first.test", 443, 2, "rules-unreadable"),
             ("later.test", 443, 1, "not-allowed"),
             // Refused twice, for two reasons: the row keeps the first.
