@@ -306,13 +306,13 @@ impl Proxy {
         let _total = Count::enter(&self.inner.total);
         let _mine = Count::enter(&job.open);
         if _total.0 > limits.total {
-            let _ = answer(&mut client, 503, "too-many-connections").await;
             tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections");
+            let _ = answer(&mut client, 503, "too-many-connections").await;
             return;
         }
         if _mine.0 > limits.per_job {
-            let _ = answer(&mut client, 429, "too-many-connections-for-job").await;
             tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections-for-job");
+            let _ = answer(&mut client, 429, "too-many-connections-for-job").await;
             return;
         }
         let head = match tokio::time::timeout(
@@ -322,21 +322,21 @@ impl Proxy {
         .await
         {
             Err(_) => {
-                let _ = answer(&mut client, 408, "head-timeout").await;
                 tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "head-timeout");
+                let _ = answer(&mut client, 408, "head-timeout").await;
                 return;
             }
             Ok(Err(HeadError::TooLarge)) => {
-                let _ = answer(&mut client, 431, "head-too-large").await;
                 tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "head-too-large");
+                let _ = answer(&mut client, 431, "head-too-large").await;
                 return;
             }
             Ok(Err(HeadError::Closed)) => return,
             Ok(Ok(head)) => head,
         };
         let Some(request) = parse_request(&head.bytes[..head.len]) else {
-            let _ = answer(&mut client, 400, "bad-request").await;
             tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "bad-request");
+            let _ = answer(&mut client, 400, "bad-request").await;
             return;
         };
         let target = match &request.kind {

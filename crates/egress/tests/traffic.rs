@@ -627,4 +627,5 @@ fn one_log_line_a_decision_and_never_a_path_or_a_query() {
         !text.contains(canary),
         "a path or a query was logged:\n{text}"
     );
+    assert!(text.contains("\"reason\":\"bad-request\""), "{text}");
 }
