@@ -499,3 +499,49 @@ pub fn direct(addr: SocketAddr) -> String {
     }
     String::from_utf8_lossy(&got).to_string()
 }
+
+/// A greeter as [`greeter_on`], served by tasks of `rt` rather than a thread a connection: for
+/// tests that hold many connections at once.
+pub fn async_greeter_on(rt: &tokio::runtime::Runtime, listener: TcpListener, name: &str) -> Server {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Server::new(listener.local_addr().unwrap().port());
+    listener.set_nonblocking(true).unwrap();
+    let (accepted, name) = (server.accepted.clone(), name.to_owned());
+    rt.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            accepted.fetch_add(1, Ordering::SeqCst);
+            let hello = greeting(&name, plain_ip(s.local_addr().unwrap().ip()));
+            tokio::spawn(async move {
+                let _ = s.write_all(hello.as_bytes()).await;
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    server
+}
+
+/// Raises this process's soft limit of open files to its hard limit.
+pub fn raise_open_files() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    hard
+}
+
+/// Waits until `done` holds, looking again each few milliseconds; panics after [`BOUND`].
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + BOUND;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {BOUND:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

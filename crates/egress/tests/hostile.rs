@@ -1,0 +1,147 @@
+//! The proxy against clients that do not play along: heads too large, a thousand tunnels at
+//! once, and a tunnel left idle. After each, the proxy still serves a good request.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::IpAddr;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use egress::Limits;
+use support::{
+    World, ask, async_greeter_on, denied, greeting, raise_open_files, tunnel, wait_until,
+};
+use testkit::dns::FakeDns;
+use testkit::netns::TestHost;
+
+/// A test host with a greeter on 443 named `allowed.test`, and a proxy that allows it.
+fn allowed(limits: Limits) -> (TestHost, FakeDns, World) {
+    let host = TestHost::new();
+    let dns = FakeDns::start();
+    dns.set("allowed.test", &[IpAddr::V4(host.v4)]);
+    let w = World::with_limits("allowed.test\n", "", &dns, limits);
+    async_greeter_on(&w.rt, host.tcp(443), "allowed");
+    (host, dns, w)
+}
+
+/// A good request is served: the tunnel opens and the greeting comes.
+fn serves(w: &World, host: &TestHost) {
+    let r = w.connect("allowed.test:443");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body, greeting("allowed", IpAddr::V4(host.v4)));
+}
+
+#[test]
+fn an_oversized_head_is_refused_and_the_proxy_serves_on() {
+    let (host, _dns, w) = allowed(Limits::default());
+    let max = w.proxy.limits().max_head;
+
+    // One header larger than the bound, whole, then one that never ends.
+    let big = format!(
+        "CONNECT allowed.test:443 HTTP/1.1\r\nX-Fill: {}\r\n\r\n",
+        "a".repeat(max)
+    );
+    let r = ask(&w.socket(), big.as_bytes());
+    assert!(r.refused(431, "head-too-large"), "{r:?}");
+    let endless = format!(
+        "CONNECT allowed.test:443 HTTP/1.1\r\nX-Fill: {}",
+        "a".repeat(4 * max)
+    );
+    let r = ask(&w.socket(), endless.as_bytes());
+    assert!(r.refused(431, "head-too-large"), "{r:?}");
+    serves(&w, &host);
+    assert_eq!(w.denied(), denied(&[]));
+}
+
+/// Opens `n` tunnels to `allowed.test:443` on `socket` from a few threads at once.
+fn open_tunnels(socket: &Path, n: usize) -> Vec<UnixStream> {
+    let threads = 8;
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let socket = socket.to_owned();
+            let count = n / threads + usize::from(t < n % threads);
+            std::thread::spawn(move || {
+                (0..count)
+                    .map(|_| tunnel(&socket, "allowed.test:443").0)
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect()
+}
+
+/// Each stream echoes a message of its own.
+fn all_pass_data(streams: &mut [UnixStream]) {
+    for (i, s) in streams.iter_mut().enumerate() {
+        writeln!(s, "message {i}").unwrap();
+    }
+    for (i, s) in streams.iter_mut().enumerate() {
+        let want = format!("message {i}\n");
+        let mut got = vec![0u8; want.len()];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(String::from_utf8(got).unwrap(), want);
+    }
+}
+
+#[test]
+fn a_thousand_tunnels_at_once_and_the_proxy_serves_on() {
+    raise_open_files();
+    let (host, _dns, w) = allowed(Limits::default());
+    let jobs = ["job-a", "job-b", "job-c", "job-d"];
+    let mut tunnels = Vec::new();
+    let handles: Vec<_> = jobs
+        .iter()
+        .map(|job| {
+            let socket = w.open(job);
+            std::thread::spawn(move || open_tunnels(&socket, 250))
+        })
+        .collect();
+    for h in handles {
+        tunnels.extend(h.join().unwrap());
+    }
+    assert_eq!(tunnels.len(), 1000);
+    assert_eq!(w.proxy.connections(), 1000);
+    all_pass_data(&mut tunnels);
+    // A new request, of a job with none open and of one with 250.
+    serves(&w, &host);
+    let (mut s, _) = tunnel(&w.socket_of("job-a"), "allowed.test:443");
+    all_pass_data(std::slice::from_mut(&mut s));
+    drop(s);
+    drop(tunnels);
+    wait_until("every tunnel closed", || w.proxy.connections() == 0);
+    for job in jobs {
+        assert_eq!(w.denied_of(job), denied(&[]));
+    }
+}
+
+#[test]
+fn a_tunnel_idle_past_its_time_is_closed() {
+    let idle = Duration::from_secs(1);
+    let (host, _dns, w) = allowed(Limits {
+        idle_timeout: idle,
+        ..Limits::default()
+    });
+    let (mut s, hello) = tunnel(&w.socket(), "allowed.test:443");
+    assert_eq!(hello, greeting("allowed", IpAddr::V4(host.v4)));
+    all_pass_data(std::slice::from_mut(&mut s));
+    let quiet = Instant::now();
+    let mut buf = [0u8; 16];
+    // The proxy ends it: the read sees the end, not a timeout of its own.
+    let n = loop {
+        match s.read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            other => break other.unwrap(),
+        }
+    };
+    assert_eq!(n, 0);
+    assert!(quiet.elapsed() >= idle, "closed before it was idle long");
+    wait_until("the proxy let the tunnel go", || w.proxy.connections() == 0);
+    serves(&w, &host);
+}
