@@ -331,6 +331,11 @@ impl Proxy {
                 let _ = answer(&mut client, 431, "head-too-large").await;
                 return;
             }
+            Ok(Err(HeadError::Malformed)) => {
+                tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "bad-request");
+                let _ = answer(&mut client, 400, "bad-request").await;
+                return;
+            }
             Ok(Err(HeadError::Closed)) => return,
             Ok(Ok(head)) => head,
         };
@@ -469,8 +474,13 @@ struct Head {
 
 enum HeadError {
     TooLarge,
+    /// Not the start of an HTTP request, however much more comes.
+    Malformed,
     Closed,
 }
+
+/// The most header fields a request may have; more is a head too large.
+const MAX_HEADERS: usize = 100;
 
 async fn read_head<S: AsyncRead + Unpin>(s: &mut S, max: usize) -> Result<Head, HeadError> {
     let mut bytes = Vec::with_capacity(1024);
@@ -487,11 +497,24 @@ async fn read_head<S: AsyncRead + Unpin>(s: &mut S, max: usize) -> Result<Head, 
             if len > max {
                 return Err(HeadError::TooLarge);
             }
+            check_head(&bytes[..len])?;
             return Ok(Head { bytes, len });
         }
         if bytes.len() > max {
             return Err(HeadError::TooLarge);
         }
+        // Garbage (a TLS hello sent to the proxy itself, say) is told at once, not waited on.
+        check_head(&bytes)?;
+    }
+}
+
+/// Whether `bytes` are (the start of) a request head.
+fn check_head(bytes: &[u8]) -> Result<(), HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    match httparse::Request::new(&mut headers).parse(bytes) {
+        Ok(_) => Ok(()),
+        Err(httparse::Error::TooManyHeaders) => Err(HeadError::TooLarge),
+        Err(_) => Err(HeadError::Malformed),
     }
 }
 
@@ -510,7 +533,7 @@ struct Request {
 const DROPPED: [&str; 4] = ["connection", "keep-alive", "upgrade", "host"];
 
 fn parse_request(head: &[u8]) -> Option<Request> {
-    let mut headers = [httparse::EMPTY_HEADER; 100];
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}

@@ -1,5 +1,5 @@
-//! The proxy against clients that do not play along: heads too large, a thousand tunnels at
-//! once, and a tunnel left idle. After each, the proxy still serves a good request.
+//! The proxy against clients that do not play along: heads too large or not HTTP at all, a
+//! thousand tunnels at once, and a tunnel left idle. After each, the proxy still serves a good request.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -53,6 +53,51 @@ fn an_oversized_head_is_refused_and_the_proxy_serves_on() {
     );
     let r = ask(&w.socket(), endless.as_bytes());
     assert!(r.refused(431, "head-too-large"), "{r:?}");
+    // Many small headers, well within the bytes.
+    let mut many = "CONNECT allowed.test:443 HTTP/1.1\r\n".to_owned();
+    for i in 0..200 {
+        many.push_str(&format!("X-{i}: 1\r\n"));
+    }
+    many.push_str("\r\n");
+    assert!(many.len() < max);
+    let r = ask(&w.socket(), many.as_bytes());
+    assert!(r.refused(431, "head-too-large"), "{r:?}");
+
+    serves(&w, &host);
+    assert_eq!(w.denied(), denied(&[]));
+}
+
+#[test]
+fn garbage_instead_of_http_is_refused() {
+    // The default head time (10 s): a refusal here is the proxy telling garbage from a slow head.
+    let (host, _dns, w) = allowed(Limits::default());
+    let started = Instant::now();
+    let cases: [&[u8]; 10] = [
+        // A TLS ClientHello sent to the proxy itself (https:// in a proxy URL): no blank line ever.
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\x8a\x11\x00\x00",
+        b"\x00\x00\x00\x00\r\n\r\n",
+        b"hello\r\n\r\n",
+        b"SSH-2.0-OpenSSH_9.6\r\n",
+        // Origin-form: a request for the proxy itself, not through it.
+        b"GET /v1/models HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+        b"CONNECT allowed.test HTTP/1.1\r\n\r\n",
+        b"CONNECT allowed.test:443 HTTP/9.9\r\n\r\n",
+        b"CONNECT allowed.test:443 HTTP/1.1\r\nno colon here\r\n\r\n",
+        b"CONNECT https://allowed.test:443 HTTP/1.1\r\n\r\n",
+        b"GET https://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+    ];
+    for case in cases {
+        let r = ask(&w.socket(), case);
+        assert!(
+            r.refused(400, "bad-request"),
+            "{:?}: {r:?}",
+            String::from_utf8_lossy(case)
+        );
+    }
+    assert!(
+        started.elapsed() < w.proxy.limits().head_timeout,
+        "garbage was waited for"
+    );
     serves(&w, &host);
     assert_eq!(w.denied(), denied(&[]));
 }
