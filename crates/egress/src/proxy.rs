@@ -303,16 +303,18 @@ impl Proxy {
         S: AsyncRead + AsyncWrite + Unpin,
     {
         let limits = &self.inner.limits;
-        let _total = Count::enter(&self.inner.total);
+        // A job past its own bound is refused before it counts in all: its extra connections
+        // never take the places of other jobs.
         let _mine = Count::enter(&job.open);
-        if _total.0 > limits.total {
-            tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections");
-            let _ = answer(&mut client, 503, "too-many-connections").await;
-            return;
-        }
         if _mine.0 > limits.per_job {
             tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections-for-job");
             let _ = answer(&mut client, 429, "too-many-connections-for-job").await;
+            return;
+        }
+        let _total = Count::enter(&self.inner.total);
+        if _total.0 > limits.total {
+            tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections");
+            let _ = answer(&mut client, 503, "too-many-connections").await;
             return;
         }
         let head = match tokio::time::timeout(
@@ -577,8 +579,19 @@ fn parse_request(head: &[u8]) -> Option<Request> {
     })
 }
 
-/// A short answer that ends the connection, with the decision's code (never the host).
-async fn answer<S: AsyncWrite + Unpin>(s: &mut S, status: u16, code: &str) -> io::Result<()> {
+/// How long, and for how many bytes, a refused client is still read after its answer.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 64 * 1024;
+
+/// A short answer that ends the connection, with the decision's code (never the host). The client
+/// is then read until it is done, for a short while: closing on bytes it sent that were never read
+/// would reset the connection, and the answer with it (a request sent after a refusal at accept, the
+/// rest of a head too large).
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    status: u16,
+    code: &str,
+) -> io::Result<()> {
     let reason = match status {
         400 => "Bad Request",
         403 => "Forbidden",
@@ -596,7 +609,19 @@ async fn answer<S: AsyncWrite + Unpin>(s: &mut S, status: u16, code: &str) -> io
         body.len()
     );
     s.write_all(text.as_bytes()).await?;
-    s.shutdown().await
+    s.shutdown().await?;
+    let drain = async {
+        let mut buf = [0u8; 4096];
+        let mut left = LINGER_BYTES;
+        while left > 0 {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
+    Ok(())
 }
 
 enum ConnectError {

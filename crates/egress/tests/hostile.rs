@@ -1,5 +1,6 @@
-//! The proxy against clients that do not play along: heads too large or not HTTP at all, a
-//! thousand tunnels at once, and a tunnel left idle. After each, the proxy still serves a good request.
+//! The proxy against clients that do not play along: heads too large, too slow or not HTTP at all,
+//! a thousand tunnels at once, more connections than a job or the proxy may hold, and a tunnel
+//! left idle. After each, the proxy still serves a good request.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -9,11 +10,13 @@ use std::io::{Read, Write};
 use std::net::IpAddr;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use egress::Limits;
 use support::{
-    World, ask, async_greeter_on, denied, greeting, raise_open_files, tunnel, wait_until,
+    BOUND, JOB, World, ask, async_greeter_on, denied, greeting, raise_open_files, read_reply,
+    tunnel, wait_until,
 };
 use testkit::dns::FakeDns;
 use testkit::netns::TestHost;
@@ -63,6 +66,76 @@ fn an_oversized_head_is_refused_and_the_proxy_serves_on() {
     let r = ask(&w.socket(), many.as_bytes());
     assert!(r.refused(431, "head-too-large"), "{r:?}");
 
+    serves(&w, &host);
+    assert_eq!(w.denied(), denied(&[]));
+}
+
+#[test]
+fn a_slow_client_is_cut_off_while_others_are_served() {
+    let limit = Duration::from_secs(1);
+    let (host, _dns, w) = allowed(Limits {
+        head_timeout: limit,
+        ..Limits::default()
+    });
+    let request = b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n";
+    let (started_tx, started) = mpsc::channel();
+    let mut slow = Vec::new();
+    for _ in 0..5 {
+        let socket = w.socket();
+        let started_tx = started_tx.clone();
+        slow.push(std::thread::spawn(move || {
+            // Before connecting: the proxy's clock for this head starts after.
+            let opened = Instant::now();
+            let mut s = UnixStream::connect(&socket).unwrap();
+            // A byte a second: the wait for an answer between bytes is the pace.
+            s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+            let mut sent = 0;
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            loop {
+                if sent < request.len() && s.write_all(&request[sent..=sent]).is_ok() {
+                    sent += 1;
+                    if sent == 1 {
+                        started_tx.send(()).unwrap();
+                    }
+                }
+                match s.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock
+                                | std::io::ErrorKind::TimedOut
+                                | std::io::ErrorKind::Interrupted
+                        ) => {}
+                    Err(e) => panic!("the slow client's read: {e}"),
+                }
+                assert!(opened.elapsed() < BOUND, "no answer to the slow client");
+            }
+            (
+                opened,
+                Instant::now(),
+                sent,
+                read_reply(&mut &got[..], false),
+            )
+        }));
+    }
+    for _ in 0..5 {
+        started.recv().unwrap();
+    }
+    // While five heads trickle in, others are served.
+    for _ in 0..3 {
+        serves(&w, &host);
+    }
+    let served = Instant::now();
+    for t in slow {
+        let (opened, answered, sent, r) = t.join().unwrap();
+        assert!(r.refused(408, "head-timeout"), "{r:?}");
+        assert!(answered - opened >= limit, "cut off before the limit");
+        assert!(served < answered, "others waited for the slow client");
+        assert!(sent < request.len());
+    }
     serves(&w, &host);
     assert_eq!(w.denied(), denied(&[]));
 }
@@ -164,6 +237,65 @@ fn a_thousand_tunnels_at_once_and_the_proxy_serves_on() {
     for job in jobs {
         assert_eq!(w.denied_of(job), denied(&[]));
     }
+}
+
+#[test]
+fn past_a_jobs_bound_and_the_proxys_the_answer_is_429_and_503_while_others_are_served() {
+    let (host, _dns, w) = allowed(Limits {
+        per_job: 4,
+        total: 6,
+        ..Limits::default()
+    });
+    let a = w.open("job-a");
+    let b = w.open("job-b");
+    let mut of_a = open_tunnels(&a, 4);
+    // Past its bound, job a is refused; its refused connections, still open, take no place of
+    // another job's.
+    let mut refused = Vec::new();
+    for _ in 0..3 {
+        let mut s = UnixStream::connect(&a).unwrap();
+        s.set_read_timeout(Some(BOUND)).unwrap();
+        s.write_all(b"CONNECT allowed.test:443 HTTP/1.1\r\n\r\n")
+            .unwrap();
+        let r = read_reply(&mut s, true);
+        assert!(r.refused(429, "too-many-connections-for-job"), "{r:?}");
+        refused.push(s);
+    }
+    let mut of_b = open_tunnels(&b, 2);
+    drop(refused);
+    // Now the proxy is full: another job is refused, and job a still past its own bound first.
+    // Each refusal comes before the proxy read anything: the client's request, sent meanwhile,
+    // must not make the answer a reset (as it did, a time in four, before the proxy read on).
+    let job = w.socket();
+    for _ in 0..10 {
+        for (socket, status, code) in [
+            (&b, 503, "too-many-connections"),
+            (&job, 503, "too-many-connections"),
+            (&a, 429, "too-many-connections-for-job"),
+        ] {
+            let r = ask(socket, b"CONNECT allowed.test:443 HTTP/1.1\r\n\r\n");
+            assert!(r.refused(status, code), "{r:?}");
+            // A client slower to send: the answer read first, its request still taken after.
+            let mut s = UnixStream::connect(socket).unwrap();
+            s.set_read_timeout(Some(BOUND)).unwrap();
+            let r = read_reply(&mut s, false);
+            assert!(r.refused(status, code), "{r:?}");
+            s.write_all(b"CONNECT allowed.test:443 HTTP/1.1\r\n\r\n")
+                .expect("the proxy still reads after its answer");
+        }
+    }
+    // The tunnels open carry on.
+    all_pass_data(&mut of_a);
+    all_pass_data(&mut of_b);
+    // One closed, one more is served.
+    drop(of_b.pop());
+    wait_until("the tunnel closed", || w.proxy.connections() == 5);
+    serves(&w, &host);
+    drop(of_a.pop());
+    wait_until("the tunnels closed", || w.proxy.connections() == 4);
+    let (mut again, _) = tunnel(&a, "allowed.test:443");
+    all_pass_data(std::slice::from_mut(&mut again));
+    assert_eq!(w.denied_of(JOB), denied(&[]));
 }
 
 #[test]
