@@ -266,11 +266,16 @@ fn past_a_jobs_bound_and_the_proxys_the_answer_is_429_and_503_while_others_are_s
     // Now the proxy is full: another job is refused, and job a still past its own bound first.
     // Each refusal comes before the proxy read anything: the client's request, sent meanwhile,
     // must not make the answer a reset (as it did, a time in four, before the proxy read on).
-    let job = w.socket();
-    for _ in 0..10 {
+    // (A refused connection still open counts for its job: each round asks for fresh jobs, so
+    // that those still being let go cannot bring a job to its own bound.)
+    for round in 0..10 {
+        let fresh = [
+            w.open(&format!("job-b{round}")),
+            w.open(&format!("job-c{round}")),
+        ];
         for (socket, status, code) in [
-            (&b, 503, "too-many-connections"),
-            (&job, 503, "too-many-connections"),
+            (&fresh[0], 503, "too-many-connections"),
+            (&fresh[1], 503, "too-many-connections"),
             (&a, 429, "too-many-connections-for-job"),
         ] {
             let r = ask(socket, b"CONNECT allowed.test:443 HTTP/1.1\r\n\r\n");
