@@ -9,6 +9,7 @@ mod common;
 mod control;
 mod doctor;
 mod egress_agree;
+mod egress_proxy;
 mod explain;
 mod import_pi;
 mod init;
