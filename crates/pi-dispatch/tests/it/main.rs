@@ -8,6 +8,7 @@ mod cli;
 mod common;
 mod control;
 mod doctor;
+mod egress;
 mod explain;
 mod import_pi;
 mod init;
