@@ -90,6 +90,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         env: ctx.environment()?,
         time_limit,
         runner_stderr: args.runner_stderr,
+        egress_control,
         settings,
     });
     let records = Arc::new(Records::new(state.join("runs")));
@@ -113,7 +114,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     tracing::info!(event = "worker_started", worker = %options.worker_id, concurrency);
     // Before the first job: with egress on, a proxy answers.
     let proxy = if worker.settings.egress {
-        Some(start_proxy(ctx, egress_control)?)
+        Some(start_proxy(ctx, worker.egress_control.clone())?)
     } else {
         None
     };

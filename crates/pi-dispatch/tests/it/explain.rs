@@ -143,11 +143,12 @@ fn what_the_worker_would_refuse_is_refused_here_too() {
     );
     let report = json(&d.run(&["explain", "--trigger", "3", "--json"]));
     assert_eq!(report["reason"], "job-image-forge-mcp-unsupported");
-    // Egress on, the default, with no proxy: the worker refuses every job, and so does explain.
+    // Egress on, the default: the job is admitted to run through the egress proxy.
     let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
     d.write(".env", &env.replace("PI_EGRESS=0\n", ""));
     let report = json(&d.run(&["explain", "--trigger", "2", "--json"]));
-    assert_eq!(report["reason"], "egress-proxy-missing");
+    assert_eq!(report["outcome"], "admit", "{report:#}");
+    assert_eq!(report["admitted"]["egress"]["policy"], "on", "{report:#}");
     // No key for the model.
     d.write(".env", &env.replace("OPENAI_API_KEY=k-1\n", ""));
     let report = json(&d.run(&["explain", "--trigger", "2", "--json"]));
