@@ -208,7 +208,7 @@ impl<'a> Deployment<'a> {
                         .unwrap_or_default(),
                 },
                 passwd: std::fs::read_to_string("/etc/passwd").ok(),
-                // This version has its egress proxy (the worker starts one when none runs).
+                // This version has an egress proxy: the worker makes sure one serves its jobs.
                 egress_proxy: true,
             },
         }

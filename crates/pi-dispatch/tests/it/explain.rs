@@ -151,7 +151,8 @@ fn what_the_worker_would_refuse_is_refused_here_too() {
     assert_eq!(report["reason"], "mcp-egress-unreachable");
     assert_eq!(report["server"], "docs");
     let report = json(&d.run(&["explain", "--trigger", "2", "--json"]));
-    assert_eq!(report["outcome"], "admit");
+    assert_eq!(report["outcome"], "admit", "{report:#}");
+    assert_eq!(report["admitted"]["egress"]["policy"], "on", "{report:#}");
     d.write("egress-allowlist.conf", ".example.com\napi.github.com\n");
     // No key for the model.
     d.write(".env", &env.replace("OPENAI_API_KEY=k-1\n", ""));

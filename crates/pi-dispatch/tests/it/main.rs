@@ -8,6 +8,7 @@ mod cli;
 mod common;
 mod control;
 mod doctor;
+mod egress;
 mod egress_agree;
 mod egress_proxy;
 mod explain;
