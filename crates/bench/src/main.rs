@@ -28,7 +28,11 @@
 //!
 //! With `--sandbox` it also measures what the job's sandbox adds to a process's start (see
 //! [`sandbox_start`]): `/bin/true`, and Node's `-e 0`, bare and through bubblewrap.
+//!
+//! With `--egress` it also measures the egress proxy's tunnels (see [`egress_proxy`]): throughput and
+//! connect latency beside a raw loopback connection and a squid with the same rule.
 
+mod egress_proxy;
 mod mcp_hub;
 mod queue;
 mod sandbox_start;
@@ -112,6 +116,25 @@ struct Args {
     /// Untimed runs of each kind before the timed ones.
     #[arg(long, default_value_t = 5)]
     sandbox_warm_up: u32,
+    /// Also measure the egress proxy: tunnel throughput and connect latency, beside a raw loopback
+    /// connection and squid (Debian's package; left out, and said so, when it is missing).
+    #[arg(long)]
+    egress: bool,
+    /// Bytes one egress throughput run carries one way.
+    #[arg(long, default_value_t = 1 << 30, value_parser = clap::value_parser!(u64).range(1..))]
+    egress_bytes: u64,
+    /// Timed throughput runs per way.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    egress_runs: u32,
+    /// Timed connects per way (after the warm-up).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
+    egress_connects: u32,
+    /// Untimed connects per way before the timed ones.
+    #[arg(long, default_value_t = 100)]
+    egress_warm_up: u32,
+    /// The squid program the egress measurement compares with.
+    #[arg(long, value_name = "PATH", default_value = egress_proxy::SQUID)]
+    squid: PathBuf,
     /// Internal: run the binary on the overlay in DIR and print the process figures as JSON.
     #[arg(long, value_name = "DIR", hide = true)]
     process_runner: Option<PathBuf>,
@@ -229,6 +252,18 @@ fn run(args: &Args) -> anyhow::Result<()> {
         None
     };
 
+    let egress = if args.egress {
+        Some(egress_proxy::measure(&egress_proxy::Options {
+            bytes: args.egress_bytes,
+            runs: args.egress_runs,
+            connects: args.egress_connects,
+            warm_up: args.egress_warm_up,
+            squid: args.squid.clone(),
+        })?)
+    } else {
+        None
+    };
+
     let process = Summary::of(figures.ms);
     let parse = Summary::of(parse_us);
     let within_goal = process.median < GOAL_MS;
@@ -278,6 +313,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         if let (Some(sandbox), Some(object)) = (&sandbox, report.as_object_mut()) {
             object.insert("sandbox".to_owned(), sandbox.json());
         }
+        if let (Some(egress), Some(object)) = (&egress, report.as_object_mut()) {
+            object.insert("egress".to_owned(), egress.json());
+        }
         println!("{report}");
     } else {
         println!(
@@ -323,6 +361,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         }
         if let Some(sandbox) = &sandbox {
             sandbox.print();
+        }
+        if let Some(egress) = &egress {
+            egress.print();
         }
     }
     Ok(())

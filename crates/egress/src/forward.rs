@@ -14,6 +14,11 @@ use config::url::Host;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixStream};
 
+use crate::proxy::{Activity, End, carry_both};
+
+/// The pipe of each way of a connection.
+const BUFFER: usize = 64 * 1024;
+
 /// The loopback port inside the sandbox the proxy variables point at.
 pub const PORT: u16 = 3128;
 
@@ -31,21 +36,17 @@ pub const NO_PROXY: &str = "127.0.0.1,localhost,::1";
 /// Carries every connection to `listener` to `socket`, until the task is dropped.
 pub async fn serve(listener: TcpListener, socket: PathBuf) {
     loop {
-        let Ok((mut tcp, _)) = listener.accept().await else {
+        let Ok((tcp, _)) = listener.accept().await else {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             continue;
         };
         let socket = socket.clone();
         tokio::spawn(async move {
             let _ = tcp.set_nodelay(true);
-            if let Ok(mut unix) = UnixStream::connect(&socket).await {
-                let _ = tokio::io::copy_bidirectional_with_sizes(
-                    &mut tcp,
-                    &mut unix,
-                    64 * 1024,
-                    64 * 1024,
-                )
-                .await;
+            if let Ok(unix) = UnixStream::connect(&socket).await {
+                // Spliced, as the proxy's side of the socket is: the bytes stay in the kernel.
+                let _ =
+                    carry_both(End::Tcp(&tcp), End::Unix(&unix), BUFFER, &Activity::new()).await;
             }
         });
     }

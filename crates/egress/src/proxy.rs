@@ -2,10 +2,15 @@
 //! a bounded read of each request's head, the decision of [`crate::rules`], then a tunnel or one
 //! plain request to exactly the address that was checked. TLS is never terminated: a CONNECT
 //! tunnel carries the job's bytes as they are.
+//!
+//! On a job's socket the bytes of a tunnel never come up to the proxy: `splice(2)` moves them from
+//! one socket to a pipe and on to the other socket inside the kernel (see [`carry_both`]; the
+//! forwarder in front of the socket does the same). [`Proxy::serve`], for any stream, copies them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -16,8 +21,8 @@ use std::time::{Duration, Instant};
 use config::egress::Route;
 use config::url::Host;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpStream, UnixListener};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
+use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio::task::JoinHandle;
 
 use crate::dns::Resolver;
@@ -274,7 +279,7 @@ impl Proxy {
                 Ok((stream, _)) => {
                     let proxy = self.clone();
                     let job = job.clone();
-                    tokio::spawn(async move { proxy.serve(stream, &job).await });
+                    tokio::spawn(async move { proxy.serve_socket(stream, &job).await });
                 }
                 Err(e) => {
                     // Out of descriptors, say: wait rather than spin, and go on serving.
@@ -298,7 +303,26 @@ impl Proxy {
     }
 
     /// Serves one connection of `job`: a CONNECT tunnel or one plain request.
-    pub async fn serve<S>(&self, mut client: S, job: &JobState)
+    pub async fn serve<S>(&self, client: S, job: &JobState)
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        if let Some(open) = self.open(client, job).await {
+            tunnel(open.client, open.upstream, &self.inner.limits).await;
+        }
+    }
+
+    /// [`Proxy::serve`] for a connection to a job's socket: its tunnel spliced, not copied.
+    async fn serve_socket(&self, client: UnixStream, job: &JobState) {
+        if let Some(open) = self.open(client, job).await {
+            splice_tunnel(&open.client, &open.upstream, &self.inner.limits).await;
+        }
+    }
+
+    /// Reads and judges the request, connects to the checked address and sends on what belongs
+    /// to the upstream: the client and upstream of a tunnel ready to carry bytes, or `None` once
+    /// the client had its answer.
+    async fn open<'a, S>(&'a self, mut client: S, job: &'a JobState) -> Option<Open<'a, S>>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
@@ -309,13 +333,13 @@ impl Proxy {
         if _mine.0 > limits.per_job {
             tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections-for-job");
             let _ = answer(&mut client, 429, "too-many-connections-for-job").await;
-            return;
+            return None;
         }
         let _total = Count::enter(&self.inner.total);
         if _total.0 > limits.total {
             tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections");
             let _ = answer(&mut client, 503, "too-many-connections").await;
-            return;
+            return None;
         }
         let head = match tokio::time::timeout(
             limits.head_timeout,
@@ -326,25 +350,25 @@ impl Proxy {
             Err(_) => {
                 tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "head-timeout");
                 let _ = answer(&mut client, 408, "head-timeout").await;
-                return;
+                return None;
             }
             Ok(Err(HeadError::TooLarge)) => {
                 tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "head-too-large");
                 let _ = answer(&mut client, 431, "head-too-large").await;
-                return;
+                return None;
             }
             Ok(Err(HeadError::Malformed)) => {
                 tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "bad-request");
                 let _ = answer(&mut client, 400, "bad-request").await;
-                return;
+                return None;
             }
-            Ok(Err(HeadError::Closed)) => return,
+            Ok(Err(HeadError::Closed)) => return None,
             Ok(Ok(head)) => head,
         };
         let Some(request) = parse_request(&head.bytes[..head.len]) else {
             tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "bad-request");
             let _ = answer(&mut client, 400, "bad-request").await;
-            return;
+            return None;
         };
         let target = match &request.kind {
             Kind::Connect(t) | Kind::Plain(t, _) => t.clone(),
@@ -359,7 +383,7 @@ impl Proxy {
                     port = target.port, verdict = "denied", reason = why.code()
                 );
                 let _ = answer(&mut client, 403, why.code()).await;
-                return;
+                return None;
             }
         };
         let upstream = connect(&addrs, target.port, limits.connect_timeout).await;
@@ -381,7 +405,7 @@ impl Proxy {
                     port = target.port, verdict = "allowed", route = %route_text, upstream = e.code()
                 );
                 let _ = answer(&mut client, e.status(), e.code()).await;
-                return;
+                return None;
             }
         };
         let _ = upstream.set_nodelay(true);
@@ -405,9 +429,13 @@ impl Proxy {
             }
         };
         if sent.is_err() {
-            return;
+            return None;
         }
-        tunnel(client, upstream, limits).await;
+        Some(Open {
+            client,
+            upstream,
+            _counts: (_total, _mine),
+        })
     }
 
     /// The addresses `target` may be connected to, and by which route; or why not.
@@ -426,6 +454,13 @@ impl Proxy {
         let addrs = rules::addresses_for(&route, target, &resolved, &self.own())?;
         Ok((addrs, route))
     }
+}
+
+/// A tunnel ready to carry bytes, counted while it lives.
+struct Open<'a, S> {
+    client: S,
+    upstream: TcpStream,
+    _counts: (Count<'a>, Count<'a>),
 }
 
 /// A counter held up while a connection is open.
@@ -661,47 +696,255 @@ async fn connect(
     Err(last)
 }
 
+/// When a tunnel last carried anything.
+pub(crate) struct Activity {
+    start: Instant,
+    /// Milliseconds after `start`.
+    last: AtomicU64,
+}
+
+impl Activity {
+    pub(crate) fn new() -> Activity {
+        Activity {
+            start: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    fn moved(&self) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(ms, Ordering::Relaxed);
+    }
+
+    /// Returns once nothing has moved for `idle`.
+    async fn idle(&self, idle: Duration) {
+        loop {
+            let since = self
+                .start
+                .elapsed()
+                .saturating_sub(Duration::from_millis(self.last.load(Ordering::Relaxed)));
+            if since >= idle {
+                return;
+            }
+            tokio::time::sleep(idle - since).await;
+        }
+    }
+}
+
 /// Carries bytes both ways until both sides are done, or nothing moves for the idle time.
 async fn tunnel<A, B>(a: A, b: B, limits: &Limits)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    let start = Instant::now();
-    let last = Arc::new(AtomicU64::new(0));
+    let activity = Arc::new(Activity::new());
     let mut a = Active {
         inner: a,
-        last: last.clone(),
-        start,
+        activity: activity.clone(),
     };
     let mut b = Active {
         inner: b,
-        last: last.clone(),
-        start,
-    };
-    let idle = limits.idle_timeout;
-    let watch = async {
-        loop {
-            let since = start
-                .elapsed()
-                .saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
-            if since >= idle {
-                return;
-            }
-            tokio::time::sleep(idle - since).await;
-        }
+        activity: activity.clone(),
     };
     tokio::select! {
         _ = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, limits.buffer, limits.buffer) => {}
-        () = watch => {}
+        () = activity.idle(limits.idle_timeout) => {}
+    }
+}
+
+/// [`tunnel`] between a job's socket and the upstream, with the bytes spliced.
+async fn splice_tunnel(client: &UnixStream, upstream: &TcpStream, limits: &Limits) {
+    let activity = Activity::new();
+    tokio::select! {
+        _ = carry_both(End::Unix(client), End::Tcp(upstream), limits.buffer, &activity) => {}
+        () = activity.idle(limits.idle_timeout) => {}
+    }
+}
+
+/// One socket of a tunnel whose bytes are spliced.
+#[derive(Clone, Copy)]
+pub(crate) enum End<'a> {
+    Tcp(&'a TcpStream),
+    Unix(&'a UnixStream),
+}
+
+impl<'a> End<'a> {
+    async fn ready(self, interest: Interest) -> io::Result<()> {
+        match self {
+            End::Tcp(s) => s.ready(interest).await.map(drop),
+            End::Unix(s) => s.ready(interest).await.map(drop),
+        }
+    }
+
+    /// `f` on the socket; its readiness for `interest` is cleared when `f` would block.
+    fn try_io<R>(self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+        match self {
+            End::Tcp(s) => s.try_io(interest, f),
+            End::Unix(s) => s.try_io(interest, f),
+        }
+    }
+
+    fn fd(self) -> BorrowedFd<'a> {
+        match self {
+            End::Tcp(s) => s.as_fd(),
+            End::Unix(s) => s.as_fd(),
+        }
+    }
+
+    fn try_read(self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            End::Tcp(s) => s.try_read(buf),
+            End::Unix(s) => s.try_read(buf),
+        }
+    }
+
+    fn try_write(self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            End::Tcp(s) => s.try_write(buf),
+            End::Unix(s) => s.try_write(buf),
+        }
+    }
+
+    /// Ends what this side sends (the peer reads its end), as a copy does when the other side
+    /// ended.
+    fn shutdown_write(self) {
+        let _ =
+            nix::sys::socket::shutdown(self.fd().as_raw_fd(), nix::sys::socket::Shutdown::Write);
+    }
+}
+
+/// Carries bytes both ways between `a` and `b`, each way through a pipe of `buffer` bytes, until
+/// both ways have ended (or one fails).
+pub(crate) async fn carry_both(
+    a: End<'_>,
+    b: End<'_>,
+    buffer: usize,
+    activity: &Activity,
+) -> io::Result<()> {
+    tokio::try_join!(
+        carry(a, b, buffer, activity, true),
+        carry(b, a, buffer, activity, true)
+    )
+    .map(drop)
+}
+
+/// What a pipe holds by default (16 pages).
+const PIPE_DEFAULT: usize = 64 * 1024;
+
+/// The pipe of one way of a tunnel: what `splice` takes from one socket waits here for the other.
+struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+}
+
+impl Pipe {
+    fn new(size: usize) -> io::Result<Pipe> {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+        if size > PIPE_DEFAULT {
+            // A bigger pipe if the system grants one; the default one works too.
+            let _ = fcntl(
+                &write,
+                FcntlArg::F_SETPIPE_SZ(i32::try_from(size).unwrap_or(i32::MAX)),
+            );
+        }
+        Ok(Pipe { read, write })
+    }
+}
+
+fn splice(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+    use nix::fcntl::SpliceFFlags;
+    let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
+    Ok(nix::fcntl::splice(from, None, to, None, len, flags)?)
+}
+
+/// Whether `splice` is refused for these sockets (a kernel without it, or a filter), so the way
+/// must copy instead.
+fn cannot_splice(e: &io::Error) -> bool {
+    use nix::errno::Errno;
+    [
+        Errno::EINVAL,
+        Errno::ENOSYS,
+        Errno::EPERM,
+        Errno::EOPNOTSUPP,
+    ]
+    .iter()
+    .any(|&no| e.raw_os_error() == Some(no as i32))
+}
+
+/// Moves what `from` sends to `to` until `from` ends, then ends what `to` is sent. The bytes go
+/// through a pipe by `splice`, so they stay in the kernel; through a buffer of `buffer` bytes
+/// instead when `spliced` is false, when no pipe can be had (the descriptors run out, say), or
+/// when the first `splice` is refused. The pipe is made once `from` is first ready, so a tunnel
+/// holds its two descriptors per way only once it carries something. Says whether the bytes were
+/// spliced.
+async fn carry(
+    from: End<'_>,
+    to: End<'_>,
+    buffer: usize,
+    activity: &Activity,
+    spliced: bool,
+) -> io::Result<bool> {
+    let buffer = buffer.max(4096);
+    let mut splicing = spliced;
+    let mut pipe: Option<Pipe> = None;
+    let mut copy = Vec::new();
+    let mut carried = false;
+    loop {
+        let n = loop {
+            from.ready(Interest::READABLE).await?;
+            if splicing && pipe.is_none() {
+                pipe = Pipe::new(buffer).ok();
+                splicing = pipe.is_some();
+            }
+            if !splicing && copy.is_empty() {
+                copy = vec![0u8; buffer];
+            }
+            let got = match &pipe {
+                Some(p) if splicing => from.try_io(Interest::READABLE, || {
+                    splice(from.fd(), p.write.as_fd(), buffer)
+                }),
+                _ => from.try_read(&mut copy),
+            };
+            match got {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if splicing && !carried && cannot_splice(&e) => {
+                    splicing = false;
+                    pipe = None;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if n == 0 {
+            to.shutdown_write();
+            return Ok(splicing);
+        }
+        carried = true;
+        activity.moved();
+        let mut left = n;
+        while left > 0 {
+            to.ready(Interest::WRITABLE).await?;
+            let put = match &pipe {
+                Some(p) if splicing => {
+                    to.try_io(Interest::WRITABLE, || splice(p.read.as_fd(), to.fd(), left))
+                }
+                _ => to.try_write(&copy[n - left..n]),
+            };
+            match put {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(m) => left -= m,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
 /// A stream that notes when it last read anything.
 struct Active<S> {
     inner: S,
-    last: Arc<AtomicU64>,
-    start: Instant,
+    activity: Arc<Activity>,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Active<S> {
@@ -713,8 +956,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Active<S> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
-            let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-            self.last.store(ms, Ordering::Relaxed);
+            self.activity.moved();
         }
         r
     }
@@ -733,5 +975,131 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Active<S> {
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    fn numbered(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8 ^ seed).collect()
+    }
+
+    /// A unix socket pair and a TCP connection, near end first. The near ends take little at a
+    /// time (a small send buffer), so that writes to them are cut short.
+    async fn ends() -> ((UnixStream, UnixStream), (TcpStream, TcpStream)) {
+        use nix::sys::socket::{setsockopt, sockopt::SndBuf};
+        let unix = UnixStream::pair().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let far = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (near, _) = listener.accept().await.unwrap();
+        setsockopt(&unix.0, SndBuf, &8192).unwrap();
+        setsockopt(&near, SndBuf, &8192).unwrap();
+        (unix, (near, far))
+    }
+
+    /// A unix socket and a TCP connection joined by [`carry`] both ways, as the job's socket and
+    /// the upstream are: the far ends each send 3 MiB, then end their sending, and each must read
+    /// the other's bytes exactly, then the end.
+    async fn joined(spliced: bool) {
+        let ((near_unix, mut far_unix), (near_tcp, mut far_tcp)) = ends().await;
+        let (to_tcp, to_unix) = (numbered(3 << 20, 1), numbered(3 << 20, 2));
+        let activity = Activity::new();
+        let (unix, tcp) = (End::Unix(&near_unix), End::Tcp(&near_tcp));
+        let carried = async {
+            tokio::try_join!(
+                carry(unix, tcp, 64 * 1024, &activity, spliced),
+                carry(tcp, unix, 64 * 1024, &activity, spliced)
+            )
+        };
+        let far = async {
+            let (mut unix_read, mut unix_write) = far_unix.split();
+            let (mut tcp_read, mut tcp_write) = far_tcp.split();
+            let (mut at_tcp, mut at_unix) = (Vec::new(), Vec::new());
+            tokio::join!(
+                async {
+                    unix_write.write_all(&to_tcp).await.unwrap();
+                    unix_write.shutdown().await.unwrap();
+                },
+                async {
+                    tcp_write.write_all(&to_unix).await.unwrap();
+                    tcp_write.shutdown().await.unwrap();
+                },
+                async { tcp_read.read_to_end(&mut at_tcp).await.unwrap() },
+                async { unix_read.read_to_end(&mut at_unix).await.unwrap() },
+            );
+            (at_tcp, at_unix)
+        };
+        let (carried, (at_tcp, at_unix)) = tokio::time::timeout(Duration::from_secs(30), async {
+            tokio::join!(carried, far)
+        })
+        .await
+        .expect("the tunnel ends once both sides have ended");
+        assert_eq!(carried.unwrap(), (spliced, spliced), "spliced both ways");
+        assert!(
+            at_tcp == to_tcp,
+            "the TCP side got {} other bytes",
+            at_tcp.len()
+        );
+        assert!(
+            at_unix == to_unix,
+            "the unix side got {} other bytes",
+            at_unix.len()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_spliced_tunnel_carries_both_ways_and_passes_each_end_on() {
+        joined(true).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copied_tunnel_carries_both_ways_and_passes_each_end_on() {
+        joined(false).await;
+    }
+
+    /// One way ends, the other goes on: what the TCP side sends after the unix side ended still
+    /// arrives, and the tunnel ends once both have.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_half_closed_tunnel_still_carries_the_other_way() {
+        tokio::time::timeout(Duration::from_secs(30), half_closed())
+            .await
+            .expect("the tunnel carries the answer and ends");
+    }
+
+    async fn half_closed() {
+        let ((near_unix, mut far_unix), (near_tcp, mut far_tcp)) = ends().await;
+        let tunnel = tokio::spawn(async move {
+            let activity = Activity::new();
+            carry_both(
+                End::Unix(&near_unix),
+                End::Tcp(&near_tcp),
+                64 * 1024,
+                &activity,
+            )
+            .await
+        });
+        far_unix.write_all(b"request").await.unwrap();
+        far_unix.shutdown().await.unwrap();
+        let mut request = Vec::new();
+        far_tcp.read_to_end(&mut request).await.unwrap();
+        assert_eq!(request, b"request");
+        far_tcp
+            .write_all(b"answer, after the request ended")
+            .await
+            .unwrap();
+        far_tcp.shutdown().await.unwrap();
+        let mut answer = Vec::new();
+        far_unix.read_to_end(&mut answer).await.unwrap();
+        assert_eq!(answer, b"answer, after the request ended");
+        tokio::time::timeout(Duration::from_secs(10), tunnel)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
     }
 }
