@@ -109,7 +109,15 @@ impl Logged {
         while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
             self.seen.push(line);
         }
-        (status, self.seen)
+        (status, std::mem::take(&mut self.seen))
+    }
+}
+
+impl Drop for Logged {
+    /// A test that failed leaves nothing running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
