@@ -1,4 +1,5 @@
-//! The proxy's two files, re-read whenever either changes (its size, modification time or inode):
+//! The proxy's two files, re-read whenever either changes (its size, modification or change time,
+//! or inode: the change time too, since a copy that keeps the old modification time is a change):
 //! checked at every decision, so an edit counts from the next request. A file that cannot be read
 //! or is refused refuses everything until it is fixed (logged once per change).
 
@@ -18,7 +19,7 @@ pub struct RuleFiles {
     pub endpoints: PathBuf,
 }
 
-type Stamp = Option<(u64, SystemTime, u64)>;
+type Stamp = Option<(u64, SystemTime, (i64, i64), u64)>;
 
 fn stamp(path: &std::path::Path) -> Stamp {
     use std::os::unix::fs::MetadataExt;
@@ -26,6 +27,7 @@ fn stamp(path: &std::path::Path) -> Stamp {
         (
             m.len(),
             m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            (m.ctime(), m.ctime_nsec()),
             m.ino(),
         )
     })

@@ -1,9 +1,17 @@
 //! The job side of egress: inside the sandbox, with no network but loopback, the runner listens on
 //! a loopback port and carries each connection to the job's proxy socket as it is. The proxy
 //! variables of the job point at that port.
+//!
+//! A declared endpoint on the worker's own machine (a local model server at `127.0.0.1:8000`) is
+//! on the sandbox's loopback too, where `NO_PROXY` sends a client directly: the runner listens on
+//! that address and port inside as well, and carries each connection there through the proxy as a
+//! tunnel to exactly that endpoint ([`serve_endpoint`]).
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+use config::url::Host;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixStream};
 
 use crate::proxy::{Activity, End, carry_both};
@@ -53,4 +61,302 @@ pub async fn bind() -> std::io::Result<TcpListener> {
 pub fn has_socket(path: &Path) -> bool {
     use std::os::unix::fs::FileTypeExt;
     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
+}
+
+/// The variable in which the worker names the job's endpoints on its own machine, as
+/// `host:port` separated by commas (`127.0.0.1:8000,localhost:9000`).
+pub const LOOPBACK_VARIABLE: &str = "PI_DISPATCH_EGRESS_LOOPBACK";
+
+/// A job's endpoint on the worker's own machine, as the runner serves it inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoopbackEndpoint {
+    /// `host:port` as the proxy is asked for it (a CONNECT to exactly the declared endpoint).
+    pub authority: String,
+    /// Where the runner listens for it on the sandbox's loopback.
+    pub listen: Vec<SocketAddr>,
+}
+
+/// The endpoints [`LOOPBACK_VARIABLE`] names, each that is on the machine's loopback (a host that
+/// is not, or an entry that is not `host:port`, is left out: the proxy is reached for it through
+/// the proxy variables as for any other host).
+pub fn loopback_endpoints(value: &str) -> Vec<LoopbackEndpoint> {
+    let mut out: Vec<LoopbackEndpoint> = Vec::new();
+    for authority in value.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        let Some((host, port)) = config::url::host_port(&format!("http://{authority}")) else {
+            continue;
+        };
+        let listen: Vec<IpAddr> = match &host {
+            Host::Name(_) if config::url::is_loopback(&host) => {
+                vec![Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()]
+            }
+            Host::Ipv4(a) if a.is_loopback() => vec![(*a).into()],
+            Host::Ipv6(a) if a.is_loopback() => vec![(*a).into()],
+            Host::Ipv6(a) => match a.to_ipv4_mapped() {
+                Some(v4) if v4.is_loopback() => vec![v4.into()],
+                _ => continue,
+            },
+            _ => continue,
+        };
+        if port == 0 || out.iter().any(|e| e.authority == format!("{host}:{port}")) {
+            continue;
+        }
+        out.push(LoopbackEndpoint {
+            authority: format!("{host}:{port}"),
+            listen: listen
+                .into_iter()
+                .map(|a| SocketAddr::new(a, port))
+                .collect(),
+        });
+    }
+    out
+}
+
+/// Binds `endpoint`'s addresses on the job's loopback: the first must bind; a further one (`::1`
+/// for `localhost`, on a loopback without IPv6) may not.
+pub async fn bind_endpoint(endpoint: &LoopbackEndpoint) -> std::io::Result<Vec<TcpListener>> {
+    let mut out = Vec::new();
+    for (i, addr) in endpoint.listen.iter().enumerate() {
+        match TcpListener::bind(addr).await {
+            Ok(l) => out.push(l),
+            Err(e) if i == 0 => return Err(e),
+            Err(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+/// The longest answer head the proxy gives a CONNECT.
+const MAX_ANSWER: usize = 16 * 1024;
+
+/// Carries every connection to `listener` through the proxy at `socket` to exactly `authority`
+/// (a CONNECT tunnel), until the task is dropped. A connection the proxy refuses is closed.
+pub async fn serve_endpoint(listener: TcpListener, socket: PathBuf, authority: String) {
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            continue;
+        };
+        let socket = socket.clone();
+        let authority = authority.clone();
+        tokio::spawn(async move {
+            let _ = tunnel_to(tcp, &socket, &authority).await;
+        });
+    }
+}
+
+async fn tunnel_to(
+    mut tcp: tokio::net::TcpStream,
+    socket: &Path,
+    authority: &str,
+) -> std::io::Result<()> {
+    let _ = tcp.set_nodelay(true);
+    let mut unix = UnixStream::connect(socket).await?;
+    unix.write_all(format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes())
+        .await?;
+    // The proxy's answer, up to its blank line; what came after it is the endpoint's.
+    let mut head = Vec::with_capacity(256);
+    let mut chunk = [0u8; 1024];
+    let end = loop {
+        let n = unix.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&chunk[..n]);
+        if let Some(i) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if head.len() > MAX_ANSWER {
+            return Ok(());
+        }
+    };
+    let established = head
+        .split(|b| *b == b' ')
+        .nth(1)
+        .is_some_and(|status| status == b"200");
+    if !established {
+        return Ok(());
+    }
+    tcp.write_all(&head[end..]).await?;
+    tokio::io::copy_bidirectional_with_sizes(&mut tcp, &mut unix, 64 * 1024, 64 * 1024).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_loopback_endpoints_of_the_variable() {
+        let got = loopback_endpoints(
+            "127.0.0.1:8000, localhost:9000,llm.example:8000,[::1]:7000,127.0.0.1:8000,bad,10.0.0.1:80,",
+        );
+        let v4 = |p| SocketAddr::new(Ipv4Addr::LOCALHOST.into(), p);
+        let v6 = |p| SocketAddr::new(Ipv6Addr::LOCALHOST.into(), p);
+        assert_eq!(
+            got,
+            [
+                LoopbackEndpoint {
+                    authority: "127.0.0.1:8000".into(),
+                    listen: vec![v4(8000)],
+                },
+                LoopbackEndpoint {
+                    authority: "localhost:9000".into(),
+                    listen: vec![v4(9000), v6(9000)],
+                },
+                LoopbackEndpoint {
+                    authority: "[::1]:7000".into(),
+                    listen: vec![v6(7000)],
+                },
+            ]
+        );
+        assert!(loopback_endpoints("").is_empty());
+    }
+
+    /// A stand-in for the proxy on a unix socket: it answers each CONNECT with `status`, then
+    /// (when it is 200) echoes what comes, after a greeting sent with the answer; it reports the
+    /// request heads it read.
+    async fn fake_proxy(
+        dir: &Path,
+        status: u16,
+    ) -> (PathBuf, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let path = dir.join("egress.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut b = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        s.read_exact(&mut b).await.unwrap();
+                        head.push(b[0]);
+                    }
+                    tx.send(String::from_utf8(head).unwrap()).unwrap();
+                    let answer = format!("HTTP/1.1 {status} Whatever\r\n\r\n");
+                    if status != 200 {
+                        // A refusal's body is the proxy's, never passed on as the endpoint's.
+                        s.write_all(format!("{answer}refused").as_bytes())
+                            .await
+                            .unwrap();
+                        return;
+                    }
+                    s.write_all(format!("{answer}hello ").as_bytes())
+                        .await
+                        .unwrap();
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        (path, rx)
+    }
+
+    #[tokio::test]
+    async fn a_connection_to_a_loopback_endpoint_is_a_tunnel_through_the_proxy() {
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, mut heads) = fake_proxy(dir.path(), 200).await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(serve_endpoint(listener, socket, "127.0.0.1:8000".into()));
+        let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        c.write_all(b"ping").await.unwrap();
+        let mut got = [0u8; 10];
+        c.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hello ping");
+        assert_eq!(
+            heads.recv().await.unwrap(),
+            "CONNECT 127.0.0.1:8000 HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n\r\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn through_the_real_proxy_a_declared_endpoint_on_this_machine_is_reached() {
+        // A local model server, declared; the proxy gives the job its socket.
+        let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let declared = server.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = server.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut b = [0u8; 4];
+                    s.read_exact(&mut b).await.unwrap();
+                    s.write_all(b"pong").await.unwrap();
+                });
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let files = crate::files::RuleFiles {
+            allowlist: dir.path().join("egress-allowlist.conf"),
+            endpoints: dir.path().join("model-endpoints.json"),
+        };
+        std::fs::write(&files.allowlist, "").unwrap();
+        std::fs::write(
+            &files.endpoints,
+            format!(
+                r#"{{"version": 1, "endpoints": [{{"id": "local", "host": "127.0.0.1", "port": {declared}}}]}}"#
+            ),
+        )
+        .unwrap();
+        let proxy = crate::Proxy::new(
+            files,
+            crate::dns::Resolver::System,
+            crate::Limits::default(),
+        );
+        let socket = dir.path().join("egress.sock");
+        proxy.open_job("job-1", &socket).unwrap();
+        let relay = |authority: String| {
+            let socket = socket.clone();
+            async move {
+                let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let port = l.local_addr().unwrap().port();
+                tokio::spawn(serve_endpoint(l, socket, authority));
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .unwrap()
+            }
+        };
+        let mut c = relay(format!("127.0.0.1:{declared}")).await;
+        c.write_all(b"ping").await.unwrap();
+        let mut got = [0u8; 4];
+        c.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"pong");
+        // Its neighbour is not declared: refused, and the job's record will say so.
+        let mut c = relay(format!("127.0.0.1:{}", declared + 1)).await;
+        let mut got = Vec::new();
+        c.read_to_end(&mut got).await.unwrap();
+        assert!(got.is_empty());
+        let denied = proxy.close_job("job-1").unwrap();
+        assert_eq!(denied.len(), 1, "{denied:?}");
+        assert_eq!(
+            (denied[0].host.as_str(), denied[0].port),
+            ("127.0.0.1", declared + 1)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_tunnel_closes_the_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, mut heads) = fake_proxy(dir.path(), 403).await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(serve_endpoint(listener, socket, "localhost:9000".into()));
+        let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        c.read_to_end(&mut got).await.unwrap();
+        assert!(got.is_empty(), "{got:?}");
+        assert!(
+            heads
+                .recv()
+                .await
+                .unwrap()
+                .starts_with("CONNECT localhost:9000 ")
+        );
+    }
 }

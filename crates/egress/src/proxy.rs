@@ -327,16 +327,18 @@ impl Proxy {
         S: AsyncRead + AsyncWrite + Unpin,
     {
         let limits = &self.inner.limits;
-        let _total = Count::enter(&self.inner.total);
+        // A job past its own bound is refused before it counts in all: its extra connections
+        // never take the places of other jobs.
         let _mine = Count::enter(&job.open);
-        if _total.0 > limits.total {
-            let _ = answer(&mut client, 503, "too-many-connections").await;
-            tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections");
+        if _mine.0 > limits.per_job {
+            tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections-for-job");
+            let _ = answer(&mut client, 429, "too-many-connections-for-job").await;
             return None;
         }
-        if _mine.0 > limits.per_job {
-            let _ = answer(&mut client, 429, "too-many-connections-for-job").await;
-            tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections-for-job");
+        let _total = Count::enter(&self.inner.total);
+        if _total.0 > limits.total {
+            tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections");
+            let _ = answer(&mut client, 503, "too-many-connections").await;
             return None;
         }
         let head = match tokio::time::timeout(
@@ -346,21 +348,26 @@ impl Proxy {
         .await
         {
             Err(_) => {
-                let _ = answer(&mut client, 408, "head-timeout").await;
                 tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "head-timeout");
+                let _ = answer(&mut client, 408, "head-timeout").await;
                 return None;
             }
             Ok(Err(HeadError::TooLarge)) => {
-                let _ = answer(&mut client, 431, "head-too-large").await;
                 tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "head-too-large");
+                let _ = answer(&mut client, 431, "head-too-large").await;
+                return None;
+            }
+            Ok(Err(HeadError::Malformed)) => {
+                tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "bad-request");
+                let _ = answer(&mut client, 400, "bad-request").await;
                 return None;
             }
             Ok(Err(HeadError::Closed)) => return None,
             Ok(Ok(head)) => head,
         };
         let Some(request) = parse_request(&head.bytes[..head.len]) else {
-            let _ = answer(&mut client, 400, "bad-request").await;
             tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "bad-request");
+            let _ = answer(&mut client, 400, "bad-request").await;
             return None;
         };
         let target = match &request.kind {
@@ -504,8 +511,13 @@ struct Head {
 
 enum HeadError {
     TooLarge,
+    /// Not the start of an HTTP request, however much more comes.
+    Malformed,
     Closed,
 }
+
+/// The most header fields a request may have; more is a head too large.
+const MAX_HEADERS: usize = 100;
 
 async fn read_head<S: AsyncRead + Unpin>(s: &mut S, max: usize) -> Result<Head, HeadError> {
     let mut bytes = Vec::with_capacity(1024);
@@ -522,11 +534,24 @@ async fn read_head<S: AsyncRead + Unpin>(s: &mut S, max: usize) -> Result<Head, 
             if len > max {
                 return Err(HeadError::TooLarge);
             }
+            check_head(&bytes[..len])?;
             return Ok(Head { bytes, len });
         }
         if bytes.len() > max {
             return Err(HeadError::TooLarge);
         }
+        // Garbage (a TLS hello sent to the proxy itself, say) is told at once, not waited on.
+        check_head(&bytes)?;
+    }
+}
+
+/// Whether `bytes` are (the start of) a request head.
+fn check_head(bytes: &[u8]) -> Result<(), HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    match httparse::Request::new(&mut headers).parse(bytes) {
+        Ok(_) => Ok(()),
+        Err(httparse::Error::TooManyHeaders) => Err(HeadError::TooLarge),
+        Err(_) => Err(HeadError::Malformed),
     }
 }
 
@@ -540,17 +565,12 @@ struct Request {
     kind: Kind,
 }
 
-/// Headers a proxy consumes or that would keep a plain connection open for another request.
-const DROPPED: [&str; 5] = [
-    "proxy-connection",
-    "proxy-authorization",
-    "connection",
-    "keep-alive",
-    "upgrade",
-];
+/// Headers a proxy consumes or that would keep a plain connection open for another request (and
+/// every `Proxy-*` header, below); `Host` is written anew from the request's target.
+const DROPPED: [&str; 4] = ["connection", "keep-alive", "upgrade", "host"];
 
 fn parse_request(head: &[u8]) -> Option<Request> {
-    let mut headers = [httparse::EMPTY_HEADER; 100];
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}
@@ -565,6 +585,7 @@ fn parse_request(head: &[u8]) -> Option<Request> {
     }
     let target = rules::plain_target(uri)?;
     let after = &uri[7..];
+    let authority = &after[..after.find(['/', '?', '#']).unwrap_or(after.len())];
     let origin = after.find(['/', '?']).map_or("/", |i| &after[i..]);
     let origin = if origin.starts_with('?') {
         format!("/{origin}")
@@ -572,8 +593,14 @@ fn parse_request(head: &[u8]) -> Option<Request> {
         origin.to_owned()
     };
     let mut out = format!("{method} {origin} HTTP/1.{}\r\n", req.version.unwrap_or(1)).into_bytes();
+    // A proxy sends the target's host, whatever `Host` the client wrote (RFC 9112, 3.2.2).
+    out.extend_from_slice(format!("Host: {authority}\r\n").as_bytes());
     for h in req.headers.iter() {
-        if DROPPED.iter().any(|d| h.name.eq_ignore_ascii_case(d)) {
+        let dropped = DROPPED.iter().any(|d| h.name.eq_ignore_ascii_case(d))
+            || h.name
+                .get(..6)
+                .is_some_and(|p| p.eq_ignore_ascii_case("proxy-"));
+        if dropped {
             continue;
         }
         out.extend_from_slice(h.name.as_bytes());
@@ -587,8 +614,19 @@ fn parse_request(head: &[u8]) -> Option<Request> {
     })
 }
 
-/// A short answer that ends the connection, with the decision's code (never the host).
-async fn answer<S: AsyncWrite + Unpin>(s: &mut S, status: u16, code: &str) -> io::Result<()> {
+/// How long, and for how many bytes, a refused client is still read after its answer.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 64 * 1024;
+
+/// A short answer that ends the connection, with the decision's code (never the host). The client
+/// is then read until it is done, for a short while: closing on bytes it sent that were never read
+/// would reset the connection, and the answer with it (a request sent after a refusal at accept, the
+/// rest of a head too large).
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    status: u16,
+    code: &str,
+) -> io::Result<()> {
     let reason = match status {
         400 => "Bad Request",
         403 => "Forbidden",
@@ -606,7 +644,19 @@ async fn answer<S: AsyncWrite + Unpin>(s: &mut S, status: u16, code: &str) -> io
         body.len()
     );
     s.write_all(text.as_bytes()).await?;
-    s.shutdown().await
+    s.shutdown().await?;
+    let drain = async {
+        let mut buf = [0u8; 4096];
+        let mut left = LINGER_BYTES;
+        while left > 0 {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
+    Ok(())
 }
 
 enum ConnectError {

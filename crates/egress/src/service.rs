@@ -72,6 +72,7 @@ pub fn start(options: Options) -> Result<Started, StartError> {
     let listener = UnixListener::bind(&socket).map_err(|e| StartError::Socket(e.kind()))?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| StartError::Socket(e.kind()))?;
+    raise_open_files(&options.limits);
     let proxy = Proxy::new(options.files, options.resolver, options.limits);
     let control = tokio::spawn(control::serve(proxy.clone(), listener));
     tracing::info!(event = "egress_proxy_started", pid = std::process::id());
@@ -92,4 +93,31 @@ fn lock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StartError> {
         .map_err(|e| StartError::Folder(e.kind()))?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
         .map_err(|_| StartError::Running)
+}
+
+/// Raises the soft limit of open files to the hard one. A tunnel holds two and a lookup one more:
+/// at the soft limit a service gets by default (1024) the proxy would fail near 500 tunnels, far
+/// below its total. Says so when even the hard limit is short of the total.
+fn raise_open_files(limits: &Limits) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    let now = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        hard
+    } else {
+        soft
+    };
+    let needed = u64::try_from(limits.total)
+        .unwrap_or(u64::MAX)
+        .saturating_mul(3)
+        .saturating_add(64);
+    if now < needed {
+        tracing::warn!(
+            event = "egress_open_files_short",
+            limit = now,
+            needed,
+            "the open-files limit is below what the proxy's total of connections needs"
+        );
+    }
 }

@@ -92,8 +92,74 @@ fn terminated(job: &JobOptions, servers: Vec<ServerState>) -> ExitLine {
 /// The reason of a runner stopped by SIGTERM.
 pub const TERMINATED: &str = "terminated";
 
+/// The job's socket to the egress proxy, in its folder, when egress is on.
+pub const EGRESS_SOCKET: &str = "egress.sock";
+
+/// The forwarder's tasks, ended with the job.
+struct Forwarding(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Forwarding {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// With egress on (the job's folder holds its socket to the proxy): the proxy variables' loopback
+/// port, and each of the job's endpoints on the worker's own machine at its own address and port,
+/// carried to the proxy. Nothing else of the job starts until they listen; a port that cannot be
+/// had fails the job (it would reach nothing, its model included), which is tried again.
+async fn start_egress(job: &JobOptions) -> Result<Option<Forwarding>, Stop> {
+    let socket = job.job_dir.join(EGRESS_SOCKET);
+    if !egress::forward::has_socket(&socket) {
+        return Ok(None);
+    }
+    let cannot = |what: String, e: std::io::Error| {
+        Stop::new(
+            Reason::ModelUnreachable,
+            None,
+            format!(
+                "the egress forwarder cannot listen on {what} inside the sandbox ({}), so the job would reach nothing",
+                e.kind()
+            ),
+        )
+    };
+    let listener = egress::forward::bind()
+        .await
+        .map_err(|e| cannot(format!("127.0.0.1:{}", egress::forward::PORT), e))?;
+    let mut tasks = vec![tokio::spawn(egress::forward::serve(
+        listener,
+        socket.clone(),
+    ))];
+    let declared = job
+        .env
+        .iter()
+        .find(|(k, _)| k == egress::forward::LOOPBACK_VARIABLE)
+        .map(|(_, v)| egress::forward::loopback_endpoints(v))
+        .unwrap_or_default();
+    for endpoint in declared {
+        let listeners = egress::forward::bind_endpoint(&endpoint)
+            .await
+            .map_err(|e| cannot(endpoint.authority.clone(), e))?;
+        for l in listeners {
+            tasks.push(tokio::spawn(egress::forward::serve_endpoint(
+                l,
+                socket.clone(),
+                endpoint.authority.clone(),
+            )));
+        }
+    }
+    Ok(Some(Forwarding(tasks)))
+}
+
 /// Runs the job and says how it ended.
 pub async fn run(mut job: JobOptions) -> ExitLine {
+    // Before anything else: with egress on, the way out.
+    let _forwarding = match start_egress(&job).await {
+        Ok(f) => f,
+        Err(stop) => return stopped(&job, &stop, Vec::new()),
+    };
     // Every process the runner starts carries the runner's pid (the meter's variable), so the
     // guard can find them if the runner is killed outright.
     let me = std::process::id();
@@ -302,10 +368,9 @@ async fn agent(
     monitors: &[(String, crate::http::Monitor)],
     term: &mut tokio::signal::unix::Signal,
 ) -> AgentEnd {
-    let env = job
-        .env
-        .iter()
-        .filter(|(k, _)| !secrets.contains(k) && k != DIGEST_VARIABLE);
+    let env = job.env.iter().filter(|(k, _)| {
+        !secrets.contains(k) && k != DIGEST_VARIABLE && k != egress::forward::LOOPBACK_VARIABLE
+    });
     let mut cmd = match &job.agent {
         Agent::Command(argv) => {
             let Some((program, args)) = argv.split_first() else {

@@ -11,7 +11,7 @@ use config::mcp::METER_VARIABLES;
 use crate::resolve::Secret;
 
 /// Names a stdio server gets from the runner's environment when the runner has them.
-pub const BASE_VARIABLES: [&str; 13] = [
+pub const BASE_VARIABLES: [&str; 14] = [
     "PATH",
     "HOME",
     "LANG",
@@ -24,6 +24,8 @@ pub const BASE_VARIABLES: [&str; 13] = [
     "https_proxy",
     "http_proxy",
     "no_proxy",
+    // Node 22 reads the proxy variables (for fetch) only with it.
+    "NODE_USE_ENV_PROXY",
     "LC_ALL",
 ];
 
@@ -90,6 +92,10 @@ mod tests {
             ("PI_DISPATCH_CHILD_LEDGER", "/run/ledger"),
             ("PI_DISPATCH_RUNNER_PID", "7"),
             ("TMPDIR", ""),
+            ("HTTPS_PROXY", "http://127.0.0.1:3128"),
+            ("NO_PROXY", "127.0.0.1"),
+            ("NODE_USE_ENV_PROXY", "1"),
+            ("PI_DISPATCH_EGRESS_LOOPBACK", "127.0.0.1:8000"),
         ]);
         let own = vec![
             ("FILES_TOKEN".to_owned(), Secret::for_tests("f")),
@@ -103,8 +109,11 @@ mod tests {
             [
                 "FILES_TOKEN",
                 "HOME",
+                "HTTPS_PROXY",
                 "LC_CTYPE",
                 "NODE_OPTIONS",
+                "NODE_USE_ENV_PROXY",
+                "NO_PROXY",
                 "PATH",
                 "PI_DISPATCH_CHILD_LEDGER",
                 "PI_DISPATCH_RUNNER_PID"

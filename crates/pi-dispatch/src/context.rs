@@ -14,6 +14,8 @@ pub struct Context {
     pub dir: PathBuf,
     env: fn(&str) -> Option<String>,
     dotenv: OnceCell<Result<Dotenv, String>>,
+    /// `--log-format` as given (`text` or `json`), for a program the command starts itself.
+    pub log_format: &'static str,
 }
 
 /// Why settings could not be resolved: the `.env` itself, or the values in it.
@@ -39,6 +41,7 @@ impl Context {
             dir,
             env: |name| std::env::var(name).ok(),
             dotenv: OnceCell::new(),
+            log_format: "text",
         })
     }
 

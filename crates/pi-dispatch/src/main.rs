@@ -94,9 +94,13 @@ fn main() -> ExitCode {
         Err(e) => return usage_error(&e),
     };
     init_logs(cli.log_format);
-    let ctx = match context::Context::new(cli.dir.as_deref()) {
+    let mut ctx = match context::Context::new(cli.dir.as_deref()) {
         Ok(ctx) => ctx,
         Err(e) => return Exit::from_error(&e),
+    };
+    ctx.log_format = match cli.log_format {
+        LogFormat::Text => "text",
+        LogFormat::Json => "json",
     };
     let result = match cli.command {
         Command::Init(args) => cmd::init::run(&args, &ctx),

@@ -208,8 +208,8 @@ impl<'a> Deployment<'a> {
                         .unwrap_or_default(),
                 },
                 passwd: std::fs::read_to_string("/etc/passwd").ok(),
-                // The egress proxy is not built yet: a job with egress on is refused.
-                egress_proxy: false,
+                // This version has an egress proxy: the worker makes sure one serves its jobs.
+                egress_proxy: true,
             },
         }
     }

@@ -60,17 +60,29 @@ pub const STAGE: &str = "/stage";
 /// How long ending a job may wait for the sandbox's namespace to empty before it kills bubblewrap.
 const END_GRACE: Duration = Duration::from_secs(5);
 
+/// The file that names the host's nameservers.
+pub const RESOLV_CONF: &str = "/etc/resolv.conf";
+
 /// A host system directory as the job sees it: bound read-only, or (a merged-`/usr` link such as
-/// `/bin -> usr/bin`) made the same link.
+/// `/bin -> usr/bin`) made the same link; or the host's resolver configuration, which a job with no
+/// network of its own sees empty.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SystemPath {
     Dir(PathBuf),
-    Link { path: PathBuf, target: PathBuf },
+    Link {
+        path: PathBuf,
+        target: PathBuf,
+    },
+    /// [`RESOLV_CONF`] (or the file it links to) at its place under a bound directory: covered by
+    /// an empty file unless the job shares the host's network, so that no nameserver is named
+    /// inside (names are resolved by the egress proxy).
+    Resolver(PathBuf),
 }
 
-/// The [`SYSTEM_DIRS`] this host has, each a directory or a link.
+/// The [`SYSTEM_DIRS`] this host has, each a directory or a link, and where under them the
+/// resolver configuration is, when a job would see it.
 pub fn host_system() -> Vec<SystemPath> {
-    SYSTEM_DIRS
+    let mut system: Vec<SystemPath> = SYSTEM_DIRS
         .iter()
         .filter_map(|dir| {
             let path = PathBuf::from(dir);
@@ -84,7 +96,17 @@ pub fn host_system() -> Vec<SystemPath> {
                 None
             }
         })
-        .collect()
+        .collect();
+    // A link to a file outside the bound directories (`/run/...`) names nothing inside.
+    if let Ok(real) = std::fs::canonicalize(RESOLV_CONF)
+        && std::fs::metadata(&real).is_ok_and(|m| m.is_file())
+        && system
+            .iter()
+            .any(|p| matches!(p, SystemPath::Dir(d) if real.starts_with(d)))
+    {
+        system.push(SystemPath::Resolver(real));
+    }
+    system
 }
 
 /// A further read-only bind: a host path at a place in the sandbox.
@@ -270,9 +292,14 @@ fn job_args(spec: &SandboxSpec, from: Sources) -> Vec<OsString> {
     push(&[s("--die-with-parent"), s("--new-session")]);
     push(&[s("--cap-drop"), s("ALL")]);
 
-    // The system, read-only; merged-/usr links made again as links.
+    // The system, read-only; merged-/usr links made again as links; with no network of its own,
+    // no nameserver named.
     let system = system_args(&spec.system);
     push(&system.iter().map(OsString::as_os_str).collect::<Vec<_>>());
+    if let Some(file) = hidden_resolver(spec) {
+        let fd = OsString::from(resolver_fd(spec).to_string());
+        push(&[s("--ro-bind-data"), &fd, file.as_os_str()]);
+    }
     push(&[s("--proc"), s("/proc"), s("--dev"), s("/dev")]);
     push(&[s("--perms"), s("1777"), s("--tmpfs"), s("/tmp")]);
 
@@ -310,6 +337,23 @@ fn job_args(spec: &SandboxSpec, from: Sources) -> Vec<OsString> {
     a
 }
 
+/// The resolver configuration a job with no network of its own sees empty, if it would see one.
+fn hidden_resolver(spec: &SandboxSpec) -> Option<&Path> {
+    if spec.share_net {
+        return None;
+    }
+    spec.system.iter().find_map(|p| match p {
+        SystemPath::Resolver(file) => Some(file.as_path()),
+        _ => None,
+    })
+}
+
+/// The descriptor bubblewrap reads the hidden resolver configuration's (empty) content from: the
+/// first after the folders bound.
+fn resolver_fd(spec: &SandboxSpec) -> i32 {
+    bind_fd(bound(spec).len())
+}
+
 /// `--ro-bind DIR DIR` and `--symlink TARGET PATH` for the host's system directories.
 fn system_args(system: &[SystemPath]) -> Vec<OsString> {
     let mut a = Vec::new();
@@ -319,6 +363,7 @@ fn system_args(system: &[SystemPath]) -> Vec<OsString> {
             SystemPath::Link { path, target } => {
                 ("--symlink", target.as_os_str(), path.as_os_str())
             }
+            SystemPath::Resolver(_) => continue,
         };
         a.extend([OsString::from(flag), from.to_owned(), to.to_owned()]);
     }
@@ -561,6 +606,15 @@ pub async fn spawn(bwrap: &Path, spec: &SandboxSpec, env: &JobEnv) -> Result<San
             child_fd: bind_fd(index),
         });
     }
+    // The empty content of the resolver configuration: a file of bubblewrap's own making (a
+    // device such as /dev/null cannot be opened where the job's binds are).
+    if hidden_resolver(spec).is_some() {
+        let empty = std::fs::File::open("/dev/null")?;
+        mappings.push(FdMapping {
+            parent_fd: empty.into(),
+            child_fd: resolver_fd(spec),
+        });
+    }
     let env_fd = env_file(&env_args(env))?;
     let (info_read, info_write) = io::pipe()?;
 
@@ -781,6 +835,7 @@ mod tests {
                     path: "/bin".into(),
                     target: "usr/bin".into(),
                 },
+                SystemPath::Resolver("/etc/resolv.conf".into()),
             ],
             job_dir: "/srv/state/jobs/j1/job".into(),
             overlay_dir: "/srv/pi-global".into(),
@@ -811,6 +866,7 @@ mod tests {
             "--unshare-user --uid 65534 --gid 65534 --unshare-pid --unshare-ipc --unshare-uts \
              --unshare-net --disable-userns --die-with-parent --new-session --cap-drop ALL \
              --ro-bind /usr /usr --ro-bind /etc /etc --symlink usr/bin /bin \
+             --ro-bind-data 10 /etc/resolv.conf \
              --proc /proc --dev /dev --perms 1777 --tmpfs /tmp \
              --ro-bind-fd 5 /job --ro-bind-fd 6 /opt/pi-global --ro-bind-fd 7 /opt/pi-dispatch-image \
              --bind-fd 8 /workspace --ro-bind-fd 9 /opt/cache \
@@ -876,6 +932,8 @@ mod tests {
             ..spec()
         }));
         assert!(!a.contains("--unshare-net"), "{a}");
+        // The host's nameservers, as the host has them.
+        assert!(!a.contains("resolv.conf"), "{a}");
         assert!(a.contains("--uid 1234 --gid 4321"), "{a}");
         assert!(a.contains("--unshare-pid"), "{a}");
     }
@@ -968,10 +1026,18 @@ mod tests {
         let system = host_system();
         assert!(system.contains(&SystemPath::Dir("/usr".into())));
         for p in &system {
-            let path = match p {
-                SystemPath::Dir(p) | SystemPath::Link { path: p, .. } => p,
-            };
-            assert!(SYSTEM_DIRS.contains(&path.to_str().unwrap()));
+            match p {
+                SystemPath::Dir(p) | SystemPath::Link { path: p, .. } => {
+                    assert!(SYSTEM_DIRS.contains(&p.to_str().unwrap()))
+                }
+                // Only a file a job would see: one under a bound directory.
+                SystemPath::Resolver(file) => assert!(
+                    system
+                        .iter()
+                        .any(|d| matches!(d, SystemPath::Dir(d) if file.starts_with(d))),
+                    "{file:?}"
+                ),
+            }
         }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! The order is the product's: base `PI_*` settings, the provider's key under pi's own variable
 //! name, the `PI_FORWARD_ENV` names (values from the worker's environment), the `run.secrets`
-//! values, the proxy variables, `HOME`, then the worker's computed values and the forge token. A
+//! values, the proxy variables (both spellings, and Node's switch for them), `HOME`, then the worker's computed values and the forge token. A
 //! name set again by a later part takes the later value (and the later place), so nothing an
 //! operator lists early can replace what the worker sets after it. An empty value is left out: it
 //! neither sets a variable nor clears one set before.
@@ -15,6 +15,9 @@ use crate::secrets::Secret;
 
 /// The variable that tells pi to stay off the network for its own checks.
 pub const OFFLINE: &str = "PI_OFFLINE";
+
+/// The variable without which Node 22 does not read the proxy variables for `fetch`.
+pub const NODE_USE_ENV_PROXY: &str = "NODE_USE_ENV_PROXY";
 
 /// The parts of a job's environment, in the order they are applied.
 #[derive(Debug, Clone, Copy)]
@@ -61,7 +64,8 @@ impl<'a> Parts<'a> {
     }
 }
 
-/// The egress proxy's variables.
+/// The egress proxy's variables: `HTTPS_PROXY`, `HTTP_PROXY` and `NO_PROXY`, each also in
+/// lowercase, and `NODE_USE_ENV_PROXY=1` when there is a proxy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Proxy {
     pub https: String,
@@ -193,9 +197,19 @@ pub fn build(parts: &Parts, host: &dyn Fn(&str) -> Option<String>) -> Result<Job
     }
 
     if let Some(proxy) = parts.proxy {
-        env.set("HTTPS_PROXY", plain(&proxy.https))?;
-        env.set("HTTP_PROXY", plain(&proxy.http))?;
-        env.set("NO_PROXY", plain(&proxy.no_proxy))?;
+        // Both spellings: curl and wget read only the lowercase one for some schemes, and Node 22's
+        // fetch reads them at all only with NODE_USE_ENV_PROXY.
+        for (upper, lower, value) in [
+            ("HTTPS_PROXY", "https_proxy", &proxy.https),
+            ("HTTP_PROXY", "http_proxy", &proxy.http),
+            ("NO_PROXY", "no_proxy", &proxy.no_proxy),
+        ] {
+            env.set(upper, plain(value))?;
+            env.set(lower, plain(value))?;
+        }
+        if !proxy.https.is_empty() || !proxy.http.is_empty() {
+            env.set(NODE_USE_ENV_PROXY, plain("1"))?;
+        }
     }
 
     env.set("HOME", plain(parts.home))?;
@@ -303,8 +317,12 @@ mod tests {
                 "DOCS_URL",
                 "DOCS_TOKEN",
                 "HTTPS_PROXY",
+                "https_proxy",
                 "HTTP_PROXY",
+                "http_proxy",
                 "NO_PROXY",
+                "no_proxy",
+                "NODE_USE_ENV_PROXY",
                 "HOME",
                 "PATH",
                 "PI_DISPATCH_MCP_DIGEST",
@@ -324,6 +342,8 @@ mod tests {
         // A secret and forwarded names that try to take the worker's variables.
         let secrets = vec![
             ("HTTPS_PROXY".to_owned(), Secret::new("http://evil")),
+            ("http_proxy".to_owned(), Secret::new("http://evil")),
+            ("NODE_USE_ENV_PROXY".to_owned(), Secret::new("0")),
             ("PI_JOB_ID".to_owned(), Secret::new("from-secret")),
         ];
         let proxy = Proxy {
@@ -340,6 +360,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(env.get("HTTPS_PROXY").unwrap().expose(), "http://proxy");
+        assert_eq!(env.get("http_proxy").unwrap().expose(), "http://proxy");
+        assert_eq!(env.get("NODE_USE_ENV_PROXY").unwrap().expose(), "1");
         assert_eq!(env.get("HOME").unwrap().expose(), "/tmp/home");
         assert_eq!(env.get("GITHUB_TOKEN").unwrap().expose(), "minted");
         // A later part wins over an earlier one, and each name is there once.

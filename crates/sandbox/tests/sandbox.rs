@@ -410,6 +410,62 @@ async fn the_network_is_the_hosts_only_when_shared() {
 }
 
 #[tokio::test]
+async fn with_no_network_of_its_own_the_job_has_loopback_no_nameserver_and_its_socket() {
+    // The way out a job with egress on has: a socket in its folder, mode 0666 (the proxy's).
+    let fx = Fixture::new(NOBODY, NOBODY);
+    let path = fx.job.join("egress.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let serve = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        s.write_all(b"through the socket\n").await.unwrap();
+    });
+    // Loopback answers inside (a listener and a connection of the job's own), no nameserver is
+    // named, and the job's user reaches the socket bound at /job.
+    let script = r#"perl -MIO::Socket::INET -MIO::Socket::UNIX -e '
+        my $l = IO::Socket::INET->new(Listen => 1, LocalAddr => "127.0.0.1:0") or die "listen: $!";
+        my $c = IO::Socket::INET->new(PeerAddr => "127.0.0.1:" . $l->sockport) or die "connect: $!";
+        my $a = $l->accept; print $c "over loopback\n"; close $c; print scalar <$a>;
+        my $u = IO::Socket::UNIX->new(Peer => "/job/egress.sock") or die "unix: $!";
+        print scalar <$u>;'
+        printf 'resolv.conf: %s bytes\n' "$(wc -c < /etc/resolv.conf)""#;
+    let out = run(&fx.spec(script), &job_env(&[])).await;
+    assert!(out.status.success(), "{}", out.stderr);
+    let system = bwrap::host_system();
+    let hidden = system
+        .iter()
+        .any(|p| matches!(p, bwrap::SystemPath::Resolver(_)));
+    let resolver = if hidden {
+        "resolv.conf: 0 bytes\n"
+    } else {
+        // This host's resolv.conf links outside the bound folders: there is none inside.
+        "resolv.conf:  bytes\n"
+    };
+    assert_eq!(
+        out.stdout,
+        format!("over loopback\nthrough the socket\n{resolver}"),
+        "{}",
+        out.stderr
+    );
+    tokio::time::timeout(BOUND, serve).await.unwrap().unwrap();
+
+    // Sharing the host's network, the job reads the host's nameservers.
+    if hidden {
+        let shared = SandboxSpec {
+            share_net: true,
+            host: None,
+            ..fx.spec("cat /etc/resolv.conf")
+        };
+        let out = run(&shared, &job_env(&[])).await;
+        assert!(out.status.success(), "{}", out.stderr);
+        assert_eq!(
+            out.stdout,
+            std::fs::read_to_string(bwrap::RESOLV_CONF).unwrap()
+        );
+    }
+}
+
+#[tokio::test]
 async fn the_environment_is_exactly_the_map() {
     let fx = Fixture::new(NOBODY, NOBODY);
     let env = job_env(&[

@@ -73,20 +73,41 @@ pub enum Read<T> {
     Failed(String),
 }
 
-/// Proves that a job can reach a declared endpoint through the egress proxy. The proxy does not
-/// exist yet; [`NoRouteProof`] says so, and the proxy's issue replaces it with a real one that asks
-/// the proxy for a route and passes once anything answers there.
+/// The egress proxy, as doctor reaches it: the one the worker's jobs use (or, when none runs, one
+/// doctor starts with the same files and settings), and what doctor proves through it.
 pub trait RouteProof {
-    /// `Ok(())` when proven, `Err(why)` when not (or when it cannot be tried).
+    /// Whether a proxy answers, and which.
+    fn proxy(&self) -> ProxyFound {
+        ProxyFound::NotAsked
+    }
+    /// Through the proxy, as a job: `Ok(())` once anything answers at `host:port` (an https
+    /// server closing a plain request included), `Err(why)` when not.
     fn prove(&self, host: &str, port: u16) -> Result<(), String>;
+    /// Through the proxy, as a job: `Ok(())` when a host on no list is refused.
+    fn canary(&self) -> Result<(), String> {
+        Err("not asked".to_owned())
+    }
 }
 
-/// The stand-in until the egress proxy exists: nothing can be proven.
+/// What doctor found of the egress proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProxyFound {
+    /// Not looked for (unit tests of the other checks).
+    NotAsked,
+    /// A proxy answers on the control socket: the worker's jobs go through it.
+    Running { pid: u32, jobs: usize },
+    /// None answers; doctor started one for its own checks (the worker starts its own).
+    StartedForDoctor,
+    /// None answers and none can be started: why.
+    Unavailable(String),
+}
+
+/// A proof that is never asked for: nothing is proven and no proxy is looked for.
 pub struct NoRouteProof;
 
 impl RouteProof for NoRouteProof {
     fn prove(&self, _host: &str, _port: u16) -> Result<(), String> {
-        Err("not proven: the route proof through the egress proxy is not built yet".to_owned())
+        Err("not proven: doctor did not reach an egress proxy".to_owned())
     }
 }
 
@@ -116,9 +137,6 @@ pub struct Inputs {
     /// The default job image: whether its runner is there, and the pi version its labels give.
     pub image_runner: bool,
     pub image_pi_version: Option<String>,
-    /// Whether this version has an egress proxy for jobs (not yet: the worker refuses jobs with
-    /// egress on).
-    pub egress_proxy: bool,
 }
 
 /// Where the embedded backend expects bubblewrap, and (for a root worker) setpriv.
@@ -182,7 +200,6 @@ pub fn gather(settings: Settings) -> Inputs {
             .then(|| is_executable(Path::new(SETPRIV))),
         image_runner: is_executable(&image.join(crate::image::RUNNER)),
         image_pi_version,
-        egress_proxy: false,
         auth_json: present("auth.json"),
         mcp_auth_json: present("mcp-auth.json"),
         settings,
@@ -344,8 +361,7 @@ fn deployment_checks(inputs: &Inputs, out: &mut Vec<Check>) -> bool {
     true
 }
 
-/// What running jobs on this machine needs: bubblewrap, the job image, and (until the egress
-/// proxy exists) egress off.
+/// What running jobs on this machine needs: bubblewrap and the job image.
 fn runtime_checks(inputs: &Inputs, out: &mut Vec<Check>) {
     let s = &inputs.settings;
     out.push(if inputs.bwrap {
@@ -382,15 +398,6 @@ fn runtime_checks(inputs: &Inputs, out: &mut Vec<Check>) {
             )
         },
     });
-    if s.egress && !inputs.egress_proxy {
-        out.push(Check {
-            reason: Some("egress-proxy-missing".to_owned()),
-            ..Check::fail(
-                "egress is on and this version has no egress proxy: every job is refused (egress-proxy-missing)",
-                "set PI_EGRESS=0 in .env to run jobs on the host's network until the proxy exists",
-            )
-        });
-    }
 }
 
 fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
@@ -485,6 +492,34 @@ fn models_check(inputs: &Inputs, out: &mut Vec<Check>) {
     }
 }
 
+/// The proxy itself: answering, and refusing a host on no list.
+fn proxy_checks(proof: &dyn RouteProof, out: &mut Vec<Check>) {
+    match proof.proxy() {
+        ProxyFound::NotAsked => return,
+        ProxyFound::Running { pid, jobs } => out.push(Check::ok(format!(
+            "egress proxy: running (pid {pid}, {} open)",
+            plural(jobs, "job")
+        ))),
+        ProxyFound::StartedForDoctor => out.push(Check::ok(
+            "egress proxy: none running (the worker starts its own); doctor checked with one of its own on the same files",
+        )),
+        ProxyFound::Unavailable(why) => {
+            out.push(Check::fail(
+                format!("egress proxy: none answers and none can be started ({why}): jobs with egress on cannot run"),
+                "run `pi-dispatch egress-proxy` in the foreground to see why it stops, or set PI_EGRESS=0",
+            ));
+            return;
+        }
+    }
+    out.push(match proof.canary() {
+        Ok(()) => Check::ok("egress proxy: a host on no list is refused"),
+        Err(why) => Check::fail(
+            format!("egress proxy: a host on no list was not refused ({why})"),
+            "stop the process that answers on the egress control socket: it is not pi-dispatch's proxy, or not this version's",
+        ),
+    });
+}
+
 fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) {
     let s = &inputs.settings;
     let allow_file = s.egress_allowlist.display();
@@ -541,9 +576,20 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
     if !s.egress {
         out.push(Check::warn(
             "egress policy off (PI_EGRESS=0): jobs can reach any host",
-            "once this version has its egress proxy, set PI_EGRESS=1 (or leave it empty) so that jobs reach only the allowlisted hosts and declared endpoints",
+            "set PI_EGRESS=1 (or leave it empty) so that jobs reach only the allowlisted hosts and declared endpoints, through the egress proxy",
         ));
         return;
+    }
+    proxy_checks(proof, out);
+    if let Some(declared) = declared {
+        for e in &declared.endpoints {
+            if config::url::is_loopback(&e.host) {
+                out.push(Check::ok(format!(
+                    "declared endpoint {} is on this machine ({}:{}): jobs reach that port of it and nothing else here",
+                    e.id, e.host, e.port
+                )));
+            }
+        }
     }
     let (Read::Parsed(overlay), Some(allowlist), Some(declared)) =
         (&inputs.mcp, allowlist, declared)
@@ -583,7 +629,7 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
                             "server {} is on declared endpoint {id} ({host}:{port}), which no overlay model uses: {why}",
                             server.name
                         ),
-                        "check that the endpoint answers from this host; doctor will prove the route through the egress proxy once it exists",
+                        "check that the server runs and listens on that host and port, as seen from this machine",
                     )),
                 }
             }

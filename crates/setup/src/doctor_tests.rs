@@ -65,7 +65,6 @@ fn healthy() -> Inputs {
         setpriv: Some(true),
         image_runner: true,
         image_pi_version: Some("1.6.0".into()),
-        egress_proxy: true,
     }
 }
 
@@ -111,17 +110,6 @@ fn what_running_jobs_needs_is_checked() {
             .as_deref()
             .unwrap()
             .contains("image install pi-job")
-    );
-    // Until the egress proxy exists, egress on refuses every job: doctor says so.
-    let no_proxy = Inputs {
-        egress_proxy: false,
-        ..healthy()
-    };
-    let out = run(&no_proxy, &Proving::default());
-    assert!(
-        out.iter()
-            .any(|c| c.level == Level::Fail && c.reason.as_deref() == Some("egress-proxy-missing")),
-        "{out:#?}"
     );
 }
 
@@ -916,5 +904,94 @@ fn an_endpoint_shared_by_servers_is_proven_once() {
     assert_eq!(
         out.iter().filter(|c| c.label.contains("is proven")).count(),
         2
+    );
+}
+
+/// A proxy as doctor might find it.
+struct Found {
+    proxy: ProxyFound,
+    canary: Result<(), String>,
+}
+
+impl RouteProof for Found {
+    fn proxy(&self) -> ProxyFound {
+        self.proxy.clone()
+    }
+    fn prove(&self, _host: &str, _port: u16) -> Result<(), String> {
+        Ok(())
+    }
+    fn canary(&self) -> Result<(), String> {
+        self.canary.clone()
+    }
+}
+
+#[test]
+fn the_proxy_answers_and_refuses_a_host_on_no_list() {
+    let running = Found {
+        proxy: ProxyFound::Running { pid: 42, jobs: 1 },
+        canary: Ok(()),
+    };
+    let out = run(&healthy(), &running);
+    assert_eq!(the(&out, "egress proxy: running").level, Level::Ok);
+    assert_eq!(the(&out, "pid 42, 1 job open").level, Level::Ok);
+    assert_eq!(the(&out, "a host on no list is refused").level, Level::Ok);
+    assert!(not_ok(&out).is_empty(), "{out:#?}");
+
+    let own = Found {
+        proxy: ProxyFound::StartedForDoctor,
+        canary: Ok(()),
+    };
+    let out = run(&healthy(), &own);
+    assert_eq!(the(&out, "egress proxy: none running").level, Level::Ok);
+
+    // A proxy that lets the canary through is not one jobs can trust.
+    let open = Found {
+        proxy: ProxyFound::Running { pid: 42, jobs: 0 },
+        canary: Err("it answered 200".into()),
+    };
+    let out = run(&healthy(), &open);
+    assert_eq!(the(&out, "was not refused").level, Level::Fail);
+
+    let none = Found {
+        proxy: ProxyFound::Unavailable("the folder cannot be made".into()),
+        canary: Ok(()),
+    };
+    let out = run(&healthy(), &none);
+    let c = the(&out, "none answers and none can be started");
+    assert_eq!(c.level, Level::Fail);
+    assert!(fix(c).contains("pi-dispatch egress-proxy"), "{c:?}");
+    // No canary without a proxy.
+    assert!(
+        !labels(&out).iter().any(|l| l.contains("no list")),
+        "{out:#?}"
+    );
+
+    // With egress off there is no proxy to check.
+    let off = Inputs {
+        settings: settings(false),
+        ..healthy()
+    };
+    let out = run(&off, &none);
+    assert!(
+        !labels(&out).iter().any(|l| l.starts_with("egress proxy")),
+        "{out:#?}"
+    );
+}
+
+#[test]
+fn a_declared_endpoint_on_this_machine_is_said() {
+    let inputs = Inputs {
+        endpoints: endpoints(r#"{"id": "local", "host": "127.0.0.1", "port": 8000}"#),
+        ..healthy()
+    };
+    let out = run(&inputs, &NoRouteProof);
+    let c = the(
+        &out,
+        "declared endpoint local is on this machine (127.0.0.1:8000)",
+    );
+    assert_eq!(c.level, Level::Ok);
+    assert!(
+        c.label.contains("that port of it and nothing else"),
+        "{c:?}"
     );
 }

@@ -1,15 +1,34 @@
 //! A nameserver on loopback for the egress proxy's tests: it answers A and AAAA questions from a
 //! table the test sets, where a name may have a list of answers given in turn (the last one
-//! repeated), as a rebinding attacker's server does, and counts the questions it was asked.
+//! repeated), as a rebinding attacker's server does, and counts the questions it was asked. Turns
+//! and counts are kept apart for each record type: the first A question and the first AAAA question
+//! both get the first answer.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex};
 
+/// A record type the nameserver answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Record {
+    A,
+    Aaaa,
+}
+
+impl Record {
+    fn qtype(self) -> u16 {
+        match self {
+            Record::A => 1,
+            Record::Aaaa => 28,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Table {
     answers: HashMap<String, Vec<Vec<IpAddr>>>,
-    asked: HashMap<String, usize>,
+    /// Questions by name and query type.
+    asked: HashMap<(String, u16), usize>,
 }
 
 /// The nameserver; it stops when dropped.
@@ -38,21 +57,30 @@ impl FakeDns {
         self.set_turns(name, &[addrs]);
     }
 
-    /// `name` answers each list in turn, one a question, then the last again and again.
+    /// `name` answers each list in turn, one a question of each record type, then the last again
+    /// and again.
     pub fn set_turns(&self, name: &str, turns: &[&[IpAddr]]) {
         let mut t = self.table.lock().unwrap();
         t.answers
             .insert(name.to_owned(), turns.iter().map(|a| a.to_vec()).collect());
-        t.asked.remove(name);
+        t.asked.retain(|(n, _), _| n != name);
     }
 
-    /// How many questions (A and AAAA count apart) were asked about `name`.
+    /// How many questions of any type were asked about `name`.
     pub fn asked(&self, name: &str) -> usize {
-        self.table
-            .lock()
-            .unwrap()
-            .asked
-            .get(name)
+        let t = self.table.lock().unwrap();
+        t.asked
+            .iter()
+            .filter(|((n, _), _)| n == name)
+            .map(|(_, count)| count)
+            .sum()
+    }
+
+    /// How many questions for `record` were asked about `name`.
+    pub fn asked_for(&self, name: &str, record: Record) -> usize {
+        let t = self.table.lock().unwrap();
+        t.asked
+            .get(&(name.to_owned(), record.qtype()))
             .copied()
             .unwrap_or(0)
     }
@@ -100,8 +128,11 @@ fn reply(q: &[u8], table: &Mutex<Table>) -> Option<Vec<u8>> {
     let name = labels.join(".");
     let addrs: Vec<IpAddr> = {
         let mut t = table.lock().unwrap();
-        *t.asked.entry(name.clone()).or_insert(0) += 1;
-        let turn = t.asked[&name];
+        let turn = {
+            let asked = t.asked.entry((name.clone(), qtype)).or_insert(0);
+            *asked += 1;
+            *asked
+        };
         match t.answers.get(&name) {
             Some(turns) => turns[(turn - 1).min(turns.len() - 1)].clone(),
             None => Vec::new(),

@@ -1,4 +1,5 @@
-//! A scripted model provider: an OpenAI-compatible `/v1/chat/completions` on a loopback port,
+//! A scripted model provider: an OpenAI-compatible `/v1/chat/completions` on a loopback port (or a
+//! test host's),
 //! answering each request with the next step of its script as a streamed chunk sequence (a tool
 //! call, or text), and keeping every request it received for the test to read.
 //!
@@ -6,7 +7,7 @@
 //! cannot run here (a real model) is faked; pi, its HTTP client and the wire format are real.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
@@ -90,6 +91,8 @@ impl Request {
 /// The provider; stops listening when dropped.
 pub struct FakeModel {
     pub port: u16,
+    /// The address clients reach it at (127.0.0.1, or a test host's).
+    address: IpAddr,
     requests: Arc<Mutex<Vec<Request>>>,
     listener: Option<TcpListener>,
 }
@@ -106,6 +109,12 @@ impl FakeModel {
     /// Listens on `port` of 127.0.0.1 (0: any free port).
     pub fn start_on(port: u16, script: Vec<Step>) -> FakeModel {
         let listener = TcpListener::bind(("127.0.0.1", port)).expect("the port is free");
+        FakeModel::serve(listener, Ipv4Addr::LOCALHOST.into(), script)
+    }
+
+    /// Serves on `listener`, which clients reach at `address` (a listener bound in a test host,
+    /// say: [`crate::netns::TestHost::tcp`], reached at the host's address).
+    pub fn serve(listener: TcpListener, address: IpAddr, script: Vec<Step>) -> FakeModel {
         let port = listener.local_addr().unwrap().port();
         let requests = Arc::new(Mutex::new(Vec::new()));
         let seen = requests.clone();
@@ -133,13 +142,14 @@ impl FakeModel {
         });
         FakeModel {
             port,
+            address,
             requests,
             listener: Some(listener),
         }
     }
 
     pub fn base_url(&self) -> String {
-        format!("http://127.0.0.1:{}/v1", self.port)
+        format!("http://{}/v1", SocketAddr::new(self.address, self.port))
     }
 
     /// Every request so far.
@@ -164,7 +174,7 @@ impl Drop for FakeModel {
     fn drop(&mut self) {
         if self.listener.take().is_some() {
             // Wake the accept loop with an empty request so it ends.
-            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+            if let Ok(mut s) = TcpStream::connect((self.address, self.port)) {
                 let _ = s.write_all(b"POST /stop HTTP/1.1\r\ncontent-length: 0\r\n\r\n");
             }
         }

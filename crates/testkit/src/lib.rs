@@ -1,6 +1,6 @@
 //! What the tests of several crates share: where the project's Node.js, pi and MCP servers are
 //! (installed by `npm ci` into the workspace's `node_modules`), a real server-everything on a
-//! loopback port, and a scripted OpenAI-compatible model provider on loopback for real pi.
+//! loopback port or a test host, and a scripted OpenAI-compatible model provider for real pi.
 //!
 //! Test support only: it panics with a message saying what is missing instead of returning errors.
 
@@ -50,16 +50,31 @@ pub fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
-/// server-everything over streamable HTTP on a loopback port; killed when dropped.
+/// server-everything over streamable HTTP on a loopback port (or on a test host); killed when
+/// dropped.
 pub struct EverythingHttp {
     child: Child,
     pub port: u16,
+    /// The address it is reached at.
+    host: std::net::IpAddr,
 }
 
 impl EverythingHttp {
     pub fn start() -> EverythingHttp {
+        let mut command = Command::new(node());
+        EverythingHttp::start_with(&mut command, std::net::Ipv4Addr::LOCALHOST.into())
+    }
+
+    /// Started inside the test host's namespace (`ip netns exec`), reached at its IPv4 address.
+    pub fn start_in(host: &netns::TestHost) -> EverythingHttp {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &host.name]).arg(node());
+        EverythingHttp::start_with(&mut command, host.v4.into())
+    }
+
+    fn start_with(command: &mut Command, host: std::net::IpAddr) -> EverythingHttp {
         let port = free_port();
-        let mut child = Command::new(node())
+        let mut child = command
             .arg(everything())
             .arg("streamableHttp")
             .env("PORT", port.to_string())
@@ -81,11 +96,14 @@ impl EverythingHttp {
         let deadline = Instant::now() + Duration::from_secs(30);
         let ready = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()));
         assert!(ready.is_ok(), "server-everything did not start over HTTP");
-        EverythingHttp { child, port }
+        EverythingHttp { child, port, host }
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port)
+        format!(
+            "http://{}/mcp",
+            std::net::SocketAddr::new(self.host, self.port)
+        )
     }
 }
 

@@ -1,8 +1,9 @@
 //! The worker: it takes jobs from the durable queue, decides each with the admission, starts the
 //! sandbox, and writes one record (and a transcript) per job; it drains on a signal and stops a
-//! cancelled job.
+//! cancelled job. With egress on, it makes sure an egress proxy serves its jobs (`egress`).
 
 pub mod cron;
+pub mod egress;
 pub mod pipeline;
 pub mod record;
 pub mod service;

@@ -28,7 +28,7 @@ use sandbox::secrets::{Resolver, Secret};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::record::{Record, now_ms};
+use crate::record::{EgressDenial, Record, now_ms};
 use crate::transcript::{Redactor, Transcript};
 
 /// Where, in the sandbox, the runner keeps pi's private agent folder, and the job's `HOME`.
@@ -54,7 +54,16 @@ pub struct Worker {
     /// Pass the runner's standard error through to the worker's (for debugging a deployment: it
     /// is pi's and the servers' own output, which may hold anything). Off by default.
     pub runner_stderr: bool,
+    /// The egress proxy's control socket (`PI_EGRESS_PROXY_DIR/control.sock`): a job with egress
+    /// on gets its way out there.
+    pub egress_control: PathBuf,
 }
+
+/// The job's socket to the egress proxy, in its folder (the sandbox's `/job`).
+pub const EGRESS_SOCKET: &str = "egress.sock";
+
+/// The longest path a unix socket may be bound at (`sun_path`, less its closing NUL).
+const MAX_SOCKET_PATH: usize = 107;
 
 /// What to do with the job.
 #[derive(Debug)]
@@ -187,6 +196,21 @@ fn make_writable(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The job's routes to hosts on the worker's own machine (declared endpoints there), as
+/// `host:port,...` for [`egress::forward::LOOPBACK_VARIABLE`].
+fn loopback_routes(routes: &[protocol::admitted::Route]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    for r in routes {
+        let authority = format!("{}:{}", r.host, r.port);
+        let on_this_machine = config::url::host_port(&format!("http://{authority}"))
+            .is_some_and(|(host, _)| config::url::is_loopback(&host));
+        if on_this_machine && !out.contains(&authority) {
+            out.push(authority);
+        }
+    }
+    out.join(",")
+}
+
 /// The lock of one repository folder, held while a job works in it (an flock on a file of
 /// `state/locks`, so it holds across the workers of one host and goes with a dead process).
 pub struct FolderLock(#[allow(dead_code)] std::fs::File);
@@ -279,12 +303,101 @@ impl Worker {
                 return Verdict::Retry(record);
             }
         };
-        // 5. The sandbox.
-        let verdict = self
+        // 5. With egress on, the job's way out: its socket to the proxy, in its folder. A job never
+        // runs without it.
+        let egress = matches!(admitted.egress, Egress::On { .. });
+        if egress && let Err(verdict) = self.open_egress(job, attempt, &job_dir).await {
+            return verdict;
+        }
+        // 6. The sandbox.
+        let mut verdict = self
             .run_sandbox(job, attempt, &admitted, &dir, &job_dir, &secrets, &mut stop)
             .await;
+        // 7. However the job ended: its socket closed, and what the proxy refused it recorded.
+        if egress {
+            let denied = self.close_egress(job).await;
+            if let Verdict::Done(r) | Verdict::Retry(r) = &mut verdict {
+                r.egress_denied = denied;
+            }
+        }
         drop(lock);
         verdict
+    }
+
+    fn egress_client(&self) -> egress::control::Client {
+        egress::control::Client::new(&self.egress_control)
+    }
+
+    /// Asks the proxy for the job's socket at `job_dir/egress.sock`; a proxy that cannot be reached
+    /// or refuses is an infrastructure fault: the job is tried again.
+    async fn open_egress(&self, job: &Job, attempt: u32, job_dir: &Path) -> Result<(), Verdict> {
+        use egress::control::ClientError;
+        let socket = job_dir.join(EGRESS_SOCKET);
+        let fault = |why: String| {
+            tracing::warn!(event = "egress_open_failed", job_id = %job.id, why = %why);
+            Verdict::Retry(
+                Record::ended(job, Reason::ContainerNeverStarted, attempt, now_ms()).with_detail(
+                    Detail::new(why),
+                    "check that the egress proxy runs (`pi-dispatch doctor`); the job is tried again",
+                ),
+            )
+        };
+        if socket.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(fault(format!(
+                "the job's socket to the egress proxy would be longer than a unix socket's path may be ({MAX_SOCKET_PATH} bytes): move the deployment to a shorter folder"
+            )));
+        }
+        let client = self.egress_client();
+        let id = job.id.clone();
+        let opened = tokio::task::spawn_blocking(move || match client.open(&id, &socket) {
+            // A socket left by an earlier attempt the proxy was never told had ended.
+            Err(ClientError::Refused(_)) => {
+                let _ = client.close(&id);
+                client.open(&id, &socket)
+            }
+            other => other,
+        })
+        .await;
+        match opened {
+            Ok(Ok(())) => {
+                tracing::info!(event = "egress_opened", job_id = %job.id);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(fault(format!(
+                "the egress proxy did not open the job's socket: {e}"
+            ))),
+            Err(_) => Err(fault("the egress proxy could not be asked".to_owned())),
+        }
+    }
+
+    /// Closes the job's socket and says what the proxy refused it; nothing when the proxy cannot
+    /// say (it stopped meanwhile, say: logged).
+    async fn close_egress(&self, job: &Job) -> Vec<EgressDenial> {
+        let client = self.egress_client();
+        let id = job.id.clone();
+        let closed = tokio::task::spawn_blocking(move || client.close(&id)).await;
+        match closed {
+            Ok(Ok(denied)) => {
+                if !denied.is_empty() {
+                    tracing::info!(event = "egress_denied", job_id = %job.id,
+                        hosts = denied.len(), refusals = denied.iter().map(|d| d.count).sum::<u64>());
+                }
+                denied
+                    .into_iter()
+                    .map(|d| EgressDenial {
+                        host: d.host,
+                        port: d.port,
+                        reason: d.reason,
+                        count: d.count,
+                    })
+                    .collect()
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(event = "egress_close_failed", job_id = %job.id, detail = %e);
+                Vec::new()
+            }
+            Err(_) => Vec::new(),
+        }
     }
 
     fn stopped_before_start(&self, job: &Job, attempt: u32, cause: StopCause) -> Verdict {
@@ -386,6 +499,23 @@ impl Worker {
         if let Some(file) = &admitted.mcp {
             computed.push((DIGEST_VARIABLE.to_owned(), file.digest.clone()));
         }
+        // With egress on: every client of the job goes through the forwarder on its loopback, but
+        // for the hub's own endpoints there; the job's endpoints on this machine are served there
+        // by the runner too.
+        let proxy = match &admitted.egress {
+            Egress::Off => None,
+            Egress::On { routes } => {
+                let loopback = loopback_routes(routes);
+                if !loopback.is_empty() {
+                    computed.push((egress::forward::LOOPBACK_VARIABLE.to_owned(), loopback));
+                }
+                Some(job_env::Proxy {
+                    https: egress::forward::proxy_url(),
+                    http: egress::forward::proxy_url(),
+                    no_proxy: egress::forward::NO_PROXY.to_owned(),
+                })
+            }
+        };
         let parts = Parts {
             job_id: &job.id,
             provider: Some(&model.provider),
@@ -395,7 +525,7 @@ impl Worker {
             models_keys: &models_keys,
             forward_env: &settings.forward_env,
             secrets,
-            proxy: None,
+            proxy: proxy.as_ref(),
             home: HOME,
             computed: &computed,
             forge: None,

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::io::{BufRead, IsTerminal, Write};
 
 use serde::Serialize;
-use setup::doctor::{self, Check, Level, NoRouteProof};
+use setup::doctor::{self, Check, Level, NoRouteProof, ProxyFound, RouteProof};
 
 use crate::context::{Context, SettingsError};
 use crate::exit::Exit;
@@ -61,7 +61,11 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
                     ));
                 }
             }
-            let mut checks = doctor::checks(&inputs, &NoRouteProof);
+            let mut checks = if settings.egress {
+                doctor::checks(&inputs, &ProxyProbe::new(&settings))
+            } else {
+                doctor::checks(&inputs, &NoRouteProof)
+            };
             if doctor::is_deployment(&inputs) {
                 checks.extend(admission_checks(&settings, &ctx.environment()?));
             }
@@ -221,4 +225,205 @@ fn human(ctx: &Context, checks: &[Check]) -> String {
         count(Level::Fail)
     );
     out
+}
+
+/// The egress proxy as a job meets it: the running one (the worker's, or a standalone one), else
+/// one doctor starts on the same files for as long as it runs; a job socket of doctor's own on it.
+struct ProxyProbe {
+    found: ProxyFound,
+    client: Option<egress::control::Client>,
+    job: String,
+    socket: std::path::PathBuf,
+    _folder: Option<tempfile::TempDir>,
+    own: Option<(tokio::runtime::Runtime, egress::service::Started)>,
+}
+
+impl ProxyProbe {
+    fn new(settings: &config::settings::Settings) -> ProxyProbe {
+        let job = format!("doctor-{}", std::process::id());
+        let mut probe = ProxyProbe {
+            found: ProxyFound::Unavailable(String::new()),
+            client: None,
+            socket: std::path::PathBuf::new(),
+            job,
+            _folder: None,
+            own: None,
+        };
+        let folder = match tempfile::Builder::new()
+            .prefix("pi-dispatch-doctor")
+            .tempdir()
+        {
+            Ok(f) => f,
+            Err(e) => {
+                probe.found = ProxyFound::Unavailable(format!("no temporary folder: {}", e.kind()));
+                return probe;
+            }
+        };
+        let running =
+            egress::control::Client::new(settings.egress_proxy_dir.join(egress::control::SOCKET));
+        let client = match running.ping() {
+            Ok(reply) => {
+                probe.found = ProxyFound::Running {
+                    pid: reply.pid.unwrap_or_default(),
+                    jobs: reply.jobs.unwrap_or_default(),
+                };
+                running
+            }
+            Err(_) => match Self::start_own(settings, folder.path()) {
+                Ok((runtime, started)) => {
+                    let client = egress::control::Client::new(started.socket.clone());
+                    probe.own = Some((runtime, started));
+                    probe.found = ProxyFound::StartedForDoctor;
+                    client
+                }
+                Err(why) => {
+                    probe.found = ProxyFound::Unavailable(why);
+                    return probe;
+                }
+            },
+        };
+        let socket = folder.path().join("probe.sock");
+        if let Err(e) = client.open(&probe.job, &socket) {
+            probe.found = ProxyFound::Unavailable(e.to_string());
+            return probe;
+        }
+        probe.socket = socket;
+        probe.client = Some(client);
+        probe._folder = Some(folder);
+        probe
+    }
+
+    fn start_own(
+        settings: &config::settings::Settings,
+        folder: &std::path::Path,
+    ) -> Result<(tokio::runtime::Runtime, egress::service::Started), String> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| e.kind().to_string())?;
+        let started = {
+            let _in = runtime.enter();
+            egress::service::start(egress::service::Options {
+                dir: folder.join("egress"),
+                files: egress::files::RuleFiles {
+                    allowlist: settings.egress_allowlist.clone(),
+                    endpoints: settings.model_endpoints.clone(),
+                },
+                resolver: settings.egress_nameserver.map_or(
+                    egress::dns::Resolver::System,
+                    egress::dns::Resolver::Nameserver,
+                ),
+                limits: egress::Limits::default(),
+            })
+            .map_err(|e| e.to_string())?
+        };
+        Ok((runtime, started))
+    }
+
+    /// Asks the proxy for a tunnel to `authority`; its status code and the open stream.
+    fn connect(
+        &self,
+        authority: &str,
+    ) -> Result<(u16, String, std::os::unix::net::UnixStream), String> {
+        use std::io::Read as _;
+        let mut stream = std::os::unix::net::UnixStream::connect(&self.socket)
+            .map_err(|e| format!("the job socket does not answer ({})", e.kind()))?;
+        let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(15)));
+        stream
+            .write_all(
+                format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes(),
+            )
+            .map_err(|e| format!("the job socket does not answer ({})", e.kind()))?;
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && head.len() < 16 * 1024 {
+            match stream.read(&mut byte) {
+                Ok(1) => head.push(byte[0]),
+                _ => return Err("the proxy did not answer".to_owned()),
+            }
+        }
+        let text = String::from_utf8_lossy(&head).into_owned();
+        let status = text
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse::<u16>().ok())
+            .ok_or_else(|| "the proxy's answer is not HTTP".to_owned())?;
+        let code = text
+            .lines()
+            .find_map(|l| l.strip_prefix("X-Pi-Dispatch-Egress: "))
+            .unwrap_or("")
+            .to_owned();
+        Ok((status, code, stream))
+    }
+}
+
+impl RouteProof for ProxyProbe {
+    fn proxy(&self) -> ProxyFound {
+        self.found.clone()
+    }
+
+    fn prove(&self, host: &str, port: u16) -> Result<(), String> {
+        use std::io::Read as _;
+        if self.client.is_none() {
+            return Err("not proven: no egress proxy".to_owned());
+        }
+        let (status, code, mut stream) = self.connect(&format!("{host}:{port}"))?;
+        match status {
+            200 => {
+                // Anything at all is an answer: an https server closing a plain request too.
+                let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+                let _ = stream.write_all(b"HEAD / HTTP/1.0\r\n\r\n");
+                let mut byte = [0u8; 1];
+                match stream.read(&mut byte) {
+                    // A byte, a close or a reset: something is there.
+                    Ok(0 | 1) => Ok(()),
+                    Err(e)
+                        if !matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        Ok(())
+                    }
+                    _ => {
+                        Err("the proxy connected, but nothing answered there within 5 s".to_owned())
+                    }
+                }
+            }
+            403 if code == "unresolved" => {
+                Err("its name does not resolve (looked up as the egress proxy does)".to_owned())
+            }
+            403 => Err(format!("the egress proxy refuses it ({code})")),
+            _ => Err(format!(
+                "nothing answers there through the egress proxy ({code})"
+            )),
+        }
+    }
+
+    fn canary(&self) -> Result<(), String> {
+        if self.client.is_none() {
+            return Err("no egress proxy".to_owned());
+        }
+        match self.connect("egress-canary.invalid:443") {
+            Ok((403, code, _)) if code == "not-allowed" => Ok(()),
+            Ok((status, code, _)) => Err(format!("it answered {status} {code}")),
+            Err(why) => Err(why),
+        }
+    }
+}
+
+impl Drop for ProxyProbe {
+    fn drop(&mut self) {
+        if let Some(client) = &self.client {
+            let _ = client.close(&self.job);
+        }
+        if let Some((runtime, started)) = self.own.take() {
+            {
+                let _in = runtime.enter();
+                started.stop();
+            }
+            runtime.shutdown_background();
+        }
+    }
 }

@@ -26,9 +26,22 @@ pub struct Args {
     /// Seconds a tunnel may carry nothing before it is closed.
     #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().idle_timeout.as_secs())]
     idle: u64,
+    /// The worker that started this proxy: it stops (as on SIGTERM) when that worker's thread
+    /// that started it ends, however the worker ends.
+    #[arg(long, value_name = "PID", hide = true)]
+    worker_pid: Option<u32>,
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    if let Some(worker) = args.worker_pid {
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+            .map_err(|e| anyhow::anyhow!("cannot tie the proxy to its worker ({e})"))?;
+        // The worker may have ended before the line above: then there is nobody to serve.
+        let parent = rustix::process::getppid().map(rustix::process::Pid::as_raw_nonzero);
+        if parent.map(|p| p.get().unsigned_abs()) != Some(worker) {
+            anyhow::bail!("the worker that started this proxy is gone");
+        }
+    }
     let settings = ctx.settings()?;
     if args.per_job == 0 || args.total == 0 || args.idle == 0 {
         anyhow::bail!("--per-job, --total and --idle must be at least 1");

@@ -89,10 +89,33 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let job = trigger_job(trigger);
     let env = ctx.environment()?;
     let decision = pickup::fs::Deployment::new(&settings, &env).decide(&job);
+    let needs = match &decision {
+        Decision::Admit(a) => egress_needs(a, &settings),
+        _ => Vec::new(),
+    };
     let out = if args.json {
-        config::json::to_pretty(&report(&decision)?)
+        let mut report = report(&decision)?;
+        if let (Json::Object(o), Decision::Admit(_)) = (&report, &decision) {
+            let mut members: Vec<(String, Json)> =
+                o.iter().map(|(k, v)| (k.to_owned(), v.clone())).collect();
+            members.push(("egressNeeds".to_owned(), needs_json(&needs)));
+            report = Json::Object(Object::from_members(members));
+        }
+        config::json::to_pretty(&report)
     } else {
-        human(trigger, &decision)
+        let mut out = human(trigger, &decision);
+        out.push_str(&needs_text(&needs));
+        if let Decision::Admit(a) = &decision
+            && settings.egress
+            && !needs.iter().any(|n| n.for_ == "model")
+        {
+            let _ = writeln!(
+                out,
+                "    model {}/{}: pi's built-in provider, at the address pi has for it: allowlist that host",
+                a.model.provider, a.model.model
+            );
+        }
+        out
     };
     crate::output::print(&out)?;
     Ok(match decision {
@@ -208,4 +231,119 @@ fn human(trigger: &triggers::Trigger, decision: &Decision) -> String {
         }
     }
     out
+}
+
+/// A host and port the job will need with egress on, and whether the proxy lets it through.
+struct Need {
+    for_: String,
+    host: String,
+    port: u16,
+    /// `allowlist`, `endpoint ID`, or why the proxy refuses it (a code of `config::egress`).
+    verdict: Result<String, &'static str>,
+}
+
+/// What the admitted job will reach through the proxy (its servers, its model when its address is
+/// known, the forge), judged by the rule the proxy applies, with the files as they are now.
+fn egress_needs(
+    a: &protocol::admitted::Admitted,
+    settings: &config::settings::Settings,
+) -> Vec<Need> {
+    use protocol::admitted::Egress;
+    let Egress::On { routes } = &a.egress else {
+        return Vec::new();
+    };
+    let read = |p: &std::path::Path| files::read_file(p, 1024 * 1024).ok();
+    let allowlist = read(&settings.egress_allowlist)
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|t| config::egress::parse_allowlist(&t).ok())
+        .unwrap_or_default();
+    let endpoints = read(&settings.model_endpoints)
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|t| config::endpoints::parse_model_endpoints(&t).ok())
+        .unwrap_or_default();
+    routes
+        .iter()
+        .map(|r| {
+            // The rule without a scheme: a declared endpoint takes any, the allowlist https on 443
+            // (a plain http:// server on 443 is refused at the pickup already).
+            let verdict = match config::url::host_port(&format!("https://{}:{}", r.host, r.port)) {
+                None => Err("egress-not-allowed"),
+                Some((host, port)) => match config::egress::route(
+                    config::url::Scheme::Https,
+                    &host,
+                    port,
+                    &allowlist,
+                    &endpoints,
+                ) {
+                    Ok(config::egress::Route::Allowlisted) => Ok("allowlist".to_owned()),
+                    Ok(config::egress::Route::DeclaredEndpoint { id }) => {
+                        Ok(format!("endpoint {id}"))
+                    }
+                    Err(why) => Err(why.code()),
+                },
+            };
+            Need {
+                for_: r.for_.clone(),
+                host: r.host.clone(),
+                port: r.port,
+                verdict,
+            }
+        })
+        .collect()
+}
+
+fn needs_text(needs: &[Need]) -> String {
+    if needs.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("  egress: what the job will reach through the proxy\n");
+    let mut lacking = Vec::new();
+    for n in needs {
+        let what = match n.for_.as_str() {
+            "model" | "forge" => n.for_.clone(),
+            server => format!("server {server}"),
+        };
+        match &n.verdict {
+            Ok(how) => {
+                let _ = writeln!(out, "    {what}: {}:{} ({how})", n.host, n.port);
+            }
+            Err(code) => {
+                let _ = writeln!(
+                    out,
+                    "    {what}: {}:{} NOT reachable ({code})",
+                    n.host, n.port
+                );
+                if n.port == 443 {
+                    lacking.push(n.host.clone());
+                }
+            }
+        }
+    }
+    if !lacking.is_empty() {
+        let _ = writeln!(out, "  egress-allowlist.conf lacks: {}", lacking.join(", "));
+    }
+    out
+}
+
+fn needs_json(needs: &[Need]) -> Json {
+    Json::Array(
+        needs
+            .iter()
+            .map(|n| {
+                object(vec![
+                    ("for", text(&n.for_)),
+                    ("host", text(&n.host)),
+                    ("port", Json::Number(n.port.into())),
+                    ("reachable", Json::Bool(n.verdict.is_ok())),
+                    (
+                        "how",
+                        match &n.verdict {
+                            Ok(h) => text(h),
+                            Err(code) => text(code),
+                        },
+                    ),
+                ])
+            })
+            .collect(),
+    )
 }

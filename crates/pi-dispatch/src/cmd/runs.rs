@@ -211,6 +211,9 @@ fn human(r: &Record) -> String {
             c.server, c.tool, c.calls, c.ok, c.error, c.refused, c.total_ms, c.result_bytes
         );
     }
+    if !r.egress_denied.is_empty() {
+        out.push_str(&denied(&r.egress_denied));
+    }
     if let Some(m) = &r.final_message {
         let _ = writeln!(out, "final message:");
         for line in crate::output::printable(m).lines() {
@@ -225,4 +228,113 @@ fn human(r: &Record) -> String {
         );
     }
     out
+}
+
+/// What the egress proxy refused the job, and the lines that would let each through (or why
+/// none would).
+fn denied(list: &[worker::record::EgressDenial]) -> String {
+    let mut out = String::from("egress denied (host:port, attempts, the proxy's reason):\n");
+    for d in list {
+        let _ = writeln!(out, "  {}:{}  {}x  {}", d.host, d.port, d.count, d.reason);
+    }
+    let mut allow: Vec<&str> = Vec::new();
+    let mut declare: Vec<String> = Vec::new();
+    let mut none: Vec<String> = Vec::new();
+    for d in list {
+        let at = format!("{}:{}", d.host, d.port);
+        match (d.reason.as_str(), d.port) {
+            ("not-allowed", 443) => {
+                if !allow.contains(&d.host.as_str()) {
+                    allow.push(&d.host);
+                }
+            }
+            ("not-allowed" | "loopback", port) => declare.push(format!(
+                "{{\"id\": \"...\", \"host\": \"{}\", \"port\": {port}}}",
+                d.host.trim_start_matches('[').trim_end_matches(']')
+            )),
+            ("plain-http-443", _) => none.push(format!("{at}: plain http to port 443; use https")),
+            ("special-address" | "own-machine", _) => none.push(format!(
+                "{at}: the name resolves to this machine or to an address no job reaches"
+            )),
+            ("unresolved", _) => none.push(format!("{at}: the name did not resolve at the proxy")),
+            _ => none.push(format!("{at}: the proxy could not read its files then")),
+        }
+    }
+    if !allow.is_empty() {
+        out.push_str("to let them through, add to egress-allowlist.conf (https on port 443):\n");
+        for h in allow {
+            let _ = writeln!(out, "  {h}");
+        }
+    }
+    if !declare.is_empty() {
+        out.push_str(
+            "to let them through, declare in model-endpoints.json (only a declared endpoint opens a port other than 443, or one on this machine):\n",
+        );
+        for e in declare {
+            let _ = writeln!(out, "  {e}");
+        }
+    }
+    if !none.is_empty() {
+        out.push_str("no line lets these through:\n");
+        for n in none {
+            let _ = writeln!(out, "  {n}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use worker::record::EgressDenial;
+
+    fn d(host: &str, port: u16, reason: &str, count: u64) -> EgressDenial {
+        EgressDenial {
+            host: host.into(),
+            port,
+            reason: reason.into(),
+            count,
+        }
+    }
+
+    #[test]
+    fn denials_become_the_lines_that_would_admit_them() {
+        let text = super::denied(&[
+            d("unlisted.example", 443, "not-allowed", 3),
+            d("[2001:db8::1]", 443, "not-allowed", 1),
+            d("api.example.com", 8443, "not-allowed", 1),
+            d("127.0.0.1", 9, "loopback", 2),
+            d("rebind.example", 443, "special-address", 1),
+            d("plain.example", 443, "plain-http-443", 1),
+        ]);
+        assert!(
+            text.contains("  unlisted.example:443  3x  not-allowed\n"),
+            "{text}"
+        );
+        let allow = text
+            .split("add to egress-allowlist.conf (https on port 443):\n")
+            .nth(1)
+            .unwrap()
+            .split("to let them through, declare")
+            .next()
+            .unwrap();
+        assert_eq!(allow, "  unlisted.example\n  [2001:db8::1]\n", "{text}");
+        assert!(
+            text.contains(r#"{"id": "...", "host": "api.example.com", "port": 8443}"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"{"id": "...", "host": "127.0.0.1", "port": 9}"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("  rebind.example:443: the name resolves to this machine"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  plain.example:443: plain http to port 443; use https"),
+            "{text}"
+        );
+        // A port other than 443 is never offered as an allowlist line.
+        assert!(!allow.contains("api.example.com"), "{text}");
+    }
 }

@@ -5,6 +5,11 @@
 //! SIGTERM or SIGINT drains it: it takes no new job, lets the running ones finish for up to
 //! `PI_WORKER_DRAIN_LIMIT` seconds, then stops the rest and hands them back to the queue, and exits
 //! 0. A second signal stops at once.
+//!
+//! With egress on (`PI_EGRESS`, the default), an egress proxy answers on its control socket before
+//! the worker takes a job: the one already serving `PI_EGRESS_PROXY_DIR`, else `pi-dispatch
+//! egress-proxy` started as the worker's child, started again if it ends, and stopped with the
+//! worker.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -75,6 +80,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         on_failure: settings.on_failure.clone(),
     };
     let drain_limit = Duration::from_secs(settings.drain_limit_secs);
+    let egress_control = settings.egress_proxy_dir.join(egress::control::SOCKET);
     let worker = Arc::new(Worker {
         jobs_dir: state.join("jobs"),
         locks_dir: state.join("locks"),
@@ -84,6 +90,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         env: ctx.environment()?,
         time_limit,
         runner_stderr: args.runner_stderr,
+        egress_control,
         settings,
     });
     let records = Arc::new(Records::new(state.join("runs")));
@@ -105,7 +112,17 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         });
     }
     tracing::info!(event = "worker_started", worker = %options.worker_id, concurrency);
+    // Before the first job: with egress on, a proxy answers.
+    let proxy = if worker.settings.egress {
+        Some(start_proxy(ctx, worker.egress_control.clone())?)
+    } else {
+        None
+    };
     let summary = service::run(worker, queue, records, &options, control.clone());
+    // Every job has ended: the proxy the worker started goes with it.
+    if let Some(proxy) = proxy {
+        proxy.stop();
+    }
     let count = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::Relaxed);
     let (written, retries, back) = (
         count(&summary.records),
@@ -127,6 +144,34 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     };
     crate::output::print(&text)?;
     Ok(Exit::Success)
+}
+
+/// Makes sure an egress proxy answers on `control` (see [`worker::egress`]): the worker's own
+/// executable, run as `egress-proxy` on the same deployment folder and log format.
+fn start_proxy(ctx: &Context, control: PathBuf) -> anyhow::Result<worker::egress::Supervisor> {
+    let program = std::env::current_exe()
+        .map_err(|e| anyhow::anyhow!("cannot find the worker's own program ({})", e.kind()))?;
+    let command = worker::egress::ProxyCommand {
+        control,
+        program,
+        args: [
+            "--dir".into(),
+            ctx.dir.clone().into_os_string(),
+            "--log-format".into(),
+            ctx.log_format.into(),
+            "egress-proxy".into(),
+            "--worker-pid".into(),
+            std::process::id().to_string().into(),
+        ]
+        .into(),
+    };
+    let (supervisor, source) = worker::egress::Supervisor::start(command)
+        .map_err(|e| anyhow::anyhow!("egress is on and {e}: no job can run without it"))?;
+    tracing::info!(
+        event = "egress_proxy_ready",
+        shared = matches!(source, worker::egress::Source::Shared)
+    );
+    Ok(supervisor)
 }
 
 /// The first SIGTERM or SIGINT drains the worker (and, after `drain_limit`, stops it); a second

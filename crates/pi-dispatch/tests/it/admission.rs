@@ -168,13 +168,16 @@ fn run_explain_doctor_and_the_worker_decide_alike() {
         assert_eq!(said(&s, index, "1"), Said::alike(*expected), "{name}");
     }
 
-    // Egress on (the default) with no proxy: all four refuse the good job alike.
+    // Egress on (the default), the model declared as an endpoint on this machine: all four admit
+    // the good job alike, and the worker's job reaches its model through the egress proxy.
     let env = std::fs::read_to_string(s.d.path().join(".env")).unwrap();
     s.d.write(".env", &env.replace("PI_EGRESS=0\n", ""));
-    assert_eq!(
-        said(&s, 0, "egress"),
-        Said::alike(Some("egress-proxy-missing"))
+    s.d.write(
+        "model-endpoints.json",
+        &json!({"version": 1, "endpoints": [{"id": "fake", "host": "127.0.0.1", "port": s.model.port}]})
+            .to_string(),
     );
+    assert_eq!(said(&s, 0, "egress"), Said::alike(None));
     s.d.write(".env", &env);
 
     // A badly typed list cannot be written in triggers.json (the loader refuses it): `run` refuses

@@ -53,6 +53,8 @@ impl Deployment {
             "PI_FORWARD_ENV",
             "PI_EGRESS_ALLOWLIST",
             "PI_MODEL_ENDPOINTS",
+            "PI_EGRESS_NAMESERVER",
+            "PI_EGRESS_PROXY_DIR",
             "PI_CODING_AGENT_DIR",
             "PI_DISPATCH_TEST_CRASH",
         ] {

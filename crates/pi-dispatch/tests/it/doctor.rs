@@ -2,10 +2,16 @@
 
 use crate::common::{Deployment, Run, write_host_agent};
 
+/// A nameserver on loopback that nothing answers on: the names doctor's egress proxy looks up are
+/// asked there, never of this machine's resolver.
+pub const NO_NAMESERVER: &str = "PI_EGRESS_NAMESERVER=127.0.0.1:9\n";
+
 /// init, a realistic import, an allowlist and a declared endpoint.
 fn realistic() -> Deployment {
     let d = Deployment::new();
     assert_eq!(d.run(&["init"]).code, 0);
+    let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
+    std::fs::write(d.path().join(".env"), format!("{env}{NO_NAMESERVER}")).unwrap();
     let host = write_host_agent(d.path());
     assert_eq!(
         d.run(&["import-pi", "--from", host.to_str().unwrap()]).code,
@@ -40,15 +46,11 @@ fn failures(run: &Run) -> Vec<&str> {
 fn a_realistic_deployment_reads_clearly() {
     let d = realistic();
     let run = d.run(&["doctor"]);
-    // It fails for what the worker would refuse every job for: no image yet, and egress on with
-    // no proxy. Nothing else.
+    // It fails for what the worker would refuse every job for: no image yet. Nothing else.
     assert_eq!(run.code, 1, "{}", run.stdout);
     assert_eq!(
         failures(&run),
-        [
-            "✗ job image pi-job is not installed: jobs that use it are refused (job-image-missing)",
-            "✗ egress is on and this version has no egress proxy: every job is refused (egress-proxy-missing)",
-        ],
+        ["✗ job image pi-job is not installed: jobs that use it are refused (job-image-missing)",],
         "{}",
         run.stdout
     );
@@ -212,35 +214,24 @@ fn each_fix_it_prints_works() {
     let image = d.run(&["image", "install", "--from", nm.to_str().unwrap()]);
     assert_eq!(image.code, 0, "{}", image.stderr);
     let run = d.run(&["doctor"]);
-    assert_eq!(run.code, 1, "{}", run.stdout);
-    assert!(
-        run.stdout.contains("    fix: set PI_EGRESS=0 in .env"),
-        "{}",
-        run.stdout
-    );
+    assert_eq!(run.code, 0, "{}", run.stdout);
     assert!(
         run.stdout
             .contains("    fix: set PI_PROVIDER and PI_MODEL in .env"),
         "{}",
         run.stdout
     );
-    // Following those fixes (the model of the overlay's models.json, with its key) leaves one
-    // warning: until the egress proxy exists, egress off lets jobs reach any host.
+    // Following that fix (the model of the overlay's models.json, with its key) leaves nothing.
     let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
     std::fs::write(
         d.path().join(".env"),
-        format!("{env}PI_EGRESS=0\nPI_PROVIDER=local\nPI_MODEL=qwen\nLOCAL_LLM_KEY=k-1\n"),
+        format!("{env}PI_PROVIDER=local\nPI_MODEL=qwen\nLOCAL_LLM_KEY=k-1\n"),
     )
     .unwrap();
     let run = d.run(&["doctor"]);
     assert_eq!(run.code, 0, "{}", run.stdout);
     let warnings: Vec<&str> = run.stdout.lines().filter(|l| l.starts_with('⚠')).collect();
-    assert_eq!(
-        warnings,
-        ["⚠ egress policy off (PI_EGRESS=0): jobs can reach any host"],
-        "{}",
-        run.stdout
-    );
+    assert!(warnings.is_empty(), "{}", run.stdout);
     assert!(
         run.stdout.contains(
             "✓ default model local/qwen: in the overlay's models.json, its key in LOCAL_LLM_KEY"
@@ -341,4 +332,55 @@ fn a_folder_that_is_not_a_deployment_fails_and_says_how_to_make_one() {
         run.stdout
     );
     assert!(!run.stdout.contains("not a pi-dispatch deployment"));
+}
+
+#[test]
+fn the_route_to_a_declared_endpoint_no_model_uses_is_proven_through_the_proxy() {
+    // The realistic deployment's wiki server is on declared endpoint wiki, which no model uses:
+    // from here its name does not resolve, and doctor says so.
+    let d = realistic();
+    let run = d.run(&["doctor"]);
+    assert!(
+        run.stdout.contains(
+            "⚠ server wiki is on declared endpoint wiki (wiki.internal.example:8443), which no overlay model uses: its name does not resolve"
+        ),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .contains("    fix: check that the server runs and listens on that host and port"),
+        "{}",
+        run.stdout
+    );
+    // With the server running where its name leads (a test host, named by a nameserver of the
+    // test's that the egress proxy asks), doctor proves the route through the proxy.
+    let host = testkit::netns::TestHost::new();
+    let listener = host.tcp(8443);
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            // An https server closing a plain request counts as an answer.
+            drop(s);
+        }
+    });
+    let dns = testkit::dns::FakeDns::start();
+    dns.set("wiki.internal.example", &[std::net::IpAddr::V4(host.v4)]);
+    let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
+    std::fs::write(
+        d.path().join(".env"),
+        env.replace(
+            NO_NAMESERVER,
+            &format!("PI_EGRESS_NAMESERVER={}\n", dns.addr),
+        ),
+    )
+    .unwrap();
+    let run = d.run(&["doctor"]);
+    assert!(
+        run.stdout.contains(
+            "✓ server wiki: the route to declared endpoint wiki (wiki.internal.example:8443) is proven"
+        ),
+        "{}",
+        run.stdout
+    );
+    assert!(dns.asked("wiki.internal.example") > 0);
 }

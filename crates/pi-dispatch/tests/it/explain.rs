@@ -143,11 +143,17 @@ fn what_the_worker_would_refuse_is_refused_here_too() {
     );
     let report = json(&d.run(&["explain", "--trigger", "3", "--json"]));
     assert_eq!(report["reason"], "job-image-forge-mcp-unsupported");
-    // Egress on, the default, with no proxy: the worker refuses every job, and so does explain.
+    // Egress on, the default: a server out of the proxy's reach refuses the job that names it.
     let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
     d.write(".env", &env.replace("PI_EGRESS=0\n", ""));
+    d.write("egress-allowlist.conf", "api.github.com\n");
+    let report = json(&d.run(&["explain", "--trigger", "0", "--json"]));
+    assert_eq!(report["reason"], "mcp-egress-unreachable");
+    assert_eq!(report["server"], "docs");
     let report = json(&d.run(&["explain", "--trigger", "2", "--json"]));
-    assert_eq!(report["reason"], "egress-proxy-missing");
+    assert_eq!(report["outcome"], "admit", "{report:#}");
+    assert_eq!(report["admitted"]["egress"]["policy"], "on", "{report:#}");
+    d.write("egress-allowlist.conf", ".example.com\napi.github.com\n");
     // No key for the model.
     d.write(".env", &env.replace("OPENAI_API_KEY=k-1\n", ""));
     let report = json(&d.run(&["explain", "--trigger", "2", "--json"]));
@@ -181,4 +187,63 @@ fn bad_input_exits_2() {
     let report = json(&run);
     assert_eq!(report["outcome"], "unusable");
     assert!(report["error"].as_str().unwrap().contains("refused"));
+}
+
+#[test]
+fn with_egress_on_it_lists_the_hosts_the_job_needs_and_what_the_allowlist_lacks() {
+    let d = deployment();
+    d.write(
+        ".env",
+        "PI_JOB_IMAGE=pi-job\nPI_PROVIDER=llm\nPI_MODEL=m1\nLLM_KEY=k-1\n",
+    );
+    d.write(
+        "pi-global/models.json",
+        r#"{"providers": {"llm": {"baseUrl": "https://llm.other.example.org/v1", "api": "openai-completions", "apiKey": "$LLM_KEY", "models": [{"id": "m1"}]}}}"#,
+    );
+    let run = d.run(&["explain", "--trigger", "0", "--json"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let report = json(&run);
+    assert_eq!(report["admitted"]["egress"]["policy"], "on");
+    assert_eq!(
+        report["egressNeeds"],
+        serde_json::json!([
+            {"for": "docs", "host": "mcp.example.com", "port": 443, "reachable": true, "how": "allowlist"},
+            {"for": "model", "host": "llm.other.example.org", "port": 443, "reachable": false, "how": "egress-not-allowed"}
+        ])
+    );
+    let human = d.run(&["explain", "--trigger", "0"]);
+    assert!(
+        human
+            .stdout
+            .contains("server docs: mcp.example.com:443 (allowlist)"),
+        "{}",
+        human.stdout
+    );
+    assert!(
+        human
+            .stdout
+            .contains("egress-allowlist.conf lacks: llm.other.example.org"),
+        "{}",
+        human.stdout
+    );
+    // Declared, the model's host and port is reached as an endpoint.
+    d.write(
+        "model-endpoints.json",
+        r#"{"version": 1, "endpoints": [{"id": "llm", "host": "llm.other.example.org", "port": 443}]}"#,
+    );
+    let report = json(&d.run(&["explain", "--trigger", "0", "--json"]));
+    assert_eq!(report["egressNeeds"][1]["how"], "endpoint llm");
+    // A model of pi's built-in catalog: its address is pi's, and explain says to allowlist it.
+    d.write(
+        ".env",
+        "PI_JOB_IMAGE=pi-job\nPI_PROVIDER=openai\nPI_MODEL=gpt-4o\nOPENAI_API_KEY=k-1\n",
+    );
+    let human = d.run(&["explain", "--trigger", "0"]);
+    assert!(
+        human
+            .stdout
+            .contains("model openai/gpt-4o: pi's built-in provider"),
+        "{}",
+        human.stdout
+    );
 }

@@ -41,11 +41,17 @@ fn the_deployment_init_writes_reads_cleanly_and_doctor_says_what_is_left() {
     assert_eq!(d.run(&["init"]).code, 0);
     let run = d.run(&["doctor"]);
     // Every file init wrote reads; what doctor still fails is what the worker would refuse a job
-    // for, each with its fix: no image yet, and egress on with no proxy.
+    // for, with its fix: no image yet. The egress proxy doctor starts for itself answers.
     assert_eq!(run.code, 1, "{}", run.stdout);
     let failed: Vec<&str> = run.stdout.lines().filter(|l| l.starts_with('✗')).collect();
-    assert_eq!(failed.len(), 2, "{}", run.stdout);
-    assert!(failed[0].contains("job-image-missing") && failed[1].contains("egress-proxy-missing"));
+    assert_eq!(failed.len(), 1, "{}", run.stdout);
+    assert!(failed[0].contains("job-image-missing"));
+    assert!(
+        run.stdout
+            .contains("✓ egress proxy: a host on no list is refused"),
+        "{}",
+        run.stdout
+    );
 }
 
 #[test]

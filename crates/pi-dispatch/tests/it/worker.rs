@@ -642,7 +642,7 @@ fn a_folder_owned_by_root_is_refused_before_a_sandbox() {
 
 #[test]
 fn what_the_worker_refuses_or_stops_before_and_after_a_sandbox() {
-    // With egress on (the default) a job is refused before anything starts: the proxy is missing.
+    // A job refused before anything starts: its provider is no longer defined.
     let s = Service::new(
         vec![Step::call("bash", json!({"command": "sleep 30"}))],
         |_| json!({"direct": stdio(None)}),
@@ -656,10 +656,12 @@ fn what_the_worker_refuses_or_stops_before_and_after_a_sandbox() {
     chmod(&page, 0o755);
     let id = s.queue("Anything.", "direct");
     let env = std::fs::read_to_string(s.d.path().join(".env")).unwrap();
-    s.d.write(".env", &env.replace("PI_EGRESS=0\n", ""));
+    let models = std::fs::read_to_string(s.d.path().join("pi-global/models.json")).unwrap();
+    s.d.write("pi-global/models.json", r#"{"providers": {}}"#);
     s.work();
+    s.d.write("pi-global/models.json", &models);
     let record = s.record(&id);
-    assert_eq!(record["reason"], "egress-proxy-missing", "{record:#}");
+    assert_eq!(record["reason"], "model-provider-unknown", "{record:#}");
     assert_eq!(record["budgetReserved"], false);
     // A refusal that spent nothing pages nobody.
     assert!(!paged.exists(), "PI_ON_FAILURE ran for a refusal");

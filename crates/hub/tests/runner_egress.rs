@@ -1,0 +1,177 @@
+//! The runner with egress on: when the job's folder holds its socket to the egress proxy, the
+//! runner listens on the loopback port the proxy variables name (and on each of the job's endpoints
+//! on the worker's own machine) before anything else of the job starts, and carries what comes
+//! there to that socket. Each case runs in a network namespace of its own (a test host), as a job's
+//! sandbox has one, so the fixed port is the test's alone. Needs root, as CI has.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use hub::job::{Agent, EGRESS_SOCKET, JobOptions, run};
+use protocol::exit_line::ExitLine;
+use testkit::netns::TestHost;
+
+/// A stand-in for the proxy on the job's socket: it reports each request head it reads and
+/// answers `200`, then echoes what follows after a greeting.
+fn fake_proxy(socket: &Path) -> std::sync::mpsc::Receiver<String> {
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { return };
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut b).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(b[0]);
+                }
+                let _ = tx.send(String::from_utf8_lossy(&head).into_owned());
+                let _ = s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\nproxied:");
+                let mut rest = Vec::new();
+                let mut chunk = [0u8; 256];
+                while let Ok(n @ 1..) = s.read(&mut chunk) {
+                    rest.extend_from_slice(&chunk[..n]);
+                    if rest.ends_with(b"\n") {
+                        let _ = s.write_all(&rest);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    rx
+}
+
+/// A job whose agent is `script` under bash, in a folder of `dir`.
+fn job(dir: &Path, script: &str, extra_env: &[(&str, &str)]) -> JobOptions {
+    let job_dir = dir.join("job");
+    let workspace = dir.join("workspace");
+    std::fs::create_dir_all(&job_dir).unwrap();
+    std::fs::create_dir_all(&workspace).unwrap();
+    let mut env = vec![
+        ("PATH".to_owned(), "/usr/bin:/bin".to_owned()),
+        ("HOME".to_owned(), dir.to_str().unwrap().to_owned()),
+    ];
+    env.extend(
+        extra_env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    JobOptions {
+        job_id: "job-egress".to_owned(),
+        job_dir,
+        workspace,
+        agent_dir: dir.join("agent"),
+        agent: Agent::Command(vec!["bash".into(), "-c".into(), script.into()]),
+        env,
+        guard: None,
+    }
+}
+
+/// Runs the job in `host`'s network namespace (the runner, and the agent it starts); `before`
+/// runs there first and what it returns is held while the job runs.
+fn run_in<T>(host: &TestHost, options: JobOptions, before: impl FnOnce() -> T + Send) -> ExitLine {
+    host.run(move || {
+        let held = before();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let line = runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(60), run(options))
+                .await
+                .expect("the job ends")
+        });
+        drop(held);
+        line
+    })
+}
+
+/// What the agent wrote in the file `name` of the workspace.
+fn written(options_dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(options_dir.join("workspace").join(name)).unwrap_or_default()
+}
+
+#[test]
+fn with_its_socket_the_job_reaches_the_proxy_on_loopback_and_its_own_machines_endpoint() {
+    let host = TestHost::new();
+    let dir = tempfile::tempdir().unwrap();
+    // The agent asks the proxy port for a tunnel by hand, and talks to the declared endpoint on
+    // the machine's loopback as if it were there.
+    let script = r#"
+        exec 3<>/dev/tcp/127.0.0.1/3128
+        printf 'CONNECT api.example:443 HTTP/1.1\r\nHost: api.example:443\r\n\r\n' >&3
+        head -c 39 <&3 > forwarded
+        exec 4<>/dev/tcp/127.0.0.1/8000
+        echo ping >&4
+        head -n 1 <&4 > endpoint
+    "#;
+    let options = job(
+        dir.path(),
+        script,
+        &[("PI_DISPATCH_EGRESS_LOOPBACK", "127.0.0.1:8000")],
+    );
+    let heads = fake_proxy(&options.job_dir.join(EGRESS_SOCKET));
+    let line = run_in(&host, options, || ());
+    assert_eq!(line.code, 0, "{line:?}");
+    // The forwarder carries the client's own bytes as they are.
+    assert_eq!(
+        heads.recv_timeout(Duration::from_secs(5)).unwrap(),
+        "CONNECT api.example:443 HTTP/1.1\r\nHost: api.example:443\r\n\r\n"
+    );
+    assert_eq!(
+        written(dir.path(), "forwarded"),
+        "HTTP/1.1 200 Connection established\r\n\r\n"
+    );
+    // The endpoint's port is a tunnel to exactly it, the proxy's answer not passed on.
+    assert_eq!(
+        heads.recv_timeout(Duration::from_secs(5)).unwrap(),
+        "CONNECT 127.0.0.1:8000 HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n\r\n"
+    );
+    assert_eq!(written(dir.path(), "endpoint"), "proxied:ping\n");
+}
+
+#[test]
+fn without_a_socket_nothing_listens_for_the_job() {
+    let host = TestHost::new();
+    let dir = tempfile::tempdir().unwrap();
+    let script =
+        "if exec 3<>/dev/tcp/127.0.0.1/3128; then echo open > port; else echo closed > port; fi";
+    let options = job(dir.path(), script, &[]);
+    let line = run_in(&host, options, || ());
+    assert_eq!(line.code, 0, "{line:?}");
+    assert_eq!(written(dir.path(), "port"), "closed\n");
+}
+
+#[test]
+fn a_forwarder_port_that_cannot_be_had_fails_the_job_before_it_starts() {
+    let host = TestHost::new();
+    for (taken, loopback) in [(3128, ""), (8000, "127.0.0.1:8000")] {
+        let dir = tempfile::tempdir().unwrap();
+        let options = job(
+            dir.path(),
+            "echo started > started",
+            &[("PI_DISPATCH_EGRESS_LOOPBACK", loopback)],
+        );
+        let _heads = fake_proxy(&options.job_dir.join(EGRESS_SOCKET));
+        let line = run_in(&host, options, || {
+            std::net::TcpListener::bind(("127.0.0.1", taken)).unwrap()
+        });
+        assert_eq!(
+            line.reason.as_deref(),
+            Some("model-unreachable"),
+            "{line:?}"
+        );
+        assert_eq!(line.code, 1, "{line:?}");
+        let cause = line.cause.unwrap_or_default();
+        assert!(cause.contains(&format!("127.0.0.1:{taken}")), "{cause}");
+        assert_eq!(written(dir.path(), "started"), "", "the agent started");
+    }
+}
