@@ -546,6 +546,24 @@ fn text_of(result: &CallToolResult) -> String {
         .join("\n")
 }
 
+/// One `echo` call on the hub's own upstream client, straight to the server: timed from sending to
+/// the result; the answer is checked after the clock stops.
+async fn timed_direct_echo(peer: &hub::rpc::Peer, message: &str) -> anyhow::Result<f64> {
+    let params = json!({"name": "echo", "arguments": {"message": message}});
+    let started = Instant::now();
+    let result = tokio::time::timeout(CALL_BOUND, peer.request("tools/call", params)).await;
+    let took = started.elapsed();
+    let result = result
+        .context("echo did not answer in time")?
+        .context("echo failed")?;
+    let text = result["content"][0]["text"].as_str().unwrap_or_default();
+    ensure!(
+        result["isError"] != true && text == format!("Echo: {message}"),
+        "echo answered {result}"
+    );
+    Ok(took.as_secs_f64() * 1e6)
+}
+
 /// One `echo` call, timed from sending to the result; the answer is checked after the clock stops.
 async fn timed_echo(peer: &Peer<RoleClient>, message: &str) -> anyhow::Result<f64> {
     let params = echo_params(message);
@@ -582,7 +600,7 @@ async fn measure_calls(
         ),
     ];
     let (connected, _) = connect(peers, &servers, dir.path()).await?;
-    let direct: Vec<Peer<RoleClient>> = connected
+    let direct: Vec<hub::rpc::Peer> = connected
         .upstreams
         .iter()
         .map(|(u, _)| u.peer.clone())
@@ -629,7 +647,7 @@ async fn measure_calls(
 /// alternating; the first `warm_up` pairs are not kept.
 async fn alternate(
     url: &str,
-    direct: &Peer<RoleClient>,
+    direct: &hub::rpc::Peer,
     warm_up: u32,
     calls: u32,
 ) -> anyhow::Result<CallFigures> {
@@ -642,9 +660,9 @@ async fn alternate(
         let message = format!("pi-dispatch-bench {i}");
         let (h, d) = if i % 2 == 0 {
             let h = timed_echo(&through, &message).await?;
-            (h, timed_echo(direct, &message).await?)
+            (h, timed_direct_echo(direct, &message).await?)
         } else {
-            let d = timed_echo(direct, &message).await?;
+            let d = timed_direct_echo(direct, &message).await?;
             (timed_echo(&through, &message).await?, d)
         };
         if i >= warm_up {

@@ -1,49 +1,71 @@
 //! Connecting one server: a stdio server started the way the job starts it (a closed environment, its
-//! own process group, its stderr kept in memory), or any other rmcp client transport; then the
-//! handshake (protocol `2025-11-25`, client `pi-dispatch-hub`) and the whole tool list. A server has
-//! answered once its tools are listed.
+//! own process group, its stderr kept in memory), or an HTTP one ([`crate::http`]); then the
+//! handshake (protocol `2025-11-25`, client `pi-dispatch-hub`) and the whole tool list, over the
+//! hub's own JSON-RPC client ([`crate::rpc`]). A server has answered once its tools are listed.
 //!
 //! What fails is said in words for the worker's log ([`ConnectFailure`]): never a value of the
 //! server's environment or arguments, never the server's own error text (which could echo them).
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::ops::Range;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use rmcp::model::{Implementation, InitializeResult, ServerPeerInfo, Tool};
-use rmcp::service::{ClientInitializeError, RunningService, ServiceError};
-use rmcp::transport::async_rw::AsyncRwTransport;
-use rmcp::transport::{IntoTransport, Transport};
-use rmcp::{Peer, RoleClient, ServiceExt};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
-use crate::raw::LineTap;
-use crate::upstream::UpstreamEvents;
+use crate::http::{HttpTransport, Refusal};
+use crate::raw::{self, LineReader};
+use crate::rpc::{self, Core, Peer, RpcError, Sent, Wire};
+use crate::upstream::{CLIENT_NAME, CLIENT_PROTOCOL_VERSION, UpstreamEvents};
 
 /// How much of a stdio server's stderr is kept: the last 16 KiB.
 pub const STDERR_TAIL_BYTES: usize = 16 * 1024;
 
-/// The longest line of a stdio server's output whose result is relayed as the server wrote it (a
-/// longer one is relayed as rmcp read it): the HTTP servers' body limit.
-const MAX_RAW_LINE: usize = 16 * 1024 * 1024;
+/// The longest line of a stdio server's output that is read (a longer one is dropped, and the
+/// request it answers fails): the HTTP servers' body limit.
+pub const MAX_LINE: usize = 16 * 1024 * 1024;
 
 /// How long [`Upstream::shutdown`] lets the server go by itself (stdin closed, then `SIGTERM`) before
 /// its whole process group is killed.
 pub const POLITE_SHUTDOWN: Duration = Duration::from_secs(4);
 
-/// One connected server: the running client session, its tools as listed at connect, and (for a
+/// The protocol versions the hub accepts from a server, oldest first.
+const SERVER_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// How many pages of tools are read at most.
+const MAX_TOOL_PAGES: usize = 1000;
+
+/// One tool a server listed, as it wrote it.
+#[derive(Debug, Clone)]
+pub struct Tool {
+    pub name: String,
+    pub definition: Box<RawValue>,
+}
+
+impl Tool {
+    /// The tool's definition, read whole.
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(self.definition.get()).unwrap_or(Value::Null)
+    }
+}
+
+/// One connected server: the client of its session, its tools as listed at connect, and (for a
 /// stdio server) its process group, killed when this is dropped or shut down.
 pub struct Upstream {
     pub name: String,
     /// Every tool the server listed at connect, all pages.
     pub tools: Vec<Tool>,
     /// The client side of the session, to send requests to the server.
-    pub peer: Peer<RoleClient>,
+    pub peer: Peer,
     /// From the start of the connection to the tool list.
     pub ready_after: Duration,
     /// Boxed: an `Upstream` is moved about whole, and this is most of it.
@@ -53,12 +75,14 @@ pub struct Upstream {
 }
 
 struct Inner {
-    info: InitializeResult,
-    /// The same answer as the server wrote it, when its transport kept it.
-    raw_info: Option<serde_json::Value>,
+    /// The server's `initialize` result, read whole.
+    info: Value,
+    /// The same as the server wrote it, and where its protocol version is.
+    info_raw: Bytes,
+    version: (String, Range<usize>),
     events: UpstreamEvents,
-    service: RunningService<RoleClient, UpstreamEvents>,
     stderr: Option<StderrTail>,
+    child: Option<tokio::process::Child>,
 }
 
 impl fmt::Debug for Upstream {
@@ -89,33 +113,60 @@ impl Upstream {
             .unwrap_or_default()
     }
 
-    /// The server's `initialize` answer as received: protocol version, capabilities, serverInfo,
-    /// instructions.
-    pub fn info(&self) -> &InitializeResult {
+    /// The server's `initialize` result as it sent it: protocol version, capabilities,
+    /// serverInfo, instructions, and whatever else it wrote.
+    pub fn info(&self) -> &Value {
         &self.inner.info
     }
 
-    /// The server's `initialize` result as the server wrote it (fields rmcp does not know
-    /// included), when the transport kept it.
-    pub fn raw_info(&self) -> Option<&serde_json::Value> {
-        self.inner.raw_info.as_ref()
+    /// The protocol version the server answered with.
+    pub fn protocol_version(&self) -> &str {
+        &self.inner.version.0
     }
 
-    /// The handler the session was connected with: where its notifications and requests go.
+    /// The `initialize` result's bytes as the server wrote them, and where its protocol version is.
+    pub(crate) fn info_raw(&self) -> (&Bytes, &(String, Range<usize>)) {
+        (&self.inner.info_raw, &self.inner.version)
+    }
+
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.peer.0
+    }
+
+    /// The client side the session was connected with: where its notifications and requests go.
     pub fn events(&self) -> &UpstreamEvents {
         &self.inner.events
     }
 
     /// Whether the session has ended (the server exited or closed its connection).
     pub fn is_closed(&self) -> bool {
-        self.inner.service.is_closed() || self.peer.is_transport_closed()
+        self.peer.is_closed()
     }
 
-    /// Ends the session: stdin closed (or the HTTP session deleted), the server given
-    /// [`POLITE_SHUTDOWN`] to exit (rmcp sends `SIGTERM` on the way), then its whole process group
-    /// killed.
+    /// Ends the session: a stdio server's stdin closed, [`POLITE_SHUTDOWN`] for it to exit
+    /// (`SIGTERM` halfway), then its whole process group killed; an HTTP server's session deleted.
     pub async fn shutdown(mut self) {
-        let _ = self.inner.service.close_with_timeout(POLITE_SHUTDOWN).await;
+        let core = self.peer.0.clone();
+        match self.inner.child.take() {
+            Some(mut child) => {
+                core.close_stdin().await;
+                let wait = POLITE_SHUTDOWN / 2;
+                if tokio::time::timeout(wait, child.wait()).await.is_err() {
+                    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+                        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGTERM);
+                    }
+                    if tokio::time::timeout(wait, child.wait()).await.is_err() {
+                        let _ = child.kill().await;
+                    }
+                }
+            }
+            None => {
+                if let Some(http) = core.http() {
+                    let _ = tokio::time::timeout(POLITE_SHUTDOWN, http.close()).await;
+                }
+            }
+        }
+        core.close();
         if let Some(group) = self.group.take() {
             group.end().await;
         }
@@ -218,16 +269,21 @@ pub async fn connect_stdio(
         return Err(not_started(std::io::ErrorKind::BrokenPipe.into()));
     };
     let stderr = child.stderr.take();
-    let stdout = LineTap::new(stdout, events.raw().clone(), MAX_RAW_LINE);
-    let transport = ChildTransport {
-        messages: AsyncRwTransport::new(stdout, stdin),
-        child,
-    };
+    let core = Core::new(
+        Wire::Stdio(tokio::sync::Mutex::new(Some(stdin))),
+        events.clone(),
+    );
+    tokio::spawn(rpc::read_stdio(
+        Arc::downgrade(&core),
+        LineReader::new(stdout, MAX_LINE),
+        MAX_LINE,
+    ));
     let tail = StderrTail::default();
     let collector = stderr.map(|stderr| tokio::spawn(tail.clone().collect(stderr)));
-    match handshake(name, transport, events, started).await {
+    match handshake(name, core, events, started).await {
         Ok(mut upstream) => {
             upstream.inner.stderr = Some(tail);
+            upstream.inner.child = Some(child);
             upstream.group = group;
             Ok(upstream)
         }
@@ -246,214 +302,217 @@ pub async fn connect_stdio(
     }
 }
 
-/// Connects a server over any rmcp client transport (the HTTP one, for instance).
-pub async fn connect_transport<T, E, A>(
+/// Connects a server over streamable HTTP ([`crate::http::transport`]).
+pub async fn connect_transport(
     name: &str,
-    transport: T,
+    transport: HttpTransport,
     events: UpstreamEvents,
-) -> Result<Upstream, ConnectError>
-where
-    T: IntoTransport<RoleClient, E, A>,
-    E: std::error::Error + Send + Sync + 'static,
-{
-    handshake(name, transport, events, Instant::now()).await
+) -> Result<Upstream, ConnectError> {
+    let core = Core::new(Wire::Http(Box::new(transport)), events.clone());
+    handshake(name, core, events, Instant::now()).await
 }
 
-async fn handshake<T, E, A>(
+/// Where the handshake was when it failed.
+#[derive(Clone, Copy)]
+enum Stage {
+    Initialize,
+    Tools,
+}
+
+async fn handshake(
     name: &str,
-    transport: T,
+    core: Arc<Core>,
     events: UpstreamEvents,
     started: Instant,
-) -> Result<Upstream, ConnectError>
-where
-    T: IntoTransport<RoleClient, E, A>,
-    E: std::error::Error + Send + Sync + 'static,
-{
-    let ordered = events.ordered(transport.into_transport());
-    let service = events
-        .clone()
-        .serve(ordered)
+) -> Result<Upstream, ConnectError> {
+    let id = core.next_id();
+    let initialize = json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": CLIENT_PROTOCOL_VERSION,
+            "capabilities": events.capabilities(),
+            "clientInfo": {"name": CLIENT_NAME, "version": env!("CARGO_PKG_VERSION")},
+        },
+    });
+    let failed = |e: RpcError| failed(name, Stage::Initialize, e);
+    let answer = core
+        .call_as(
+            Sent::Initialize(id),
+            id,
+            Bytes::from(initialize.to_string()),
+            None,
+        )
         .await
-        .map_err(|e| initialize_failed(name, e))?;
-    let peer = service.peer().clone();
-    let info = peer
-        .peer_info()
-        .map(|info| initialize_result(&info))
-        .ok_or_else(|| {
-            ConnectError::new(
-                name,
-                ConnectFailure::Handshake("no initialize result was kept".to_owned()),
-            )
-        })?;
+        .map_err(failed)?;
+    let info = rpc::result_of(&answer).map_err(failed)?;
+    let not_a_result = || {
+        ConnectError::new(
+            name,
+            ConnectFailure::Handshake(
+                "the server answered initialize with something other than its result".to_owned(),
+            ),
+        )
+    };
+    let result = answer.result().ok_or_else(not_a_result)?;
+    let version = raw::string_member(result, "protocolVersion").ok_or_else(not_a_result)?;
+    if !info.get("capabilities").is_some_and(Value::is_object) {
+        return Err(not_a_result());
+    }
+    if !SERVER_VERSIONS.contains(&version.0.as_str()) {
+        return Err(ConnectError::new(
+            name,
+            ConnectFailure::Handshake("the server speaks no protocol version the job does".into()),
+        ));
+    }
+    let info_raw = answer.bytes().slice_ref(result);
+    if let Some(http) = core.http() {
+        http.set_protocol_version(&version.0);
+    }
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    core.send(Bytes::from(initialized.to_string()))
+        .await
+        .map_err(failed)?;
+    if let Some(http) = core.http() {
+        http.listen(Arc::downgrade(&core));
+    }
     // A server that offers no tools has none to list.
-    let tools = if info.capabilities.tools.is_some() {
-        peer.list_all_tools()
-            .await
-            .map_err(|e| tools_failed(name, e))?
+    let offers_tools = info["capabilities"]
+        .get("tools")
+        .is_some_and(|t| !t.is_null());
+    let tools = if offers_tools {
+        list_tools(&core).await.map_err(|e| failed_tools(name, e))?
     } else {
         Vec::new()
     };
-    // The server's own `initialize` answer, for the relay to answer pi with; the rest of the
-    // handshake's results are not pi's to have.
-    let raw_info = events.raw().take_where(|result| {
-        result.get("protocolVersion").is_some() && result.get("capabilities").is_some()
-    });
-    events.raw().clear();
     Ok(Upstream {
         name: name.to_owned(),
         tools,
-        peer,
+        peer: Peer(core),
         ready_after: started.elapsed(),
         inner: Box::new(Inner {
             info,
-            raw_info,
+            info_raw,
+            version,
             events,
-            service,
             stderr: None,
+            child: None,
         }),
         group: None,
     })
 }
 
-fn initialize_result(info: &ServerPeerInfo) -> InitializeResult {
-    let mut result = InitializeResult::new(info.capabilities.clone())
-        .with_protocol_version(info.protocol_version.clone())
-        .with_server_info(
-            info.server_info
-                .clone()
-                .unwrap_or_else(|| Implementation::new("", "")),
-        );
-    result.instructions = info.instructions.clone();
-    result.meta = info.meta.clone();
-    result
+/// Why listing the tools failed: the request's error, or an answer that is not a tool list.
+enum ToolsError {
+    Rpc(RpcError),
+    NotAList,
 }
 
-fn initialize_failed(name: &str, e: ClientInitializeError) -> ConnectError {
-    if e.is_authorization_required() {
-        let mut error = ConnectError::new(name, ConnectFailure::AuthorizationRequired);
-        if let ClientInitializeError::TransportError { error: t, .. } = e {
-            error.transport = Some(Box::new(t));
-        }
-        return error;
+/// Every page of the server's tools.
+async fn list_tools(core: &Arc<Core>) -> Result<Vec<Tool>, ToolsError> {
+    #[derive(Deserialize)]
+    struct Page {
+        tools: Vec<Box<RawValue>>,
+        #[serde(default, rename = "nextCursor")]
+        next_cursor: Option<String>,
     }
-    let words = match e {
-        ClientInitializeError::ConnectionClosed(_) => {
-            return ConnectError::new(name, ConnectFailure::Exited("answered initialize"));
-        }
-        ClientInitializeError::TransportError { error, .. } if closed(&error) => {
-            return ConnectError::new(name, ConnectFailure::Exited("answered initialize"));
-        }
-        ClientInitializeError::TransportError { error, context } => {
-            let mut failure = ConnectError::new(
-                name,
-                ConnectFailure::Handshake(format!("the transport failed ({context})")),
-            );
-            failure.transport = Some(Box::new(error));
-            return failure;
-        }
-        ClientInitializeError::JsonRpcError(e) => {
-            format!("the server answered initialize with error {}", e.code.0)
-        }
-        ClientInitializeError::ExpectedInitResponse(_)
-        | ClientInitializeError::ExpectedInitResult(_) => {
-            "the server answered initialize with something other than its result".to_owned()
-        }
-        ClientInitializeError::ConflictInitResponseId(..)
-        | ClientInitializeError::UncorrelatedErrorResponse { .. } => {
-            "the server answered with another request's id".to_owned()
-        }
-        ClientInitializeError::Cancelled => "cancelled".to_owned(),
-        _ => "the server's answer was not usable".to_owned(),
-    };
-    ConnectError::new(name, ConnectFailure::Handshake(words))
-}
-
-fn tools_failed(name: &str, e: ServiceError) -> ConnectError {
-    if e.is_authorization_required() {
-        return ConnectError::new(name, ConnectFailure::AuthorizationRequired);
+    #[derive(Deserialize)]
+    struct Named {
+        name: String,
     }
-    let words = match e {
-        ServiceError::TransportClosed => {
-            return ConnectError::new(name, ConnectFailure::Exited("listed its tools"));
+    let mut tools = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..MAX_TOOL_PAGES {
+        let id = core.next_id();
+        let params = match &cursor {
+            Some(cursor) => json!({"cursor": cursor}),
+            None => json!({}),
+        };
+        let request = json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": params});
+        let answer = core
+            .call(id, Bytes::from(request.to_string()), None)
+            .await
+            .map_err(ToolsError::Rpc)?;
+        if let Some(error) = answer.error() {
+            let code = raw::error_code(error).unwrap_or(0);
+            return Err(ToolsError::Rpc(RpcError::Server { code }));
         }
-        ServiceError::TransportSend(error) if closed(&error) => {
-            return ConnectError::new(name, ConnectFailure::Exited("listed its tools"));
+        let page: Page = answer
+            .result()
+            .and_then(|r| serde_json::from_slice(r).ok())
+            .ok_or(ToolsError::NotAList)?;
+        for definition in page.tools {
+            let named: Named =
+                serde_json::from_str(definition.get()).map_err(|_| ToolsError::NotAList)?;
+            tools.push(Tool {
+                name: named.name,
+                definition,
+            });
         }
-        ServiceError::TransportSend(error) => {
-            let mut failure = ConnectError::new(
-                name,
-                ConnectFailure::ToolsList("the transport failed".to_owned()),
-            );
-            failure.transport = Some(Box::new(error));
-            return failure;
+        match page.next_cursor {
+            Some(next) if !next.is_empty() && cursor.as_ref() != Some(&next) => {
+                cursor = Some(next);
+            }
+            _ => return Ok(tools),
         }
-        ServiceError::McpError(e) => format!("the server answered with error {}", e.code.0),
-        ServiceError::UnexpectedResponse => {
-            "the server answered with something other than a tool list".to_owned()
-        }
-        ServiceError::Timeout { .. } => "it timed out".to_owned(),
-        _ => "the request failed".to_owned(),
-    };
-    ConnectError::new(name, ConnectFailure::ToolsList(words))
+    }
+    Ok(tools)
 }
 
-/// Whether the transport failed because the other end is gone (a stdio server that exited before
-/// it read what was sent: a broken pipe, or a pipe rmcp had already closed).
-fn closed(error: &rmcp::transport::DynamicTransportError) -> bool {
+fn failed(name: &str, stage: Stage, e: RpcError) -> ConnectError {
+    let (exited, words) = match stage {
+        Stage::Initialize => ("answered initialize", "initialize"),
+        Stage::Tools => ("listed its tools", "tools/list"),
+    };
+    let (failure, transport) = match e {
+        RpcError::Closed => (ConnectFailure::Exited(exited), None),
+        RpcError::Transport(Refusal::Unauthorized) => (
+            ConnectFailure::AuthorizationRequired,
+            Some(Refusal::Unauthorized),
+        ),
+        RpcError::Transport(refusal) => {
+            let failure = "the transport failed".to_owned();
+            let failure = match stage {
+                Stage::Initialize => ConnectFailure::Handshake(failure),
+                Stage::Tools => ConnectFailure::ToolsList(failure),
+            };
+            (failure, Some(refusal))
+        }
+        RpcError::Server { code } => {
+            let failure = match stage {
+                Stage::Initialize => ConnectFailure::Handshake(format!(
+                    "the server answered {words} with error {code}"
+                )),
+                Stage::Tools => {
+                    ConnectFailure::ToolsList(format!("the server answered with error {code}"))
+                }
+            };
+            (failure, None)
+        }
+        RpcError::Malformed => {
+            let failure = match stage {
+                Stage::Initialize => ConnectFailure::Handshake(
+                    "the server answered initialize with something other than its result"
+                        .to_owned(),
+                ),
+                Stage::Tools => ConnectFailure::ToolsList(
+                    "the server answered with something other than a tool list".to_owned(),
+                ),
+            };
+            (failure, None)
+        }
+        RpcError::Cancelled => (ConnectFailure::Handshake("cancelled".to_owned()), None),
+    };
+    let mut error = ConnectError::new(name, failure);
+    error.transport = transport.map(|r| Box::new(r) as Box<dyn std::error::Error + Send + Sync>);
     error
-        .error
-        .downcast_ref::<std::io::Error>()
-        .is_some_and(|e| {
-            matches!(
-                e.kind(),
-                std::io::ErrorKind::BrokenPipe
-                    | std::io::ErrorKind::NotConnected
-                    | std::io::ErrorKind::ConnectionReset
-            )
-        })
 }
 
-/// A stdio server's connection: its messages over its standard input and output (the output also
-/// read by the [`LineTap`]), and the server itself. Closing it is the stdio shutdown the protocol
-/// describes: standard input closed, a while to exit, then `SIGTERM`, a while more, then `SIGKILL`.
-struct ChildTransport {
-    messages: AsyncRwTransport<
-        RoleClient,
-        LineTap<tokio::process::ChildStdout>,
-        tokio::process::ChildStdin,
-    >,
-    child: tokio::process::Child,
-}
-
-impl Transport<RoleClient> for ChildTransport {
-    type Error = std::io::Error;
-
-    fn send(
-        &mut self,
-        item: rmcp::service::TxJsonRpcMessage<RoleClient>,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        self.messages.send(item)
-    }
-
-    fn receive(
-        &mut self,
-    ) -> impl Future<Output = Option<rmcp::service::RxJsonRpcMessage<RoleClient>>> + Send {
-        self.messages.receive()
-    }
-
-    async fn close(&mut self) -> Result<(), Self::Error> {
-        let _ = self.messages.close().await;
-        let wait = POLITE_SHUTDOWN / 2;
-        if tokio::time::timeout(wait, self.child.wait()).await.is_ok() {
-            return Ok(());
-        }
-        if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
-            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGTERM);
-        }
-        if tokio::time::timeout(wait, self.child.wait()).await.is_ok() {
-            return Ok(());
-        }
-        self.child.kill().await
+fn failed_tools(name: &str, e: ToolsError) -> ConnectError {
+    match e {
+        ToolsError::Rpc(e) => failed(name, Stage::Tools, e),
+        ToolsError::NotAList => failed(name, Stage::Tools, RpcError::Malformed),
     }
 }
 

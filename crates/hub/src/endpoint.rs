@@ -21,19 +21,16 @@ use ::http::{Method, Request, Response, StatusCode, header};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
-use rmcp::model::{
-    CancelledNotification, CancelledNotificationParam, ClientNotification, ClientRequest,
-    CustomNotification, CustomRequest, ErrorCode, InitializeResult, ProtocolVersion,
-};
-use rmcp::service::PeerRequestOptions;
-use rmcp::{ErrorData as McpError, Peer, RoleClient, ServiceError};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::calls::{Outcome, ToolCalls, Withheld};
+use crate::http::Refusal;
+use crate::raw::{self, Edit, Message, RequestParams, event};
+use crate::rpc::{Core, ProgressRoute, RpcError, error_bytes};
 use crate::session::{Call, PiSession, STREAM_QUEUE, lock};
-use crate::upstream::{ProgressRoute, UpstreamEvents};
+use crate::upstream::UpstreamEvents;
 
 pub(crate) type HttpBody = BoxBody<Bytes, Infallible>;
 
@@ -53,13 +50,30 @@ const SESSION_HEADER: &str = "mcp-session-id";
 const EVENT_STREAM: &str = "text/event-stream";
 const JSON: &str = "application/json";
 
+/// The protocol versions the hub knows, oldest first: pi may have one of them that is not newer
+/// than the server's.
+const KNOWN_VERSIONS: [&str; 5] = [
+    "2024-11-05",
+    "2025-03-26",
+    "2025-06-18",
+    "2025-11-25",
+    "2026-07-28",
+];
+
+/// JSON-RPC's codes, as the hub uses them.
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+const INVALID_PARAMS: i64 = -32602;
+const INTERNAL_ERROR: i64 = -32603;
+
 /// One server as the hub serves it to pi.
 pub(crate) struct Served {
     pub(crate) name: String,
-    pub(crate) peer: Peer<RoleClient>,
-    pub(crate) info: InitializeResult,
-    /// The same, as the server wrote it, when its transport kept it.
-    pub(crate) raw_info: Option<Value>,
+    pub(crate) peer: Arc<Core>,
+    /// The server's `initialize` result as it wrote it.
+    pub(crate) info: Bytes,
+    /// The server's protocol version, and where it is in `info`.
+    pub(crate) version: (String, std::ops::Range<usize>),
     /// Listed at connect and not withheld.
     pub(crate) allowed: HashSet<String>,
     pub(crate) withheld: Withheld,
@@ -79,14 +93,12 @@ impl NoSession {
         match self {
             NoSession::Missing => error_response(
                 StatusCode::BAD_REQUEST,
-                ErrorCode::INVALID_REQUEST,
+                INVALID_REQUEST,
                 "Bad Request: Mcp-Session-Id header is required",
             ),
-            NoSession::Unknown => error_response(
-                StatusCode::NOT_FOUND,
-                ErrorCode::INVALID_REQUEST,
-                "Session not found",
-            ),
+            NoSession::Unknown => {
+                error_response(StatusCode::NOT_FOUND, INVALID_REQUEST, "Session not found")
+            }
         }
     }
 }
@@ -154,135 +166,113 @@ impl Endpoint {
             Err(_) => {
                 return error_response(
                     StatusCode::PAYLOAD_TOO_LARGE,
-                    ErrorCode::INVALID_REQUEST,
+                    INVALID_REQUEST,
                     "the request body is too large or was cut short",
                 );
             }
         };
-        let Ok(message) = serde_json::from_slice::<Value>(&body) else {
-            return error_response(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::PARSE_ERROR,
-                "Parse error",
-            );
+        let Some(message) = Message::parse(body) else {
+            return error_response(StatusCode::BAD_REQUEST, PARSE_ERROR, "Parse error");
         };
-        let method = message
-            .get("method")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        let id = message.get("id").cloned();
+        let method = message.method().map(str::to_owned);
         // MCP forbids a null id, and `initialize` must be a request.
-        if id == Some(Value::Null) || (method.as_deref() == Some("initialize") && id.is_none()) {
+        if message.id_is_null() || (method.as_deref() == Some("initialize") && !message.has_id()) {
             return error_response(
                 StatusCode::BAD_REQUEST,
-                ErrorCode::INVALID_REQUEST,
+                INVALID_REQUEST,
                 "a request needs an id that is a string or a number",
             );
         }
-        match (method.as_deref(), id, session) {
-            (Some("initialize"), Some(id), None) => self.initialize(id, &message),
-            (Some("initialize"), Some(_), Some(_)) => error_response(
+        match (method.as_deref(), message.has_id(), session) {
+            (Some("initialize"), true, None) => self.initialize(&message),
+            (Some("initialize"), true, Some(_)) => error_response(
                 StatusCode::BAD_REQUEST,
-                ErrorCode::INVALID_REQUEST,
+                INVALID_REQUEST,
                 "the session is already initialized",
             ),
             (_, _, None) => error_response(
                 StatusCode::BAD_REQUEST,
-                ErrorCode::INVALID_REQUEST,
+                INVALID_REQUEST,
                 "Bad Request: Mcp-Session-Id header is required",
             ),
-            (Some(_), Some(id), Some(session)) => self.request(session, id, message).await,
-            (Some(method), None, Some(session)) => {
+            (Some(_), true, Some(session)) => self.request(session, message).await,
+            (Some(method), false, Some(session)) => {
                 self.notification(&session, method, message).await;
                 status(StatusCode::ACCEPTED)
             }
-            (None, Some(_), Some(session)) => {
+            (None, true, Some(session)) => {
                 session.answered(message);
                 status(StatusCode::ACCEPTED)
             }
-            (None, None, Some(_)) => error_response(
+            (None, false, Some(_)) => error_response(
                 StatusCode::BAD_REQUEST,
-                ErrorCode::INVALID_REQUEST,
+                INVALID_REQUEST,
                 "not a JSON-RPC message",
             ),
         }
     }
 
-    fn initialize(&self, id: Value, message: &Value) -> Response<HttpBody> {
-        let info = &self.served.info;
-        let server_version = info.protocol_version.to_string();
+    fn initialize(&self, message: &Message) -> Response<HttpBody> {
+        let (server_version, at) = &self.served.version;
+        #[derive(serde::Deserialize)]
+        struct Asked {
+            #[serde(default, rename = "protocolVersion")]
+            version: Option<String>,
+        }
+        let asked = message
+            .params()
+            .and_then(|p| serde_json::from_slice::<Asked>(p).ok())
+            .and_then(|a| a.version);
         // The version pi asks for when the server speaks it too, else the server's own.
-        let version = message["params"]["protocolVersion"]
-            .as_str()
+        let version = asked
             .filter(|asked| {
-                *asked <= server_version.as_str()
-                    && ProtocolVersion::KNOWN_VERSIONS
-                        .iter()
-                        .any(|known| known.to_string() == *asked)
+                asked.as_str() <= server_version.as_str()
+                    && KNOWN_VERSIONS.contains(&asked.as_str())
             })
-            .unwrap_or(&server_version)
-            .to_owned();
-        let result = match &self.served.raw_info {
-            Some(raw) => Ok(raw.clone()),
-            None => serde_json::to_value(info),
-        };
-        let Ok(mut result) = result else {
-            return error_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                ErrorCode::INTERNAL_ERROR,
-                "the server's answer cannot be sent",
-            );
-        };
-        result["protocolVersion"] = Value::String(version);
+            .unwrap_or_else(|| server_version.clone());
+        let version = json!(version).to_string();
         let Some(session_id) = new_session_id() else {
             return error_response(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                ErrorCode::INTERNAL_ERROR,
+                INTERNAL_ERROR,
                 "no session id could be made",
             );
         };
+        let result = raw::splice(
+            &self.served.info,
+            vec![Edit::new(at.clone(), version.as_bytes())],
+        );
+        let id = message.id().unwrap_or_default();
         let session = Arc::new(PiSession::new(session_id.clone(), self.stop.child_token()));
         self.served.events.attach(&session);
         lock(&self.sessions).insert(session_id.clone(), session);
-        let mut response = json_response(&json!({"jsonrpc": "2.0", "id": id, "result": result}));
+        let mut response = json_response(crate::rpc::answer_bytes(&id, Ok(&result)));
         if let Ok(value) = header::HeaderValue::from_str(&session_id) {
             response.headers_mut().insert(SESSION_HEADER, value);
         }
         response
     }
 
-    async fn notification(&self, session: &PiSession, method: &str, message: Value) {
+    async fn notification(&self, session: &PiSession, method: &str, message: Message) {
         match method {
             "notifications/initialized" => {}
             "notifications/cancelled" => {
-                if let Some(id) = message["params"].get("requestId") {
-                    session.cancel_call(id);
+                if let Some(id) = message.params().and_then(raw::cancelled_request) {
+                    session.cancel_call(&id);
                 }
             }
             // Progress on a request the server made of pi (under the server's own token), roots
-            // changed, anything else: to the server.
+            // changed, anything else: to the server, as pi wrote it.
             _ => {
-                if let Ok(notification) =
-                    serde_json::from_value::<CustomNotification>(method_and_params(&message))
-                {
-                    let _ = self
-                        .served
-                        .peer
-                        .send_notification(ClientNotification::CustomNotification(notification))
-                        .await;
-                }
+                let _ = self.served.peer.send(message.bytes().clone()).await;
             }
         }
     }
 
     /// Relays one of pi's requests and answers it: plain JSON when the answer comes first and soon,
     /// else an event stream (kept alive while the answer is awaited).
-    async fn request(
-        &self,
-        session: Arc<PiSession>,
-        id: Value,
-        message: Value,
-    ) -> Response<HttpBody> {
+    async fn request(&self, session: Arc<PiSession>, message: Message) -> Response<HttpBody> {
+        let id = message.id().unwrap_or_default();
         let (stream, mut messages) = mpsc::channel(STREAM_QUEUE);
         let cancel = session.ended.child_token();
         {
@@ -324,7 +314,7 @@ impl Endpoint {
                         all.push(event(&answer));
                         return event_stream_response(futures::stream::iter(all));
                     }
-                    Err(_) => return json_response(&answer),
+                    Err(_) => return json_response(answer),
                 }
             }
             // A long call: the headers go now, so that pi's client does not give up waiting.
@@ -378,7 +368,7 @@ impl Endpoint {
         if !accepts {
             return error_response(
                 StatusCode::NOT_ACCEPTABLE,
-                ErrorCode::INVALID_REQUEST,
+                INVALID_REQUEST,
                 "Not Acceptable: the client must accept text/event-stream",
             );
         }
@@ -392,7 +382,7 @@ impl Endpoint {
             if standalone.as_ref().is_some_and(|s| !s.is_closed()) {
                 return error_response(
                     StatusCode::CONFLICT,
-                    ErrorCode::INVALID_REQUEST,
+                    INVALID_REQUEST,
                     "Conflict: the session's stream is already open",
                 );
             }
@@ -428,184 +418,139 @@ impl Endpoint {
 }
 
 impl Served {
-    /// pi's request `message` (id `id`) relayed, as the whole JSON-RPC answer to send pi.
+    /// pi's request `message` (id `id`, as pi wrote it) relayed, as the whole JSON-RPC answer to
+    /// send pi.
     async fn answer(
         &self,
-        id: &Value,
-        message: Value,
-        stream: mpsc::Sender<Value>,
+        id: &[u8],
+        message: Message,
+        stream: mpsc::Sender<Bytes>,
         cancel: CancellationToken,
-    ) -> Value {
-        let pi_token = message["params"]["_meta"].get("progressToken").cloned();
-        let tool = (message["method"] == "tools/call")
-            .then(|| message["params"]["name"].as_str().map(str::to_owned))
-            .map(Option::unwrap_or_default);
-        let lists_tools = message["method"] == "tools/list";
-        if let Some(tool) = tool {
-            return self
-                .call(id, &tool, &message, pi_token, stream, cancel)
-                .await;
-        }
-        let request = match as_sent(&message) {
-            Ok(request) => request,
-            Err(e) => return error_message(id, &e),
-        };
-        match self.relay(request, pi_token, stream, cancel).await {
-            Ok(mut result) => {
-                if lists_tools && let Some(Value::Array(tools)) = result.get_mut("tools") {
-                    tools.retain(|tool| {
-                        tool.get("name")
-                            .and_then(Value::as_str)
-                            .is_some_and(|name| self.allowed.contains(name))
-                    });
-                }
-                json!({"jsonrpc": "2.0", "id": id, "result": result})
+    ) -> Bytes {
+        let method = message.method().unwrap_or_default();
+        let params = RequestParams::read(message.params());
+        let tool = (method == "tools/call").then(|| {
+            match &params {
+                Ok(p) => p.name.clone(),
+                Err(e) => e.name().map(str::to_owned),
             }
-            Err(e) => error_message(id, &e),
-        }
-    }
-
-    async fn call(
-        &self,
-        id: &Value,
-        tool: &str,
-        message: &Value,
-        pi_token: Option<Value>,
-        stream: mpsc::Sender<Value>,
-        cancel: CancellationToken,
-    ) -> Value {
-        let refuse = |message: String| {
+            .unwrap_or_default()
+        });
+        let refuse = |tool: &str, code: i64, words: &str| {
             self.calls
                 .record(&self.name, tool, Outcome::Refused, Duration::ZERO, 0);
-            error_message(id, &McpError::invalid_params(message, None))
+            error_bytes(id, code, words)
         };
-        if self.withheld.contains(tool) {
-            return refuse(format!("tool {tool} is withheld from this job"));
-        }
-        if !self.allowed.contains(tool) {
-            return refuse(format!("unknown tool {tool}: the server did not list it"));
-        }
-        let request = match as_sent(message) {
-            Ok(request) => request,
-            Err(e) => {
-                self.calls
-                    .record(&self.name, tool, Outcome::Refused, Duration::ZERO, 0);
-                return error_message(id, &e);
+        if let Some(tool) = &tool {
+            if self.withheld.contains(tool) {
+                let words = format!("tool {tool} is withheld from this job");
+                return refuse(tool, INVALID_PARAMS, &words);
             }
-        };
-        let started = Instant::now();
-        let answer = self.relay(request, pi_token, stream, cancel).await;
-        let took = started.elapsed();
-        match answer {
-            Ok(result) => {
-                let bytes = serde_json::to_vec(&result).map_or(0, |b| b.len());
-                let outcome = if result.get("isError") == Some(&Value::Bool(true)) {
-                    Outcome::Error
-                } else {
-                    Outcome::Ok
+            if !self.allowed.contains(tool) {
+                let words = format!("unknown tool {tool}: the server did not list it");
+                return refuse(tool, INVALID_PARAMS, &words);
+            }
+        }
+        let params = match params {
+            Ok(params) => params,
+            Err(e) => {
+                let words = e.to_string();
+                return match &tool {
+                    Some(tool) => refuse(tool, INVALID_REQUEST, &words),
+                    None => error_bytes(id, INVALID_REQUEST, &words),
                 };
-                self.calls.record(&self.name, tool, outcome, took, bytes);
-                json!({"jsonrpc": "2.0", "id": id, "result": result})
             }
+        };
+        let lists_tools = method == "tools/list";
+        let started = Instant::now();
+        let answer = self.relay(&message, &params, stream, cancel).await;
+        let took = started.elapsed();
+        let answer = match answer {
+            Ok(answer) => answer,
             Err(e) => {
-                self.calls.record(&self.name, tool, Outcome::Error, took, 0);
-                error_message(id, &e)
+                if let Some(tool) = &tool {
+                    self.calls.record(&self.name, tool, Outcome::Error, took, 0);
+                }
+                return error_bytes(id, INTERNAL_ERROR, relay_error(&e));
             }
+        };
+        if let Some(tool) = &tool {
+            let (outcome, bytes) = match answer.result() {
+                Some(result) if raw::is_error_result(result) => (Outcome::Error, result.len()),
+                Some(result) => (Outcome::Ok, result.len()),
+                None => (Outcome::Error, 0),
+            };
+            self.calls.record(&self.name, tool, outcome, took, bytes);
         }
+        let listed = lists_tools
+            .then(|| answer.result())
+            .flatten()
+            .and_then(|result| raw::filter_tools(result, |name| self.allowed.contains(name)));
+        let mut edits: Vec<Edit<'_>> = answer.id_edit(id).into_iter().collect();
+        if let Some((at, tools)) = &listed
+            && let Some(start) = answer.result_start()
+        {
+            edits.push(Edit::new(at.clone(), tools).shifted(start));
+        }
+        answer.edited(edits)
     }
 
-    /// Sends `request` to the server and waits for its result, as the server wrote it (rmcp's
-    /// reading of it when the transport did not keep it). The request's progress goes to `stream`
-    /// under pi's token meanwhile; `cancel` cancels it at the server. The result waits until the
-    /// notifications the server sent before it have been passed on.
+    /// Sends pi's request to the server under an id of the hub's (and, when pi asked for
+    /// progress, a token of the hub's: the same number) and waits for the server's answer, as the
+    /// server wrote it. The request's progress goes to `stream` under pi's token meanwhile;
+    /// `cancel` cancels it at the server.
     async fn relay(
         &self,
-        request: ClientRequest,
-        pi_token: Option<Value>,
-        stream: mpsc::Sender<Value>,
+        message: &Message,
+        params: &RequestParams,
+        stream: mpsc::Sender<Bytes>,
         cancel: CancellationToken,
-    ) -> Result<Value, McpError> {
-        let shared = self.events.shared();
-        let mut routes = shared.progress.lock().await;
-        let handle = self
-            .peer
-            .send_request_with_option(request, PeerRequestOptions::no_options())
-            .await
-            .map_err(relay_error)?;
-        let token = handle.progress_token.clone();
-        if let Some(pi_token) = pi_token {
-            routes.insert(
-                token.clone(),
-                ProgressRoute {
-                    stream,
-                    token: pi_token,
-                },
-            );
+    ) -> Result<Message, RpcError> {
+        let upstream_id = self.peer.next_id();
+        let id_text = upstream_id.to_string();
+        let mut edits: Vec<Edit<'_>> = message.id_edit(id_text.as_bytes()).into_iter().collect();
+        let mut route = None;
+        if let (Some(at), Some(start), Some(params_bytes)) = (
+            params.progress_token.clone(),
+            message.params_start(),
+            message.params(),
+        ) {
+            route = Some(ProgressRoute {
+                stream,
+                token: Bytes::copy_from_slice(&params_bytes[at.clone()]),
+            });
+            edits.push(Edit::new(at, id_text.as_bytes()).shifted(start));
         }
-        drop(routes);
-        let id = handle.id.clone();
-        let answer = tokio::select! {
-            answer = handle.await_response() => answer.map_err(relay_error),
+        let request = message.edited(edits);
+        tokio::select! {
+            answer = self.peer.call(upstream_id, request, route) => answer,
             () = cancel.cancelled() => {
-                // A result the server sends anyway is not kept.
-                self.events.raw().forget(&id);
-                let cancelled = CancelledNotification::new(CancelledNotificationParam::new(
-                    Some(id.clone()),
-                    Some("the request was cancelled".to_owned()),
-                ));
-                let _ = self.peer.send_notification(cancelled.into()).await;
-                Err(McpError::internal_error("the request was cancelled", None))
+                let cancelled = json!({
+                    "jsonrpc": "2.0",
+                    "method": "notifications/cancelled",
+                    "params": {"requestId": upstream_id, "reason": "the request was cancelled"}
+                });
+                let _ = self.peer.send(Bytes::from(cancelled.to_string())).await;
+                Err(RpcError::Cancelled)
             }
-        };
-        shared.flush().await;
-        shared.progress.lock().await.remove(&token);
-        let raw = self.events.raw().take(&id);
-        let typed = answer?;
-        Ok(match raw {
-            Some(raw) => raw,
-            None => serde_json::to_value(typed).map_err(|_| {
-                McpError::internal_error("the server's answer cannot be sent", None)
-            })?,
-        })
-    }
-}
-
-fn relay_error(e: ServiceError) -> McpError {
-    match e {
-        // The server's own error passes through unchanged.
-        ServiceError::McpError(e) => e,
-        ServiceError::TransportClosed => McpError::internal_error("the connection is closed", None),
-        ServiceError::Cancelled { .. } => {
-            McpError::internal_error("the request was cancelled", None)
         }
-        _ => McpError::internal_error("the request could not be relayed", None),
     }
 }
 
-/// pi's request as the server is sent it: pi's method and params as pi wrote them (rmcp adds only
-/// its own progress token to `_meta`).
-fn as_sent(message: &Value) -> Result<ClientRequest, McpError> {
-    serde_json::from_value::<CustomRequest>(method_and_params(message))
-        .map(ClientRequest::CustomRequest)
-        .map_err(|_| McpError::invalid_request("the request's params are not an object", None))
+/// What pi is told when a request got no answer from the server.
+fn relay_error(e: &RpcError) -> &'static str {
+    match e {
+        RpcError::Closed => "the connection is closed",
+        RpcError::Cancelled => "the request was cancelled",
+        RpcError::Transport(Refusal::BodyTooLarge(_)) => {
+            "the server's answer is larger than the hub takes (16 MiB)"
+        }
+        _ => "the request could not be relayed",
+    }
 }
 
-/// A message's `method` and `params`, the shape rmcp reads a request or notification it does not
-/// model from. Without params, `{}`: rmcp would send `"params": null`, which servers refuse.
-fn method_and_params(message: &Value) -> Value {
-    json!({
-        "method": message.get("method").cloned().unwrap_or(Value::Null),
-        "params": message.get("params").cloned().unwrap_or_else(|| json!({})),
-    })
-}
-
-/// The JSON-RPC error answer to request `id`.
-fn error_message(id: &Value, error: &McpError) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": error})
-}
-
-fn internal_error(id: &Value, message: &'static str) -> Value {
-    error_message(id, &McpError::internal_error(message, None))
+fn internal_error(id: &[u8], message: &'static str) -> Bytes {
+    error_bytes(id, INTERNAL_ERROR, message)
 }
 
 /// A fresh session id: 128 random bits, in hex.
@@ -624,9 +569,8 @@ pub(crate) fn status(code: StatusCode) -> Response<HttpBody> {
     response
 }
 
-fn json_response(message: &Value) -> Response<HttpBody> {
-    let body = serde_json::to_vec(message).unwrap_or_default();
-    let mut response = Response::new(Full::new(Bytes::from(body)).boxed());
+fn json_response(message: Bytes) -> Response<HttpBody> {
+    let mut response = Response::new(Full::new(message).boxed());
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(JSON));
@@ -634,22 +578,15 @@ fn json_response(message: &Value) -> Response<HttpBody> {
 }
 
 /// An HTTP error carrying a JSON-RPC error without an id.
-fn error_response(code: StatusCode, rpc: ErrorCode, message: &'static str) -> Response<HttpBody> {
-    let mut response = json_response(&json!({
+fn error_response(code: StatusCode, rpc: i64, message: &'static str) -> Response<HttpBody> {
+    let body = json!({
         "jsonrpc": "2.0",
         "id": null,
-        "error": {"code": rpc.0, "message": message}
-    }));
+        "error": {"code": rpc, "message": message}
+    });
+    let mut response = json_response(Bytes::from(body.to_string()));
     *response.status_mut() = code;
     response
-}
-
-/// One message as an event of a stream.
-fn event(message: &Value) -> Bytes {
-    let mut event = b"event: message\ndata: ".to_vec();
-    event.extend(serde_json::to_vec(message).unwrap_or_default());
-    event.extend_from_slice(b"\n\n");
-    Bytes::from(event)
 }
 
 /// Ticks every [`KEEP_ALIVE`], the first one [`KEEP_ALIVE`] from now.

@@ -9,9 +9,8 @@
 //! Nothing here prints a header value, the URL's path or query, or what the server sent: the URL
 //! may hold a key, so only its `scheme://host:port` ([`Monitor::origin`]) is ever shown.
 
-use std::collections::HashMap;
 use std::error::Error as StdError;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,31 +18,25 @@ use config::mcp::RESERVED_HEADERS;
 use futures::stream::{BoxStream, Stream, StreamExt};
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode, Url};
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ProtocolVersion, ServerJsonRpcMessage};
-use rmcp::service::{ClientInitializeError, ServiceError};
-use rmcp::transport::DynamicTransportError;
-use rmcp::transport::common::client_side_sse::SseRetryPolicy;
-use rmcp::transport::streamable_http_client::{
-    SseError, StreamableHttpClient, StreamableHttpClientTransport,
-    StreamableHttpClientTransportConfig, StreamableHttpError, StreamableHttpPostResponse,
-    StreamableHttpResponseLimits,
-};
-use sse_stream::{Sse, SseStream};
+use sse_stream::{Error as SseError, Sse, SseStream};
 use tokio::sync::watch;
 
 use protocol::reason::Reason;
 
+use crate::connect::{ConnectError, ConnectFailure};
 use crate::job_file::Stop;
-use crate::raw::RawResults;
+use crate::raw::Message;
 use crate::resolve::Secret;
+use crate::rpc::{Core, RpcError, Sent};
 
 /// The largest response body taken from a server: 16 MiB.
 pub const MAX_BODY: u64 = 16 * 1024 * 1024;
 
-/// The protocol version the job announces in `initialize`, whatever the client handler says.
-pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+/// The protocol version the job announces in `initialize`.
+pub const PROTOCOL_VERSION: &str = crate::upstream::CLIENT_PROTOCOL_VERSION;
 
 const SESSION_HEADER: &str = "mcp-session-id";
+const VERSION_HEADER: &str = "mcp-protocol-version";
 const LAST_EVENT_ID_HEADER: &str = "last-event-id";
 const EVENT_STREAM: &str = "text/event-stream";
 const JSON: &str = "application/json";
@@ -153,7 +146,7 @@ impl Failure {
 const UNAUTHORIZED: &str = "HTTP 401: the server asks for a sign-in, and a job never signs in";
 
 /// What the HTTP client refused or could not do: the error the transport carries
-/// (`StreamableHttpError::Client`). Its text names status codes and rules only.
+/// ([`RpcError::Transport`]). Its text names status codes and rules only.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error("{UNAUTHORIZED}")]
@@ -319,9 +312,9 @@ impl Monitor {
     }
 }
 
-/// Sorts an error from connecting (`ClientInitializeError`) or from a request (`ServiceError`,
-/// listing tools for one) into the spec's classes. Prefer [`Monitor::classify`], which also knows
-/// a 401 seen on another request and the cause behind a closed connection.
+/// Sorts an error from connecting ([`ConnectError`]) or from a request ([`RpcError`]) into the
+/// spec's classes. Prefer [`Monitor::classify`], which also knows a 401 seen on another request and
+/// the cause behind a closed connection.
 pub fn classify(error: &(dyn StdError + 'static)) -> Failure {
     judge(error).unwrap_or_else(closed)
 }
@@ -336,23 +329,29 @@ fn fatal(words: &str) -> Option<Failure> {
 
 /// The failure an error names; `None` when it only says the connection closed.
 fn judge(error: &(dyn StdError + 'static)) -> Option<Failure> {
-    if let Some(e) = error.downcast_ref::<ClientInitializeError>() {
-        return judge_initialize(e);
+    if let Some(e) = error.downcast_ref::<ConnectError>() {
+        if let Some(transport) = e.transport_error() {
+            return judge(transport);
+        }
+        return match &e.failure {
+            ConnectFailure::AuthorizationRequired => Some(Failure::Unauthorized),
+            ConnectFailure::Exited(_) => None,
+            other => Some(Failure::Fatal(other.to_string())),
+        };
     }
-    if let Some(e) = error.downcast_ref::<ServiceError>() {
-        return judge_service(e);
-    }
-    if let Some(e) = error.downcast_ref::<DynamicTransportError>() {
-        return judge(e.error.as_ref());
-    }
-    if let Some(e) = error.downcast_ref::<StreamableHttpError<Refusal>>() {
-        return judge_transport(e);
+    if let Some(e) = error.downcast_ref::<RpcError>() {
+        return match e {
+            RpcError::Transport(refusal) => Some(refusal.failure()),
+            RpcError::Closed => None,
+            RpcError::Server { code } => Some(Failure::Fatal(format!(
+                "the server answered with JSON-RPC error {code}"
+            ))),
+            RpcError::Cancelled => Some(Failure::Retryable("the request was cancelled".to_owned())),
+            _ => fatal("the server answered with something other than a JSON-RPC answer"),
+        };
     }
     if let Some(r) = error.downcast_ref::<Refusal>() {
         return Some(r.failure());
-    }
-    if let Some(e) = error.downcast_ref::<SseError>() {
-        return judge_sse(e);
     }
     if let Some(e) = error.downcast_ref::<std::io::Error>() {
         return Some(Failure::Retryable(format!(
@@ -366,120 +365,15 @@ fn judge(error: &(dyn StdError + 'static)) -> Option<Failure> {
     }
 }
 
-fn judge_initialize(e: &ClientInitializeError) -> Option<Failure> {
-    match e {
-        ClientInitializeError::TransportError { error, .. } => judge(error.error.as_ref()),
-        ClientInitializeError::LegacyFallbackFailed { fallback, .. } => judge_initialize(fallback),
-        ClientInitializeError::ConnectionClosed(_) => None,
-        ClientInitializeError::Cancelled => {
-            Some(Failure::Retryable("the handshake was cancelled".to_owned()))
-        }
-        ClientInitializeError::JsonRpcError(error) => Some(Failure::Fatal(format!(
-            "the server refused the handshake (JSON-RPC error {})",
-            error.code.0
-        ))),
-        ClientInitializeError::NoCompatibleProtocolVersion { .. } => {
-            fatal("the server speaks no protocol version the job does")
-        }
-        _ => fatal("the server failed the handshake"),
-    }
-}
-
-fn judge_service(e: &ServiceError) -> Option<Failure> {
-    match e {
-        ServiceError::TransportSend(error) => judge(error.error.as_ref()),
-        ServiceError::TransportClosed => None,
-        ServiceError::McpError(error) => {
-            let closed_marker = error
-                .data
-                .as_ref()
-                .and_then(|d| d.get("io.modelcontextprotocol/transportClosed"))
-                .is_some();
-            if closed_marker {
-                // The client's own note that the response stream closed early: it says no more.
-                None
-            } else {
-                Some(Failure::Fatal(format!(
-                    "the server answered with JSON-RPC error {}",
-                    error.code.0
-                )))
-            }
-        }
-        ServiceError::Timeout { timeout } => Some(Failure::Retryable(format!(
-            "no answer within {} ms",
-            timeout.as_millis()
-        ))),
-        ServiceError::Cancelled { .. } => {
-            Some(Failure::Retryable("the request was cancelled".to_owned()))
-        }
-        ServiceError::UnexpectedResponse => {
-            fatal("the server answered with another kind of result")
-        }
-        _ => fatal("the request failed"),
-    }
-}
-
-fn judge_transport(e: &StreamableHttpError<Refusal>) -> Option<Failure> {
-    match e {
-        StreamableHttpError::Client(refusal) => Some(refusal.failure()),
-        StreamableHttpError::Sse(error) => judge_sse(error),
-        StreamableHttpError::Io(error) => Some(Failure::Retryable(format!(
-            "a network error ({})",
-            error.kind()
-        ))),
-        StreamableHttpError::HttpStatus(status) => Some(Refusal::Status(status.status).failure()),
-        StreamableHttpError::AuthRequired(_) => Some(Failure::Unauthorized),
-        StreamableHttpError::InsufficientScope(_) => fatal("HTTP 403 Forbidden"),
-        StreamableHttpError::ResponseBodyTooLarge { max_size } => Some(Failure::Fatal(format!(
-            "a response body over {max_size} bytes, refused"
-        ))),
-        StreamableHttpError::TransportChannelClosed
-        | StreamableHttpError::UnexpectedEndOfStream => None,
-        StreamableHttpError::ControlRequestTimeout
-        | StreamableHttpError::SessionRecoveryTimeout => {
-            Some(Failure::Retryable("the request timed out".to_owned()))
-        }
-        StreamableHttpError::SessionExpired => fatal("HTTP 404: the server ended the session"),
-        StreamableHttpError::Deserialize(_) => fatal("a response that is not a JSON-RPC message"),
-        StreamableHttpError::UnexpectedContentType(_) => {
-            fatal("a response that is neither JSON nor an event stream")
-        }
-        StreamableHttpError::MissingSessionIdInResponse => {
-            fatal("the server answered the handshake without a session")
-        }
-        StreamableHttpError::ReinitializationFailed(error) => Some(Failure::Fatal(format!(
-            "the server refused a new session (JSON-RPC error {})",
-            error.code.0
-        ))),
-        StreamableHttpError::UnexpectedServerResponse(_) => {
-            fatal("an answer the MCP client does not expect")
-        }
-        _ => fatal("the MCP transport failed"),
-    }
-}
-
-fn judge_sse(e: &SseError) -> Option<Failure> {
-    match e {
-        SseError::Body(inner) => judge(inner.as_ref()),
-        _ => fatal("a malformed event stream"),
-    }
-}
-
-/// The transport to give rmcp's client (`().serve(transport)`), and what the runner watches.
-pub type HttpTransport = StreamableHttpClientTransport<GuardedClient>;
-
 /// A connection to one HTTP server, not yet started.
 pub struct Upstream {
+    /// What [`crate::connect::connect_transport`] connects.
     pub transport: HttpTransport,
     pub monitor: Monitor,
-    /// The server's results as it sent them, for the relay: connect with
-    /// [`crate::relay::UpstreamEvents::reading`] this.
-    pub raw: RawResults,
 }
 
-/// The transport for the server at `url` with `headers`, held to the spec's rules. Must be called
-/// inside a Tokio runtime (the transport's worker is spawned at once; it sends nothing until the
-/// client starts).
+/// The transport for the server at `url` with `headers`, held to the spec's rules. Nothing is sent
+/// until it is connected.
 pub fn transport(
     url: &Secret,
     headers: &[(String, Secret)],
@@ -487,32 +381,403 @@ pub fn transport(
 ) -> Result<Upstream, HttpError> {
     let client = GuardedClient::new(url, headers, policy)?;
     let monitor = client.monitor.clone();
-    let raw = client.raw.clone();
-    let limit = usize::try_from(policy.max_body).unwrap_or(usize::MAX);
-    let mut config = StreamableHttpClientTransportConfig::with_uri(url.expose())
-        .max_json_response_size(limit)
-        .max_sse_event_size(limit);
-    config.retry_config = Arc::new(Reconnect);
     Ok(Upstream {
-        transport: StreamableHttpClientTransport::with_client(client, config),
+        transport: HttpTransport {
+            client,
+            session: Mutex::new(Session::default()),
+            renewing: tokio::sync::Mutex::new(()),
+            listening: Mutex::new(None),
+        },
         monitor,
-        raw,
     })
 }
 
-/// An event stream that broke is reopened at most three times (0.5, 1 and 2 s apart).
-#[derive(Debug)]
-struct Reconnect;
+/// A broken event stream is reopened at most three times in a row, 0.5, 1 and 2 s apart (or after
+/// the server's own `retry`, when it is longer; after a stream that ended by itself, the server's
+/// `retry` alone).
+fn reconnect_after(failures: usize) -> Option<Duration> {
+    (failures < 3).then(|| Duration::from_millis(500u64 << failures))
+}
 
-impl SseRetryPolicy for Reconnect {
-    fn retry(&self, current_times: usize) -> Option<Duration> {
-        (current_times < 3).then(|| Duration::from_millis(500u64 << current_times))
+/// One HTTP server's session: its id and protocol version (sent on every request once known), and
+/// the server's own event stream, read from a task of its own.
+pub struct HttpTransport {
+    client: GuardedClient,
+    session: Mutex<Session>,
+    /// One new session at a time.
+    renewing: tokio::sync::Mutex<()>,
+    /// The task that reads the session's own event stream (`GET`).
+    listening: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl std::fmt::Debug for HttpTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpTransport")
+            .field("client", &self.client)
+            .finish_non_exhaustive()
     }
 }
 
-/// rmcp's HTTP backend for one server: a `reqwest::Client` with no redirects and no proxy but the
-/// one given, which sends the server's headers on every request, answers only for the server's
-/// origin, and counts each body as it streams.
+impl Drop for HttpTransport {
+    fn drop(&mut self) {
+        if let Some(task) = lock(&self.listening).take() {
+            task.abort();
+        }
+    }
+}
+
+/// What identifies the session on each request.
+#[derive(Debug, Clone, Default)]
+struct Session {
+    id: Option<HeaderValue>,
+    version: Option<HeaderValue>,
+    /// The `initialize` request, sent again when the server has ended the session.
+    initialize: Option<Bytes>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// An event stream as it is read.
+type Events = BoxStream<'static, Result<Sse, SseError>>;
+
+impl HttpTransport {
+    /// The monitor of this server.
+    pub fn monitor(&self) -> &Monitor {
+        &self.client.monitor
+    }
+
+    fn session(&self) -> Session {
+        lock(&self.session).clone()
+    }
+
+    /// The protocol version the server answered `initialize` with: every later request says it.
+    pub(crate) fn set_protocol_version(&self, version: &str) {
+        lock(&self.session).version = HeaderValue::from_str(version).ok();
+    }
+
+    /// Posts one message. A request's answer is routed to `core` when it comes on the response
+    /// (as JSON, or in an event stream, resumed with `Last-Event-ID` if it breaks first); so is
+    /// anything else the response carries. A session the server has ended (404) is started anew
+    /// once, as the protocol says, and the message posted again.
+    pub(crate) async fn post(
+        &self,
+        core: &Arc<Core>,
+        body: Bytes,
+        sent: Sent,
+    ) -> Result<(), RpcError> {
+        let (awaiting, initialize) = match sent {
+            Sent::Request(id) => (Some(id), false),
+            Sent::Initialize(id) => (Some(id), true),
+            Sent::Other => (None, false),
+        };
+        if initialize {
+            lock(&self.session).initialize = Some(body.clone());
+        }
+        let mut renewed = false;
+        loop {
+            let session = if initialize {
+                Session::default()
+            } else {
+                self.session()
+            };
+            let response = self
+                .client
+                .send(self.client.post(body.clone(), &session))
+                .await
+                .map_err(RpcError::Transport)?;
+            let status = response.status();
+            if status == StatusCode::NOT_FOUND && session.id.is_some() && !renewed {
+                drop(response);
+                self.renew(core, session.id.as_ref()).await?;
+                renewed = true;
+                continue;
+            }
+            self.client
+                .check_status(status)
+                .map_err(RpcError::Transport)?;
+            if initialize {
+                let id = self.client.session_id(&response)?;
+                lock(&self.session).id = id;
+            }
+            return self.read_response(core, response, awaiting).await;
+        }
+    }
+
+    async fn read_response(
+        &self,
+        core: &Arc<Core>,
+        response: reqwest::Response,
+        awaiting: Option<u64>,
+    ) -> Result<(), RpcError> {
+        let status = response.status();
+        if matches!(status, StatusCode::ACCEPTED | StatusCode::NO_CONTENT)
+            || (awaiting.is_none() && response.content_length() == Some(0))
+        {
+            return Ok(());
+        }
+        match media_type(&response).as_deref() {
+            Some(EVENT_STREAM) => {
+                let events = self.client.event_stream(response);
+                self.read_events(core, events, awaiting).await
+            }
+            Some(JSON) => {
+                let body = self
+                    .client
+                    .json_body(response)
+                    .await
+                    .map_err(RpcError::Transport)?;
+                let message = Message::parse(Bytes::from(body));
+                let answered = message.and_then(|m| core.route(m));
+                if awaiting.is_some() && answered != awaiting {
+                    return Err(RpcError::Transport(self.client.refuse(Refusal::NotJsonRpc)));
+                }
+                Ok(())
+            }
+            _ if awaiting.is_none() => Ok(()),
+            _ => Err(RpcError::Transport(
+                self.client.refuse(Refusal::ContentType),
+            )),
+        }
+    }
+
+    /// Routes each message of a response's event stream until the answer `awaiting` is in; a
+    /// stream that ends or breaks first is resumed from its last event id.
+    async fn read_events(
+        &self,
+        core: &Arc<Core>,
+        mut events: Events,
+        awaiting: Option<u64>,
+    ) -> Result<(), RpcError> {
+        let mut last_id: Option<String> = None;
+        let mut server_retry: Option<Duration> = None;
+        let mut failures = 0;
+        loop {
+            let mut broke = false;
+            while let Some(item) = events.next().await {
+                let sse = match item {
+                    Ok(sse) => sse,
+                    Err(e) => {
+                        if let Some(refusal) = refusal_of(&e)
+                            && !refusal.failure().is_retryable()
+                        {
+                            return Err(RpcError::Transport(refusal));
+                        }
+                        broke = true;
+                        break;
+                    }
+                };
+                note(&sse, &mut last_id, &mut server_retry);
+                if let Some(data) = message_data(sse) {
+                    let answered = core.receive(Bytes::from(data));
+                    if awaiting.is_some() && answered == awaiting {
+                        return Ok(());
+                    }
+                }
+            }
+            if awaiting.is_none() {
+                return Ok(());
+            }
+            // The answer has not come: resume the stream where it stopped, if it said where.
+            let Some(resume_from) = last_id.clone() else {
+                return Err(RpcError::Closed);
+            };
+            loop {
+                let delay = match (broke || failures > 0, server_retry) {
+                    (false, Some(retry)) => Some(retry),
+                    (_, retry) => reconnect_after(failures).map(|d| retry.map_or(d, |r| r.max(d))),
+                };
+                let Some(delay) = delay else {
+                    return Err(RpcError::Closed);
+                };
+                tokio::time::sleep(delay).await;
+                match self
+                    .client
+                    .open_stream(&self.session(), Some(&resume_from))
+                    .await
+                {
+                    Ok(Some(resumed)) => {
+                        events = resumed;
+                        break;
+                    }
+                    Ok(None) => return Err(RpcError::Closed),
+                    Err(refusal) if !refusal.failure().is_retryable() => {
+                        return Err(RpcError::Transport(refusal));
+                    }
+                    Err(_) => failures += 1,
+                }
+            }
+        }
+    }
+
+    /// Starts a new session after the server ended the one in use (`seen`), unless another request
+    /// already did.
+    async fn renew(&self, core: &Arc<Core>, seen: Option<&HeaderValue>) -> Result<(), RpcError> {
+        let _turn = self.renewing.lock().await;
+        let current = self.session();
+        if current.id.as_ref() != seen {
+            return Ok(());
+        }
+        let Some(initialize) = current.initialize.clone() else {
+            return Err(RpcError::Closed);
+        };
+        let fresh = Session::default();
+        let response = self
+            .client
+            .send(self.client.post(initialize, &fresh))
+            .await
+            .map_err(RpcError::Transport)?;
+        self.client
+            .check_status(response.status())
+            .map_err(RpcError::Transport)?;
+        let id = self.client.session_id(&response)?;
+        let answer = self.read_answer(response).await?;
+        crate::rpc::result_of(&answer)?;
+        lock(&self.session).id = id;
+        let initialized =
+            Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        let response = self
+            .client
+            .send(self.client.post(initialized, &self.session()))
+            .await
+            .map_err(RpcError::Transport)?;
+        self.client
+            .check_status(response.status())
+            .map_err(RpcError::Transport)?;
+        self.listen(Arc::downgrade(core));
+        Ok(())
+    }
+
+    /// The one answer a response carries (the new session's `initialize`), not routed.
+    async fn read_answer(&self, response: reqwest::Response) -> Result<Message, RpcError> {
+        match media_type(&response).as_deref() {
+            Some(JSON) => {
+                let body = self
+                    .client
+                    .json_body(response)
+                    .await
+                    .map_err(RpcError::Transport)?;
+                Message::parse(Bytes::from(body))
+                    .filter(Message::is_answer)
+                    .ok_or_else(|| RpcError::Transport(self.client.refuse(Refusal::NotJsonRpc)))
+            }
+            Some(EVENT_STREAM) => {
+                let mut events = self.client.event_stream(response);
+                while let Some(Ok(sse)) = events.next().await {
+                    let message = message_data(sse).and_then(|d| Message::parse(Bytes::from(d)));
+                    if let Some(message) = message.filter(Message::is_answer) {
+                        return Ok(message);
+                    }
+                }
+                Err(RpcError::Closed)
+            }
+            _ => Err(RpcError::Transport(
+                self.client.refuse(Refusal::ContentType),
+            )),
+        }
+    }
+
+    /// Opens the session's own event stream (`GET`), read from a task of its own and reopened
+    /// when it ends, until the connection goes; a server that offers none (405) has none.
+    pub(crate) fn listen(&self, core: Weak<Core>) {
+        if self.session().id.is_none() {
+            return;
+        }
+        let task = tokio::spawn(listen(core, self.client.clone()));
+        if let Some(old) = lock(&self.listening).replace(task.abort_handle()) {
+            old.abort();
+        }
+    }
+
+    /// Ends the session: its event stream closed, the session deleted at the server.
+    pub(crate) async fn close(&self) {
+        if let Some(task) = lock(&self.listening).take() {
+            task.abort();
+        }
+        let session = self.session();
+        if session.id.is_some() {
+            let request = self.client.request(Method::DELETE, &session, Vec::new());
+            if let Ok(response) = self.client.send(request).await
+                && response.status() != StatusCode::METHOD_NOT_ALLOWED
+            {
+                let _ = self.client.check_status(response.status());
+            }
+        }
+    }
+}
+
+/// The session's own event stream, read until the connection goes (holding it only while routing
+/// a message), and reopened when it ends or breaks.
+async fn listen(core: Weak<Core>, client: GuardedClient) {
+    let mut last_id: Option<String> = None;
+    let mut server_retry: Option<Duration> = None;
+    let mut failures = 0;
+    loop {
+        let session = {
+            let Some(core) = core.upgrade() else { return };
+            let Some(http) = core.http() else { return };
+            http.session()
+        };
+        let mut ended_by_itself = false;
+        match client.open_stream(&session, last_id.as_deref()).await {
+            Ok(Some(mut events)) => {
+                failures = 0;
+                ended_by_itself = true;
+                while let Some(item) = events.next().await {
+                    let Ok(sse) = item else {
+                        ended_by_itself = false;
+                        break;
+                    };
+                    note(&sse, &mut last_id, &mut server_retry);
+                    if let Some(data) = message_data(sse) {
+                        let Some(core) = core.upgrade() else { return };
+                        core.receive(Bytes::from(data));
+                    }
+                }
+            }
+            Ok(None) | Err(Refusal::Unauthorized) => return,
+            Err(_) => failures += 1,
+        }
+        let delay = match (ended_by_itself, server_retry) {
+            (true, Some(retry)) => Some(retry),
+            (_, retry) => reconnect_after(failures).map(|d| retry.map_or(d, |r| r.max(d))),
+        };
+        let Some(delay) = delay else { return };
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// Keeps an event's id and `retry`.
+fn note(sse: &Sse, last_id: &mut Option<String>, server_retry: &mut Option<Duration>) {
+    if let Some(retry) = sse.retry {
+        *server_retry = Some(Duration::from_millis(retry));
+    }
+    if let Some(id) = &sse.id
+        && !id.is_empty()
+    {
+        *last_id = Some(id.clone());
+    }
+}
+
+/// The data of a `message` event (or one without a name), if it has any.
+fn message_data(sse: Sse) -> Option<String> {
+    if !matches!(sse.event.as_deref(), None | Some("") | Some("message")) {
+        return None;
+    }
+    sse.data.filter(|d| !d.trim().is_empty())
+}
+
+/// The refusal behind an event stream's error, when the body was refused (cut off, or broken).
+fn refusal_of(error: &SseError) -> Option<Refusal> {
+    match error {
+        SseError::Body(inner) => inner.downcast_ref::<Refusal>().cloned(),
+        _ => None,
+    }
+}
+
+/// The HTTP side of one server: a `reqwest::Client` with no redirects and no proxy but the one
+/// given, which sends the server's headers on every request, and counts each body as it streams.
 #[derive(Clone)]
 pub struct GuardedClient {
     http: reqwest::Client,
@@ -520,7 +785,6 @@ pub struct GuardedClient {
     headers: Arc<Vec<(HeaderName, HeaderValue)>>,
     max_body: u64,
     monitor: Monitor,
-    raw: RawResults,
 }
 
 impl std::fmt::Debug for GuardedClient {
@@ -532,8 +796,6 @@ impl std::fmt::Debug for GuardedClient {
             .finish_non_exhaustive()
     }
 }
-
-type Refused = StreamableHttpError<Refusal>;
 
 impl GuardedClient {
     fn new(
@@ -569,7 +831,7 @@ impl GuardedClient {
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .referer(false)
-            // As rmcp's own client: no idle connections kept (a body dropped early closes its own).
+            // No idle connections kept (a body dropped early closes its own).
             .pool_max_idle_per_host(0);
         if let Some(proxy) = &policy.proxy {
             builder = builder.proxy(reqwest::Proxy::all(proxy).map_err(|_| HttpError::Proxy)?);
@@ -581,7 +843,6 @@ impl GuardedClient {
             headers: Arc::new(own),
             max_body: policy.max_body,
             monitor: Monitor::new(origin),
-            raw: RawResults::default(),
         })
     }
 
@@ -590,54 +851,77 @@ impl GuardedClient {
         &self.monitor
     }
 
-    fn refuse(&self, refusal: Refusal) -> Refused {
+    fn refuse(&self, refusal: Refusal) -> Refusal {
         self.monitor.record(&refusal);
-        StreamableHttpError::Client(refusal)
+        refusal
     }
 
-    /// The request's URL, which must be on the server's origin.
-    fn target(&self, uri: &str) -> Result<Url, Refused> {
-        match Url::parse(uri) {
-            Ok(url) if url.origin() == self.url.origin() => Ok(url),
-            _ => Err(self.refuse(Refusal::OtherOrigin)),
-        }
-    }
-
-    /// A request with the server's own headers, then the protocol's (rmcp's `MCP-Protocol-Version`
-    /// and the like, the session, and `fixed`: what this transport sends itself), which replace a
-    /// server header of the same name.
+    /// A request to the server's URL with the server's own headers, then the protocol's (the
+    /// session, its protocol version, and `fixed`: what this transport sends itself), which replace
+    /// a server header of the same name.
     fn request(
         &self,
         method: Method,
-        url: Url,
-        session_id: Option<&str>,
-        protocol_headers: HashMap<HeaderName, HeaderValue>,
+        session: &Session,
         fixed: Vec<(HeaderName, HeaderValue)>,
-    ) -> Result<reqwest::RequestBuilder, Refused> {
-        let mut headers = HeaderMap::new();
+    ) -> reqwest::RequestBuilder {
+        let mut headers = HeaderMap::with_capacity(self.headers.len() + fixed.len() + 2);
         for (name, value) in self.headers.iter() {
             headers.append(name.clone(), value.clone());
-        }
-        for (name, value) in protocol_headers {
-            headers.insert(name, value);
         }
         for (name, value) in fixed {
             headers.insert(name, value);
         }
-        if let Some(session_id) = session_id {
-            headers.insert(
-                HeaderName::from_static(SESSION_HEADER),
-                self.sendable(session_id)?,
-            );
+        if let Some(id) = &session.id {
+            headers.insert(HeaderName::from_static(SESSION_HEADER), id.clone());
         }
-        Ok(self.http.request(method, url).headers(headers))
+        if let Some(version) = &session.version {
+            headers.insert(HeaderName::from_static(VERSION_HEADER), version.clone());
+        }
+        self.http.request(method, self.url.clone()).headers(headers)
     }
 
-    fn sendable(&self, id: &str) -> Result<HeaderValue, Refused> {
-        HeaderValue::from_str(id).map_err(|_| self.refuse(Refusal::Unsendable))
+    fn post(&self, body: Bytes, session: &Session) -> reqwest::RequestBuilder {
+        let fixed = vec![
+            (ACCEPT, HeaderValue::from_static(ACCEPT_POST)),
+            (CONTENT_TYPE, HeaderValue::from_static(JSON)),
+        ];
+        self.request(Method::POST, session, fixed).body(body)
     }
 
-    async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, Refused> {
+    /// The session id a response gives, if any; one that cannot be sent back is refused.
+    fn session_id(&self, response: &reqwest::Response) -> Result<Option<HeaderValue>, RpcError> {
+        match response.headers().get(SESSION_HEADER) {
+            None => Ok(None),
+            Some(id) if id.to_str().is_ok_and(|t| !t.is_empty()) => Ok(Some(id.clone())),
+            Some(_) => Err(RpcError::Transport(self.refuse(Refusal::Unsendable))),
+        }
+    }
+
+    /// The session's event stream (`GET`), from `last_event_id` on when given; `None` when the
+    /// server offers none (405).
+    async fn open_stream(
+        &self,
+        session: &Session,
+        last_event_id: Option<&str>,
+    ) -> Result<Option<Events>, Refusal> {
+        let mut fixed = vec![(ACCEPT, HeaderValue::from_static(EVENT_STREAM))];
+        if let Some(id) = last_event_id {
+            let value = HeaderValue::from_str(id).map_err(|_| self.refuse(Refusal::Unsendable))?;
+            fixed.push((HeaderName::from_static(LAST_EVENT_ID_HEADER), value));
+        }
+        let response = self.send(self.request(Method::GET, session, fixed)).await?;
+        if response.status() == StatusCode::METHOD_NOT_ALLOWED {
+            return Ok(None);
+        }
+        self.check_status(response.status())?;
+        if media_type(&response).as_deref() != Some(EVENT_STREAM) {
+            return Err(self.refuse(Refusal::ContentType));
+        }
+        Ok(Some(self.event_stream(response)))
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, Refusal> {
         request
             .send()
             .await
@@ -646,7 +930,7 @@ impl GuardedClient {
 
     /// A 401 (which ends the job) and a redirect are refused on every request; any other status
     /// that is not a success is an HTTP error.
-    fn check_status(&self, status: StatusCode) -> Result<(), Refused> {
+    fn check_status(&self, status: StatusCode) -> Result<(), Refusal> {
         if status == StatusCode::UNAUTHORIZED {
             return Err(self.refuse(Refusal::Unauthorized));
         }
@@ -665,24 +949,11 @@ impl GuardedClient {
         bounded_body(response.bytes_stream(), self.max_body, self.monitor.clone())
     }
 
-    fn event_stream(
-        &self,
-        response: reqwest::Response,
-    ) -> BoxStream<'static, Result<Sse, SseError>> {
-        let raw = self.raw.clone();
-        SseStream::from_bytes_stream(self.bounded(response))
-            .inspect(move |event| {
-                if let Ok(Sse {
-                    data: Some(data), ..
-                }) = event
-                {
-                    raw.see(data.as_bytes());
-                }
-            })
-            .boxed()
+    fn event_stream(&self, response: reqwest::Response) -> Events {
+        SseStream::from_bytes_stream(self.bounded(response)).boxed()
     }
 
-    async fn json_body(&self, response: reqwest::Response) -> Result<Vec<u8>, Refused> {
+    async fn json_body(&self, response: reqwest::Response) -> Result<Vec<u8>, Refusal> {
         let declared = response.content_length();
         if declared.is_some_and(|n| n > self.max_body) {
             return Err(self.refuse(Refusal::BodyTooLarge(self.max_body)));
@@ -695,7 +966,7 @@ impl GuardedClient {
         let mut body = Vec::with_capacity(first);
         let mut stream = self.bounded(response);
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(StreamableHttpError::Client)?;
+            let chunk = chunk?;
             let needed = body.len().saturating_add(chunk.len());
             if needed > body.capacity() {
                 // Grow as a Vec does, but never past the limit.
@@ -706,76 +977,6 @@ impl GuardedClient {
         }
         Ok(body)
     }
-
-    async fn post(
-        &self,
-        uri: &str,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        protocol_headers: HashMap<HeaderName, HeaderValue>,
-    ) -> Result<StreamableHttpPostResponse, Refused> {
-        let url = self.target(uri)?;
-        let message = announce(message);
-        let awaits_no_response = !matches!(message, ClientJsonRpcMessage::Request(_));
-        let body = serde_json::to_vec(&message)?;
-        let fixed = vec![
-            (ACCEPT, HeaderValue::from_static(ACCEPT_POST)),
-            (CONTENT_TYPE, HeaderValue::from_static(JSON)),
-        ];
-        let request = self
-            .request(
-                Method::POST,
-                url,
-                session_id.as_deref(),
-                protocol_headers,
-                fixed,
-            )?
-            .body(body);
-        let response = self.send(request).await?;
-        let status = response.status();
-        if status == StatusCode::NOT_FOUND && session_id.is_some() {
-            // The session ended: rmcp starts a new one, once.
-            return Err(StreamableHttpError::SessionExpired);
-        }
-        self.check_status(status)?;
-        if matches!(status, StatusCode::ACCEPTED | StatusCode::NO_CONTENT)
-            || (awaits_no_response && response.content_length() == Some(0))
-        {
-            return Ok(StreamableHttpPostResponse::Accepted);
-        }
-        let new_session = response
-            .headers()
-            .get(SESSION_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        match media_type(&response).as_deref() {
-            Some(EVENT_STREAM) => Ok(StreamableHttpPostResponse::Sse(
-                self.event_stream(response),
-                new_session,
-            )),
-            Some(JSON) => {
-                let body = self.json_body(response).await?;
-                self.raw.see(&body);
-                match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
-                    Ok(message) => Ok(StreamableHttpPostResponse::Json(message, new_session)),
-                    Err(_) if awaits_no_response => Ok(StreamableHttpPostResponse::Accepted),
-                    Err(_) => Err(self.refuse(Refusal::NotJsonRpc)),
-                }
-            }
-            _ if awaits_no_response => Ok(StreamableHttpPostResponse::Accepted),
-            _ => Err(self.refuse(Refusal::ContentType)),
-        }
-    }
-}
-
-/// The `initialize` request announces [`PROTOCOL_VERSION`], whatever the handler put there.
-fn announce(mut message: ClientJsonRpcMessage) -> ClientJsonRpcMessage {
-    if let ClientJsonRpcMessage::Request(request) = &mut message
-        && let ClientRequest::InitializeRequest(initialize) = &mut request.request
-    {
-        initialize.params.protocol_version = PROTOCOL_VERSION;
-    }
-    message
 }
 
 /// The response's media type, lower-cased, without parameters.
@@ -815,122 +1016,6 @@ where
         }
     })
     .boxed()
-}
-
-impl StreamableHttpClient for GuardedClient {
-    type Error = Refusal;
-
-    async fn post_message(
-        &self,
-        uri: Arc<str>,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        _auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-    ) -> Result<StreamableHttpPostResponse, Refused> {
-        self.post(&uri, message, session_id, custom_headers).await
-    }
-
-    async fn post_message_with_max_sse_event_size(
-        &self,
-        uri: Arc<str>,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        _auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-        _max_sse_event_size: usize,
-    ) -> Result<StreamableHttpPostResponse, Refused> {
-        // The whole body is held to the policy's limit, which bounds each event too.
-        self.post(&uri, message, session_id, custom_headers).await
-    }
-
-    async fn post_message_with_response_limits(
-        &self,
-        uri: Arc<str>,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        _auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-        _limits: StreamableHttpResponseLimits,
-    ) -> Result<StreamableHttpPostResponse, Refused> {
-        self.post(&uri, message, session_id, custom_headers).await
-    }
-
-    async fn delete_session(
-        &self,
-        uri: Arc<str>,
-        session_id: Arc<str>,
-        _auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-    ) -> Result<(), Refused> {
-        let url = self.target(&uri)?;
-        let request = self.request(
-            Method::DELETE,
-            url,
-            Some(&session_id),
-            custom_headers,
-            Vec::new(),
-        )?;
-        let response = self.send(request).await?;
-        if response.status() == StatusCode::METHOD_NOT_ALLOWED {
-            return Ok(());
-        }
-        self.check_status(response.status())
-    }
-
-    async fn get_stream(
-        &self,
-        uri: Arc<str>,
-        session_id: Option<Arc<str>>,
-        last_event_id: Option<String>,
-        auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-    ) -> Result<BoxStream<'static, Result<Sse, SseError>>, Refused> {
-        self.get_stream_with_max_sse_event_size(
-            uri,
-            session_id,
-            last_event_id,
-            auth_header,
-            custom_headers,
-            usize::MAX,
-        )
-        .await
-    }
-
-    async fn get_stream_with_max_sse_event_size(
-        &self,
-        uri: Arc<str>,
-        session_id: Option<Arc<str>>,
-        last_event_id: Option<String>,
-        _auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-        _max_sse_event_size: usize,
-    ) -> Result<BoxStream<'static, Result<Sse, SseError>>, Refused> {
-        let url = self.target(&uri)?;
-        let mut fixed = vec![(ACCEPT, HeaderValue::from_static(EVENT_STREAM))];
-        if let Some(id) = last_event_id {
-            fixed.push((
-                HeaderName::from_static(LAST_EVENT_ID_HEADER),
-                self.sendable(&id)?,
-            ));
-        }
-        let request = self.request(
-            Method::GET,
-            url,
-            session_id.as_deref(),
-            custom_headers,
-            fixed,
-        )?;
-        let response = self.send(request).await?;
-        if response.status() == StatusCode::METHOD_NOT_ALLOWED {
-            return Err(StreamableHttpError::ServerDoesNotSupportSse);
-        }
-        self.check_status(response.status())?;
-        if media_type(&response).as_deref() != Some(EVENT_STREAM) {
-            return Err(self.refuse(Refusal::ContentType));
-        }
-        Ok(self.event_stream(response))
-    }
 }
 
 #[cfg(test)]
@@ -1014,19 +1099,6 @@ mod tests {
             Refusal::BodyTooLarge(MAX_BODY).failure(),
             Failure::Fatal(m) if m == "a response body over 16777216 bytes, refused"
         ));
-    }
-
-    #[test]
-    fn initialize_announces_the_jobs_protocol_version() {
-        let request = ClientJsonRpcMessage::request(
-            ClientRequest::InitializeRequest(rmcp::model::InitializeRequest::new(
-                rmcp::model::InitializeRequestParams::default()
-                    .with_protocol_version(ProtocolVersion::V_2026_07_28),
-            )),
-            rmcp::model::RequestId::Number(0),
-        );
-        let sent = serde_json::to_value(announce(request)).unwrap();
-        assert_eq!(sent["params"]["protocolVersion"], "2025-11-25");
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@ pub mod plan;
 pub mod raw;
 pub mod relay;
 pub mod resolve;
+pub mod rpc;
 pub mod runner;
 mod session;
 pub mod stdio;

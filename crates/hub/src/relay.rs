@@ -16,14 +16,10 @@
 //! progress notification goes instead to the session whose request it reports on, with that
 //! request's own token.
 //!
-//! The server's side is rmcp's client, whose typed model keeps only the fields it knows; a result
-//! still leaves for pi as the server wrote it ([`crate::raw`] keeps it). pi's side is the hub's own
-//! streamable-HTTP endpoint ([`crate::endpoint`]). What is rmcp's reading: the `initialize` answer,
-//! the server's notifications and requests, pi's requests (parsed to be sent on).
-
-// Logging, sampling, roots and resource subscriptions are deprecated in rmcp (SEP-2577) but are the
-// protocol `2025-11-25` pi and the servers speak; the relay passes them through.
-#![allow(deprecated)]
+//! Both sides are the hub's own code: the server's side is its JSON-RPC client ([`crate::rpc`]),
+//! pi's side its streamable-HTTP endpoint ([`crate::endpoint`]). A message is kept as its sender
+//! wrote it ([`crate::raw`]); only ids, progress tokens and the `tools/list` result's tools are
+//! changed on the way.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -159,14 +155,15 @@ pub async fn serve(upstreams: Vec<(Upstream, Withheld)>, token: String) -> Resul
         let allowed = upstream
             .tools
             .iter()
-            .map(|t| t.name.to_string())
+            .map(|t| t.name.clone())
             .filter(|t| !withheld.contains(t))
             .collect();
+        let (info, version) = upstream.info_raw();
         let served = Served {
             name: name.clone(),
-            peer: upstream.peer.clone(),
-            info: upstream.info().clone(),
-            raw_info: upstream.raw_info().cloned(),
+            peer: upstream.core().clone(),
+            info: info.clone(),
+            version: version.clone(),
             allowed,
             withheld,
             events: upstream.events().clone(),

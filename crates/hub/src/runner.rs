@@ -255,13 +255,7 @@ async fn connect_http(
             }
         };
         let monitor = upstream.monitor.clone();
-        match connect::connect_transport(
-            name,
-            upstream.transport,
-            UpstreamEvents::reading(upstream.raw),
-        )
-        .await
-        {
+        match connect::connect_transport(name, upstream.transport, UpstreamEvents::new()).await {
             Ok(connected) => return Outcome::Ready(connected, Some(monitor)),
             Err(error) => {
                 let failure = match error.transport_error() {

@@ -5,10 +5,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use rmcp::ErrorData as McpError;
-use serde_json::{Value, json};
+use bytes::Bytes;
+use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+
+use crate::raw::Message;
 
 /// How many messages for pi may wait on one stream (or for a stream to open): a server that floods
 /// a stalled client loses what does not fit.
@@ -16,8 +18,9 @@ pub(crate) const STREAM_QUEUE: usize = 1024;
 
 /// One of pi's requests in flight: where messages about it go, and how to cancel it.
 pub(crate) struct Call {
-    pub(crate) id: Value,
-    pub(crate) stream: mpsc::Sender<Value>,
+    /// pi's id for it, as pi wrote it.
+    pub(crate) id: Bytes,
+    pub(crate) stream: mpsc::Sender<Bytes>,
     pub(crate) cancel: CancellationToken,
 }
 
@@ -25,13 +28,13 @@ pub(crate) struct Call {
 pub(crate) struct PiSession {
     pub(crate) id: String,
     /// The session's own event stream (`GET`), while pi holds it open.
-    pub(crate) standalone: Mutex<Option<mpsc::Sender<Value>>>,
+    pub(crate) standalone: Mutex<Option<mpsc::Sender<Bytes>>>,
     /// Messages that found no stream to go on: sent when pi opens one.
-    pub(crate) waiting: Mutex<VecDeque<Value>>,
+    pub(crate) waiting: Mutex<VecDeque<Bytes>>,
     /// pi's requests being relayed, oldest first.
     pub(crate) calls: Mutex<Vec<Call>>,
     /// The server's requests of pi awaiting pi's answer, by the id the hub gave them.
-    pub(crate) asked: Mutex<HashMap<String, oneshot::Sender<Value>>>,
+    pub(crate) asked: Mutex<HashMap<String, oneshot::Sender<Message>>>,
     pub(crate) next_ask: AtomicU64,
     /// Cancelled when the session ends (`DELETE`, or the hub stops).
     pub(crate) ended: CancellationToken,
@@ -42,7 +45,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Puts `message` on `stream` unless it is full or gone, in which case it is handed back.
-pub(crate) fn offer(stream: &mpsc::Sender<Value>, message: Value) -> Result<(), Value> {
+pub(crate) fn offer(stream: &mpsc::Sender<Bytes>, message: Bytes) -> Result<(), Bytes> {
     stream.try_send(message).map_err(|e| match e {
         mpsc::error::TrySendError::Full(m) | mpsc::error::TrySendError::Closed(m) => m,
     })
@@ -63,19 +66,19 @@ impl PiSession {
 
     /// A message of the server's that is about none of pi's requests: on the session's own stream,
     /// else on the stream of pi's latest request in flight, else kept until a stream opens.
-    pub(crate) fn deliver(&self, message: Value) {
+    pub(crate) fn deliver(&self, message: Bytes) {
         self.deliver_in_order(message, false);
     }
 
     /// A request of the server's: on the stream of pi's latest request in flight (the one the
     /// server is most likely working on), else as [`PiSession::deliver`].
-    pub(crate) fn deliver_request(&self, message: Value) {
+    pub(crate) fn deliver_request(&self, message: Bytes) {
         self.deliver_in_order(message, true);
     }
 
     /// The locks are taken in one order everywhere (the session's stream, then pi's requests, then
     /// what waits) and held throughout, so that a stream opening meanwhile cannot miss a message.
-    fn deliver_in_order(&self, message: Value, call_first: bool) {
+    fn deliver_in_order(&self, message: Bytes, call_first: bool) {
         let standalone = lock(&self.standalone);
         let calls = lock(&self.calls);
         let to_call = |message| match calls.last() {
@@ -100,49 +103,52 @@ impl PiSession {
         }
     }
 
-    /// Asks pi `request` (a whole JSON-RPC request but its id) and waits for pi's answer; the
-    /// server cancelling (`cancel`) or the session ending gives up, telling pi.
+    /// Asks pi the server's `request` (under an id of the hub's) and waits for pi's answer; the
+    /// server cancelling (`cancel`) or the session ending gives up, telling pi. The error is in
+    /// words for the server.
     pub(crate) async fn ask(
         &self,
-        mut request: Value,
+        request: &Message,
         cancel: &CancellationToken,
-    ) -> Result<Value, McpError> {
+    ) -> Result<Message, &'static str> {
         let id = format!("hub-{}", self.next_ask.fetch_add(1, Ordering::Relaxed));
         let (answer, answered) = oneshot::channel();
         lock(&self.asked).insert(id.clone(), answer);
-        request["id"] = Value::String(id.clone());
-        self.deliver_request(request);
+        let quoted = json!(id).to_string();
+        self.deliver_request(request.with_id(quoted.as_bytes()));
         let outcome = tokio::select! {
-            answer = answered => answer.map_err(|_| McpError::internal_error("pi did not answer", None)),
-            () = cancel.cancelled() => Err(McpError::internal_error("the request was cancelled", None)),
-            () = self.ended.cancelled() => Err(McpError::internal_error("pi's session ended", None)),
+            answer = answered => answer.map_err(|_| "pi did not answer"),
+            () = cancel.cancelled() => Err("the request was cancelled"),
+            () = self.ended.cancelled() => Err("pi's session ended"),
         };
         if lock(&self.asked).remove(&id).is_some() && cancel.is_cancelled() {
-            self.deliver(json!({
+            let cancelled = json!({
                 "jsonrpc": "2.0",
                 "method": "notifications/cancelled",
                 "params": {"requestId": id, "reason": "the server cancelled the request"}
-            }));
+            });
+            self.deliver(Bytes::from(cancelled.to_string()));
         }
         outcome
     }
 
-    pub(crate) fn answered(&self, message: Value) {
-        let Some(id) = message.get("id").and_then(Value::as_str) else {
+    /// pi's answer to one of the server's requests.
+    pub(crate) fn answered(&self, message: Message) {
+        let Some(id) = message.string_id() else {
             return;
         };
-        if let Some(waiter) = lock(&self.asked).remove(id) {
+        if let Some(waiter) = lock(&self.asked).remove(&id) {
             let _ = waiter.send(message);
         }
     }
 
-    pub(crate) fn cancel_call(&self, id: &Value) {
+    pub(crate) fn cancel_call(&self, id: &[u8]) {
         for call in lock(&self.calls).iter().filter(|c| c.id == *id) {
             call.cancel.cancel();
         }
     }
 
-    pub(crate) fn end_call(&self, id: &Value) {
+    pub(crate) fn end_call(&self, id: &[u8]) {
         let mut calls = lock(&self.calls);
         if let Some(at) = calls.iter().rposition(|c| c.id == *id) {
             calls.remove(at);

@@ -396,11 +396,7 @@ async fn every_server_scenario_passing_against_server_everything_passes_through_
     let http = transport(&url, &headers, &HttpPolicy::default()).unwrap();
     let over_http = tokio::time::timeout(
         Duration::from_secs(60),
-        connect_transport(
-            "everything-http",
-            http.transport,
-            UpstreamEvents::reading(http.raw),
-        ),
+        connect_transport("everything-http", http.transport, UpstreamEvents::new()),
     )
     .await
     .expect("bounded")

@@ -13,7 +13,7 @@ use hub::connect::{ConnectFailure, connect_stdio};
 use hub::relay::UpstreamEvents;
 use hub::stdio::environment;
 use relay_support::*;
-use rmcp::model::{CallToolRequestParams, ProtocolVersion};
+use rmcp::model::CallToolRequestParams;
 
 async fn bounded<F: Future<Output = ()>>(test: F) {
     tokio::time::timeout(TEST_TIMEOUT, test)
@@ -37,10 +37,7 @@ async fn a_stdio_server_sees_only_its_environment_and_lists_its_tools() {
         assert_eq!(upstream.name, "everything");
         assert!(upstream.tools.len() > 5, "{:?}", upstream.tools);
         assert!(upstream.ready_after > Duration::ZERO);
-        assert_eq!(
-            upstream.info().protocol_version,
-            ProtocolVersion::V_2025_11_25
-        );
+        assert_eq!(upstream.protocol_version(), "2025-11-25");
         assert!(
             upstream
                 .stderr_tail()
@@ -48,8 +45,7 @@ async fn a_stdio_server_sees_only_its_environment_and_lists_its_tools() {
         );
         assert!(!upstream.is_closed());
 
-        let env = upstream
-            .peer
+        let env = direct(&upstream)
             .call_tool(CallToolRequestParams::new("get-env"))
             .await
             .unwrap();

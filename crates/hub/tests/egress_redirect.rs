@@ -18,9 +18,8 @@ use std::time::Duration;
 use egress::Proxy;
 use egress::dns::Resolver;
 use egress::files::RuleFiles;
-use http_support::{error_of, resolved};
+use http_support::{connect, error_of, resolved};
 use hub::http::{Failure, HttpPolicy, transport};
-use rmcp::ServiceExt;
 use testkit::dns::FakeDns;
 use testkit::netns::TestHost;
 
@@ -159,7 +158,7 @@ async fn a_redirect_to_an_unlisted_host_is_refused_before_the_proxy_sees_it() {
     };
     let up = transport(&url, &headers, &policy).unwrap();
     let monitor = up.monitor.clone();
-    let error = error_of("the redirecting server", BOUND, ().serve(up.transport)).await;
+    let error = error_of("the redirecting server", BOUND, connect(up.transport)).await;
     let failure = monitor.classify(&error);
     assert!(
         matches!(&failure, Failure::Fatal(m) if m.contains("302") && m.contains("redirect")),

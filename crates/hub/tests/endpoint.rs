@@ -279,13 +279,9 @@ async fn an_http_servers_tool_list_reaches_pi_as_the_server_wrote_it() {
 
         let (url, headers) = http_support::resolved(&server.url(), &[], &[]);
         let http = transport(&url, &headers, &HttpPolicy::default()).unwrap();
-        let upstream = connect_transport(
-            "everything",
-            http.transport,
-            UpstreamEvents::reading(http.raw),
-        )
-        .await
-        .expect("the hub connects over HTTP");
+        let upstream = connect_transport("everything", http.transport, UpstreamEvents::new())
+            .await
+            .expect("the hub connects over HTTP");
         let hub = hub_of(upstream, Withheld::none()).await;
         let mut pi = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
         assert_eq!(pi.initialized, direct_init);
@@ -417,19 +413,14 @@ async fn pi_s_request_reaches_the_server_as_pi_wrote_it() {
         let server = http_support::FaultServer::start().await;
         let (url, headers) = http_support::resolved(&format!("{}/x/mcp", server.base()), &[], &[]);
         let http = transport(&url, &headers, &HttpPolicy::default()).unwrap();
-        let upstream =
-            connect_transport("fault", http.transport, UpstreamEvents::reading(http.raw))
-                .await
-                .expect("the hub connects");
+        let upstream = connect_transport("fault", http.transport, UpstreamEvents::new())
+            .await
+            .expect("the hub connects");
         let hub = hub_of(upstream, Withheld::none()).await;
         let mut pi = RawClient::open(hub.url("fault"), Some(TOKEN)).await;
-        let answer = pi
-            .request(
-                "tools/call",
-                json!({"name": "echo", "arguments": {"message": "as written"},
-                    "x-extra": {"ttl": 60000}, "_meta": {"trace": "t-1"}}),
-            )
-            .await;
+        let params = json!({"name": "echo", "arguments": {"message": "as written"},
+            "x-extra": {"ttl": 60000}, "_meta": {"trace": "t-1", "progressToken": "pi-7"}});
+        let answer = pi.request("tools/call", params.clone()).await;
         assert_eq!(answer["result"]["content"][0]["text"], "Echo: as written");
         let call = server
             .seen()
@@ -437,13 +428,17 @@ async fn pi_s_request_reaches_the_server_as_pi_wrote_it() {
             .find(|s| s.rpc_method().as_deref() == Some("tools/call"))
             .expect("the call reached the server");
         let sent: Value = serde_json::from_str(&call.body).unwrap();
-        let params = &sent["params"];
-        assert_eq!(params["arguments"], json!({"message": "as written"}));
-        // A field rmcp's model does not have, and pi's own `_meta`, kept; rmcp's progress token
-        // added beside them.
-        assert_eq!(params["x-extra"], json!({"ttl": 60000}));
-        assert_eq!(params["_meta"]["trace"], "t-1");
-        assert!(params["_meta"].get("progressToken").is_some(), "{sent}");
+        // The hub's own id, and its own progress token (the same number): the sessions sharing
+        // the server never mix up theirs.
+        let hub_id = sent["id"].as_u64().expect("an id of the hub's");
+        assert_eq!(sent["params"]["_meta"]["progressToken"], hub_id);
+        // Everything else as pi wrote it: a field nobody models, pi's own `_meta`, nothing added.
+        let mut expected = params;
+        expected["_meta"]["progressToken"] = json!(hub_id);
+        assert_eq!(sent["params"], expected);
+        let mut members: Vec<&String> = sent.as_object().unwrap().keys().collect();
+        members.sort();
+        assert_eq!(members, ["id", "jsonrpc", "method", "params"]);
         hub.shutdown().await;
     })
     .await;

@@ -1,7 +1,7 @@
 //! A header value, a URL path segment and a query value holding canaries reach the server, and never
-//! any message about a failure: not a classification, not the error rmcp returns (shown or
+//! any message about a failure: not a classification, not the error the client returns (shown or
 //! debugged), not the monitor's record, not a log line of the process (every `tracing` event and
-//! span, rmcp's included, is captured here at every level).
+//! span is captured here at every level).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,9 +12,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use http_support::{FaultServer, error_of, resolved};
+use http_support::{FaultServer, connect, error_of, resolved};
 use hub::http::{HttpPolicy, classify, transport};
-use rmcp::ServiceExt;
 
 const PATH_CANARY: &str = "cnry-path-7f3a";
 const QUERY_CANARY: &str = "cnry-query-91bd";
@@ -102,7 +101,7 @@ async fn no_secret_reaches_a_message_or_a_log_line() {
         let (url, headers) = secrets(base, kind);
         let up = transport(&url, &headers, &HttpPolicy::default()).unwrap();
         let monitor = up.monitor.clone();
-        let error = error_of(kind, Duration::from_secs(20), ().serve(up.transport)).await;
+        let error = error_of(kind, Duration::from_secs(20), connect(up.transport)).await;
         messages.push(format!("{kind}: {error}"));
         messages.push(format!("{kind}: {error:?}"));
         messages.push(format!("{kind}: {:?}", classify(&error)));
@@ -115,21 +114,25 @@ async fn no_secret_reaches_a_message_or_a_log_line() {
         ));
     }
 
-    // After connecting: a 401 on tools/list.
+    // After connecting: a 401 on tools/call.
     let (url, headers) = secrets(&server.base(), "revoke");
     let up = transport(&url, &headers, &HttpPolicy::default()).unwrap();
-    let client = ().serve(up.transport).await.unwrap();
-    let error = client.peer().list_tools(None).await.unwrap_err();
+    let client = connect(up.transport).await.unwrap();
+    let error = client
+        .peer
+        .request("tools/call", serde_json::json!({"name": "echo"}))
+        .await
+        .unwrap_err();
     messages.push(format!(
         "revoke: {error} {error:?} {:?}",
         up.monitor.classify(&error)
     ));
-    let _ = client.cancel().await;
+    client.shutdown().await;
 
     // A server that never answers, given up on.
     let (url, headers) = secrets(&server.base(), "hang");
     let up = transport(&url, &headers, &HttpPolicy::default()).unwrap();
-    let _ = tokio::time::timeout(Duration::from_millis(500), ().serve(up.transport)).await;
+    let _ = tokio::time::timeout(Duration::from_millis(500), connect(up.transport)).await;
     messages.push(format!("{:?}", up.monitor));
     tokio::time::sleep(Duration::from_millis(300)).await;
 

@@ -9,10 +9,9 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use http_support::resolved;
+use http_support::{connect, resolved};
 use hub::http::{HttpPolicy, transport};
-use rmcp::ServiceExt;
-use rmcp::model::CallToolRequestParams;
+use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -80,39 +79,32 @@ async fn lists_and_calls_the_tools_of_server_everything() {
     );
     let up = transport(&url, &headers, &HttpPolicy::default()).unwrap();
     let monitor = up.monitor.clone();
-    let client = tokio::time::timeout(BOUND, ().serve(up.transport))
+    let client = tokio::time::timeout(BOUND, connect(up.transport))
         .await
         .expect("bounded")
         .expect("connected to server-everything");
-    let info = client
-        .peer()
-        .peer_info()
-        .expect("the server introduced itself");
-    assert_eq!(info.protocol_version.as_str(), "2025-11-25");
+    assert_eq!(client.protocol_version(), "2025-11-25");
+    assert!(
+        client.info()["serverInfo"]["name"].is_string(),
+        "{}",
+        client.info()
+    );
 
-    let tools = tokio::time::timeout(BOUND, client.peer().list_all_tools())
-        .await
-        .unwrap()
-        .unwrap();
-    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    let names: Vec<&str> = client.tools.iter().map(|t| t.name.as_str()).collect();
     assert!(names.contains(&"echo"), "{names:?}");
 
-    let mut args = serde_json::Map::new();
-    args.insert("message".into(), "through the job's transport".into());
-    let result = tokio::time::timeout(
-        BOUND,
-        client
-            .peer()
-            .call_tool(CallToolRequestParams::new("echo").with_arguments(args)),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let text = serde_json::to_string(&result.content).unwrap();
+    let call = client.peer.request(
+        "tools/call",
+        json!({"name": "echo", "arguments": {"message": "through the job's transport"}}),
+    );
+    let result = tokio::time::timeout(BOUND, call).await.unwrap().unwrap();
+    let text = result["content"].to_string();
     assert!(text.contains("through the job's transport"), "{text}");
 
     assert!(!monitor.is_unauthorized());
     assert_eq!(monitor.last_refusal(), None, "{:?}", monitor.last_refusal());
-    let _ = tokio::time::timeout(BOUND, client.cancel()).await;
+    tokio::time::timeout(BOUND, client.shutdown())
+        .await
+        .unwrap();
     drop(server);
 }

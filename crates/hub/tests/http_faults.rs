@@ -10,10 +10,9 @@ mod http_support;
 
 use std::time::Duration;
 
-use http_support::{FaultServer, GIB, error_of, memory, resolved};
+use http_support::{FaultServer, GIB, connect, error_of, memory, resolved};
 use hub::http::{Failure, HttpError, HttpPolicy, MAX_BODY, Upstream, classify, transport};
-use rmcp::ServiceExt;
-use rmcp::model::CallToolRequestParams;
+use serde_json::json;
 
 const TOKEN: &str = "tok-5b1d";
 const KEY: &str = "key-9c2e";
@@ -30,12 +29,11 @@ fn upstream(base: &str, kind: &str, policy: &HttpPolicy) -> Upstream {
 }
 
 /// Connects to `kind` on `server` and returns how the monitor classifies the failure. The error
-/// alone says the same, unless it only says the connection closed (a body cut off in an event
-/// stream ends rmcp's worker, whose reason rmcp does not pass on; the monitor recorded it).
+/// alone says the same, unless it only says the connection closed (the monitor recorded why).
 async fn refused(server: &FaultServer, kind: &str) -> Failure {
     let up = upstream(&server.base(), kind, &HttpPolicy::default());
     let monitor = up.monitor.clone();
-    let error = error_of(kind, BOUND, ().serve(up.transport)).await;
+    let error = error_of(kind, BOUND, connect(up.transport)).await;
     let by_monitor = monitor.classify(&error);
     let alone = classify(&error);
     let closed = Failure::Fatal("the connection to the server closed before it answered".into());
@@ -99,7 +97,7 @@ async fn a_401_ends_the_job_and_the_monitor_says_so() {
     let up = upstream(&server.base(), "unauthorized", &HttpPolicy::default());
     let monitor = up.monitor.clone();
     assert!(!monitor.is_unauthorized());
-    let error = error_of("a 401", BOUND, ().serve(up.transport)).await;
+    let error = error_of("a 401", BOUND, connect(up.transport)).await;
     assert_eq!(monitor.classify(&error), Failure::Unauthorized);
     assert!(monitor.is_unauthorized());
     tokio::time::timeout(Duration::from_secs(1), monitor.unauthorized())
@@ -112,23 +110,26 @@ async fn a_401_after_connecting_ends_the_job() {
     let server = FaultServer::start().await;
     let up = upstream(&server.base(), "revoke", &HttpPolicy::default());
     let monitor = up.monitor.clone();
-    let client = ().serve(up.transport).await.expect("initialize is answered");
+    let client = connect(up.transport).await.expect("initialize is answered");
     assert!(!monitor.is_unauthorized());
     let watcher = tokio::spawn({
         let monitor = monitor.clone();
         async move { monitor.unauthorized().await }
     });
-    let error = tokio::time::timeout(BOUND, client.peer().list_tools(None))
+    let call = client
+        .peer
+        .request("tools/call", json!({"name": "echo", "arguments": {}}));
+    let error = tokio::time::timeout(BOUND, call)
         .await
         .expect("bounded")
-        .expect_err("tools/list is answered 401");
+        .expect_err("tools/call is answered 401");
     assert_eq!(classify(&error), Failure::Unauthorized, "{error}");
     assert_eq!(monitor.classify(&error), Failure::Unauthorized);
     tokio::time::timeout(Duration::from_secs(2), watcher)
         .await
         .expect("the runner's watch wakes on the 401")
         .unwrap();
-    let _ = client.cancel().await;
+    client.shutdown().await;
 }
 
 #[tokio::test]
@@ -139,7 +140,7 @@ async fn a_server_still_starting_is_retried_until_it_answers() {
         attempts += 1;
         assert!(attempts <= 5, "still not connected after 5 attempts");
         let up = upstream(&server.base(), "flaky", &HttpPolicy::default());
-        match ().serve(up.transport).await {
+        match connect(up.transport).await {
             Ok(client) => break (client, up.monitor),
             Err(error) => {
                 let f = up.monitor.classify(&error);
@@ -152,9 +153,9 @@ async fn a_server_still_starting_is_retried_until_it_answers() {
         }
     };
     assert_eq!(attempts, 2, "one 500, then an answer");
-    let tools = client.peer().list_tools(None).await.unwrap();
-    assert_eq!(tools.tools[0].name, "echo");
-    let _ = client.cancel().await;
+    let tools = client.peer.request("tools/list", json!({})).await.unwrap();
+    assert_eq!(tools["tools"][0]["name"], "echo");
+    client.shutdown().await;
     assert!(!monitor.is_unauthorized());
 
     let seen = server.seen();
@@ -202,22 +203,22 @@ async fn a_server_still_starting_is_retried_until_it_answers() {
 async fn answers_in_an_event_stream_are_read() {
     let server = FaultServer::start().await;
     let up = upstream(&server.base(), "mcp-sse", &HttpPolicy::default());
-    let client = tokio::time::timeout(BOUND, ().serve(up.transport))
+    let client = tokio::time::timeout(BOUND, connect(up.transport))
         .await
         .unwrap()
         .unwrap();
-    let tools = client.peer().list_tools(None).await.unwrap();
-    assert_eq!(tools.tools[0].name, "echo");
-    let mut args = serde_json::Map::new();
-    args.insert("message".into(), "hi".into());
+    assert_eq!(client.tools[0].name, "echo");
     let result = client
-        .peer()
-        .call_tool(CallToolRequestParams::new("echo").with_arguments(args))
+        .peer
+        .request(
+            "tools/call",
+            json!({"name": "echo", "arguments": {"message": "hi"}}),
+        )
         .await
         .unwrap();
-    let text = serde_json::to_string(&result.content).unwrap();
+    let text = result["content"].to_string();
     assert!(text.contains("Echo: hi"), "{text}");
-    let _ = client.cancel().await;
+    client.shutdown().await;
 }
 
 #[tokio::test]
@@ -264,7 +265,7 @@ async fn a_server_that_never_answers_is_bounded_by_the_wait() {
     let up = upstream(&server.base(), "hang", &HttpPolicy::default());
     let monitor = up.monitor.clone();
     let started = std::time::Instant::now();
-    let outcome = tokio::time::timeout(Duration::from_millis(1500), ().serve(up.transport)).await;
+    let outcome = tokio::time::timeout(Duration::from_millis(1500), connect(up.transport)).await;
     assert!(outcome.is_err(), "the hanging server answered");
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(monitor.last_refusal(), None);
@@ -282,7 +283,7 @@ async fn a_refused_connection_is_retryable() {
         "mcp",
         &HttpPolicy::default(),
     );
-    let error = error_of("a closed port", BOUND, ().serve(up.transport)).await;
+    let error = error_of("a closed port", BOUND, connect(up.transport)).await;
     let f = classify(&error);
     assert!(
         matches!(&f, Failure::Retryable(m) if m.contains("could not connect")),
@@ -299,12 +300,12 @@ async fn every_request_goes_through_the_proxy_given() {
     };
     // A name that resolves nowhere: only the proxy can take the request.
     let up = upstream("http://mcp.invalid:8931", "mcp", &policy);
-    let client = tokio::time::timeout(BOUND, ().serve(up.transport))
+    let client = tokio::time::timeout(BOUND, connect(up.transport))
         .await
         .unwrap()
         .expect("connected through the proxy");
-    client.peer().list_tools(None).await.unwrap();
-    let _ = client.cancel().await;
+    client.peer.request("tools/list", json!({})).await.unwrap();
+    client.shutdown().await;
     let seen = proxy.seen();
     assert!(seen.len() >= 3, "{seen:#?}");
     for s in &seen {
@@ -374,12 +375,12 @@ async fn environment_proxy_child() {
         .unwrap();
     assert_eq!(control.status(), 404);
     let up = upstream(&base, "mcp", &HttpPolicy::default());
-    let client = tokio::time::timeout(BOUND, ().serve(up.transport))
+    let client = tokio::time::timeout(BOUND, connect(up.transport))
         .await
         .unwrap()
         .expect("connected directly");
-    client.peer().list_tools(None).await.unwrap();
-    let _ = client.cancel().await;
+    client.peer.request("tools/list", json!({})).await.unwrap();
+    client.shutdown().await;
 }
 
 #[tokio::test]
@@ -399,7 +400,7 @@ async fn an_https_server_is_spoken_to_in_tls() {
         "mcp",
         &HttpPolicy::default(),
     );
-    let error = error_of("no TLS server", BOUND, ().serve(up.transport)).await;
+    let error = error_of("no TLS server", BOUND, connect(up.transport)).await;
     // 0x16: a TLS handshake record, the client's hello.
     assert_eq!(first.await.unwrap(), 0x16);
     let f = classify(&error);
@@ -415,9 +416,9 @@ async fn an_accept_header_given_gives_way_to_the_protocols() {
         &[("A", "text/html")],
     );
     let up = transport(&url, &headers, &HttpPolicy::default()).unwrap();
-    let client = ().serve(up.transport).await.unwrap();
-    client.peer().list_tools(None).await.unwrap();
-    let _ = client.cancel().await;
+    let client = connect(up.transport).await.unwrap();
+    client.peer.request("tools/list", json!({})).await.unwrap();
+    client.shutdown().await;
     for s in server.seen() {
         let accept: Vec<&str> = s
             .headers

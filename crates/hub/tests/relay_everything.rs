@@ -4,12 +4,14 @@
 // Test code fails loudly on purpose; the workspace denies unwrap only in product code.
 #![allow(clippy::unwrap_used, clippy::expect_used, deprecated)]
 
+mod http_support;
 mod relay_support;
 
 use std::time::Duration;
 
 use hub::relay::{Hub, UpstreamEvents, Withheld, serve};
 use relay_support::*;
+use rmcp::ServiceError;
 use rmcp::model::{
     ArgumentInfo, CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities,
     ClientRequest, CompleteRequestParams, ErrorCode, GetPromptRequestParams, JsonObject,
@@ -17,7 +19,6 @@ use rmcp::model::{
     ServerResult, SetLevelRequestParams, SubscribeRequestParams,
 };
 use rmcp::service::PeerRequestOptions;
-use rmcp::{Peer, RoleClient, ServiceError};
 use serde_json::json;
 
 const TOKEN: &str = "hub-test-token-0123456789";
@@ -66,9 +67,9 @@ async fn the_hub_passes_tools_resources_prompts_completion_and_logging_through()
     bounded(async {
         let dir = tempfile::tempdir().unwrap();
         let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
-        let listed = upstream.tools.clone();
-        let info = upstream.info().clone();
-        let direct: Peer<RoleClient> = upstream.peer.clone();
+        let listed = listed_tools(&upstream);
+        let info = server_info(&upstream);
+        let direct = direct(&upstream);
         assert_eq!(info.protocol_version, ProtocolVersion::V_2025_11_25);
         assert!(listed.iter().any(|t| t.name == "echo"));
 
@@ -285,8 +286,8 @@ async fn withheld_and_unlisted_tools_are_refused_before_the_server() {
     bounded(async {
         let dir = tempfile::tempdir().unwrap();
         let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
-        let listed = upstream.tools.clone();
-        let direct = upstream.peer.clone();
+        let listed = listed_tools(&upstream);
+        let direct = direct(&upstream);
         let withheld = Withheld(vec![
             "echo".to_owned(),
             "toggle-subscriber-updates".to_owned(),
@@ -378,13 +379,16 @@ async fn the_servers_requests_reach_the_client_and_fail_cleanly_without_one() {
     bounded(async {
         let dir = tempfile::tempdir().unwrap();
         let events = UpstreamEvents::with_capabilities(
-            ClientCapabilities::builder()
-                .enable_roots()
-                .enable_sampling()
-                .build(),
+            serde_json::to_value(
+                ClientCapabilities::builder()
+                    .enable_roots()
+                    .enable_sampling()
+                    .build(),
+            )
+            .unwrap(),
         );
         let upstream = start_everything("everything", events, dir.path()).await;
-        let direct = upstream.peer.clone();
+        let direct = direct(&upstream);
         assert!(
             upstream
                 .tools
@@ -467,13 +471,16 @@ async fn a_cancelled_call_is_cancelled_upstream() {
         let dir = tempfile::tempdir().unwrap();
         let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
         let inner = hub_for(upstream, Withheld::none()).await;
-        let relayed = hub::connect::connect_transport(
-            "outer",
-            transport(&inner.url("everything"), TOKEN),
-            UpstreamEvents::new(),
-        )
-        .await
-        .expect("the first hub connects to the second one");
+        let (url, headers) = http_support::resolved(
+            &inner.url("everything"),
+            &[("Authorization", "Bearer ${T}")],
+            &[("T", TOKEN)],
+        );
+        let http = hub::http::transport(&url, &headers, &hub::http::HttpPolicy::default()).unwrap();
+        let relayed =
+            hub::connect::connect_transport("outer", http.transport, UpstreamEvents::new())
+                .await
+                .expect("the first hub connects to the second one");
         assert_eq!(relayed.process_group(), None);
         assert!(
             relayed

@@ -13,7 +13,6 @@ use hub::http::{HttpPolicy, transport};
 use hub::job_file;
 use hub::relay::UpstreamEvents;
 use hub::resolve::{Resolved, resolve};
-use rmcp::model::CallToolRequestParams;
 use serde_json::json;
 
 /// The whole run, bounded (the suite's own timeout is 30 s).
@@ -53,30 +52,26 @@ async fn run() -> Result<(), String> {
         return Err("the server resolved as a stdio server".to_owned());
     };
     let http = transport(&url, &headers, &HttpPolicy::default()).map_err(|e| e.to_string())?;
-    let upstream = connect_transport(
-        "conformance",
-        http.transport,
-        UpstreamEvents::reading(http.raw),
-    )
-    .await
-    .map_err(|e| format!("connect: {e}"))?;
+    let upstream = connect_transport("conformance", http.transport, UpstreamEvents::new())
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
     println!("connected; tools: {}", upstream.tools.len());
     for tool in &upstream.tools {
-        let arguments = match tool.name.as_ref() {
+        let arguments = match tool.name.as_str() {
             "add_numbers" => json!({"a": 2, "b": 3}),
             "test_reconnection" => json!({}),
             _ => continue,
         };
-        let mut params = CallToolRequestParams::new(tool.name.clone());
-        params.arguments = arguments.as_object().cloned();
         let result = upstream
             .peer
-            .call_tool(params)
+            .request(
+                "tools/call",
+                json!({"name": tool.name, "arguments": arguments}),
+            )
             .await
             .map_err(|e| format!("tools/call {}: {e}", tool.name))?;
-        let content = serde_json::to_string(&result.content).unwrap_or_default();
-        println!("{}: {content}", tool.name);
-        if result.is_error == Some(true) {
+        println!("{}: {}", tool.name, result["content"]);
+        if result["isError"] == true {
             return Err(format!("tools/call {} answered with an error", tool.name));
         }
     }

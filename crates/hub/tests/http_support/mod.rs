@@ -9,7 +9,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hub::connect::{ConnectError, Upstream};
+use hub::http::HttpTransport;
 use hub::job_file;
+use hub::relay::UpstreamEvents;
 use hub::resolve::{Resolved, Secret, resolve};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -305,7 +308,7 @@ async fn huge_events(stream: &mut TcpStream, state: &State) -> std::io::Result<(
 }
 
 /// A minimal MCP server, by hand: `initialize`, `tools/list` and `tools/call` (an echo); a GET has
-/// no event stream (405). `revoke` answers `tools/list` with 401; `mcp-sse` answers as event streams.
+/// no event stream (405). `revoke` answers `tools/call` with 401; `mcp-sse` answers as event streams.
 async fn mcp(stream: &mut TcpStream, seen: &Seen, kind: &str) -> std::io::Result<()> {
     match seen.method.as_str() {
         "GET" => return respond(stream, 405, &[], "text/plain", b"").await,
@@ -326,7 +329,7 @@ async fn mcp(stream: &mut TcpStream, seen: &Seen, kind: &str) -> std::io::Result
             "capabilities": {"tools": {}},
             "serverInfo": {"name": "fault", "version": "1.0.0"}
         }),
-        "tools/list" if kind == "revoke" => {
+        "tools/call" if kind == "revoke" => {
             return respond(stream, 401, &[], "text/plain", b"").await;
         }
         "tools/list" => json!({"tools": [{
@@ -362,6 +365,11 @@ async fn mcp(stream: &mut TcpStream, seen: &Seen, kind: &str) -> std::io::Result
     } else {
         respond(stream, 200, &session, "application/json", answer.as_bytes()).await
     }
+}
+
+/// Connects `transport` as the runner connects an HTTP server: the handshake, then the tool list.
+pub async fn connect(transport: HttpTransport) -> Result<Upstream, ConnectError> {
+    hub::connect::connect_transport("upstream", transport, UpstreamEvents::new()).await
 }
 
 /// The server `url` with `headers` (name, value template) as the job resolves it: through its

@@ -15,16 +15,23 @@ use std::time::Duration;
 
 use hub::connect::{Upstream, connect_stdio};
 use hub::relay::UpstreamEvents;
+use hub::rpc::{Peer, RpcError};
 use hub::stdio::environment;
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, CreateMessageRequestParams, CreateMessageResult,
-    Implementation, ListRootsResult, LoggingMessageNotificationParam, ProgressNotificationParam,
-    ProtocolVersion, ResourceUpdatedNotificationParam, Root, SamplingMessage,
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, CompleteRequestParams,
+    CompleteResult, CreateMessageRequestParams, CreateMessageResult, GetPromptRequestParams,
+    GetPromptResult, Implementation, InitializeResult, ListRootsResult,
+    LoggingMessageNotificationParam, ProgressNotificationParam, Prompt, ProtocolVersion,
+    ReadResourceRequestParams, ReadResourceResult, Resource, ResourceTemplate,
+    ResourceUpdatedNotificationParam, Root, SamplingMessage, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 /// Every test gives up after this long.
@@ -103,6 +110,103 @@ pub async fn start(
     .await
     .expect("the server answers within a minute")
     .unwrap_or_else(|e| panic!("{name} did not connect: {e} ({})", e.stderr_tail()))
+}
+
+/// The tools the server listed at connect, read as rmcp reads them.
+pub fn listed_tools(upstream: &Upstream) -> Vec<Tool> {
+    upstream
+        .tools
+        .iter()
+        .map(|t| serde_json::from_value(t.to_value()).unwrap())
+        .collect()
+}
+
+/// The server's `initialize` answer at connect, read as rmcp reads it.
+pub fn server_info(upstream: &Upstream) -> InitializeResult {
+    serde_json::from_value(upstream.info().clone()).unwrap()
+}
+
+/// The server reached directly, on the hub's own upstream client (no hub in between), its answers
+/// read as rmcp reads them.
+#[derive(Clone)]
+pub struct Direct(pub Peer);
+
+pub fn direct(upstream: &Upstream) -> Direct {
+    Direct(upstream.peer.clone())
+}
+
+impl Direct {
+    async fn ask<P: Serialize, R: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: P,
+    ) -> Result<R, RpcError> {
+        let result = self
+            .0
+            .request(method, serde_json::to_value(params).unwrap())
+            .await?;
+        Ok(serde_json::from_value(result).unwrap())
+    }
+
+    /// Every page of a list.
+    async fn all<R: DeserializeOwned>(&self, method: &str, key: &str) -> Vec<R> {
+        let mut all = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let params = match &cursor {
+                Some(c) => json!({"cursor": c}),
+                None => json!({}),
+            };
+            let page: Value = self.ask(method, params).await.unwrap();
+            all.extend(serde_json::from_value::<Vec<R>>(page[key].clone()).unwrap());
+            match page["nextCursor"].as_str() {
+                Some(next) if !next.is_empty() => cursor = Some(next.to_owned()),
+                _ => return all,
+            }
+        }
+    }
+
+    pub async fn call_tool(
+        &self,
+        params: CallToolRequestParams,
+    ) -> Result<CallToolResult, RpcError> {
+        self.ask("tools/call", params).await
+    }
+
+    pub async fn read_resource(
+        &self,
+        params: ReadResourceRequestParams,
+    ) -> Result<ReadResourceResult, RpcError> {
+        self.ask("resources/read", params).await
+    }
+
+    pub async fn get_prompt(
+        &self,
+        params: GetPromptRequestParams,
+    ) -> Result<GetPromptResult, RpcError> {
+        self.ask("prompts/get", params).await
+    }
+
+    pub async fn complete(
+        &self,
+        params: CompleteRequestParams,
+    ) -> Result<CompleteResult, RpcError> {
+        self.ask("completion/complete", params).await
+    }
+
+    pub async fn list_all_resources(&self) -> Result<Vec<Resource>, RpcError> {
+        Ok(self.all("resources/list", "resources").await)
+    }
+
+    pub async fn list_all_resource_templates(&self) -> Result<Vec<ResourceTemplate>, RpcError> {
+        Ok(self
+            .all("resources/templates/list", "resourceTemplates")
+            .await)
+    }
+
+    pub async fn list_all_prompts(&self) -> Result<Vec<Prompt>, RpcError> {
+        Ok(self.all("prompts/list", "prompts").await)
+    }
 }
 
 /// What the test client saw, in order.
