@@ -320,16 +320,19 @@ impl Core {
             tokio::spawn(async move { core.send(answer).await });
             return;
         }
+        let Some(session) = self.events.attached() else {
+            let method = message.method().unwrap_or_default();
+            let words = format!("no MCP client is attached to the hub to answer {method}");
+            let refusal = error_bytes(&id, -32603, &words);
+            tokio::spawn(async move { core.send(refusal).await });
+            return;
+        };
+        // Put to pi now, in the order the server wrote its messages; answered from a task.
+        let asked = session.ask(&message);
+        let cancel = CancellationToken::new();
+        lock(&self.asked).insert(id.clone(), cancel.clone());
         tokio::spawn(async move {
-            let method = message.method().unwrap_or_default().to_owned();
-            let Some(session) = core.events.attached() else {
-                let words = format!("no MCP client is attached to the hub to answer {method}");
-                let _ = core.send(error_bytes(&id, -32603, &words)).await;
-                return;
-            };
-            let cancel = CancellationToken::new();
-            lock(&core.asked).insert(id.clone(), cancel.clone());
-            let answer = session.ask(&message, &cancel).await;
+            let answer = asked.answer(&cancel).await;
             lock(&core.asked).remove(&id);
             let reply = match answer {
                 Ok(answer) => answer.with_id(&id),

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
 use serde_json::json;
@@ -103,33 +103,19 @@ impl PiSession {
         }
     }
 
-    /// Asks pi the server's `request` (under an id of the hub's) and waits for pi's answer; the
-    /// server cancelling (`cancel`) or the session ending gives up, telling pi. The error is in
-    /// words for the server.
-    pub(crate) async fn ask(
-        &self,
-        request: &Message,
-        cancel: &CancellationToken,
-    ) -> Result<Message, &'static str> {
+    /// Puts the server's `request` to pi under an id of the hub's, at once (so that it keeps its
+    /// place among the server's messages); [`Asked::answer`] waits for pi's answer.
+    pub(crate) fn ask(self: &Arc<Self>, request: &Message) -> Asked {
         let id = format!("hub-{}", self.next_ask.fetch_add(1, Ordering::Relaxed));
         let (answer, answered) = oneshot::channel();
         lock(&self.asked).insert(id.clone(), answer);
         let quoted = json!(id).to_string();
         self.deliver_request(request.with_id(quoted.as_bytes()));
-        let outcome = tokio::select! {
-            answer = answered => answer.map_err(|_| "pi did not answer"),
-            () = cancel.cancelled() => Err("the request was cancelled"),
-            () = self.ended.cancelled() => Err("pi's session ended"),
-        };
-        if lock(&self.asked).remove(&id).is_some() && cancel.is_cancelled() {
-            let cancelled = json!({
-                "jsonrpc": "2.0",
-                "method": "notifications/cancelled",
-                "params": {"requestId": id, "reason": "the server cancelled the request"}
-            });
-            self.deliver(Bytes::from(cancelled.to_string()));
+        Asked {
+            session: self.clone(),
+            id,
+            answered,
         }
-        outcome
     }
 
     /// pi's answer to one of the server's requests.
@@ -153,5 +139,38 @@ impl PiSession {
         if let Some(at) = calls.iter().rposition(|c| c.id == *id) {
             calls.remove(at);
         }
+    }
+}
+
+/// A request of the server's put to pi, awaiting pi's answer.
+pub(crate) struct Asked {
+    session: Arc<PiSession>,
+    id: String,
+    answered: oneshot::Receiver<Message>,
+}
+
+impl Asked {
+    /// pi's answer; the server cancelling (`cancel`) or the session ending gives up, telling pi.
+    /// The error is in words for the server.
+    pub(crate) async fn answer(self, cancel: &CancellationToken) -> Result<Message, &'static str> {
+        let Asked {
+            session,
+            id,
+            answered,
+        } = self;
+        let outcome = tokio::select! {
+            answer = answered => answer.map_err(|_| "pi did not answer"),
+            () = cancel.cancelled() => Err("the request was cancelled"),
+            () = session.ended.cancelled() => Err("pi's session ended"),
+        };
+        if lock(&session.asked).remove(&id).is_some() && cancel.is_cancelled() {
+            let cancelled = json!({
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": id, "reason": "the server cancelled the request"}
+            });
+            session.deliver(Bytes::from(cancelled.to_string()));
+        }
+        outcome
     }
 }

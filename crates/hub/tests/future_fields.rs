@@ -3,7 +3,8 @@
 //! `capabilities.tasks`, a tool's `execution`, and invented fields in a result, in a tool, in a
 //! notification's params and in its own request's params. pi's side, a bare HTTP client, must get
 //! each of them exactly as the server wrote it, and the server must get pi's answer to its request
-//! exactly as pi wrote it.
+//! exactly as pi wrote it. The server's ping is answered by the hub, and a request the server
+//! cancels is cancelled at pi under the hub's id for it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -48,6 +49,7 @@ fn fixtures() -> Value {
                     "execution": {"taskSupport": "optional"},
                     "futureToolField": {"k": [1, {"z": null}], "s": "ü \"quoted\""}
                 },
+                {"name": "cancels", "inputSchema": {"type": "object"}},
                 {
                     "name": "kept-back",
                     "inputSchema": {"type": "object"},
@@ -76,6 +78,7 @@ fn fixtures() -> Value {
                 "_meta": {"futureMeta": "m"}
             }
         },
+        "elicit": {"message": "Which?", "requestedSchema": {"type": "object"}, "futureElicit": 1},
         "result": {
             "content": [{"type": "text", "text": "done", "futureContentField": 1}],
             "structuredContent": {"a": 1},
@@ -94,21 +97,36 @@ fn sampled() -> Value {
     })
 }
 
-/// The server: over stdio (no arguments) or over streamable HTTP (`http PORT`). A `tools/call`
-/// sends a notification, a custom one and a request of its own first, waits for the answer, then
-/// answers with its result and, under `sampled`, the result it got back.
+/// The server: over stdio (no arguments) or over streamable HTTP (`http PORT`). A call of `echo`
+/// pings, sends a notification, a custom one and a request of its own, waits for the answer, then
+/// answers with its result and, under `sampled` and `pinged`, the results it got back. A call of
+/// `cancels` sends a request, cancels it, and answers.
 const SERVER: &str = r#"
 const fs = require("fs");
 const f = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
 const waiting = new Map();
 function answer(id, result) { return { jsonrpc: "2.0", id, result }; }
-async function call(id, send) {
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+function ask(id, method, params, send) {
+  const answered = new Promise((resolve) => waiting.set(id, resolve));
+  send({ jsonrpc: "2.0", id, method, params });
+  return answered;
+}
+async function call(m, send) {
+  if (m.params.name === "cancels") {
+    send({ jsonrpc: "2.0", id: "srv-2", method: "elicitation/create", params: f.elicit });
+    await sleep(300);
+    send({ jsonrpc: "2.0", method: "notifications/cancelled",
+           params: { requestId: "srv-2", reason: "changed its mind" } });
+    await sleep(300);
+    send(answer(m.id, { content: [{ type: "text", text: "cancelled" }] }));
+    return;
+  }
+  const pong = await ask("srv-ping", "ping", undefined, send);
   send(f.notification);
   send(f.custom);
-  const asked = new Promise((resolve) => waiting.set("srv-1", resolve));
-  send({ jsonrpc: "2.0", id: "srv-1", method: f.request.method, params: f.request.params });
-  const got = await asked;
-  send(answer(id, Object.assign({}, f.result, { sampled: got.result })));
+  const got = await ask("srv-1", f.request.method, f.request.params, send);
+  send(answer(m.id, Object.assign({}, f.result, { sampled: got.result, pinged: pong.result })));
 }
 // What answers a message, or null for none; `send` carries what comes before it.
 async function handle(m, send) {
@@ -120,7 +138,7 @@ async function handle(m, send) {
   if (m.id === undefined) return null;
   if (m.method === "initialize") return answer(m.id, f.initialize);
   if (m.method === "tools/list") return answer(m.id, f.tools);
-  if (m.method === "tools/call") { await call(m.id, send); return undefined; }
+  if (m.method === "tools/call") { await call(m, send); return undefined; }
   return { jsonrpc: "2.0", id: m.id, error: { code: -32601, message: "no" } };
 }
 if (process.argv[3] === "http") {
@@ -293,7 +311,10 @@ async fn pi_sees_what_the_server_wrote(hub: &Hub) {
     // The list as the server wrote it, less the withheld tool.
     let listed = pi.ask(2, "tools/list", json!({})).await;
     let mut expected = f["tools"].clone();
-    expected["tools"].as_array_mut().unwrap().truncate(1);
+    expected["tools"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|t| t["name"] != "kept-back");
     assert_eq!(listed["result"], expected);
 
     // A call: the server's notifications and its request come first, on the call's stream.
@@ -327,12 +348,35 @@ async fn pi_sees_what_the_server_wrote(hub: &Hub) {
         .unwrap();
     assert_eq!(answered.status(), 202);
 
-    // The result as the server wrote it, with pi's answer as the server got it.
+    // The result as the server wrote it, with pi's answer as the server got it, and the hub's
+    // answer to the server's ping (which pi never saw).
     let result = events.next().await;
     assert_eq!(result["id"], 3, "{result}");
     let mut expected = f["result"].clone();
     expected["sampled"] = sampled();
+    expected["pinged"] = json!({});
     assert_eq!(result["result"], expected);
+
+    // A request the server cancels: cancelled at pi, under the hub's id for it.
+    let call = json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+        "params": {"name": "cancels", "arguments": {}}});
+    let response = pi.post(&call).send().await.unwrap();
+    let mut events = Events {
+        body: response.bytes_stream().boxed(),
+        buffer: Vec::new(),
+    };
+    let asked = events.next().await;
+    assert_eq!(asked["method"], "elicitation/create");
+    assert_eq!(asked["params"], f["elicit"]);
+    let cancelled = events.next().await;
+    assert_eq!(
+        cancelled["method"], "notifications/cancelled",
+        "{cancelled}"
+    );
+    assert_eq!(cancelled["params"]["requestId"], asked["id"]);
+    let result = events.next().await;
+    assert_eq!(result["id"], 4, "{result}");
+    assert_eq!(result["result"]["content"][0]["text"], "cancelled");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -340,9 +384,12 @@ async fn every_field_of_a_newer_server_reaches_pi_over_stdio() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let dir = tempfile::tempdir().unwrap();
         let upstream = over_stdio(dir.path()).await;
-        let hub = serve(vec![(upstream, Withheld::new(["kept-back"]))], TOKEN.to_owned())
-            .await
-            .unwrap();
+        let hub = serve(
+            vec![(upstream, Withheld::new(["kept-back"]))],
+            TOKEN.to_owned(),
+        )
+        .await
+        .unwrap();
         pi_sees_what_the_server_wrote(&hub).await;
         hub.shutdown().await;
     })
@@ -355,9 +402,12 @@ async fn every_field_of_a_newer_server_reaches_pi_over_http() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let dir = tempfile::tempdir().unwrap();
         let (_server, upstream) = over_http(dir.path()).await;
-        let hub = serve(vec![(upstream, Withheld::new(["kept-back"]))], TOKEN.to_owned())
-            .await
-            .unwrap();
+        let hub = serve(
+            vec![(upstream, Withheld::new(["kept-back"]))],
+            TOKEN.to_owned(),
+        )
+        .await
+        .unwrap();
         pi_sees_what_the_server_wrote(&hub).await;
         hub.shutdown().await;
     })
