@@ -185,3 +185,92 @@ async fn failures_are_said_in_words_without_a_value() {
     })
     .await;
 }
+
+/// A stdio server whose `big` tool answers with one line of 17 MiB (its id last, as the TypeScript
+/// SDK writes it), and whose `echo` answers as usual.
+const BIG_LINE_SERVER: &str = r#"
+const answer = (id, result) => process.stdout.write(JSON.stringify({ jsonrpc: "2.0", id, result }) + "\n");
+require("readline").createInterface({ input: process.stdin }).on("line", (line) => {
+  const m = JSON.parse(line);
+  if (m.id === undefined) return;
+  if (m.method === "initialize") {
+    return answer(m.id, { protocolVersion: "2025-11-25", capabilities: { tools: {} },
+      serverInfo: { name: "big", version: "1" } });
+  }
+  if (m.method === "tools/list") {
+    return answer(m.id, { tools: [{ name: "big", inputSchema: { type: "object" } },
+                                  { name: "echo", inputSchema: { type: "object" } }] });
+  }
+  if (m.params.name === "big") {
+    const text = "x".repeat(17 * 1024 * 1024);
+    process.stdout.write('{"result":{"content":[{"type":"text","text":"' + text +
+      '"}]},"jsonrpc":"2.0","id":' + JSON.stringify(m.id) + "}\n");
+    return;
+  }
+  answer(m.id, { content: [{ type: "text", text: "small" }] });
+});
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_over_16_mib_fails_its_request_and_the_connection_goes_on() {
+    bounded(async {
+        let dir = tempfile::tempdir().unwrap();
+        let env = environment(&runner_env(dir.path()), &[]);
+        let args = vec!["-e".to_owned(), BIG_LINE_SERVER.to_owned()];
+        let upstream = connect_stdio(
+            "big",
+            &node(),
+            &args,
+            &env,
+            dir.path(),
+            UpstreamEvents::new(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e} ({})", e.stderr_tail()));
+        let (_, peak_before) = peak_rss();
+        let big = tokio::time::timeout(
+            Duration::from_secs(30),
+            upstream
+                .peer
+                .request("tools/call", serde_json::json!({"name": "big"})),
+        )
+        .await
+        .expect("the request fails rather than waits");
+        assert_eq!(
+            big,
+            Err(hub::rpc::RpcError::Transport(
+                hub::http::Refusal::BodyTooLarge(16 * 1024 * 1024)
+            ))
+        );
+        let (_, peak_after) = peak_rss();
+        // The line is read through, not held: the 16 MiB before the limit at most.
+        assert!(
+            peak_after.saturating_sub(peak_before) < 40 * 1024 * 1024,
+            "the test process grew by {} bytes",
+            peak_after - peak_before
+        );
+        let small = upstream
+            .peer
+            .request("tools/call", serde_json::json!({"name": "echo"}))
+            .await
+            .unwrap();
+        assert_eq!(small["content"][0]["text"], "small");
+        upstream.shutdown().await;
+    })
+    .await;
+}
+
+/// The test process's resident memory now and at its peak, bytes.
+fn peak_rss() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}

@@ -491,3 +491,33 @@ async fn a_long_call_becomes_a_stream_and_odd_requests_are_refused_and_counted()
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_sharing_a_server_keep_their_own_ids_and_tokens() {
+    bounded(async {
+        let (_dir, hub, mut first) = everything_session().await;
+        let mut second = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
+        // The same id and the same progress token, at the same time, on one upstream connection.
+        let call = |steps: u32| {
+            json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                "params": {"name": "trigger-long-running-operation",
+                    "arguments": {"duration": 1, "steps": steps},
+                    "_meta": {"progressToken": "t"}}})
+        };
+        let ((_, one), (_, two)) = tokio::join!(first.post(call(2)), second.post(call(3)));
+        for (body, steps) in [(one, 2), (two, 3)] {
+            let messages = stream_messages(&body);
+            let (last, progress) = messages.split_last().unwrap();
+            assert_eq!(last["id"], 7, "{body}");
+            let text = last["result"]["content"][0]["text"].as_str().unwrap();
+            assert!(text.contains(&format!("Steps: {steps}.")), "{text}");
+            assert_eq!(progress.len(), steps as usize, "{body}");
+            for p in progress {
+                assert_eq!(p["params"]["progressToken"], "t");
+                assert_eq!(p["params"]["total"], steps);
+            }
+        }
+        hub.shutdown().await;
+    })
+    .await;
+}

@@ -222,6 +222,47 @@ async fn answers_in_an_event_stream_are_read() {
 }
 
 #[tokio::test]
+async fn a_session_the_server_ended_is_started_anew_and_the_request_sent_again() {
+    let server = FaultServer::start().await;
+    let up = upstream(&server.base(), "expire", &HttpPolicy::default());
+    let client = tokio::time::timeout(BOUND, connect(up.transport))
+        .await
+        .unwrap()
+        .unwrap();
+    let call = client.peer.request(
+        "tools/call",
+        json!({"name": "echo", "arguments": {"message": "again"}}),
+    );
+    let result = tokio::time::timeout(BOUND, call).await.unwrap().unwrap();
+    assert_eq!(result["content"][0]["text"], "Echo: again");
+    let posts: Vec<(String, String)> = server
+        .seen()
+        .iter()
+        .filter(|s| s.method == "POST")
+        .map(|s| {
+            (
+                s.rpc_method().unwrap_or_default(),
+                s.header("mcp-session-id").unwrap_or("none").to_owned(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String)> = [
+        ("initialize", "none"),
+        ("notifications/initialized", "session-1"),
+        ("tools/list", "session-1"),
+        ("tools/call", "session-1"),
+        ("initialize", "none"),
+        ("notifications/initialized", "session-2"),
+        ("tools/call", "session-2"),
+    ]
+    .iter()
+    .map(|(m, s)| (m.to_string(), s.to_string()))
+    .collect();
+    assert_eq!(posts, expected);
+    client.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_body_over_16_mib_is_refused_as_it_streams() {
     let (rss_before, _) = memory();
     for kind in ["huge-json", "huge-sse", "huge-sse-events", "huge-declared"] {

@@ -59,6 +59,8 @@ pub struct State {
     pub flaky_hits: AtomicUsize,
     /// Connections accepted.
     pub connections: AtomicUsize,
+    /// `initialize` requests answered: each starts session `session-<n>`.
+    pub sessions: AtomicUsize,
 }
 
 pub struct FaultServer {
@@ -216,7 +218,9 @@ async fn serve_one(stream: TcpStream, addr: SocketAddr, state: Arc<State>) -> st
         "flaky" if state.flaky_hits.fetch_add(1, Ordering::SeqCst) == 0 => {
             respond(&mut stream, 500, &[], "text/plain", b"starting").await
         }
-        "flaky" | "mcp" | "mcp-sse" | "revoke" | "followed" => mcp(&mut stream, &seen, &kind).await,
+        "flaky" | "mcp" | "mcp-sse" | "revoke" | "followed" | "expire" => {
+            mcp(&mut stream, &seen, &kind, &state).await
+        }
         _ => respond(&mut stream, 404, &[], "text/plain", b"").await,
     }
 }
@@ -308,8 +312,14 @@ async fn huge_events(stream: &mut TcpStream, state: &State) -> std::io::Result<(
 }
 
 /// A minimal MCP server, by hand: `initialize`, `tools/list` and `tools/call` (an echo); a GET has
-/// no event stream (405). `revoke` answers `tools/call` with 401; `mcp-sse` answers as event streams.
-async fn mcp(stream: &mut TcpStream, seen: &Seen, kind: &str) -> std::io::Result<()> {
+/// no event stream (405). `revoke` answers `tools/call` with 401; `mcp-sse` answers as event streams;
+/// `expire` has forgotten its first session by the first `tools/call` (404).
+async fn mcp(
+    stream: &mut TcpStream,
+    seen: &Seen,
+    kind: &str,
+    state: &State,
+) -> std::io::Result<()> {
     match seen.method.as_str() {
         "GET" => return respond(stream, 405, &[], "text/plain", b"").await,
         "DELETE" => return respond(stream, 200, &[], "text/plain", b"").await,
@@ -323,6 +333,17 @@ async fn mcp(stream: &mut TcpStream, seen: &Seen, kind: &str) -> std::io::Result
         .get("method")
         .and_then(Value::as_str)
         .unwrap_or_default();
+    let session = if method == "initialize" {
+        format!(
+            "session-{}",
+            state.sessions.fetch_add(1, Ordering::SeqCst) + 1
+        )
+    } else {
+        seen.header("mcp-session-id").unwrap_or_default().to_owned()
+    };
+    if kind == "expire" && method == "tools/call" && session == "session-1" {
+        return respond(stream, 404, &[], "text/plain", b"").await;
+    }
     let result = match method {
         "initialize" => json!({
             "protocolVersion": "2025-11-25",
@@ -358,7 +379,7 @@ async fn mcp(stream: &mut TcpStream, seen: &Seen, kind: &str) -> std::io::Result
         }
     };
     let answer = json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string();
-    let session = [("Mcp-Session-Id", "session-1")];
+    let session = [("Mcp-Session-Id", session.as_str())];
     if kind == "mcp-sse" {
         let body = format!("event: message\nid: 1\ndata: {answer}\n\n");
         respond(stream, 200, &session, "text/event-stream", body.as_bytes()).await
