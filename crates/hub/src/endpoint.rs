@@ -14,7 +14,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use ::http::{Method, Request, Response, StatusCode, header};
@@ -293,17 +295,17 @@ impl Endpoint {
         let served = self.served.clone();
         let call_session = session.clone();
         let call_id = id.clone();
-        // A task of its own: the call is relayed (and counted) to its end even if pi goes away.
-        let mut answer = tokio::spawn(async move {
+        // Polled here, where pi waits (no task to hop through); relayed and counted to its end
+        // even if pi goes away.
+        let mut answer = Detached(Some(Box::pin(async move {
             let answer = served.answer(&call_id, message, stream, cancel).await;
             call_session.end_call(&call_id);
             answer
-        });
+        })));
         let first = tokio::select! {
             biased;
             Some(first) = messages.recv() => Some(first),
             answer = &mut answer => {
-                let answer = answer.unwrap_or_else(|_| internal_error(&id, "the relay failed"));
                 match messages.try_recv() {
                     // Something about the request came just before its result: both go, in order.
                     Ok(first) => {
@@ -341,7 +343,6 @@ impl Endpoint {
                         while let Ok(next) = messages.try_recv() {
                             let _ = out.send(event(&next)).await;
                         }
-                        let answer = answer.unwrap_or_else(|_| internal_error(&id, "the relay failed"));
                         let _ = out.send(event(&answer)).await;
                         return;
                     }
@@ -549,8 +550,32 @@ fn relay_error(e: &RpcError) -> &'static str {
     }
 }
 
-fn internal_error(id: &[u8], message: &'static str) -> Bytes {
-    error_bytes(id, INTERNAL_ERROR, message)
+/// A call's answer, polled where pi waits for it. If pi goes away first (the future is dropped
+/// unfinished), what is left of it goes on in a task of its own, so that the call is relayed and
+/// counted to its end.
+struct Detached(Option<Pin<Box<dyn Future<Output = Bytes> + Send>>>);
+
+impl Future for Detached {
+    type Output = Bytes;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Bytes> {
+        let Some(rest) = self.0.as_mut() else {
+            return Poll::Pending;
+        };
+        let answer = std::task::ready!(rest.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(answer)
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        if let Some(rest) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(rest);
+        }
+    }
 }
 
 /// A fresh session id: 128 random bits, in hex.
@@ -611,4 +636,37 @@ where
         header::HeaderValue::from_static("no-cache"),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn an_answer_dropped_unfinished_goes_on_to_its_end() {
+        let done = Arc::new(AtomicBool::new(false));
+        let finished = done.clone();
+        let mut answer = Detached(Some(Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            finished.store(true, Ordering::SeqCst);
+            Bytes::new()
+        })));
+        // Polled once, then given up on (pi went away).
+        assert!(
+            tokio::time::timeout(Duration::from_millis(5), &mut answer)
+                .await
+                .is_err()
+        );
+        drop(answer);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(done.load(Ordering::SeqCst));
+
+        // One that finished is not run again.
+        let answer = Detached(Some(Box::pin(async { Bytes::from_static(b"x") })));
+        assert_eq!(&answer.await[..], b"x");
+    }
 }

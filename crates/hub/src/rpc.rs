@@ -200,10 +200,9 @@ impl Core {
             return Err(RpcError::Closed);
         }
         self.send_as(sent, bytes).await?;
-        tokio::select! {
-            answer = answered => answer.unwrap_or(Err(RpcError::Closed)),
-            () = self.closed.cancelled() => Err(RpcError::Closed),
-        }
+        // A connection that closes answers every request waiting (`close`), this one included: it
+        // was waiting before the close, or saw it above.
+        answered.await.unwrap_or(Err(RpcError::Closed))
     }
 
     /// Sends a notification or an answer.
