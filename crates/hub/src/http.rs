@@ -32,6 +32,9 @@ use crate::rpc::{Core, RpcError, Sent};
 /// The largest response body taken from a server: 16 MiB.
 pub const MAX_BODY: u64 = 16 * 1024 * 1024;
 
+/// How many idle connections to one server are kept for later requests.
+const IDLE_CONNECTIONS: usize = 8;
+
 /// The protocol version the job announces in `initialize`.
 pub const PROTOCOL_VERSION: &str = crate::upstream::CLIENT_PROTOCOL_VERSION;
 
@@ -831,8 +834,9 @@ impl GuardedClient {
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .referer(false)
-            // No idle connections kept (a body dropped early closes its own).
-            .pool_max_idle_per_host(0);
+            // A few idle connections kept for the next request (one whose body was dropped early
+            // is closed, never reused): a call then needs no new connection, nor a task for it.
+            .pool_max_idle_per_host(IDLE_CONNECTIONS);
         if let Some(proxy) = &policy.proxy {
             builder = builder.proxy(reqwest::Proxy::all(proxy).map_err(|_| HttpError::Proxy)?);
         }
