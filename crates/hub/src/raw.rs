@@ -378,8 +378,12 @@ pub(crate) fn cancelled_request(params: &[u8]) -> Option<Bytes> {
     ))
 }
 
-/// Whether a tool call's result says it failed (`isError: true`).
+/// Whether a tool call's result says it failed (`isError: true`). Most results have no `isError`
+/// at all: those are not read a second time.
 pub(crate) fn is_error_result(result: &[u8]) -> bool {
+    if memchr::memmem::find(result, b"isError").is_none() {
+        return false;
+    }
     #[derive(Deserialize)]
     struct Outcome {
         #[serde(default, rename = "isError")]
