@@ -82,7 +82,7 @@ struct Args {
     #[arg(long)]
     json: bool,
     /// Also measure the MCP hub against real servers (needs the workspace's node_modules; about
-    /// 40 s, or 3.5 min while each call through the hub stalls for 40 ms).
+    /// a minute).
     #[arg(long)]
     hub: bool,
     /// Timed `echo` calls through the hub and directly, each, per upstream (after the warm-up).
