@@ -171,7 +171,7 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         Some(Ok(g)) => Some(g),
         Some(Err(e)) => {
             let stop = Stop::new(
-                Reason::McpUnavailable,
+                Reason::RunnerSetupFailed,
                 None,
                 format!("the runner's guard did not start ({})", e.kind()),
             );
@@ -184,7 +184,7 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         Ok(t) => t,
         Err(e) => {
             let stop = Stop::new(
-                Reason::McpUnavailable,
+                Reason::RunnerSetupFailed,
                 None,
                 format!("the runner cannot watch for SIGTERM ({})", e.kind()),
             );
@@ -278,7 +278,7 @@ async fn run_agent(
         });
         if let Err(e) = written {
             let stop = Stop::new(
-                Reason::McpUnavailable,
+                Reason::RunnerSetupFailed,
                 None,
                 format!("pi's agent folder could not be written ({})", e.kind()),
             );
@@ -298,7 +298,7 @@ async fn run_agent(
                 Ok(h) => h,
                 Err(e) => {
                     let stop = Stop::new(
-                        Reason::McpUnavailable,
+                        Reason::RunnerSetupFailed,
                         None,
                         format!("the hub could not start ({e})"),
                     );
@@ -316,7 +316,7 @@ async fn run_agent(
             if let Err(e) = write_private(&job.agent_dir, "mcp.json", text.as_bytes()) {
                 hub.shutdown().await;
                 let stop = Stop::new(
-                    Reason::McpUnavailable,
+                    Reason::RunnerSetupFailed,
                     None,
                     format!("pi's configuration could not be written ({})", e.kind()),
                 );
@@ -386,7 +386,7 @@ async fn agent(
                 Err(e) => {
                     return AgentEnd::Stopped(
                         Stop::new(
-                            Reason::McpUnavailable,
+                            Reason::JobPromptUnreadable,
                             None,
                             format!("the job's prompt cannot be read ({})", e.kind()),
                         ),
@@ -418,7 +418,7 @@ async fn agent(
         Err(e) => {
             return AgentEnd::Stopped(
                 Stop::new(
-                    Reason::McpUnavailable,
+                    Reason::AgentNeverStarted,
                     None,
                     format!("the agent did not start ({})", e.kind()),
                 ),

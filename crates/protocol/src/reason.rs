@@ -197,6 +197,13 @@ reasons! {
         "The model's last answer was cut off at its length limit.";
     Terminated = "terminated", Job, Failed, Some(1), true,
         "The job's runner was told to stop.";
+    // The runner's own faults: infrastructure, whatever servers the job names.
+    RunnerSetupFailed = "runner-setup-failed", Job, Failed, Some(1), true,
+        "The job's runner could not set up the agent's side of the job.";
+    JobPromptUnreadable = "job-prompt-unreadable", Job, Failed, Some(1), true,
+        "The job's prompt could not be read inside its sandbox.";
+    AgentNeverStarted = "agent-never-started", Job, Failed, Some(1), true,
+        "The agent's process could not be started.";
     // The worker, around the sandbox.
     TimeLimit = "time-limit", Worker, Failed, None, false,
         "The job ran past its time limit and was stopped.";
@@ -406,6 +413,15 @@ impl Reason {
                 "give the model a larger output limit in models.json, or a smaller task"
             }
             Reason::Terminated => "the job is tried again",
+            Reason::RunnerSetupFailed => {
+                "the job is tried again; the worker's log names the step that failed (a full disk, a missing bubblewrap)"
+            }
+            Reason::JobPromptUnreadable => {
+                "the job is tried again; check that the worker can write its state folder"
+            }
+            Reason::AgentNeverStarted => {
+                "the job is tried again; check the job image (`pi-dispatch image install`)"
+            }
             Reason::TimeLimit => "raise PI_JOB_TIME_LIMIT, or give the job a smaller task",
             Reason::Cancelled => "queue it again if it should run",
             Reason::ContainerNeverStarted => {

