@@ -246,6 +246,15 @@ impl Reason {
         Reason::McpConfigInvalid,
     ];
 
+    /// Whether the runner reports this reason before the agent started, so nothing was spent (the
+    /// record says `budgetReserved: false`, and nobody is paged).
+    pub fn before_the_agent(self) -> bool {
+        matches!(
+            self,
+            Reason::RunnerSetupFailed | Reason::JobPromptUnreadable | Reason::AgentNeverStarted
+        )
+    }
+
     /// The worker's log event of a refusal: `refused_mcp` for the spec's pickup table (the spec's
     /// name; the reason rides in the line's `reason` field), else `refused_<reason>`.
     pub fn log_event(self) -> String {
