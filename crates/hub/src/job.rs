@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use protocol::job_mcp::DIGEST_VARIABLE;
+use protocol::job_mcp::{DIGEST_VARIABLE, EXCLUDE_TOOLS_VARIABLE};
 use protocol::reason::Reason;
 use tokio::process::Command;
 
@@ -60,6 +60,36 @@ fn line(job: &JobOptions, code: u8, stop: Option<&Stop>, servers: Vec<ServerStat
 
 fn stopped(job: &JobOptions, stop: &Stop, servers: Vec<ServerState>) -> ExitLine {
     line(job, stop.reason.code().unwrap_or(2), Some(stop), servers)
+}
+
+/// `run.excludeTools`, as the worker hands it over.
+fn exclude_tools(env: &[(String, String)]) -> Vec<String> {
+    env.iter()
+        .find(|(k, _)| k == EXCLUDE_TOOLS_VARIABLE)
+        .map(|(_, v)| {
+            v.split(',')
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Adds to what the hub withholds from each server the tools `exclude` takes away, so that they
+/// are neither listed to pi nor callable.
+fn withhold_excluded(
+    upstreams: &mut [(crate::connect::Upstream, relay::Withheld)],
+    exclude: &[String],
+) {
+    for (upstream, withheld) in upstreams {
+        for tool in &upstream.tools {
+            if config::tools::excludes(exclude, &upstream.name, &tool.name)
+                && !withheld.contains(&tool.name)
+            {
+                withheld.0.push(tool.name.to_string());
+            }
+        }
+    }
 }
 
 /// A hub token safe in pi's header values: letters and digits only.
@@ -290,10 +320,11 @@ async fn run_agent(
         Some((c, servers)) => {
             let token = new_token();
             let Connected {
-                upstreams,
+                mut upstreams,
                 monitors,
                 states,
             } = c;
+            withhold_excluded(&mut upstreams, &exclude_tools(&job.env));
             let hub = match relay::serve(upstreams, token.clone()).await {
                 Ok(h) => h,
                 Err(e) => {
@@ -369,7 +400,10 @@ async fn agent(
     term: &mut tokio::signal::unix::Signal,
 ) -> AgentEnd {
     let env = job.env.iter().filter(|(k, _)| {
-        !secrets.contains(k) && k != DIGEST_VARIABLE && k != egress::forward::LOOPBACK_VARIABLE
+        !secrets.contains(k)
+            && k != DIGEST_VARIABLE
+            && k != EXCLUDE_TOOLS_VARIABLE
+            && k != egress::forward::LOOPBACK_VARIABLE
     });
     let mut cmd = match &job.agent {
         Agent::Command(argv) => {
@@ -400,7 +434,7 @@ async fn agent(
                 .find(|(k, _)| k == "PATH")
                 .map_or("/usr/bin:/bin", |(_, v)| v.as_str());
             let mut cmd = Command::new(&pi.node);
-            cmd.args(crate::pi_agent::args(pi))
+            cmd.args(crate::pi_agent::args(pi, &exclude_tools(&job.env)))
                 .env_clear()
                 .envs(env.filter(|(k, _)| k != "PATH").map(|(k, v)| (k, v)))
                 .env("PATH", format!("{}:{path}", folder.bin().display()))

@@ -499,6 +499,12 @@ impl Worker {
         if let Some(file) = &admitted.mcp {
             computed.push((DIGEST_VARIABLE.to_owned(), file.digest.clone()));
         }
+        if !job.exclude_tools.is_empty() {
+            computed.push((
+                protocol::job_mcp::EXCLUDE_TOOLS_VARIABLE.to_owned(),
+                job.exclude_tools.join(","),
+            ));
+        }
         // With egress on: every client of the job goes through the forwarder on its loopback, but
         // for the hub's own endpoints there; the job's endpoints on this machine are served there
         // by the runner too.

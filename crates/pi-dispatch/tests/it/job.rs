@@ -23,8 +23,19 @@ const client = new Client({{ name: "agent", version: "1.0.0" }});
 await client.connect(new StreamableHTTPClientTransport(new URL(s.url), {{ requestInit: {{ headers: s.headers }} }}));
 const tools = await client.listTools();
 const echo = await client.callTool({{ name: "echo", arguments: {{ message: "hello-hub" }} }});
+let tried = null;
+if (process.env.TRY_TOOL) {{
+  try {{
+    const r = await client.callTool({{ name: process.env.TRY_TOOL, arguments: {{ a: 1, b: 2 }} }});
+    tried = {{ isError: r.isError === true, text: JSON.stringify(r.content) }};
+  }} catch (e) {{
+    tried = {{ refused: String(e.message) }};
+  }}
+}}
 console.log(JSON.stringify({{
   tools: tools.tools.length,
+  names: tools.tools.map((t) => t.name),
+  tried,
   echo: echo.content[0].text,
   secretInEnv: Object.values(process.env).some((v) => v.includes("CNRY")),
   config: JSON.stringify(cfg),
@@ -213,6 +224,63 @@ fn the_runner_stops_before_the_agent_with_the_specs_reasons() {
             run.stdout
         );
     }
+}
+
+/// `run.excludeTools` reaches the job: the hub neither lists an excluded tool of a server nor lets
+/// it be called, and leaves the others alone.
+#[test]
+fn excluded_tools_are_neither_listed_nor_callable() {
+    let d = Deployment::new();
+    let everything = |exclude: Option<&str>| {
+        let mut env = vec![("EVERYTHING_SECRET", "x"), ("TRY_TOOL", "get-sum")];
+        if let Some(e) = exclude {
+            env.push(("PI_DISPATCH_EXCLUDE_TOOLS", e));
+        }
+        let run = run_job(&d, &everything_entry("node"), &env, false);
+        assert_eq!(run.code, 0, "{}", run.stdout);
+        let report = run
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("{\"tools\""))
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .unwrap_or_else(|| panic!("{}", run.stdout));
+        (report, run.line.unwrap())
+    };
+    let (open, _) = everything(None);
+    assert!(
+        open["names"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == "get-sum")
+    );
+    assert_eq!(open["tried"]["isError"], false, "{open}");
+    let (closed, line) = everything(Some("bash,mcp__everything__get_*"));
+    let names = closed["names"].as_array().unwrap();
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.as_str().unwrap().starts_with("get-")),
+        "{closed}"
+    );
+    assert!(
+        names.iter().any(|n| n == "echo"),
+        "the others stay: {closed}"
+    );
+    assert_eq!(closed["echo"], "Echo: hello-hub");
+    // Called anyway: refused at the hub, never reaching the server.
+    let tried = &closed["tried"];
+    assert!(
+        tried["refused"].is_string() || tried["isError"] == true,
+        "{closed}"
+    );
+    let counts = line["toolCalls"].as_array().unwrap();
+    let sum = counts.iter().find(|c| c["tool"] == "get-sum").unwrap();
+    assert_eq!(
+        (sum["refused"].as_u64(), sum["ok"].as_u64()),
+        (Some(1), Some(0)),
+        "{line}"
+    );
 }
 
 /// Runs the runner without servers and with `args` before the agent's part, and returns its exit
