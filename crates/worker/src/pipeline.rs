@@ -577,6 +577,7 @@ impl Worker {
             program: image_in.join(protocol::image::RUNNER).into_os_string(),
             args: [
                 "job",
+                "--confine",
                 "--job-id",
                 &job.id,
                 "--agent-dir",
@@ -589,6 +590,7 @@ impl Worker {
             .iter()
             .map(Into::into)
             .collect(),
+            nested: true,
         };
         let Ok(key) = job_key() else {
             return Verdict::Retry(Record::ended(
