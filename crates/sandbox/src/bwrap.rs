@@ -960,6 +960,31 @@ mod tests {
     }
 
     #[test]
+    fn a_nested_job_keeps_the_runners_capabilities_and_one_user_namespace() {
+        let plain = text(&args(&spec()));
+        assert!(
+            plain.contains("--disable-userns") && !plain.contains("--cap-add"),
+            "{plain}"
+        );
+        let nested = text(&args(&SandboxSpec {
+            nested: true,
+            ..spec()
+        }));
+        assert!(!nested.contains("--disable-userns"), "{nested}");
+        assert!(
+            nested.contains(
+                "--cap-drop ALL --cap-add CAP_SYS_ADMIN --cap-add CAP_SYS_RESOURCE \
+                 --cap-add CAP_SETPCAP --cap-add CAP_WAKE_ALARM"
+            ),
+            "{nested}"
+        );
+        // The job's uid inside is the host user bubblewrap runs as.
+        assert_eq!(runs_as(0, 0, Some((1000, 1001))), (1000, 1001));
+        assert_eq!(runs_as(0, 0, None), (NOBODY, NOBODY));
+        assert_eq!(runs_as(1234, 4321, Some((1000, 1001))), (1234, 4321));
+    }
+
+    #[test]
     fn a_shared_network_keeps_the_host_namespace_and_the_uid_is_the_specs() {
         let a = text(&args(&SandboxSpec {
             share_net: true,
