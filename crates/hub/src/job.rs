@@ -9,6 +9,7 @@ use protocol::job_mcp::DIGEST_VARIABLE;
 use protocol::reason::Reason;
 use tokio::process::Command;
 
+use crate::gateway::PiGateway;
 use crate::job_file::{JobServer, Stop};
 use crate::pi_agent::{AgentFolder, write_private};
 use crate::runner::{self, Connected};
@@ -285,6 +286,10 @@ async fn run_agent(
             return stopped(job, &stop, Vec::new());
         }
     }
+    let gateway = match start_gateway(job).await {
+        Ok(g) => g,
+        Err(stop) => return stopped(job, &stop, Vec::new()),
+    };
     let (hub, monitors, states) = match connected {
         None => (None, Vec::new(), Vec::new()),
         Some((c, servers)) => {
@@ -326,12 +331,20 @@ async fn run_agent(
         }
     };
 
-    let result = agent(job, &folder, secrets, &monitors, term).await;
+    let result = agent(job, &folder, secrets, &monitors, gateway.as_ref(), term).await;
     let mut tool_calls = Vec::new();
     if let Some(hub) = hub {
         tool_calls = hub.tool_calls();
         hub.shutdown().await;
     }
+    let meter = match gateway {
+        Some(g) => {
+            let meter = g.gateway.meter();
+            g.gateway.shutdown().await;
+            Some(meter)
+        }
+        None => None,
+    };
     let (done, events) = match result {
         // pi: the task is done only when its last answer ended normally.
         AgentEnd::Exited(ok, Some(events)) => match events.verdict(ok) {
@@ -353,8 +366,50 @@ async fn run_agent(
     ExitLine {
         tool_calls,
         final_message: events.as_ref().and_then(PiEvents::final_message),
-        usage: events.map(|e| e.usage),
+        usage: merged_usage(events.as_ref(), meter.as_ref()),
         ..done
+    }
+}
+
+/// With pi, the model gateway: started before pi, with pi's `models.json` pointing at it.
+async fn start_gateway(job: &JobOptions) -> Result<Option<PiGateway>, Stop> {
+    let Agent::Pi(pi) = &job.agent else {
+        return Ok(None);
+    };
+    crate::gateway::start_for_pi(
+        pi.overlay.as_deref(),
+        pi.model.as_deref(),
+        &job.env,
+        &job.agent_dir,
+    )
+    .await
+    .map(Some)
+}
+
+/// What the exit line says was used: the turns, provider and model from pi's events, the tokens
+/// and cost from the gateway, which saw every call (pi's own, codemode's, a nested pi's).
+fn merged_usage(
+    events: Option<&PiEvents>,
+    meter: Option<&crate::gateway::rules::Meter>,
+) -> Option<protocol::usage::Usage> {
+    let Some(meter) = meter else {
+        return events.map(|e| e.usage.clone());
+    };
+    let from_pi = events.map(|e| e.usage.clone()).unwrap_or_default();
+    Some(protocol::usage::Usage {
+        input_tokens: meter.input_tokens,
+        output_tokens: meter.output_tokens,
+        total_tokens: meter.total_tokens,
+        cost_usd: meter.cost_usd,
+        ..from_pi
+    })
+}
+
+/// The value pi gets for `name`: the stand-in for the provider's key, else the runner's own.
+fn for_pi<'a>(gateway: Option<&'a PiGateway>, name: &str, value: &'a str) -> &'a str {
+    match gateway.and_then(|g| g.stand_in.as_ref()) {
+        Some((variable, stand_in)) if variable == name => stand_in,
+        _ => value,
     }
 }
 
@@ -366,10 +421,14 @@ async fn agent(
     folder: &AgentFolder,
     secrets: &[String],
     monitors: &[(String, crate::http::Monitor)],
+    gateway: Option<&PiGateway>,
     term: &mut tokio::signal::unix::Signal,
 ) -> AgentEnd {
     let env = job.env.iter().filter(|(k, _)| {
-        !secrets.contains(k) && k != DIGEST_VARIABLE && k != egress::forward::LOOPBACK_VARIABLE
+        !secrets.contains(k)
+            && k != DIGEST_VARIABLE
+            && k != egress::forward::LOOPBACK_VARIABLE
+            && !crate::gateway::RUNNER_ONLY.contains(&k.as_str())
     });
     let mut cmd = match &job.agent {
         Agent::Command(argv) => {
@@ -402,7 +461,10 @@ async fn agent(
             let mut cmd = Command::new(&pi.node);
             cmd.args(crate::pi_agent::args(pi))
                 .env_clear()
-                .envs(env.filter(|(k, _)| k != "PATH").map(|(k, v)| (k, v)))
+                .envs(
+                    env.filter(|(k, _)| k != "PATH")
+                        .map(|(k, v)| (k, for_pi(gateway, k, v))),
+                )
                 .env("PATH", format!("{}:{path}", folder.bin().display()))
                 .stdin(prompt)
                 .stdout(std::process::Stdio::piped());
@@ -450,9 +512,16 @@ async fn agent(
             futures::future::select_all(waits).await.0
         }
     };
+    let refused = async {
+        match gateway {
+            Some(g) => g.gateway.refused().await,
+            None => std::future::pending().await,
+        }
+    };
     let group = child.id().and_then(|p| i32::try_from(p).ok());
     let outcome = tokio::select! {
         status = child.wait() => Ok(status.ok()),
+        stop = refused => Err(Some(stop)),
         name = unauthorized => Err(Some(Stop::new(
             Reason::McpUnavailable,
             Some(&name),
@@ -471,6 +540,12 @@ async fn agent(
             .and_then(Result::ok),
         None => None,
     };
+    // A call the gateway refused stops the job, even when pi ended first on the error it got.
+    if let Some(stop) = gateway.and_then(|g| g.gateway.refusal())
+        && !matches!(outcome, Err(None))
+    {
+        return AgentEnd::Stopped(stop, usage);
+    }
     match outcome {
         Err(None) => AgentEnd::Terminated,
         Err(Some(stop)) => AgentEnd::Stopped(stop, usage),

@@ -5,6 +5,7 @@
 mod calls;
 pub mod connect;
 mod endpoint;
+pub mod gateway;
 pub mod guard;
 pub mod http;
 pub mod job;
