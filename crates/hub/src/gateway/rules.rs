@@ -317,10 +317,7 @@ pub struct Rules {
     pub cap: Option<f64>,
 }
 
-/// The variable that carries `run.models` into the job, as a JSON array of strings.
-pub const MODELS_VARIABLE: &str = "PI_DISPATCH_MODELS";
-/// The variable that carries `run.maxCostUsd` into the job, as a decimal number.
-pub const MAX_COST_VARIABLE: &str = "PI_DISPATCH_MAX_COST_USD";
+pub use protocol::job::{MAX_COST_VARIABLE, MODELS_VARIABLE};
 
 impl Rules {
     /// Reads the worker's variables; a value that is not what the worker writes is refused, naming
