@@ -593,20 +593,41 @@ pub struct PiGateway {
     pub gateway: Gateway,
     /// The provider key's variable and the stand-in pi has under it instead.
     pub stand_in: Option<(String, String)>,
+    /// The usage meter's variables for the stdio servers (`NODE_OPTIONS`,
+    /// `PI_DISPATCH_CHILD_LEDGER`), which point a pi a server starts at the gateway.
+    pub meter: Vec<(String, String)>,
 }
 
 /// The runner's own variables of the gateway: pi and the servers never get them.
 pub const RUNNER_ONLY: [&str; 2] = [rules::MODELS_VARIABLE, rules::MAX_COST_VARIABLE];
 
-/// Starts the gateway for a job running pi (`model` is pi's `provider/model`) and writes pi's
-/// `models.json` into `agent_dir`, every provider pointed at it. The key it holds is the one the
-/// admission chose: the first of the variables pi reads for the provider's key that the job has.
+/// The meter's variables that only the stdio servers get: pi has its own agent folder and stand-in.
+pub const SERVERS_ONLY: [&str; 2] = ["NODE_OPTIONS", CHILD_LEDGER];
+
+/// The agent folder of a pi a stdio server starts, as the meter tells it to that pi.
+pub const CHILD_LEDGER: &str = "PI_DISPATCH_CHILD_LEDGER";
+
+/// The meter each Node.js program a stdio server starts loads first.
+const METER_JS: &str = include_str!("gateway/meter.cjs");
+
+/// Where the runner keeps the meter and the child's agent folder, inside pi's own folder.
+fn meter_paths(agent_dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let own = agent_dir.join("pi-dispatch");
+    (own.join("meter.cjs"), own.join("child"))
+}
+
+/// Starts the gateway for a job running pi and writes pi's `models.json` into `agent_dir`, every
+/// provider pointed at it; then the meter for the stdio servers: a child agent folder with the same
+/// `models.json` and the stand-in, and the preload that points a pi a server starts at it. The key
+/// the gateway holds is the one the admission chose: the first of the variables pi reads for the
+/// provider's key that the job has.
 pub async fn start_for_pi(
-    overlay: Option<&std::path::Path>,
-    model: Option<&str>,
+    pi: &crate::pi_agent::PiOptions,
     env: &[(String, String)],
     agent_dir: &std::path::Path,
 ) -> Result<PiGateway, Stop> {
+    let overlay = pi.overlay.as_deref();
+    let model = pi.model.as_deref();
     let lookup = |name: &str| {
         env.iter()
             .find(|(k, _)| k == name)
@@ -688,19 +709,58 @@ pub async fn start_for_pi(
         .filter_map(|p| gateway.base_url(p).map(|u| (p.to_owned(), u)))
         .collect();
     let overlay_json = text.and_then(|t| serde_json::from_slice(&t).ok());
-    crate::pi_agent::write_private(
-        agent_dir,
-        "models.json",
-        pi_models_json(overlay_json.as_ref(), &routes).as_bytes(),
-    )
-    .map_err(|e| {
+    let models_json = pi_models_json(overlay_json.as_ref(), &routes);
+    let unwritten = |e: std::io::Error| {
         Stop::new(
             Reason::McpUnavailable,
             None,
             format!("pi's models.json could not be written ({})", e.kind()),
         )
-    })?;
-    Ok(PiGateway { gateway, stand_in })
+    };
+    crate::pi_agent::write_private(agent_dir, "models.json", models_json.as_bytes())
+        .map_err(unwritten)?;
+    let meter =
+        write_meter(agent_dir, &pi.package, stand_in.as_ref(), &models_json).map_err(unwritten)?;
+    Ok(PiGateway {
+        gateway,
+        stand_in,
+        meter,
+    })
+}
+
+/// Writes the meter and the child's agent folder; gives the servers' variables for them (none when
+/// a path cannot be put in `NODE_OPTIONS`).
+fn write_meter(
+    agent_dir: &std::path::Path,
+    package: &std::path::Path,
+    stand_in: Option<&(String, String)>,
+    models_json: &str,
+) -> std::io::Result<Vec<(String, String)>> {
+    let (script, child) = meter_paths(agent_dir);
+    let Some(own) = script.parent() else {
+        return Ok(Vec::new());
+    };
+    crate::pi_agent::write_private(own, "meter.cjs", METER_JS.as_bytes())?;
+    crate::pi_agent::write_private(&child, "models.json", models_json.as_bytes())?;
+    // The package as the preload will see it: every link followed.
+    let package = std::fs::canonicalize(package).unwrap_or_else(|_| package.to_owned());
+    let note = serde_json::json!({
+        "package": package.to_string_lossy(),
+        "variable": stand_in.map(|(v, _)| v),
+        "standIn": stand_in.map(|(_, s)| s),
+    });
+    crate::pi_agent::write_private(&child, "meter.json", format!("{note:#}\n").as_bytes())?;
+    let script = script.to_string_lossy();
+    if script.contains(['"', '\\']) {
+        return Ok(Vec::new());
+    }
+    Ok(vec![
+        ("NODE_OPTIONS".to_owned(), format!("--require \"{script}\"")),
+        (
+            CHILD_LEDGER.to_owned(),
+            child.to_string_lossy().into_owned(),
+        ),
+    ])
 }
 
 /// `/p/<index><rest>`: the provider's index and the path after its base URL.

@@ -192,6 +192,10 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
             return stopped(&job, &stop, Vec::new());
         }
     };
+    let gateway = match start_gateway(&mut job).await {
+        Ok(g) => g,
+        Err(stop) => return stopped(&job, &stop, Vec::new()),
+    };
     let lookup = |name: &str| {
         job.env
             .iter()
@@ -240,13 +244,14 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         }
     };
     match connected {
-        None => run_agent(&job, None, &[], true, &mut term).await,
+        None => run_agent(&job, None, &[], true, gateway, &mut term).await,
         Some((c, servers, secrets, codemode_models)) => {
             run_agent(
                 &job,
                 Some((c, servers)),
                 &secrets,
                 codemode_models,
+                gateway,
                 &mut term,
             )
             .await
@@ -267,6 +272,7 @@ async fn run_agent(
     connected: Option<(Connected, Vec<JobServer>)>,
     secrets: &[String],
     codemode_models: bool,
+    gateway: Option<PiGateway>,
     term: &mut tokio::signal::unix::Signal,
 ) -> ExitLine {
     let folder = AgentFolder {
@@ -286,10 +292,6 @@ async fn run_agent(
             return stopped(job, &stop, Vec::new());
         }
     }
-    let gateway = match start_gateway(job).await {
-        Ok(g) => g,
-        Err(stop) => return stopped(job, &stop, Vec::new()),
-    };
     let (hub, monitors, states) = match connected {
         None => (None, Vec::new(), Vec::new()),
         Some((c, servers)) => {
@@ -371,19 +373,19 @@ async fn run_agent(
     }
 }
 
-/// With pi, the model gateway: started before pi, with pi's `models.json` pointing at it.
-async fn start_gateway(job: &JobOptions) -> Result<Option<PiGateway>, Stop> {
+/// With pi, the model gateway: started before the servers (a pi a stdio server starts is pointed
+/// at it by the meter's variables, which the servers get from the runner's environment) and
+/// before pi, whose `models.json` points at it.
+async fn start_gateway(job: &mut JobOptions) -> Result<Option<PiGateway>, Stop> {
     let Agent::Pi(pi) = &job.agent else {
         return Ok(None);
     };
-    crate::gateway::start_for_pi(
-        pi.overlay.as_deref(),
-        pi.model.as_deref(),
-        &job.env,
-        &job.agent_dir,
-    )
-    .await
-    .map(Some)
+    let gateway = crate::gateway::start_for_pi(pi, &job.env, &job.agent_dir).await?;
+    for (name, value) in &gateway.meter {
+        job.env.retain(|(k, _)| k != name);
+        job.env.push((name.clone(), value.clone()));
+    }
+    Ok(Some(gateway))
 }
 
 /// What the exit line says was used: the turns, provider and model from pi's events, the tokens
@@ -429,6 +431,7 @@ async fn agent(
             && k != DIGEST_VARIABLE
             && k != egress::forward::LOOPBACK_VARIABLE
             && !crate::gateway::RUNNER_ONLY.contains(&k.as_str())
+            && !crate::gateway::SERVERS_ONLY.contains(&k.as_str())
     });
     let mut cmd = match &job.agent {
         Agent::Command(argv) => {

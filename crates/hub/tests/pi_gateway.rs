@@ -486,3 +486,79 @@ async fn the_workers_model_rules_never_reach_pi() {
     );
     assert_eq!(model.requests().len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pi_that_a_stdio_server_starts_is_metered_through_the_same_gateway() {
+    let f = folders();
+    let cli = testkit::pi_package().join("dist/cli.js");
+    // The server runs pi once as it starts (before the job's pi has its prompt), then serves.
+    let start = format!(
+        "node '{}' --mode json --no-session --model {PROVIDER}/{MODEL} -p hello < /dev/null > '{}' 2>&1; exec node '{}' stdio",
+        cli.display(),
+        f.workspace.join("child.out").display(),
+        testkit::everything().display()
+    );
+    let file = job_file(&[(
+        "starter",
+        json!({"command": "sh", "args": ["-c", start], "description": "starts a pi"}),
+    )]);
+    let model = FakeModel::start(vec![Step::text("child done"), Step::text("done")]);
+    write(&f.job.join("mcp.json"), &file.text);
+    write(&f.job.join("prompt.md"), "Say done.\n");
+    write(
+        &f.overlay.join("models.json"),
+        &model.models_json("FAKE_API_KEY"),
+    );
+    let node_dir = testkit::node()
+        .parent()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let env = runner_support::runner_env(
+        &f.home,
+        &[
+            ("PATH", &format!("{node_dir}:/usr/bin:/bin")),
+            ("FAKE_API_KEY", CANARY),
+            ("PI_OFFLINE", "1"),
+            ("PI_SKIP_VERSION_CHECK", "1"),
+            (DIGEST_VARIABLE, &file.digest),
+        ],
+    );
+    let options = JobOptions {
+        job_id: "job-child".to_owned(),
+        job_dir: f.job.clone(),
+        workspace: f.workspace.clone(),
+        agent_dir: f.agent.clone(),
+        agent: Agent::Pi(PiOptions {
+            node: testkit::node(),
+            package: testkit::pi_package(),
+            prompt: f.job.join("prompt.md"),
+            model: Some(format!("{PROVIDER}/{MODEL}")),
+            overlay: Some(f.overlay.clone()),
+        }),
+        env,
+        guard: None,
+    };
+    let line = bounded(run(options)).await;
+    let requests = model.requests();
+    let child = std::fs::read_to_string(f.workspace.join("child.out")).unwrap_or_default();
+    assert_eq!(line.code, 0, "{line:?}\n{child}");
+    assert_eq!(requests.len(), 2, "{child}");
+    // The child's call went through the gateway: the provider has the real key, and the child
+    // connected no MCP server (it got --no-mcp).
+    assert_eq!(
+        requests[0].authorization.as_deref(),
+        Some(format!("Bearer {CANARY}").as_str())
+    );
+    assert!(
+        requests[0].last_text().contains("hello"),
+        "{:?}",
+        requests[0].body
+    );
+    assert!(!requests[0].tools().iter().any(|t| t.starts_with("mcp__")));
+    assert!(child.contains("child done"), "{child}");
+    let usage = line.usage.unwrap();
+    assert_eq!(usage.turns, 1);
+    assert_eq!(usage.input_tokens, 2 * CHAT_USAGE.0, "{usage:?}");
+}
