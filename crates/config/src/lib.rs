@@ -17,6 +17,7 @@ pub mod problem;
 pub mod providers;
 pub mod reference;
 pub mod settings;
+pub mod tools;
 pub mod triggers;
 pub mod url;
 

@@ -687,7 +687,7 @@ pub async fn start_for_pi(
             .transpose()
             .map_err(|e| {
                 Stop::new(
-                    Reason::ModelUnreachable,
+                    Reason::RunnerSetupFailed,
                     None,
                     format!("the gateway has no stand-in for the key ({})", e.kind()),
                 )
@@ -703,7 +703,7 @@ pub async fn start_for_pi(
         http_proxy,
     })
     .await
-    .map_err(|e| Stop::new(Reason::ModelUnreachable, None, e.to_string()))?;
+    .map_err(|e| Stop::new(Reason::RunnerSetupFailed, None, e.to_string()))?;
     let routes: Vec<(String, String)> = gateway
         .providers()
         .filter_map(|p| gateway.base_url(p).map(|u| (p.to_owned(), u)))
@@ -712,7 +712,7 @@ pub async fn start_for_pi(
     let models_json = pi_models_json(overlay_json.as_ref(), &routes);
     let unwritten = |e: std::io::Error| {
         Stop::new(
-            Reason::McpUnavailable,
+            Reason::RunnerSetupFailed,
             None,
             format!("pi's models.json could not be written ({})", e.kind()),
         )

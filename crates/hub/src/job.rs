@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use protocol::job_mcp::DIGEST_VARIABLE;
+use protocol::job_mcp::{DIGEST_VARIABLE, EXCLUDE_TOOLS_VARIABLE};
 use protocol::reason::Reason;
 use tokio::process::Command;
 
@@ -61,6 +61,36 @@ fn line(job: &JobOptions, code: u8, stop: Option<&Stop>, servers: Vec<ServerStat
 
 fn stopped(job: &JobOptions, stop: &Stop, servers: Vec<ServerState>) -> ExitLine {
     line(job, stop.reason.code().unwrap_or(2), Some(stop), servers)
+}
+
+/// `run.excludeTools`, as the worker hands it over.
+fn exclude_tools(env: &[(String, String)]) -> Vec<String> {
+    env.iter()
+        .find(|(k, _)| k == EXCLUDE_TOOLS_VARIABLE)
+        .map(|(_, v)| {
+            v.split(',')
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Adds to what the hub withholds from each server the tools `exclude` takes away, so that they
+/// are neither listed to pi nor callable.
+fn withhold_excluded(
+    upstreams: &mut [(crate::connect::Upstream, relay::Withheld)],
+    exclude: &[String],
+) {
+    for (upstream, withheld) in upstreams {
+        for tool in &upstream.tools {
+            if config::tools::excludes(exclude, &upstream.name, &tool.name)
+                && !withheld.contains(&tool.name)
+            {
+                withheld.0.push(tool.name.to_string());
+            }
+        }
+    }
 }
 
 /// A hub token safe in pi's header values: letters and digits only.
@@ -172,7 +202,7 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         Some(Ok(g)) => Some(g),
         Some(Err(e)) => {
             let stop = Stop::new(
-                Reason::McpUnavailable,
+                Reason::RunnerSetupFailed,
                 None,
                 format!("the runner's guard did not start ({})", e.kind()),
             );
@@ -185,7 +215,7 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         Ok(t) => t,
         Err(e) => {
             let stop = Stop::new(
-                Reason::McpUnavailable,
+                Reason::RunnerSetupFailed,
                 None,
                 format!("the runner cannot watch for SIGTERM ({})", e.kind()),
             );
@@ -285,7 +315,7 @@ async fn run_agent(
         });
         if let Err(e) = written {
             let stop = Stop::new(
-                Reason::McpUnavailable,
+                Reason::RunnerSetupFailed,
                 None,
                 format!("pi's agent folder could not be written ({})", e.kind()),
             );
@@ -297,15 +327,16 @@ async fn run_agent(
         Some((c, servers)) => {
             let token = new_token();
             let Connected {
-                upstreams,
+                mut upstreams,
                 monitors,
                 states,
             } = c;
+            withhold_excluded(&mut upstreams, &exclude_tools(&job.env));
             let hub = match relay::serve(upstreams, token.clone()).await {
                 Ok(h) => h,
                 Err(e) => {
                     let stop = Stop::new(
-                        Reason::McpUnavailable,
+                        Reason::RunnerSetupFailed,
                         None,
                         format!("the hub could not start ({e})"),
                     );
@@ -323,7 +354,7 @@ async fn run_agent(
             if let Err(e) = write_private(&job.agent_dir, "mcp.json", text.as_bytes()) {
                 hub.shutdown().await;
                 let stop = Stop::new(
-                    Reason::McpUnavailable,
+                    Reason::RunnerSetupFailed,
                     None,
                     format!("pi's configuration could not be written ({})", e.kind()),
                 );
@@ -429,6 +460,7 @@ async fn agent(
     let env = job.env.iter().filter(|(k, _)| {
         !secrets.contains(k)
             && k != DIGEST_VARIABLE
+            && k != EXCLUDE_TOOLS_VARIABLE
             && k != egress::forward::LOOPBACK_VARIABLE
             && !crate::gateway::RUNNER_ONLY.contains(&k.as_str())
             && !crate::gateway::SERVERS_ONLY.contains(&k.as_str())
@@ -448,7 +480,7 @@ async fn agent(
                 Err(e) => {
                     return AgentEnd::Stopped(
                         Stop::new(
-                            Reason::McpUnavailable,
+                            Reason::JobPromptUnreadable,
                             None,
                             format!("the job's prompt cannot be read ({})", e.kind()),
                         ),
@@ -462,7 +494,7 @@ async fn agent(
                 .find(|(k, _)| k == "PATH")
                 .map_or("/usr/bin:/bin", |(_, v)| v.as_str());
             let mut cmd = Command::new(&pi.node);
-            cmd.args(crate::pi_agent::args(pi))
+            cmd.args(crate::pi_agent::args(pi, &exclude_tools(&job.env)))
                 .env_clear()
                 .envs(
                     env.filter(|(k, _)| k != "PATH")
@@ -483,7 +515,7 @@ async fn agent(
         Err(e) => {
             return AgentEnd::Stopped(
                 Stop::new(
-                    Reason::McpUnavailable,
+                    Reason::AgentNeverStarted,
                     None,
                     format!("the agent did not start ({})", e.kind()),
                 ),

@@ -150,8 +150,9 @@ pub fn prepare(folder: &AgentFolder, pi: &PiOptions, codemode_models: bool) -> s
     Ok(())
 }
 
-/// pi's arguments (after the Node binary).
-pub fn args(pi: &PiOptions) -> Vec<String> {
+/// pi's arguments (after the Node binary); `exclude` is the trigger's `run.excludeTools`, which pi
+/// leaves out of what it offers the model.
+pub fn args(pi: &PiOptions, exclude: &[String]) -> Vec<String> {
     let mut args = vec![
         pi.package
             .join("dist/cli.js")
@@ -165,6 +166,10 @@ pub fn args(pi: &PiOptions) -> Vec<String> {
     if let Some(model) = &pi.model {
         args.push("--model".to_owned());
         args.push(model.clone());
+    }
+    if !exclude.is_empty() {
+        args.push("--exclude-tools".to_owned());
+        args.push(exclude.join(","));
     }
     args
 }
@@ -255,6 +260,23 @@ mod tests {
         let off: serde_json::Value =
             serde_json::from_str(&settings_json(&folder(), None, false)).unwrap();
         assert_eq!(off["extensions"][1], "-builtin:codemode");
+    }
+
+    #[test]
+    fn excluded_tools_reach_pis_command_line() {
+        let pi = PiOptions {
+            node: PathBuf::from("/n"),
+            package: PathBuf::from("/p"),
+            prompt: PathBuf::from("/job/prompt.md"),
+            model: None,
+            overlay: None,
+        };
+        assert!(!args(&pi, &[]).iter().any(|a| a == "--exclude-tools"));
+        let with = args(&pi, &["bash".to_owned(), "mcp__docs__*".to_owned()]);
+        assert_eq!(
+            with[with.len() - 2..],
+            ["--exclude-tools", "bash,mcp__docs__*"]
+        );
     }
 
     #[test]

@@ -208,6 +208,13 @@ reasons! {
         "The job's model list or cost cap, as the worker passed them, cannot be read.";
     Terminated = "terminated", Job, Failed, Some(1), true,
         "The job's runner was told to stop.";
+    // The runner's own faults: infrastructure, whatever servers the job names.
+    RunnerSetupFailed = "runner-setup-failed", Job, Failed, Some(1), true,
+        "The job's runner could not set up the agent's side of the job.";
+    JobPromptUnreadable = "job-prompt-unreadable", Job, Failed, Some(1), true,
+        "The job's prompt could not be read inside its sandbox.";
+    AgentNeverStarted = "agent-never-started", Job, Failed, Some(1), true,
+        "The agent's process could not be started.";
     // The worker, around the sandbox.
     TimeLimit = "time-limit", Worker, Failed, None, false,
         "The job ran past its time limit and was stopped.";
@@ -249,6 +256,18 @@ impl Reason {
         Reason::McpConfigMismatch,
         Reason::McpConfigInvalid,
     ];
+
+    /// Whether the runner reports this reason before the agent started, so nothing was spent (the
+    /// record says `budgetReserved: false`, and nobody is paged).
+    pub fn before_the_agent(self) -> bool {
+        matches!(
+            self,
+            Reason::RunnerSetupFailed
+                | Reason::JobPromptUnreadable
+                | Reason::AgentNeverStarted
+                | Reason::ModelRulesInvalid
+        )
+    }
 
     /// The worker's log event of a refusal: `refused_mcp` for the spec's pickup table (the spec's
     /// name; the reason rides in the line's `reason` field), else `refused_<reason>`.
@@ -432,6 +451,15 @@ impl Reason {
                 "run the job with a worker and an image of the same version"
             }
             Reason::Terminated => "the job is tried again",
+            Reason::RunnerSetupFailed => {
+                "the job is tried again; the worker's log names the step that failed (a full disk, a missing bubblewrap)"
+            }
+            Reason::JobPromptUnreadable => {
+                "the job is tried again; check that the worker can write its state folder"
+            }
+            Reason::AgentNeverStarted => {
+                "the job is tried again; check the job image (`pi-dispatch image install`)"
+            }
             Reason::TimeLimit => "raise PI_JOB_TIME_LIMIT, or give the job a smaller task",
             Reason::Cancelled => "queue it again if it should run",
             Reason::ContainerNeverStarted => {

@@ -499,6 +499,12 @@ impl Worker {
         if let Some(file) = &admitted.mcp {
             computed.push((DIGEST_VARIABLE.to_owned(), file.digest.clone()));
         }
+        if !job.exclude_tools.is_empty() {
+            computed.push((
+                protocol::job_mcp::EXCLUDE_TOOLS_VARIABLE.to_owned(),
+                job.exclude_tools.join(","),
+            ));
+        }
         // The job's model list and cost cap, for the runner's model gateway.
         computed.extend(job.model_rules_env());
         // With egress on: every client of the job goes through the forwarder on its loopback, but
