@@ -361,16 +361,20 @@ impl State {
                 "only model calls pass",
             ));
         }
-        let key = self.key.as_ref().filter(|k| &k.provider == provider);
-        if let Some(key) = key
-            && !request.headers().values().any(|v| holds(v, &key.stand_in))
-        {
-            return Ok(error_answer(
-                StatusCode::UNAUTHORIZED,
-                "authentication_error",
-                "the request does not carry the job's key",
-            ));
+        // With a key held, only what carries its stand-in is the job's (pi has keys for no other
+        // provider); anything else on loopback is turned away before it can stop the job.
+        if let Some(held) = &self.key {
+            let in_query = query.as_deref().is_some_and(|q| q.contains(&held.stand_in));
+            if !in_query && !request.headers().values().any(|v| holds(v, &held.stand_in)) {
+                return Ok(error_answer(
+                    StatusCode::UNAUTHORIZED,
+                    "authentication_error",
+                    "the request does not carry the job's key",
+                ));
+            }
         }
+        // The real key goes only to its own provider's models.
+        let key = self.key.as_ref().filter(|k| &k.provider == provider);
         let (parts, body) = request.into_parts();
         let body = match Limited::new(body, MAX_REQUEST).collect().await {
             Ok(b) => b.to_bytes(),
@@ -440,7 +444,10 @@ impl State {
         let mut url = format!("{}{rest}", model.base_url.trim_end_matches('/'));
         if let Some(q) = query {
             url.push('?');
-            url.push_str(&q);
+            match key {
+                Some(k) => url.push_str(&q.replace(&k.stand_in, &k.real)),
+                None => url.push_str(&q),
+            }
         }
         let client = if url.starts_with("https:") {
             &self.https

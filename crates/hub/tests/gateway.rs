@@ -177,9 +177,32 @@ async fn a_call_without_the_stand_in_is_turned_away_and_reaches_nothing() {
     }
     let (status, _) = post(&url, &[], &chat_body(true)).await;
     assert_eq!(status, 401);
+    // Nor on another provider's route, where a call it refused would stop the job.
+    let other = format!("{}/chat/completions", gw.base_url("openai").unwrap());
+    let unknown = json!({"model": "no-such-model", "messages": []});
+    let (status, _) = post(&other, &[], &unknown).await;
+    assert_eq!(status, 401);
     assert!(model.requests().is_empty());
     // Not a refused call: pi's calls still go.
     assert_eq!(gw.refusal(), None);
+}
+
+#[tokio::test]
+async fn a_stand_in_in_the_query_is_swapped_there() {
+    let model = FakeModel::start(vec![Step::text("one")]);
+    let (gw, key) = gateway(&openai_overlay(&model), Rules::default(), PROVIDER).await;
+    let url = format!(
+        "{}/chat/completions?key={}&alt=sse",
+        gw.base_url(PROVIDER).unwrap(),
+        key.stand_in
+    );
+    let (status, text) = post(&url, &[], &chat_body(true)).await;
+    assert_eq!(status, 200, "{text}");
+    let seen = &model.requests()[0];
+    assert_eq!(
+        seen.path,
+        format!("/v1/chat/completions?key={REAL_KEY}&alt=sse")
+    );
 }
 
 #[tokio::test]
