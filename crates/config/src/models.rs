@@ -9,9 +9,9 @@
 
 use std::collections::BTreeSet;
 
-use crate::catalog::{Prices, Tier};
 use crate::json::{self, Json, JsonError, Object};
 use crate::mcp::AuthScheme;
+use crate::prices::{Prices, Tier};
 use crate::problem::printable_key;
 
 /// One reason the file may not be staged. The message names the place, never the value.
