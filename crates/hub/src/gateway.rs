@@ -614,13 +614,12 @@ pub const SERVERS_ONLY: [&str; 2] = ["NODE_OPTIONS", CHILD_LEDGER];
 /// The agent folder of a pi a stdio server starts, as the meter tells it to that pi.
 pub const CHILD_LEDGER: &str = "PI_DISPATCH_CHILD_LEDGER";
 
-/// The meter each Node.js program a stdio server starts loads first.
-const METER_JS: &str = include_str!("gateway/meter.cjs");
+/// The meter each Node.js program a stdio server starts imports first.
+const METER_MJS: &str = include_str!("gateway/meter.mjs");
 
-/// Where the runner keeps the meter and the child's agent folder, inside pi's own folder.
-fn meter_paths(agent_dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let own = agent_dir.join("pi-dispatch");
-    (own.join("meter.cjs"), own.join("child"))
+/// The agent folder the runner keeps for a pi a stdio server starts, inside pi's own.
+fn child_folder(agent_dir: &std::path::Path) -> std::path::PathBuf {
+    agent_dir.join("pi-dispatch").join("child")
 }
 
 /// Starts the gateway for a job running pi and writes pi's `models.json` into `agent_dir`, every
@@ -735,39 +734,49 @@ pub async fn start_for_pi(
     })
 }
 
-/// Writes the meter and the child's agent folder; gives the servers' variables for them (none when
-/// a path cannot be put in `NODE_OPTIONS`).
+/// Writes the child's agent folder (for a server that sees pi's folder) and gives the servers'
+/// meter variables: `NODE_OPTIONS` importing the meter as a data: URL, which carries pi's package,
+/// the key's variable, its stand-in and the gateway's `models.json` (for a server with a `/tmp` of
+/// its own, where the meter makes the folder itself), and `PI_DISPATCH_CHILD_LEDGER`.
 fn write_meter(
     agent_dir: &std::path::Path,
     package: &std::path::Path,
     stand_in: Option<&(String, String)>,
     models_json: &str,
 ) -> std::io::Result<Vec<(String, String)>> {
-    let (script, child) = meter_paths(agent_dir);
-    let Some(own) = script.parent() else {
-        return Ok(Vec::new());
-    };
-    crate::pi_agent::write_private(own, "meter.cjs", METER_JS.as_bytes())?;
+    let child = child_folder(agent_dir);
     crate::pi_agent::write_private(&child, "models.json", models_json.as_bytes())?;
-    // The package as the preload will see it: every link followed.
+    Ok(meter_variables(&child, package, stand_in, models_json))
+}
+
+/// The meter's variables for the servers (pure).
+pub fn meter_variables(
+    child: &std::path::Path,
+    package: &std::path::Path,
+    stand_in: Option<&(String, String)>,
+    models_json: &str,
+) -> Vec<(String, String)> {
+    use base64::Engine as _;
+    // The package as the meter will see it: every link followed.
     let package = std::fs::canonicalize(package).unwrap_or_else(|_| package.to_owned());
     let note = serde_json::json!({
         "package": package.to_string_lossy(),
         "variable": stand_in.map(|(v, _)| v),
         "standIn": stand_in.map(|(_, s)| s),
+        "models": models_json,
     });
-    crate::pi_agent::write_private(&child, "meter.json", format!("{note:#}\n").as_bytes())?;
-    let script = script.to_string_lossy();
-    if script.contains(['"', '\\']) {
-        return Ok(Vec::new());
-    }
-    Ok(vec![
-        ("NODE_OPTIONS".to_owned(), format!("--require \"{script}\"")),
+    let script = METER_MJS.replace("__METER__", &note.to_string());
+    let url = base64::engine::general_purpose::STANDARD.encode(script);
+    vec![
+        (
+            "NODE_OPTIONS".to_owned(),
+            format!("--import=data:text/javascript;base64,{url}"),
+        ),
         (
             CHILD_LEDGER.to_owned(),
             child.to_string_lossy().into_owned(),
         ),
-    ])
+    ]
 }
 
 /// `/p/<index><rest>`: the provider's index and the path after its base URL.

@@ -33,6 +33,10 @@ pub struct JobOptions {
     /// A program that provides `job-guard` (pi-dispatch itself), to end the job's processes if
     /// the runner is killed outright; `None` runs without one.
     pub guard: Option<PathBuf>,
+    /// A program that provides `job-confine` and `job-shell` (pi-dispatch itself): pi and each
+    /// stdio server then run in namespaces of their own (`sandbox::confine`). `None` starts them
+    /// as the runner's children, as tests outside a sandbox do.
+    pub confine: Option<PathBuf>,
 }
 
 /// What the runner starts once the servers are served.
@@ -263,7 +267,13 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
                 .collect();
             let servers: Vec<JobServer> = plan.servers.iter().map(|p| p.server.clone()).collect();
             let codemode_models = plan.codemode_models;
-            let connecting = runner::connect_all(plan, &job.env, &job.workspace, budget);
+            let connecting = runner::connect_all_confined(
+                plan,
+                &job.env,
+                &job.workspace,
+                budget,
+                job.confine.as_deref(),
+            );
             tokio::select! {
                 result = connecting => match result {
                     Ok(c) => Some((c, servers, secrets, codemode_models)),
@@ -309,10 +319,12 @@ async fn run_agent(
         dir: job.agent_dir.clone(),
     };
     if let Agent::Pi(pi) = &job.agent {
-        let written = crate::pi_agent::prepare(&folder, pi, codemode_models).and_then(|()| {
-            // Until the hub serves, pi's MCP has nothing: a job without servers keeps it so.
-            write_private(&job.agent_dir, "mcp.json", b"{\"mcpServers\": {}}\n")
-        });
+        let written =
+            crate::pi_agent::prepare(&folder, pi, codemode_models, job.confine.as_deref())
+                .and_then(|()| {
+                    // Until the hub serves, pi's MCP has nothing: a job without servers keeps it so.
+                    write_private(&job.agent_dir, "mcp.json", b"{\"mcpServers\": {}}\n")
+                });
         if let Err(e) = written {
             let stop = Stop::new(
                 Reason::RunnerSetupFailed,
@@ -322,8 +334,8 @@ async fn run_agent(
             return stopped(job, &stop, Vec::new());
         }
     }
-    let (hub, monitors, states) = match connected {
-        None => (None, Vec::new(), Vec::new()),
+    let (hub, monitors, states, token) = match connected {
+        None => (None, Vec::new(), Vec::new(), None),
         Some((c, servers)) => {
             let token = new_token();
             let Connected {
@@ -350,7 +362,11 @@ async fn run_agent(
                     url: hub.url(s.name()),
                 })
                 .collect();
-            let text = pi_config::mcp_json(&endpoints, &token);
+            let hub_token = match job.confine {
+                Some(_) => pi_config::HubToken::FromEnvironment,
+                None => pi_config::HubToken::Literal(&token),
+            };
+            let text = pi_config::mcp_json(&endpoints, hub_token);
             if let Err(e) = write_private(&job.agent_dir, "mcp.json", text.as_bytes()) {
                 hub.shutdown().await;
                 let stop = Stop::new(
@@ -360,11 +376,20 @@ async fn run_agent(
                 );
                 return stopped(job, &stop, states);
             }
-            (Some(hub), monitors, states)
+            (Some(hub), monitors, states, Some(token))
         }
     };
 
-    let result = agent(job, &folder, secrets, &monitors, gateway.as_ref(), term).await;
+    let result = agent(
+        job,
+        &folder,
+        secrets,
+        &monitors,
+        gateway.as_ref(),
+        term,
+        token.as_deref(),
+    )
+    .await;
     let mut tool_calls = Vec::new();
     if let Some(hub) = hub {
         tool_calls = hub.tool_calls();
@@ -456,6 +481,7 @@ async fn agent(
     monitors: &[(String, crate::http::Monitor)],
     gateway: Option<&PiGateway>,
     term: &mut tokio::signal::unix::Signal,
+    hub_token: Option<&str>,
 ) -> AgentEnd {
     let env = job.env.iter().filter(|(k, _)| {
         !secrets.contains(k)
@@ -465,14 +491,45 @@ async fn agent(
             && !crate::gateway::RUNNER_ONLY.contains(&k.as_str())
             && !crate::gateway::SERVERS_ONLY.contains(&k.as_str())
     });
-    let mut cmd = match &job.agent {
-        Agent::Command(argv) => {
-            let Some((program, args)) = argv.split_first() else {
-                return AgentEnd::Exited(true, None);
-            };
-            let mut cmd = Command::new(program);
-            cmd.args(args).env_clear().envs(env.map(|(k, v)| (k, v)));
+    // What runs: the command, or pi on Node; confined, through `job-confine`, where pi keeps the
+    // one capability that keeps its tools out of its memory and environment.
+    let (program, args, is_pi): (std::ffi::OsString, Vec<std::ffi::OsString>, bool) =
+        match &job.agent {
+            Agent::Command(argv) => {
+                let Some((program, args)) = argv.split_first() else {
+                    return AgentEnd::Exited(true, None);
+                };
+                (program.into(), args.iter().map(Into::into).collect(), false)
+            }
+            Agent::Pi(pi) => (
+                pi.node.clone().into_os_string(),
+                crate::pi_agent::args(pi, &exclude_tools(&job.env))
+                    .into_iter()
+                    .map(Into::into)
+                    .collect(),
+                true,
+            ),
+        };
+    let mut cmd = match &job.confine {
+        None => {
+            let mut cmd = Command::new(&program);
+            cmd.args(&args);
             cmd
+        }
+        Some(runner) => {
+            let confinement = crate::confine::Confinement {
+                keep_marker: is_pi,
+                private_tmp: false,
+            };
+            let mut cmd = Command::new(runner);
+            cmd.args(confinement.command_line(&program, &args));
+            cmd
+        }
+    };
+    cmd.env_clear();
+    match &job.agent {
+        Agent::Command(_) => {
+            cmd.envs(env.map(|(k, v)| (k, v)));
         }
         Agent::Pi(pi) => {
             let prompt = match std::fs::File::open(&pi.prompt) {
@@ -493,19 +550,19 @@ async fn agent(
                 .iter()
                 .find(|(k, _)| k == "PATH")
                 .map_or("/usr/bin:/bin", |(_, v)| v.as_str());
-            let mut cmd = Command::new(&pi.node);
-            cmd.args(crate::pi_agent::args(pi, &exclude_tools(&job.env)))
-                .env_clear()
-                .envs(
-                    env.filter(|(k, _)| k != "PATH")
-                        .map(|(k, v)| (k, for_pi(gateway, k, v))),
-                )
-                .env("PATH", format!("{}:{path}", folder.bin().display()))
-                .stdin(prompt)
-                .stdout(std::process::Stdio::piped());
-            cmd
+            cmd.envs(
+                env.filter(|(k, _)| k != "PATH")
+                    .map(|(k, v)| (k, for_pi(gateway, k, v))),
+            )
+            .env("PATH", format!("{}:{path}", folder.bin().display()))
+            .stdin(prompt)
+            .stdout(std::process::Stdio::piped());
+            // Confined, pi's mcp.json names the token; only pi's environment holds it.
+            if let (Some(_), Some(token)) = (&job.confine, hub_token) {
+                cmd.env(pi_config::HUB_TOKEN_VARIABLE, token);
+            }
         }
-    };
+    }
     cmd.env("PI_CODING_AGENT_DIR", &job.agent_dir)
         .current_dir(&job.workspace)
         .process_group(0)

@@ -3,6 +3,7 @@
 //! says) are pure functions here; the connections are built on them.
 
 mod calls;
+pub mod confine;
 pub mod connect;
 mod endpoint;
 pub mod gateway;

@@ -53,6 +53,11 @@ impl AgentFolder {
     pub fn bin(&self) -> PathBuf {
         self.dir.join("pi-dispatch").join("bin")
     }
+
+    /// pi's shell in a confined job: every command of pi's bash tool starts here.
+    pub fn shell(&self) -> PathBuf {
+        self.dir.join("pi-dispatch").join("shell")
+    }
 }
 
 fn js_string(path: &Path) -> String {
@@ -77,11 +82,13 @@ pub fn guard_js(folder: &AgentFolder, package: &Path, codemode_models: bool) -> 
 }
 
 /// pi's `settings.json`: the built-in MCP (and, with codemode's models off, the built-in codemode)
-/// replaced by the runner's extension; the overlay's extensions and skills added.
+/// replaced by the runner's extension; the overlay's extensions and skills added; in a confined
+/// job, pi's shell ([`AgentFolder::shell`]).
 pub fn settings_json(
     folder: &AgentFolder,
     overlay: Option<&Path>,
     codemode_models: bool,
+    confined: bool,
 ) -> String {
     let mut extensions = vec!["-builtin:mcp".to_owned()];
     if !codemode_models {
@@ -99,10 +106,13 @@ pub fn settings_json(
             skills.push(sk.to_string_lossy().into_owned());
         }
     }
-    let settings = serde_json::json!({
+    let mut settings = serde_json::json!({
         "extensions": extensions,
         "skills": skills,
     });
+    if confined {
+        settings["shellPath"] = folder.shell().to_string_lossy().into_owned().into();
+    }
     format!("{settings:#}\n")
 }
 
@@ -116,9 +126,25 @@ pub fn shim(node: &Path, package: &Path) -> String {
     )
 }
 
+/// pi's shell: `runner job-shell`, which gives up the capability that keeps pi out of its tools'
+/// reach and the hub's token, then runs bash.
+pub fn shell_script(runner: &Path) -> String {
+    let quote = |p: &Path| format!("'{}'", p.to_string_lossy().replace('\'', r"'\''"));
+    format!(
+        "#!/bin/sh\n# pi's shell inside a pi-dispatch job: its commands cannot reach into pi.\nexec {} job-shell \"$@\"\n",
+        quote(runner)
+    )
+}
+
 /// Writes everything pi needs into the private agent folder (pi's `mcp.json` is written by the
-/// caller, which knows the hub's endpoints).
-pub fn prepare(folder: &AgentFolder, pi: &PiOptions, codemode_models: bool) -> std::io::Result<()> {
+/// caller, which knows the hub's endpoints). `runner` is given in a confined job: pi's shell
+/// runs through it.
+pub fn prepare(
+    folder: &AgentFolder,
+    pi: &PiOptions,
+    codemode_models: bool,
+    runner: Option<&Path>,
+) -> std::io::Result<()> {
     let own = folder.dir.join("pi-dispatch");
     write_private(
         &own,
@@ -129,7 +155,13 @@ pub fn prepare(folder: &AgentFolder, pi: &PiOptions, codemode_models: bool) -> s
     write_private(
         &folder.dir,
         "settings.json",
-        settings_json(folder, pi.overlay.as_deref(), codemode_models).as_bytes(),
+        settings_json(
+            folder,
+            pi.overlay.as_deref(),
+            codemode_models,
+            runner.is_some(),
+        )
+        .as_bytes(),
     )?;
     // pi's models.json is the model gateway's (`crate::gateway::start_for_pi`).
     for name in ["APPEND_SYSTEM.md"] {
@@ -147,6 +179,10 @@ pub fn prepare(folder: &AgentFolder, pi: &PiOptions, codemode_models: bool) -> s
         folder.bin().join("pi"),
         std::fs::Permissions::from_mode(0o700),
     )?;
+    if let Some(runner) = runner {
+        write_private(&own, "shell", shell_script(runner).as_bytes())?;
+        std::fs::set_permissions(folder.shell(), std::fs::Permissions::from_mode(0o700))?;
+    }
     Ok(())
 }
 
@@ -249,7 +285,7 @@ mod tests {
     #[test]
     fn settings_replace_the_builtin_mcp_and_codemode_only_when_models_are_off() {
         let on: serde_json::Value =
-            serde_json::from_str(&settings_json(&folder(), None, true)).unwrap();
+            serde_json::from_str(&settings_json(&folder(), None, true, false)).unwrap();
         assert_eq!(
             on["extensions"],
             serde_json::json!([
@@ -258,8 +294,19 @@ mod tests {
             ])
         );
         let off: serde_json::Value =
-            serde_json::from_str(&settings_json(&folder(), None, false)).unwrap();
+            serde_json::from_str(&settings_json(&folder(), None, false, false)).unwrap();
         assert_eq!(off["extensions"][1], "-builtin:codemode");
+        assert!(on.get("shellPath").is_none());
+        let confined: serde_json::Value =
+            serde_json::from_str(&settings_json(&folder(), None, true, true)).unwrap();
+        assert_eq!(
+            confined["shellPath"],
+            "/home/job/.pi-dispatch/agent/pi-dispatch/shell"
+        );
+        assert!(
+            shell_script(Path::new("/opt/i/bin/pi-dispatch"))
+                .ends_with("exec '/opt/i/bin/pi-dispatch' job-shell \"$@\"\n")
+        );
     }
 
     #[test]

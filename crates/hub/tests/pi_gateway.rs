@@ -107,6 +107,7 @@ async fn run_pi(
         }),
         env,
         guard: None,
+        confine: None,
     };
     bounded(run(options)).await
 }
@@ -539,6 +540,7 @@ async fn a_pi_that_a_stdio_server_starts_is_metered_through_the_same_gateway() {
         }),
         env,
         guard: None,
+        confine: None,
     };
     let line = bounded(run(options)).await;
     let requests = model.requests();

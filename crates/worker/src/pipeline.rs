@@ -579,6 +579,7 @@ impl Worker {
             program: image_in.join(protocol::image::RUNNER).into_os_string(),
             args: [
                 "job",
+                "--confine",
                 "--job-id",
                 &job.id,
                 "--agent-dir",
@@ -591,6 +592,7 @@ impl Worker {
             .iter()
             .map(Into::into)
             .collect(),
+            nested: true,
         };
         let Ok(key) = job_key() else {
             return Verdict::Retry(Record::ended(

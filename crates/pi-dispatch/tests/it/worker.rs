@@ -841,3 +841,34 @@ fn a_model_call_off_the_triggers_list_stops_the_job_and_its_record_counts_every_
             .all(|r| r.authorization.as_deref() == Some(&format!("Bearer {MODEL_KEY}"))),
     );
 }
+
+#[test]
+fn a_pi_that_a_stdio_server_starts_in_the_sandbox_is_metered_through_the_gateway() {
+    // The server, confined with a /tmp of its own (where pi's folder is not), runs pi once as it
+    // starts, then serves.
+    let pi = "/opt/pi-dispatch-image/node_modules/@earendil-works/pi-coding-agent/dist/cli.js";
+    let start = format!(
+        "node {pi} --mode json --no-session --model fake/fake-model -p hello < /dev/null > /dev/null 2>&1; exec node {EVERYTHING} stdio"
+    );
+    let s = Service::new(
+        vec![Step::text("child done"), Step::text("done")],
+        |_| json!({"starter": {"command": "sh", "args": ["-c", start], "description": "starts a pi"}}),
+        "",
+    );
+    let id = s.queue("Say done.", "starter");
+    s.work();
+    let record = s.record(&id);
+    assert_eq!(record["outcome"], "completed", "{record:#}");
+    let requests = s.model.requests();
+    assert_eq!(requests.len(), 2, "{record:#}");
+    assert!(requests[0].last_text().contains("hello"));
+    for r in &requests {
+        assert_eq!(
+            r.authorization.as_deref(),
+            Some(format!("Bearer {MODEL_KEY}").as_str())
+        );
+    }
+    // The child's call is in the record: one turn of the job's pi, two calls metered.
+    assert_eq!(record["turns"], 1);
+    assert_eq!(record["tokens"]["input"], 200, "{record:#}");
+}
