@@ -373,6 +373,14 @@ impl State {
                 ));
             }
         }
+        // Once a call is refused the job is stopping: nothing more goes out while pi is ended.
+        if let Some(stop) = self.refusal.borrow().as_ref() {
+            return Ok(error_answer(
+                StatusCode::FORBIDDEN,
+                stop.reason.as_str(),
+                "pi-dispatch's model gateway refused a call, and the job is stopping",
+            ));
+        }
         // The real key goes only to its own provider's models.
         let key = self.key.as_ref().filter(|k| &k.provider == provider);
         let (parts, body) = request.into_parts();

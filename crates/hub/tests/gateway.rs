@@ -33,11 +33,12 @@ async fn gateway(overlay: &Value, rules: Rules, key_provider: &str) -> (Gateway,
     (gateway, key)
 }
 
-/// An OpenAI-compatible `fake` provider with prices: 1 and 2 USD per million tokens.
+/// An OpenAI-compatible `fake` provider with prices: 1 and 2 USD per million tokens; and a free
+/// `other-model`.
 fn openai_overlay(model: &FakeModel) -> Value {
     json!({"providers": {PROVIDER: {"baseUrl": model.base_url(), "api": "openai-completions",
         "apiKey": "$FAKE_KEY", "models": [{"id": MODEL, "maxTokens": 1000,
-            "cost": {"input": 1, "output": 2, "cacheRead": 0, "cacheWrite": 0}}]}}})
+            "cost": {"input": 1, "output": 2, "cacheRead": 0, "cacheWrite": 0}}, {"id": "other-model"}]}}})
 }
 
 fn anthropic_overlay(model: &FakeModel) -> Value {
@@ -222,11 +223,38 @@ async fn a_model_off_the_list_is_refused_and_stops_the_job() {
     assert_eq!(stop.reason, Reason::ModelCallNotAllowed);
     assert!(stop.cause.contains("fake/fake-model"), "{}", stop.cause);
     assert!(model.requests().is_empty());
-    // A model the catalog does not have is refused, and the request's own text is not repeated.
-    let body = json!({"model": "cnry-made-up", "messages": []});
-    let (status, _) = post(&url, &[("authorization", &bearer)], &body).await;
+    // While the job stops, no call goes out, not even one the rules allow, and the first refusal
+    // stays the one the job reports.
+    let allowed = json!({"model": "other-model", "messages": []});
+    let (status, text) = post(&url, &[("authorization", &bearer)], &allowed).await;
+    assert_eq!(status, 403, "{text}");
+    assert!(text.contains("the job is stopping"), "{text}");
+    assert!(model.requests().is_empty());
+    let google = format!(
+        "{}/models/x:streamGenerateContent",
+        gw.base_url(PROVIDER).unwrap()
+    );
+    let (status, _) = post(&google, &[("authorization", &bearer)], &json!({})).await;
     assert_eq!(status, 403);
+    assert_eq!(gw.refusal().unwrap().reason, Reason::ModelCallNotAllowed);
+}
+
+#[tokio::test]
+async fn unknown_models_and_unread_wire_formats_are_refused() {
+    let model = FakeModel::start(vec![]);
+    // A model neither the catalog nor the overlay has; the request's own text is not repeated.
+    let (gw, key) = gateway(&openai_overlay(&model), Rules::default(), PROVIDER).await;
+    let bearer = format!("Bearer {}", key.stand_in);
+    let url = format!("{}/chat/completions", gw.base_url(PROVIDER).unwrap());
+    let body = json!({"model": "cnry-made-up", "messages": []});
+    let (status, text) = post(&url, &[("authorization", &bearer)], &body).await;
+    assert_eq!(status, 403, "{text}");
+    let stop = gw.refusal().unwrap();
+    assert_eq!(stop.reason, Reason::ModelCallNotAllowed);
+    assert!(!stop.cause.contains("cnry"), "{}", stop.cause);
     // A wire format the gateway does not read.
+    let (gw, key) = gateway(&openai_overlay(&model), Rules::default(), PROVIDER).await;
+    let bearer = format!("Bearer {}", key.stand_in);
     let google = format!(
         "{}/models/x:streamGenerateContent",
         gw.base_url(PROVIDER).unwrap()
@@ -234,8 +262,7 @@ async fn a_model_off_the_list_is_refused_and_stops_the_job() {
     let (status, text) = post(&google, &[("authorization", &bearer)], &json!({})).await;
     assert_eq!(status, 403);
     assert!(text.contains("model-call-unsupported"), "{text}");
-    // The first refusal is the one the job reports.
-    assert_eq!(gw.refusal().unwrap().reason, Reason::ModelCallNotAllowed);
+    assert_eq!(gw.refusal().unwrap().reason, Reason::ModelCallUnsupported);
     assert!(model.requests().is_empty());
 }
 
