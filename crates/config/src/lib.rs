@@ -13,6 +13,7 @@ pub mod import;
 pub mod json;
 pub mod mcp;
 pub mod models;
+pub mod prices;
 pub mod problem;
 pub mod providers;
 pub mod reference;

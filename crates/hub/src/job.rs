@@ -9,6 +9,7 @@ use protocol::job_mcp::{DIGEST_VARIABLE, EXCLUDE_TOOLS_VARIABLE};
 use protocol::reason::Reason;
 use tokio::process::Command;
 
+use crate::gateway::PiGateway;
 use crate::job_file::{JobServer, Stop};
 use crate::pi_agent::{AgentFolder, write_private};
 use crate::runner::{self, Connected};
@@ -225,6 +226,10 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
             return stopped(&job, &stop, Vec::new());
         }
     };
+    let gateway = match start_gateway(&mut job).await {
+        Ok(g) => g,
+        Err(stop) => return stopped(&job, &stop, Vec::new()),
+    };
     let lookup = |name: &str| {
         job.env
             .iter()
@@ -279,13 +284,14 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         }
     };
     match connected {
-        None => run_agent(&job, None, &[], true, &mut term).await,
+        None => run_agent(&job, None, &[], true, gateway, &mut term).await,
         Some((c, servers, secrets, codemode_models)) => {
             run_agent(
                 &job,
                 Some((c, servers)),
                 &secrets,
                 codemode_models,
+                gateway,
                 &mut term,
             )
             .await
@@ -306,6 +312,7 @@ async fn run_agent(
     connected: Option<(Connected, Vec<JobServer>)>,
     secrets: &[String],
     codemode_models: bool,
+    gateway: Option<PiGateway>,
     term: &mut tokio::signal::unix::Signal,
 ) -> ExitLine {
     let folder = AgentFolder {
@@ -373,12 +380,29 @@ async fn run_agent(
         }
     };
 
-    let result = agent(job, &folder, secrets, &monitors, term, token.as_deref()).await;
+    let result = agent(
+        job,
+        &folder,
+        secrets,
+        &monitors,
+        gateway.as_ref(),
+        term,
+        token.as_deref(),
+    )
+    .await;
     let mut tool_calls = Vec::new();
     if let Some(hub) = hub {
         tool_calls = hub.tool_calls();
         hub.shutdown().await;
     }
+    let meter = match gateway {
+        Some(g) => {
+            let meter = g.gateway.meter();
+            g.gateway.shutdown().await;
+            Some(meter)
+        }
+        None => None,
+    };
     let (done, events) = match result {
         // pi: the task is done only when its last answer ended normally.
         AgentEnd::Exited(ok, Some(events)) => match events.verdict(ok) {
@@ -400,8 +424,50 @@ async fn run_agent(
     ExitLine {
         tool_calls,
         final_message: events.as_ref().and_then(PiEvents::final_message),
-        usage: events.map(|e| e.usage),
+        usage: merged_usage(events.as_ref(), meter.as_ref()),
         ..done
+    }
+}
+
+/// With pi, the model gateway: started before the servers (a pi a stdio server starts is pointed
+/// at it by the meter's variables, which the servers get from the runner's environment) and
+/// before pi, whose `models.json` points at it.
+async fn start_gateway(job: &mut JobOptions) -> Result<Option<PiGateway>, Stop> {
+    let Agent::Pi(pi) = &job.agent else {
+        return Ok(None);
+    };
+    let gateway = crate::gateway::start_for_pi(pi, &job.env, &job.agent_dir).await?;
+    for (name, value) in &gateway.meter {
+        job.env.retain(|(k, _)| k != name);
+        job.env.push((name.clone(), value.clone()));
+    }
+    Ok(Some(gateway))
+}
+
+/// What the exit line says was used: the turns, provider and model from pi's events, the tokens
+/// and cost from the gateway, which saw every call (pi's own, codemode's, a nested pi's).
+fn merged_usage(
+    events: Option<&PiEvents>,
+    meter: Option<&crate::gateway::rules::Meter>,
+) -> Option<protocol::usage::Usage> {
+    let Some(meter) = meter else {
+        return events.map(|e| e.usage.clone());
+    };
+    let from_pi = events.map(|e| e.usage.clone()).unwrap_or_default();
+    Some(protocol::usage::Usage {
+        input_tokens: meter.input_tokens,
+        output_tokens: meter.output_tokens,
+        total_tokens: meter.total_tokens,
+        cost_usd: meter.cost_usd,
+        ..from_pi
+    })
+}
+
+/// The value pi gets for `name`: the stand-in for the provider's key, else the runner's own.
+fn for_pi<'a>(gateway: Option<&'a PiGateway>, name: &str, value: &'a str) -> &'a str {
+    match gateway.and_then(|g| g.stand_in.as_ref()) {
+        Some((variable, stand_in)) if variable == name => stand_in,
+        _ => value,
     }
 }
 
@@ -413,6 +479,7 @@ async fn agent(
     folder: &AgentFolder,
     secrets: &[String],
     monitors: &[(String, crate::http::Monitor)],
+    gateway: Option<&PiGateway>,
     term: &mut tokio::signal::unix::Signal,
     hub_token: Option<&str>,
 ) -> AgentEnd {
@@ -421,6 +488,8 @@ async fn agent(
             && k != DIGEST_VARIABLE
             && k != EXCLUDE_TOOLS_VARIABLE
             && k != egress::forward::LOOPBACK_VARIABLE
+            && !crate::gateway::RUNNER_ONLY.contains(&k.as_str())
+            && !crate::gateway::SERVERS_ONLY.contains(&k.as_str())
     });
     // What runs: the command, or pi on Node; confined, through `job-confine`, where pi keeps the
     // one capability that keeps its tools out of its memory and environment.
@@ -481,10 +550,13 @@ async fn agent(
                 .iter()
                 .find(|(k, _)| k == "PATH")
                 .map_or("/usr/bin:/bin", |(_, v)| v.as_str());
-            cmd.envs(env.filter(|(k, _)| k != "PATH").map(|(k, v)| (k, v)))
-                .env("PATH", format!("{}:{path}", folder.bin().display()))
-                .stdin(prompt)
-                .stdout(std::process::Stdio::piped());
+            cmd.envs(
+                env.filter(|(k, _)| k != "PATH")
+                    .map(|(k, v)| (k, for_pi(gateway, k, v))),
+            )
+            .env("PATH", format!("{}:{path}", folder.bin().display()))
+            .stdin(prompt)
+            .stdout(std::process::Stdio::piped());
             // Confined, pi's mcp.json names the token; only pi's environment holds it.
             if let (Some(_), Some(token)) = (&job.confine, hub_token) {
                 cmd.env(pi_config::HUB_TOKEN_VARIABLE, token);
@@ -532,9 +604,16 @@ async fn agent(
             futures::future::select_all(waits).await.0
         }
     };
+    let refused = async {
+        match gateway {
+            Some(g) => g.gateway.refused().await,
+            None => std::future::pending().await,
+        }
+    };
     let group = child.id().and_then(|p| i32::try_from(p).ok());
     let outcome = tokio::select! {
         status = child.wait() => Ok(status.ok()),
+        stop = refused => Err(Some(stop)),
         name = unauthorized => Err(Some(Stop::new(
             Reason::McpUnavailable,
             Some(&name),
@@ -553,6 +632,12 @@ async fn agent(
             .and_then(Result::ok),
         None => None,
     };
+    // A call the gateway refused stops the job, even when pi ended first on the error it got.
+    if let Some(stop) = gateway.and_then(|g| g.gateway.refusal())
+        && !matches!(outcome, Err(None))
+    {
+        return AgentEnd::Stopped(stop, usage);
+    }
     match outcome {
         Err(None) => AgentEnd::Terminated,
         Err(Some(stop)) => AgentEnd::Stopped(stop, usage),

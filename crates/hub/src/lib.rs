@@ -6,6 +6,7 @@ mod calls;
 pub mod confine;
 pub mod connect;
 mod endpoint;
+pub mod gateway;
 pub mod guard;
 pub mod http;
 pub mod job;

@@ -1,5 +1,6 @@
 //! Starting real pi in the job: the private agent folder (pi's `mcp.json`, `settings.json`, the
-//! runner's MCP extension, the overlay's `models.json` and `APPEND_SYSTEM.md`), pi's command line,
+//! runner's MCP extension, the overlay's `APPEND_SYSTEM.md`; pi's `models.json` is the model
+//! gateway's), pi's command line,
 //! the `pi` a job's own commands find on `PATH` (always `--no-mcp`), and what pi's JSON event stream
 //! says about usage.
 //!
@@ -162,7 +163,8 @@ pub fn prepare(
         )
         .as_bytes(),
     )?;
-    for name in ["models.json", "APPEND_SYSTEM.md"] {
+    // pi's models.json is the model gateway's (`crate::gateway::start_for_pi`).
+    for name in ["APPEND_SYSTEM.md"] {
         if let Some(overlay) = &pi.overlay {
             match std::fs::read(overlay.join(name)) {
                 Ok(bytes) => write_private(&folder.dir, name, &bytes)?,

@@ -195,6 +195,17 @@ reasons! {
         "The model provider answered with an error.";
     ModelLengthLimit = "model-length-limit", Job, Failed, Some(1), false,
         "The model's last answer was cut off at its length limit.";
+    // The job's model gateway, on the exit line: a call it refuses stops the whole job.
+    ModelCallNotAllowed = "model-call-not-allowed", Job, Policy, Some(2), false,
+        "A model call named a model the job may not use.";
+    ModelCallUnbounded = "model-call-unbounded", Job, Policy, Some(2), false,
+        "Under the job's cost cap, a model call whose cost has no bound was refused.";
+    CostCapReached = "cost-cap-reached", Job, Policy, Some(2), false,
+        "A model call could have taken the job past its cost cap, so it was refused.";
+    ModelCallUnsupported = "model-call-unsupported", Job, Policy, Some(2), false,
+        "A model call used a wire format the job's model gateway cannot check and meter.";
+    ModelRulesInvalid = "model-rules-invalid", Job, Policy, Some(2), false,
+        "The job's model list or cost cap, as the worker passed them, cannot be read.";
     Terminated = "terminated", Job, Failed, Some(1), true,
         "The job's runner was told to stop.";
     // The runner's own faults: infrastructure, whatever servers the job names.
@@ -251,7 +262,10 @@ impl Reason {
     pub fn before_the_agent(self) -> bool {
         matches!(
             self,
-            Reason::RunnerSetupFailed | Reason::JobPromptUnreadable | Reason::AgentNeverStarted
+            Reason::RunnerSetupFailed
+                | Reason::JobPromptUnreadable
+                | Reason::AgentNeverStarted
+                | Reason::ModelRulesInvalid
         )
     }
 
@@ -420,6 +434,21 @@ impl Reason {
             Reason::ModelError => "read the provider's error in the job's transcript",
             Reason::ModelLengthLimit => {
                 "give the model a larger output limit in models.json, or a smaller task"
+            }
+            Reason::ModelCallNotAllowed => {
+                "add the model to the trigger's run.models, or tell the job to use a model on it"
+            }
+            Reason::ModelCallUnbounded => {
+                "drop run.maxCostUsd for jobs that generate images, or keep their scripts to chat and classifier models without an output price"
+            }
+            Reason::CostCapReached => {
+                "raise the trigger's run.maxCostUsd, or give the job a smaller task or a model with a smaller output limit"
+            }
+            Reason::ModelCallUnsupported => {
+                "use a provider whose wire format the gateway reads (OpenAI chat completions or responses, Anthropic messages)"
+            }
+            Reason::ModelRulesInvalid => {
+                "run the job with a worker and an image of the same version"
             }
             Reason::Terminated => "the job is tried again",
             Reason::RunnerSetupFailed => {

@@ -505,6 +505,8 @@ impl Worker {
                 job.exclude_tools.join(","),
             ));
         }
+        // The job's model list and cost cap, for the runner's model gateway.
+        computed.extend(job.model_rules_env());
         // With egress on: every client of the job goes through the forwarder on its loopback, but
         // for the hub's own endpoints there; the job's endpoints on this machine are served there
         // by the runner too.

