@@ -2,7 +2,8 @@
 //! credential that is not its own (a stdio server's environment, an HTTP server's header value, the
 //! hub's token), to trace another process, to make a user namespace, and to open a hub session as
 //! a process of its own or as a pi started by hand; a stdio server looks for everything the other
-//! processes of the job hold. Canaries mark each value: none may turn up.
+//! processes of the job hold, the provider's key among them. Canaries mark each value (the
+//! provider's key too, which only the runner's model gateway holds): none may turn up.
 
 use serde_json::json;
 use testkit::fake_model::Step;
@@ -81,7 +82,7 @@ fn a_hostile_job_reads_no_credential_but_its_own() {
         attack.contains("== end"),
         "the attack ran to its end: {attack}"
     );
-    for canary in [KEEPER_TOKEN, WEB_HEADER] {
+    for canary in [KEEPER_TOKEN, WEB_HEADER, crate::worker::MODEL_KEY] {
         assert!(
             !attack.contains(canary),
             "pi's tools read {canary}:\n{attack}"
@@ -125,5 +126,14 @@ fn a_hostile_job_reads_no_credential_but_its_own() {
     assert!(
         !worked.stderr.contains(KEEPER_TOKEN) && !worked.stderr.contains(WEB_HEADER),
         "the worker's log"
+    );
+    // The provider still got the real key, from the gateway.
+    assert!(
+        s.model
+            .requests()
+            .iter()
+            .all(|r| r.authorization.as_deref()
+                == Some(&format!("Bearer {}", crate::worker::MODEL_KEY))),
+        "the provider got the key on every call"
     );
 }
