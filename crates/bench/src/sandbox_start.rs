@@ -330,6 +330,7 @@ impl Folders {
             host: Some(owner),
             program: program.into(),
             args: args.iter().map(Into::into).collect(),
+            nested: false,
         })
     }
 }

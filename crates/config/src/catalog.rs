@@ -1,5 +1,7 @@
-//! The pinned pi's built-in providers and chat models, and the lookup that tells, before a job
-//! starts, whether its provider and model exist and which variables pi reads for the key.
+//! The pinned pi's built-in providers and models, and the lookup that tells, before a job starts,
+//! whether its provider and model exist and which variables pi reads for the key. Every model of
+//! every type also carries its wire format, base URL, prices and largest output, for the job's
+//! model gateway.
 //!
 //! `pi-catalog.json` is printed by `scripts/pi-catalog.mjs` from the installed
 //! `@earendil-works/pi-ai` (a test checks that it still is); docs/pi-facts.md says how to
@@ -13,7 +15,7 @@ use crate::models::Models;
 const EMBEDDED: &str = include_str!("pi-catalog.json");
 
 /// One built-in provider of the pinned pi.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Provider {
     pub id: String,
     /// The variables pi's key resolver for this provider reads, in the order it tries them (empty
@@ -24,10 +26,76 @@ pub struct Provider {
     pub with_configured_key: Vec<String>,
     /// The ids of its chat models (the ones `--model` selects), sorted.
     pub models: Vec<String>,
+    /// The wire formats and base URLs its models use, as `entries` index them.
+    pub endpoints: Vec<Endpoint>,
+    /// Every model of every type (chat, classifier, image), sorted by type and id.
+    pub entries: Vec<Entry>,
+}
+
+impl Provider {
+    /// The model of this type and id.
+    pub fn entry(&self, kind: ModelKind, id: &str) -> Option<&Entry> {
+        self.entries.iter().find(|e| e.kind == kind && e.id == id)
+    }
+
+    /// Where `entry` is served: its wire format and base URL.
+    pub fn endpoint_of(&self, entry: &Entry) -> Option<&Endpoint> {
+        self.endpoints.get(entry.endpoint)
+    }
+}
+
+/// A wire format (pi-ai's `api`, such as `openai-completions`) at a base URL (empty when pi
+/// builds it from the environment, as for Azure).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub api: String,
+    pub base_url: String,
+}
+
+/// What a model is for: chat (`--model`), or one of the kinds only codemode reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ModelKind {
+    Chat,
+    Classifier,
+    Image,
+}
+
+impl ModelKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelKind::Chat => "chat",
+            ModelKind::Classifier => "classifier",
+            ModelKind::Image => "image",
+        }
+    }
+
+    fn parse(text: &str) -> Option<ModelKind> {
+        match text {
+            "chat" => Some(ModelKind::Chat),
+            "classifier" => Some(ModelKind::Classifier),
+            "image" => Some(ModelKind::Image),
+            _ => None,
+        }
+    }
+}
+
+pub use crate::prices::{Prices, Tier};
+
+/// One model of a provider.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub id: String,
+    pub kind: ModelKind,
+    /// An index into the provider's `endpoints`.
+    pub endpoint: usize,
+    pub cost: Prices,
+    pub tiers: Vec<Tier>,
+    /// The largest output in tokens, when pi-ai gives one.
+    pub max_tokens: Option<u64>,
 }
 
 /// The catalog as the generator prints it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Catalog {
     /// The version of `@earendil-works/pi-ai` it was read from (pi's own version: they are released
     /// together).
@@ -63,13 +131,23 @@ pub fn parse(text: &str) -> Result<Catalog, CatalogError> {
     let mut providers: Vec<Provider> = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let at = format!("providers[{i}]");
-        let fields = ["id", "key_variables", "with_configured_key", "models"];
+        let fields = [
+            "id",
+            "key_variables",
+            "with_configured_key",
+            "models",
+            "endpoints",
+            "entries",
+        ];
         let object = exact_object(item, &fields, &at)?;
+        let endpoints = endpoints(object, &at)?;
         let provider = Provider {
             id: string(object, "id", &format!("{at}.id"))?,
             key_variables: strings(object, "key_variables", &at)?,
             with_configured_key: strings(object, "with_configured_key", &at)?,
             models: strings(object, "models", &at)?,
+            entries: entries(object, endpoints.len(), &at)?,
+            endpoints,
         };
         if providers.iter().any(|p| p.id == provider.id) {
             return Err(CatalogError::DuplicateProvider);
@@ -108,6 +186,98 @@ fn strings(object: &Object, key: &str, at: &str) -> Result<Vec<String>, CatalogE
             item.as_str()
                 .map(str::to_owned)
                 .ok_or_else(|| shape(&format!("{at}.{key}")))
+        })
+        .collect()
+}
+
+fn array<'a>(value: Option<&'a Json>, at: &str) -> Result<&'a [Json], CatalogError> {
+    match value {
+        Some(Json::Array(items)) => Ok(items),
+        _ => Err(shape(at)),
+    }
+}
+
+fn number(value: &Json, at: &str) -> Result<f64, CatalogError> {
+    match value {
+        Json::Number(n) => n
+            .as_f64()
+            .filter(|f| f.is_finite())
+            .ok_or_else(|| shape(at)),
+        _ => Err(shape(at)),
+    }
+}
+
+fn count(value: &Json, at: &str) -> Result<u64, CatalogError> {
+    match value {
+        Json::Number(n) => n.as_u64().ok_or_else(|| shape(at)),
+        _ => Err(shape(at)),
+    }
+}
+
+fn endpoints(object: &Object, at: &str) -> Result<Vec<Endpoint>, CatalogError> {
+    let at = format!("{at}.endpoints");
+    array(object.get("endpoints"), &at)?
+        .iter()
+        .map(|pair| match array(Some(pair), &at)? {
+            [Json::String(api), Json::String(base_url)] => Ok(Endpoint {
+                api: api.clone(),
+                base_url: base_url.clone(),
+            }),
+            _ => Err(shape(&at)),
+        })
+        .collect()
+}
+
+/// `[input, output, cacheRead, cacheWrite]`.
+fn prices(value: &Json, at: &str) -> Result<Prices, CatalogError> {
+    match array(Some(value), at)? {
+        [input, output, cache_read, cache_write] => Ok(Prices {
+            input: number(input, at)?,
+            output: number(output, at)?,
+            cache_read: number(cache_read, at)?,
+            cache_write: number(cache_write, at)?,
+        }),
+        _ => Err(shape(at)),
+    }
+}
+
+fn entries(object: &Object, endpoints: usize, at: &str) -> Result<Vec<Entry>, CatalogError> {
+    let at = format!("{at}.entries");
+    let fields = ["id", "type", "endpoint", "cost", "tiers", "maxTokens"];
+    array(object.get("entries"), &at)?
+        .iter()
+        .map(|item| {
+            let o = exact_object(item, &fields, &at)?;
+            let field = |k: &str| o.get(k).ok_or_else(|| shape(&at));
+            let endpoint = usize::try_from(count(field("endpoint")?, &at)?)
+                .ok()
+                .filter(|i| *i < endpoints)
+                .ok_or_else(|| shape(&at))?;
+            let tiers = array(Some(field("tiers")?), &at)?
+                .iter()
+                .map(|t| match array(Some(t), &at)? {
+                    [above, rest @ ..] => Ok(Tier {
+                        above: count(above, &at)?,
+                        prices: prices(&Json::Array(rest.to_vec()), &at)?,
+                    }),
+                    _ => Err(shape(&at)),
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(Entry {
+                id: string(o, "id", &at)?,
+                kind: o
+                    .get("type")
+                    .and_then(Json::as_str)
+                    .and_then(ModelKind::parse)
+                    .ok_or_else(|| shape(&at))?,
+                endpoint,
+                cost: prices(field("cost")?, &at)?,
+                tiers,
+                max_tokens: match field("maxTokens")? {
+                    Json::Null => None,
+                    n => Some(count(n, &at)?),
+                },
+            })
         })
         .collect()
 }
@@ -215,9 +385,13 @@ mod tests {
     use crate::models;
 
     const SMALL: &str = r#"{"pi_ai":"9.9.9","providers":[
-{"id":"alpha","key_variables":["ALPHA_TOKEN","ALPHA_KEY"],"with_configured_key":[],"models":["a-1","a-2"]},
-{"id":"cloud","key_variables":["CLOUD_KEY","CLOUD_ACCOUNT"],"with_configured_key":["CLOUD_ACCOUNT"],"models":["c-1"]},
-{"id":"oauth-only","key_variables":[],"with_configured_key":[],"models":["o-1"]}
+{"id":"alpha","key_variables":["ALPHA_TOKEN","ALPHA_KEY"],"with_configured_key":[],"models":["a-1","a-2"],
+ "endpoints":[["openai-completions","https://alpha.example.com/v1"],["openai-decisions","https://alpha.example.com/v1"]],
+ "entries":[{"id":"a-1","type":"chat","endpoint":0,"cost":[1,2,0.1,0],"tiers":[[1000,2,4,0.2,0]],"maxTokens":4096},
+            {"id":"a-2","type":"chat","endpoint":0,"cost":[0,0,0,0],"tiers":[],"maxTokens":null},
+            {"id":"a-c","type":"classifier","endpoint":1,"cost":[0.1,0,0,0],"tiers":[],"maxTokens":null}]},
+{"id":"cloud","key_variables":["CLOUD_KEY","CLOUD_ACCOUNT"],"with_configured_key":["CLOUD_ACCOUNT"],"models":["c-1"],"endpoints":[],"entries":[]},
+{"id":"oauth-only","key_variables":[],"with_configured_key":[],"models":["o-1"],"endpoints":[],"entries":[]}
 ]}"#;
 
     fn small() -> Catalog {
@@ -248,6 +422,60 @@ mod tests {
             Vec::<String>::new()
         );
         assert_eq!(builtin_provider("no-such-provider"), None);
+    }
+
+    #[test]
+    fn every_model_carries_its_wire_format_endpoint_and_prices() {
+        let c = small();
+        let alpha = c.provider("alpha").unwrap();
+        let a1 = alpha.entry(ModelKind::Chat, "a-1").unwrap();
+        assert_eq!(
+            alpha.endpoint_of(a1),
+            Some(&Endpoint {
+                api: "openai-completions".into(),
+                base_url: "https://alpha.example.com/v1".into()
+            })
+        );
+        assert_eq!(a1.max_tokens, Some(4096));
+        assert_eq!(a1.cost.cache_read, 0.1);
+        assert_eq!(
+            a1.tiers,
+            [Tier {
+                above: 1000,
+                prices: Prices {
+                    input: 2.0,
+                    output: 4.0,
+                    cache_read: 0.2,
+                    cache_write: 0.0
+                }
+            }]
+        );
+        assert_eq!(
+            alpha.entry(ModelKind::Chat, "a-2").unwrap().max_tokens,
+            None
+        );
+        let classifier = alpha.entry(ModelKind::Classifier, "a-c").unwrap();
+        assert_eq!(
+            alpha.endpoint_of(classifier).unwrap().api,
+            "openai-decisions"
+        );
+        assert_eq!(alpha.entry(ModelKind::Chat, "a-c"), None);
+        // The embedded catalog holds pi's classifiers and image models as well.
+        let openai = builtin_provider("openai").unwrap();
+        let luna = openai.entry(ModelKind::Classifier, "gpt-6-luna").unwrap();
+        assert_eq!(openai.endpoint_of(luna).unwrap().api, "openai-decisions");
+        let openrouter = builtin_provider("openrouter").unwrap();
+        assert!(
+            openrouter
+                .entries
+                .iter()
+                .any(|e| e.kind == ModelKind::Image)
+        );
+        for p in &builtin().providers {
+            for id in &p.models {
+                assert!(p.entry(ModelKind::Chat, id).is_some(), "{}/{id}", p.id);
+            }
+        }
     }
 
     #[test]
@@ -434,8 +662,28 @@ mod tests {
                 "providers[0]",
             ),
             (
-                r#"{"pi_ai":"1","providers":[{"id":"a","key_variables":[1],"with_configured_key":[],"models":[]}]}"#,
+                r#"{"pi_ai":"1","providers":[{"id":"a","key_variables":[1],"with_configured_key":[],"models":[],"endpoints":[],"entries":[]}]}"#,
                 "providers[0].key_variables",
+            ),
+            (
+                r#"{"pi_ai":"1","providers":[{"id":"a","key_variables":[],"with_configured_key":[],"models":[],"endpoints":[["x"]],"entries":[]}]}"#,
+                "providers[0].endpoints",
+            ),
+            // An entry naming an endpoint the provider does not have, or a type pi-ai has not.
+            (
+                r#"{"pi_ai":"1","providers":[{"id":"a","key_variables":[],"with_configured_key":[],"models":[],"endpoints":[],
+                    "entries":[{"id":"m","type":"chat","endpoint":0,"cost":[0,0,0,0],"tiers":[],"maxTokens":null}]}]}"#,
+                "providers[0].entries",
+            ),
+            (
+                r#"{"pi_ai":"1","providers":[{"id":"a","key_variables":[],"with_configured_key":[],"models":[],"endpoints":[["x","y"]],
+                    "entries":[{"id":"m","type":"video","endpoint":0,"cost":[0,0,0,0],"tiers":[],"maxTokens":null}]}]}"#,
+                "providers[0].entries",
+            ),
+            (
+                r#"{"pi_ai":"1","providers":[{"id":"a","key_variables":[],"with_configured_key":[],"models":[],"endpoints":[["x","y"]],
+                    "entries":[{"id":"m","type":"chat","endpoint":0,"cost":[0,0,0],"tiers":[],"maxTokens":null}]}]}"#,
+                "providers[0].entries",
             ),
         ] {
             assert_eq!(
@@ -445,8 +693,8 @@ mod tests {
             );
         }
         let twice = r#"{"pi_ai":"1","providers":[
-            {"id":"a","key_variables":[],"with_configured_key":[],"models":[]},
-            {"id":"a","key_variables":[],"with_configured_key":[],"models":[]}]}"#;
+            {"id":"a","key_variables":[],"with_configured_key":[],"models":[],"endpoints":[],"entries":[]},
+            {"id":"a","key_variables":[],"with_configured_key":[],"models":[],"endpoints":[],"entries":[]}]}"#;
         assert_eq!(parse(twice), Err(CatalogError::DuplicateProvider));
         assert!(matches!(parse("{"), Err(CatalogError::Json(_))));
     }

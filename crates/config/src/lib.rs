@@ -13,10 +13,12 @@ pub mod import;
 pub mod json;
 pub mod mcp;
 pub mod models;
+pub mod prices;
 pub mod problem;
 pub mod providers;
 pub mod reference;
 pub mod settings;
+pub mod tools;
 pub mod triggers;
 pub mod url;
 

@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 
 use crate::json::{self, Json, JsonError, Object};
 use crate::mcp::AuthScheme;
+use crate::prices::{Prices, Tier};
 use crate::problem::printable_key;
 
 /// One reason the file may not be staged. The message names the place, never the value.
@@ -36,7 +37,7 @@ pub enum ModelsError {
 }
 
 /// What pi-dispatch needs to know of an accepted `models.json`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Models {
     pub providers: Vec<String>,
     /// Every variable the file references (`$NAME` or `${NAME}` in an `apiKey` or header value).
@@ -53,23 +54,49 @@ pub struct Models {
 /// models stay (with `baseUrl`, when written, in front of them) and each `models` entry adds a model
 /// or replaces the built-in one of the same id. Any other name is a new provider whose models are
 /// exactly its `models` entries.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ProviderEntry {
     pub name: String,
     /// The variable `apiKey` references (`$NAME` or `${NAME}`), when `apiKey` is written.
     pub api_key_variable: Option<String>,
     /// The provider's `baseUrl`, when written.
     pub base_url: Option<String>,
+    /// The provider's `api` (its models' wire format), when written.
+    pub api: Option<String>,
     /// The `models` entries that have an `id`, in file order.
     pub models: Vec<ModelEntry>,
+    /// The `modelOverrides` entries, in file order (pi applies them to chat models only).
+    pub overrides: Vec<ModelOverride>,
 }
 
 /// One entry of a provider's `models` array.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ModelEntry {
     pub id: String,
     /// The model's own `baseUrl`, when written (it overrides the provider's).
     pub base_url: Option<String>,
+    /// The model's own `api`, when written.
+    pub api: Option<String>,
+    /// `cost`, when written (a price it leaves out counts as 0, as in pi-ai).
+    pub cost: Option<Prices>,
+    /// `cost.tiers`.
+    pub tiers: Vec<Tier>,
+    /// `maxTokens`, when written.
+    pub max_tokens: Option<u64>,
+}
+
+/// One entry of `modelOverrides`: the fields that change what a call of the model may cost.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ModelOverride {
+    pub id: String,
+    /// Each price of `cost` it writes (pi merges them field by field).
+    pub input: Option<f64>,
+    pub output: Option<f64>,
+    pub cache_read: Option<f64>,
+    pub cache_write: Option<f64>,
+    /// `cost.tiers`, when written (it replaces the model's).
+    pub tiers: Option<Vec<Tier>>,
+    pub max_tokens: Option<u64>,
 }
 
 impl Models {
@@ -114,7 +141,9 @@ pub fn check(bytes: &[u8]) -> Result<Models, ModelsError> {
                 check_api_key(key, &format!("{at}.apiKey"), &mut models, &mut problems);
         }
         entry.base_url = string(provider, "baseUrl");
+        entry.api = string(provider, "api");
         entry.models = model_entries(provider);
+        entry.overrides = model_overrides(provider);
         models.entries.push(entry);
         check_headers(
             provider.get("headers"),
@@ -158,12 +187,88 @@ fn model_entries(provider: &Object) -> Vec<ModelEntry> {
         .filter_map(Json::as_object)
         .filter_map(|model| {
             let id = string(model, "id").filter(|id| !id.is_empty())?;
+            let cost = model.get("cost").and_then(Json::as_object);
             Some(ModelEntry {
                 id,
                 base_url: string(model, "baseUrl"),
+                api: string(model, "api"),
+                cost: cost.map(|c| Prices {
+                    input: price(c, "input").unwrap_or(0.0),
+                    output: price(c, "output").unwrap_or(0.0),
+                    cache_read: price(c, "cacheRead").unwrap_or(0.0),
+                    cache_write: price(c, "cacheWrite").unwrap_or(0.0),
+                }),
+                tiers: cost.and_then(tiers).unwrap_or_default(),
+                max_tokens: count(model, "maxTokens"),
             })
         })
         .collect()
+}
+
+/// The `modelOverrides` entries (an object keyed by model id).
+fn model_overrides(provider: &Object) -> Vec<ModelOverride> {
+    let Some(Json::Object(items)) = provider.get("modelOverrides") else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|(id, o)| {
+            let o = o.as_object()?;
+            let cost = o.get("cost").and_then(Json::as_object);
+            Some(ModelOverride {
+                id: id.to_owned(),
+                input: cost.and_then(|c| price(c, "input")),
+                output: cost.and_then(|c| price(c, "output")),
+                cache_read: cost.and_then(|c| price(c, "cacheRead")),
+                cache_write: cost.and_then(|c| price(c, "cacheWrite")),
+                tiers: cost.and_then(tiers),
+                max_tokens: count(o, "maxTokens"),
+            })
+        })
+        .collect()
+}
+
+fn number(value: &Json) -> Option<f64> {
+    match value {
+        Json::Number(n) => n.as_f64().filter(|f| f.is_finite()),
+        _ => None,
+    }
+}
+
+/// A price of a `cost` object, in USD per million tokens.
+fn price(cost: &Object, key: &str) -> Option<f64> {
+    cost.get(key).and_then(number)
+}
+
+fn count(object: &Object, key: &str) -> Option<u64> {
+    match object.get(key) {
+        Some(Json::Number(n)) => n.as_u64(),
+        _ => None,
+    }
+}
+
+/// `cost.tiers`: each `{inputTokensAbove, input, output, cacheRead, cacheWrite}`.
+fn tiers(cost: &Object) -> Option<Vec<Tier>> {
+    let Some(Json::Array(items)) = cost.get("tiers") else {
+        return None;
+    };
+    Some(
+        items
+            .iter()
+            .filter_map(Json::as_object)
+            .filter_map(|t| {
+                Some(Tier {
+                    above: count(t, "inputTokensAbove")?,
+                    prices: Prices {
+                        input: price(t, "input").unwrap_or(0.0),
+                        output: price(t, "output").unwrap_or(0.0),
+                        cache_read: price(t, "cacheRead").unwrap_or(0.0),
+                        cache_write: price(t, "cacheWrite").unwrap_or(0.0),
+                    },
+                })
+            })
+            .collect(),
+    )
 }
 
 /// The objects of a `models` array or a `modelOverrides` object, numbered.
@@ -422,21 +527,32 @@ mod tests {
                         .map(|(id, url)| ModelEntry {
                             id: (*id).to_owned(),
                             base_url: url.map(str::to_owned),
+                            ..ModelEntry::default()
                         })
                         .collect(),
+                    ..ProviderEntry::default()
                 }
             };
         assert_eq!(
             m.entries,
             [
                 entry("anthropic", None, Some("https://proxy.example.com/v1"), &[]),
-                entry(
-                    "local",
-                    Some("LOCAL_KEY"),
-                    Some("http://127.0.0.1:9/v1"),
-                    &[("a", None), ("b", Some("http://127.0.0.1:10/v1"))]
-                ),
-                entry("openai", Some("OPENAI_KEY_2"), None, &[]),
+                ProviderEntry {
+                    api: Some("openai-completions".into()),
+                    ..entry(
+                        "local",
+                        Some("LOCAL_KEY"),
+                        Some("http://127.0.0.1:9/v1"),
+                        &[("a", None), ("b", Some("http://127.0.0.1:10/v1"))]
+                    )
+                },
+                ProviderEntry {
+                    overrides: vec![ModelOverride {
+                        id: "gpt-x".into(),
+                        ..ModelOverride::default()
+                    }],
+                    ..entry("openai", Some("OPENAI_KEY_2"), None, &[])
+                },
                 entry("odd", None, None, &[]),
             ]
         );
@@ -444,6 +560,46 @@ mod tests {
         assert_eq!(m.entry("missing"), None);
         // What was there before stays.
         assert_eq!(m.providers, ["anthropic", "local", "openai", "odd"]);
+    }
+
+    #[test]
+    fn reads_what_a_call_may_cost() {
+        let m = check(
+            br#"{"providers": {
+                "local": {"baseUrl": "http://127.0.0.1:9/v1", "api": "anthropic-messages", "models": [
+                    {"id": "a", "api": "openai-completions", "maxTokens": 2048,
+                     "cost": {"input": 1, "output": 4.5, "cacheRead": 0.1, "cacheWrite": 1.25,
+                              "tiers": [{"inputTokensAbove": 200000, "input": 2, "output": 9, "cacheRead": 0.2, "cacheWrite": 2.5}]}},
+                    {"id": "b", "cost": {"output": 3}}]},
+                "openai": {"modelOverrides": {"gpt-x": {"cost": {"output": 12}, "maxTokens": 100}}}
+            }}"#,
+        )
+        .unwrap();
+        let local = m.entry("local").unwrap();
+        assert_eq!(local.api.as_deref(), Some("anthropic-messages"));
+        let a = &local.models[0];
+        assert_eq!(a.api.as_deref(), Some("openai-completions"));
+        assert_eq!(a.max_tokens, Some(2048));
+        assert_eq!(
+            a.cost,
+            Some(Prices {
+                input: 1.0,
+                output: 4.5,
+                cache_read: 0.1,
+                cache_write: 1.25
+            })
+        );
+        assert_eq!(a.tiers.len(), 1);
+        assert_eq!(a.tiers[0].above, 200_000);
+        assert_eq!(a.tiers[0].prices.output, 9.0);
+        // A price left out is 0, as pi-ai counts it.
+        assert_eq!(local.models[1].cost.unwrap().input, 0.0);
+        assert_eq!(local.models[1].max_tokens, None);
+        let over = &m.entry("openai").unwrap().overrides[0];
+        assert_eq!(
+            (over.id.as_str(), over.output, over.input, over.max_tokens),
+            ("gpt-x", Some(12.0), None, Some(100))
+        );
     }
 
     #[test]

@@ -5,10 +5,11 @@
 
 use std::path::PathBuf;
 
-use protocol::job_mcp::DIGEST_VARIABLE;
+use protocol::job_mcp::{DIGEST_VARIABLE, EXCLUDE_TOOLS_VARIABLE};
 use protocol::reason::Reason;
 use tokio::process::Command;
 
+use crate::gateway::PiGateway;
 use crate::job_file::{JobServer, Stop};
 use crate::pi_agent::{AgentFolder, write_private};
 use crate::runner::{self, Connected};
@@ -32,6 +33,10 @@ pub struct JobOptions {
     /// A program that provides `job-guard` (pi-dispatch itself), to end the job's processes if
     /// the runner is killed outright; `None` runs without one.
     pub guard: Option<PathBuf>,
+    /// A program that provides `job-confine` and `job-shell` (pi-dispatch itself): pi and each
+    /// stdio server then run in namespaces of their own (`sandbox::confine`). `None` starts them
+    /// as the runner's children, as tests outside a sandbox do.
+    pub confine: Option<PathBuf>,
 }
 
 /// What the runner starts once the servers are served.
@@ -60,6 +65,36 @@ fn line(job: &JobOptions, code: u8, stop: Option<&Stop>, servers: Vec<ServerStat
 
 fn stopped(job: &JobOptions, stop: &Stop, servers: Vec<ServerState>) -> ExitLine {
     line(job, stop.reason.code().unwrap_or(2), Some(stop), servers)
+}
+
+/// `run.excludeTools`, as the worker hands it over.
+fn exclude_tools(env: &[(String, String)]) -> Vec<String> {
+    env.iter()
+        .find(|(k, _)| k == EXCLUDE_TOOLS_VARIABLE)
+        .map(|(_, v)| {
+            v.split(',')
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Adds to what the hub withholds from each server the tools `exclude` takes away, so that they
+/// are neither listed to pi nor callable.
+fn withhold_excluded(
+    upstreams: &mut [(crate::connect::Upstream, relay::Withheld)],
+    exclude: &[String],
+) {
+    for (upstream, withheld) in upstreams {
+        for tool in &upstream.tools {
+            if config::tools::excludes(exclude, &upstream.name, &tool.name)
+                && !withheld.contains(&tool.name)
+            {
+                withheld.0.push(tool.name.to_string());
+            }
+        }
+    }
 }
 
 /// A hub token safe in pi's header values: letters and digits only.
@@ -171,7 +206,7 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         Some(Ok(g)) => Some(g),
         Some(Err(e)) => {
             let stop = Stop::new(
-                Reason::McpUnavailable,
+                Reason::RunnerSetupFailed,
                 None,
                 format!("the runner's guard did not start ({})", e.kind()),
             );
@@ -184,12 +219,16 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         Ok(t) => t,
         Err(e) => {
             let stop = Stop::new(
-                Reason::McpUnavailable,
+                Reason::RunnerSetupFailed,
                 None,
                 format!("the runner cannot watch for SIGTERM ({})", e.kind()),
             );
             return stopped(&job, &stop, Vec::new());
         }
+    };
+    let gateway = match start_gateway(&mut job).await {
+        Ok(g) => g,
+        Err(stop) => return stopped(&job, &stop, Vec::new()),
     };
     let lookup = |name: &str| {
         job.env
@@ -228,7 +267,13 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
                 .collect();
             let servers: Vec<JobServer> = plan.servers.iter().map(|p| p.server.clone()).collect();
             let codemode_models = plan.codemode_models;
-            let connecting = runner::connect_all(plan, &job.env, &job.workspace, budget);
+            let connecting = runner::connect_all_confined(
+                plan,
+                &job.env,
+                &job.workspace,
+                budget,
+                job.confine.as_deref(),
+            );
             tokio::select! {
                 result = connecting => match result {
                     Ok(c) => Some((c, servers, secrets, codemode_models)),
@@ -239,13 +284,14 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         }
     };
     match connected {
-        None => run_agent(&job, None, &[], true, &mut term).await,
+        None => run_agent(&job, None, &[], true, gateway, &mut term).await,
         Some((c, servers, secrets, codemode_models)) => {
             run_agent(
                 &job,
                 Some((c, servers)),
                 &secrets,
                 codemode_models,
+                gateway,
                 &mut term,
             )
             .await
@@ -266,39 +312,43 @@ async fn run_agent(
     connected: Option<(Connected, Vec<JobServer>)>,
     secrets: &[String],
     codemode_models: bool,
+    gateway: Option<PiGateway>,
     term: &mut tokio::signal::unix::Signal,
 ) -> ExitLine {
     let folder = AgentFolder {
         dir: job.agent_dir.clone(),
     };
     if let Agent::Pi(pi) = &job.agent {
-        let written = crate::pi_agent::prepare(&folder, pi, codemode_models).and_then(|()| {
-            // Until the hub serves, pi's MCP has nothing: a job without servers keeps it so.
-            write_private(&job.agent_dir, "mcp.json", b"{\"mcpServers\": {}}\n")
-        });
+        let written =
+            crate::pi_agent::prepare(&folder, pi, codemode_models, job.confine.as_deref())
+                .and_then(|()| {
+                    // Until the hub serves, pi's MCP has nothing: a job without servers keeps it so.
+                    write_private(&job.agent_dir, "mcp.json", b"{\"mcpServers\": {}}\n")
+                });
         if let Err(e) = written {
             let stop = Stop::new(
-                Reason::McpUnavailable,
+                Reason::RunnerSetupFailed,
                 None,
                 format!("pi's agent folder could not be written ({})", e.kind()),
             );
             return stopped(job, &stop, Vec::new());
         }
     }
-    let (hub, monitors, states) = match connected {
-        None => (None, Vec::new(), Vec::new()),
+    let (hub, monitors, states, token) = match connected {
+        None => (None, Vec::new(), Vec::new(), None),
         Some((c, servers)) => {
             let token = new_token();
             let Connected {
-                upstreams,
+                mut upstreams,
                 monitors,
                 states,
             } = c;
+            withhold_excluded(&mut upstreams, &exclude_tools(&job.env));
             let hub = match relay::serve(upstreams, token.clone()).await {
                 Ok(h) => h,
                 Err(e) => {
                     let stop = Stop::new(
-                        Reason::McpUnavailable,
+                        Reason::RunnerSetupFailed,
                         None,
                         format!("the hub could not start ({e})"),
                     );
@@ -312,26 +362,47 @@ async fn run_agent(
                     url: hub.url(s.name()),
                 })
                 .collect();
-            let text = pi_config::mcp_json(&endpoints, &token);
+            let hub_token = match job.confine {
+                Some(_) => pi_config::HubToken::FromEnvironment,
+                None => pi_config::HubToken::Literal(&token),
+            };
+            let text = pi_config::mcp_json(&endpoints, hub_token);
             if let Err(e) = write_private(&job.agent_dir, "mcp.json", text.as_bytes()) {
                 hub.shutdown().await;
                 let stop = Stop::new(
-                    Reason::McpUnavailable,
+                    Reason::RunnerSetupFailed,
                     None,
                     format!("pi's configuration could not be written ({})", e.kind()),
                 );
                 return stopped(job, &stop, states);
             }
-            (Some(hub), monitors, states)
+            (Some(hub), monitors, states, Some(token))
         }
     };
 
-    let result = agent(job, &folder, secrets, &monitors, term).await;
+    let result = agent(
+        job,
+        &folder,
+        secrets,
+        &monitors,
+        gateway.as_ref(),
+        term,
+        token.as_deref(),
+    )
+    .await;
     let mut tool_calls = Vec::new();
     if let Some(hub) = hub {
         tool_calls = hub.tool_calls();
         hub.shutdown().await;
     }
+    let meter = match gateway {
+        Some(g) => {
+            let meter = g.gateway.meter();
+            g.gateway.shutdown().await;
+            Some(meter)
+        }
+        None => None,
+    };
     let (done, events) = match result {
         // pi: the task is done only when its last answer ended normally.
         AgentEnd::Exited(ok, Some(events)) => match events.verdict(ok) {
@@ -353,8 +424,50 @@ async fn run_agent(
     ExitLine {
         tool_calls,
         final_message: events.as_ref().and_then(PiEvents::final_message),
-        usage: events.map(|e| e.usage),
+        usage: merged_usage(events.as_ref(), meter.as_ref()),
         ..done
+    }
+}
+
+/// With pi, the model gateway: started before the servers (a pi a stdio server starts is pointed
+/// at it by the meter's variables, which the servers get from the runner's environment) and
+/// before pi, whose `models.json` points at it.
+async fn start_gateway(job: &mut JobOptions) -> Result<Option<PiGateway>, Stop> {
+    let Agent::Pi(pi) = &job.agent else {
+        return Ok(None);
+    };
+    let gateway = crate::gateway::start_for_pi(pi, &job.env, &job.agent_dir).await?;
+    for (name, value) in &gateway.meter {
+        job.env.retain(|(k, _)| k != name);
+        job.env.push((name.clone(), value.clone()));
+    }
+    Ok(Some(gateway))
+}
+
+/// What the exit line says was used: the turns, provider and model from pi's events, the tokens
+/// and cost from the gateway, which saw every call (pi's own, codemode's, a nested pi's).
+fn merged_usage(
+    events: Option<&PiEvents>,
+    meter: Option<&crate::gateway::rules::Meter>,
+) -> Option<protocol::usage::Usage> {
+    let Some(meter) = meter else {
+        return events.map(|e| e.usage.clone());
+    };
+    let from_pi = events.map(|e| e.usage.clone()).unwrap_or_default();
+    Some(protocol::usage::Usage {
+        input_tokens: meter.input_tokens,
+        output_tokens: meter.output_tokens,
+        total_tokens: meter.total_tokens,
+        cost_usd: meter.cost_usd,
+        ..from_pi
+    })
+}
+
+/// The value pi gets for `name`: the stand-in for the provider's key, else the runner's own.
+fn for_pi<'a>(gateway: Option<&'a PiGateway>, name: &str, value: &'a str) -> &'a str {
+    match gateway.and_then(|g| g.stand_in.as_ref()) {
+        Some((variable, stand_in)) if variable == name => stand_in,
+        _ => value,
     }
 }
 
@@ -366,19 +479,57 @@ async fn agent(
     folder: &AgentFolder,
     secrets: &[String],
     monitors: &[(String, crate::http::Monitor)],
+    gateway: Option<&PiGateway>,
     term: &mut tokio::signal::unix::Signal,
+    hub_token: Option<&str>,
 ) -> AgentEnd {
     let env = job.env.iter().filter(|(k, _)| {
-        !secrets.contains(k) && k != DIGEST_VARIABLE && k != egress::forward::LOOPBACK_VARIABLE
+        !secrets.contains(k)
+            && k != DIGEST_VARIABLE
+            && k != EXCLUDE_TOOLS_VARIABLE
+            && k != egress::forward::LOOPBACK_VARIABLE
+            && !crate::gateway::RUNNER_ONLY.contains(&k.as_str())
+            && !crate::gateway::SERVERS_ONLY.contains(&k.as_str())
     });
-    let mut cmd = match &job.agent {
-        Agent::Command(argv) => {
-            let Some((program, args)) = argv.split_first() else {
-                return AgentEnd::Exited(true, None);
-            };
-            let mut cmd = Command::new(program);
-            cmd.args(args).env_clear().envs(env.map(|(k, v)| (k, v)));
+    // What runs: the command, or pi on Node; confined, through `job-confine`, where pi keeps the
+    // one capability that keeps its tools out of its memory and environment.
+    let (program, args, is_pi): (std::ffi::OsString, Vec<std::ffi::OsString>, bool) =
+        match &job.agent {
+            Agent::Command(argv) => {
+                let Some((program, args)) = argv.split_first() else {
+                    return AgentEnd::Exited(true, None);
+                };
+                (program.into(), args.iter().map(Into::into).collect(), false)
+            }
+            Agent::Pi(pi) => (
+                pi.node.clone().into_os_string(),
+                crate::pi_agent::args(pi, &exclude_tools(&job.env))
+                    .into_iter()
+                    .map(Into::into)
+                    .collect(),
+                true,
+            ),
+        };
+    let mut cmd = match &job.confine {
+        None => {
+            let mut cmd = Command::new(&program);
+            cmd.args(&args);
             cmd
+        }
+        Some(runner) => {
+            let confinement = crate::confine::Confinement {
+                keep_marker: is_pi,
+                private_tmp: false,
+            };
+            let mut cmd = Command::new(runner);
+            cmd.args(confinement.command_line(&program, &args));
+            cmd
+        }
+    };
+    cmd.env_clear();
+    match &job.agent {
+        Agent::Command(_) => {
+            cmd.envs(env.map(|(k, v)| (k, v)));
         }
         Agent::Pi(pi) => {
             let prompt = match std::fs::File::open(&pi.prompt) {
@@ -386,7 +537,7 @@ async fn agent(
                 Err(e) => {
                     return AgentEnd::Stopped(
                         Stop::new(
-                            Reason::McpUnavailable,
+                            Reason::JobPromptUnreadable,
                             None,
                             format!("the job's prompt cannot be read ({})", e.kind()),
                         ),
@@ -399,16 +550,19 @@ async fn agent(
                 .iter()
                 .find(|(k, _)| k == "PATH")
                 .map_or("/usr/bin:/bin", |(_, v)| v.as_str());
-            let mut cmd = Command::new(&pi.node);
-            cmd.args(crate::pi_agent::args(pi))
-                .env_clear()
-                .envs(env.filter(|(k, _)| k != "PATH").map(|(k, v)| (k, v)))
-                .env("PATH", format!("{}:{path}", folder.bin().display()))
-                .stdin(prompt)
-                .stdout(std::process::Stdio::piped());
-            cmd
+            cmd.envs(
+                env.filter(|(k, _)| k != "PATH")
+                    .map(|(k, v)| (k, for_pi(gateway, k, v))),
+            )
+            .env("PATH", format!("{}:{path}", folder.bin().display()))
+            .stdin(prompt)
+            .stdout(std::process::Stdio::piped());
+            // Confined, pi's mcp.json names the token; only pi's environment holds it.
+            if let (Some(_), Some(token)) = (&job.confine, hub_token) {
+                cmd.env(pi_config::HUB_TOKEN_VARIABLE, token);
+            }
         }
-    };
+    }
     cmd.env("PI_CODING_AGENT_DIR", &job.agent_dir)
         .current_dir(&job.workspace)
         .process_group(0)
@@ -418,7 +572,7 @@ async fn agent(
         Err(e) => {
             return AgentEnd::Stopped(
                 Stop::new(
-                    Reason::McpUnavailable,
+                    Reason::AgentNeverStarted,
                     None,
                     format!("the agent did not start ({})", e.kind()),
                 ),
@@ -450,9 +604,16 @@ async fn agent(
             futures::future::select_all(waits).await.0
         }
     };
+    let refused = async {
+        match gateway {
+            Some(g) => g.gateway.refused().await,
+            None => std::future::pending().await,
+        }
+    };
     let group = child.id().and_then(|p| i32::try_from(p).ok());
     let outcome = tokio::select! {
         status = child.wait() => Ok(status.ok()),
+        stop = refused => Err(Some(stop)),
         name = unauthorized => Err(Some(Stop::new(
             Reason::McpUnavailable,
             Some(&name),
@@ -471,6 +632,12 @@ async fn agent(
             .and_then(Result::ok),
         None => None,
     };
+    // A call the gateway refused stops the job, even when pi ended first on the error it got.
+    if let Some(stop) = gateway.and_then(|g| g.gateway.refusal())
+        && !matches!(outcome, Err(None))
+    {
+        return AgentEnd::Stopped(stop, usage);
+    }
     match outcome {
         Err(None) => AgentEnd::Terminated,
         Err(Some(stop)) => AgentEnd::Stopped(stop, usage),

@@ -3,8 +3,10 @@
 //! says) are pure functions here; the connections are built on them.
 
 mod calls;
+pub mod confine;
 pub mod connect;
 mod endpoint;
+pub mod gateway;
 pub mod guard;
 pub mod http;
 pub mod job;

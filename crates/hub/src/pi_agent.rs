@@ -1,5 +1,6 @@
 //! Starting real pi in the job: the private agent folder (pi's `mcp.json`, `settings.json`, the
-//! runner's MCP extension, the overlay's `models.json` and `APPEND_SYSTEM.md`), pi's command line,
+//! runner's MCP extension, the overlay's `APPEND_SYSTEM.md`; pi's `models.json` is the model
+//! gateway's), pi's command line,
 //! the `pi` a job's own commands find on `PATH` (always `--no-mcp`), and what pi's JSON event stream
 //! says about usage.
 //!
@@ -52,6 +53,11 @@ impl AgentFolder {
     pub fn bin(&self) -> PathBuf {
         self.dir.join("pi-dispatch").join("bin")
     }
+
+    /// pi's shell in a confined job: every command of pi's bash tool starts here.
+    pub fn shell(&self) -> PathBuf {
+        self.dir.join("pi-dispatch").join("shell")
+    }
 }
 
 fn js_string(path: &Path) -> String {
@@ -76,11 +82,13 @@ pub fn guard_js(folder: &AgentFolder, package: &Path, codemode_models: bool) -> 
 }
 
 /// pi's `settings.json`: the built-in MCP (and, with codemode's models off, the built-in codemode)
-/// replaced by the runner's extension; the overlay's extensions and skills added.
+/// replaced by the runner's extension; the overlay's extensions and skills added; in a confined
+/// job, pi's shell ([`AgentFolder::shell`]).
 pub fn settings_json(
     folder: &AgentFolder,
     overlay: Option<&Path>,
     codemode_models: bool,
+    confined: bool,
 ) -> String {
     let mut extensions = vec!["-builtin:mcp".to_owned()];
     if !codemode_models {
@@ -98,10 +106,13 @@ pub fn settings_json(
             skills.push(sk.to_string_lossy().into_owned());
         }
     }
-    let settings = serde_json::json!({
+    let mut settings = serde_json::json!({
         "extensions": extensions,
         "skills": skills,
     });
+    if confined {
+        settings["shellPath"] = folder.shell().to_string_lossy().into_owned().into();
+    }
     format!("{settings:#}\n")
 }
 
@@ -115,9 +126,25 @@ pub fn shim(node: &Path, package: &Path) -> String {
     )
 }
 
+/// pi's shell: `runner job-shell`, which gives up the capability that keeps pi out of its tools'
+/// reach and the hub's token, then runs bash.
+pub fn shell_script(runner: &Path) -> String {
+    let quote = |p: &Path| format!("'{}'", p.to_string_lossy().replace('\'', r"'\''"));
+    format!(
+        "#!/bin/sh\n# pi's shell inside a pi-dispatch job: its commands cannot reach into pi.\nexec {} job-shell \"$@\"\n",
+        quote(runner)
+    )
+}
+
 /// Writes everything pi needs into the private agent folder (pi's `mcp.json` is written by the
-/// caller, which knows the hub's endpoints).
-pub fn prepare(folder: &AgentFolder, pi: &PiOptions, codemode_models: bool) -> std::io::Result<()> {
+/// caller, which knows the hub's endpoints). `runner` is given in a confined job: pi's shell
+/// runs through it.
+pub fn prepare(
+    folder: &AgentFolder,
+    pi: &PiOptions,
+    codemode_models: bool,
+    runner: Option<&Path>,
+) -> std::io::Result<()> {
     let own = folder.dir.join("pi-dispatch");
     write_private(
         &own,
@@ -128,9 +155,16 @@ pub fn prepare(folder: &AgentFolder, pi: &PiOptions, codemode_models: bool) -> s
     write_private(
         &folder.dir,
         "settings.json",
-        settings_json(folder, pi.overlay.as_deref(), codemode_models).as_bytes(),
+        settings_json(
+            folder,
+            pi.overlay.as_deref(),
+            codemode_models,
+            runner.is_some(),
+        )
+        .as_bytes(),
     )?;
-    for name in ["models.json", "APPEND_SYSTEM.md"] {
+    // pi's models.json is the model gateway's (`crate::gateway::start_for_pi`).
+    for name in ["APPEND_SYSTEM.md"] {
         if let Some(overlay) = &pi.overlay {
             match std::fs::read(overlay.join(name)) {
                 Ok(bytes) => write_private(&folder.dir, name, &bytes)?,
@@ -145,11 +179,16 @@ pub fn prepare(folder: &AgentFolder, pi: &PiOptions, codemode_models: bool) -> s
         folder.bin().join("pi"),
         std::fs::Permissions::from_mode(0o700),
     )?;
+    if let Some(runner) = runner {
+        write_private(&own, "shell", shell_script(runner).as_bytes())?;
+        std::fs::set_permissions(folder.shell(), std::fs::Permissions::from_mode(0o700))?;
+    }
     Ok(())
 }
 
-/// pi's arguments (after the Node binary).
-pub fn args(pi: &PiOptions) -> Vec<String> {
+/// pi's arguments (after the Node binary); `exclude` is the trigger's `run.excludeTools`, which pi
+/// leaves out of what it offers the model.
+pub fn args(pi: &PiOptions, exclude: &[String]) -> Vec<String> {
     let mut args = vec![
         pi.package
             .join("dist/cli.js")
@@ -163,6 +202,10 @@ pub fn args(pi: &PiOptions) -> Vec<String> {
     if let Some(model) = &pi.model {
         args.push("--model".to_owned());
         args.push(model.clone());
+    }
+    if !exclude.is_empty() {
+        args.push("--exclude-tools".to_owned());
+        args.push(exclude.join(","));
     }
     args
 }
@@ -242,7 +285,7 @@ mod tests {
     #[test]
     fn settings_replace_the_builtin_mcp_and_codemode_only_when_models_are_off() {
         let on: serde_json::Value =
-            serde_json::from_str(&settings_json(&folder(), None, true)).unwrap();
+            serde_json::from_str(&settings_json(&folder(), None, true, false)).unwrap();
         assert_eq!(
             on["extensions"],
             serde_json::json!([
@@ -251,8 +294,36 @@ mod tests {
             ])
         );
         let off: serde_json::Value =
-            serde_json::from_str(&settings_json(&folder(), None, false)).unwrap();
+            serde_json::from_str(&settings_json(&folder(), None, false, false)).unwrap();
         assert_eq!(off["extensions"][1], "-builtin:codemode");
+        assert!(on.get("shellPath").is_none());
+        let confined: serde_json::Value =
+            serde_json::from_str(&settings_json(&folder(), None, true, true)).unwrap();
+        assert_eq!(
+            confined["shellPath"],
+            "/home/job/.pi-dispatch/agent/pi-dispatch/shell"
+        );
+        assert!(
+            shell_script(Path::new("/opt/i/bin/pi-dispatch"))
+                .ends_with("exec '/opt/i/bin/pi-dispatch' job-shell \"$@\"\n")
+        );
+    }
+
+    #[test]
+    fn excluded_tools_reach_pis_command_line() {
+        let pi = PiOptions {
+            node: PathBuf::from("/n"),
+            package: PathBuf::from("/p"),
+            prompt: PathBuf::from("/job/prompt.md"),
+            model: None,
+            overlay: None,
+        };
+        assert!(!args(&pi, &[]).iter().any(|a| a == "--exclude-tools"));
+        let with = args(&pi, &["bash".to_owned(), "mcp__docs__*".to_owned()]);
+        assert_eq!(
+            with[with.len() - 2..],
+            ["--exclude-tools", "bash,mcp__docs__*"]
+        );
     }
 
     #[test]

@@ -21,9 +21,27 @@ fn exposure(e: Exposure) -> Json {
     s(e.as_str())
 }
 
-/// The file's text. `token` must hold only letters and digits: pi expands `$` and runs a leading
-/// `!` in header values.
-pub fn mcp_json(endpoints: &[Endpoint], token: &str) -> String {
+/// The variable of pi's environment that holds the hub's token in a confined job: pi's
+/// `mcp.json` names it (pi expands `${NAME}` in header values), so no file holds the token, and
+/// pi's shell removes it before a tool's command runs.
+pub const HUB_TOKEN_VARIABLE: &str = "PI_DISPATCH_HUB_TOKEN";
+
+/// How pi's `mcp.json` gives pi the hub's token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HubToken<'a> {
+    /// Written in the file (an unconfined runner, for tests and hand runs). Only letters and
+    /// digits: pi expands `$` and runs a leading `!` in header values.
+    Literal(&'a str),
+    /// A reference to [`HUB_TOKEN_VARIABLE`], which only pi's environment holds.
+    FromEnvironment,
+}
+
+/// The file's text.
+pub fn mcp_json(endpoints: &[Endpoint], token: HubToken) -> String {
+    let authorization = match token {
+        HubToken::Literal(t) => format!("Bearer {t}"),
+        HubToken::FromEnvironment => format!("Bearer ${{{HUB_TOKEN_VARIABLE}}}"),
+    };
     let servers = endpoints
         .iter()
         .map(|e| {
@@ -34,7 +52,7 @@ pub fn mcp_json(endpoints: &[Endpoint], token: &str) -> String {
                     "headers".to_owned(),
                     Json::Object(Object::from_members(vec![(
                         "Authorization".to_owned(),
-                        s(&format!("Bearer {token}")),
+                        s(&authorization),
                     )])),
                 ),
             ];
@@ -101,7 +119,7 @@ mod tests {
                 url: format!("http://127.0.0.1:9/mcp/{}", s.name()),
             })
             .collect();
-        let text = mcp_json(&endpoints, "abc123");
+        let text = mcp_json(&endpoints, HubToken::Literal("abc123"));
         let parsed = config::json::parse(&text).unwrap();
         let servers = parsed
             .as_object()
@@ -124,5 +142,11 @@ mod tests {
             "{text}"
         );
         assert!(token_is_plain("abc123") && !token_is_plain("a$b") && !token_is_plain(""));
+        assert!(text.contains("\"Bearer abc123\""), "{text}");
+        let hidden = mcp_json(&endpoints, HubToken::FromEnvironment);
+        assert!(
+            hidden.contains("\"Bearer ${PI_DISPATCH_HUB_TOKEN}\"") && !hidden.contains("abc123"),
+            "{hidden}"
+        );
     }
 }

@@ -44,6 +44,19 @@ pub async fn connect_all(
     workspace: &Path,
     wait: Duration,
 ) -> Result<Connected, (Stop, Vec<ServerState>)> {
+    connect_all_confined(plan, runner_env, workspace, wait, None).await
+}
+
+/// [`connect_all`], each stdio server started through `confine` (`pi-dispatch job-confine`) when
+/// given: in namespaces of its own and with a `/tmp` of its own, where it sees neither pi nor the
+/// other servers.
+pub async fn connect_all_confined(
+    plan: Plan,
+    runner_env: &[(String, String)],
+    workspace: &Path,
+    wait: Duration,
+    confine: Option<&Path>,
+) -> Result<Connected, (Stop, Vec<ServerState>)> {
     let started = Instant::now();
     let env_lookup = |name: &str| {
         runner_env
@@ -78,6 +91,25 @@ pub async fn connect_all(
             } => {
                 let env = stdio::environment(runner_env, &own);
                 let args: Vec<String> = args.iter().map(|a| a.expose().to_owned()).collect();
+                let (program, args) = match confine {
+                    None => (program, args),
+                    Some(runner) => {
+                        let confinement = crate::confine::Confinement {
+                            keep_marker: false,
+                            private_tmp: true,
+                        };
+                        let line = confinement.command_line(
+                            &program.clone().into_os_string(),
+                            &args.iter().map(Into::into).collect::<Vec<_>>(),
+                        );
+                        (
+                            runner.to_owned(),
+                            line.into_iter()
+                                .map(|a| a.to_string_lossy().into_owned())
+                                .collect(),
+                        )
+                    }
+                };
                 let cwd = workspace.to_owned();
                 tasks.spawn(async move {
                     let attempt = connect::connect_stdio(

@@ -112,6 +112,7 @@ async fn run_pi(f: &Folders, file: &JobMcpFile, model: &FakeModel) -> ExitLine {
         }),
         env,
         guard: None,
+        confine: None,
     };
     bounded(run(options)).await
 }

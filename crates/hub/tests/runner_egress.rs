@@ -72,6 +72,7 @@ fn job(dir: &Path, script: &str, extra_env: &[(&str, &str)]) -> JobOptions {
         agent: Agent::Command(vec!["bash".into(), "-c".into(), script.into()]),
         env,
         guard: None,
+        confine: None,
     }
 }
 

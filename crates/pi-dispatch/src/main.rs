@@ -89,6 +89,14 @@ enum TriggersCommand {
 }
 
 fn main() -> ExitCode {
+    // Inside a job, between the runner and what it starts: no settings, no logs, the program's
+    // own exit status.
+    let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    match raw.get(1).and_then(|a| a.to_str()) {
+        Some("job-confine") => return cmd::job::confine(&raw[2..]),
+        Some("job-shell") => return cmd::job::shell(&raw[2..]),
+        _ => {}
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),

@@ -14,18 +14,7 @@ pub(crate) struct Routes {
     named: Vec<(String, Exposure)>,
 }
 
-/// A name as pi writes it into a tool name.
-fn pi_name(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
+use config::tools::{glob, mcp_prefix, pi_name};
 
 impl Routes {
     pub(crate) fn new(
@@ -33,7 +22,7 @@ impl Routes {
         exposure: Exposure,
         tool_exposure: &[(String, Exposure)],
     ) -> Routes {
-        let prefix = format!("mcp__{}__", pi_name(server));
+        let prefix = mcp_prefix(server);
         let mut default = Vec::new();
         let mut named = Vec::new();
         for (key, e) in tool_exposure {
@@ -93,28 +82,4 @@ fn covers_every_tool(pattern: &str, prefix: &str) -> bool {
     pattern.strip_suffix('*').is_some_and(|head| {
         (0..=prefix.len()).any(|k| prefix.is_char_boundary(k) && glob(head, &prefix[..k]))
     })
-}
-
-/// `*` matches any run of characters; everything else matches itself.
-fn glob(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti) = (0, 0);
-    let (mut star, mut mark) = (None, 0);
-    while ti < t.len() {
-        if pi < p.len() && p[pi] != '*' && p[pi] == t[ti] {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ti;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ti = mark;
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
 }

@@ -218,6 +218,26 @@ mod tests {
         assert_eq!(verify("{\"event\":\"exit\"}", b"job-key"), None);
     }
 
+    #[test]
+    fn a_line_with_any_cost_verifies() {
+        // Costs summed from per-token prices are floats without a short decimal form; the worker
+        // reads the line back and must write each the same way.
+        let mut cost = 0.0f64;
+        for i in 1..2000u32 {
+            cost += f64::from(i) * 1e-7 / 3.0 + 4e-5;
+            let usage = crate::usage::Usage {
+                cost_usd: cost,
+                ..crate::usage::Usage::default()
+            };
+            let l = ExitLine {
+                usage: Some(usage),
+                ..line()
+            };
+            let text = sign(&l, b"job-key").unwrap();
+            assert_eq!(verify(&text, b"job-key"), Some(l), "{text}");
+        }
+    }
+
     #[tokio::test]
     async fn the_reader_finds_the_line_and_hands_on_the_rest() {
         let signed = sign(&line(), b"job-key").unwrap();

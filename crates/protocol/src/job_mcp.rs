@@ -7,6 +7,10 @@ use sha2::{Digest, Sha256};
 /// The job variable that carries the digest of `/job/mcp.json`.
 pub const DIGEST_VARIABLE: &str = "PI_DISPATCH_MCP_DIGEST";
 
+/// The job variable that carries `run.excludeTools`, comma-separated (a validated name or pattern
+/// holds no comma). The runner passes it to pi and withholds the MCP tools it matches.
+pub const EXCLUDE_TOOLS_VARIABLE: &str = "PI_DISPATCH_EXCLUDE_TOOLS";
+
 /// Where the image keeps the forge servers' wrappers.
 pub const FORGE_GITHUB_COMMAND: &str = "/usr/local/bin/forge-mcp-github";
 pub const FORGE_GITLAB_COMMAND: &str = "/usr/local/bin/forge-mcp-gitlab";

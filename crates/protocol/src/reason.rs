@@ -195,8 +195,26 @@ reasons! {
         "The model provider answered with an error.";
     ModelLengthLimit = "model-length-limit", Job, Failed, Some(1), false,
         "The model's last answer was cut off at its length limit.";
+    // The job's model gateway, on the exit line: a call it refuses stops the whole job.
+    ModelCallNotAllowed = "model-call-not-allowed", Job, Policy, Some(2), false,
+        "A model call named a model the job may not use.";
+    ModelCallUnbounded = "model-call-unbounded", Job, Policy, Some(2), false,
+        "Under the job's cost cap, a model call whose cost has no bound was refused.";
+    CostCapReached = "cost-cap-reached", Job, Policy, Some(2), false,
+        "A model call could have taken the job past its cost cap, so it was refused.";
+    ModelCallUnsupported = "model-call-unsupported", Job, Policy, Some(2), false,
+        "A model call used a wire format the job's model gateway cannot check and meter.";
+    ModelRulesInvalid = "model-rules-invalid", Job, Policy, Some(2), false,
+        "The job's model list or cost cap, as the worker passed them, cannot be read.";
     Terminated = "terminated", Job, Failed, Some(1), true,
         "The job's runner was told to stop.";
+    // The runner's own faults: infrastructure, whatever servers the job names.
+    RunnerSetupFailed = "runner-setup-failed", Job, Failed, Some(1), true,
+        "The job's runner could not set up the agent's side of the job.";
+    JobPromptUnreadable = "job-prompt-unreadable", Job, Failed, Some(1), true,
+        "The job's prompt could not be read inside its sandbox.";
+    AgentNeverStarted = "agent-never-started", Job, Failed, Some(1), true,
+        "The agent's process could not be started.";
     // The worker, around the sandbox.
     TimeLimit = "time-limit", Worker, Failed, None, false,
         "The job ran past its time limit and was stopped.";
@@ -238,6 +256,18 @@ impl Reason {
         Reason::McpConfigMismatch,
         Reason::McpConfigInvalid,
     ];
+
+    /// Whether the runner reports this reason before the agent started, so nothing was spent (the
+    /// record says `budgetReserved: false`, and nobody is paged).
+    pub fn before_the_agent(self) -> bool {
+        matches!(
+            self,
+            Reason::RunnerSetupFailed
+                | Reason::JobPromptUnreadable
+                | Reason::AgentNeverStarted
+                | Reason::ModelRulesInvalid
+        )
+    }
 
     /// The worker's log event of a refusal: `refused_mcp` for the spec's pickup table (the spec's
     /// name; the reason rides in the line's `reason` field), else `refused_<reason>`.
@@ -405,7 +435,31 @@ impl Reason {
             Reason::ModelLengthLimit => {
                 "give the model a larger output limit in models.json, or a smaller task"
             }
+            Reason::ModelCallNotAllowed => {
+                "add the model to the trigger's run.models, or tell the job to use a model on it"
+            }
+            Reason::ModelCallUnbounded => {
+                "drop run.maxCostUsd for jobs that generate images, or keep their scripts to chat and classifier models without an output price"
+            }
+            Reason::CostCapReached => {
+                "raise the trigger's run.maxCostUsd, or give the job a smaller task or a model with a smaller output limit"
+            }
+            Reason::ModelCallUnsupported => {
+                "use a provider whose wire format the gateway reads (OpenAI chat completions or responses, Anthropic messages)"
+            }
+            Reason::ModelRulesInvalid => {
+                "run the job with a worker and an image of the same version"
+            }
             Reason::Terminated => "the job is tried again",
+            Reason::RunnerSetupFailed => {
+                "the job is tried again; the worker's log names the step that failed (a full disk, a missing bubblewrap)"
+            }
+            Reason::JobPromptUnreadable => {
+                "the job is tried again; check that the worker can write its state folder"
+            }
+            Reason::AgentNeverStarted => {
+                "the job is tried again; check the job image (`pi-dispatch image install`)"
+            }
             Reason::TimeLimit => "raise PI_JOB_TIME_LIMIT, or give the job a smaller task",
             Reason::Cancelled => "queue it again if it should run",
             Reason::ContainerNeverStarted => {

@@ -34,6 +34,8 @@ pub struct JobSpec {
     /// What runs inside (a path in the sandbox) and its arguments.
     pub program: OsString,
     pub args: Vec<OsString>,
+    /// The program confines what it starts (the runner): see [`SandboxSpec::nested`].
+    pub nested: bool,
 }
 
 /// The job's network.
@@ -80,11 +82,22 @@ pub struct Bubblewrap {
 }
 
 impl Bubblewrap {
-    /// bubblewrap's spec for a job: the job runs as the conventional `nobody` inside.
+    /// bubblewrap's spec for a job: the job runs as the conventional `nobody` inside, or, when
+    /// its program nests (see [`SandboxSpec::nested`]), as the host user bubblewrap runs as.
     pub fn spec(job: &JobSpec) -> SandboxSpec {
+        let (uid, gid) = if job.nested {
+            bwrap::runs_as(
+                rustix::process::geteuid().as_raw(),
+                rustix::process::getegid().as_raw(),
+                job.host_user,
+            )
+        } else {
+            (bwrap::NOBODY, bwrap::NOBODY)
+        };
         SandboxSpec {
-            uid: bwrap::NOBODY,
-            gid: bwrap::NOBODY,
+            uid,
+            gid,
+            nested: job.nested,
             system: bwrap::host_system(),
             job_dir: job.job_dir.clone(),
             overlay_dir: job.overlay_dir.clone(),

@@ -140,6 +140,33 @@ pub struct SandboxSpec {
     /// What runs inside: a path in the sandbox (or a name looked up in the job's `PATH`).
     pub program: OsString,
     pub args: Vec<OsString>,
+    /// The program confines what it starts (the job's runner, `pi-dispatch job --confine`): it
+    /// keeps [`NESTED_CAPS`] in the job's own user namespace to give each process it starts pid,
+    /// mount and ipc namespaces of its own, and shuts user namespaces itself. The job's uid then
+    /// must be the host user bubblewrap runs as (one user namespace, whose mounts the runner may
+    /// copy), and bubblewrap's `--disable-userns` (a second namespace) is left out.
+    pub nested: bool,
+}
+
+/// What a nesting program keeps, in the job's user namespace only: to make namespaces and mount
+/// a proc for them, to limit user namespaces to none, to drop the bounding set, and a capability
+/// that grants nothing outside the first user namespace (alarms that wake the machine), kept by pi
+/// alone so that processes without it cannot trace pi or read its memory or environment.
+pub const NESTED_CAPS: [&str; 4] = [
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_RESOURCE",
+    "CAP_SETPCAP",
+    "CAP_WAKE_ALARM",
+];
+
+/// The host user bubblewrap runs as for a worker running as `euid`/`egid`: a root worker's job
+/// runs as `host` (its folder's owner) or `nobody`, any other worker's as the worker itself. Pure.
+pub fn runs_as(euid: u32, egid: u32, host: Option<(u32, u32)>) -> (u32, u32) {
+    if euid == 0 {
+        host.unwrap_or((NOBODY, NOBODY))
+    } else {
+        (euid, egid)
+    }
 }
 
 /// A spec that cannot make a sandbox.
@@ -287,10 +314,18 @@ fn job_args(spec: &SandboxSpec, from: Sources) -> Vec<OsString> {
     if !spec.share_net {
         push(&[s("--unshare-net")]);
     }
-    // No nested user namespace: the job cannot gain capabilities anywhere.
-    push(&[s("--disable-userns")]);
+    // No nested user namespace: the job cannot gain capabilities anywhere. A nesting program
+    // shuts them itself, before anything it starts runs.
+    if !spec.nested {
+        push(&[s("--disable-userns")]);
+    }
     push(&[s("--die-with-parent"), s("--new-session")]);
     push(&[s("--cap-drop"), s("ALL")]);
+    if spec.nested {
+        for cap in NESTED_CAPS {
+            push(&[s("--cap-add"), s(cap)]);
+        }
+    }
 
     // The system, read-only; merged-/usr links made again as links; with no network of its own,
     // no nameserver named.
@@ -849,6 +884,7 @@ mod tests {
             host: None,
             program: "/opt/pi-dispatch-image/bin/pi-dispatch".into(),
             args: vec!["job".into(), "--".into(), "pi".into()],
+            nested: false,
         }
     }
 
@@ -921,6 +957,31 @@ mod tests {
              --ro-bind /usr/bin/bwrap /stage/bwrap --remount-ro / --chdir / \
              -- /usr/bin/setpriv --reuid 1000 --regid 1001 --clear-groups --"
         );
+    }
+
+    #[test]
+    fn a_nested_job_keeps_the_runners_capabilities_and_one_user_namespace() {
+        let plain = text(&args(&spec()));
+        assert!(
+            plain.contains("--disable-userns") && !plain.contains("--cap-add"),
+            "{plain}"
+        );
+        let nested = text(&args(&SandboxSpec {
+            nested: true,
+            ..spec()
+        }));
+        assert!(!nested.contains("--disable-userns"), "{nested}");
+        assert!(
+            nested.contains(
+                "--cap-drop ALL --cap-add CAP_SYS_ADMIN --cap-add CAP_SYS_RESOURCE \
+                 --cap-add CAP_SETPCAP --cap-add CAP_WAKE_ALARM"
+            ),
+            "{nested}"
+        );
+        // The job's uid inside is the host user bubblewrap runs as.
+        assert_eq!(runs_as(0, 0, Some((1000, 1001))), (1000, 1001));
+        assert_eq!(runs_as(0, 0, None), (NOBODY, NOBODY));
+        assert_eq!(runs_as(1234, 4321, Some((1000, 1001))), (1234, 4321));
     }
 
     #[test]

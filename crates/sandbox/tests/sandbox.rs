@@ -101,6 +101,7 @@ impl Fixture {
             host: None,
             program: "/bin/sh".into(),
             args: vec!["-c".into(), script.into()],
+            nested: false,
         }
     }
 }

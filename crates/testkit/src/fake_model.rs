@@ -1,10 +1,19 @@
-//! A scripted model provider: an OpenAI-compatible `/v1/chat/completions` on a loopback port (or a
-//! test host's),
-//! answering each request with the next step of its script as a streamed chunk sequence (a tool
-//! call, or text), and keeping every request it received for the test to read.
+//! A scripted model provider on a loopback port (or a test host's), speaking the wire formats pi
+//! uses:
 //!
-//! pi reaches it through a provider in `models.json` (see [`FakeModel::models_json`]). Only what
-//! cannot run here (a real model) is faked; pi, its HTTP client and the wire format are real.
+//! - chat: OpenAI chat completions (`…/chat/completions`) and Anthropic messages (`…/messages`),
+//!   each answering with the next step of its script (a tool call, or text), streamed (server-sent
+//!   events, usage in the last chunk or in `message_start` and `message_delta`) when the request
+//!   asks for a stream and as one JSON body when not;
+//! - classifiers: OpenAI's decisions (`…/decisions`) and TypeSafe's System One (`…/systemone`),
+//!   answering every question;
+//! - images: OpenRouter's image models (`…/chat/completions` with `modalities` holding `image`),
+//!   answering with one small PNG.
+//!
+//! Classifier and image calls do not take a step of the script. Every request is kept for the test
+//! to read, with its path and headers. pi reaches it through a provider in `models.json` (see
+//! [`FakeModel::models_json`]). Only what cannot run here (a real model) is faked; pi, its HTTP
+//! client and the wire formats are real.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -55,20 +64,76 @@ impl Step {
 /// What the model was sent.
 #[derive(Debug, Clone)]
 pub struct Request {
+    /// The request's path (`/v1/chat/completions`, ...).
+    pub path: String,
     /// The request's `Authorization` header, if any.
     pub authorization: Option<String>,
+    /// Every header, names in lowercase.
+    pub headers: Vec<(String, String)>,
     pub body: Value,
 }
 
+/// What a request was, by its path and body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    OpenAiChat,
+    AnthropicChat,
+    Decisions,
+    SystemOne,
+    Images,
+    Other,
+}
+
 impl Request {
-    /// The names of the tools declared to the model.
+    /// A header's value (the name in any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn kind(&self) -> Kind {
+        let images = self.body["modalities"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|v| v == "image"));
+        let path = self.path.split('?').next().unwrap_or_default();
+        if path.ends_with("/chat/completions") {
+            if images {
+                Kind::Images
+            } else {
+                Kind::OpenAiChat
+            }
+        } else if path.ends_with("/messages") {
+            Kind::AnthropicChat
+        } else if path.ends_with("/decisions") {
+            Kind::Decisions
+        } else if path.ends_with("/systemone") {
+            Kind::SystemOne
+        } else {
+            Kind::Other
+        }
+    }
+
+    /// Whether the request asked for a streamed answer.
+    pub fn stream(&self) -> bool {
+        self.body["stream"] == true
+    }
+
+    /// The names of the tools declared to the model (OpenAI's or Anthropic's shape).
     pub fn tools(&self) -> Vec<String> {
         self.body["tools"]
             .as_array()
             .map(|tools| {
                 tools
                     .iter()
-                    .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                    .filter_map(|t| {
+                        t["function"]["name"]
+                            .as_str()
+                            .or_else(|| t["name"].as_str())
+                            .map(str::to_owned)
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -101,6 +166,16 @@ pub struct FakeModel {
 pub const PROVIDER: &str = "fake";
 pub const MODEL: &str = "fake-model";
 
+/// What each chat answer reports it used: input and output tokens.
+pub const CHAT_USAGE: (u64, u64) = (100, 20);
+/// What each classifier answer reports it used.
+pub const CLASSIFIER_USAGE: (u64, u64) = (50, 0);
+/// What each image answer reports it used.
+pub const IMAGE_USAGE: (u64, u64) = (10, 1290);
+
+/// A 1x1 PNG, the image every image call gets.
+pub const PNG_BASE64: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+
 impl FakeModel {
     pub fn start(script: Vec<Step>) -> FakeModel {
         FakeModel::start_on(0, script)
@@ -131,13 +206,29 @@ impl FakeModel {
                     // The listener was woken to stop.
                     break;
                 }
+                let kind = request.kind();
+                let streamed = request.stream();
+                let body = request.body.clone();
                 seen.lock().unwrap().push(request);
-                let step = script
-                    .get(next)
-                    .cloned()
-                    .unwrap_or_else(|| Step::text("done"));
-                next += 1;
-                let _ = answer(stream, next, &step);
+                let _ = match kind {
+                    Kind::Decisions => json_answer(stream, &decisions(&body)),
+                    Kind::SystemOne => json_answer(stream, &system_one(&body)),
+                    Kind::Images => json_answer(stream, &images(&body)),
+                    _ => {
+                        let step = script
+                            .get(next)
+                            .cloned()
+                            .unwrap_or_else(|| Step::text("done"));
+                        next += 1;
+                        if kind == Kind::AnthropicChat {
+                            anthropic_answer(stream, next, &step, streamed)
+                        } else if streamed || kind != Kind::OpenAiChat {
+                            answer(stream, next, &step)
+                        } else {
+                            openai_json_answer(stream, next, &step)
+                        }
+                    }
+                };
             }
         });
         FakeModel {
@@ -155,6 +246,23 @@ impl FakeModel {
     /// Every request so far.
     pub fn requests(&self) -> Vec<Request> {
         self.requests.lock().unwrap().clone()
+    }
+
+    /// The base URL of an Anthropic-compatible provider here (Anthropic's client adds `/v1`).
+    pub fn anthropic_base_url(&self) -> String {
+        format!("http://{}", SocketAddr::new(self.address, self.port))
+    }
+
+    /// A `models.json` for pi naming this provider as an Anthropic one, its key read from
+    /// `key_variable`.
+    pub fn anthropic_models_json(&self, key_variable: &str) -> String {
+        json!({"providers": {PROVIDER: {
+            "baseUrl": self.anthropic_base_url(),
+            "api": "anthropic-messages",
+            "apiKey": format!("${key_variable}"),
+            "models": [{"id": MODEL, "maxTokens": 4096}],
+        }}})
+        .to_string()
     }
 
     /// A `models.json` for pi naming this provider, its key read from `key_variable`.
@@ -185,6 +293,8 @@ fn read_request(stream: &TcpStream) -> Option<Request> {
     let mut reader = BufReader::new(stream);
     let mut length = 0usize;
     let mut authorization = None;
+    let mut headers = Vec::new();
+    let mut path = String::new();
     let mut first = true;
     loop {
         let mut line = String::new();
@@ -196,10 +306,13 @@ fn read_request(stream: &TcpStream) -> Option<Request> {
             first = false;
             if line.starts_with("POST /stop ") {
                 return Some(Request {
+                    path: String::new(),
                     authorization: None,
+                    headers: Vec::new(),
                     body: Value::Null,
                 });
             }
+            path = line.split(' ').nth(1).unwrap_or_default().to_owned();
             continue;
         }
         if line.is_empty() {
@@ -207,17 +320,21 @@ fn read_request(stream: &TcpStream) -> Option<Request> {
         }
         if let Some((name, value)) = line.split_once(':') {
             let value = value.trim();
-            match name.to_ascii_lowercase().as_str() {
+            let name = name.to_ascii_lowercase();
+            match name.as_str() {
                 "content-length" => length = value.parse().ok()?,
                 "authorization" => authorization = Some(value.to_owned()),
                 _ => {}
             }
+            headers.push((name, value.to_owned()));
         }
     }
     let mut body = vec![0u8; length];
     reader.read_exact(&mut body).ok()?;
     Some(Request {
+        path,
         authorization,
+        headers,
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
     })
 }
@@ -244,8 +361,7 @@ fn answer(mut stream: TcpStream, n: usize, step: &Step) -> std::io::Result<()> {
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
         });
         if usage {
-            c["usage"] =
-                json!({"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120});
+            c["usage"] = openai_usage(CHAT_USAGE);
         }
         format!("data: {c}\n\n")
     };
@@ -277,4 +393,174 @@ fn answer(mut stream: TcpStream, n: usize, step: &Step) -> std::io::Result<()> {
         body.len()
     )?;
     stream.flush()
+}
+
+fn openai_usage((input, output): (u64, u64)) -> Value {
+    json!({"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output})
+}
+
+fn json_answer(mut stream: TcpStream, body: &Value) -> std::io::Result<()> {
+    let body = body.to_string();
+    write!(
+        stream,
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    stream.flush()
+}
+
+fn status_answer(mut stream: TcpStream, code: u16) -> std::io::Result<()> {
+    let body = json!({"type": "error", "error": {"message": format!("refused by the scripted provider ({ERROR_BODY_CANARY})"), "type": "scripted"}}).to_string();
+    write!(
+        stream,
+        "HTTP/1.1 {code} Scripted\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    stream.flush()
+}
+
+/// A chat completion as one JSON body (a request without `stream`).
+fn openai_json_answer(stream: TcpStream, n: usize, step: &Step) -> std::io::Result<()> {
+    let (message, finish) = match step {
+        Step::Status(code) => return status_answer(stream, *code),
+        Step::Call(name, args) => (
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call-{n}"), "type": "function",
+                "function": {"name": name, "arguments": args.to_string()}}]}),
+            "tool_calls",
+        ),
+        Step::Text(text) => (json!({"role": "assistant", "content": text}), "stop"),
+    };
+    json_answer(
+        stream,
+        &json!({"id": format!("chatcmpl-{n}"), "object": "chat.completion", "created": 0, "model": MODEL,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": openai_usage(CHAT_USAGE)}),
+    )
+}
+
+/// An Anthropic message: an event stream when asked for one, else one JSON body.
+fn anthropic_answer(
+    stream: TcpStream,
+    n: usize,
+    step: &Step,
+    streamed: bool,
+) -> std::io::Result<()> {
+    let (input, output) = CHAT_USAGE;
+    let (block, stop) = match step {
+        Step::Status(code) => return status_answer(stream, *code),
+        Step::Call(name, args) => (
+            json!({"type": "tool_use", "id": format!("toolu_{n}"), "name": name, "input": args}),
+            "tool_use",
+        ),
+        Step::Text(text) => (json!({"type": "text", "text": text}), "end_turn"),
+    };
+    if !streamed {
+        return json_answer(
+            stream,
+            &json!({"id": format!("msg_{n}"), "type": "message", "role": "assistant", "model": MODEL,
+                "content": [block], "stop_reason": stop, "stop_sequence": null,
+                "usage": {"input_tokens": input, "output_tokens": output}}),
+        );
+    }
+    let (start, delta) = match step {
+        Step::Call(name, args) => (
+            json!({"type": "tool_use", "id": format!("toolu_{n}"), "name": name, "input": {}}),
+            json!({"type": "input_json_delta", "partial_json": args.to_string()}),
+        ),
+        _ => (
+            json!({"type": "text", "text": ""}),
+            json!({"type": "text_delta", "text": block["text"]}),
+        ),
+    };
+    let events = [
+        (
+            "message_start",
+            json!({"type": "message_start", "message": {"id": format!("msg_{n}"), "type": "message",
+            "role": "assistant", "model": MODEL, "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": input, "output_tokens": 1}}}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0, "content_block": start}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": delta}),
+        ),
+        (
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        (
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null},
+            "usage": {"output_tokens": output}}),
+        ),
+        ("message_stop", json!({"type": "message_stop"})),
+    ];
+    let body: String = events
+        .iter()
+        .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
+        .collect();
+    let mut stream = stream;
+    write!(
+        stream,
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    stream.flush()
+}
+
+fn classifier_usage() -> Value {
+    json!({"input_tokens": CLASSIFIER_USAGE.0, "output_tokens": CLASSIFIER_USAGE.1})
+}
+
+/// OpenAI's decisions: every question answered (a predicate true at 0.9, the first choice, the
+/// lowest score).
+fn decisions(body: &Value) -> Value {
+    let answers: Vec<Value> = body["questions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|q| match q["type"].as_str() {
+            Some("choice") => {
+                let first = q["choices"][0]["value"].clone();
+                json!({"name": q["name"], "type": "choice", "choice": first, "confidence": 1,
+                    "probabilities": [{"value": first, "probability": 1}]})
+            }
+            Some("score") => {
+                json!({"name": q["name"], "type": "score", "score": 0, "confidence": 1})
+            }
+            _ => json!({"name": q["name"], "type": "predicate", "probability": 0.9}),
+        })
+        .collect();
+    json!({"id": "decision", "answers": answers, "usage": classifier_usage()})
+}
+
+/// TypeSafe's System One: the same answers in its own shape.
+fn system_one(body: &Value) -> Value {
+    let mut answers = serde_json::Map::new();
+    for (id, q) in body["questions"].as_object().into_iter().flatten() {
+        let answer = match q["type"].as_str() {
+            Some("choice") => {
+                let first = q["criteria"]
+                    .as_object()
+                    .and_then(|c| c.keys().next().cloned())
+                    .unwrap_or_default();
+                json!({"type": "choice", "choice": first, "confidence": 1, "probabilities": {first: 1}})
+            }
+            Some("score") => json!({"type": "score", "score": 0, "confidence": 1}),
+            _ => json!({"type": "noul", "noul": 0.9}),
+        };
+        answers.insert(id.clone(), answer);
+    }
+    json!({"answers": answers, "usage": classifier_usage()})
+}
+
+/// OpenRouter's images: one PNG.
+fn images(body: &Value) -> Value {
+    json!({"id": "gen-1", "object": "chat.completion", "created": 0, "model": body["model"],
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "",
+            "images": [{"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{PNG_BASE64}")}}]}}],
+        "usage": openai_usage(IMAGE_USAGE)})
 }

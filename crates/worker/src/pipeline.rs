@@ -499,6 +499,14 @@ impl Worker {
         if let Some(file) = &admitted.mcp {
             computed.push((DIGEST_VARIABLE.to_owned(), file.digest.clone()));
         }
+        if !job.exclude_tools.is_empty() {
+            computed.push((
+                protocol::job_mcp::EXCLUDE_TOOLS_VARIABLE.to_owned(),
+                job.exclude_tools.join(","),
+            ));
+        }
+        // The job's model list and cost cap, for the runner's model gateway.
+        computed.extend(job.model_rules_env());
         // With egress on: every client of the job goes through the forwarder on its loopback, but
         // for the hub's own endpoints there; the job's endpoints on this machine are served there
         // by the runner too.
@@ -571,6 +579,7 @@ impl Worker {
             program: image_in.join(protocol::image::RUNNER).into_os_string(),
             args: [
                 "job",
+                "--confine",
                 "--job-id",
                 &job.id,
                 "--agent-dir",
@@ -583,6 +592,7 @@ impl Worker {
             .iter()
             .map(Into::into)
             .collect(),
+            nested: true,
         };
         let Ok(key) = job_key() else {
             return Verdict::Retry(Record::ended(

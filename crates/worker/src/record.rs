@@ -166,7 +166,8 @@ impl Record {
             record = record.with_detail(detail, r.fix());
         }
         record.exit_code = Some(line.code);
-        record.budget_reserved = true;
+        // The runner's own faults come before the agent starts: nothing was spent.
+        record.budget_reserved = !reason.is_some_and(Reason::before_the_agent);
         record.mcp = McpPart {
             servers: line.servers.clone(),
             tool_calls: line.tool_calls.clone(),

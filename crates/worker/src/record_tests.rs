@@ -83,6 +83,25 @@ fn only_known_reasons_are_copied() {
 }
 
 #[test]
+fn the_runners_own_faults_reserve_nothing_and_page_nobody() {
+    for token in [
+        "runner-setup-failed",
+        "job-prompt-unreadable",
+        "agent-never-started",
+    ] {
+        let mut l = line(1, Some(token));
+        l.usage = None;
+        let r = Record::from_exit_line(&job(), &l, 1, 5);
+        assert_eq!(r.outcome, Outcome::Failed, "{token}");
+        assert_eq!(r.reason.map(Reason::as_str), Some(token));
+        assert!(!r.budget_reserved, "{token}: the agent never started");
+    }
+    // An MCP server's refusal before the prompt is a paid stop, as the spec says.
+    let refused = Record::from_exit_line(&job(), &line(2, Some("mcp-unavailable")), 1, 5);
+    assert!(refused.budget_reserved);
+}
+
+#[test]
 fn a_record_is_written_once_and_read_back() {
     let dir = tempfile::tempdir().unwrap();
     let records = Records::new(dir.path().join("runs"));

@@ -39,6 +39,10 @@ pub struct Args {
     /// The overlay pi takes models.json, APPEND_SYSTEM.md, skills and extensions from.
     #[arg(long, value_name = "DIR", default_value = "/opt/pi-global")]
     overlay: PathBuf,
+    /// Start pi and each stdio server in namespaces of their own (the worker's jobs do): the
+    /// sandbox must give the runner the capabilities for it (docs/sandbox.md).
+    #[arg(long)]
+    confine: bool,
     /// The agent's command line.
     #[arg(last = true, value_name = "AGENT")]
     agent: Vec<String>,
@@ -98,6 +102,11 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         },
         env: std::env::vars().collect(),
         guard: std::env::current_exe().ok(),
+        confine: if args.confine {
+            Some(std::env::current_exe()?)
+        } else {
+            None
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -124,4 +133,60 @@ pub struct GuardArgs {
 pub fn guard(args: &GuardArgs) -> anyhow::Result<Exit> {
     hub::guard::watch(args.runner_pid);
     Ok(Exit::Success)
+}
+
+/// `pi-dispatch job-confine [--init] [--keep-marker] [--private-tmp] -- PROGRAM ARGS...` (hidden):
+/// started by the runner for pi and each stdio server, runs the program in namespaces of its own
+/// (`sandbox::confine`) and exits with its status.
+pub fn confine(args: &[std::ffi::OsString]) -> std::process::ExitCode {
+    let mut c = hub::confine::Confinement::default();
+    let mut init = false;
+    let mut rest = args.iter();
+    for arg in rest.by_ref() {
+        match arg.to_str() {
+            Some("--init") => init = true,
+            Some("--keep-marker") => c.keep_marker = true,
+            Some("--private-tmp") => c.private_tmp = true,
+            Some("--") => break,
+            _ => {
+                eprintln!(
+                    "pi-dispatch: job-confine takes --init, --keep-marker, --private-tmp, then -- and a program"
+                );
+                return Exit::Unusable.into();
+            }
+        }
+    }
+    let rest: Vec<std::ffi::OsString> = rest.cloned().collect();
+    let Some((program, args)) = rest.split_first() else {
+        eprintln!("pi-dispatch: job-confine needs a program after --");
+        return Exit::Unusable.into();
+    };
+    let done = if init {
+        hub::confine::init(&c, program, args)
+    } else {
+        hub::confine::outer(&c, program, args)
+    };
+    match done {
+        Ok(code) => std::process::ExitCode::from(code),
+        Err(e) => hub::confine::failed(&e),
+    }
+}
+
+/// `pi-dispatch job-shell ARGS...` (hidden): pi's shell inside a job. Gives up every capability
+/// (so that the command cannot trace pi or read its memory or environment) and the hub's token,
+/// then runs bash with pi's arguments.
+pub fn shell(args: &[std::ffi::OsString]) -> std::process::ExitCode {
+    use std::os::unix::process::CommandExt as _;
+    if let Err(e) = hub::confine::drop_all() {
+        return hub::confine::failed(&e);
+    }
+    let error = std::process::Command::new("bash")
+        .args(args)
+        .env_remove(hub::pi_config::HUB_TOKEN_VARIABLE)
+        .exec();
+    eprintln!(
+        "pi-dispatch: pi's shell cannot start bash ({})",
+        error.kind()
+    );
+    std::process::ExitCode::from(127)
 }

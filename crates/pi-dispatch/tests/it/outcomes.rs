@@ -82,7 +82,9 @@ fn the_transcript_keeps_what_the_agent_did_with_every_secret_redacted() {
         vec![
             Step::call("mcp__vault__get_env", json!({})),
             Step::call("bash", json!({"command": "env"})),
-            Step::text(&format!("Done. The server's token was {TOKEN}.")),
+            Step::text(&format!(
+                "Done. The server's token was {TOKEN}, the model's key {MODEL_KEY}."
+            )),
         ],
         |_| {
             json!({"vault": {"command": "node", "args": [EVERYTHING, "stdio"],
@@ -112,10 +114,16 @@ fn the_transcript_keeps_what_the_agent_did_with_every_secret_redacted() {
     let record = s.record(&id);
     assert_eq!(record["outcome"], "completed", "{record:#}");
     assert_eq!(record["transcript"], true);
-    // The model really saw the secrets (the server's env, pi's own env): the test is not empty.
+    // The model really saw the server's secret (its env): the test is not empty. pi's own env has
+    // a stand-in for the provider's key, never the key (the runner's model gateway holds it), so
+    // the key reaches the transcript only in the model's own words.
     let results = s.results();
     assert!(results[1].contains(TOKEN), "{results:#?}");
-    assert!(results[2].contains(MODEL_KEY), "{results:#?}");
+    assert!(
+        results[2].contains("FAKE_API_KEY=pi-dispatch-stand-in-"),
+        "{results:#?}"
+    );
+    assert!(!results[2].contains(MODEL_KEY), "{results:#?}");
     // The transcript has every event, and neither value.
     let path = s.d.path().join(format!("state/jobs/{id}/transcript.jsonl"));
     let text = std::fs::read_to_string(&path).unwrap();
@@ -134,7 +142,7 @@ fn the_transcript_keeps_what_the_agent_did_with_every_secret_redacted() {
     // The agent's last words are in the record, redacted too.
     assert_eq!(
         record["finalMessage"],
-        "Done. The server's token was [redacted:DOCS_TOKEN]."
+        "Done. The server's token was [redacted:DOCS_TOKEN], the model's key [redacted:FAKE_API_KEY]."
     );
     let shown = s.d.run(&["runs", "show", &id, "--transcript"]);
     assert_eq!(shown.code, 0);

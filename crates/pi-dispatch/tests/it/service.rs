@@ -170,6 +170,7 @@ fn the_hardening_leaves_bubblewrap_what_it_needs() {
         host: Some((1000, 1000)),
         program: "pi-dispatch".into(),
         args: Vec::new(),
+        nested: false,
     };
     let mut needed = vec!["mnt".to_owned()];
     for arg in sandbox::bwrap::args(&spec) {

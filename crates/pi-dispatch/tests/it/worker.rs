@@ -446,6 +446,20 @@ fn a_secret_from_the_resolver_reaches_its_server_and_nothing_else() {
     assert!(results[2].contains("RUNNER-ENV:"), "{}", results[2]);
     assert!(results[2].contains("Permission denied"), "{}", results[2]);
     assert!(!results[2].contains(SECRET), "{}", results[2]);
+    // pi holds a stand-in for the provider's key, never the key, which the provider still gets
+    // (through the runner's model gateway).
+    assert!(
+        results[2].contains("FAKE_API_KEY=pi-dispatch-stand-in-"),
+        "{}",
+        results[2]
+    );
+    assert!(!results[2].contains(MODEL_KEY), "{}", results[2]);
+    for r in s.model.requests() {
+        assert_eq!(
+            r.authorization.as_deref(),
+            Some(format!("Bearer {MODEL_KEY}").as_str())
+        );
+    }
     // Nor the records, the worker's log, or any file the deployment holds but the resolver.
     assert!(!run.stderr.contains(SECRET) && !run.stdout.contains(SECRET));
     for (path, bytes) in crate::common::files_under(s.d.path()) {
@@ -753,4 +767,108 @@ fn run_refuses_a_dirty_tree_unless_forced() {
         "{}",
         not_git.stderr
     );
+}
+
+#[test]
+fn a_model_call_off_the_triggers_list_stops_the_job_and_its_record_counts_every_call() {
+    // The job's pi starts a pi of its own on a model the trigger does not list.
+    let s = Service::new(
+        vec![
+            Step::call(
+                "bash",
+                json!({"command": "pi --mode json --no-session --model fake/fake-other -p hi < /dev/null > /dev/null; echo rc=$?"}),
+            ),
+            Step::text("never asked"),
+        ],
+        |_| json!({"direct": stdio(Some("direct"))}),
+        "",
+    );
+    let models = json!({"providers": {"fake": {"baseUrl": s.model.base_url(), "api": "openai-completions",
+        "apiKey": "$FAKE_API_KEY", "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
+        "models": [{"id": "fake-model", "cost": {"input": 1, "output": 2, "cacheRead": 0, "cacheWrite": 0}},
+                   {"id": "fake-other"}]}}});
+    s.d.write("pi-global/models.json", &models.to_string());
+    let triggers = json!({"triggers": [{
+        "on": {"type": "cron", "id": "listed", "pattern": "* * * * * *"},
+        "run": {"kind": "local", "folder": s.repo.to_str().unwrap(), "task": "Tidy up.",
+                "flow": "task", "mcp": ["direct"], "models": ["fake/fake-model"], "maxCostUsd": 5}
+    }]});
+    s.d.write("triggers.json", &triggers.to_string());
+    s.seal();
+    let mut cmd = s.d.command(&["worker", "--poll-ms", "100"]);
+    cmd.env("FAKE_API_KEY", MODEL_KEY)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut worker = cmd.spawn().unwrap();
+    let runs = s.d.path().join("state/runs");
+    let until = Instant::now() + Duration::from_secs(90);
+    let first = loop {
+        let found: Vec<PathBuf> = std::fs::read_dir(&runs)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        if let Some(first) = found
+            .into_iter()
+            .find(|p| p.extension().is_some_and(|e| e == "json"))
+        {
+            break first;
+        }
+        assert!(Instant::now() < until, "no cron job was recorded");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    let record: Value = serde_json::from_str(&std::fs::read_to_string(&first).unwrap()).unwrap();
+    assert_eq!(record["outcome"], "policy", "{record:#}");
+    assert_eq!(record["reason"], "model-call-not-allowed", "{record:#}");
+    assert_eq!(record["exitCode"], 2);
+    // The job's one call, metered by the gateway at the overlay's prices; the refused call
+    // never reached the provider.
+    assert_eq!(record["tokens"]["input"], 100, "{record:#}");
+    let cost = record["costUsd"].as_f64().unwrap();
+    assert!((cost - (100.0 + 40.0) / 1e6).abs() < 1e-12, "{record:#}");
+    let requests = s.model.requests();
+    assert!(
+        requests.iter().all(|r| r.body["model"] == "fake-model"),
+        "{:?}",
+        requests
+            .iter()
+            .map(|r| r.body["model"].clone())
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.authorization.as_deref() == Some(&format!("Bearer {MODEL_KEY}"))),
+    );
+}
+
+#[test]
+fn a_pi_that_a_stdio_server_starts_in_the_sandbox_is_metered_through_the_gateway() {
+    // The server, confined with a /tmp of its own (where pi's folder is not), runs pi once as it
+    // starts, then serves.
+    let pi = "/opt/pi-dispatch-image/node_modules/@earendil-works/pi-coding-agent/dist/cli.js";
+    let start = format!(
+        "node {pi} --mode json --no-session --model fake/fake-model -p hello < /dev/null > /dev/null 2>&1; exec node {EVERYTHING} stdio"
+    );
+    let s = Service::new(
+        vec![Step::text("child done"), Step::text("done")],
+        |_| json!({"starter": {"command": "sh", "args": ["-c", start], "description": "starts a pi"}}),
+        "",
+    );
+    let id = s.queue("Say done.", "starter");
+    s.work();
+    let record = s.record(&id);
+    assert_eq!(record["outcome"], "completed", "{record:#}");
+    let requests = s.model.requests();
+    assert_eq!(requests.len(), 2, "{record:#}");
+    assert!(requests[0].last_text().contains("hello"));
+    for r in &requests {
+        assert_eq!(
+            r.authorization.as_deref(),
+            Some(format!("Bearer {MODEL_KEY}").as_str())
+        );
+    }
+    // The child's call is in the record: one turn of the job's pi, two calls metered.
+    assert_eq!(record["turns"], 1);
+    assert_eq!(record["tokens"]["input"], 200, "{record:#}");
 }
