@@ -22,7 +22,7 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
-use crate::http::{HttpTransport, Refusal};
+use crate::http::{Failure, HttpTransport, Monitor, Refusal};
 use crate::raw::{self, LineReader};
 use crate::rpc::{self, Core, Peer, RpcError, Sent, Wire};
 use crate::upstream::{CLIENT_NAME, CLIENT_PROTOCOL_VERSION, UpstreamEvents};
@@ -234,6 +234,74 @@ impl ConnectError {
     }
 }
 
+/// Sorts an error from connecting ([`ConnectError`]) or from a request ([`RpcError`]) into the
+/// spec's classes. Prefer [`Monitor::classify`], which also knows a 401 seen on another request and
+/// the cause behind a closed connection.
+pub fn classify(error: &(dyn std::error::Error + 'static)) -> Failure {
+    judge(error).unwrap_or_else(closed)
+}
+
+impl Monitor {
+    /// [`classify`], knowing this server: a 401 seen on any request wins, and an error that only
+    /// says the connection closed takes the cause the client recorded.
+    pub fn classify(&self, error: &(dyn std::error::Error + 'static)) -> Failure {
+        if self.is_unauthorized() {
+            return Failure::Unauthorized;
+        }
+        judge(error)
+            .or_else(|| self.last_refusal().map(|r| r.failure()))
+            .unwrap_or_else(closed)
+    }
+}
+
+fn closed() -> Failure {
+    Failure::Fatal("the connection to the server closed before it answered".to_owned())
+}
+
+fn fatal(words: &str) -> Option<Failure> {
+    Some(Failure::Fatal(words.to_owned()))
+}
+
+/// The failure an error names; `None` when it only says the connection closed.
+fn judge(error: &(dyn std::error::Error + 'static)) -> Option<Failure> {
+    if let Some(e) = error.downcast_ref::<ConnectError>() {
+        if let Some(transport) = e.transport_error() {
+            return judge(transport);
+        }
+        return match &e.failure {
+            ConnectFailure::AuthorizationRequired => Some(Failure::Unauthorized),
+            ConnectFailure::Exited(_) => None,
+            other => Some(Failure::Fatal(other.to_string())),
+        };
+    }
+    if let Some(e) = error.downcast_ref::<RpcError>() {
+        return match e {
+            RpcError::Transport(refusal) => Some(refusal.failure()),
+            RpcError::Closed => None,
+            RpcError::Server { code } => Some(Failure::Fatal(format!(
+                "the server answered with JSON-RPC error {code}"
+            ))),
+            RpcError::Cancelled => Some(Failure::Retryable("the request was cancelled".to_owned())),
+            RpcError::Malformed => {
+                fatal("the server answered with something other than a JSON-RPC answer")
+            }
+        };
+    }
+    if let Some(r) = error.downcast_ref::<Refusal>() {
+        return Some(r.failure());
+    }
+    if let Some(e) = error.downcast_ref::<std::io::Error>() {
+        return Some(Failure::Retryable(format!(
+            "a network error ({})",
+            e.kind()
+        )));
+    }
+    match error.source() {
+        Some(source) => judge(source),
+        None => fatal("the MCP client failed"),
+    }
+}
+
 /// Starts a stdio server and connects it: `command` with `args`, exactly `env` (nothing inherited),
 /// in `cwd`, in its own process group, stdin and stdout for MCP, stderr kept in memory (the last
 /// [`STDERR_TAIL_BYTES`]). A dropped future kills the server's whole group.
@@ -375,7 +443,8 @@ async fn handshake(
         .await
         .map_err(failed)?;
     if let Some(http) = core.http() {
-        http.listen(Arc::downgrade(&core));
+        let weak: std::sync::Weak<Core> = Arc::downgrade(&core);
+        http.listen(weak);
     }
     // A server that offers no tools has none to list.
     let offers_tools = info["capabilities"]

@@ -23,11 +23,9 @@ use tokio::sync::watch;
 
 use protocol::reason::Reason;
 
-use crate::connect::{ConnectError, ConnectFailure};
 use crate::job_file::Stop;
 use crate::raw::Message;
 use crate::resolve::Secret;
-use crate::rpc::{Core, RpcError, Sent};
 
 /// The largest response body taken from a server: 16 MiB.
 pub const MAX_BODY: u64 = 16 * 1024 * 1024;
@@ -149,7 +147,7 @@ impl Failure {
 const UNAUTHORIZED: &str = "HTTP 401: the server asks for a sign-in, and a job never signs in";
 
 /// What the HTTP client refused or could not do: the error the transport carries
-/// ([`RpcError::Transport`]). Its text names status codes and rules only.
+/// (`RpcError::Transport`). Its text names status codes and rules only.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error("{UNAUTHORIZED}")]
@@ -292,17 +290,6 @@ impl Monitor {
             .clone()
     }
 
-    /// [`classify`], knowing this server: a 401 seen on any request wins, and an error that only
-    /// says the connection closed takes the cause the client recorded.
-    pub fn classify(&self, error: &(dyn StdError + 'static)) -> Failure {
-        if self.is_unauthorized() {
-            return Failure::Unauthorized;
-        }
-        judge(error)
-            .or_else(|| self.last_refusal().map(|r| r.failure()))
-            .unwrap_or_else(closed)
-    }
-
     fn record(&self, refusal: &Refusal) {
         if *refusal == Refusal::Unauthorized {
             self.inner.unauthorized.send_replace(true);
@@ -315,56 +302,24 @@ impl Monitor {
     }
 }
 
-/// Sorts an error from connecting ([`ConnectError`]) or from a request ([`RpcError`]) into the
-/// spec's classes. Prefer [`Monitor::classify`], which also knows a 401 seen on another request and
-/// the cause behind a closed connection.
-pub fn classify(error: &(dyn StdError + 'static)) -> Failure {
-    judge(error).unwrap_or_else(closed)
+/// Where the messages a server sends over HTTP go: the connection's JSON-RPC client, which routes
+/// each one.
+pub(crate) trait Inbound: Send + Sync {
+    /// Routes one message; returns the id of the request it answered, if it answered one.
+    fn route(&self, message: Message) -> Option<u64>;
 }
 
-fn closed() -> Failure {
-    Failure::Fatal("the connection to the server closed before it answered".to_owned())
+/// Why a message posted got no answer from the HTTP side: what the client refused, or a connection
+/// that ended first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HttpFault {
+    Refused(Refusal),
+    Closed,
 }
 
-fn fatal(words: &str) -> Option<Failure> {
-    Some(Failure::Fatal(words.to_owned()))
-}
-
-/// The failure an error names; `None` when it only says the connection closed.
-fn judge(error: &(dyn StdError + 'static)) -> Option<Failure> {
-    if let Some(e) = error.downcast_ref::<ConnectError>() {
-        if let Some(transport) = e.transport_error() {
-            return judge(transport);
-        }
-        return match &e.failure {
-            ConnectFailure::AuthorizationRequired => Some(Failure::Unauthorized),
-            ConnectFailure::Exited(_) => None,
-            other => Some(Failure::Fatal(other.to_string())),
-        };
-    }
-    if let Some(e) = error.downcast_ref::<RpcError>() {
-        return match e {
-            RpcError::Transport(refusal) => Some(refusal.failure()),
-            RpcError::Closed => None,
-            RpcError::Server { code } => Some(Failure::Fatal(format!(
-                "the server answered with JSON-RPC error {code}"
-            ))),
-            RpcError::Cancelled => Some(Failure::Retryable("the request was cancelled".to_owned())),
-            _ => fatal("the server answered with something other than a JSON-RPC answer"),
-        };
-    }
-    if let Some(r) = error.downcast_ref::<Refusal>() {
-        return Some(r.failure());
-    }
-    if let Some(e) = error.downcast_ref::<std::io::Error>() {
-        return Some(Failure::Retryable(format!(
-            "a network error ({})",
-            e.kind()
-        )));
-    }
-    match error.source() {
-        Some(source) => judge(source),
-        None => fatal("the MCP client failed"),
+impl From<Refusal> for HttpFault {
+    fn from(refusal: Refusal) -> HttpFault {
+        HttpFault::Refused(refusal)
     }
 }
 
@@ -387,7 +342,7 @@ pub fn transport(
     Ok(Upstream {
         transport: HttpTransport {
             client,
-            session: Mutex::new(Session::default()),
+            session: Arc::new(Mutex::new(Session::default())),
             renewing: tokio::sync::Mutex::new(()),
             listening: Mutex::new(None),
         },
@@ -406,7 +361,8 @@ fn reconnect_after(failures: usize) -> Option<Duration> {
 /// the server's own event stream, read from a task of its own.
 pub struct HttpTransport {
     client: GuardedClient,
-    session: Mutex<Session>,
+    /// Shared with the task reading the session's own stream.
+    session: Arc<Mutex<Session>>,
     /// One new session at a time.
     renewing: tokio::sync::Mutex<()>,
     /// The task that reads the session's own event stream (`GET`).
@@ -460,21 +416,18 @@ impl HttpTransport {
         lock(&self.session).version = HeaderValue::from_str(version).ok();
     }
 
-    /// Posts one message. A request's answer is routed to `core` when it comes on the response
-    /// (as JSON, or in an event stream, resumed with `Last-Event-ID` if it breaks first); so is
-    /// anything else the response carries. A session the server has ended (404) is started anew
-    /// once, as the protocol says, and the message posted again.
+    /// Posts one message. A request's answer (`awaiting` is its id) is routed to `inbound` when
+    /// it comes on the response (as JSON, or in an event stream, resumed with `Last-Event-ID` if it
+    /// breaks first); so is anything else the response carries. The answer to `initialize` opens
+    /// the session. A session the server has ended (404) is started anew once, as the protocol
+    /// says, and the message posted again.
     pub(crate) async fn post(
         &self,
-        core: &Arc<Core>,
+        inbound: &Arc<dyn Inbound>,
         body: Bytes,
-        sent: Sent,
-    ) -> Result<(), RpcError> {
-        let (awaiting, initialize) = match sent {
-            Sent::Request(id) => (Some(id), false),
-            Sent::Initialize(id) => (Some(id), true),
-            Sent::Other => (None, false),
-        };
+        awaiting: Option<u64>,
+        initialize: bool,
+    ) -> Result<(), HttpFault> {
         if initialize {
             lock(&self.session).initialize = Some(body.clone());
         }
@@ -488,32 +441,29 @@ impl HttpTransport {
             let response = self
                 .client
                 .send(self.client.post(body.clone(), &session))
-                .await
-                .map_err(RpcError::Transport)?;
+                .await?;
             let status = response.status();
             if status == StatusCode::NOT_FOUND && session.id.is_some() && !renewed {
                 drop(response);
-                self.renew(core, session.id.as_ref()).await?;
+                self.renew(inbound, session.id.as_ref()).await?;
                 renewed = true;
                 continue;
             }
-            self.client
-                .check_status(status)
-                .map_err(RpcError::Transport)?;
+            self.client.check_status(status)?;
             if initialize {
                 let id = self.client.session_id(&response)?;
                 lock(&self.session).id = id;
             }
-            return self.read_response(core, response, awaiting).await;
+            return self.read_response(inbound, response, awaiting).await;
         }
     }
 
     async fn read_response(
         &self,
-        core: &Arc<Core>,
+        inbound: &Arc<dyn Inbound>,
         response: reqwest::Response,
         awaiting: Option<u64>,
-    ) -> Result<(), RpcError> {
+    ) -> Result<(), HttpFault> {
         let status = response.status();
         if matches!(status, StatusCode::ACCEPTED | StatusCode::NO_CONTENT)
             || (awaiting.is_none() && response.content_length() == Some(0))
@@ -523,25 +473,19 @@ impl HttpTransport {
         match media_type(&response).as_deref() {
             Some(EVENT_STREAM) => {
                 let events = self.client.event_stream(response);
-                self.read_events(core, events, awaiting).await
+                self.read_events(inbound, events, awaiting).await
             }
             Some(JSON) => {
-                let body = self
-                    .client
-                    .json_body(response)
-                    .await
-                    .map_err(RpcError::Transport)?;
+                let body = self.client.json_body(response).await?;
                 let message = Message::parse(Bytes::from(body));
-                let answered = message.and_then(|m| core.route(m));
+                let answered = message.and_then(|m| inbound.route(m));
                 if awaiting.is_some() && answered != awaiting {
-                    return Err(RpcError::Transport(self.client.refuse(Refusal::NotJsonRpc)));
+                    return Err(self.client.refuse(Refusal::NotJsonRpc).into());
                 }
                 Ok(())
             }
             _ if awaiting.is_none() => Ok(()),
-            _ => Err(RpcError::Transport(
-                self.client.refuse(Refusal::ContentType),
-            )),
+            _ => Err(self.client.refuse(Refusal::ContentType).into()),
         }
     }
 
@@ -549,10 +493,10 @@ impl HttpTransport {
     /// stream that ends or breaks first is resumed from its last event id.
     async fn read_events(
         &self,
-        core: &Arc<Core>,
+        inbound: &Arc<dyn Inbound>,
         mut events: Events,
         awaiting: Option<u64>,
-    ) -> Result<(), RpcError> {
+    ) -> Result<(), HttpFault> {
         let mut last_id: Option<String> = None;
         let mut server_retry: Option<Duration> = None;
         let mut failures = 0;
@@ -565,7 +509,7 @@ impl HttpTransport {
                         if let Some(refusal) = refusal_of(&e)
                             && !refusal.failure().is_retryable()
                         {
-                            return Err(RpcError::Transport(refusal));
+                            return Err(refusal.into());
                         }
                         broke = true;
                         break;
@@ -573,7 +517,8 @@ impl HttpTransport {
                 };
                 note(&sse, &mut last_id, &mut server_retry);
                 if let Some(data) = message_data(sse) {
-                    let answered = core.receive(Bytes::from(data));
+                    let message = Message::parse(Bytes::from(data));
+                    let answered = message.and_then(|m| inbound.route(m));
                     if awaiting.is_some() && answered == awaiting {
                         return Ok(());
                     }
@@ -584,7 +529,7 @@ impl HttpTransport {
             }
             // The answer has not come: resume the stream where it stopped, if it said where.
             let Some(resume_from) = last_id.clone() else {
-                return Err(RpcError::Closed);
+                return Err(HttpFault::Closed);
             };
             loop {
                 let delay = match (broke || failures > 0, server_retry) {
@@ -592,7 +537,7 @@ impl HttpTransport {
                     (_, retry) => reconnect_after(failures).map(|d| retry.map_or(d, |r| r.max(d))),
                 };
                 let Some(delay) = delay else {
-                    return Err(RpcError::Closed);
+                    return Err(HttpFault::Closed);
                 };
                 tokio::time::sleep(delay).await;
                 match self
@@ -604,9 +549,9 @@ impl HttpTransport {
                         events = resumed;
                         break;
                     }
-                    Ok(None) => return Err(RpcError::Closed),
+                    Ok(None) => return Err(HttpFault::Closed),
                     Err(refusal) if !refusal.failure().is_retryable() => {
-                        return Err(RpcError::Transport(refusal));
+                        return Err(refusal.into());
                     }
                     Err(_) => failures += 1,
                 }
@@ -616,54 +561,51 @@ impl HttpTransport {
 
     /// Starts a new session after the server ended the one in use (`seen`), unless another request
     /// already did.
-    async fn renew(&self, core: &Arc<Core>, seen: Option<&HeaderValue>) -> Result<(), RpcError> {
+    async fn renew(
+        &self,
+        inbound: &Arc<dyn Inbound>,
+        seen: Option<&HeaderValue>,
+    ) -> Result<(), HttpFault> {
         let _turn = self.renewing.lock().await;
         let current = self.session();
         if current.id.as_ref() != seen {
             return Ok(());
         }
         let Some(initialize) = current.initialize.clone() else {
-            return Err(RpcError::Closed);
+            return Err(HttpFault::Closed);
         };
         let fresh = Session::default();
         let response = self
             .client
             .send(self.client.post(initialize, &fresh))
-            .await
-            .map_err(RpcError::Transport)?;
-        self.client
-            .check_status(response.status())
-            .map_err(RpcError::Transport)?;
+            .await?;
+        self.client.check_status(response.status())?;
         let id = self.client.session_id(&response)?;
         let answer = self.read_answer(response).await?;
-        crate::rpc::result_of(&answer)?;
+        // The server refused a new session: the connection has ended.
+        if answer.result().is_none() {
+            return Err(HttpFault::Closed);
+        }
         lock(&self.session).id = id;
         let initialized =
             Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
         let response = self
             .client
             .send(self.client.post(initialized, &self.session()))
-            .await
-            .map_err(RpcError::Transport)?;
-        self.client
-            .check_status(response.status())
-            .map_err(RpcError::Transport)?;
-        self.listen(Arc::downgrade(core));
+            .await?;
+        self.client.check_status(response.status())?;
+        self.listen(Arc::downgrade(inbound));
         Ok(())
     }
 
     /// The one answer a response carries (the new session's `initialize`), not routed.
-    async fn read_answer(&self, response: reqwest::Response) -> Result<Message, RpcError> {
+    async fn read_answer(&self, response: reqwest::Response) -> Result<Message, HttpFault> {
         match media_type(&response).as_deref() {
             Some(JSON) => {
-                let body = self
-                    .client
-                    .json_body(response)
-                    .await
-                    .map_err(RpcError::Transport)?;
+                let body = self.client.json_body(response).await?;
                 Message::parse(Bytes::from(body))
                     .filter(Message::is_answer)
-                    .ok_or_else(|| RpcError::Transport(self.client.refuse(Refusal::NotJsonRpc)))
+                    .ok_or_else(|| self.client.refuse(Refusal::NotJsonRpc).into())
             }
             Some(EVENT_STREAM) => {
                 let mut events = self.client.event_stream(response);
@@ -673,21 +615,19 @@ impl HttpTransport {
                         return Ok(message);
                     }
                 }
-                Err(RpcError::Closed)
+                Err(HttpFault::Closed)
             }
-            _ => Err(RpcError::Transport(
-                self.client.refuse(Refusal::ContentType),
-            )),
+            _ => Err(self.client.refuse(Refusal::ContentType).into()),
         }
     }
 
     /// Opens the session's own event stream (`GET`), read from a task of its own and reopened
     /// when it ends, until the connection goes; a server that offers none (405) has none.
-    pub(crate) fn listen(&self, core: Weak<Core>) {
+    pub(crate) fn listen(&self, inbound: Weak<dyn Inbound>) {
         if self.session().id.is_none() {
             return;
         }
-        let task = tokio::spawn(listen(core, self.client.clone()));
+        let task = tokio::spawn(listen(inbound, self.client.clone(), self.session.clone()));
         if let Some(old) = lock(&self.listening).replace(task.abort_handle()) {
             old.abort();
         }
@@ -710,20 +650,16 @@ impl HttpTransport {
     }
 }
 
-/// The session's own event stream, read until the connection goes (holding it only while routing
-/// a message), and reopened when it ends or breaks.
-async fn listen(core: Weak<Core>, client: GuardedClient) {
+/// The session's own event stream, read until the connection goes (holding the connection's
+/// client only while routing a message), and reopened when it ends or breaks.
+async fn listen(inbound: Weak<dyn Inbound>, client: GuardedClient, session: Arc<Mutex<Session>>) {
     let mut last_id: Option<String> = None;
     let mut server_retry: Option<Duration> = None;
     let mut failures = 0;
     loop {
-        let session = {
-            let Some(core) = core.upgrade() else { return };
-            let Some(http) = core.http() else { return };
-            http.session()
-        };
+        let current = lock(&session).clone();
         let mut ended_by_itself = false;
-        match client.open_stream(&session, last_id.as_deref()).await {
+        match client.open_stream(&current, last_id.as_deref()).await {
             Ok(Some(mut events)) => {
                 failures = 0;
                 ended_by_itself = true;
@@ -734,13 +670,20 @@ async fn listen(core: Weak<Core>, client: GuardedClient) {
                     };
                     note(&sse, &mut last_id, &mut server_retry);
                     if let Some(data) = message_data(sse) {
-                        let Some(core) = core.upgrade() else { return };
-                        core.receive(Bytes::from(data));
+                        let Some(inbound) = inbound.upgrade() else {
+                            return;
+                        };
+                        if let Some(message) = Message::parse(Bytes::from(data)) {
+                            inbound.route(message);
+                        }
                     }
                 }
             }
             Ok(None) | Err(Refusal::Unauthorized) => return,
             Err(_) => failures += 1,
+        }
+        if inbound.strong_count() == 0 {
+            return;
         }
         let delay = match (ended_by_itself, server_retry) {
             (true, Some(retry)) => Some(retry),
@@ -829,6 +772,7 @@ impl GuardedClient {
             value.set_sensitive(true);
             own.push((header, value));
         }
+        let plain_through_proxy = policy.proxy.is_some() && url.scheme() == "http";
         let mut builder = reqwest::Client::builder()
             // Never the environment's proxy: only the one given, below.
             .no_proxy()
@@ -836,7 +780,13 @@ impl GuardedClient {
             .referer(false)
             // A few idle connections kept for the next request (one whose body was dropped early
             // is closed, never reused): a call then needs no new connection, nor a task for it.
-            .pool_max_idle_per_host(IDLE_CONNECTIONS);
+            // Not for a plain-http server through the proxy: the egress proxy carries one plain
+            // request per connection, and what follows on it would reach the server unread.
+            .pool_max_idle_per_host(if plain_through_proxy {
+                0
+            } else {
+                IDLE_CONNECTIONS
+            });
         if let Some(proxy) = &policy.proxy {
             builder = builder.proxy(reqwest::Proxy::all(proxy).map_err(|_| HttpError::Proxy)?);
         }
@@ -894,11 +844,11 @@ impl GuardedClient {
     }
 
     /// The session id a response gives, if any; one that cannot be sent back is refused.
-    fn session_id(&self, response: &reqwest::Response) -> Result<Option<HeaderValue>, RpcError> {
+    fn session_id(&self, response: &reqwest::Response) -> Result<Option<HeaderValue>, Refusal> {
         match response.headers().get(SESSION_HEADER) {
             None => Ok(None),
             Some(id) if id.to_str().is_ok_and(|t| !t.is_empty()) => Ok(Some(id.clone())),
-            Some(_) => Err(RpcError::Transport(self.refuse(Refusal::Unsendable))),
+            Some(_) => Err(self.refuse(Refusal::Unsendable)),
         }
     }
 

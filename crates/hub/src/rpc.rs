@@ -21,7 +21,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::http::{HttpTransport, Refusal};
+use crate::http::{HttpFault, HttpTransport, Inbound, Refusal};
 use crate::raw::{self, Line, LineReader, Message};
 use crate::upstream::UpstreamEvents;
 
@@ -37,7 +37,7 @@ pub enum RpcError {
     Closed,
     /// What the HTTP client refused, or an answer over the size limit.
     #[error("{0}")]
-    Transport(Refusal),
+    Transport(#[source] Refusal),
     #[error("the server's answer is not a JSON-RPC answer with a result")]
     Malformed,
     /// The hub gave up on the request (pi cancelled it).
@@ -125,6 +125,8 @@ pub(crate) enum Sent {
 
 /// One connection: how to send, the requests awaiting an answer, and pi's side.
 pub(crate) struct Core {
+    /// This connection itself, for the tasks it starts.
+    me: Weak<Core>,
     wire: Wire,
     pending: Mutex<HashMap<u64, Pending>>,
     next_id: AtomicU64,
@@ -153,7 +155,8 @@ impl Drop for Forget<'_> {
 
 impl Core {
     pub(crate) fn new(wire: Wire, events: UpstreamEvents) -> Arc<Core> {
-        Arc::new(Core {
+        Arc::new_cyclic(|me| Core {
+            me: me.clone(),
             wire,
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
@@ -222,7 +225,17 @@ impl Core {
                 };
                 pipe.write_all(&line).await.map_err(|_| RpcError::Closed)
             }
-            Wire::Http(http) => http.post(self, bytes, sent).await,
+            Wire::Http(http) => {
+                let (awaiting, initialize) = match sent {
+                    Sent::Request(id) => (Some(id), false),
+                    Sent::Initialize(id) => (Some(id), true),
+                    Sent::Other => (None, false),
+                };
+                let inbound: Arc<dyn Inbound> = self.clone();
+                http.post(&inbound, bytes, awaiting, initialize)
+                    .await
+                    .map_err(RpcError::from)
+            }
         }
     }
 
@@ -251,12 +264,12 @@ impl Core {
 
     /// One message from the server, routed. Returns the id of the request it answered, if it
     /// answered one.
-    pub(crate) fn receive(self: &Arc<Self>, bytes: Bytes) -> Option<u64> {
+    pub(crate) fn receive(&self, bytes: Bytes) -> Option<u64> {
         self.route(Message::parse(bytes)?)
     }
 
     /// [`Core::receive`], for a message already read.
-    pub(crate) fn route(self: &Arc<Self>, message: Message) -> Option<u64> {
+    pub(crate) fn route(&self, message: Message) -> Option<u64> {
         if message.is_answer() {
             let id = message.numeric_id()?;
             let pending = lock(&self.pending).remove(&id)?;
@@ -311,9 +324,10 @@ impl Core {
 
     /// A request of the server's: a ping answered here, anything else asked of pi's attached
     /// session, whose answer goes back under the server's id.
-    fn asked_by_server(self: &Arc<Self>, message: Message) {
-        let Some(id) = message.id() else { return };
-        let core = self.clone();
+    fn asked_by_server(&self, message: Message) {
+        let (Some(id), Some(core)) = (message.id(), self.me.upgrade()) else {
+            return;
+        };
         if message.method() == Some("ping") {
             let answer = answer_bytes(&id, Ok(b"{}"));
             tokio::spawn(async move { core.send(answer).await });
@@ -341,6 +355,21 @@ impl Core {
             };
             let _ = core.send(reply).await;
         });
+    }
+}
+
+impl Inbound for Core {
+    fn route(&self, message: Message) -> Option<u64> {
+        Core::route(self, message)
+    }
+}
+
+impl From<HttpFault> for RpcError {
+    fn from(fault: HttpFault) -> RpcError {
+        match fault {
+            HttpFault::Refused(refusal) => RpcError::Transport(refusal),
+            HttpFault::Closed => RpcError::Closed,
+        }
     }
 }
 

@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http_support::{FaultServer, connect, error_of, resolved};
-use hub::http::{HttpPolicy, classify, transport};
+use hub::connect::classify;
+use hub::http::{HttpPolicy, transport};
 
 const PATH_CANARY: &str = "cnry-path-7f3a";
 const QUERY_CANARY: &str = "cnry-query-91bd";

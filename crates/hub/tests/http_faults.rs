@@ -11,7 +11,8 @@ mod http_support;
 use std::time::Duration;
 
 use http_support::{FaultServer, GIB, connect, error_of, memory, resolved};
-use hub::http::{Failure, HttpError, HttpPolicy, MAX_BODY, Upstream, classify, transport};
+use hub::connect::classify;
+use hub::http::{Failure, HttpError, HttpPolicy, MAX_BODY, Upstream, transport};
 use serde_json::json;
 
 const TOKEN: &str = "tok-5b1d";
