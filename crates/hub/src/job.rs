@@ -344,6 +344,18 @@ async fn run_agent(
                 states,
             } = c;
             withhold_excluded(&mut upstreams, &exclude_tools(&job.env));
+            // What pi must have listed before its prompt: every tool the hub lists of each server.
+            let listing: Vec<(String, usize)> = upstreams
+                .iter()
+                .map(|(u, withheld)| {
+                    let listed = u
+                        .tools
+                        .iter()
+                        .filter(|t| !withheld.contains(&t.name))
+                        .count();
+                    (u.name.clone(), listed)
+                })
+                .collect();
             let hub = match relay::serve(upstreams, token.clone()).await {
                 Ok(h) => h,
                 Err(e) => {
@@ -367,7 +379,19 @@ async fn run_agent(
                 None => pi_config::HubToken::Literal(&token),
             };
             let text = pi_config::mcp_json(&endpoints, hub_token);
-            if let Err(e) = write_private(&job.agent_dir, "mcp.json", text.as_bytes()) {
+            let wait = wait::budget(servers.iter().map(JobServer::timeout));
+            let expected = crate::pi_agent::expected_json(&listing, wait);
+            let written = write_private(&job.agent_dir, "mcp.json", text.as_bytes()).and_then(
+                |()| match &job.agent {
+                    Agent::Pi(_) => write_private(
+                        &folder.dir.join("pi-dispatch"),
+                        "listed.json",
+                        expected.as_bytes(),
+                    ),
+                    Agent::Command(_) => Ok(()),
+                },
+            );
+            if let Err(e) = written {
                 hub.shutdown().await;
                 let stop = Stop::new(
                     Reason::RunnerSetupFailed,
@@ -643,14 +667,27 @@ async fn agent(
         Err(Some(stop)) => AgentEnd::Stopped(stop, usage),
         Ok(status) => {
             if let Some(report) = crate::pi_agent::read_report(folder) {
-                let stop = Stop::new(
-                    Reason::McpShadowed,
-                    None,
-                    format!(
-                        "an extension registers {}, which only the job's MCP may",
-                        report.name
+                let server = (!report.name.is_empty()).then_some(report.name.as_str());
+                let stop = match report.reason.as_str() {
+                    "mcp-unavailable" => Stop::new(
+                        Reason::McpUnavailable,
+                        server,
+                        "pi refused it: its MCP client did not take the server's answer",
                     ),
-                );
+                    "mcp-unreachable" => Stop::new(
+                        Reason::McpUnreachable,
+                        server,
+                        "pi had not listed its tools when the wait ran out",
+                    ),
+                    _ => Stop::new(
+                        Reason::McpShadowed,
+                        None,
+                        format!(
+                            "an extension registers {}, which only the job's MCP may",
+                            report.name
+                        ),
+                    ),
+                };
                 return AgentEnd::Stopped(stop, usage);
             }
             AgentEnd::Exited(status.is_some_and(|s| s.success()), usage)

@@ -49,6 +49,12 @@ impl AgentFolder {
         self.dir.join("pi-dispatch").join("report.json")
     }
 
+    /// What pi must have listed before its prompt: each server the hub serves with its number
+    /// of tools, and how long to wait (written once the hub serves).
+    pub fn expected(&self) -> PathBuf {
+        self.dir.join("pi-dispatch").join("listed.json")
+    }
+
     /// Where the `pi` shim is: first on the `PATH` pi's tools see.
     pub fn bin(&self) -> PathBuf {
         self.dir.join("pi-dispatch").join("bin")
@@ -75,6 +81,7 @@ pub fn guard_js(folder: &AgentFolder, package: &Path, codemode_models: bool) -> 
         )
         .replace("__SELF_PATH__", &js_string(&folder.guard()))
         .replace("__REPORT_PATH__", &js_string(&folder.report()))
+        .replace("__EXPECTED_PATH__", &js_string(&folder.expected()))
         .replace(
             "__CODEMODE_MODELS__",
             if codemode_models { "true" } else { "false" },
@@ -152,6 +159,7 @@ pub fn prepare(
         guard_js(folder, &pi.package, codemode_models).as_bytes(),
     )?;
     let _ = std::fs::remove_file(folder.report());
+    let _ = std::fs::remove_file(folder.expected());
     write_private(
         &folder.dir,
         "settings.json",
@@ -226,8 +234,23 @@ pub fn read_report(folder: &AgentFolder) -> Option<GuardReport> {
         && report
             .name
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'/');
-    (report.reason == "mcp-shadowed" && plain).then_some(report)
+            .all(|b| b.is_ascii_alphanumeric() || b"_-/.".contains(&b));
+    let known =
+        ["mcp-shadowed", "mcp-unavailable", "mcp-unreachable"].contains(&report.reason.as_str());
+    (known && plain).then_some(report)
+}
+
+/// `listed.json`: each server with the number of tools the hub lists of it, and the wait.
+pub fn expected_json(servers: &[(String, usize)], wait: std::time::Duration) -> String {
+    let servers: serde_json::Map<String, serde_json::Value> = servers
+        .iter()
+        .map(|(name, count)| (name.clone(), (*count).into()))
+        .collect();
+    let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+    format!(
+        "{}\n",
+        serde_json::json!({"waitMs": wait_ms, "servers": servers})
+    )
 }
 
 /// Writes a file only the job's user can read, in a folder made for it.
@@ -266,6 +289,7 @@ mod tests {
             "__CODEMODE_MODULE__",
             "__SELF_PATH__",
             "__REPORT_PATH__",
+            "__EXPECTED_PATH__",
             "__CODEMODE_MODELS__",
         ] {
             assert!(

@@ -389,3 +389,46 @@ async fn a_command_named_mcp_registered_at_session_start_ends_the_job_before_its
     assert!(line.cause.as_deref().unwrap().contains("/mcp"), "{line:?}");
     assert!(model.requests().is_empty(), "the prompt reached the model");
 }
+
+/// A stdio server whose tool list the hub takes (it reads only the names) and pi's MCP client
+/// refuses (a tool without an `inputSchema` is an invalid entry to it).
+const REFUSED_BY_PI: &str = r#"
+import readline from "node:readline";
+const out = (m) => process.stdout.write(JSON.stringify(m) + "\n");
+for await (const line of readline.createInterface({ input: process.stdin })) {
+  const m = JSON.parse(line);
+  if (m.id === undefined) continue;
+  if (m.method === "initialize") {
+    out({ jsonrpc: "2.0", id: m.id, result: { protocolVersion: m.params.protocolVersion,
+      capabilities: { tools: {} }, serverInfo: { name: "odd", version: "1.0.0" } } });
+  } else if (m.method === "tools/list") {
+    out({ jsonrpc: "2.0", id: m.id, result: { tools: [{ name: "odd" }] } });
+  } else {
+    out({ jsonrpc: "2.0", id: m.id, result: {} });
+  }
+}
+"#;
+
+/// pi's own listing counts: a server pi's MCP client refuses ends the job before its prompt with
+/// `mcp-unavailable`, naming it, though the hub had its tools; pi waits for every server (a
+/// codemode one too) before the prompt goes out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_pi_refuses_ends_the_job_before_its_prompt() {
+    let f = folders();
+    let script = f.workspace.join("odd.mjs");
+    write(&script, REFUSED_BY_PI);
+    let odd = json!({"command": "node", "args": [script.to_str().unwrap()],
+        "description": "Lists a tool pi refuses"});
+    let file = job_file(&[("fine", stdio_everything(json!({}))), ("odd", odd)]);
+    let model = FakeModel::start(vec![Step::text("done")]);
+    let line = run_pi(&f, &file, &model).await;
+    assert_eq!(line.reason.as_deref(), Some("mcp-unavailable"), "{line:?}");
+    assert_eq!(line.code, 2);
+    assert_eq!(line.server.as_deref(), Some("odd"), "{line:?}");
+    assert!(
+        model.requests().is_empty(),
+        "the model was asked before the job ended"
+    );
+    // Both were ready at the hub: it is pi's own listing that counted.
+    assert!(line.servers.iter().all(|s| s.state == "ready"), "{line:?}");
+}
