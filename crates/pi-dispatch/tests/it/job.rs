@@ -89,10 +89,17 @@ fn run_job(d: &Deployment, entry: &str, env: &[(&str, &str)], tamper: bool) -> J
         .env("HOME", d.path())
         .env("PI_DISPATCH_MCP_DIGEST", digest)
         .envs(env.iter().copied())
+        .stderr(Stdio::piped());
+    finish(cmd)
+}
+
+/// Runs the runner: its key on standard input, its signed last line read back.
+fn finish(mut cmd: Command) -> JobRun {
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
+        .spawn()
+        .unwrap();
     {
         use std::io::Write;
         child
@@ -380,8 +387,8 @@ fn excluded_tools_are_neither_listed_nor_callable() {
 fn run_bare(d: &Deployment, args: &[&std::ffi::OsStr]) -> JobRun {
     let workspace = d.path().join("workspace");
     std::fs::create_dir_all(&workspace).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_pi-dispatch"))
-        .args(["job", "--job-dir"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pi-dispatch"));
+    cmd.args(["job", "--job-dir"])
         .arg(d.path().join("no-job-files"))
         .arg("--workspace")
         .arg(&workspace)
@@ -390,29 +397,8 @@ fn run_bare(d: &Deployment, args: &[&std::ffi::OsStr]) -> JobRun {
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("HOME", d.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .and_then(|mut child| {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(format!("{KEY}\n").as_bytes())?;
-            child.wait_with_output()
-        })
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let last = stdout.lines().last().unwrap_or("").to_owned();
-    let line = protocol::exit_line::verify(&last, KEY.as_bytes())
-        .map(|l| serde_json::to_value(l).unwrap());
-    JobRun {
-        code: out.status.code().unwrap_or(-1),
-        stdout,
-        line,
-    }
+        .stderr(Stdio::null());
+    finish(cmd)
 }
 
 /// The runner's own faults are infrastructure: each has its own reason, code 1, and the worker
