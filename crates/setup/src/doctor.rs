@@ -137,6 +137,10 @@ pub struct Inputs {
     /// The default job image: whether its runner is there, and the pi version its labels give.
     pub image_runner: bool,
     pub image_pi_version: Option<String>,
+    /// A sandbox started the way the worker starts a job's (nested, the image's runner confining a
+    /// process in it): `None` when not tried (no bubblewrap or no image), else whether it worked
+    /// and, if not, what bubblewrap or the runner said. The caller fills it in (see [`gather`]).
+    pub sandbox: Option<Result<(), String>>,
 }
 
 /// Where the embedded backend expects bubblewrap, and (for a root worker) setpriv.
@@ -200,6 +204,7 @@ pub fn gather(settings: Settings) -> Inputs {
             .then(|| is_executable(Path::new(SETPRIV))),
         image_runner: is_executable(&image.join(crate::image::RUNNER)),
         image_pi_version,
+        sandbox: None,
         auth_json: present("auth.json"),
         mcp_auth_json: present("mcp-auth.json"),
         settings,
@@ -365,7 +370,21 @@ fn deployment_checks(inputs: &Inputs, out: &mut Vec<Check>) -> bool {
 fn runtime_checks(inputs: &Inputs, out: &mut Vec<Check>) {
     let s = &inputs.settings;
     out.push(if inputs.bwrap {
-        Check::ok(format!("bubblewrap: {BWRAP}"))
+        match &inputs.sandbox {
+            None => Check::ok(format!("bubblewrap: {BWRAP}")),
+            Some(Ok(())) => Check::ok(format!(
+                "bubblewrap: {BWRAP}, a job's sandbox starts and confines its processes"
+            )),
+            Some(Err(why)) => Check {
+                reason: Some("container-never-started".to_owned()),
+                ..Check::fail(
+                    format!(
+                        "bubblewrap is installed but a job's sandbox does not start: {why} (every job would end container-never-started)"
+                    ),
+                    "run doctor as the worker's user where the worker runs; a job's sandbox needs user namespaces (sysctl user.max_user_namespaces above 0), no seccomp profile that forbids unshare or mount, and, for a root worker, the job's users (nobody and the repositories' owners) mapped in its user namespace",
+                )
+            },
+        }
     } else {
         Check::fail(
             format!("bubblewrap is not installed ({BWRAP}): no job can start"),

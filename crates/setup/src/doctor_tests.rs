@@ -65,7 +65,32 @@ fn healthy() -> Inputs {
         setpriv: Some(true),
         image_runner: true,
         image_pi_version: Some("1.6.0".into()),
+        sandbox: None,
     }
+}
+
+#[test]
+fn a_sandbox_that_does_not_start_fails_the_bubblewrap_check() {
+    let tried = |sandbox| {
+        run(
+            &Inputs {
+                sandbox: Some(sandbox),
+                ..healthy()
+            },
+            &Proving::default(),
+        )
+        .into_iter()
+        .find(|c| c.label.starts_with("bubblewrap"))
+        .unwrap()
+    };
+    let started = tried(Ok(()));
+    assert_eq!(started.level, Level::Ok, "{started:?}");
+    assert!(started.label.contains("sandbox starts"), "{started:?}");
+    let refused = tried(Err("bwrap: No permissions to create a new namespace".into()));
+    assert_eq!(refused.level, Level::Fail, "{refused:?}");
+    assert_eq!(refused.reason.as_deref(), Some("container-never-started"));
+    assert!(refused.label.contains("No permissions"), "{refused:?}");
+    assert!(refused.fix.as_deref().unwrap().contains("user namespaces"));
 }
 
 #[test]

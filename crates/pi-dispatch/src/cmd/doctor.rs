@@ -61,6 +61,9 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
                     ));
                 }
             }
+            if inputs.bwrap && inputs.image_runner {
+                inputs.sandbox = Some(sandbox_probe(&settings));
+            }
             let mut checks = if settings.egress {
                 doctor::checks(&inputs, &ProxyProbe::new(&settings))
             } else {
@@ -225,6 +228,97 @@ fn human(ctx: &Context, checks: &[Check]) -> String {
         count(Level::Fail)
     );
     out
+}
+
+/// Starts a sandbox as the worker starts a job's: bubblewrap nested, with the job's network, the
+/// default image's runner confining one process in it the way it confines pi and each server.
+/// Nothing of the deployment's environment goes in.
+fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
+    use sandbox::backend::{Backend, Bubblewrap, JobSpec, Network};
+    use tokio::io::AsyncReadExt as _;
+    let folder = tempfile::Builder::new()
+        .prefix("pi-dispatch-doctor")
+        .tempdir()
+        .map_err(|e| format!("no temporary folder ({})", e.kind()))?;
+    let job_dir = folder.path().join("job");
+    let workspace = folder.path().join("workspace");
+    for dir in [&job_dir, &workspace] {
+        std::fs::create_dir(dir).map_err(|e| format!("no temporary folder ({})", e.kind()))?;
+    }
+    let image = settings
+        .job_image
+        .as_deref()
+        .unwrap_or(config::settings::DEFAULT_JOB_IMAGE);
+    let runner = std::path::Path::new(sandbox::bwrap::IMAGE).join(protocol::image::RUNNER);
+    let overlay = if settings.overlay_dir.is_dir() {
+        settings.overlay_dir.clone()
+    } else {
+        folder.path().to_owned()
+    };
+    let spec = JobSpec {
+        job_dir,
+        overlay_dir: overlay,
+        image_dir: settings.dir.join("images").join(image),
+        workspace,
+        host_user: None,
+        network: if settings.egress {
+            Network::None
+        } else {
+            Network::Host
+        },
+        program: runner.into_os_string(),
+        args: [
+            "job-confine",
+            "--private-tmp",
+            "--",
+            "/bin/sh",
+            "-c",
+            "exit 0",
+        ]
+        .iter()
+        .map(Into::into)
+        .collect(),
+        nested: true,
+    };
+    let backend = Bubblewrap {
+        bwrap: setup::doctor::BWRAP.into(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("no runtime ({})", e.kind()))?;
+    runtime.block_on(async {
+        let env = sandbox::env::JobEnv::default();
+        let mut job = backend
+            .start(&spec, &env)
+            .await
+            .map_err(|e| e.to_string())?;
+        let stderr = job.stderr();
+        let ending = job
+            .wait_with_limit(std::time::Duration::from_secs(10))
+            .await
+            .map_err(|e| format!("waiting for it failed ({})", e.kind()))?;
+        let mut said = String::new();
+        if let Some(mut stderr) = stderr {
+            let _ = (&mut stderr).take(4096).read_to_string(&mut said).await;
+        }
+        let said = said
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        match ending {
+            sandbox::bwrap::Ending::Exited(status) if status.success() => Ok(()),
+            sandbox::bwrap::Ending::Exited(status) => Err(if said.is_empty() {
+                format!("it ended with {status}")
+            } else {
+                said.trim().to_owned()
+            }),
+            sandbox::bwrap::Ending::KilledAtLimit => {
+                Err("it did not end within 10 seconds".to_owned())
+            }
+        }
+    })
 }
 
 /// The egress proxy as a job meets it: the running one (the worker's, or a standalone one), else

@@ -384,3 +384,36 @@ fn the_route_to_a_declared_endpoint_no_model_uses_is_proven_through_the_proxy() 
     );
     assert!(dns.asked("wiki.internal.example") > 0);
 }
+
+#[test]
+fn the_bubblewrap_check_starts_a_job_sandbox_the_way_the_worker_does() {
+    let d = realistic();
+    let nm = crate::common::node_modules();
+    let image = d.run(&["image", "install", "--from", nm.to_str().unwrap()]);
+    assert_eq!(image.code, 0, "{}", image.stderr);
+    let run = d.run(&["doctor"]);
+    assert!(
+        run.stdout.contains(
+            "✓ bubblewrap: /usr/bin/bwrap, a job's sandbox starts and confines its processes"
+        ),
+        "{}",
+        run.stdout
+    );
+    // A root worker in a user namespace that maps root alone (as in a container given one uid):
+    // bubblewrap is installed, but no job's sandbox can change to the job's user, so doctor fails
+    // where it used to pass.
+    let mut alone = std::process::Command::new("unshare");
+    alone.args(["--user", "--map-root-user", "--"]);
+    alone.arg(env!("CARGO_BIN_EXE_pi-dispatch")).arg("doctor");
+    d.isolate(&mut alone);
+    let run = crate::common::Run::from(alone.output().unwrap());
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    let failed = failures(&run);
+    assert!(
+        failed.iter().any(|l| l
+            .starts_with("✗ bubblewrap is installed but a job's sandbox does not start: ")
+            && l.ends_with("(every job would end container-never-started)")),
+        "{}",
+        run.stdout
+    );
+}
