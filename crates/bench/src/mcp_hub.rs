@@ -377,6 +377,7 @@ impl HubFigures {
 /// The runtime `pi-dispatch job` runs the runner on.
 fn runner_runtime() -> anyhow::Result<Runtime> {
     tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(hub::job::RUNTIME_WORKERS)
         .enable_all()
         .build()
         .context("cannot start a Tokio runtime")

@@ -127,6 +127,12 @@ fn terminated(job: &JobOptions, servers: Vec<ServerState>) -> ExitLine {
 /// The reason of a runner stopped by SIGTERM.
 pub const TERMINATED: &str = "terminated";
 
+/// The worker threads of the runner's runtime: one. Everything the runner does is relaying
+/// (pi's requests to each server, the model gateway, the egress forwarder), and a message that
+/// hops between two workers waits for the other to wake: on one thread a call through the hub
+/// adds about half as much (docs/benchmarks.md, "One worker thread").
+pub const RUNTIME_WORKERS: usize = 1;
+
 /// The job's socket to the egress proxy, in its folder, when egress is on.
 pub const EGRESS_SOCKET: &str = "egress.sock";
 

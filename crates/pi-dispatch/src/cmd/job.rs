@@ -109,6 +109,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(hub::job::RUNTIME_WORKERS)
         .enable_all()
         .build()?;
     let line = runtime.block_on(hub::job::run(options));
