@@ -33,6 +33,7 @@
 //! connect latency beside a raw loopback connection and a squid with the same rule.
 
 mod egress_proxy;
+mod job;
 mod mcp_hub;
 mod queue;
 mod sandbox_start;
@@ -135,6 +136,13 @@ struct Args {
     /// The squid program the egress measurement compares with.
     #[arg(long, value_name = "PATH", default_value = egress_proxy::SQUID)]
     squid: PathBuf,
+    /// Also measure the demo job through the worker, with and without the separation inside the
+    /// job (needs the workspace's node_modules and bubblewrap; about a minute).
+    #[arg(long)]
+    job: bool,
+    /// Timed jobs of each side (after one untimed job each).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    job_runs: u32,
     /// Internal: run the binary on the overlay in DIR and print the process figures as JSON.
     #[arg(long, value_name = "DIR", hide = true)]
     process_runner: Option<PathBuf>,
@@ -242,6 +250,16 @@ fn run(args: &Args) -> anyhow::Result<()> {
         None
     };
 
+    let job = if args.job {
+        Some(job::measure(&job::Options {
+            bin: bin.clone(),
+            node_modules: node_modules.clone(),
+            runs: args.job_runs,
+        })?)
+    } else {
+        None
+    };
+
     let sandbox = if args.sandbox {
         Some(sandbox_start::measure(&sandbox_start::Options {
             runs: args.sandbox_runs,
@@ -316,6 +334,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         if let (Some(egress), Some(object)) = (&egress, report.as_object_mut()) {
             object.insert("egress".to_owned(), egress.json());
         }
+        if let (Some(job), Some(object)) = (&job, report.as_object_mut()) {
+            object.insert("job".to_owned(), job.json());
+        }
         println!("{report}");
     } else {
         println!(
@@ -364,6 +385,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         }
         if let Some(egress) = &egress {
             egress.print();
+        }
+        if let Some(job) = &job {
+            job.print();
         }
     }
     Ok(())

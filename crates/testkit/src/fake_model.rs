@@ -45,6 +45,24 @@ impl Step {
         Step::Status(code)
     }
 
+    /// A script written as JSON (the demo's `examples/demo/script.json`): a list of
+    /// `{"call": TOOL, "args": {...}}` and `{"text": TEXT}` steps.
+    pub fn script_from_json(text: &str) -> Result<Vec<Step>, String> {
+        let steps: Vec<Value> = serde_json::from_str(text)
+            .map_err(|e| format!("the script is not a JSON list ({e})"))?;
+        steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match (s.get("call"), s.get("text")) {
+                (Some(Value::String(name)), _) => Ok(Step::call(name, s["args"].clone())),
+                (None, Some(Value::String(t))) => Ok(Step::text(t)),
+                _ => Err(format!(
+                    "step {i} is neither {{\"call\": TOOL, \"args\": ...}} nor {{\"text\": TEXT}}"
+                )),
+            })
+            .collect()
+    }
+
     /// One tool call by each route pi has to an MCP tool, against server-everything offered as
     /// `direct` (exposure `direct`), `web` (`deferred`: loaded by `tool_search` first) and
     /// `scripted` (called from a `codemode` script).
@@ -71,6 +89,8 @@ pub struct Request {
     /// Every header, names in lowercase.
     pub headers: Vec<(String, String)>,
     pub body: Value,
+    /// When its first line was read (benchmarks time a job to its first model request).
+    pub at: std::time::Instant,
 }
 
 /// What a request was, by its path and body.
@@ -296,6 +316,7 @@ fn read_request(stream: &TcpStream) -> Option<Request> {
     let mut headers = Vec::new();
     let mut path = String::new();
     let mut first = true;
+    let mut at = std::time::Instant::now();
     loop {
         let mut line = String::new();
         if reader.read_line(&mut line).ok()? == 0 {
@@ -304,12 +325,14 @@ fn read_request(stream: &TcpStream) -> Option<Request> {
         let line = line.trim_end();
         if first {
             first = false;
+            at = std::time::Instant::now();
             if line.starts_with("POST /stop ") {
                 return Some(Request {
                     path: String::new(),
                     authorization: None,
                     headers: Vec::new(),
                     body: Value::Null,
+                    at,
                 });
             }
             path = line.split(' ').nth(1).unwrap_or_default().to_owned();
@@ -336,6 +359,7 @@ fn read_request(stream: &TcpStream) -> Option<Request> {
         authorization,
         headers,
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        at,
     })
 }
 

@@ -20,19 +20,7 @@ fn main() {
     };
     let port: u16 = value("--port").parse().expect("--port is a port number");
     let text = std::fs::read_to_string(value("--script")).expect("the script file can be read");
-    let steps: Vec<serde_json::Value> =
-        serde_json::from_str(&text).expect("the script is a JSON list");
-    let script = steps
-        .iter()
-        .map(|s| match (s.get("call"), s.get("text")) {
-            (Some(name), _) => Step::call(
-                name.as_str().expect("call is a tool name"),
-                s["args"].clone(),
-            ),
-            (None, Some(t)) => Step::text(t.as_str().expect("text is text")),
-            _ => panic!("each step is {{\"call\": ..., \"args\": ...}} or {{\"text\": ...}}"),
-        })
-        .collect();
+    let script = Step::script_from_json(&text).unwrap_or_else(|e| panic!("{e}"));
     let model = FakeModel::start_on(port, script);
     println!("fake-model listening on {}", model.base_url());
     loop {

@@ -1,0 +1,476 @@
+//! `--job`: the demo job (`scripts/run`'s) through the worker, timed to its first model request
+//! ("ready") and to its record ("whole"), with and without the separation inside the job.
+//!
+//! The deployment is set up once as an operator would (`init`, `import-pi --from
+//! examples/demo/pi-agent`, `image install --from node_modules`, egress on, the model stand-in
+//! declared as an endpoint on this machine) with an egress proxy of its own (`pi-dispatch
+//! egress-proxy`). Each run is one job on a fresh repository, asked of `Worker::process` as the
+//! worker's loop asks it, against a fresh scripted model (`examples/demo/script.json`: two MCP
+//! calls on server-everything over stdio, one bash call, a last answer). A run that does not end
+//! `completed` with both MCP calls answered stops the bench.
+//!
+//! The two sides differ only in the sandbox the backend starts:
+//! - **separated**: the worker's own spec (a nested sandbox, `pi-dispatch job --confine`: pi and
+//!   each stdio server in namespaces of their own, see `docs/runner.md`);
+//! - **unseparated**: the same spec with `--confine` left out and the sandbox not nested (the job
+//!   as it ran before issue 12: pi and the servers side by side in one pid namespace).
+//!
+//! The sides alternate one by one (which goes first turning each pair), after one untimed run of
+//! each.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use protocol::job::{Job, McpField};
+use protocol::reason::Outcome;
+use sandbox::backend::{Backend, BoxFuture, Bubblewrap, JobSpec, RunningJob, StartError};
+use sandbox::env::JobEnv;
+use serde_json::{Value, json};
+use testkit::fake_model::{FakeModel, Step};
+use worker::pipeline::{Verdict, Worker};
+
+/// What the job measurement needs.
+pub struct Options {
+    /// The pi-dispatch binary (it sets the deployment up and becomes the image's runner).
+    pub bin: PathBuf,
+    pub node_modules: PathBuf,
+    /// Timed runs of each side, after one untimed run of each.
+    pub runs: u32,
+}
+
+/// One side's figures, ms.
+pub struct Side {
+    ready: Vec<f64>,
+    whole: Vec<f64>,
+}
+
+impl Side {
+    fn json(&self) -> Value {
+        json!({
+            "ready_ms": self.ready.iter().map(|v| round1(*v)).collect::<Vec<_>>(),
+            "whole_ms": self.whole.iter().map(|v| round1(*v)).collect::<Vec<_>>(),
+            "ready_median_ms": round1(median(&self.ready)),
+            "whole_median_ms": round1(median(&self.whole)),
+        })
+    }
+}
+
+/// Both sides.
+pub struct JobFigures {
+    runs: u32,
+    separated: Side,
+    unseparated: Side,
+    /// Each pair's separated ready time over its unseparated one.
+    ready_ratios: Vec<f64>,
+}
+
+/// The separation should make the job ready at most this much later (issue 12).
+pub const GOAL_READY_GROWTH: f64 = 1.05;
+
+impl JobFigures {
+    fn ready_growth(&self) -> f64 {
+        median(&self.separated.ready) / median(&self.unseparated.ready)
+    }
+
+    pub fn json(&self) -> Value {
+        json!({
+            "runs": self.runs,
+            "separated": self.separated.json(),
+            "unseparated": self.unseparated.json(),
+            "ready_growth": round3(self.ready_growth()),
+            "paired_ready_growth": round3(median(&self.ready_ratios)),
+            "whole_growth": round3(median(&self.separated.whole) / median(&self.unseparated.whole)),
+            "goal_ready_growth": GOAL_READY_GROWTH,
+            "within_goal": self.ready_growth() <= GOAL_READY_GROWTH,
+        })
+    }
+
+    pub fn print(&self) {
+        println!(
+            "job: the demo job through the worker, {} runs a side: ready (first model request) separated {:.1} ms, unseparated {:.1} ms ({:.3}x, paired {:.3}x; goal at most {GOAL_READY_GROWTH}x: {}); whole job {:.1} ms against {:.1} ms",
+            self.runs,
+            median(&self.separated.ready),
+            median(&self.unseparated.ready),
+            self.ready_growth(),
+            median(&self.ready_ratios),
+            if self.ready_growth() <= GOAL_READY_GROWTH {
+                "met"
+            } else {
+                "not met"
+            },
+            median(&self.separated.whole),
+            median(&self.unseparated.whole),
+        );
+    }
+}
+
+/// Which sandbox a run starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Separation {
+    On,
+    Off,
+}
+
+/// The embedded backend, with the separation taken out when asked.
+struct Sides {
+    inner: Bubblewrap,
+    separation: std::sync::Mutex<Separation>,
+}
+
+impl Backend for Sides {
+    fn start<'a>(
+        &'a self,
+        spec: &'a JobSpec,
+        env: &'a JobEnv,
+    ) -> BoxFuture<'a, Result<Box<dyn RunningJob>, StartError>> {
+        let separation = *self
+            .separation
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Box::pin(async move {
+            match separation {
+                Separation::On => self.inner.start(spec, env).await,
+                Separation::Off => {
+                    let plain = JobSpec {
+                        nested: false,
+                        args: spec
+                            .args
+                            .iter()
+                            .filter(|a| *a != "--confine")
+                            .cloned()
+                            .collect(),
+                        ..spec.clone()
+                    };
+                    self.inner.start(&plain, env).await
+                }
+            }
+        })
+    }
+}
+
+/// The deployment, its proxy and its model's port.
+struct Demo {
+    dir: tempfile::TempDir,
+    proxy: Child,
+    port: u16,
+    script: Vec<Step>,
+    worker: Worker,
+    sides: Arc<Sides>,
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        let _ = self.proxy.kill();
+        let _ = self.proxy.wait();
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn cli(bin: &Path, dir: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(bin)
+        .args(args)
+        .current_dir(dir)
+        .env_remove("PI_CODING_AGENT_DIR")
+        .output()
+        .with_context(|| format!("cannot run {}", bin.display()))?;
+    ensure!(
+        out.status.success(),
+        "`pi-dispatch {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+impl Demo {
+    fn new(options: &Options) -> anyhow::Result<Demo> {
+        let root = workspace_root();
+        let dir = tempfile::Builder::new()
+            .prefix("pi-dispatch-bench-job")
+            .tempdir()?;
+        let d = dir.path();
+        let bin = &options.bin;
+        cli(bin, d, &["init", "."])?;
+        let agent = root.join("examples/demo/pi-agent");
+        cli(bin, d, &["import-pi", "--from", &agent.to_string_lossy()])?;
+        cli(
+            bin,
+            d,
+            &[
+                "image",
+                "install",
+                "--from",
+                &options.node_modules.to_string_lossy(),
+            ],
+        )?;
+        // The model's port: one free now, named in the overlay's models.json and declared.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let models = d.join("pi-global/models.json");
+        let text = std::fs::read_to_string(&models)?;
+        ensure!(
+            text.contains("127.0.0.1:18555"),
+            "the demo's models.json no longer names 127.0.0.1:18555"
+        );
+        std::fs::write(&models, text.replace("18555", &port.to_string()))?;
+        std::fs::write(
+            d.join("model-endpoints.json"),
+            format!(
+                r#"{{"version": 1, "endpoints": [{{"id": "demo", "host": "127.0.0.1", "port": {port}}}]}}"#
+            ),
+        )?;
+        let env = std::fs::read_to_string(d.join(".env"))?;
+        std::fs::write(
+            d.join(".env"),
+            format!("{env}PI_PROVIDER=demo\nPI_MODEL=scripted\nDEMO_MODEL_KEY=demo-key\n"),
+        )?;
+        let script = testkit::fake_model::Step::script_from_json(&std::fs::read_to_string(
+            root.join("examples/demo/script.json"),
+        )?)
+        .map_err(anyhow::Error::msg)?;
+
+        let dotenv = config::dotenv::parse(&std::fs::read_to_string(d.join(".env"))?)
+            .map_err(|e| anyhow::anyhow!("the demo's .env: {e}"))?;
+        let get = |name: &str| config::settings::lookup(name, std::env::var(name).ok(), &dotenv);
+        let settings = config::settings::resolve(&get, d)
+            .map_err(|e| anyhow::anyhow!("the demo's settings: {e:?}"))?;
+        ensure!(settings.egress, "the demo runs with egress on");
+        let state = d.join("state");
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::create_dir_all(state.join("jobs"))?;
+            for dir in [&state, &state.join("jobs")] {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+            }
+        }
+        let proxy = Command::new(bin)
+            .arg("egress-proxy")
+            .current_dir(d)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot start the egress proxy")?;
+        let control = settings.egress_proxy_dir.join(egress::control::SOCKET);
+        let client = egress::control::Client::new(&control);
+        let since = Instant::now();
+        while client.ping().is_err() {
+            ensure!(
+                since.elapsed() < Duration::from_secs(10),
+                "the egress proxy did not answer within 10 seconds"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let sides = Arc::new(Sides {
+            inner: Bubblewrap {
+                bwrap: sandbox::bwrap::BWRAP.into(),
+            },
+            separation: std::sync::Mutex::new(Separation::On),
+        });
+        let worker = Worker {
+            jobs_dir: state.join("jobs"),
+            locks_dir: state.join("locks"),
+            backend: sides.clone(),
+            env: pickup::fs::Environment::new(dotenv.clone()),
+            time_limit: Duration::from_secs(120),
+            runner_stderr: false,
+            egress_control: control,
+            settings,
+        };
+        Ok(Demo {
+            proxy,
+            port,
+            script,
+            worker,
+            sides,
+            dir,
+        })
+    }
+
+    /// A fresh repository, owned (as the demo's) by nobody when the bench is root.
+    fn repository(&self, n: u32) -> anyhow::Result<PathBuf> {
+        let repo = self.dir.path().join(format!("repo-{n}"));
+        std::fs::create_dir(&repo)?;
+        std::fs::write(repo.join("README.md"), "# A demo repository\n")?;
+        let git = |args: &[&str]| -> anyhow::Result<()> {
+            let ok = Command::new("git")
+                .args(args)
+                .current_dir(&repo)
+                .env("GIT_CONFIG_GLOBAL", "/dev/null")
+                .env("GIT_CONFIG_NOSYSTEM", "1")
+                .stdout(Stdio::null())
+                .status()?
+                .success();
+            ensure!(ok, "git {} failed", args.join(" "));
+            Ok(())
+        };
+        git(&["init", "-q"])?;
+        git(&["add", "README.md"])?;
+        git(&[
+            "-c",
+            "user.email=demo@localhost",
+            "-c",
+            "user.name=demo",
+            "commit",
+            "-qm",
+            "A demo repository",
+        ])?;
+        if rustix::process::geteuid().is_root() {
+            let ok = Command::new("chown")
+                .args(["-R", "65534:65534"])
+                .arg(&repo)
+                .status()?
+                .success();
+            ensure!(ok, "chown of the repository failed");
+        }
+        Ok(repo)
+    }
+
+    /// One job on `side`: (ready, whole), ms.
+    fn run(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        side: Separation,
+        n: u32,
+    ) -> anyhow::Result<(f64, f64)> {
+        *self
+            .sides
+            .separation
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = side;
+        let repo = self.repository(n)?;
+        let model = FakeModel::start_on(self.port, self.script.clone());
+        let job = Job {
+            flow: Some("task".to_owned()),
+            mcp: Some(McpField::names(["everything"])),
+            provider: Some("demo".to_owned()),
+            model: Some("scripted".to_owned()),
+            folder: Some(repo.to_string_lossy().into_owned()),
+            task: Some("Echo a greeting, add 20 and 22, and leave a note.".to_owned()),
+            ..Job::new(format!("bench-{n}"), "cli", "local")
+        };
+        let (_stop, stop) = tokio::sync::watch::channel(None);
+        let start = Instant::now();
+        let verdict = runtime.block_on(self.worker.process(&job, 1, stop));
+        let whole = start.elapsed();
+        let record = match verdict {
+            Verdict::Done(r) | Verdict::Retry(r) => r,
+            Verdict::HandBack => bail!("the job was handed back"),
+        };
+        ensure!(
+            record.outcome == Outcome::Completed,
+            "the {side:?} job ended {:?} ({:?}): {:?}",
+            record.outcome,
+            record.reason,
+            record.detail
+        );
+        let answered: u64 = record.mcp.tool_calls.iter().map(|c| c.ok).sum();
+        ensure!(
+            answered == 2,
+            "the {side:?} job answered {answered} MCP calls, not 2"
+        );
+        let first = model
+            .requests()
+            .first()
+            .map(|r| r.at)
+            .context("the model saw no request")?;
+        let ready = first.duration_since(start);
+        let _ = std::fs::remove_dir_all(&repo);
+        Ok((ms(ready), ms(whole)))
+    }
+}
+
+/// Runs both sides, interleaved.
+pub fn measure(options: &Options) -> anyhow::Result<JobFigures> {
+    let demo = Demo::new(options)?;
+    // The worker's own runtime shape: bubblewrap dies with the thread that started it, and this
+    // thread lives through each job.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut n = 0;
+    for side in [Separation::On, Separation::Off] {
+        n += 1;
+        demo.run(&runtime, side, n)?;
+    }
+    let mut separated = Side {
+        ready: Vec::new(),
+        whole: Vec::new(),
+    };
+    let mut unseparated = Side {
+        ready: Vec::new(),
+        whole: Vec::new(),
+    };
+    let mut ready_ratios = Vec::new();
+    for i in 0..options.runs {
+        let order = if i % 2 == 0 {
+            [Separation::On, Separation::Off]
+        } else {
+            [Separation::Off, Separation::On]
+        };
+        let mut pair = [0.0; 2];
+        for side in order {
+            n += 1;
+            let (ready, whole) = demo.run(&runtime, side, n)?;
+            let figures = match side {
+                Separation::On => {
+                    pair[0] = ready;
+                    &mut separated
+                }
+                Separation::Off => {
+                    pair[1] = ready;
+                    &mut unseparated
+                }
+            };
+            figures.ready.push(ready);
+            figures.whole.push(whole);
+        }
+        ready_ratios.push(pair[0] / pair[1]);
+    }
+    Ok(JobFigures {
+        runs: options.runs,
+        separated,
+        unseparated,
+        ready_ratios,
+    })
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[5.0, 1.0, 3.0]), 3.0);
+    }
+}
