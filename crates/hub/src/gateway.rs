@@ -8,7 +8,7 @@
 //! ([`wire::UsageReader`]). A call it refuses stops the job: pi gets an error, and the runner is
 //! told ([`Gateway::refused`]).
 
-pub mod rules;
+pub use protocol::model_rules as rules;
 pub mod wire;
 
 use std::convert::Infallible;
@@ -674,8 +674,8 @@ pub async fn start_for_pi(
     let table = Table::build(config::catalog::builtin(), models.as_ref());
     let chosen = model.and_then(|m| m.split_once('/'));
     if let Some((provider, id)) = chosen
-        && let Some(own) = table.chat_model(provider, id)
-        && own.wire().is_none()
+        && let Some(own) =
+            rules::uncarried_chat_model(config::catalog::builtin(), models.as_ref(), provider, id)
     {
         return Err(Stop::new(
             Reason::ModelCallUnsupported,

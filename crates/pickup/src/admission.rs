@@ -984,6 +984,23 @@ fn model(i: &Inputs, models: Option<&Models>) -> Step<(ModelChoice, Option<Route
             format!("add {full} to the trigger's run.models, or choose a model on it"),
         ));
     }
+    // The job's model gateway must be able to check and meter its calls.
+    if let Some(own) =
+        protocol::model_rules::uncarried_chat_model(catalog::builtin(), models, &provider, &model)
+    {
+        return Err(refuse(
+            Reason::ModelUnsupported,
+            Detail::new(format!(
+                "{full} speaks {}, which the job's model gateway cannot check and meter",
+                own.api
+            ))
+            .model(full.clone()),
+            format!(
+                "choose a model whose provider speaks openai-completions, openai-responses or anthropic-messages, or set such an api for {provider} in {}",
+                overlay_file(i, "models.json")
+            ),
+        ));
+    }
     // The model's own endpoint, when the overlay sets one: keyless when declared so.
     let endpoint = found
         .base_url

@@ -950,3 +950,44 @@ fn every_refusal_has_a_fix_and_the_log_line_names_only() {
     assert_eq!(log["detail"]["variables"][0], "DOCS_TOKEN");
     assert!(log["fix"].as_str().unwrap().contains("DOCS_TOKEN"));
 }
+
+#[test]
+fn a_model_the_gateway_cannot_meter_is_refused_before_anything_is_spent() {
+    // An overlay provider in a wire format the gateway does not read.
+    let models = r#"{"providers": {"vertex": {"baseUrl": "https://llm.internal.example/v1", "api": "google-generative-ai", "apiKey": "$VERTEX_KEY", "models": [{"id": "gem"}]}}}"#;
+    let r = refused_by(Reason::ModelUnsupported, None, |w| {
+        w.files.models = bytes(models);
+        w.env.0.push("VERTEX_KEY");
+        w.job.provider = Some("vertex".into());
+        w.job.model = Some("gem".into());
+        w.job.models = Some(vec!["vertex/gem".into()]);
+    });
+    assert_eq!(r.detail.model.as_deref(), Some("vertex/gem"));
+    assert!(r.detail.why.contains("google-generative-ai"), "{r:?}");
+    assert!(r.fix.contains("openai-completions"), "{r:?}");
+    // The same provider speaking a format the gateway reads is admitted.
+    let mut w = world();
+    w.files.models = bytes(&models.replace("google-generative-ai", "openai-completions"));
+    w.env.0.push("VERTEX_KEY");
+    w.job.provider = Some("vertex".into());
+    w.job.model = Some("gem".into());
+    w.job.models = Some(vec!["vertex/gem".into()]);
+    assert_eq!(admitted(&w).model.model, "gem");
+    // The runner's own check agrees on every chat model of pi's catalog: the admission refuses
+    // exactly the models the runner would stop.
+    for provider in &config::catalog::builtin().providers {
+        for entry in &provider.entries {
+            let uncarried = protocol::model_rules::uncarried_chat_model(
+                config::catalog::builtin(),
+                None,
+                &provider.id,
+                &entry.id,
+            );
+            let table = protocol::model_rules::Table::build(config::catalog::builtin(), None);
+            let runner = table
+                .chat_model(&provider.id, &entry.id)
+                .filter(|m| m.wire().is_none());
+            assert_eq!(uncarried.as_ref(), runner, "{}/{}", provider.id, entry.id);
+        }
+    }
+}

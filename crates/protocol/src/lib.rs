@@ -9,6 +9,7 @@ pub mod exit_line;
 pub mod image;
 pub mod job;
 pub mod job_mcp;
+pub mod model_rules;
 pub mod pi_events;
 pub mod reason;
 pub mod usage;

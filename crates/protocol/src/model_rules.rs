@@ -9,9 +9,9 @@
 //! request's size, and its largest output (the request's own limit, else the model's), each at the
 //! model's highest price.
 
+use crate::reason::Reason;
 use config::catalog::{Catalog, ModelKind, Prices, Tier};
 use config::models::Models;
-use protocol::reason::Reason;
 
 /// The largest output pi gives a model the overlay defines without `maxTokens` (pi-ai's default).
 pub const OVERLAY_MAX_TOKENS: u64 = 16_384;
@@ -129,8 +129,18 @@ impl Table {
     /// of all of them, its `models` entries adding or replacing chat models, and its
     /// `modelOverrides` changing chat models' prices and limits; then the overlay's own providers.
     pub fn build(catalog: &Catalog, overlay: Option<&Models>) -> Table {
+        Table::compose(catalog, overlay, None)
+    }
+
+    /// The same table with `provider` alone (the job's own model needs no more).
+    pub fn of_provider(catalog: &Catalog, overlay: Option<&Models>, provider: &str) -> Table {
+        Table::compose(catalog, overlay, Some(provider))
+    }
+
+    fn compose(catalog: &Catalog, overlay: Option<&Models>, only: Option<&str>) -> Table {
+        let wanted = |name: &str| only.is_none_or(|o| o == name);
         let mut providers = Vec::new();
-        for builtin in &catalog.providers {
+        for builtin in catalog.providers.iter().filter(|p| wanted(&p.id)) {
             let mut models: Vec<Model> = builtin
                 .entries
                 .iter()
@@ -159,7 +169,7 @@ impl Table {
             providers.push((builtin.id.clone(), models));
         }
         for entry in overlay.map_or(&[][..], |o| &o.entries) {
-            if catalog.provider(&entry.name).is_some() {
+            if catalog.provider(&entry.name).is_some() || !wanted(&entry.name) {
                 continue;
             }
             let mut models = Vec::new();
@@ -200,6 +210,23 @@ impl Table {
             .iter()
             .find(|m| m.kind == ModelKind::Chat && m.id == id)
     }
+}
+
+/// The job's own chat model `provider/id` when the gateway could not carry its calls (a wire
+/// format it does not read, or a base URL pi fills in from the environment); `None` when it can,
+/// or when the table has no such model. The admission refuses such a job before anything is spent
+/// (`model-unsupported`), and the runner stops one that got past a worker of another version
+/// (`model-call-unsupported`). Pure.
+pub fn uncarried_chat_model(
+    catalog: &Catalog,
+    overlay: Option<&Models>,
+    provider: &str,
+    id: &str,
+) -> Option<Model> {
+    Table::of_provider(catalog, overlay, provider)
+        .chat_model(provider, id)
+        .filter(|m| m.wire().is_none())
+        .cloned()
 }
 
 /// The overlay's `models` entries (chat models, added or replacing one of the same id) and then its
@@ -317,7 +344,7 @@ pub struct Rules {
     pub cap: Option<f64>,
 }
 
-pub use protocol::job::{MAX_COST_VARIABLE, MODELS_VARIABLE};
+pub use crate::job::{MAX_COST_VARIABLE, MODELS_VARIABLE};
 
 impl Rules {
     /// Reads the worker's variables; a value that is not what the worker writes is refused, naming

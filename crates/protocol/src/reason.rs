@@ -152,6 +152,8 @@ reasons! {
         "The job's model is not on its trigger's model list.";
     ModelKeyMissing = "model-key-missing", Admission, Policy, None, false,
         "The worker holds no key for the job's model provider.";
+    ModelUnsupported = "model-unsupported", Admission, Policy, None, false,
+        "The job's model speaks a wire format the job's model gateway cannot check and meter.";
     // After admission, before the sandbox.
     SecretUnresolved = "secret-unresolved", Preparation, Policy, None, false,
         "A secret the trigger names was refused by its resolver.";
@@ -382,6 +384,9 @@ impl Reason {
             }
             Reason::ModelKeyMissing => {
                 "set the provider's key variable in the worker's environment"
+            }
+            Reason::ModelUnsupported => {
+                "choose a model whose provider speaks a wire format the gateway reads (OpenAI chat completions or responses, Anthropic messages), or give the overlay's models.json such an api for it"
             }
             Reason::SecretUnresolved => {
                 "check the trigger's run.secrets references against its resolver"
