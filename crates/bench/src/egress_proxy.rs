@@ -21,6 +21,7 @@
 //! throughput runs, to show where the cores go: client, upstream, proxy and forwarder all share
 //! the machine's.
 
+use crate::stats::{median, round1, round3};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
@@ -871,35 +872,9 @@ fn schedstat(task: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn median(samples: &[f64]) -> f64 {
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => s[n / 2],
-        _ => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
-}
-
-fn round1(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_median_of_odd_and_even_counts() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert_eq!(median(&[]), 0.0);
-    }
 
     fn segments(name: &str) -> Vec<String> {
         std::fs::read_dir("/dev/shm")

@@ -18,6 +18,7 @@
 //! The sides alternate one by one (which goes first turning each pair), after one untimed run of
 //! each.
 
+use crate::stats::{median, round1, round3};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -65,12 +66,20 @@ pub struct JobFigures {
     unseparated: Side,
     /// Each pair's separated ready time over its unseparated one.
     ready_ratios: Vec<f64>,
+    /// `node -e 0` in a job's nested sandbox, started directly and through `job-confine` (as pi
+    /// and each stdio server are), ms.
+    node_bare: Vec<f64>,
+    node_confined: Vec<f64>,
 }
 
 /// The separation should make the job ready at most this much later (issue 12).
 pub const GOAL_READY_GROWTH: f64 = 1.05;
 
 impl JobFigures {
+    fn confinement_added(&self) -> f64 {
+        median(&self.node_confined) - median(&self.node_bare)
+    }
+
     fn ready_growth(&self) -> f64 {
         median(&self.separated.ready) / median(&self.unseparated.ready)
     }
@@ -85,6 +94,12 @@ impl JobFigures {
             "whole_growth": round3(median(&self.separated.whole) / median(&self.unseparated.whole)),
             "goal_ready_growth": GOAL_READY_GROWTH,
             "within_goal": self.ready_growth() <= GOAL_READY_GROWTH,
+            "confinement": {
+                "runs": self.node_bare.len(),
+                "node_bare_median_ms": round1(median(&self.node_bare)),
+                "node_confined_median_ms": round1(median(&self.node_confined)),
+                "added_per_process_ms": round1(self.confinement_added()),
+            },
         })
     }
 
@@ -103,6 +118,13 @@ impl JobFigures {
             },
             median(&self.separated.whole),
             median(&self.unseparated.whole),
+        );
+        println!(
+            "job: node -e 0 in a job's sandbox, {} runs a side: {:.1} ms directly, {:.1} ms confined ({:.1} ms a process)",
+            self.node_bare.len(),
+            median(&self.node_bare),
+            median(&self.node_confined),
+            self.confinement_added(),
         );
     }
 }
@@ -386,6 +408,88 @@ impl Demo {
     }
 }
 
+impl Demo {
+    /// `node -e 0` in a sandbox as the worker starts a job's (nested, egress on, the workspace's
+    /// owner), directly or through the image's runner confining it as it confines pi and each stdio
+    /// server: `runs` pairs after one of each, alternating, ms.
+    fn confinement(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        runs: u32,
+    ) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+        use std::os::unix::fs::MetadataExt as _;
+        let d = self.dir.path();
+        let repo = self.repository(0)?;
+        let job_dir = d.join("probe");
+        std::fs::create_dir_all(&job_dir)?;
+        let meta = std::fs::metadata(&repo)?;
+        let image = Path::new(sandbox::bwrap::IMAGE);
+        let node = image.join(protocol::image::NODE);
+        let runner = image.join(protocol::image::RUNNER);
+        let spec = |confined: bool| {
+            let (program, args): (&Path, Vec<&std::ffi::OsStr>) = if confined {
+                (
+                    &runner,
+                    vec![
+                        "job-confine".as_ref(),
+                        "--private-tmp".as_ref(),
+                        "--".as_ref(),
+                        node.as_os_str(),
+                        "-e".as_ref(),
+                        "0".as_ref(),
+                    ],
+                )
+            } else {
+                (&node, vec!["-e".as_ref(), "0".as_ref()])
+            };
+            JobSpec {
+                job_dir: job_dir.clone(),
+                overlay_dir: d.join("pi-global"),
+                image_dir: d.join("images").join(config::settings::DEFAULT_JOB_IMAGE),
+                workspace: repo.clone(),
+                host_user: Some((meta.uid(), meta.gid())),
+                network: sandbox::backend::Network::None,
+                program: program.as_os_str().to_owned(),
+                args: args.into_iter().map(ToOwned::to_owned).collect(),
+                nested: true,
+            }
+        };
+        let env = JobEnv::default();
+        let once = |confined: bool| -> anyhow::Result<f64> {
+            let spec = spec(confined);
+            runtime.block_on(async {
+                let start = Instant::now();
+                let mut job = self.sides.inner.start(&spec, &env).await?;
+                let ending = job.wait_with_limit(Duration::from_secs(30)).await?;
+                let took = start.elapsed();
+                ensure!(
+                    matches!(ending, sandbox::bwrap::Ending::Exited(s) if s.success()),
+                    "node -e 0 (confined: {confined}) ended {ending:?}"
+                );
+                Ok(ms(took))
+            })
+        };
+        once(false)?;
+        once(true)?;
+        let (mut bare, mut confined) = (Vec::new(), Vec::new());
+        for i in 0..runs {
+            for side in if i % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            } {
+                let took = once(side)?;
+                if side {
+                    confined.push(took);
+                } else {
+                    bare.push(took);
+                }
+            }
+        }
+        Ok((bare, confined))
+    }
+}
+
 /// Runs both sides, interleaved.
 pub fn measure(options: &Options) -> anyhow::Result<JobFigures> {
     let demo = Demo::new(options)?;
@@ -434,43 +538,17 @@ pub fn measure(options: &Options) -> anyhow::Result<JobFigures> {
         }
         ready_ratios.push(pair[0] / pair[1]);
     }
+    let (node_bare, node_confined) = demo.confinement(&runtime, 20)?;
     Ok(JobFigures {
         runs: options.runs,
         separated,
         unseparated,
         ready_ratios,
+        node_bare,
+        node_confined,
     })
 }
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-fn round1(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert_eq!(median(&[5.0, 1.0, 3.0]), 3.0);
-    }
 }

@@ -37,6 +37,7 @@ mod job;
 mod mcp_hub;
 mod queue;
 mod sandbox_start;
+mod stats;
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};

@@ -15,6 +15,7 @@
 //!   holding 8 stdio upstreams and the hub serving them, while this process, as pi, has a session
 //!   with each and calls `echo` through it. The Node servers' memory is not the runner's.
 
+use crate::stats::{median, round1, round3};
 use std::io::{BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -151,28 +152,6 @@ fn percentile(sorted: &[f64], pct: usize) -> f64 {
         .get(rank.min(sorted.len().saturating_sub(1)))
         .copied()
         .unwrap_or(0.0)
-}
-
-fn median(samples: &[f64]) -> f64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    let at = |i: usize| sorted.get(i).copied().unwrap_or(0.0);
-    if n == 0 {
-        0.0
-    } else if n % 2 == 1 {
-        at(n / 2)
-    } else {
-        (at(n / 2 - 1) + at(n / 2)) / 2.0
-    }
-}
-
-fn round1(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 /// The same calls through the hub (with rmcp's client and with a bare one) and directly.

@@ -220,15 +220,7 @@ impl Gateway {
     /// Stops listening and ends every answer still passing through.
     pub async fn shutdown(mut self) {
         self.ct.cancel();
-        if let Some(accept) = self.accept.take() {
-            let abort = accept.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(2), accept)
-                .await
-                .is_err()
-            {
-                abort.abort();
-            }
-        }
+        crate::relay::stop_accepting(self.accept.take(), Duration::from_secs(2)).await;
         let tasks = self.state.tasks.lock().map(|mut t| std::mem::take(&mut *t));
         if let Ok(mut tasks) = tasks {
             tasks.shutdown().await;

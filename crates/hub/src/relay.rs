@@ -100,20 +100,22 @@ impl Hub {
     /// Stops listening, ends pi's sessions, then shuts every server down (its process group killed).
     pub async fn shutdown(mut self) {
         self.ct.cancel();
-        if let Some(accept) = self.accept.take() {
-            let abort = accept.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(3), accept)
-                .await
-                .is_err()
-            {
-                abort.abort();
-            }
-        }
+        stop_accepting(self.accept.take(), Duration::from_secs(3)).await;
         let mut shutdowns = JoinSet::new();
         for upstream in self.upstreams.drain(..) {
             shutdowns.spawn(upstream.shutdown());
         }
         while shutdowns.join_next().await.is_some() {}
+    }
+}
+
+/// Waits up to `grace` for an accept loop told to stop (its token cancelled) to end, then aborts it.
+pub(crate) async fn stop_accepting(accept: Option<tokio::task::JoinHandle<()>>, grace: Duration) {
+    if let Some(accept) = accept {
+        let abort = accept.abort_handle();
+        if tokio::time::timeout(grace, accept).await.is_err() {
+            abort.abort();
+        }
     }
 }
 

@@ -12,48 +12,16 @@ mod runner_support;
 use std::path::{Path, PathBuf};
 
 use config::catalog::{self, ModelKind};
-use hub::job::{Agent, JobOptions, run};
-use hub::pi_agent::PiOptions;
 use protocol::exit_line::ExitLine;
-use protocol::job_mcp::{DIGEST_VARIABLE, JobMcpFile};
-use runner_support::{bounded, job_file};
+use protocol::job_mcp::JobMcpFile;
+use runner_support::job_file;
+use runner_support::pi::{Folders, PiJob, folders, run_pi_job};
 use serde_json::{Value, json};
 use testkit::fake_model::{
     CHAT_USAGE, CLASSIFIER_USAGE, FakeModel, IMAGE_USAGE, Kind, MODEL, PROVIDER, Step,
 };
 
 const CANARY: &str = "cnry-provider-key-8d3";
-
-struct Folders {
-    _root: tempfile::TempDir,
-    job: PathBuf,
-    workspace: PathBuf,
-    overlay: PathBuf,
-    agent: PathBuf,
-    home: PathBuf,
-}
-
-fn folders() -> Folders {
-    let root = tempfile::tempdir().unwrap();
-    let at = |name: &str| {
-        let p = root.path().join(name);
-        std::fs::create_dir_all(&p).unwrap();
-        p
-    };
-    Folders {
-        job: at("job"),
-        workspace: at("workspace"),
-        overlay: at("overlay"),
-        agent: root.path().join("home/.pi-dispatch/agent"),
-        home: at("home"),
-        _root: root,
-    }
-}
-
-fn write(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, text).unwrap();
-}
 
 /// One stdio server-everything, so that codemode is on.
 fn scripted() -> JobMcpFile {
@@ -74,42 +42,20 @@ async fn run_pi(
     extra: &[(&str, &str)],
 ) -> ExitLine {
     let file = scripted();
-    write(&f.job.join("mcp.json"), &file.text);
-    write(&f.job.join("prompt.md"), "Do the task, then say done.\n");
-    write(&f.overlay.join("models.json"), models_json);
-    let node_dir = testkit::node()
-        .parent()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_owned();
-    let mut vars = vec![
-        ("PATH", format!("{node_dir}:/usr/bin:/bin")),
-        (key_variable, CANARY.to_owned()),
-        ("PI_OFFLINE", "1".to_owned()),
-        ("PI_SKIP_VERSION_CHECK", "1".to_owned()),
-        (DIGEST_VARIABLE, file.digest.clone()),
-    ];
-    vars.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
-    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let env = runner_support::runner_env(&f.home, &vars);
-    let options = JobOptions {
-        job_id: "job-gw".to_owned(),
-        job_dir: f.job.clone(),
-        workspace: f.workspace.clone(),
-        agent_dir: f.agent.clone(),
-        agent: Agent::Pi(PiOptions {
-            node: testkit::node(),
-            package: testkit::pi_package(),
-            prompt: f.job.join("prompt.md"),
-            model: Some(model.to_owned()),
-            overlay: Some(f.overlay.clone()),
-        }),
-        env,
-        guard: None,
-        confine: None,
-    };
-    bounded(run(options)).await
+    let mut vars = vec![(key_variable, CANARY)];
+    vars.extend_from_slice(extra);
+    run_pi_job(
+        f,
+        PiJob {
+            id: "job-gw",
+            file: &file,
+            prompt: "Do the task, then say done.\n",
+            models_json,
+            model,
+            vars: &vars,
+        },
+    )
+    .await
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
@@ -504,45 +450,18 @@ async fn a_pi_that_a_stdio_server_starts_is_metered_through_the_same_gateway() {
         json!({"command": "sh", "args": ["-c", start], "description": "starts a pi"}),
     )]);
     let model = FakeModel::start(vec![Step::text("child done"), Step::text("done")]);
-    write(&f.job.join("mcp.json"), &file.text);
-    write(&f.job.join("prompt.md"), "Say done.\n");
-    write(
-        &f.overlay.join("models.json"),
-        &model.models_json("FAKE_API_KEY"),
-    );
-    let node_dir = testkit::node()
-        .parent()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_owned();
-    let env = runner_support::runner_env(
-        &f.home,
-        &[
-            ("PATH", &format!("{node_dir}:/usr/bin:/bin")),
-            ("FAKE_API_KEY", CANARY),
-            ("PI_OFFLINE", "1"),
-            ("PI_SKIP_VERSION_CHECK", "1"),
-            (DIGEST_VARIABLE, &file.digest),
-        ],
-    );
-    let options = JobOptions {
-        job_id: "job-child".to_owned(),
-        job_dir: f.job.clone(),
-        workspace: f.workspace.clone(),
-        agent_dir: f.agent.clone(),
-        agent: Agent::Pi(PiOptions {
-            node: testkit::node(),
-            package: testkit::pi_package(),
-            prompt: f.job.join("prompt.md"),
-            model: Some(format!("{PROVIDER}/{MODEL}")),
-            overlay: Some(f.overlay.clone()),
-        }),
-        env,
-        guard: None,
-        confine: None,
-    };
-    let line = bounded(run(options)).await;
+    let line = run_pi_job(
+        &f,
+        PiJob {
+            id: "job-child",
+            file: &file,
+            prompt: "Say done.\n",
+            models_json: &model.models_json("FAKE_API_KEY"),
+            model: &format!("{PROVIDER}/{MODEL}"),
+            vars: &[("FAKE_API_KEY", CANARY)],
+        },
+    )
+    .await;
     let requests = model.requests();
     let child = std::fs::read_to_string(f.workspace.join("child.out")).unwrap_or_default();
     assert_eq!(line.code, 0, "{line:?}\n{child}");

@@ -13,48 +13,15 @@ mod runner_support;
 
 use std::path::{Path, PathBuf};
 
-use hub::job::{Agent, JobOptions, run};
-use hub::pi_agent::PiOptions;
 use protocol::exit_line::ExitLine;
-use protocol::job_mcp::{DIGEST_VARIABLE, JobMcpFile};
-use runner_support::{bounded, job_file};
+use protocol::job_mcp::JobMcpFile;
+use runner_support::job_file;
+use runner_support::pi::{Folders, PiJob, folders, run_pi_job, write};
 use serde_json::{Value, json};
 use testkit::fake_model::{FakeModel, MODEL, PROVIDER, Step};
 
 const MODEL_KEY: &str = "cnry-model-key-0d4";
 const SERVER_TOKEN: &str = "cnry-srv-tok-6b1";
-
-/// A job's folders: the job's files, the workspace, the overlay and pi's private agent folder.
-struct Folders {
-    _root: tempfile::TempDir,
-    job: PathBuf,
-    workspace: PathBuf,
-    overlay: PathBuf,
-    agent: PathBuf,
-    home: PathBuf,
-}
-
-fn folders() -> Folders {
-    let root = tempfile::tempdir().unwrap();
-    let at = |name: &str| {
-        let p = root.path().join(name);
-        std::fs::create_dir_all(&p).unwrap();
-        p
-    };
-    Folders {
-        job: at("job"),
-        workspace: at("workspace"),
-        overlay: at("overlay"),
-        agent: root.path().join("home/.pi-dispatch/agent"),
-        home: at("home"),
-        _root: root,
-    }
-}
-
-fn write(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, text).unwrap();
-}
 
 /// A stdio server-everything entry.
 fn stdio_everything(extra: Value) -> Value {
@@ -72,49 +39,18 @@ fn stdio_everything(extra: Value) -> Value {
 
 /// Runs the job with real pi against `model`, the job file `file`, in `f`.
 async fn run_pi(f: &Folders, file: &JobMcpFile, model: &FakeModel) -> ExitLine {
-    write(&f.job.join("mcp.json"), &file.text);
-    write(
-        &f.job.join("prompt.md"),
-        "Use the MCP tools, then say done.\n",
-    );
-    write(
-        &f.overlay.join("models.json"),
-        &model.models_json("FAKE_API_KEY"),
-    );
-    let node_dir = testkit::node()
-        .parent()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_owned();
-    let env = runner_support::runner_env(
-        &f.home,
-        &[
-            ("PATH", &format!("{node_dir}:/usr/bin:/bin")),
-            ("FAKE_API_KEY", MODEL_KEY),
-            ("SERVER_TOKEN", SERVER_TOKEN),
-            ("PI_OFFLINE", "1"),
-            ("PI_SKIP_VERSION_CHECK", "1"),
-            (DIGEST_VARIABLE, &file.digest),
-        ],
-    );
-    let options = JobOptions {
-        job_id: "job-pi".to_owned(),
-        job_dir: f.job.clone(),
-        workspace: f.workspace.clone(),
-        agent_dir: f.agent.clone(),
-        agent: Agent::Pi(PiOptions {
-            node: testkit::node(),
-            package: testkit::pi_package(),
-            prompt: f.job.join("prompt.md"),
-            model: Some(format!("{PROVIDER}/{MODEL}")),
-            overlay: Some(f.overlay.clone()),
-        }),
-        env,
-        guard: None,
-        confine: None,
-    };
-    bounded(run(options)).await
+    run_pi_job(
+        f,
+        PiJob {
+            id: "job-pi",
+            file,
+            prompt: "Use the MCP tools, then say done.\n",
+            models_json: &model.models_json("FAKE_API_KEY"),
+            model: &format!("{PROVIDER}/{MODEL}"),
+            vars: &[("FAKE_API_KEY", MODEL_KEY), ("SERVER_TOKEN", SERVER_TOKEN)],
+        },
+    )
+    .await
 }
 
 fn calls(line: &ExitLine, server: &str, tool: &str) -> u64 {

@@ -32,6 +32,8 @@ pub async fn bounded<T>(test: impl Future<Output = T>) -> T {
 
 pub use testkit::{node, node_modules};
 
+pub mod pi;
+
 /// The job file the worker writes for `entries` (name, overlay entry), with its digest.
 pub fn job_file(entries: &[(&str, Value)]) -> JobMcpFile {
     let entries: Vec<(String, config::json::Json)> = entries

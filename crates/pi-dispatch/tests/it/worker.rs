@@ -578,31 +578,7 @@ fn a_cron_trigger_queues_its_job_on_schedule_while_the_worker_runs() {
         "run": {"kind": "local", "folder": s.repo.to_str().unwrap(), "task": "Tidy up.",
                 "flow": "task", "mcp": ["direct"]}
     }]});
-    s.d.write("triggers.json", &triggers.to_string());
-    s.seal();
-    let mut cmd = s.d.command(&["worker", "--poll-ms", "100"]);
-    cmd.env("FAKE_API_KEY", MODEL_KEY)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let mut worker = cmd.spawn().unwrap();
-    let runs = s.d.path().join("state/runs");
-    let until = Instant::now() + Duration::from_secs(60);
-    let first = loop {
-        let found: Vec<PathBuf> = std::fs::read_dir(&runs)
-            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
-            .unwrap_or_default();
-        if let Some(first) = found
-            .into_iter()
-            .find(|p| p.extension().is_some_and(|e| e == "json"))
-        {
-            break first;
-        }
-        assert!(Instant::now() < until, "no cron job was recorded");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    worker.kill().unwrap();
-    worker.wait().unwrap();
-    let record: Value = serde_json::from_str(&std::fs::read_to_string(&first).unwrap()).unwrap();
+    let record = first_cron_record(&s, &triggers, Duration::from_secs(60));
     assert_eq!(record["triggerType"], "cron");
     assert_eq!(record["triggerIndex"], 0);
     assert_eq!(record["outcome"], "completed", "{record:#}");
@@ -793,31 +769,7 @@ fn a_model_call_off_the_triggers_list_stops_the_job_and_its_record_counts_every_
         "run": {"kind": "local", "folder": s.repo.to_str().unwrap(), "task": "Tidy up.",
                 "flow": "task", "mcp": ["direct"], "models": ["fake/fake-model"], "maxCostUsd": 5}
     }]});
-    s.d.write("triggers.json", &triggers.to_string());
-    s.seal();
-    let mut cmd = s.d.command(&["worker", "--poll-ms", "100"]);
-    cmd.env("FAKE_API_KEY", MODEL_KEY)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let mut worker = cmd.spawn().unwrap();
-    let runs = s.d.path().join("state/runs");
-    let until = Instant::now() + Duration::from_secs(90);
-    let first = loop {
-        let found: Vec<PathBuf> = std::fs::read_dir(&runs)
-            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
-            .unwrap_or_default();
-        if let Some(first) = found
-            .into_iter()
-            .find(|p| p.extension().is_some_and(|e| e == "json"))
-        {
-            break first;
-        }
-        assert!(Instant::now() < until, "no cron job was recorded");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    worker.kill().unwrap();
-    worker.wait().unwrap();
-    let record: Value = serde_json::from_str(&std::fs::read_to_string(&first).unwrap()).unwrap();
+    let record = first_cron_record(&s, &triggers, Duration::from_secs(90));
     assert_eq!(record["outcome"], "policy", "{record:#}");
     assert_eq!(record["reason"], "model-call-not-allowed", "{record:#}");
     assert_eq!(record["exitCode"], 2);
@@ -871,4 +823,34 @@ fn a_pi_that_a_stdio_server_starts_in_the_sandbox_is_metered_through_the_gateway
     // The child's call is in the record: one turn of the job's pi, two calls metered.
     assert_eq!(record["turns"], 1);
     assert_eq!(record["tokens"]["input"], 200, "{record:#}");
+}
+
+/// Seals `triggers` into the deployment, runs the worker until the first cron job is recorded
+/// (within `bound`), stops it, and returns that record.
+fn first_cron_record(s: &Service, triggers: &Value, bound: Duration) -> Value {
+    s.d.write("triggers.json", &triggers.to_string());
+    s.seal();
+    let mut cmd = s.d.command(&["worker", "--poll-ms", "100"]);
+    cmd.env("FAKE_API_KEY", MODEL_KEY)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut worker = cmd.spawn().unwrap();
+    let runs = s.d.path().join("state/runs");
+    let until = Instant::now() + bound;
+    let first = loop {
+        let found: Vec<PathBuf> = std::fs::read_dir(&runs)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        if let Some(first) = found
+            .into_iter()
+            .find(|p| p.extension().is_some_and(|e| e == "json"))
+        {
+            break first;
+        }
+        assert!(Instant::now() < until, "no cron job was recorded");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    serde_json::from_str(&std::fs::read_to_string(&first).unwrap()).unwrap()
 }

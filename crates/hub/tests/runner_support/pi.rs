@@ -1,0 +1,94 @@
+//! Real pi in a job: the job's folders, its files as the worker writes them, and the runner run
+//! with pi as its agent, without the worker's confinement (the hub's tests run on the host).
+
+use std::path::{Path, PathBuf};
+
+use hub::job::{Agent, JobOptions, run};
+use hub::pi_agent::PiOptions;
+use protocol::exit_line::ExitLine;
+use protocol::job_mcp::{DIGEST_VARIABLE, JobMcpFile};
+
+use super::bounded;
+
+/// A job's folders: the job's files, the workspace, the overlay and pi's private agent folder.
+pub struct Folders {
+    _root: tempfile::TempDir,
+    pub job: PathBuf,
+    pub workspace: PathBuf,
+    pub overlay: PathBuf,
+    pub agent: PathBuf,
+    pub home: PathBuf,
+}
+
+pub fn folders() -> Folders {
+    let root = tempfile::tempdir().unwrap();
+    let at = |name: &str| {
+        let p = root.path().join(name);
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    };
+    Folders {
+        job: at("job"),
+        workspace: at("workspace"),
+        overlay: at("overlay"),
+        agent: root.path().join("home/.pi-dispatch/agent"),
+        home: at("home"),
+        _root: root,
+    }
+}
+
+pub fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// One job of pi: its id, the job's `mcp.json`, its prompt, the overlay's `models.json`, its
+/// model (`provider/id`) and the worker's variables beyond `PATH` (Node first), pi's offline
+/// switches and the file's digest.
+pub struct PiJob<'a> {
+    pub id: &'a str,
+    pub file: &'a JobMcpFile,
+    pub prompt: &'a str,
+    pub models_json: &'a str,
+    pub model: &'a str,
+    pub vars: &'a [(&'a str, &'a str)],
+}
+
+/// Writes the job's files in `f` and runs the runner with pi, under the tests' bound.
+pub async fn run_pi_job(f: &Folders, job: PiJob<'_>) -> ExitLine {
+    write(&f.job.join("mcp.json"), &job.file.text);
+    write(&f.job.join("prompt.md"), job.prompt);
+    write(&f.overlay.join("models.json"), job.models_json);
+    let node_dir = testkit::node()
+        .parent()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("{node_dir}:/usr/bin:/bin");
+    let mut vars = vec![
+        ("PATH", path.as_str()),
+        ("PI_OFFLINE", "1"),
+        ("PI_SKIP_VERSION_CHECK", "1"),
+        (DIGEST_VARIABLE, job.file.digest.as_str()),
+    ];
+    vars.extend_from_slice(job.vars);
+    let env = super::runner_env(&f.home, &vars);
+    let options = JobOptions {
+        job_id: job.id.to_owned(),
+        job_dir: f.job.clone(),
+        workspace: f.workspace.clone(),
+        agent_dir: f.agent.clone(),
+        agent: Agent::Pi(PiOptions {
+            node: testkit::node(),
+            package: testkit::pi_package(),
+            prompt: f.job.join("prompt.md"),
+            model: Some(job.model.to_owned()),
+            overlay: Some(f.overlay.clone()),
+        }),
+        env,
+        guard: None,
+        confine: None,
+    };
+    bounded(run(options)).await
+}
