@@ -9,13 +9,11 @@
 
 mod runner_support;
 
-use std::path::{Path, PathBuf};
-
 use config::catalog::{self, ModelKind};
 use protocol::exit_line::ExitLine;
 use protocol::job_mcp::JobMcpFile;
 use runner_support::job_file;
-use runner_support::pi::{Folders, PiJob, folders, run_pi_job};
+use runner_support::pi::{Folders, PiJob, folders, run_pi_job, walk};
 use serde_json::{Value, json};
 use testkit::fake_model::{
     CHAT_USAGE, CLASSIFIER_USAGE, FakeModel, IMAGE_USAGE, Kind, MODEL, PROVIDER, Step,
@@ -56,19 +54,6 @@ async fn run_pi(
         },
     )
     .await
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = entry.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -11,12 +11,10 @@
 
 mod runner_support;
 
-use std::path::{Path, PathBuf};
-
 use protocol::exit_line::ExitLine;
 use protocol::job_mcp::JobMcpFile;
 use runner_support::job_file;
-use runner_support::pi::{Folders, PiJob, folders, run_pi_job, write};
+use runner_support::pi::{Folders, PiJob, folders, run_pi_job, walk, write};
 use serde_json::{Value, json};
 use testkit::fake_model::{FakeModel, MODEL, PROVIDER, Step};
 
@@ -250,23 +248,6 @@ async fn codemode_models_follow_the_overlay() {
             "codemodeModels {models}: {results:#?}"
         );
     }
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-    {
-        let p = entry.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread")]

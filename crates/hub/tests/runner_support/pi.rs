@@ -92,3 +92,17 @@ pub async fn run_pi_job(f: &Folders, job: PiJob<'_>) -> ExitLine {
     };
     bounded(run(options)).await
 }
+
+/// Every file under `dir`, at any depth.
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
