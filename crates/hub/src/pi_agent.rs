@@ -18,7 +18,7 @@ use serde::Deserialize;
 pub struct PiOptions {
     /// The Node.js binary.
     pub node: PathBuf,
-    /// pi's package folder (`@earendil-works/pi-coding-agent`), holding `dist/cli.js`.
+    /// pi's package folder (`@earendil-works/pi-coding-agent`), holding [`ENTRY`].
     pub package: PathBuf,
     /// The job's prompt (`/job/prompt.md`), given to pi on its standard input.
     pub prompt: PathBuf,
@@ -29,8 +29,20 @@ pub struct PiOptions {
     pub overlay: Option<PathBuf>,
 }
 
+/// The program pi's package starts as (its `pi` bin): one bundle, which keeps Node's compile cache.
+/// The unbundled `dist/cli.js` loads hundreds of modules and starts about twice as slowly.
+pub const ENTRY: &str = "dist/bundle/cli.js";
+
+/// What the bundle exports to extensions: the runner's extension takes pi's MCP and codemode
+/// extensions from here, so that it shares the running pi's modules instead of loading a second
+/// copy of pi from `dist/`.
+pub const INDEX: &str = "dist/bundle/index.js";
+
 /// The runner's extension file, before its constants are filled in.
 const GUARD_TEMPLATE: &str = include_str!("pi_guard.js");
+
+/// The runner's extension's file name, in the agent folder's `pi-dispatch/`.
+const GUARD_FILE: &str = "mcp.mjs";
 
 /// The exit code the extension ends pi with when a name is shadowed.
 pub const SHADOWED_EXIT: i32 = 70;
@@ -42,7 +54,9 @@ pub struct AgentFolder {
 
 impl AgentFolder {
     pub fn guard(&self) -> PathBuf {
-        self.dir.join("pi-dispatch").join("mcp.js")
+        // An ES module by its name: pi's loader imports it as it is, with no transpile (and so no
+        // transpile cache in the job's fresh /tmp).
+        self.dir.join("pi-dispatch").join(GUARD_FILE)
     }
 
     pub fn report(&self) -> PathBuf {
@@ -74,11 +88,8 @@ fn js_string(path: &Path) -> String {
 pub fn guard_js(folder: &AgentFolder, package: &Path, codemode_models: bool) -> String {
     let module = |rel: &str| js_string(&package.join(rel));
     GUARD_TEMPLATE
-        .replace("__MCP_MODULE__", &module("dist/extensions/mcp/index.js"))
-        .replace(
-            "__CODEMODE_MODULE__",
-            &module("dist/extensions/codemode/index.js"),
-        )
+        .replace("__MCP_MODULE__", &module(INDEX))
+        .replace("__CODEMODE_MODULE__", &module(INDEX))
         .replace("__SELF_PATH__", &js_string(&folder.guard()))
         .replace("__REPORT_PATH__", &js_string(&folder.report()))
         .replace("__EXPECTED_PATH__", &js_string(&folder.expected()))
@@ -129,7 +140,7 @@ pub fn shim(node: &Path, package: &Path) -> String {
     format!(
         "#!/bin/sh\n# pi inside a pi-dispatch job: MCP is the job's, so a pi started here gets --no-mcp.\nexec {} {} --no-mcp \"$@\"\n",
         quote(node),
-        quote(&package.join("dist/cli.js"))
+        quote(&package.join(ENTRY))
     )
 }
 
@@ -155,7 +166,7 @@ pub fn prepare(
     let own = folder.dir.join("pi-dispatch");
     write_private(
         &own,
-        "mcp.js",
+        GUARD_FILE,
         guard_js(folder, &pi.package, codemode_models).as_bytes(),
     )?;
     let _ = std::fs::remove_file(folder.report());
@@ -198,10 +209,7 @@ pub fn prepare(
 /// leaves out of what it offers the model.
 pub fn args(pi: &PiOptions, exclude: &[String]) -> Vec<String> {
     let mut args = vec![
-        pi.package
-            .join("dist/cli.js")
-            .to_string_lossy()
-            .into_owned(),
+        pi.package.join(ENTRY).to_string_lossy().into_owned(),
         "--mode".to_owned(),
         "json".to_owned(),
         "--no-session".to_owned(),
@@ -297,8 +305,15 @@ mod tests {
                 "{placeholder}"
             );
         }
-        assert!(js.contains(r#"from "/opt/pi/dist/extensions/mcp/index.js""#));
-        assert!(js.contains(r#"const SELF = "/home/job/.pi-dispatch/agent/pi-dispatch/mcp.js""#));
+        assert!(
+            js.contains(r#"import { createMcpExtension } from "/opt/pi/dist/bundle/index.js""#)
+        );
+        assert!(
+            js.contains(
+                r#"import { createCodemodeExtension } from "/opt/pi/dist/bundle/index.js""#
+            )
+        );
+        assert!(js.contains(r#"const SELF = "/home/job/.pi-dispatch/agent/pi-dispatch/mcp.mjs""#));
         assert!(js.contains("const CODEMODE_MODELS = false;"));
         assert!(
             guard_js(&folder(), Path::new("/opt/pi"), true)
@@ -314,7 +329,7 @@ mod tests {
             on["extensions"],
             serde_json::json!([
                 "-builtin:mcp",
-                "/home/job/.pi-dispatch/agent/pi-dispatch/mcp.js"
+                "/home/job/.pi-dispatch/agent/pi-dispatch/mcp.mjs"
             ])
         );
         let off: serde_json::Value =
@@ -355,7 +370,7 @@ mod tests {
         let text = shim(Path::new("/opt/node/bin/node"), Path::new("/opt/it's pi"));
         assert!(
             text.ends_with(
-                "exec '/opt/node/bin/node' '/opt/it'\\''s pi/dist/cli.js' --no-mcp \"$@\"\n"
+                "exec '/opt/node/bin/node' '/opt/it'\\''s pi/dist/bundle/cli.js' --no-mcp \"$@\"\n"
             ),
             "{text}"
         );

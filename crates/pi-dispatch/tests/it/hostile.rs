@@ -101,7 +101,10 @@ fn a_hostile_job_reads_no_credential_but_its_own() {
         !cmdlines.contains("bin/pi-dispatch job ") && !cmdlines.contains("server-everything"),
         "{cmdlines}"
     );
-    assert!(cmdlines.contains("dist/cli.js"), "pi itself: {cmdlines}");
+    assert!(
+        cmdlines.contains("dist/bundle/cli.js"),
+        "pi itself: {cmdlines}"
+    );
     // A pi started by hand lists no server's tools.
     let by_hand = attack.split("== pi by hand").nth(1).unwrap_or_default();
     assert!(!by_hand.contains("\"echo\""), "{by_hand}");
@@ -117,7 +120,7 @@ fn a_hostile_job_reads_no_credential_but_its_own() {
     for seen in spy["seen"].as_array().unwrap() {
         let seen = seen.as_str().unwrap();
         assert!(
-            !seen.contains("dist/cli.js")
+            !seen.contains("/cli.js")
                 && !seen.contains("pi-dispatch job ")
                 && !seen.contains(&format!("{EVERYTHING} stdio")),
             "the spy saw {seen}: {spy:#}"

@@ -36,6 +36,8 @@ unshare -U true 2>&1 && echo USERNS-MADE
 echo "== hub"
 node /workspace/hub.mjs
 echo "== pi by hand"
-timeout 30 node /opt/pi-dispatch-image/node_modules/@earendil-works/pi-coding-agent/dist/cli.js mcp list --json 2>&1 | head -c 3000
-echo
+for entry in dist/cli.js dist/bundle/cli.js; do
+  timeout 30 node "/opt/pi-dispatch-image/node_modules/@earendil-works/pi-coding-agent/$entry" mcp list --json 2>&1 | head -c 3000
+  echo
+done
 echo "== end"
