@@ -699,7 +699,8 @@ async fn connect(
 /// When a tunnel last carried anything.
 pub(crate) struct Activity {
     start: Instant,
-    /// Milliseconds after `start`.
+    /// Microseconds after `start` (milliseconds, floored, made a tunnel look idle up to a
+    /// millisecond before it was).
     last: AtomicU64,
 }
 
@@ -712,8 +713,8 @@ impl Activity {
     }
 
     fn moved(&self) {
-        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last.store(ms, Ordering::Relaxed);
+        let us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.last.store(us, Ordering::Relaxed);
     }
 
     /// Returns once nothing has moved for `idle`.
@@ -722,7 +723,7 @@ impl Activity {
             let since = self
                 .start
                 .elapsed()
-                .saturating_sub(Duration::from_millis(self.last.load(Ordering::Relaxed)));
+                .saturating_sub(Duration::from_micros(self.last.load(Ordering::Relaxed)));
             if since >= idle {
                 return;
             }
