@@ -202,7 +202,19 @@ impl Core {
         if self.closed.is_cancelled() {
             return Err(RpcError::Closed);
         }
-        self.send_as(sent, bytes).await?;
+        let mut answered = answered;
+        {
+            // Over HTTP, sending a request waits for its answer on the response's own stream,
+            // resumed when it breaks; a server may answer on the session's stream instead (as one
+            // resuming a request's stream there does), and that answer ends the wait.
+            let sending = self.send_as(sent, bytes);
+            tokio::pin!(sending);
+            tokio::select! {
+                biased;
+                sent = &mut sending => sent?,
+                answer = &mut answered => return answer.unwrap_or(Err(RpcError::Closed)),
+            }
+        }
         // A connection that closes answers every request waiting (`close`), this one included: it
         // was waiting before the close, or saw it above.
         answered.await.unwrap_or(Err(RpcError::Closed))

@@ -223,6 +223,28 @@ async fn answers_in_an_event_stream_are_read() {
 }
 
 #[tokio::test]
+async fn an_answer_on_the_sessions_stream_ends_the_calls_wait() {
+    // The call's stream ends with no answer (the client resumes it, in vain); the answer comes on
+    // the session's own stream, and it is the call's.
+    let server = FaultServer::start().await;
+    let up = upstream(&server.base(), "answer-elsewhere", &HttpPolicy::default());
+    let client = tokio::time::timeout(BOUND, connect(up.transport))
+        .await
+        .unwrap()
+        .unwrap();
+    let call = client.peer.request(
+        "tools/call",
+        json!({"name": "echo", "arguments": {"message": "elsewhere"}}),
+    );
+    let result = tokio::time::timeout(BOUND, call)
+        .await
+        .expect("the answer on the session's stream is taken")
+        .unwrap();
+    assert_eq!(result["content"][0]["text"], "Echo: elsewhere");
+    client.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_session_the_server_ended_is_started_anew_and_the_request_sent_again() {
     let server = FaultServer::start().await;
     let up = upstream(&server.base(), "expire", &HttpPolicy::default());

@@ -61,6 +61,9 @@ pub struct State {
     pub connections: AtomicUsize,
     /// `initialize` requests answered: each starts session `session-<n>`.
     pub sessions: AtomicUsize,
+    /// `answer-elsewhere`: the answer to the last `tools/call`, which goes out on the session's
+    /// own event stream rather than on the call's.
+    pub elsewhere: Mutex<Option<String>>,
 }
 
 pub struct FaultServer {
@@ -218,7 +221,7 @@ async fn serve_one(stream: TcpStream, addr: SocketAddr, state: Arc<State>) -> st
         "flaky" if state.flaky_hits.fetch_add(1, Ordering::SeqCst) == 0 => {
             respond(&mut stream, 500, &[], "text/plain", b"starting").await
         }
-        "flaky" | "mcp" | "mcp-sse" | "revoke" | "followed" | "expire" => {
+        "flaky" | "mcp" | "mcp-sse" | "revoke" | "followed" | "expire" | "answer-elsewhere" => {
             mcp(&mut stream, &seen, &kind, &state).await
         }
         _ => respond(&mut stream, 404, &[], "text/plain", b"").await,
@@ -321,6 +324,7 @@ async fn mcp(
     state: &State,
 ) -> std::io::Result<()> {
     match seen.method.as_str() {
+        "GET" if kind == "answer-elsewhere" => return session_stream(stream, seen, state).await,
         "GET" => return respond(stream, 405, &[], "text/plain", b"").await,
         "DELETE" => return respond(stream, 200, &[], "text/plain", b"").await,
         _ => {}
@@ -380,12 +384,49 @@ async fn mcp(
     };
     let answer = json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string();
     let session = [("Mcp-Session-Id", session.as_str())];
+    if kind == "answer-elsewhere" && method == "tools/call" {
+        // The call's own stream ends with no answer; the session's stream carries it.
+        *state.elsewhere.lock().unwrap() = Some(answer);
+        let body = "id: p1\nretry: 100\ndata: \n\n";
+        return respond(stream, 200, &session, "text/event-stream", body.as_bytes()).await;
+    }
     if kind == "mcp-sse" {
         let body = format!("event: message\nid: 1\ndata: {answer}\n\n");
         respond(stream, 200, &session, "text/event-stream", body.as_bytes()).await
     } else {
         respond(stream, 200, &session, "application/json", answer.as_bytes()).await
     }
+}
+
+/// `answer-elsewhere`'s session stream: the first one (no `Last-Event-ID`) carries the answer
+/// to the call once there is one; a resumed one carries nothing. Each stays open until the client
+/// goes.
+async fn session_stream(stream: &mut TcpStream, seen: &Seen, state: &State) -> std::io::Result<()> {
+    stream
+        .write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n",
+        )
+        .await?;
+    if seen.header("last-event-id").is_some() {
+        stream.write_all(b"id: g2\nretry: 100\ndata: \n\n").await?;
+    } else {
+        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+        let answer = loop {
+            if let Some(answer) = state.elsewhere.lock().unwrap().take() {
+                break answer;
+            }
+            if tokio::time::Instant::now() > until {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        stream
+            .write_all(format!("id: g1\ndata: {answer}\n\n").as_bytes())
+            .await?;
+    }
+    stream.flush().await?;
+    tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+    Ok(())
 }
 
 /// Connects `transport` as the runner connects an HTTP server: the handshake, then the tool list.
