@@ -302,6 +302,9 @@ fn judge(error: &(dyn std::error::Error + 'static)) -> Option<Failure> {
     }
 }
 
+/// How long connecting waits for an HTTP server to answer the session stream's `GET`.
+const STREAM_OPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Starts a stdio server and connects it: `command` with `args`, exactly `env` (nothing inherited),
 /// in `cwd`, in its own process group, stdin and stdout for MCP, stderr kept in memory (the last
 /// [`STDERR_TAIL_BYTES`]). A dropped future kills the server's whole group.
@@ -444,7 +447,11 @@ async fn handshake(
         .map_err(failed)?;
     if let Some(http) = core.http() {
         let weak: std::sync::Weak<Core> = Arc::downgrade(&core);
-        http.listen(weak);
+        // The session's stream is opened before the tool list is asked for (a server may answer
+        // a later request there); a server slow to answer its GET holds the connect up to
+        // `STREAM_OPEN_WAIT`, and its stream opens whenever it answers.
+        let opened = http.listen_opened(weak);
+        let _ = tokio::time::timeout(STREAM_OPEN_WAIT, opened).await;
     }
     // A server that offers no tools has none to list.
     let offers_tools = info["capabilities"]

@@ -19,7 +19,7 @@ use futures::stream::{BoxStream, Stream, StreamExt};
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode, Url};
 use sse_stream::{Error as SseError, Sse, SseStream};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use protocol::reason::Reason;
 
@@ -624,13 +624,27 @@ impl HttpTransport {
     /// Opens the session's own event stream (`GET`), read from a task of its own and reopened
     /// when it ends, until the connection goes; a server that offers none (405) has none.
     pub(crate) fn listen(&self, inbound: Weak<dyn Inbound>) {
+        drop(self.listen_opened(inbound));
+    }
+
+    /// [`HttpTransport::listen`], and what says when the server first answered the stream's
+    /// request (or the first try failed): a caller that waits for it before its next request
+    /// has the session's stream open first, as a server that answers there expects.
+    pub(crate) fn listen_opened(&self, inbound: Weak<dyn Inbound>) -> oneshot::Receiver<()> {
+        let (opened, first) = oneshot::channel();
         if self.session().id.is_none() {
-            return;
+            return first;
         }
-        let task = tokio::spawn(listen(inbound, self.client.clone(), self.session.clone()));
+        let task = tokio::spawn(listen(
+            inbound,
+            self.client.clone(),
+            self.session.clone(),
+            Some(opened),
+        ));
         if let Some(old) = lock(&self.listening).replace(task.abort_handle()) {
             old.abort();
         }
+        first
     }
 
     /// Ends the session: its event stream closed, the session deleted at the server.
@@ -652,14 +666,23 @@ impl HttpTransport {
 
 /// The session's own event stream, read until the connection goes (holding the connection's
 /// client only while routing a message), and reopened when it ends or breaks.
-async fn listen(inbound: Weak<dyn Inbound>, client: GuardedClient, session: Arc<Mutex<Session>>) {
+async fn listen(
+    inbound: Weak<dyn Inbound>,
+    client: GuardedClient,
+    session: Arc<Mutex<Session>>,
+    mut opened: Option<oneshot::Sender<()>>,
+) {
     let mut last_id: Option<String> = None;
     let mut server_retry: Option<Duration> = None;
     let mut failures = 0;
     loop {
         let current = lock(&session).clone();
         let mut ended_by_itself = false;
-        match client.open_stream(&current, last_id.as_deref()).await {
+        let stream = client.open_stream(&current, last_id.as_deref()).await;
+        if let Some(opened) = opened.take() {
+            let _ = opened.send(());
+        }
+        match stream {
             Ok(Some(mut events)) => {
                 failures = 0;
                 ended_by_itself = true;
