@@ -45,6 +45,29 @@ async fn refused(server: &FaultServer, kind: &str) -> Failure {
     by_monitor
 }
 
+/// `kind` on `server`, connected as the runner connects it.
+async fn connected(server: &FaultServer, kind: &str) -> hub::connect::Upstream {
+    let up = upstream(&server.base(), kind, &HttpPolicy::default());
+    tokio::time::timeout(BOUND, connect(up.transport))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// A call of the server's `echo`.
+async fn echo(
+    client: &hub::connect::Upstream,
+    message: &str,
+) -> Result<serde_json::Value, hub::rpc::RpcError> {
+    client
+        .peer
+        .request(
+            "tools/call",
+            json!({"name": "echo", "arguments": {"message": message}}),
+        )
+        .await
+}
+
 fn fatal_with(failure: &Failure, words: &[&str]) -> bool {
     matches!(failure, Failure::Fatal(m) if words.iter().all(|w| m.contains(w)))
 }
@@ -227,15 +250,8 @@ async fn an_answer_on_the_sessions_stream_ends_the_calls_wait() {
     // The call's stream ends with no answer (the client resumes it, in vain); the answer comes on
     // the session's own stream, and it is the call's.
     let server = FaultServer::start().await;
-    let up = upstream(&server.base(), "answer-elsewhere", &HttpPolicy::default());
-    let client = tokio::time::timeout(BOUND, connect(up.transport))
-        .await
-        .unwrap()
-        .unwrap();
-    let call = client.peer.request(
-        "tools/call",
-        json!({"name": "echo", "arguments": {"message": "elsewhere"}}),
-    );
+    let client = connected(&server, "answer-elsewhere").await;
+    let call = echo(&client, "elsewhere");
     let result = tokio::time::timeout(BOUND, call)
         .await
         .expect("the answer on the session's stream is taken")
@@ -247,15 +263,8 @@ async fn an_answer_on_the_sessions_stream_ends_the_calls_wait() {
 #[tokio::test]
 async fn a_session_the_server_ended_is_started_anew_and_the_request_sent_again() {
     let server = FaultServer::start().await;
-    let up = upstream(&server.base(), "expire", &HttpPolicy::default());
-    let client = tokio::time::timeout(BOUND, connect(up.transport))
-        .await
-        .unwrap()
-        .unwrap();
-    let call = client.peer.request(
-        "tools/call",
-        json!({"name": "echo", "arguments": {"message": "again"}}),
-    );
+    let client = connected(&server, "expire").await;
+    let call = echo(&client, "again");
     let result = tokio::time::timeout(BOUND, call).await.unwrap().unwrap();
     assert_eq!(result["content"][0]["text"], "Echo: again");
     let posts: Vec<(String, String)> = server
