@@ -72,14 +72,14 @@ pub struct Options {
 
 /// The peers the bench runs against, found under `node_modules`.
 #[derive(Clone)]
-struct Peers {
-    node: PathBuf,
-    everything: PathBuf,
+pub(crate) struct Peers {
+    pub(crate) node: PathBuf,
+    pub(crate) everything: PathBuf,
     sdk_client: PathBuf,
 }
 
 impl Peers {
-    fn find(node_modules: &Path) -> anyhow::Result<Peers> {
+    pub(crate) fn find(node_modules: &Path) -> anyhow::Result<Peers> {
         let root = node_modules
             .canonicalize()
             .with_context(|| format!("{} does not exist", node_modules.display()))?;
@@ -105,7 +105,7 @@ impl Peers {
     /// A job `mcp.json` entry for server-everything over stdio. Its command is `node`, found on
     /// the runner's `PATH` (an overlay command is a bare name, or a path under `/usr`, `/opt` and
     /// the like).
-    fn stdio_entry(&self) -> anyhow::Result<Value> {
+    pub(crate) fn stdio_entry(&self) -> anyhow::Result<Value> {
         Ok(json!({
             "command": "node",
             "args": [path_str(&self.everything)?, "stdio"],
@@ -114,7 +114,7 @@ impl Peers {
     }
 }
 
-fn path_str(path: &Path) -> anyhow::Result<&str> {
+pub(crate) fn path_str(path: &Path) -> anyhow::Result<&str> {
     path.to_str()
         .with_context(|| format!("{} is not UTF-8", path.display()))
 }
@@ -136,7 +136,7 @@ impl Latency {
         }
     }
 
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         json!({
             "p50_us": round1(self.p50),
             "p99_us": round1(self.p99),
@@ -146,7 +146,7 @@ impl Latency {
 }
 
 /// Nearest rank of sorted samples.
-fn percentile(sorted: &[f64], pct: usize) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], pct: usize) -> f64 {
     let rank = (sorted.len() * pct).div_ceil(100).saturating_sub(1);
     sorted
         .get(rank.min(sorted.len().saturating_sub(1)))
@@ -354,7 +354,7 @@ impl HubFigures {
 }
 
 /// The runtime `pi-dispatch job` runs the runner on.
-fn runner_runtime() -> anyhow::Result<Runtime> {
+pub(crate) fn runner_runtime() -> anyhow::Result<Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(hub::job::RUNTIME_WORKERS)
         .enable_all()
@@ -364,7 +364,7 @@ fn runner_runtime() -> anyhow::Result<Runtime> {
 
 /// The runner's environment here: just enough for a Node server (Node's folder first on `PATH`),
 /// nothing of the bench's own.
-fn runner_env(peers: &Peers, home: &Path) -> anyhow::Result<Vec<(String, String)>> {
+pub(crate) fn runner_env(peers: &Peers, home: &Path) -> anyhow::Result<Vec<(String, String)>> {
     let node_dir = peers.node.parent().context("Node has no folder")?;
     Ok(vec![
         (
@@ -377,7 +377,7 @@ fn runner_env(peers: &Peers, home: &Path) -> anyhow::Result<Vec<(String, String)
 
 /// Plans `servers` as the worker would write them in the job's `mcp.json`, then connects every one
 /// of them the runner's way.
-async fn connect(
+pub(crate) async fn connect(
     peers: &Peers,
     servers: &[(String, Value)],
     dir: &Path,
@@ -631,8 +631,8 @@ async fn measure_calls(
     )
     .await
     .context("the hub did not start")?;
-    let stdio_url = hub.url("everything");
-    let http_url = hub.url("everything-http");
+    let stdio_url = hub.url("everything").context("the hub serves HTTP")?;
+    let http_url = hub.url("everything-http").context("the hub serves HTTP")?;
     let (warm_up, calls) = (options.warm_up, options.calls);
     // pi's side on a thread and runtime of its own; the hub goes on on this runtime's workers.
     let client = std::thread::spawn(move || -> anyhow::Result<(CallFigures, CallFigures)> {
@@ -1008,7 +1008,11 @@ pub fn memory_runner(node_modules: &Path) -> anyhow::Result<()> {
             .context("the hub did not start")?;
         anyhow::Ok((hub, connected_rss_kib))
     })?;
-    let urls: Vec<String> = hub.upstreams().iter().map(|u| hub.url(&u.name)).collect();
+    let urls: Vec<String> = hub
+        .upstreams()
+        .iter()
+        .filter_map(|u| hub.url(&u.name))
+        .collect();
     let groups: Vec<i32> = hub
         .upstreams()
         .iter()

@@ -37,7 +37,7 @@ use crate::upstream::UpstreamEvents;
 pub(crate) type HttpBody = BoxBody<Bytes, Infallible>;
 
 /// The largest body pi may post: the limit a server's answer has too.
-const MAX_POST_BODY: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_POST_BODY: usize = 16 * 1024 * 1024;
 
 /// How long a request's answer may take before the answer becomes an event stream: its headers go
 /// out then, so that pi's client (Node's `fetch` gives up after 300 s without them) keeps waiting.
@@ -215,6 +215,26 @@ impl Endpoint {
     }
 
     fn initialize(&self, message: &Message) -> Response<HttpBody> {
+        let Some(session_id) = new_session_id() else {
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                INTERNAL_ERROR,
+                "no session id could be made",
+            );
+        };
+        let (answer, session) = self.open(message, session_id.clone());
+        lock(&self.sessions).insert(session_id.clone(), session);
+        let mut response = json_response(answer);
+        if let Ok(value) = header::HeaderValue::from_str(&session_id) {
+            response.headers_mut().insert(SESSION_HEADER, value);
+        }
+        response
+    }
+
+    /// A new session for pi's `initialize` `message`, attached to the server's events, and the
+    /// answer: the server's own at connect, at the version pi asks for when the server speaks it
+    /// too, else the server's own.
+    fn open(&self, message: &Message, session_id: String) -> (Bytes, Arc<PiSession>) {
         let (server_version, at) = &self.served.version;
         #[derive(serde::Deserialize)]
         struct Asked {
@@ -225,7 +245,6 @@ impl Endpoint {
             .params()
             .and_then(|p| serde_json::from_slice::<Asked>(p).ok())
             .and_then(|a| a.version);
-        // The version pi asks for when the server speaks it too, else the server's own.
         let version = asked
             .filter(|asked| {
                 asked.as_str() <= server_version.as_str()
@@ -233,26 +252,14 @@ impl Endpoint {
             })
             .unwrap_or_else(|| server_version.clone());
         let version = json!(version).to_string();
-        let Some(session_id) = new_session_id() else {
-            return error_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                INTERNAL_ERROR,
-                "no session id could be made",
-            );
-        };
         let result = raw::splice(
             &self.served.info,
             vec![Edit::new(at.clone(), version.as_bytes())],
         );
         let id = message.id().unwrap_or_default();
-        let session = Arc::new(PiSession::new(session_id.clone(), self.stop.child_token()));
+        let session = Arc::new(PiSession::new(session_id, self.stop.child_token()));
         self.served.events.attach(&session);
-        lock(&self.sessions).insert(session_id.clone(), session);
-        let mut response = json_response(crate::rpc::answer_bytes(&id, Ok(&result)));
-        if let Ok(value) = header::HeaderValue::from_str(&session_id) {
-            response.headers_mut().insert(SESSION_HEADER, value);
-        }
-        response
+        (crate::rpc::answer_bytes(&id, Ok(&result)), session)
     }
 
     async fn notification(&self, session: &PiSession, method: &str, message: Message) {
@@ -416,6 +423,213 @@ impl Endpoint {
         session.ended.cancel();
         status(StatusCode::OK)
     }
+}
+
+/// A call's answer over a stream session, as the loop polls it.
+type LineCall = Pin<Box<dyn Future<Output = Bytes> + Send>>;
+
+impl Endpoint {
+    /// One session over a stream of newline-delimited messages (the stdio framing), which the
+    /// relay pi starts carries over the hub's socket: `initialize` first, then every message as
+    /// over HTTP, and everything for pi on the one stream. pi's requests are relayed side by side
+    /// and polled here, with no task to hop through; the session ends when pi's side closes (its
+    /// requests still in flight are then cancelled at the server) or the hub stops.
+    pub(crate) async fn serve_lines<R, W>(&self, mut lines: raw::LineReader<R>, writer: W)
+    where
+        R: tokio::io::AsyncRead + Unpin,
+        W: tokio::io::AsyncWrite + Unpin,
+    {
+        use futures::StreamExt;
+        let (out, mut queue) = mpsc::channel::<Bytes>(STREAM_QUEUE);
+        let mut writer = Lines::new(writer);
+        let mut session: Option<Arc<PiSession>> = None;
+        let mut calls = futures::stream::FuturesUnordered::<LineCall>::new();
+        let mut reading = true;
+        loop {
+            tokio::select! {
+                biased;
+                () = self.stop.cancelled() => break,
+                Some(answer) = calls.next(), if !calls.is_empty() => {
+                    // What came about the request before its result goes first.
+                    while let Ok(message) = queue.try_recv() {
+                        writer.put(&message).await;
+                    }
+                    writer.put(&answer).await;
+                }
+                Some(message) = queue.recv() => writer.put(&message).await,
+                line = lines.next(), if reading => match line {
+                    None => {
+                        reading = false;
+                        if let Some(session) = &session {
+                            *lock(&session.standalone) = None;
+                            session.ended.cancel();
+                        }
+                    }
+                    Some(line) => {
+                        if let Some(reply) = self.take_line(line, &mut session, &out, &mut calls).await {
+                            writer.put(&reply).await;
+                        }
+                    }
+                },
+            }
+            writer.flush().await;
+            if writer.broken && reading {
+                // pi's side is gone: nothing more can reach it.
+                reading = false;
+                if let Some(session) = &session {
+                    *lock(&session.standalone) = None;
+                    session.ended.cancel();
+                }
+            }
+            if !reading && calls.is_empty() {
+                break;
+            }
+        }
+        if let Some(session) = session {
+            *lock(&session.standalone) = None;
+            session.ended.cancel();
+        }
+    }
+
+    /// One line from pi: what to answer at once, if anything; a request to relay goes on `calls`.
+    async fn take_line(
+        &self,
+        line: raw::Line,
+        session: &mut Option<Arc<PiSession>>,
+        out: &mpsc::Sender<Bytes>,
+        calls: &mut futures::stream::FuturesUnordered<LineCall>,
+    ) -> Option<Bytes> {
+        let bytes = match line {
+            raw::Line::Whole(bytes) => bytes,
+            raw::Line::TooLong { id } => {
+                let id = id.unwrap_or_else(|| Bytes::from_static(b"null"));
+                return Some(error_bytes(
+                    &id,
+                    INVALID_REQUEST,
+                    "the message is too large",
+                ));
+            }
+        };
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return None;
+        }
+        let Some(message) = Message::parse(bytes) else {
+            return Some(error_bytes(b"null", PARSE_ERROR, "Parse error"));
+        };
+        let method = message.method().map(str::to_owned);
+        if message.id_is_null() || (method.as_deref() == Some("initialize") && !message.has_id()) {
+            return Some(error_bytes(
+                b"null",
+                INVALID_REQUEST,
+                "a request needs an id that is a string or a number",
+            ));
+        }
+        let id = message.id().unwrap_or_default();
+        match (method.as_deref(), message.has_id(), session.as_ref()) {
+            (Some("initialize"), true, None) => {
+                let (answer, opened) = self.open(&message, String::new());
+                *lock(&opened.standalone) = Some(out.clone());
+                *session = Some(opened);
+                Some(answer)
+            }
+            (Some("initialize"), true, Some(_)) => Some(error_bytes(
+                &id,
+                INVALID_REQUEST,
+                "the session is already initialized",
+            )),
+            (Some(_), true, None) => Some(error_bytes(
+                &id,
+                INVALID_REQUEST,
+                "the session is not initialized",
+            )),
+            // Before `initialize`, a notification or an answer has nothing to go to.
+            (_, _, None) => None,
+            (Some(_), true, Some(open)) => {
+                let cancel = open.ended.child_token();
+                {
+                    // The order of `deliver_in_order`.
+                    let _standalone = lock(&open.standalone);
+                    lock(&open.calls).push(Call {
+                        id: id.clone(),
+                        stream: out.clone(),
+                        cancel: cancel.clone(),
+                    });
+                }
+                let served = self.served.clone();
+                let open = open.clone();
+                let stream = out.clone();
+                calls.push(Box::pin(async move {
+                    let answer = served.answer(&id, message, stream, cancel).await;
+                    open.end_call(&id);
+                    answer
+                }));
+                None
+            }
+            (Some(method), false, Some(open)) => {
+                self.notification(open, method, message).await;
+                None
+            }
+            (None, true, Some(open)) => {
+                open.answered(message);
+                None
+            }
+            (None, false, Some(_)) => Some(error_bytes(
+                b"null",
+                INVALID_REQUEST,
+                "not a JSON-RPC message",
+            )),
+        }
+    }
+}
+
+/// Messages written one to a line. A message a server wrote over several lines has its line
+/// ends turned into spaces: outside a string they are whitespace, and JSON allows none inside one.
+struct Lines<W> {
+    inner: tokio::io::BufWriter<W>,
+    /// A write failed: pi's side is gone, and nothing more is written.
+    broken: bool,
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> Lines<W> {
+    fn new(inner: W) -> Lines<W> {
+        Lines {
+            inner: tokio::io::BufWriter::new(inner),
+            broken: false,
+        }
+    }
+
+    async fn put(&mut self, message: &[u8]) {
+        use tokio::io::AsyncWriteExt as _;
+        if self.broken {
+            return;
+        }
+        let one_line = one_line(message);
+        if self.inner.write_all(&one_line).await.is_err()
+            || self.inner.write_all(b"\n").await.is_err()
+        {
+            self.broken = true;
+        }
+    }
+
+    async fn flush(&mut self) {
+        use tokio::io::AsyncWriteExt as _;
+        if !self.broken && self.inner.flush().await.is_err() {
+            self.broken = true;
+        }
+    }
+}
+
+/// `message` without line ends (see [`Lines`]).
+pub(crate) fn one_line(message: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if memchr::memchr2(b'\n', b'\r', message).is_none() {
+        return std::borrow::Cow::Borrowed(message);
+    }
+    std::borrow::Cow::Owned(
+        message
+            .iter()
+            .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b })
+            .collect(),
+    )
 }
 
 impl Served {

@@ -37,7 +37,15 @@ pub struct JobOptions {
     /// stdio server then run in namespaces of their own (`sandbox::confine`). `None` starts them
     /// as the runner's children, as tests outside a sandbox do.
     pub confine: Option<PathBuf>,
+    /// A program that provides `job-relay` (pi-dispatch itself): pi then reaches the hub through
+    /// the relay it starts for each server, over a unix socket in its agent folder, and starts
+    /// while the servers connect. `None`: pi reaches the hub over loopback HTTP, started once every
+    /// server is connected.
+    pub relay: Option<PathBuf>,
 }
+
+/// The hub's socket, in pi's own part of its agent folder.
+pub const HUB_SOCKET: &str = "hub.sock";
 
 /// What the runner starts once the servers are served.
 #[derive(Debug, Clone)]
@@ -245,7 +253,7 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
     };
     let digest = lookup(DIGEST_VARIABLE);
     let file = job.job_dir.join("mcp.json");
-    let connected = match std::fs::read(&file) {
+    let plan = match std::fs::read(&file) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && digest.is_none() => None,
         Err(_) => {
             let stop = Stop::new(
@@ -255,13 +263,58 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
             );
             return stopped(&job, &stop, Vec::new());
         }
-        Ok(bytes) => {
-            let plan = match plan::plan(&bytes, digest.as_deref(), &lookup) {
-                Ok(p) => p,
-                Err(stop) => return stopped(&job, &stop, Vec::new()),
-            };
-            let budget = wait::budget(plan.servers.iter().map(|s| s.server.timeout()));
-            let secrets: Vec<String> = plan
+        Ok(bytes) => match plan::plan(&bytes, digest.as_deref(), &lookup) {
+            Ok(p) => Some(p),
+            Err(stop) => return stopped(&job, &stop, Vec::new()),
+        },
+    };
+    let Some(plan) = plan else {
+        return run_agent(&job, None, &[], true, gateway, &mut term).await;
+    };
+    let job_plan = JobPlan::of(&plan);
+    if let (Agent::Pi(_), Some(relay)) = (&job.agent, job.relay.clone()) {
+        return run_alongside(&job, plan, job_plan, &relay, gateway, &mut term).await;
+    }
+    let connecting = runner::connect_all_confined(
+        plan,
+        &job.env,
+        &job.workspace,
+        job_plan.wait,
+        job.confine.as_deref(),
+    );
+    let connected = tokio::select! {
+        result = connecting => match result {
+            Ok(c) => c,
+            Err((stop, states)) => return stopped(&job, &stop, states),
+        },
+        _ = term.recv() => return terminated(&job, Vec::new()),
+    };
+    run_agent(
+        &job,
+        Some((connected, job_plan.servers)),
+        &job_plan.secrets,
+        job_plan.codemode_models,
+        gateway,
+        &mut term,
+    )
+    .await
+}
+
+/// What the runner takes from the job's plan before the servers connect.
+struct JobPlan {
+    servers: Vec<JobServer>,
+    /// Every variable an overlay server references: kept from pi.
+    secrets: Vec<String>,
+    codemode_models: bool,
+    /// How long the servers may take to connect.
+    wait: std::time::Duration,
+}
+
+impl JobPlan {
+    fn of(plan: &plan::Plan) -> JobPlan {
+        JobPlan {
+            servers: plan.servers.iter().map(|p| p.server.clone()).collect(),
+            secrets: plan
                 .servers
                 .iter()
                 .filter_map(|p| match &p.server {
@@ -270,39 +323,194 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
                 })
                 .flatten()
                 .map(|n| n.to_string())
-                .collect();
-            let servers: Vec<JobServer> = plan.servers.iter().map(|p| p.server.clone()).collect();
-            let codemode_models = plan.codemode_models;
-            let connecting = runner::connect_all_confined(
-                plan,
-                &job.env,
-                &job.workspace,
-                budget,
-                job.confine.as_deref(),
-            );
-            tokio::select! {
-                result = connecting => match result {
-                    Ok(c) => Some((c, servers, secrets, codemode_models)),
-                    Err((stop, states)) => return stopped(&job, &stop, states),
-                },
-                _ = term.recv() => return terminated(&job, Vec::new()),
-            }
-        }
-    };
-    match connected {
-        None => run_agent(&job, None, &[], true, gateway, &mut term).await,
-        Some((c, servers, secrets, codemode_models)) => {
-            run_agent(
-                &job,
-                Some((c, servers)),
-                &secrets,
-                codemode_models,
-                gateway,
-                &mut term,
-            )
-            .await
+                .collect(),
+            codemode_models: plan.codemode_models,
+            wait: wait::budget(plan.servers.iter().map(|s| s.server.timeout())),
         }
     }
+}
+
+/// What pi must have listed before its prompt: every tool the hub lists of each server.
+fn listing(upstreams: &[(crate::connect::Upstream, relay::Withheld)]) -> Vec<(String, usize)> {
+    upstreams
+        .iter()
+        .map(|(u, withheld)| {
+            let listed = u
+                .tools
+                .iter()
+                .filter(|t| !withheld.contains(&t.name))
+                .count();
+            (u.name.clone(), listed)
+        })
+        .collect()
+}
+
+/// Writes pi's agent folder (its settings, the runner's extension, pi's `mcp.json` with no server
+/// yet).
+fn prepare_pi(job: &JobOptions, folder: &AgentFolder, codemode_models: bool) -> Result<(), Stop> {
+    let Agent::Pi(pi) = &job.agent else {
+        return Ok(());
+    };
+    crate::pi_agent::prepare(folder, pi, codemode_models, job.confine.as_deref())
+        .and_then(|()| write_private(&job.agent_dir, "mcp.json", b"{\"mcpServers\": {}}\n"))
+        .map_err(|e| {
+            Stop::new(
+                Reason::RunnerSetupFailed,
+                None,
+                format!("pi's agent folder could not be written ({})", e.kind()),
+            )
+        })
+}
+
+/// pi with the relay: the hub's socket is bound and pi's `mcp.json` written before anything
+/// connects, and pi starts while the servers do. A connection pi's relay opens waits, unaccepted,
+/// until every server is connected and `listed.json` written; pi's prompt waits for that file. A
+/// server that does not connect ends pi and the job, for the server's reason.
+async fn run_alongside(
+    job: &JobOptions,
+    plan: plan::Plan,
+    job_plan: JobPlan,
+    relay_program: &std::path::Path,
+    gateway: Option<PiGateway>,
+    term: &mut tokio::signal::unix::Signal,
+) -> ExitLine {
+    let folder = AgentFolder {
+        dir: job.agent_dir.clone(),
+    };
+    if let Err(stop) = prepare_pi(job, &folder, job_plan.codemode_models) {
+        return stopped(job, &stop, Vec::new());
+    }
+    let own = folder.own();
+    let socket = own.join(HUB_SOCKET);
+    let _ = std::fs::remove_file(&socket);
+    let listener = match tokio::net::UnixListener::bind(&socket) {
+        Ok(l) => l,
+        Err(e) => {
+            let stop = Stop::new(
+                Reason::RunnerSetupFailed,
+                None,
+                format!("the hub's socket could not be made ({})", e.kind()),
+            );
+            return stopped(job, &stop, Vec::new());
+        }
+    };
+    let text = pi_config::mcp_json(
+        &job_plan.servers,
+        pi_config::Reach::Relay {
+            program: relay_program,
+            socket: &socket,
+        },
+    );
+    if let Err(e) = write_private(&job.agent_dir, "mcp.json", text.as_bytes()) {
+        let stop = Stop::new(
+            Reason::RunnerSetupFailed,
+            None,
+            format!("pi's configuration could not be written ({})", e.kind()),
+        );
+        return stopped(job, &stop, Vec::new());
+    }
+    let token = new_token();
+    let hub: std::sync::Mutex<Option<relay::Hub>> = std::sync::Mutex::new(None);
+    let states: std::sync::Mutex<Vec<ServerState>> = std::sync::Mutex::new(Vec::new());
+    let keep = |slot: &std::sync::Mutex<Vec<ServerState>>, value: Vec<ServerState>| {
+        *slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = value;
+    };
+    // Resolves only to stop the job: a server that did not connect, a hub that did not start, or
+    // an HTTP server's 401 later on.
+    let serving = async {
+        let connected = runner::connect_all_confined(
+            plan,
+            &job.env,
+            &job.workspace,
+            job_plan.wait,
+            job.confine.as_deref(),
+        )
+        .await;
+        let Connected {
+            mut upstreams,
+            monitors,
+            states: connected,
+        } = match connected {
+            Ok(c) => c,
+            Err((stop, failed)) => {
+                keep(&states, failed);
+                return stop;
+            }
+        };
+        keep(&states, connected.clone());
+        withhold_excluded(&mut upstreams, &exclude_tools(&job.env));
+        let expected = crate::pi_agent::expected_json(&listing(&upstreams), job_plan.wait);
+        if let Err(e) = write_private(&own, "listed.json", expected.as_bytes()) {
+            return Stop::new(
+                Reason::RunnerSetupFailed,
+                None,
+                format!("pi's configuration could not be written ({})", e.kind()),
+            );
+        }
+        let listeners = relay::Listeners {
+            loopback: false,
+            socket: Some(listener),
+        };
+        match relay::serve_on(upstreams, token.clone(), listeners).await {
+            Ok(h) => {
+                *hub.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(h)
+            }
+            Err(e) => {
+                return Stop::new(
+                    Reason::RunnerSetupFailed,
+                    None,
+                    format!("the hub could not start ({e})"),
+                );
+            }
+        }
+        unauthorized(&monitors).await
+    };
+    let result = agent(
+        job,
+        &folder,
+        &job_plan.secrets,
+        serving,
+        gateway.as_ref(),
+        term,
+        Some(&token),
+    )
+    .await;
+    let hub = hub
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let states = states
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _ = std::fs::remove_file(&socket);
+    finish(job, result, hub, states, gateway).await
+}
+
+/// Resolves when one of the HTTP servers answers 401 (a job never signs in): the job stops.
+async fn unauthorized(monitors: &[(String, crate::http::Monitor)]) -> Stop {
+    let waits: Vec<_> = monitors
+        .iter()
+        .map(|(name, m)| {
+            let name = name.clone();
+            let m = m.clone();
+            Box::pin(async move {
+                m.unauthorized().await;
+                name
+            })
+        })
+        .collect();
+    let name = if waits.is_empty() {
+        std::future::pending::<String>().await
+    } else {
+        futures::future::select_all(waits).await.0
+    };
+    Stop::new(
+        Reason::McpUnavailable,
+        Some(&name),
+        "HTTP 401 during the job: a job never signs in",
+    )
 }
 
 /// How the agent's part ended: exited (well or not), stopped by the runner, or told to stop. pi's
@@ -324,24 +532,24 @@ async fn run_agent(
     let folder = AgentFolder {
         dir: job.agent_dir.clone(),
     };
-    if let Agent::Pi(pi) = &job.agent {
-        let written =
-            crate::pi_agent::prepare(&folder, pi, codemode_models, job.confine.as_deref())
-                .and_then(|()| {
-                    // Until the hub serves, pi's MCP has nothing: a job without servers keeps it so.
-                    write_private(&job.agent_dir, "mcp.json", b"{\"mcpServers\": {}}\n")
-                });
-        if let Err(e) = written {
-            let stop = Stop::new(
-                Reason::RunnerSetupFailed,
-                None,
-                format!("pi's agent folder could not be written ({})", e.kind()),
-            );
-            return stopped(job, &stop, Vec::new());
-        }
+    if let Err(stop) = prepare_pi(job, &folder, codemode_models) {
+        return stopped(job, &stop, Vec::new());
     }
+    let is_pi = matches!(job.agent, Agent::Pi(_));
     let (hub, monitors, states, token) = match connected {
-        None => (None, Vec::new(), Vec::new(), None),
+        None => {
+            // No server: pi's prompt need wait for none.
+            let none = crate::pi_agent::expected_json(&[], std::time::Duration::ZERO);
+            if is_pi && let Err(e) = write_private(&folder.own(), "listed.json", none.as_bytes()) {
+                let stop = Stop::new(
+                    Reason::RunnerSetupFailed,
+                    None,
+                    format!("pi's configuration could not be written ({})", e.kind()),
+                );
+                return stopped(job, &stop, Vec::new());
+            }
+            (None, Vec::new(), Vec::new(), None)
+        }
         Some((c, servers)) => {
             let token = new_token();
             let Connected {
@@ -350,18 +558,7 @@ async fn run_agent(
                 states,
             } = c;
             withhold_excluded(&mut upstreams, &exclude_tools(&job.env));
-            // What pi must have listed before its prompt: every tool the hub lists of each server.
-            let listing: Vec<(String, usize)> = upstreams
-                .iter()
-                .map(|(u, withheld)| {
-                    let listed = u
-                        .tools
-                        .iter()
-                        .filter(|t| !withheld.contains(&t.name))
-                        .count();
-                    (u.name.clone(), listed)
-                })
-                .collect();
+            let listing = listing(&upstreams);
             let hub = match relay::serve(upstreams, token.clone()).await {
                 Ok(h) => h,
                 Err(e) => {
@@ -373,28 +570,27 @@ async fn run_agent(
                     return stopped(job, &stop, states);
                 }
             };
-            let endpoints: Vec<pi_config::Endpoint> = servers
-                .iter()
-                .map(|s| pi_config::Endpoint {
-                    server: s,
-                    url: hub.url(s.name()),
-                })
-                .collect();
+            let base = hub
+                .addr()
+                .map(|addr| format!("http://{addr}"))
+                .unwrap_or_default();
             let hub_token = match job.confine {
                 Some(_) => pi_config::HubToken::FromEnvironment,
                 None => pi_config::HubToken::Literal(&token),
             };
-            let text = pi_config::mcp_json(&endpoints, hub_token);
+            let text = pi_config::mcp_json(
+                &servers,
+                pi_config::Reach::Http {
+                    base: &base,
+                    token: hub_token,
+                },
+            );
             let wait = wait::budget(servers.iter().map(JobServer::timeout));
             let expected = crate::pi_agent::expected_json(&listing, wait);
             let written = write_private(&job.agent_dir, "mcp.json", text.as_bytes()).and_then(
-                |()| match &job.agent {
-                    Agent::Pi(_) => write_private(
-                        &folder.dir.join("pi-dispatch"),
-                        "listed.json",
-                        expected.as_bytes(),
-                    ),
-                    Agent::Command(_) => Ok(()),
+                |()| match is_pi {
+                    true => write_private(&folder.own(), "listed.json", expected.as_bytes()),
+                    false => Ok(()),
                 },
             );
             if let Err(e) = written {
@@ -409,17 +605,30 @@ async fn run_agent(
             (Some(hub), monitors, states, Some(token))
         }
     };
-
+    // Confined, pi's mcp.json names the token; only pi's environment holds it.
+    let token_for_pi = token.as_deref().filter(|_| job.confine.is_some());
     let result = agent(
         job,
         &folder,
         secrets,
-        &monitors,
+        unauthorized(&monitors),
         gateway.as_ref(),
         term,
-        token.as_deref(),
+        token_for_pi,
     )
     .await;
+    finish(job, result, hub, states, gateway).await
+}
+
+/// The exit line once the agent's part has ended: the hub's and the gateway's counts taken and
+/// both stopped, and the verdict on how the agent ended.
+async fn finish(
+    job: &JobOptions,
+    result: AgentEnd,
+    hub: Option<relay::Hub>,
+    states: Vec<ServerState>,
+    gateway: Option<PiGateway>,
+) -> ExitLine {
     let mut tool_calls = Vec::new();
     if let Some(hub) = hub {
         tool_calls = hub.tool_calls();
@@ -502,13 +711,15 @@ fn for_pi<'a>(gateway: Option<&'a PiGateway>, name: &str, value: &'a str) -> &'a
 }
 
 /// Starts the agent in the workspace, with the runner's environment less every variable an MCP
-/// server references, and waits for it, a 401 from an HTTP server, or SIGTERM. pi gets its prompt on
-/// its standard input, its own `pi` first on `PATH`, and its event stream read for usage.
+/// server references, and waits for it, for `stop_when` (a server that did not connect, a 401 from
+/// an HTTP server), or SIGTERM. pi gets its prompt on its standard input, its own `pi` first on
+/// `PATH`, the hub's token in its environment when `hub_token` is given, and its event stream read
+/// for usage.
 async fn agent(
     job: &JobOptions,
     folder: &AgentFolder,
     secrets: &[String],
-    monitors: &[(String, crate::http::Monitor)],
+    stop_when: impl Future<Output = Stop>,
     gateway: Option<&PiGateway>,
     term: &mut tokio::signal::unix::Signal,
     hub_token: Option<&str>,
@@ -587,8 +798,7 @@ async fn agent(
             .env("PATH", format!("{}:{path}", folder.bin().display()))
             .stdin(prompt)
             .stdout(std::process::Stdio::piped());
-            // Confined, pi's mcp.json names the token; only pi's environment holds it.
-            if let (Some(_), Some(token)) = (&job.confine, hub_token) {
+            if let Some(token) = hub_token {
                 cmd.env(pi_config::HUB_TOKEN_VARIABLE, token);
             }
         }
@@ -616,24 +826,6 @@ async fn agent(
         .stdout
         .take()
         .map(|stdout| tokio::spawn(read_events(stdout)));
-    let unauthorized = async {
-        let waits: Vec<_> = monitors
-            .iter()
-            .map(|(name, m)| {
-                let name = name.clone();
-                let m = m.clone();
-                Box::pin(async move {
-                    m.unauthorized().await;
-                    name
-                })
-            })
-            .collect();
-        if waits.is_empty() {
-            std::future::pending::<String>().await
-        } else {
-            futures::future::select_all(waits).await.0
-        }
-    };
     let refused = async {
         match gateway {
             Some(g) => g.gateway.refused().await,
@@ -644,11 +836,7 @@ async fn agent(
     let outcome = tokio::select! {
         status = child.wait() => Ok(status.ok()),
         stop = refused => Err(Some(stop)),
-        name = unauthorized => Err(Some(Stop::new(
-            Reason::McpUnavailable,
-            Some(&name),
-            "HTTP 401 during the job: a job never signs in",
-        ))),
+        stop = stop_when => Err(Some(stop)),
         _ = term.recv() => Err(None),
     };
     if let Some(pgid) = group {

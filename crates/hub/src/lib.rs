@@ -13,6 +13,7 @@ pub mod job;
 pub mod job_file;
 pub mod pi_agent;
 pub mod pi_config;
+pub mod pi_relay;
 pub mod plan;
 pub mod raw;
 pub mod relay;

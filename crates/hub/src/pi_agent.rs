@@ -53,6 +53,11 @@ pub struct AgentFolder {
 }
 
 impl AgentFolder {
+    /// The runner's own part of the folder: its extension, pi's shim and shell, the hub's socket.
+    pub fn own(&self) -> PathBuf {
+        self.dir.join("pi-dispatch")
+    }
+
     pub fn guard(&self) -> PathBuf {
         // An ES module by its name: pi's loader imports it as it is, with no transpile (and so no
         // transpile cache in the job's fresh /tmp).
@@ -64,7 +69,8 @@ impl AgentFolder {
     }
 
     /// What pi must have listed before its prompt: each server the hub serves with its number
-    /// of tools, and how long to wait (written once the hub serves).
+    /// of tools, and how long to wait (written once the servers are connected; pi's prompt waits
+    /// for it).
     pub fn expected(&self) -> PathBuf {
         self.dir.join("pi-dispatch").join("listed.json")
     }
@@ -261,7 +267,8 @@ pub fn expected_json(servers: &[(String, usize)], wait: std::time::Duration) -> 
     )
 }
 
-/// Writes a file only the job's user can read, in a folder made for it.
+/// Writes a file only the job's user can read, in a folder made for it: whole, then renamed into
+/// place, so that pi (which may be reading it already) sees either the old file or the new one.
 pub(crate) fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -269,14 +276,16 @@ pub(crate) fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Re
         .recursive(true)
         .mode(0o700)
         .create(dir)?;
+    let temporary = dir.join(format!(".{name}.tmp"));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(dir.join(name))?;
+        .open(&temporary)?;
     f.write_all(bytes)?;
-    f.sync_all()
+    f.sync_all()?;
+    std::fs::rename(&temporary, dir.join(name))
 }
 
 #[cfg(test)]

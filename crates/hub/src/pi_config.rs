@@ -1,16 +1,34 @@
-//! pi's own `mcp.json`, written by the runner in pi's private agent folder: only hub endpoints, each
-//! with the server's description, exposure, toolExposure and timeout. MCP credentials never appear
-//! in it; the one secret is the per-job hub token, which pi needs to reach the hub.
+//! pi's own `mcp.json`, written by the runner in pi's private agent folder: only the hub, each server
+//! with its description, exposure, toolExposure and timeout. MCP credentials never appear in it.
+//! pi reaches the hub through the relay it starts for each server (a stdio server to pi, see
+//! [`crate::pi_relay`]), or, when the runner has no relay to offer, over HTTP with the per-job
+//! token.
+
+use std::path::Path;
 
 use config::json::{self, Json, Object};
 use config::mcp::Exposure;
 
 use crate::job_file::JobServer;
 
-/// One server as pi sees it: the hub's endpoint for it.
-pub struct Endpoint<'a> {
-    pub server: &'a JobServer,
-    pub url: String,
+/// How pi reaches the hub.
+#[derive(Debug, Clone, Copy)]
+pub enum Reach<'a> {
+    /// Over streamable HTTP, server `name` at `<base>/mcp/<name>`, with the token.
+    Http { base: &'a str, token: HubToken<'a> },
+    /// Through `<program> job-relay --socket <socket> <name>`, which takes the token from pi's
+    /// environment ([`HUB_TOKEN_VARIABLE`]).
+    Relay { program: &'a Path, socket: &'a Path },
+}
+
+/// The arguments after the relay's program that reach server `name`.
+pub fn relay_args(socket: &Path, name: &str) -> Vec<String> {
+    vec![
+        "job-relay".to_owned(),
+        "--socket".to_owned(),
+        socket.to_string_lossy().into_owned(),
+        name.to_owned(),
+    ]
 }
 
 fn s(v: &str) -> Json {
@@ -36,18 +54,17 @@ pub enum HubToken<'a> {
     FromEnvironment,
 }
 
-/// The file's text.
-pub fn mcp_json(endpoints: &[Endpoint], token: HubToken) -> String {
-    let authorization = match token {
-        HubToken::Literal(t) => format!("Bearer {t}"),
-        HubToken::FromEnvironment => format!("Bearer ${{{HUB_TOKEN_VARIABLE}}}"),
-    };
-    let servers = endpoints
-        .iter()
-        .map(|e| {
-            let mut members = vec![
+/// How pi connects to server `name`: the members that say it.
+fn connection(reach: &Reach, name: &str) -> Vec<(String, Json)> {
+    match reach {
+        Reach::Http { base, token } => {
+            let authorization = match token {
+                HubToken::Literal(t) => format!("Bearer {t}"),
+                HubToken::FromEnvironment => format!("Bearer ${{{HUB_TOKEN_VARIABLE}}}"),
+            };
+            vec![
                 ("type".to_owned(), s("streamable-http")),
-                ("url".to_owned(), s(&e.url)),
+                ("url".to_owned(), s(&format!("{base}/mcp/{name}"))),
                 (
                     "headers".to_owned(),
                     Json::Object(Object::from_members(vec![(
@@ -55,8 +72,26 @@ pub fn mcp_json(endpoints: &[Endpoint], token: HubToken) -> String {
                         s(&authorization),
                     )])),
                 ),
-            ];
-            match e.server {
+            ]
+        }
+        Reach::Relay { program, socket } => vec![
+            ("type".to_owned(), s("stdio")),
+            ("command".to_owned(), s(&program.to_string_lossy())),
+            (
+                "args".to_owned(),
+                Json::Array(relay_args(socket, name).iter().map(|a| s(a)).collect()),
+            ),
+        ],
+    }
+}
+
+/// The file's text.
+pub fn mcp_json(servers: &[JobServer], reach: Reach) -> String {
+    let servers = servers
+        .iter()
+        .map(|server| {
+            let mut members = connection(&reach, server.name());
+            match server {
                 JobServer::Overlay(srv) => {
                     members.push(("description".to_owned(), s(&srv.description)));
                     if let Some(x) = srv.exposure {
@@ -82,7 +117,7 @@ pub fn mcp_json(endpoints: &[Endpoint], token: HubToken) -> String {
                 }
             }
             (
-                e.server.name().to_owned(),
+                server.name().to_owned(),
                 Json::Object(Object::from_members(members)),
             )
         })
@@ -111,15 +146,11 @@ mod tests {
         let f = JobMcpFile::new(&[("docs".to_owned(), docs)], Some(&Forge::Github), true);
         let job =
             job_file::read(f.text.as_bytes(), Some(&job_mcp::digest(f.text.as_bytes()))).unwrap();
-        let endpoints: Vec<Endpoint> = job
-            .servers
-            .iter()
-            .map(|s| Endpoint {
-                server: s,
-                url: format!("http://127.0.0.1:9/mcp/{}", s.name()),
-            })
-            .collect();
-        let text = mcp_json(&endpoints, HubToken::Literal("abc123"));
+        let http = |token| Reach::Http {
+            base: "http://127.0.0.1:9",
+            token,
+        };
+        let text = mcp_json(&job.servers, http(HubToken::Literal("abc123")));
         let parsed = config::json::parse(&text).unwrap();
         let servers = parsed
             .as_object()
@@ -143,10 +174,57 @@ mod tests {
         );
         assert!(token_is_plain("abc123") && !token_is_plain("a$b") && !token_is_plain(""));
         assert!(text.contains("\"Bearer abc123\""), "{text}");
-        let hidden = mcp_json(&endpoints, HubToken::FromEnvironment);
+        let hidden = mcp_json(&job.servers, http(HubToken::FromEnvironment));
         assert!(
             hidden.contains("\"Bearer ${PI_DISPATCH_HUB_TOKEN}\"") && !hidden.contains("abc123"),
             "{hidden}"
+        );
+
+        // Through the relay: a stdio server to pi, with neither the token nor its variable.
+        let relayed = mcp_json(
+            &job.servers,
+            Reach::Relay {
+                program: Path::new("/opt/i/bin/pi-dispatch"),
+                socket: Path::new("/home/job/agent/pi-dispatch/hub.sock"),
+            },
+        );
+        let parsed = config::json::parse(&relayed).unwrap();
+        let docs = parsed
+            .as_object()
+            .unwrap()
+            .get("mcpServers")
+            .unwrap()
+            .as_object()
+            .unwrap()
+            .get("docs")
+            .unwrap()
+            .as_object()
+            .unwrap();
+        assert_eq!(docs.get("type").unwrap().as_str(), Some("stdio"));
+        assert_eq!(
+            docs.get("command").unwrap().as_str(),
+            Some("/opt/i/bin/pi-dispatch")
+        );
+        let Some(Json::Array(args)) = docs.get("args") else {
+            panic!("{relayed}")
+        };
+        let args: Vec<_> = args.iter().filter_map(Json::as_str).collect();
+        assert_eq!(
+            args,
+            [
+                "job-relay",
+                "--socket",
+                "/home/job/agent/pi-dispatch/hub.sock",
+                "docs"
+            ]
+        );
+        assert_eq!(docs.get("exposure").unwrap().as_str(), Some("deferred"));
+        assert!(
+            docs.get("url").is_none() && docs.get("headers").is_none() && docs.get("env").is_none()
+        );
+        assert!(
+            !relayed.contains("PI_DISPATCH_HUB_TOKEN") && !relayed.contains("DOCS_TOKEN"),
+            "{relayed}"
         );
     }
 }

@@ -12,7 +12,9 @@
 // pi's own listing counts: before the prompt, every server of the job must have had its tools
 // registered by pi's MCP extension (as many as the hub serves, in listed.json); a server pi's
 // MCP extension reports as failed ends the job (mcp-unavailable), and one whose tools pi has not
-// registered when the wait runs out ends it too (mcp-unreachable).
+// registered when the wait runs out ends it too (mcp-unreachable). pi may start while the servers
+// still connect: the runner writes listed.json once they are (and ends pi if they are not), so the
+// prompt waits for it.
 //
 // The runner fills in the constants below.
 import { createMcpExtension } from __MCP_MODULE__;
@@ -54,12 +56,13 @@ function stop(reason, name, why) {
   process.exit(70);
 }
 
-/** The servers the hub serves and how many tools each lists, and how long to wait for pi. */
+/** The servers the hub serves and how many tools each lists, and how long to wait for pi; undefined
+ * until the runner has written it. */
 function expected() {
   try {
     return JSON.parse(readFileSync(EXPECTED, "utf8"));
   } catch {
-    return { waitMs: 0, servers: {} };
+    return undefined;
   }
 }
 
@@ -78,11 +81,12 @@ function refused(message) {
   if (typeof message !== "string") return;
   if (message.startsWith("MCP failed to load:")) stop("mcp-unavailable", "", "pi's MCP did not load");
   if (!message.startsWith("MCP servers need attention:")) return;
-  const servers = expected().servers;
+  // Before listed.json, every server pi's MCP names is the job's: it connects no other.
+  const servers = expected()?.servers;
   for (const line of message.split("\n").slice(1)) {
     if (!line.startsWith("  ") || !line.includes(":")) continue;
     const name = line.slice(2, line.indexOf(":"));
-    if (Object.hasOwn(servers, name)) stop("mcp-unavailable", name, `pi refused the MCP server ${name}`);
+    if (servers === undefined || Object.hasOwn(servers, name)) stop("mcp-unavailable", name, `pi refused the MCP server ${name}`);
   }
 }
 
@@ -104,7 +108,12 @@ function watched(ctx) {
 
 /** Waits until pi registered every tool the hub serves of every server, or the wait runs out. */
 async function waitForListing() {
-  const { waitMs, servers } = expected();
+  let known = expected();
+  while (known === undefined) {
+    await new Promise((resolve) => setTimeout(resolve, 5));
+    known = expected();
+  }
+  const { waitMs, servers } = known;
   const deadline = Date.now() + (waitMs || 0);
   for (;;) {
     const missing = Object.entries(servers).find(([name, count]) => (listed.get(name)?.size ?? 0) < count);
@@ -112,7 +121,7 @@ async function waitForListing() {
     if (Date.now() >= deadline) {
       stop("mcp-unreachable", missing[0], `pi had not listed the tools of ${missing[0]} when the wait ran out`);
     }
-    await new Promise((resolve) => setTimeout(resolve, 20));
+    await new Promise((resolve) => setTimeout(resolve, 5));
   }
 }
 

@@ -456,6 +456,11 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         }
     }
 
+    /// From now on, lines up to `max_line` bytes are held whole.
+    pub(crate) fn set_max_line(&mut self, max_line: usize) {
+        self.max_line = max_line;
+    }
+
     /// The next line (without its end), or `None` at the end of the output. Cancel-safe: what was
     /// read stays in the buffer.
     pub(crate) async fn next(&mut self) -> Option<Line> {

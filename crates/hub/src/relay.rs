@@ -58,9 +58,9 @@ pub enum ServeError {
     Bind(String),
 }
 
-/// The running hub: one loopback listener, each server at `/mcp/<name>`.
+/// The running hub: a loopback listener, each server at `/mcp/<name>`, and or a unix socket.
 pub struct Hub {
-    addr: SocketAddr,
+    addr: Option<SocketAddr>,
     ct: CancellationToken,
     accept: Option<JoinHandle<()>>,
     upstreams: Vec<Upstream>,
@@ -77,14 +77,14 @@ impl std::fmt::Debug for Hub {
 }
 
 impl Hub {
-    /// The address the hub listens on (127.0.0.1, a port of its own).
-    pub fn addr(&self) -> SocketAddr {
+    /// The loopback address the hub listens on (127.0.0.1, a port of its own), if it does.
+    pub fn addr(&self) -> Option<SocketAddr> {
         self.addr
     }
 
-    /// Where pi reaches server `name`.
-    pub fn url(&self, name: &str) -> String {
-        format!("http://{}/mcp/{name}", self.addr)
+    /// Where pi reaches server `name` over HTTP, if the hub listens on loopback.
+    pub fn url(&self, name: &str) -> Option<String> {
+        self.addr.map(|addr| format!("http://{addr}/mcp/{name}"))
     }
 
     /// The servers the hub serves.
@@ -129,10 +129,34 @@ impl Drop for Hub {
     }
 }
 
+/// Where the hub listens for pi.
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// 127.0.0.1, a port of its own: each server at `/mcp/<name>` over streamable HTTP.
+    pub loopback: bool,
+    /// A unix socket, bound by the caller: each connection one session with one server, in the
+    /// stdio framing, opened by a line that names the server and the token
+    /// ([`crate::pi_relay::hello`]); the relay pi starts for each server opens them.
+    pub socket: Option<tokio::net::UnixListener>,
+}
+
 /// Serves `upstreams` to pi: one listener on 127.0.0.1 (a port of its own), each server at
 /// `/mcp/<name>` over streamable HTTP, every request without `Authorization: Bearer <token>`
 /// refused with 401.
 pub async fn serve(upstreams: Vec<(Upstream, Withheld)>, token: String) -> Result<Hub, ServeError> {
+    let listeners = Listeners {
+        loopback: true,
+        socket: None,
+    };
+    serve_on(upstreams, token, listeners).await
+}
+
+/// Serves `upstreams` to pi where `listeners` say, every session behind the token.
+pub async fn serve_on(
+    upstreams: Vec<(Upstream, Withheld)>,
+    token: String,
+    listeners: Listeners,
+) -> Result<Hub, ServeError> {
     if token.is_empty() {
         return Err(ServeError::EmptyToken);
     }
@@ -175,17 +199,26 @@ pub async fn serve(upstreams: Vec<(Upstream, Withheld)>, token: String) -> Resul
         routes.insert(name, Endpoint::new(served, ct.child_token()));
         kept.push(upstream);
     }
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .await
-        .map_err(|e| ServeError::Bind(e.kind().to_string()))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| ServeError::Bind(e.kind().to_string()))?;
+    let tcp = match listeners.loopback {
+        false => None,
+        true => Some(
+            TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .await
+                .map_err(|e| ServeError::Bind(e.kind().to_string()))?,
+        ),
+    };
+    let addr = match &tcp {
+        None => None,
+        Some(l) => Some(
+            l.local_addr()
+                .map_err(|e| ServeError::Bind(e.kind().to_string()))?,
+        ),
+    };
     let router = Arc::new(Router {
         routes,
         expected: Sha256::digest(format!("Bearer {token}").as_bytes()).to_vec(),
     });
-    let accept = tokio::spawn(accept_loop(listener, router, ct.clone()));
+    let accept = tokio::spawn(accept_loop(tcp, listeners.socket, router, ct.clone()));
     Ok(Hub {
         addr,
         ct,
@@ -203,11 +236,16 @@ struct Router {
 
 impl Router {
     fn authorized(&self, request: &Request<Incoming>) -> bool {
-        let Some(given) = request.headers().get(header::AUTHORIZATION) else {
-            return false;
-        };
+        request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .is_some_and(|given| self.accepts(given.as_bytes()))
+    }
+
+    /// Whether `given` is the one `Authorization` value accepted.
+    fn accepts(&self, given: &[u8]) -> bool {
         // Digests compared in full, whatever differs: the time does not tell how much matched.
-        let given = Sha256::digest(given.as_bytes());
+        let given = Sha256::digest(given);
         given.len() == self.expected.len()
             && given
                 .iter()
@@ -283,14 +321,25 @@ fn plain(status: StatusCode, text: &'static str) -> Response<HttpBody> {
     response
 }
 
-async fn accept_loop(listener: TcpListener, router: Arc<Router>, ct: CancellationToken) {
+async fn accept_loop(
+    tcp: Option<TcpListener>,
+    socket: Option<tokio::net::UnixListener>,
+    router: Arc<Router>,
+    ct: CancellationToken,
+) {
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
             () = ct.cancelled() => break,
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                connections.spawn(serve_connection(stream, router.clone(), ct.clone()));
+            Some(accepted) = accept(tcp.as_ref()), if tcp.is_some() => {
+                if let Ok((stream, _)) = accepted {
+                    connections.spawn(serve_connection(stream, router.clone(), ct.clone()));
+                }
+            }
+            Some(accepted) = accept_socket(socket.as_ref()), if socket.is_some() => {
+                if let Ok((stream, _)) = accepted {
+                    connections.spawn(serve_stream(stream, router.clone()));
+                }
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
@@ -301,6 +350,49 @@ async fn accept_loop(listener: TcpListener, router: Arc<Router>, ct: Cancellatio
     })
     .await;
     connections.shutdown().await;
+}
+
+async fn accept(
+    listener: Option<&TcpListener>,
+) -> Option<std::io::Result<(tokio::net::TcpStream, SocketAddr)>> {
+    Some(listener?.accept().await)
+}
+
+async fn accept_socket(
+    listener: Option<&tokio::net::UnixListener>,
+) -> Option<std::io::Result<(tokio::net::UnixStream, tokio::net::unix::SocketAddr)>> {
+    Some(listener?.accept().await)
+}
+
+/// One connection to the hub's socket: its first line names the server and carries the token;
+/// then it is one session with that server. A line that is not right gets one refusal, and the
+/// connection is closed.
+async fn serve_stream(stream: tokio::net::UnixStream, router: Arc<Router>) {
+    use tokio::io::AsyncWriteExt as _;
+    let (read, mut write) = stream.into_split();
+    let mut lines = crate::raw::LineReader::new(read, crate::pi_relay::MAX_HELLO);
+    let hello = tokio::time::timeout(crate::pi_relay::HELLO_WITHIN, lines.next()).await;
+    let route = match hello {
+        Ok(Some(crate::raw::Line::Whole(line))) => crate::pi_relay::read_hello(&line)
+            .filter(|(_, authorization)| router.accepts(authorization))
+            .and_then(|(name, _)| router.routes.get(name)),
+        _ => None,
+    };
+    let Some(endpoint) = route else {
+        let refusal = crate::rpc::error_bytes(b"null", -32600, crate::pi_relay::REFUSED);
+        let _ = write.write_all(&refusal).await;
+        let _ = write.write_all(b"\n").await;
+        let _ = write.shutdown().await;
+        // What the other side sent meanwhile is read and dropped (briefly), so that closing does
+        // not reset the connection before the refusal is read.
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            while lines.next().await.is_some() {}
+        })
+        .await;
+        return;
+    };
+    lines.set_max_line(crate::endpoint::MAX_POST_BODY);
+    endpoint.serve_lines(lines, write).await;
 }
 
 async fn serve_connection(

@@ -414,7 +414,7 @@ async fn every_server_scenario_passing_against_server_everything_passes_through_
     )
     .await
     .unwrap();
-    let to_hub = PassThrough::start(hub.addr(), token).await;
+    let to_hub = PassThrough::start(hub.addr().unwrap(), token).await;
     let to_everything = PassThrough::start(everything, token).await;
 
     let columns = [

@@ -187,7 +187,7 @@ async fn everything_hub() -> (tempfile::TempDir, Hub) {
 /// The same, with pi's session open on it.
 async fn everything_session() -> (tempfile::TempDir, Hub, RawClient) {
     let (dir, hub) = everything_hub().await;
-    let pi = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
+    let pi = RawClient::open(hub.url("everything").unwrap(), Some(TOKEN)).await;
     (dir, hub, pi)
 }
 
@@ -217,7 +217,7 @@ async fn a_stdio_servers_tool_list_reaches_pi_as_the_server_wrote_it() {
 
         let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
         let hub = hub_of(upstream, Withheld::new(["get-env"])).await;
-        let mut pi = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
+        let mut pi = RawClient::open(hub.url("everything").unwrap(), Some(TOKEN)).await;
         // The hub answers initialize itself, with the server's own answer: `capabilities.tasks`,
         // which rmcp's model has no field for, included.
         assert!(
@@ -283,7 +283,7 @@ async fn an_http_servers_tool_list_reaches_pi_as_the_server_wrote_it() {
             .await
             .expect("the hub connects over HTTP");
         let hub = hub_of(upstream, Withheld::none()).await;
-        let mut pi = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
+        let mut pi = RawClient::open(hub.url("everything").unwrap(), Some(TOKEN)).await;
         assert_eq!(pi.initialized, direct_init);
         let relayed = pi.request("tools/list", json!({})).await;
         assert_eq!(relayed["result"], direct);
@@ -337,7 +337,7 @@ async fn answers_are_json_unless_progress_comes_first() {
 async fn sessions_streams_and_hosts_are_checked() {
     bounded(async {
         let (_dir, hub) = everything_hub().await;
-        let url = hub.url("everything");
+        let url = hub.url("everything").unwrap();
         let http = reqwest::Client::new();
         let post = |session: Option<&str>| {
             let mut r = http
@@ -417,7 +417,7 @@ async fn pi_s_request_reaches_the_server_as_pi_wrote_it() {
             .await
             .expect("the hub connects");
         let hub = hub_of(upstream, Withheld::none()).await;
-        let mut pi = RawClient::open(hub.url("fault"), Some(TOKEN)).await;
+        let mut pi = RawClient::open(hub.url("fault").unwrap(), Some(TOKEN)).await;
         let params = json!({"name": "echo", "arguments": {"message": "as written"},
             "x-extra": {"ttl": 60000}, "_meta": {"trace": "t-1", "progressToken": "pi-7"}});
         let answer = pi.request("tools/call", params.clone()).await;
@@ -496,7 +496,7 @@ async fn a_long_call_becomes_a_stream_and_odd_requests_are_refused_and_counted()
 async fn sessions_sharing_a_server_keep_their_own_ids_and_tokens() {
     bounded(async {
         let (_dir, hub, mut first) = everything_session().await;
-        let mut second = RawClient::open(hub.url("everything"), Some(TOKEN)).await;
+        let mut second = RawClient::open(hub.url("everything").unwrap(), Some(TOKEN)).await;
         // The same id and the same progress token, at the same time, on one upstream connection.
         let call = |steps: u32| {
             json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",

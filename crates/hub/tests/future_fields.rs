@@ -294,7 +294,7 @@ async fn pi_sees_what_the_server_wrote(hub: &Hub) {
     let f = fixtures();
     let mut pi = Pi {
         http: reqwest::Client::builder().no_proxy().build().unwrap(),
-        url: hub.url("future"),
+        url: hub.url("future").unwrap(),
         session: None,
     };
     let initialize = json!({"protocolVersion": "2025-11-25", "capabilities": {"sampling": {}},

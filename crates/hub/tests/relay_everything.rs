@@ -9,7 +9,7 @@ mod relay_support;
 
 use std::time::Duration;
 
-use hub::relay::{Hub, UpstreamEvents, Withheld, serve};
+use hub::relay::{UpstreamEvents, Withheld};
 use relay_support::*;
 use rmcp::ServiceError;
 use rmcp::model::{
@@ -54,16 +54,38 @@ async fn bounded<F: Future<Output = ()>>(test: F) {
         .expect("the test finishes in time");
 }
 
-async fn hub_for(upstream: hub::connect::Upstream, withheld: Withheld) -> Hub {
-    let hub = serve(vec![(upstream, withheld)], TOKEN.to_owned())
-        .await
-        .expect("the hub starts");
-    assert!(hub.addr().ip().is_loopback());
+async fn hub_for(upstream: hub::connect::Upstream, withheld: Withheld) -> BothWays {
+    let hub = serve_both_ways(vec![(upstream, withheld)], TOKEN).await;
+    assert!(hub.addr().unwrap().ip().is_loopback());
     hub
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_hub_passes_tools_resources_prompts_completion_and_logging_through() {
+/// A test run both ways: over HTTP and through the relay pi starts.
+macro_rules! both_ways {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn over_http() {
+                super::$name(Via::Http).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn through_the_relay() {
+                super::$name(Via::Relay).await;
+            }
+        }
+    };
+}
+
+both_ways!(the_hub_passes_tools_resources_prompts_completion_and_logging_through);
+both_ways!(progress_reaches_the_client_under_its_own_token);
+both_ways!(withheld_and_unlisted_tools_are_refused_before_the_server);
+both_ways!(the_servers_requests_reach_the_client_and_fail_cleanly_without_one);
+both_ways!(a_cancelled_call_is_cancelled_upstream);
+
+async fn the_hub_passes_tools_resources_prompts_completion_and_logging_through(via: Via) {
     bounded(async {
         let dir = tempfile::tempdir().unwrap();
         let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
@@ -74,9 +96,16 @@ async fn the_hub_passes_tools_resources_prompts_completion_and_logging_through()
         assert!(listed.iter().any(|t| t.name == "echo"));
 
         let hub = hub_for(upstream, Withheld::none()).await;
-        let url = hub.url("everything");
+        let url = hub.url("everything").unwrap();
         assert!(url.starts_with("http://127.0.0.1:") && url.ends_with("/mcp/everything"));
-        let (client, mut seen) = connect_client(&url, TOKEN, ClientCapabilities::default()).await;
+        let (client, mut seen) = connect_via(
+            &hub,
+            via,
+            "everything",
+            TOKEN,
+            ClientCapabilities::default(),
+        )
+        .await;
 
         // initialize: the server's own answer, as received at connect.
         let answer = client.peer_info().unwrap();
@@ -237,14 +266,19 @@ async fn the_hub_passes_tools_resources_prompts_completion_and_logging_through()
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn progress_reaches_the_client_under_its_own_token() {
+async fn progress_reaches_the_client_under_its_own_token(via: Via) {
     bounded(async {
         let dir = tempfile::tempdir().unwrap();
         let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
         let hub = hub_for(upstream, Withheld::none()).await;
-        let (client, mut seen) =
-            connect_client(&hub.url("everything"), TOKEN, ClientCapabilities::default()).await;
+        let (client, mut seen) = connect_via(
+            &hub,
+            via,
+            "everything",
+            TOKEN,
+            ClientCapabilities::default(),
+        )
+        .await;
 
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(call(
             "trigger-long-running-operation",
@@ -281,8 +315,7 @@ async fn progress_reaches_the_client_under_its_own_token() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn withheld_and_unlisted_tools_are_refused_before_the_server() {
+async fn withheld_and_unlisted_tools_are_refused_before_the_server(via: Via) {
     bounded(async {
         let dir = tempfile::tempdir().unwrap();
         let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
@@ -293,8 +326,14 @@ async fn withheld_and_unlisted_tools_are_refused_before_the_server() {
             "toggle-subscriber-updates".to_owned(),
         ]);
         let hub = hub_for(upstream, withheld.clone()).await;
-        let (client, mut seen) =
-            connect_client(&hub.url("everything"), TOKEN, ClientCapabilities::default()).await;
+        let (client, mut seen) = connect_via(
+            &hub,
+            via,
+            "everything",
+            TOKEN,
+            ClientCapabilities::default(),
+        )
+        .await;
 
         // Left out of the list, everything else in it.
         let relayed = client.list_all_tools().await.unwrap();
@@ -374,8 +413,7 @@ async fn withheld_and_unlisted_tools_are_refused_before_the_server() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_servers_requests_reach_the_client_and_fail_cleanly_without_one() {
+async fn the_servers_requests_reach_the_client_and_fail_cleanly_without_one(via: Via) {
     bounded(async {
         let dir = tempfile::tempdir().unwrap();
         let events = UpstreamEvents::with_capabilities(
@@ -417,7 +455,7 @@ async fn the_servers_requests_reach_the_client_and_fail_cleanly_without_one() {
             .enable_roots()
             .enable_sampling()
             .build();
-        let (client, mut seen) = connect_client(&hub.url("everything"), TOKEN, capabilities).await;
+        let (client, mut seen) = connect_via(&hub, via, "everything", TOKEN, capabilities).await;
         assert!(hub.upstreams()[0].events().has_downstream());
 
         // sampling/createMessage: relayed to the client, its answer back to the server.
@@ -463,8 +501,7 @@ async fn the_servers_requests_reach_the_client_and_fail_cleanly_without_one() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_call_is_cancelled_upstream() {
+async fn a_cancelled_call_is_cancelled_upstream(via: Via) {
     bounded(async {
         // Two hubs in a row: the first one's server is the second hub, over HTTP, so what reaches
         // the second one is what the first one sent upstream.
@@ -472,7 +509,7 @@ async fn a_cancelled_call_is_cancelled_upstream() {
         let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
         let inner = hub_for(upstream, Withheld::none()).await;
         let (url, headers) = http_support::resolved(
-            &inner.url("everything"),
+            &inner.url("everything").unwrap(),
             &[("Authorization", "Bearer ${T}")],
             &[("T", TOKEN)],
         );
@@ -490,7 +527,7 @@ async fn a_cancelled_call_is_cancelled_upstream() {
         );
         let outer = hub_for(relayed, Withheld::none()).await;
         let (client, mut seen) =
-            connect_client(&outer.url("outer"), TOKEN, ClientCapabilities::default()).await;
+            connect_via(&outer, via, "outer", TOKEN, ClientCapabilities::default()).await;
 
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(call(
             "trigger-long-running-operation",
@@ -559,7 +596,7 @@ async fn a_request_without_the_token_gets_401() {
         let dir = tempfile::tempdir().unwrap();
         let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
         let hub = hub_for(upstream, Withheld::none()).await;
-        let url = hub.url("everything");
+        let url = hub.url("everything").unwrap();
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let initialize = json!({
             "jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -597,9 +634,9 @@ async fn a_request_without_the_token_gets_401() {
         assert_eq!(get.status().as_u16(), 401);
         let delete = http.delete(&url).send().await.unwrap();
         assert_eq!(delete.status().as_u16(), 401);
-        let elsewhere = post(&hub.url("nope"), None).await.unwrap();
+        let elsewhere = post(&hub.url("nope").unwrap(), None).await.unwrap();
         assert_eq!(elsewhere.status().as_u16(), 401);
-        let elsewhere = post(&hub.url("nope"), Some(format!("Bearer {TOKEN}")))
+        let elsewhere = post(&hub.url("nope").unwrap(), Some(format!("Bearer {TOKEN}")))
             .await
             .unwrap();
         assert_eq!(elsewhere.status().as_u16(), 404);
@@ -636,6 +673,96 @@ async fn a_request_without_the_token_gets_401() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_socket_takes_only_the_token_and_a_served_name() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    bounded(async {
+        let dir = tempfile::tempdir().unwrap();
+        let upstream = start_everything("everything", UpstreamEvents::new(), dir.path()).await;
+        let hub = hub_for(upstream, Withheld::none()).await;
+        let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}});
+        // What the hub says to a first line, then to pi's initialize.
+        let answers = |first: String| {
+            let socket = hub.socket.clone();
+            let initialize = initialize.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+                let (read, mut write) = stream.into_split();
+                write.write_all(first.as_bytes()).await.unwrap();
+                // The hub may have refused the first line already.
+                let _ = write.write_all(format!("{initialize}\n").as_bytes()).await;
+                let mut lines = tokio::io::BufReader::new(read).lines();
+                let mut seen = Vec::new();
+                while let Some(line) = lines.next_line().await.unwrap() {
+                    seen.push(serde_json::from_str::<serde_json::Value>(&line).unwrap());
+                    if seen.len() == 1 && seen[0].get("result").is_some() {
+                        break;
+                    }
+                }
+                seen
+            }
+        };
+        for first in [
+            "everything Bearer wrong\n".to_owned(),
+            format!("everything Bearer {TOKEN}x\n"),
+            format!("everything bearer {TOKEN}\n"),
+            format!("everything {TOKEN}\n"),
+            format!("nope Bearer {TOKEN}\n"),
+            format!("Bearer {TOKEN}\n"),
+            format!("{}\n", "x".repeat(5000)),
+        ] {
+            let seen = answers(first.clone()).await;
+            assert_eq!(seen.len(), 1, "{first:.40}: {seen:?}");
+            assert_eq!(
+                seen[0]["error"]["message"],
+                hub::pi_relay::REFUSED,
+                "{first:.40}"
+            );
+            assert!(seen[0]["id"].is_null());
+        }
+        let seen = answers(hub::pi_relay::hello("everything", TOKEN)).await;
+        assert_eq!(seen[0]["id"], 1);
+        assert_eq!(
+            seen[0]["result"]["serverInfo"]["name"],
+            "mcp-servers/everything"
+        );
+
+        // The relay with a wrong token: the client gets no session, and the relay ends.
+        let mut relay = start_relay(&hub.socket, "everything", "not-the-token");
+        let mut stdin = relay.stdin.take().unwrap();
+        stdin
+            .write_all(format!("{initialize}\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = tokio::io::BufReader::new(relay.stdout.take().unwrap()).lines();
+        let refusal: serde_json::Value =
+            serde_json::from_str(&out.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(refusal["error"]["message"], hub::pi_relay::REFUSED);
+        assert_eq!(out.next_line().await.unwrap(), None);
+        let status = relay.wait().await.unwrap();
+        assert!(status.success(), "the relay ends with the hub's side");
+
+        // Without the token in its environment, it does not start.
+        let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-job-relay"))
+            .args(["job-relay", "--socket"])
+            .arg(&hub.socket)
+            .arg("everything")
+            .env_clear()
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(status.status.code(), Some(1));
+        assert!(
+            String::from_utf8_lossy(&status.stderr).contains("PI_DISPATCH_HUB_TOKEN is not set")
+        );
+        hub.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutting_the_hub_down_kills_the_servers_whole_process_group() {
     bounded(async {
         let dir = tempfile::tempdir().unwrap();
@@ -657,8 +784,14 @@ async fn shutting_the_hub_down_kills_the_servers_whole_process_group() {
         );
 
         let hub = hub_for(upstream, Withheld::none()).await;
-        let (client, _seen) =
-            connect_client(&hub.url("everything"), TOKEN, ClientCapabilities::default()).await;
+        let (client, _seen) = connect_via(
+            &hub,
+            Via::Http,
+            "everything",
+            TOKEN,
+            ClientCapabilities::default(),
+        )
+        .await;
         let echoed = client
             .call_tool(call("echo", json!({"message": "bye"})))
             .await

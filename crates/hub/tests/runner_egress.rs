@@ -73,6 +73,7 @@ fn job(dir: &Path, script: &str, extra_env: &[(&str, &str)]) -> JobOptions {
         env,
         guard: None,
         confine: None,
+        relay: None,
     }
 }
 

@@ -631,6 +631,7 @@ async fn a_401_mid_job_ends_the_job_and_the_agents_group() {
             env,
             guard: None,
             confine: None,
+            relay: None,
         };
         let started = std::time::Instant::now();
         // While the job runs: the agent and its sleeping child, once it has listed the tools.

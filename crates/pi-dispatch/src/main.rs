@@ -95,6 +95,7 @@ fn main() -> ExitCode {
     match raw.get(1).and_then(|a| a.to_str()) {
         Some("job-confine") => return cmd::job::confine(&raw[2..]),
         Some("job-shell") => return cmd::job::shell(&raw[2..]),
+        Some("job-relay") => return hub::pi_relay::main(&raw[2..]),
         _ => {}
     }
     let cli = match Cli::try_parse() {

@@ -340,6 +340,105 @@ pub async fn connect_client(
     (client, rx)
 }
 
+/// How a test's client reaches the hub: over loopback HTTP, or through the relay pi starts
+/// (`hub-job-relay`, which is `pi-dispatch job-relay`) and the hub's socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    Http,
+    Relay,
+}
+
+/// A hub listening both ways, with its socket in a folder of its own.
+pub struct BothWays {
+    pub hub: hub::relay::Hub,
+    pub socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for BothWays {
+    type Target = hub::relay::Hub;
+    fn deref(&self) -> &hub::relay::Hub {
+        &self.hub
+    }
+}
+
+impl BothWays {
+    pub async fn shutdown(self) {
+        self.hub.shutdown().await;
+    }
+}
+
+/// Serves `upstreams` on loopback and on a unix socket.
+pub async fn serve_both_ways(
+    upstreams: Vec<(Upstream, hub::relay::Withheld)>,
+    token: &str,
+) -> BothWays {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("hub.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let listeners = hub::relay::Listeners {
+        loopback: true,
+        socket: Some(listener),
+    };
+    let hub = hub::relay::serve_on(upstreams, token.to_owned(), listeners)
+        .await
+        .expect("the hub starts");
+    BothWays {
+        hub,
+        socket,
+        _dir: dir,
+    }
+}
+
+/// The relay pi would start for server `name`, with `token` in its environment: its standard
+/// input and output piped, ended with its input.
+pub fn start_relay(socket: &Path, name: &str, token: &str) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-job-relay"))
+        .arg("job-relay")
+        .args(&hub::pi_config::relay_args(socket, name)[1..])
+        .env_clear()
+        .env(hub::pi_config::HUB_TOKEN_VARIABLE, token)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the relay starts")
+}
+
+/// A client of server `name` on `hub`, reaching it `via`.
+pub async fn connect_via(
+    hub: &BothWays,
+    via: Via,
+    name: &str,
+    token: &str,
+    capabilities: ClientCapabilities,
+) -> (Client, mpsc::UnboundedReceiver<Seen>) {
+    match via {
+        Via::Http => connect_client(&hub.url(name).unwrap(), token, capabilities).await,
+        Via::Relay => {
+            let mut relay = start_relay(&hub.socket, name, token);
+            let stdin = relay.stdin.take().unwrap();
+            let stdout = relay.stdout.take().unwrap();
+            // The relay ends when the client closes its input.
+            tokio::spawn(async move {
+                let _ = relay.wait().await;
+            });
+            let (tx, rx) = mpsc::unbounded_channel();
+            let handler = TestClient {
+                seen: tx,
+                capabilities,
+                protocol: ProtocolVersion::V_2025_11_25,
+            };
+            let client =
+                tokio::time::timeout(Duration::from_secs(30), handler.serve((stdout, stdin)))
+                    .await
+                    .expect("the hub answers")
+                    .expect("the client connects to the hub through the relay");
+            (client, rx)
+        }
+    }
+}
+
 /// Waits (up to `within`) for something the client sees that `wanted` picks; what comes before is
 /// dropped.
 pub async fn wait_for<T>(

@@ -54,8 +54,29 @@ pub struct PiJob<'a> {
     pub vars: &'a [(&'a str, &'a str)],
 }
 
-/// Writes the job's files in `f` and runs the runner with pi, under the tests' bound.
+/// How pi reaches the hub in a test job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Through the relay pi starts for each server, as every job of the product's (and pi
+    /// started while the servers connect).
+    Relay,
+    /// Over loopback HTTP, once every server is connected (a runner with no relay to offer).
+    Http,
+}
+
+/// The relay program of these tests: `pi-dispatch job-relay` as the hub's own binary.
+pub fn relay_program() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_hub-job-relay"))
+}
+
+/// Writes the job's files in `f` and runs the runner with pi, through the relay, under the tests'
+/// bound.
 pub async fn run_pi_job(f: &Folders, job: PiJob<'_>) -> ExitLine {
+    run_pi_job_over(f, job, Transport::Relay).await
+}
+
+/// [`run_pi_job`], with pi reaching the hub over `transport`.
+pub async fn run_pi_job_over(f: &Folders, job: PiJob<'_>, transport: Transport) -> ExitLine {
     write(&f.job.join("mcp.json"), &job.file.text);
     write(&f.job.join("prompt.md"), job.prompt);
     write(&f.overlay.join("models.json"), job.models_json);
@@ -89,6 +110,10 @@ pub async fn run_pi_job(f: &Folders, job: PiJob<'_>) -> ExitLine {
         env,
         guard: None,
         confine: None,
+        relay: match transport {
+            Transport::Relay => Some(relay_program()),
+            Transport::Http => None,
+        },
     };
     bounded(run(options)).await
 }

@@ -102,6 +102,10 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         },
         env: std::env::vars().collect(),
         guard: std::env::current_exe().ok(),
+        relay: match &args.pi {
+            Some(_) => Some(std::env::current_exe()?),
+            None => None,
+        },
         confine: if args.confine {
             Some(std::env::current_exe()?)
         } else {

@@ -112,6 +112,13 @@ fn a_hostile_job_reads_no_credential_but_its_own() {
         attack.contains("hub keeper:"),
         "the hub was tried: {attack}"
     );
+    // pi reaches the hub through the relays it starts: they were there to attack, and the hub's
+    // socket was reached and refused the tokens tried.
+    assert!(cmdlines.contains("job-relay --socket"), "{cmdlines}");
+    assert!(
+        attack.contains("Unauthorized: the hub refused the connection"),
+        "the socket was tried: {attack}"
+    );
 
     // The spy server saw only its own namespace: no canary, no pi, no runner, no other server.
     let spy: serde_json::Value =
