@@ -1,10 +1,15 @@
 //! The relay pi starts for each of the job's servers (`pi-dispatch job-relay --socket PATH NAME`):
 //! to pi an ordinary stdio MCP server, which it reaches with its stdio client, the cheapest it
-//! has; to the hub one connection to its unix socket. It sends one line first, the server's name
-//! and the token from pi's environment ([`crate::pi_config::HUB_TOKEN_VARIABLE`]), then copies
-//! bytes both ways without reading them: every message is the hub's business. It ends as soon as
-//! either side closes, so that pi, which gives a server half a second to exit after closing its
-//! input, never waits.
+//! has; to the hub one connection to its unix socket. It sends one message: a line with the
+//! server's name and the token from pi's environment ([`crate::pi_config::HUB_TOKEN_VARIABLE`]),
+//! and with it its own standard input and output (`SCM_RIGHTS`). From then on the hub reads pi's
+//! requests and writes its answers on pi's own streams: the relay never touches a message and
+//! adds no hop. It waits until the hub closes the connection (the session is over, or the hub
+//! refused it), then exits, so that pi, which gives a server half a second to exit after closing
+//! its input, never waits.
+//!
+//! A client that cannot pass its streams may instead write the same first line and then speak
+//! the stdio framing on the connection itself.
 
 use std::io::Write as _;
 use std::os::unix::net::UnixStream;
@@ -25,6 +30,9 @@ pub const REFUSED: &str = "Unauthorized: the hub refused the connection";
 pub fn hello(server: &str, token: &str) -> String {
     format!("{server} Bearer {token}\n")
 }
+
+/// The most file descriptors the first message may carry: the relay's standard input and output.
+pub const PASSED_STREAMS: usize = 2;
 
 /// The server's name and the `Authorization` value of a first line (without its end).
 pub fn read_hello(line: &[u8]) -> Option<(&str, &[u8])> {
@@ -48,9 +56,10 @@ pub enum RelayError {
     Streams(std::io::ErrorKind),
 }
 
-/// Relays the process's standard input and output to server `server` at the hub's `socket`,
-/// until either side closes; returns then.
+/// Hands the process's standard input and output to the hub at `socket` for server `server`,
+/// then waits until the hub is done with them.
 pub fn run(socket: &Path, server: &str) -> Result<(), RelayError> {
+    use std::io::Read as _;
     // Like pi, whose environment it shares: nothing of the job without pi's marker may read this
     // process's memory or environment, and with this not even with it.
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
@@ -59,47 +68,43 @@ pub fn run(socket: &Path, server: &str) -> Result<(), RelayError> {
         .filter(|t| !t.is_empty())
         .ok_or(RelayError::NoToken)?;
     let mut to_hub = UnixStream::connect(socket).map_err(|e| RelayError::Connect(e.kind()))?;
-    to_hub
-        .write_all(hello(server, &token).as_bytes())
-        .map_err(|e| RelayError::Connect(e.kind()))?;
+    let hello = hello(server, &token);
     drop(token);
-    let mut from_hub = to_hub
-        .try_clone()
-        .map_err(|e| RelayError::Streams(e.kind()))?;
-    let stdout = duplicate(&std::io::stdout())?;
-    let stdin = duplicate(&std::io::stdin())?;
-    // Whichever direction ends first ends the relay.
-    let (done, ended) = std::sync::mpsc::channel::<()>();
-    let back = done.clone();
-    std::thread::spawn(move || {
-        let mut stdout = stdout;
-        let _ = pass_on(&mut from_hub, &mut stdout);
-        let _ = back.send(());
-    });
-    std::thread::spawn(move || {
-        let mut stdin = stdin;
-        let _ = pass_on(&mut stdin, &mut to_hub);
-        let _ = to_hub.shutdown(std::net::Shutdown::Write);
-        let _ = done.send(());
-    });
-    let _ = ended.recv();
-    Ok(())
-}
-
-/// Copies what `from` gives to `to` as it comes, to the end of `from`. A plain loop of reads and
-/// writes: `std::io::copy` would splice, and a splice from a socket waits to fill its length
-/// before it returns, holding a message back.
-fn pass_on(from: &mut impl std::io::Read, to: &mut impl std::io::Write) -> std::io::Result<()> {
-    let mut buffer = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buffer) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        to.write_all(&buffer[..n])?;
+    let kind = |e: rustix::io::Errno| std::io::Error::from(e).kind();
+    {
+        let streams = [rustix::stdio::stdin(), rustix::stdio::stdout()];
+        let mut space =
+            [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(PASSED_STREAMS))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&streams)) {
+            return Err(RelayError::Streams(std::io::ErrorKind::OutOfMemory));
+        }
+        let sent = rustix::net::sendmsg(
+            &to_hub,
+            &[std::io::IoSlice::new(hello.as_bytes())],
+            &mut control,
+            rustix::net::SendFlags::NOSIGNAL,
+        )
+        .map_err(|e| RelayError::Connect(kind(e)))?;
+        if sent < hello.len() {
+            to_hub
+                .write_all(&hello.as_bytes()[sent..])
+                .map_err(|e| RelayError::Connect(e.kind()))?;
+        }
     }
+    // The hub holds pi's streams now: this process lets go of its own copies, so that only the
+    // hub's end says when pi's side closes.
+    let null = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| RelayError::Streams(e.kind()))?;
+    rustix::stdio::dup2_stdin(&null).map_err(|e| RelayError::Streams(kind(e)))?;
+    rustix::stdio::dup2_stdout(&null).map_err(|e| RelayError::Streams(kind(e)))?;
+    // Until the hub closes the connection.
+    let mut rest = [0u8; 64];
+    while matches!(to_hub.read(&mut rest), Ok(n) if n > 0) {}
+    Ok(())
 }
 
 /// `job-relay --socket PATH NAME`, as a command: the exit status says whether it could start (2:
@@ -123,15 +128,6 @@ pub fn main(args: &[std::ffi::OsString]) -> std::process::ExitCode {
             std::process::ExitCode::from(1)
         }
     }
-}
-
-/// A standard stream as a plain file (no buffering between pi and the hub).
-fn duplicate(stream: &impl std::os::fd::AsFd) -> Result<std::fs::File, RelayError> {
-    stream
-        .as_fd()
-        .try_clone_to_owned()
-        .map(std::fs::File::from)
-        .map_err(|e| RelayError::Streams(e.kind()))
 }
 
 #[cfg(test)]

@@ -364,13 +364,22 @@ async fn accept_socket(
     Some(listener?.accept().await)
 }
 
-/// One connection to the hub's socket: its first line names the server and carries the token;
-/// then it is one session with that server. A line that is not right gets one refusal, and the
-/// connection is closed.
+/// One connection to the hub's socket. Its first message is a line that names the server and
+/// carries the token ([`crate::pi_relay::hello`]), with the relay's standard input and output
+/// passed along: the session is then served on those, pi's own streams. Without them, the session
+/// is the connection itself. A first line that is not right gets one refusal, and the connection
+/// is closed.
 async fn serve_stream(stream: tokio::net::UnixStream, router: Arc<Router>) {
-    use tokio::io::AsyncWriteExt as _;
-    let (read, mut write) = stream.into_split();
-    let mut lines = crate::raw::LineReader::new(read, crate::pi_relay::MAX_HELLO);
+    use tokio::io::AsyncReadExt as _;
+    let first = tokio::time::timeout(crate::pi_relay::HELLO_WITHIN, first_message(&stream)).await;
+    let Ok(Ok((initial, streams))) = first else {
+        return;
+    };
+    let (read, write) = stream.into_split();
+    let mut lines = crate::raw::LineReader::new(
+        std::io::Cursor::new(initial).chain(read),
+        crate::pi_relay::MAX_HELLO,
+    );
     let hello = tokio::time::timeout(crate::pi_relay::HELLO_WITHIN, lines.next()).await;
     let route = match hello {
         Ok(Some(crate::raw::Line::Whole(line))) => crate::pi_relay::read_hello(&line)
@@ -378,21 +387,122 @@ async fn serve_stream(stream: tokio::net::UnixStream, router: Arc<Router>) {
             .and_then(|(name, _)| router.routes.get(name)),
         _ => None,
     };
-    let Some(endpoint) = route else {
-        let refusal = crate::rpc::error_bytes(b"null", -32600, crate::pi_relay::REFUSED);
-        let _ = write.write_all(&refusal).await;
-        let _ = write.write_all(b"\n").await;
-        let _ = write.shutdown().await;
-        // What the other side sent meanwhile is read and dropped (briefly), so that closing does
-        // not reset the connection before the refusal is read.
-        let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            while lines.next().await.is_some() {}
-        })
-        .await;
-        return;
-    };
-    lines.set_max_line(crate::endpoint::MAX_POST_BODY);
-    endpoint.serve_lines(lines, write).await;
+    let mut streams = streams.into_iter();
+    match (streams.next(), streams.next(), streams.next()) {
+        // The relay's: pi writes to its input and reads its output.
+        (Some(input), Some(output), None) => {
+            let (Ok(input), Ok(output)) = (passed_reader(input), passed_writer(output)) else {
+                return;
+            };
+            match route {
+                Some(endpoint) => {
+                    let pi = crate::raw::LineReader::new(input, crate::endpoint::MAX_POST_BODY);
+                    endpoint.serve_lines(pi, output).await;
+                }
+                None => refuse(output).await,
+            }
+            // Dropping the connection ends the relay.
+        }
+        (None, _, _) => match route {
+            Some(endpoint) => {
+                lines.set_max_line(crate::endpoint::MAX_POST_BODY);
+                endpoint.serve_lines(lines, write).await;
+            }
+            None => {
+                refuse(write).await;
+                // What the other side sent meanwhile is read and dropped (briefly), so that
+                // closing does not reset the connection before the refusal is read.
+                let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                    while lines.next().await.is_some() {}
+                })
+                .await;
+            }
+        },
+        _ => {}
+    }
+}
+
+/// Writes the one refusal and closes.
+async fn refuse(mut out: impl tokio::io::AsyncWrite + Unpin) {
+    use tokio::io::AsyncWriteExt as _;
+    let refusal = crate::rpc::error_bytes(b"null", -32600, crate::pi_relay::REFUSED);
+    let _ = out.write_all(&refusal).await;
+    let _ = out.write_all(b"\n").await;
+    let _ = out.shutdown().await;
+}
+
+/// The first message of a connection: its bytes (up to the longest first line) and the streams
+/// passed with it.
+async fn first_message(
+    stream: &tokio::net::UnixStream,
+) -> std::io::Result<(Vec<u8>, Vec<std::os::fd::OwnedFd>)> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    use std::mem::MaybeUninit;
+    let mut bytes = vec![0u8; crate::pi_relay::MAX_HELLO];
+    loop {
+        stream.readable().await?;
+        let mut space = [MaybeUninit::uninit();
+            rustix::cmsg_space!(ScmRights(crate::pi_relay::PASSED_STREAMS))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let got = stream.try_io(tokio::io::Interest::READABLE, || {
+            rustix::net::recvmsg(
+                stream,
+                &mut [std::io::IoSliceMut::new(&mut bytes)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            )
+            .map_err(std::io::Error::from)
+        });
+        match got {
+            Ok(message) => {
+                let mut streams = Vec::new();
+                for passed in control.drain() {
+                    if let RecvAncillaryMessage::ScmRights(fds) = passed {
+                        streams.extend(fds);
+                    }
+                }
+                bytes.truncate(message.bytes);
+                return Ok((bytes, streams));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+type PassedReader = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+type PassedWriter = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
+/// A passed stream's kind: pi's Node gives its children sockets, other clients pipes.
+fn passed_kind(fd: &std::os::fd::OwnedFd) -> std::io::Result<rustix::fs::FileType> {
+    let stat = rustix::fs::fstat(fd)?;
+    Ok(rustix::fs::FileType::from_raw_mode(stat.st_mode))
+}
+
+fn passed_reader(fd: std::os::fd::OwnedFd) -> std::io::Result<PassedReader> {
+    match passed_kind(&fd)? {
+        rustix::fs::FileType::Socket => Ok(Box::new(passed_socket(fd)?)),
+        rustix::fs::FileType::Fifo => Ok(Box::new(
+            tokio::net::unix::pipe::Receiver::from_owned_fd(fd)?,
+        )),
+        _ => Err(std::io::ErrorKind::InvalidInput.into()),
+    }
+}
+
+fn passed_writer(fd: std::os::fd::OwnedFd) -> std::io::Result<PassedWriter> {
+    match passed_kind(&fd)? {
+        rustix::fs::FileType::Socket => Ok(Box::new(passed_socket(fd)?)),
+        rustix::fs::FileType::Fifo => {
+            Ok(Box::new(tokio::net::unix::pipe::Sender::from_owned_fd(fd)?))
+        }
+        _ => Err(std::io::ErrorKind::InvalidInput.into()),
+    }
+}
+
+fn passed_socket(fd: std::os::fd::OwnedFd) -> std::io::Result<tokio::net::UnixStream> {
+    let socket = std::os::unix::net::UnixStream::from(fd);
+    socket.set_nonblocking(true)?;
+    tokio::net::UnixStream::from_std(socket)
 }
 
 async fn serve_connection(
