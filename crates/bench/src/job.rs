@@ -23,6 +23,12 @@
 //!   `/workspace`; by hand it names the repository instead.
 //!
 //! The ways take turns, each going first, second and last in turn, after one untimed run of each.
+//!
+//! Each side's breakdown splits its runs at the sandbox's start (the worker's ways: when the
+//! worker asks the backend for it), the model's first request and its last one: the worker's own
+//! steps before the sandbox, the sandbox to the first request (the runner, pi loading while the
+//! servers connect, pi's listing), the model steps and tool calls, and what follows the last
+//! answer (pi's exit, the runner's and the sandbox's end, the record; by hand, pi's exit).
 
 use crate::stats::{median, round1, round3};
 use std::path::{Path, PathBuf};
@@ -54,19 +60,61 @@ pub struct Options {
     pub runs: u32,
 }
 
+/// One job's times from its start (the worker's `process`, or pi's spawn by hand), ms.
+#[derive(Debug, Clone, Copy)]
+struct Times {
+    /// To the model's first request.
+    ready: f64,
+    /// To the job's end (its record written, or pi's exit).
+    whole: f64,
+    /// To the sandbox's start (the worker's ways only).
+    sandbox: Option<f64>,
+    /// To the model's last request (the one answered with the last text).
+    last: f64,
+}
+
 /// One side's figures, ms.
+#[derive(Default)]
 pub struct Side {
     ready: Vec<f64>,
     whole: Vec<f64>,
+    sandbox: Vec<f64>,
+    last: Vec<f64>,
 }
 
 impl Side {
+    fn push(&mut self, t: Times) {
+        self.ready.push(t.ready);
+        self.whole.push(t.whole);
+        self.sandbox.extend(t.sandbox);
+        self.last.push(t.last);
+    }
+
+    /// Where the time goes, as medians of each run's parts.
+    fn breakdown(&self) -> Value {
+        let parts =
+            |f: &dyn Fn(usize) -> f64| median(&(0..self.ready.len()).map(f).collect::<Vec<_>>());
+        let mut out = json!({
+            "first_to_last_request_ms": round1(parts(&|i| self.last[i] - self.ready[i])),
+            "after_last_request_ms": round1(parts(&|i| self.whole[i] - self.last[i])),
+        });
+        if self.sandbox.len() == self.ready.len() && !self.sandbox.is_empty() {
+            out["before_sandbox_ms"] = json!(round1(median(&self.sandbox)));
+            out["sandbox_to_first_request_ms"] =
+                json!(round1(parts(&|i| self.ready[i] - self.sandbox[i])));
+        } else {
+            out["to_first_request_ms"] = json!(round1(median(&self.ready)));
+        }
+        out
+    }
+
     fn json(&self) -> Value {
         json!({
             "ready_ms": self.ready.iter().map(|v| round1(*v)).collect::<Vec<_>>(),
             "whole_ms": self.whole.iter().map(|v| round1(*v)).collect::<Vec<_>>(),
             "ready_median_ms": round1(median(&self.ready)),
             "whole_median_ms": round1(median(&self.whole)),
+            "breakdown": self.breakdown(),
         })
     }
 }
@@ -146,6 +194,15 @@ impl JobFigures {
             median(&self.separated.whole) / median(&self.by_hand.whole),
             median(&self.whole_ratios),
         );
+        for (name, side) in [
+            ("through the worker", &self.separated),
+            ("by hand", &self.by_hand),
+        ] {
+            println!(
+                "job: where the time goes {name} (medians, ms): {}",
+                side.breakdown()
+            );
+        }
         println!(
             "job: node -e 0 in a job's sandbox, {} runs a side: {:.1} ms directly, {:.1} ms confined ({:.1} ms a process)",
             self.node_bare.len(),
@@ -167,6 +224,8 @@ enum Separation {
 struct Sides {
     inner: Bubblewrap,
     separation: std::sync::Mutex<Separation>,
+    /// When the worker last asked for a sandbox.
+    started: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Backend for Sides {
@@ -179,6 +238,10 @@ impl Backend for Sides {
             .separation
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *self
+            .started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
         Box::pin(async move {
             match separation {
                 Separation::On => self.inner.start(spec, env).await,
@@ -345,6 +408,7 @@ impl Demo {
                 bwrap: sandbox::bwrap::BWRAP.into(),
             },
             separation: std::sync::Mutex::new(Separation::On),
+            started: std::sync::Mutex::new(None),
         });
         let worker = Worker {
             jobs_dir: state.join("jobs"),
@@ -407,13 +471,13 @@ impl Demo {
         Ok(repo)
     }
 
-    /// One job on `side`: (ready, whole), ms.
+    /// One job on `side`.
     fn run(
         &self,
         runtime: &tokio::runtime::Runtime,
         side: Separation,
         n: u32,
-    ) -> anyhow::Result<(f64, f64)> {
+    ) -> anyhow::Result<Times> {
         *self
             .sides
             .separation
@@ -450,22 +514,34 @@ impl Demo {
             answered == 2,
             "the {side:?} job answered {answered} MCP calls, not 2"
         );
-        let first = model
-            .requests()
+        let requests = model.requests();
+        let first = requests
             .first()
             .map(|r| r.at)
             .context("the model saw no request")?;
-        let ready = first.duration_since(start);
+        let last = requests.last().map_or(first, |r| r.at);
+        let sandbox = self
+            .sides
+            .started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .context("the worker started no sandbox")?;
         let _ = std::fs::remove_dir_all(&repo);
-        Ok((ms(ready), ms(whole)))
+        Ok(Times {
+            ready: ms(first.duration_since(start)),
+            whole: ms(whole),
+            sandbox: Some(ms(sandbox.duration_since(start))),
+            last: ms(last.duration_since(start)),
+        })
     }
 }
 
 impl Demo {
     /// The same job with pi typed by hand: `node <pi>/dist/bundle/cli.js --mode json --no-session`
     /// (what pi's `pi` bin runs) in a fresh repository, the task on standard input, pi's own MCP
-    /// connecting the server: (ready, whole), ms.
-    fn by_hand(&self, n: u32) -> anyhow::Result<(f64, f64)> {
+    /// connecting the server.
+    fn by_hand(&self, n: u32) -> anyhow::Result<Times> {
         use std::io::Write as _;
         let repo = self.repository(n)?;
         // The script's bash step lists the job's workspace: by hand, that is the repository.
@@ -538,8 +614,14 @@ impl Demo {
             "pi by hand wrote no NOTES.md"
         );
         let first = requests.first().map(|r| r.at).context("no request")?;
+        let last = requests.last().map_or(first, |r| r.at);
         let _ = std::fs::remove_dir_all(&repo);
-        Ok((ms(first.duration_since(start)), ms(whole)))
+        Ok(Times {
+            ready: ms(first.duration_since(start)),
+            whole: ms(whole),
+            sandbox: None,
+            last: ms(last.duration_since(start)),
+        })
     }
 
     /// `node -e 0` in a sandbox as the worker starts a job's (nested, egress on, the workspace's
@@ -639,7 +721,7 @@ impl Demo {
         runtime: &tokio::runtime::Runtime,
         way: Way,
         n: u32,
-    ) -> anyhow::Result<(f64, f64)> {
+    ) -> anyhow::Result<Times> {
         match way {
             Way::Separated => self.run(runtime, Separation::On, n),
             Way::Unseparated => self.run(runtime, Separation::Off, n),
@@ -662,11 +744,8 @@ pub fn measure(options: &Options) -> anyhow::Result<JobFigures> {
         n += 1;
         demo.run_way(&runtime, way, n)?;
     }
-    let new_side = || Side {
-        ready: Vec::new(),
-        whole: Vec::new(),
-    };
-    let (mut separated, mut unseparated, mut by_hand) = (new_side(), new_side(), new_side());
+    let (mut separated, mut unseparated, mut by_hand) =
+        (Side::default(), Side::default(), Side::default());
     let (mut ready_ratios, mut whole_ratios) = (Vec::new(), Vec::new());
     for i in 0..options.runs {
         // Each way goes first, second and last in turn.
@@ -675,15 +754,14 @@ pub fn measure(options: &Options) -> anyhow::Result<JobFigures> {
         let mut round = [(0.0, 0.0); 3];
         for way in order {
             n += 1;
-            let (ready, whole) = demo.run_way(&runtime, way, n)?;
+            let times = demo.run_way(&runtime, way, n)?;
             let (slot, figures) = match way {
                 Way::Separated => (0, &mut separated),
                 Way::Unseparated => (1, &mut unseparated),
                 Way::ByHand => (2, &mut by_hand),
             };
-            round[slot] = (ready, whole);
-            figures.ready.push(ready);
-            figures.whole.push(whole);
+            round[slot] = (times.ready, times.whole);
+            figures.push(times);
         }
         ready_ratios.push(round[0].0 / round[1].0);
         whole_ratios.push(round[0].1 / round[2].1);

@@ -35,6 +35,7 @@
 mod egress_proxy;
 mod job;
 mod mcp_hub;
+mod pi_calls;
 mod queue;
 mod sandbox_start;
 mod stats;
@@ -144,6 +145,17 @@ struct Args {
     /// Timed jobs of each side (after one untimed job each).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     job_runs: u32,
+    /// Also measure a tool call as pi sees it: pi's own MCP client calling server-everything
+    /// directly over stdio, through the relay a job's pi starts, and over the hub's HTTP (needs
+    /// the workspace's node_modules).
+    #[arg(long)]
+    pi_calls: bool,
+    /// Timed calls per way (after the warm-up).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
+    pi_calls_count: u32,
+    /// Untimed rounds before the timed ones.
+    #[arg(long, default_value_t = 200)]
+    pi_calls_warm_up: u32,
     /// Internal: run the binary on the overlay in DIR and print the process figures as JSON.
     #[arg(long, value_name = "DIR", hide = true)]
     process_runner: Option<PathBuf>,
@@ -261,6 +273,17 @@ fn run(args: &Args) -> anyhow::Result<()> {
         None
     };
 
+    let pi_calls = if args.pi_calls {
+        Some(pi_calls::measure(&pi_calls::Options {
+            bin: bin.clone(),
+            node_modules: node_modules.clone(),
+            calls: args.pi_calls_count,
+            warm_up: args.pi_calls_warm_up,
+        })?)
+    } else {
+        None
+    };
+
     let sandbox = if args.sandbox {
         Some(sandbox_start::measure(&sandbox_start::Options {
             runs: args.sandbox_runs,
@@ -338,6 +361,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         if let (Some(job), Some(object)) = (&job, report.as_object_mut()) {
             object.insert("job".to_owned(), job.json());
         }
+        if let (Some(calls), Some(object)) = (&pi_calls, report.as_object_mut()) {
+            object.insert("pi_calls".to_owned(), calls.json());
+        }
         println!("{report}");
     } else {
         println!(
@@ -389,6 +415,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         }
         if let Some(job) = &job {
             job.print();
+        }
+        if let Some(calls) = &pi_calls {
+            calls.print();
         }
     }
     Ok(())
