@@ -417,9 +417,8 @@ async fn run_alongside(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = value;
     };
-    // Resolves only to stop the job: a server that did not connect, a hub that did not start, or
-    // an HTTP server's 401 later on.
-    let serving = async {
+    // Every server connected and served, or why not.
+    let connecting = async {
         let connected = runner::connect_all_confined(
             plan,
             &job.env,
@@ -436,18 +435,18 @@ async fn run_alongside(
             Ok(c) => c,
             Err((stop, failed)) => {
                 keep(&states, failed);
-                return stop;
+                return Err(stop);
             }
         };
         keep(&states, connected.clone());
         withhold_excluded(&mut upstreams, &exclude_tools(&job.env));
         let expected = crate::pi_agent::expected_json(&listing(&upstreams), job_plan.wait);
         if let Err(e) = write_private(&own, "listed.json", expected.as_bytes()) {
-            return Stop::new(
+            return Err(Stop::new(
                 Reason::RunnerSetupFailed,
                 None,
                 format!("pi's configuration could not be written ({})", e.kind()),
-            );
+            ));
         }
         let listeners = relay::Listeners {
             loopback: false,
@@ -459,25 +458,59 @@ async fn run_alongside(
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(h)
             }
             Err(e) => {
-                return Stop::new(
+                return Err(Stop::new(
                     Reason::RunnerSetupFailed,
                     None,
                     format!("the hub could not start ({e})"),
-                );
+                ));
             }
         }
-        unauthorized(&monitors).await
+        Ok(monitors)
     };
-    let result = agent(
-        job,
-        &folder,
-        &job_plan.secrets,
-        serving,
-        gateway.as_ref(),
-        term,
-        Some(&token),
-    )
-    .await;
+    let timeouts: Vec<Option<u16>> = job_plan.servers.iter().map(JobServer::timeout).collect();
+    let result = if wait::pi_may_start_alongside(&timeouts) {
+        // Resolves only to stop the job: a server that did not connect, a hub that did not
+        // start, or an HTTP server's 401 later on.
+        let serving = async {
+            match connecting.await {
+                Ok(monitors) => unauthorized(&monitors).await,
+                Err(stop) => stop,
+            }
+        };
+        agent(
+            job,
+            &folder,
+            &job_plan.secrets,
+            serving,
+            gateway.as_ref(),
+            term,
+            Some(&token),
+        )
+        .await
+    } else {
+        // A server of pi's would give up waiting before the runner does: pi starts once every
+        // server is served, as over HTTP.
+        let connected = tokio::select! {
+            result = connecting => Some(result),
+            _ = term.recv() => None,
+        };
+        match connected {
+            None => AgentEnd::Terminated,
+            Some(Err(stop)) => AgentEnd::Stopped(stop, None),
+            Some(Ok(monitors)) => {
+                agent(
+                    job,
+                    &folder,
+                    &job_plan.secrets,
+                    unauthorized(&monitors),
+                    gateway.as_ref(),
+                    term,
+                    Some(&token),
+                )
+                .await
+            }
+        }
+    };
     let hub = hub
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -16,9 +16,36 @@ pub fn budget(timeouts: impl IntoIterator<Item = Option<u16>>) -> Duration {
     longest.clamp(MIN_WAIT, MAX_WAIT)
 }
 
+/// How long pi's MCP client waits for a server's answer when the entry sets no `timeout`.
+pub const PI_DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Whether pi may start while the servers connect. pi's `initialize` to a server that answered
+/// early is held until every server has, so that must never outlast pi's own wait for that server
+/// (its `timeout`, else pi's default): it cannot when no server's wait in pi is shorter than the
+/// runner's.
+pub fn pi_may_start_alongside(timeouts: &[Option<u16>]) -> bool {
+    let wait = budget(timeouts.iter().copied());
+    timeouts
+        .iter()
+        .all(|t| t.map_or(PI_DEFAULT_TIMEOUT, |s| Duration::from_secs(u64::from(s))) >= wait)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pi_starts_alongside_only_when_no_server_of_its_would_give_up_first() {
+        assert!(pi_may_start_alongside(&[]));
+        assert!(pi_may_start_alongside(&[None, None]));
+        // 15 s of waiting, pi waits 60 s or 20 s.
+        assert!(pi_may_start_alongside(&[None, Some(20)]));
+        // A server's 5 s in pi against the runner's 15 s.
+        assert!(!pi_may_start_alongside(&[None, Some(5)]));
+        // The runner waits 90 s for one; pi's default 60 s for the other would run out first.
+        assert!(!pi_may_start_alongside(&[None, Some(90)]));
+        assert!(pi_may_start_alongside(&[Some(90), Some(100)]));
+    }
 
     #[test]
     fn fifteen_seconds_or_the_longest_timeout_up_to_two_minutes() {

@@ -14,14 +14,16 @@ use runner_support::pi::{Folders, PiJob, Transport, folders, run_pi_job_over, wr
 use serde_json::json;
 use testkit::fake_model::{FakeModel, MODEL, PROVIDER, Step};
 
-/// A stdio server that waits for `PI_LOADED` (a file) before it reads anything, then either
+/// A stdio server that sleeps `SLEEP_MS` and waits for `PI_LOADED` (a file) when they are set
+/// before it reads anything, then either
 /// serves one tool, `ping`, or (with `FAIL_AFTER_PI`) exits with a line on stderr. It gives up
 /// waiting after 20 s.
 const WAITS_FOR_PI: &str = r#"
 import { existsSync } from "node:fs";
 import readline from "node:readline";
+if (process.env.SLEEP_MS) await new Promise((r) => setTimeout(r, Number(process.env.SLEEP_MS)));
 const deadline = Date.now() + 20000;
-while (!existsSync(process.env.PI_LOADED)) {
+while (process.env.PI_LOADED && !existsSync(process.env.PI_LOADED)) {
   if (Date.now() > deadline) { process.stderr.write("pi never loaded\n"); process.exit(3); }
   await new Promise((r) => setTimeout(r, 10));
 }
@@ -147,4 +149,44 @@ async fn over_http_pi_starts_only_once_the_servers_are_connected() {
         "pi started before its servers"
     );
     assert!(model.requests().is_empty());
+}
+
+/// A server whose wait in pi (its `timeout`, 5 s) is shorter than the runner's (15 s), beside one
+/// that takes 8 s to answer: pi would give up on the first while the hub waited for the second,
+/// so pi starts only once both are served.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_with_a_short_timeout_keeps_pi_from_starting_before_the_slow_one() {
+    let f = folders();
+    let script = f.workspace.join("slow.mjs");
+    write(&script, WAITS_FOR_PI);
+    let quick = json!({"command": "node", "args": [testkit::everything().to_str().unwrap(), "stdio"],
+        "description": "Everything, quick to answer", "exposure": "direct", "timeout": 5});
+    let slow = json!({"command": "node", "args": [script.to_str().unwrap()],
+        "env": {"SLEEP_MS": "${SLEEP_MS}"}, "description": "Slow to answer", "exposure": "direct"});
+    let file = job_file(&[("quick", quick), ("slow", slow)]);
+    let model = FakeModel::start(vec![
+        Step::call("mcp__slow__ping", json!({})),
+        Step::text("done"),
+    ]);
+    let line = run_pi_job_over(
+        &f,
+        PiJob {
+            id: "job-short",
+            file: &file,
+            prompt: "Call the ping tool, then say done.\n",
+            models_json: &model.models_json("FAKE_API_KEY"),
+            model: &format!("{PROVIDER}/{MODEL}"),
+            vars: &[("FAKE_API_KEY", "cnry-model-key-5e2"), ("SLEEP_MS", "8000")],
+        },
+        Transport::Relay,
+    )
+    .await;
+    assert_eq!(line.code, 0, "{line:?}");
+    let requests = model.requests();
+    let tools = requests[0].tools();
+    assert!(
+        tools.iter().any(|t| t == "mcp__quick__echo")
+            && tools.iter().any(|t| t == "mcp__slow__ping"),
+        "{tools:?}"
+    );
 }
