@@ -38,13 +38,15 @@ mod tests {
     fn pi_starts_alongside_only_when_no_server_of_its_would_give_up_first() {
         assert!(pi_may_start_alongside(&[]));
         assert!(pi_may_start_alongside(&[None, None]));
-        // 15 s of waiting, pi waits 60 s or 20 s.
+        // 20 s of waiting, pi waits 60 s or 20 s.
         assert!(pi_may_start_alongside(&[None, Some(20)]));
         // A server's 5 s in pi against the runner's 15 s.
         assert!(!pi_may_start_alongside(&[None, Some(5)]));
         // The runner waits 90 s for one; pi's default 60 s for the other would run out first.
         assert!(!pi_may_start_alongside(&[None, Some(90)]));
-        assert!(pi_may_start_alongside(&[Some(90), Some(100)]));
+        // The runner waits 100 s: pi's 90 s for the first would run out first; 100 s would not.
+        assert!(!pi_may_start_alongside(&[Some(90), Some(100)]));
+        assert!(pi_may_start_alongside(&[Some(100), Some(100)]));
     }
 
     #[test]
