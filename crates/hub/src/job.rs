@@ -300,6 +300,15 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
     .await
 }
 
+/// A file of pi's configuration that could not be written: the runner's own fault.
+fn unwritten(e: &std::io::Error) -> Stop {
+    Stop::new(
+        Reason::RunnerSetupFailed,
+        None,
+        format!("pi's configuration could not be written ({})", e.kind()),
+    )
+}
+
 /// What the runner takes from the job's plan before the servers connect.
 struct JobPlan {
     servers: Vec<JobServer>,
@@ -402,11 +411,7 @@ async fn run_alongside(
         },
     );
     if let Err(e) = write_private(&job.agent_dir, "mcp.json", text.as_bytes()) {
-        let stop = Stop::new(
-            Reason::RunnerSetupFailed,
-            None,
-            format!("pi's configuration could not be written ({})", e.kind()),
-        );
+        let stop = unwritten(&e);
         return stopped(job, &stop, Vec::new());
     }
     let token = new_token();
@@ -442,11 +447,7 @@ async fn run_alongside(
         withhold_excluded(&mut upstreams, &exclude_tools(&job.env));
         let expected = crate::pi_agent::expected_json(&listing(&upstreams), job_plan.wait);
         if let Err(e) = write_private(&own, "listed.json", expected.as_bytes()) {
-            return Err(Stop::new(
-                Reason::RunnerSetupFailed,
-                None,
-                format!("pi's configuration could not be written ({})", e.kind()),
-            ));
+            return Err(unwritten(&e));
         }
         let listeners = relay::Listeners {
             loopback: false,
@@ -574,11 +575,7 @@ async fn run_agent(
             // No server: pi's prompt need wait for none.
             let none = crate::pi_agent::expected_json(&[], std::time::Duration::ZERO);
             if is_pi && let Err(e) = write_private(&folder.own(), "listed.json", none.as_bytes()) {
-                let stop = Stop::new(
-                    Reason::RunnerSetupFailed,
-                    None,
-                    format!("pi's configuration could not be written ({})", e.kind()),
-                );
+                let stop = unwritten(&e);
                 return stopped(job, &stop, Vec::new());
             }
             (None, Vec::new(), Vec::new(), None)
@@ -628,11 +625,7 @@ async fn run_agent(
             );
             if let Err(e) = written {
                 hub.shutdown().await;
-                let stop = Stop::new(
-                    Reason::RunnerSetupFailed,
-                    None,
-                    format!("pi's configuration could not be written ({})", e.kind()),
-                );
+                let stop = unwritten(&e);
                 return stopped(job, &stop, states);
             }
             (Some(hub), monitors, states, Some(token))

@@ -71,19 +71,33 @@ async fn run_with_a_server_waiting_for_pi(
     let late = json!({"command": "node", "args": [script.to_str().unwrap()], "env": env,
         "description": "Answers once pi has loaded", "exposure": "direct", "timeout": 40});
     let file = job_file(&[("late", late)]);
+    let vars = [
+        ("PI_LOADED", marker.to_str().unwrap()),
+        ("FAIL_AFTER_PI", "1"),
+    ];
+    run_ping_job(f, &file, model, &vars, transport).await
+}
+
+/// Runs `file` with real pi asked to call the ping tool, against `model`, with `vars` beside the
+/// model's key.
+async fn run_ping_job(
+    f: &Folders,
+    file: &protocol::job_mcp::JobMcpFile,
+    model: &FakeModel,
+    vars: &[(&str, &str)],
+    transport: Transport,
+) -> ExitLine {
+    let mut all = vec![("FAKE_API_KEY", "cnry-model-key-5e2")];
+    all.extend_from_slice(vars);
     run_pi_job_over(
         f,
         PiJob {
             id: "job-start",
-            file: &file,
+            file,
             prompt: "Call the ping tool, then say done.\n",
             models_json: &model.models_json("FAKE_API_KEY"),
             model: &format!("{PROVIDER}/{MODEL}"),
-            vars: &[
-                ("FAKE_API_KEY", "cnry-model-key-5e2"),
-                ("PI_LOADED", marker.to_str().unwrap()),
-                ("FAIL_AFTER_PI", "1"),
-            ],
+            vars: &all,
         },
         transport,
     )
@@ -168,19 +182,7 @@ async fn a_server_with_a_short_timeout_keeps_pi_from_starting_before_the_slow_on
         Step::call("mcp__slow__ping", json!({})),
         Step::text("done"),
     ]);
-    let line = run_pi_job_over(
-        &f,
-        PiJob {
-            id: "job-short",
-            file: &file,
-            prompt: "Call the ping tool, then say done.\n",
-            models_json: &model.models_json("FAKE_API_KEY"),
-            model: &format!("{PROVIDER}/{MODEL}"),
-            vars: &[("FAKE_API_KEY", "cnry-model-key-5e2"), ("SLEEP_MS", "8000")],
-        },
-        Transport::Relay,
-    )
-    .await;
+    let line = run_ping_job(&f, &file, &model, &[("SLEEP_MS", "8000")], Transport::Relay).await;
     assert_eq!(line.code, 0, "{line:?}");
     let requests = model.requests();
     let tools = requests[0].tools();
