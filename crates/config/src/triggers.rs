@@ -390,8 +390,8 @@ pub struct Run {
     pub image: Option<String>,
 }
 
-/// The keys of `run`.
-const RUN_KEYS: [&str; 14] = [
+/// The keys of `run`: every field a trigger gives its job (the receiver's forwarding test is derived from it).
+pub const RUN_KEYS: [&str; 14] = [
     "kind",
     "flow",
     "command",

@@ -48,6 +48,8 @@ enum Command {
     Run(cmd::run::Args),
     /// Run the queue's jobs, each in its own sandbox, and record them.
     Worker(cmd::worker::Args),
+    /// Take GitHub and GitLab webhooks and queue the jobs of the triggers they match.
+    Receiver(cmd::receiver::Args),
     /// The egress proxy of jobs with egress on (the worker starts one when none is running).
     EgressProxy(cmd::egress_proxy::Args),
     /// The queue: what waits, what runs (where, for how long), what was done lately.
@@ -120,6 +122,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd::run::run(&args, &ctx),
         Command::Status(args) => cmd::status::run(&args, &ctx),
         Command::Worker(args) => cmd::worker::run(&args, &ctx),
+        Command::Receiver(args) => cmd::receiver::run(&args, &ctx),
         Command::EgressProxy(args) => cmd::egress_proxy::run(&args, &ctx),
         Command::Image(args) => cmd::image::run(&args, &ctx),
         Command::Explain(args) => cmd::explain::run(&args, &ctx),

@@ -4,6 +4,8 @@
 use config::triggers::{Action, Kind, Trigger};
 use serde::{Deserialize, Serialize};
 
+use crate::forge_event::ForgeEvent;
+
 /// `run.mcp` as a queued job carries it: a list of names, or anything else a writer put there.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -76,6 +78,9 @@ pub struct Job {
     /// The secrets profile whose resolver fills `secrets` (the trigger's, when it names secrets).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub secrets_profile: Option<String>,
+    /// The forge event that queued a github or gitlab job (from the receiver).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub event: Option<ForgeEvent>,
 }
 
 impl Job {
@@ -99,6 +104,7 @@ impl Job {
             folder: None,
             task: None,
             secrets_profile: None,
+            event: None,
         }
     }
 
@@ -130,6 +136,7 @@ impl Job {
             folder: run.folder.clone(),
             task: run.task.clone(),
             secrets_profile: run.secrets_profile.clone(),
+            event: None,
         }
     }
 

@@ -80,8 +80,19 @@ pub trait Queue: Send + Sync {
     /// Reads only: a lapsed lease shows as leased until a `lease` or `take_lost` call settles it.
     fn status(&self, now: SystemTime, recent_done: usize) -> Result<Status, QueueError>;
 
-    /// Forgets done jobs finished before `before` (their ids may then be enqueued again); returns
-    /// how many.
+    /// Stores the jobs one forge delivery queues (each `(id, payload)`) and the delivery's key in
+    /// one step. A key stored before stores nothing and answers `false`: a delivery the forge sends
+    /// again queues nothing, even when the triggers changed meanwhile. A delivery that queues no job
+    /// is remembered too. A job id already in the queue is left alone, as in [`Queue::enqueue`].
+    fn enqueue_delivery(
+        &self,
+        key: &str,
+        jobs: &[(String, String)],
+        now: SystemTime,
+    ) -> Result<bool, QueueError>;
+
+    /// Forgets done jobs finished before `before` (their ids may then be enqueued again), and the
+    /// deliveries seen before it; returns how many jobs.
     fn prune_done(&self, before: SystemTime) -> Result<usize, QueueError>;
 
     /// Cancels job `id`. A job not running (queued, waiting to retry, lost, or leased by a worker

@@ -707,3 +707,101 @@ fn a_schema_1_file_is_migrated_with_every_row() {
     let queue = SqliteQueue::open(&path).unwrap();
     assert_eq!(queue.status(t(4), 0).unwrap().counts.done, 2);
 }
+
+fn jobs(ids: &[&str]) -> Vec<(String, String)> {
+    ids.iter()
+        .map(|id| ((*id).to_owned(), format!("{{\"id\":\"{id}\"}}")))
+        .collect()
+}
+
+#[test]
+fn a_delivery_queues_its_jobs_once() {
+    let (_dir, queue) = fresh();
+    assert!(
+        queue
+            .enqueue_delivery("github:d1", &jobs(&["a", "b"]), t(0))
+            .unwrap()
+    );
+    // Sent again, with a job more (the triggers changed): nothing.
+    assert!(
+        !queue
+            .enqueue_delivery("github:d1", &jobs(&["a", "b", "c"]), t(1))
+            .unwrap()
+    );
+    // A delivery that queued no job is remembered too.
+    assert!(queue.enqueue_delivery("github:d2", &[], t(2)).unwrap());
+    assert!(
+        !queue
+            .enqueue_delivery("github:d2", &jobs(&["d"]), t(3))
+            .unwrap()
+    );
+    // The same id on the other forge is another delivery.
+    assert!(
+        queue
+            .enqueue_delivery("gitlab:d1", &jobs(&["e"]), t(4))
+            .unwrap()
+    );
+    assert_eq!(leased_ids(&queue, t(5)), ["a", "b", "e"]);
+    // Pruned, the delivery may come again.
+    assert_eq!(queue.prune_done(t(1)).unwrap(), 0);
+    assert!(
+        queue
+            .enqueue_delivery("github:d1", &jobs(&["f"]), t(6))
+            .unwrap()
+    );
+    assert!(!queue.enqueue_delivery("github:d2", &[], t(7)).unwrap());
+}
+
+#[test]
+fn deliveries_from_many_threads_queue_each_job_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("queue.sqlite3");
+    let barrier = Arc::new(Barrier::new(4));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let (path, barrier) = (path.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let queue = SqliteQueue::open(&path).unwrap();
+                barrier.wait();
+                (0..50)
+                    .filter(|n| {
+                        let id = format!("job-{n}");
+                        queue
+                            .enqueue_delivery(&format!("github:{n}"), &jobs(&[&id]), t(0))
+                            .unwrap()
+                    })
+                    .count()
+            })
+        })
+        .collect();
+    let stored: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(stored, 50);
+    let queue = SqliteQueue::open(&path).unwrap();
+    assert_eq!(queue.status(t(0), 0).unwrap().open.len(), 50);
+}
+
+#[test]
+fn a_schema_2_file_gets_the_deliveries_and_keeps_its_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.sqlite3");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(&format!(
+            "{JOBS_V2}{INDEXES}
+             INSERT INTO jobs (id, payload, state, queued_at, available_at)
+                 VALUES ('old', '{{}}', 'queued', 1, 1);
+             PRAGMA user_version = 2;"
+        ))
+        .unwrap();
+    }
+    let queue = SqliteQueue::open(&path).unwrap();
+    assert_eq!(queue.status(t(0), 0).unwrap().open.len(), 1);
+    assert!(
+        queue
+            .enqueue_delivery("github:x", &jobs(&["n"]), t(0))
+            .unwrap()
+    );
+    assert!(!queue.enqueue_delivery("github:x", &[], t(1)).unwrap());
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    assert_eq!(user_version(&conn).unwrap(), 3);
+}

@@ -16,7 +16,7 @@ use crate::{
 };
 
 /// The schema version this code writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// How long a statement waits for another connection's write transaction before it fails.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -41,6 +41,15 @@ CREATE TABLE jobs (
     leased_at    INTEGER,
     CHECK ((state = 'leased') = (token IS NOT NULL AND leased_until IS NOT NULL)),
     CHECK ((state = 'done') = (finished_at IS NOT NULL AND outcome IS NOT NULL))
+);
+";
+
+/// Schema 3: the forge deliveries seen (`key` is `forge:delivery-id`), so that a delivery sent
+/// again queues nothing.
+const DELIVERIES_V3: &str = "
+CREATE TABLE deliveries (
+    key     TEXT PRIMARY KEY,
+    seen_at INTEGER NOT NULL
 );
 ";
 
@@ -161,11 +170,16 @@ impl SqliteQueue {
         // Read again inside the write lock: another process may have created the schema meanwhile.
         match known(user_version(&tx).map_err(open_err("read the schema version"))?)? {
             0 => tx
-                .execute_batch(&format!("{JOBS_V2}{INDEXES}"))
+                .execute_batch(&format!("{JOBS_V2}{INDEXES}{DELIVERIES_V3}"))
                 .map_err(open_err("create the schema"))?,
             1 => tx
-                .execute_batch(&format!("{MIGRATE_V1}{JOBS_V2}{COPY_V1}{INDEXES}"))
+                .execute_batch(&format!(
+                    "{MIGRATE_V1}{JOBS_V2}{COPY_V1}{INDEXES}{DELIVERIES_V3}"
+                ))
                 .map_err(open_err("migrate the schema from version 1"))?,
+            2 => tx
+                .execute_batch(DELIVERIES_V3)
+                .map_err(open_err("migrate the schema from version 2"))?,
             _ => {}
         }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
@@ -445,13 +459,54 @@ impl Queue for SqliteQueue {
         })
     }
 
+    fn enqueue_delivery(
+        &self,
+        key: &str,
+        jobs: &[(String, String)],
+        now: SystemTime,
+    ) -> Result<bool, QueueError> {
+        let now = millis(now);
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sqlite("begin a delivery"))?;
+        let new = tx
+            .execute(
+                "INSERT INTO deliveries (key, seen_at) VALUES (?1, ?2) ON CONFLICT (key) DO NOTHING",
+                params![key, now],
+            )
+            .map_err(sqlite("remember a delivery"))?
+            == 1;
+        if new {
+            for (id, payload) in jobs {
+                tx.execute(
+                    "INSERT INTO jobs (id, payload, state, queued_at, available_at)
+                     VALUES (?1, ?2, 'queued', ?3, ?3) ON CONFLICT (id) DO NOTHING",
+                    params![id, payload, now],
+                )
+                .map_err(sqlite("enqueue a delivery's job"))?;
+            }
+        }
+        tx.commit().map_err(sqlite("commit a delivery"))?;
+        Ok(new)
+    }
+
     fn prune_done(&self, before: SystemTime) -> Result<usize, QueueError> {
-        self.conn()
+        let before = millis(before);
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sqlite("begin pruning"))?;
+        let jobs = tx
             .execute(
                 "DELETE FROM jobs WHERE state = 'done' AND finished_at < ?1",
-                params![millis(before)],
+                params![before],
             )
-            .map_err(sqlite("prune done jobs"))
+            .map_err(sqlite("prune done jobs"))?;
+        tx.execute("DELETE FROM deliveries WHERE seen_at < ?1", params![before])
+            .map_err(sqlite("prune deliveries"))?;
+        tx.commit().map_err(sqlite("commit pruning"))?;
+        Ok(jobs)
     }
 
     fn cancel(&self, id: &str, now: SystemTime) -> Result<Cancel, QueueError> {

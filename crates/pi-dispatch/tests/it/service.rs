@@ -1,12 +1,17 @@
-//! The systemd unit of `examples/systemd`: `systemd-analyze verify` has nothing to say about it,
-//! and it stops the worker the way the worker drains, restarts it, and leaves bubblewrap what it
-//! needs.
+//! The systemd units of `examples/systemd`: `systemd-analyze verify` has nothing to say about
+//! either; the worker's stops the worker the way the worker drains, restarts it, and leaves
+//! bubblewrap what it needs; the receiver's runs the receiver of the same deployment with no
+//! capability and write access to the state folder only.
 
 use std::path::Path;
 use std::process::Command;
 
 const UNIT: &str = include_str!("../../../../examples/systemd/pi-dispatch-worker.service");
 const UNIT_NAME: &str = "pi-dispatch-worker.service";
+const RECEIVER_UNIT: &str =
+    include_str!("../../../../examples/systemd/pi-dispatch-receiver.service");
+const RECEIVER_UNIT_NAME: &str = "pi-dispatch-receiver.service";
+const RECEIVER_ENV_FILE: &str = "/etc/pi-dispatch/receiver.env";
 
 /// The layout the unit and docs/service.md assume.
 const BINARY: &str = "/usr/local/bin/pi-dispatch";
@@ -74,18 +79,23 @@ fn seconds(span: &str) -> u64 {
 
 #[test]
 fn systemd_analyze_verify_has_nothing_to_say() {
+    verify(UNIT, UNIT_NAME, ENV_FILE);
+    verify(RECEIVER_UNIT, RECEIVER_UNIT_NAME, RECEIVER_ENV_FILE);
+}
+
+fn verify(text: &str, name: &str, env: &str) {
     // verify checks that the executable exists: the unit is rewritten to the built binary and a
     // scratch deployment, under its own name.
     let root = tempfile::tempdir().unwrap();
     let deployment = root.path().join("srv");
-    std::fs::create_dir(&deployment).unwrap();
-    let env_file = root.path().join("worker.env");
+    std::fs::create_dir_all(deployment.join("state")).unwrap();
+    let env_file = root.path().join("service.env");
     std::fs::write(&env_file, "").unwrap();
-    let unit = UNIT
+    let unit = text
         .replace(BINARY, env!("CARGO_BIN_EXE_pi-dispatch"))
         .replace(DEPLOYMENT, path(&deployment))
-        .replace(ENV_FILE, path(&env_file));
-    let unit_path = root.path().join(UNIT_NAME);
+        .replace(env, path(&env_file));
+    let unit_path = root.path().join(name);
     std::fs::write(&unit_path, &unit).unwrap();
 
     let out = Command::new("systemd-analyze")
@@ -104,7 +114,29 @@ fn systemd_analyze_verify_has_nothing_to_say() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success() && said.is_empty(), "{said}");
+    assert!(out.status.success() && said.is_empty(), "{name}: {said}");
+}
+
+#[test]
+fn the_receiver_unit_runs_the_receiver_of_the_same_deployment_with_nothing_more() {
+    let receiver = |key: &str| value(RECEIVER_UNIT, "Service", key);
+    let exec = receiver("ExecStart").unwrap();
+    assert_eq!(exec, format!("{BINARY} receiver --dir {DEPLOYMENT}"));
+    assert_eq!(receiver("WorkingDirectory").as_deref(), Some(DEPLOYMENT));
+    assert_eq!(
+        receiver("EnvironmentFile").as_deref(),
+        Some(RECEIVER_ENV_FILE)
+    );
+    // It writes the queue, in the state folder, and nothing else.
+    assert_eq!(receiver("ProtectSystem").as_deref(), Some("strict"));
+    assert_eq!(
+        receiver("ReadWritePaths"),
+        Some(format!("{DEPLOYMENT}/state"))
+    );
+    // No capability, no namespace.
+    assert_eq!(receiver("CapabilityBoundingSet").as_deref(), Some(""));
+    assert_eq!(receiver("RestrictNamespaces").as_deref(), Some("yes"));
+    assert_eq!(receiver("NoNewPrivileges").as_deref(), Some("yes"));
 }
 
 fn path(p: &Path) -> &str {

@@ -1,0 +1,100 @@
+//! `pi-dispatch receiver [--listen ADDR]`: takes GitHub and GitLab webhooks and queues the jobs of
+//! the triggers they match, for the worker to run (docs/receiver.md). It never runs a job.
+//!
+//! GitHub's webhooks are taken when `PI_GITHUB_WEBHOOK_SECRET` is set, GitLab's when
+//! `PI_GITLAB_WEBHOOK_TOKEN` is; at least one must be. It listens on `PI_RECEIVER_LISTEN`
+//! (loopback port 8780 by default): put a TLS proxy in front of it. SIGTERM or SIGINT stops it once
+//! the requests in flight are answered.
+
+use std::time::Duration;
+
+use receiver::server::{self, Secret};
+
+use crate::context::Context;
+use crate::exit::Exit;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The address and port to listen on [default: PI_RECEIVER_LISTEN, else 127.0.0.1:8780].
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<String>,
+    /// The largest body read, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = server::DEFAULT_MAX_BODY)]
+    max_body: usize,
+    /// Seconds one request may take, its body included.
+    #[arg(long, value_name = "SECONDS", default_value_t = server::DEFAULT_TIMEOUT.as_secs())]
+    timeout: u64,
+}
+
+pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    let settings = ctx.settings()?;
+    let env = ctx.environment()?;
+    let listen = match &args.listen {
+        Some(l) => l.clone(),
+        None => ctx
+            .setting(receiver::LISTEN_SETTING)?
+            .unwrap_or_else(|| receiver::DEFAULT_LISTEN.to_owned()),
+    };
+    let addr: std::net::SocketAddr = listen.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "--listen (or {}) must be an address and port, such as 127.0.0.1:8780",
+            receiver::LISTEN_SETTING
+        )
+    })?;
+    if args.max_body == 0 || args.timeout == 0 {
+        anyhow::bail!("--max-body and --timeout must be above 0");
+    }
+    let github_secret = env
+        .get(receiver::GITHUB_SECRET_SETTING)
+        .map(|s| Secret::new(&s));
+    let gitlab_token = env
+        .get(receiver::GITLAB_TOKEN_SETTING)
+        .map(|s| Secret::new(&s));
+    if github_secret.is_none() && gitlab_token.is_none() {
+        anyhow::bail!(
+            "neither {} nor {} is set: the receiver would take no webhook",
+            receiver::GITHUB_SECRET_SETTING,
+            receiver::GITLAB_TOKEN_SETTING
+        );
+    }
+    let queue = queue::open(&settings)?;
+    let config = server::Config {
+        queue,
+        triggers_file: settings.triggers_file.clone(),
+        github_secret,
+        gitlab_token,
+        max_body: args.max_body,
+        timeout: Duration::from_secs(args.timeout),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {addr} ({})", e.kind()))?;
+        tracing::info!(event = "receiver_listening", addr = %addr,
+            github = config.github_secret.is_some(), gitlab = config.gitlab_token.is_some());
+        server::serve(listener, config, stop_signal())
+            .await
+            .map_err(|e| anyhow::anyhow!("the receiver stopped: {e}"))?;
+        tracing::info!(event = "receiver_stopped");
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(Exit::Success)
+}
+
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
