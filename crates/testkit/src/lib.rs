@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod dns;
+pub mod fake_forge;
 pub mod fake_model;
 pub mod netns;
 

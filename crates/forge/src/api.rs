@@ -1,0 +1,424 @@
+//! The forges' REST APIs, as the worker uses them: mint the job's token, find a pull request's
+//! head, post a comment once, open a pull (merge) request. Base URLs are settings, so tests point
+//! them at a fake forge on loopback. No error holds a token or a response body.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::forge_event::{Forge, ForgeEvent, Head, comment_mark};
+use serde_json::{Value, json};
+
+use crate::token::{AppKey, Token, basic_auth};
+
+/// GitHub's API version the requests ask for.
+const GITHUB_API_VERSION: &str = "2022-11-28";
+/// How many pages of 100 comments are looked through for the worker's mark.
+const MAX_COMMENT_PAGES: u32 = 10;
+/// How long one API request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A GitHub App: the API, where repositories are cloned from, the App's id and key.
+#[derive(Debug, Clone)]
+pub struct GithubApp {
+    /// `PI_GITHUB_API_URL`, `https://api.github.com` by default.
+    pub api_url: String,
+    /// `PI_GITHUB_URL`, `https://github.com` by default: clones are `{git_url}/{owner}/{name}.git`.
+    pub git_url: String,
+    pub app_id: u64,
+    pub key: Arc<AppKey>,
+}
+
+/// A GitLab deployment: its URL and the token the worker acts with.
+#[derive(Debug, Clone)]
+pub struct GitlabDeployment {
+    /// `GITLAB_URL` (without `/api/v4`): clones are `{url}/{path}.git`.
+    pub url: String,
+    /// `GITLAB_URL` with `/api/v4`.
+    pub api_url: String,
+    /// `PI_GITLAB_TOKEN`: a project, group or bot user's token with the Developer role.
+    pub token: Token,
+}
+
+/// Why a forge request failed: the step and what happened, never a token or a body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ForgeError {
+    #[error("{op}: the forge answered HTTP {status}")]
+    Status { op: &'static str, status: u16 },
+    #[error("{op}: the forge could not be reached ({why})")]
+    Unreachable { op: &'static str, why: String },
+    #[error("{op}: the forge's answer cannot be read (no {field})")]
+    Unreadable {
+        op: &'static str,
+        field: &'static str,
+    },
+    #[error("{0}")]
+    NotSetUp(String),
+}
+
+impl ForgeError {
+    /// Whether trying again later may pass: the forge unreachable, a 5xx, a 429.
+    pub fn may_pass(&self) -> bool {
+        match self {
+            ForgeError::Status { status, .. } => *status >= 500 || *status == 429,
+            ForgeError::Unreachable { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// What a comment request did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Posted {
+    Posted,
+    /// The issue holds the job's comment already (an earlier attempt posted it).
+    AlreadyThere,
+}
+
+/// The forges a worker acts on.
+#[derive(Debug, Clone)]
+pub struct Forges {
+    pub github: Option<GithubApp>,
+    pub gitlab: Option<GitlabDeployment>,
+    http: reqwest::Client,
+}
+
+impl Forges {
+    pub fn new(github: Option<GithubApp>, gitlab: Option<GitlabDeployment>) -> Forges {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(REQUEST_TIMEOUT)
+            .user_agent(concat!("pi-dispatch/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .unwrap_or_default();
+        Forges {
+            github,
+            gitlab,
+            http,
+        }
+    }
+
+    fn github(&self) -> Result<&GithubApp, ForgeError> {
+        self.github.as_ref().ok_or_else(|| {
+            ForgeError::NotSetUp(
+                "no GitHub App is set up (PI_GITHUB_APP_ID, PI_GITHUB_APP_KEY_FILE)".to_owned(),
+            )
+        })
+    }
+
+    fn gitlab(&self) -> Result<&GitlabDeployment, ForgeError> {
+        self.gitlab.as_ref().ok_or_else(|| {
+            ForgeError::NotSetUp("no GitLab is set up (GITLAB_URL, PI_GITLAB_TOKEN)".to_owned())
+        })
+    }
+
+    /// The job's token: for GitHub an installation token of the event's installation, narrowed to
+    /// the event's repository (it lives an hour); for GitLab the deployment's token.
+    pub async fn mint(&self, event: &ForgeEvent) -> Result<Token, ForgeError> {
+        match event.forge {
+            Forge::Gitlab => Ok(self.gitlab()?.token.clone()),
+            Forge::Github => {
+                let app = self.github()?;
+                let installation = event.installation.ok_or_else(|| {
+                    ForgeError::NotSetUp(
+                        "the event came through no GitHub App installation".to_owned(),
+                    )
+                })?;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let jwt = app
+                    .key
+                    .jwt(app.app_id, now)
+                    .map_err(|e| ForgeError::NotSetUp(format!("the GitHub App's key: {e}")))?;
+                let op = "mint the job's installation token";
+                let url = format!(
+                    "{}/app/installations/{installation}/access_tokens",
+                    app.api_url
+                );
+                let answer = self
+                    .send(
+                        op,
+                        self.github_request(reqwest::Method::POST, &url, &format!("Bearer {jwt}"))
+                            .json(&json!({"repository_ids": [event.repository_id]})),
+                    )
+                    .await?;
+                let token = answer["token"]
+                    .as_str()
+                    .ok_or(ForgeError::Unreadable { op, field: "token" })?;
+                Ok(Token::new(token))
+            }
+        }
+    }
+
+    fn github_request(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        authorization: &str,
+    ) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, url)
+            .header("Authorization", authorization)
+            .header("Accept", "application/vnd.github+json")
+            .header("X-GitHub-Api-Version", GITHUB_API_VERSION)
+    }
+
+    fn request(
+        &self,
+        event: &ForgeEvent,
+        token: &Token,
+        method: reqwest::Method,
+        path: &str,
+    ) -> Result<reqwest::RequestBuilder, ForgeError> {
+        Ok(match event.forge {
+            Forge::Github => {
+                let url = format!("{}{path}", self.github()?.api_url);
+                self.github_request(method, &url, &format!("Bearer {}", token.expose()))
+            }
+            Forge::Gitlab => {
+                let url = format!("{}{path}", self.gitlab()?.api_url);
+                self.http
+                    .request(method, url)
+                    .header("PRIVATE-TOKEN", token.expose())
+            }
+        })
+    }
+
+    async fn send(
+        &self,
+        op: &'static str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<Value, ForgeError> {
+        let response = request.send().await.map_err(|e| ForgeError::Unreachable {
+            op,
+            why: e.without_url().to_string(),
+        })?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(ForgeError::Status {
+                op,
+                status: status.as_u16(),
+            });
+        }
+        response
+            .json::<Value>()
+            .await
+            .map_err(|_| ForgeError::Unreadable {
+                op,
+                field: "JSON body",
+            })
+    }
+
+    /// The API path of the event's repository or project.
+    fn repository_path(event: &ForgeEvent) -> String {
+        match event.forge {
+            Forge::Github => format!("/repos/{}", event.repository),
+            Forge::Gitlab => format!("/projects/{}", event.repository_id),
+        }
+    }
+
+    /// The API path of the event's issue (or pull request) comments.
+    fn comments_path(event: &ForgeEvent) -> String {
+        let repo = Forges::repository_path(event);
+        match (event.forge, event.pull_request) {
+            (Forge::Github, _) => format!("{repo}/issues/{}/comments", event.number),
+            (Forge::Gitlab, false) => format!("{repo}/issues/{}/notes", event.number),
+            (Forge::Gitlab, true) => format!("{repo}/merge_requests/{}/notes", event.number),
+        }
+    }
+
+    /// Posts `text` on the event's issue (or pull request) as job `job_id`'s comment, unless one
+    /// is there already: every comment carries the job's mark, looked for first, so that a job
+    /// tried again, or a worker that died after posting, never posts twice.
+    pub async fn comment_once(
+        &self,
+        token: &Token,
+        event: &ForgeEvent,
+        job_id: &str,
+        text: &str,
+    ) -> Result<Posted, ForgeError> {
+        let mark = comment_mark(job_id);
+        let path = Forges::comments_path(event);
+        for page in 1..=MAX_COMMENT_PAGES {
+            let op = "read the issue's comments";
+            let list = self
+                .send(
+                    op,
+                    self.request(event, token, reqwest::Method::GET, &path)?
+                        .query(&[("per_page", "100"), ("page", &page.to_string())]),
+                )
+                .await?;
+            let items = list
+                .as_array()
+                .ok_or(ForgeError::Unreadable { op, field: "list" })?;
+            if items
+                .iter()
+                .any(|c| c["body"].as_str().is_some_and(|b| b.contains(&mark)))
+            {
+                return Ok(Posted::AlreadyThere);
+            }
+            if items.len() < 100 {
+                break;
+            }
+        }
+        let body = format!("{text}\n\n{mark}");
+        self.send(
+            "post the job's comment",
+            self.request(event, token, reqwest::Method::POST, &path)?
+                .json(&json!({ "body": body })),
+        )
+        .await?;
+        Ok(Posted::Posted)
+    }
+
+    /// The head of the event's pull request, as the forge says it now (a GitHub comment's event
+    /// does not carry it).
+    pub async fn pull_request_head(
+        &self,
+        token: &Token,
+        event: &ForgeEvent,
+    ) -> Result<Head, ForgeError> {
+        let op = "read the pull request";
+        let repo = Forges::repository_path(event);
+        match event.forge {
+            Forge::Github => {
+                let pr = self
+                    .send(
+                        op,
+                        self.request(
+                            event,
+                            token,
+                            reqwest::Method::GET,
+                            &format!("{repo}/pulls/{}", event.number),
+                        )?,
+                    )
+                    .await?;
+                let text = |p: &str, field| {
+                    pr.pointer(p)
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                        .ok_or(ForgeError::Unreadable { op, field })
+                };
+                Ok(Head {
+                    branch: text("/head/ref", "head.ref")?,
+                    sha: text("/head/sha", "head.sha")?,
+                    same_repository: pr.pointer("/head/repo/full_name").and_then(Value::as_str)
+                        == Some(event.repository.as_str()),
+                })
+            }
+            Forge::Gitlab => {
+                let mr = self
+                    .send(
+                        op,
+                        self.request(
+                            event,
+                            token,
+                            reqwest::Method::GET,
+                            &format!("{repo}/merge_requests/{}", event.number),
+                        )?,
+                    )
+                    .await?;
+                Ok(Head {
+                    branch: mr["source_branch"]
+                        .as_str()
+                        .ok_or(ForgeError::Unreadable {
+                            op,
+                            field: "source_branch",
+                        })?
+                        .to_owned(),
+                    sha: mr["sha"]
+                        .as_str()
+                        .ok_or(ForgeError::Unreadable { op, field: "sha" })?
+                        .to_owned(),
+                    same_repository: mr["source_project_id"] == mr["target_project_id"],
+                })
+            }
+        }
+    }
+
+    /// Opens a pull (merge) request from `branch` into `base`, or finds the one already open from
+    /// `branch` (an earlier attempt's); its web address. It never merges.
+    pub async fn open_change_request(
+        &self,
+        token: &Token,
+        event: &ForgeEvent,
+        branch: &str,
+        base: &str,
+        title: &str,
+        body: &str,
+    ) -> Result<String, ForgeError> {
+        let op = "open the pull request";
+        let repo = Forges::repository_path(event);
+        let (list_path, query, create_path, create, url_field) = match event.forge {
+            Forge::Github => {
+                let owner = event.repository.split('/').next().unwrap_or_default();
+                (
+                    format!("{repo}/pulls"),
+                    vec![
+                        ("head", format!("{owner}:{branch}")),
+                        ("state", "all".to_owned()),
+                    ],
+                    format!("{repo}/pulls"),
+                    json!({"title": title, "head": branch, "base": base, "body": body,
+                           "maintainer_can_modify": true}),
+                    "html_url",
+                )
+            }
+            Forge::Gitlab => (
+                format!("{repo}/merge_requests"),
+                vec![
+                    ("source_branch", branch.to_owned()),
+                    ("state", "all".to_owned()),
+                ],
+                format!("{repo}/merge_requests"),
+                json!({"title": title, "source_branch": branch, "target_branch": base,
+                       "description": body, "remove_source_branch": false}),
+                "web_url",
+            ),
+        };
+        let found = self
+            .send(
+                op,
+                self.request(event, token, reqwest::Method::GET, &list_path)?
+                    .query(&query),
+            )
+            .await?;
+        if let Some(url) = found
+            .as_array()
+            .and_then(|a| a.first())
+            .and_then(|pr| pr[url_field].as_str())
+        {
+            return Ok(url.to_owned());
+        }
+        let made = self
+            .send(
+                op,
+                self.request(event, token, reqwest::Method::POST, &create_path)?
+                    .json(&create),
+            )
+            .await?;
+        made[url_field]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or(ForgeError::Unreadable {
+                op,
+                field: url_field,
+            })
+    }
+
+    /// Where the event's repository is cloned from (no credential in it).
+    pub fn clone_url(&self, event: &ForgeEvent) -> Result<String, ForgeError> {
+        Ok(match event.forge {
+            Forge::Github => format!("{}/{}.git", self.github()?.git_url, event.repository),
+            Forge::Gitlab => format!("{}/{}.git", self.gitlab()?.url, event.repository),
+        })
+    }
+
+    /// The `Authorization` header git sends with the job's token.
+    pub fn git_authorization(event: &ForgeEvent, token: &Token) -> String {
+        match event.forge {
+            Forge::Github => basic_auth("x-access-token", token),
+            Forge::Gitlab => basic_auth("oauth2", token),
+        }
+    }
+}

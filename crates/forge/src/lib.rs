@@ -1,0 +1,10 @@
+//! The worker's side of a forge job: the job's token ([`api::Forges::mint`]), the clone and the
+//! push ([`git`]), the comment ([`api::Forges::comment_once`]) and the pull request
+//! ([`api::Forges::open_change_request`]). See `docs/forges.md`.
+
+pub mod api;
+pub mod git;
+pub mod token;
+
+pub use api::{ForgeError, Forges, GithubApp, GitlabDeployment, Posted};
+pub use token::{AppKey, Token};

@@ -1,0 +1,283 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The forge client against the fake forge on loopback: the App's JWT mints the token, comments
+//! are posted once, the clone and the push go over git's smart HTTP with the token in a header,
+//! and a pull request is opened and never merged.
+
+use std::sync::Arc;
+
+use forge::git::{self, Author};
+use forge::{AppKey, Forges, GithubApp, GitlabDeployment, Posted, Token};
+use protocol::forge_event::{Forge, ForgeEvent};
+use testkit::fake_forge::{FakeForge, FakeForgeSetup};
+
+const INSTALLATION_TOKEN: &str = "ghs_CANARY-installation-token-51d0";
+const GITLAB_TOKEN: &str = "glpat-CANARY-deployment-token-8e2b";
+
+/// A fresh 2048-bit RSA key in GitHub's PEM form (PKCS#1).
+pub fn app_key_pem() -> String {
+    let out = std::process::Command::new("openssl")
+        .args(["genrsa", "-traditional", "2048"])
+        .output()
+        .expect("openssl");
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn event(forge: Forge) -> ForgeEvent {
+    ForgeEvent {
+        forge,
+        delivery: "d-1".into(),
+        action: "labeled".into(),
+        repository: match forge {
+            Forge::Github => "octo-org/hello".into(),
+            Forge::Gitlab => "group/hello".into(),
+        },
+        repository_id: 15,
+        installation: Some(987),
+        default_branch: "main".into(),
+        number: 42,
+        pull_request: false,
+        title: "Fix the port".into(),
+        body: "It says 8080.".into(),
+        labels: vec!["docs".into()],
+        added_labels: vec!["docs".into()],
+        comment: None,
+        head: None,
+        sender: "maintainer".into(),
+    }
+}
+
+fn setup() -> (FakeForge, Forges) {
+    let key = AppKey::from_pem(&app_key_pem()).unwrap();
+    let fake = FakeForge::start(FakeForgeSetup {
+        app_id: 4242,
+        app_public_key: key.public_der(),
+        installation_token: INSTALLATION_TOKEN.into(),
+        gitlab_token: GITLAB_TOKEN.into(),
+    });
+    let forges = Forges::new(
+        Some(GithubApp {
+            api_url: fake.github_api_url(),
+            git_url: fake.github_git_url(),
+            app_id: 4242,
+            key: Arc::new(key),
+        }),
+        Some(GitlabDeployment {
+            url: fake.gitlab_url(),
+            api_url: format!("{}/api/v4", fake.gitlab_url()),
+            token: Token::new(GITLAB_TOKEN),
+        }),
+    );
+    (fake, forges)
+}
+
+#[tokio::test]
+async fn the_app_key_mints_the_token_and_another_key_does_not() {
+    let (fake, forges) = setup();
+    let e = event(Forge::Github);
+    let token = forges.mint(&e).await.unwrap();
+    assert_eq!(token.expose(), INSTALLATION_TOKEN);
+    assert_eq!(format!("{token:?}"), "Token(***)");
+    // The request narrows the token to the event's repository.
+    let mint = &fake.requests()[0];
+    assert_eq!(mint.body["repository_ids"], serde_json::json!([15]));
+    assert!(mint.path.ends_with("/app/installations/987/access_tokens"));
+    // Another App's key is refused, and the error says no more than the status.
+    let mut other = forges.clone();
+    other.github.as_mut().unwrap().key = Arc::new(AppKey::from_pem(&app_key_pem()).unwrap());
+    let err = other.mint(&e).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "mint the job's installation token: the forge answered HTTP 401"
+    );
+    assert!(!err.may_pass());
+    // A key file that is not one.
+    assert!(
+        AppKey::from_pem("-----BEGIN RSA PRIVATE KEY-----\nAAAA\n-----END RSA PRIVATE KEY-----")
+            .is_err()
+    );
+    assert!(AppKey::from_pem("hello").is_err());
+}
+
+#[tokio::test]
+async fn a_comment_is_posted_once_whatever_the_attempts() {
+    let (fake, forges) = setup();
+    for forge in [Forge::Github, Forge::Gitlab] {
+        let e = event(forge);
+        let token = forges.mint(&e).await.unwrap();
+        let first = forges
+            .comment_once(&token, &e, "gh-d-1-t0", "The answer.")
+            .await
+            .unwrap();
+        let again = forges
+            .comment_once(&token, &e, "gh-d-1-t0", "The answer.")
+            .await
+            .unwrap();
+        assert_eq!((first, again), (Posted::Posted, Posted::AlreadyThere));
+        let key = match forge {
+            Forge::Github => "github:octo-org/hello#42",
+            Forge::Gitlab => "gitlab:15#42",
+        };
+        let comments = fake.comments(key);
+        assert_eq!(comments.len(), 1, "{forge}");
+        assert!(comments[0].starts_with("The answer."));
+        assert!(protocol::forge_event::is_worker_comment(&comments[0]));
+        // Another job's comment is another.
+        forges
+            .comment_once(&token, &e, "gh-d-2-t0", "Another.")
+            .await
+            .unwrap();
+        assert_eq!(fake.comments(key).len(), 2);
+    }
+}
+
+#[tokio::test]
+async fn a_clone_and_a_push_carry_the_token_only_in_a_header_and_nothing_is_merged() {
+    let (fake, forges) = setup();
+    for forge in [Forge::Github, Forge::Gitlab] {
+        let e = event(forge);
+        let name = forge.as_str();
+        fake.add_repo(
+            name,
+            &e.repository,
+            &[("README.md", "port 8080\n"), ("src/lib.rs", "// lib\n")],
+        );
+        let token = forges.mint(&e).await.unwrap();
+        let url = forges.clone_url(&e).unwrap();
+        assert!(!url.contains(token.expose()));
+        let auth = Forges::git_authorization(&e, &token);
+        let dir = tempfile::tempdir().unwrap();
+        let me = (
+            rustix::process::getuid().as_raw(),
+            rustix::process::getgid().as_raw(),
+        );
+        let checkout = git::clone(dir.path(), &url, "main", &auth, "pi-dispatch/job-1", me)
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(checkout.workspace.join("README.md")).unwrap(),
+            "port 8080\n"
+        );
+        // No file of either repository holds the token.
+        for root in [
+            &checkout.workspace,
+            &checkout.origin,
+            &dir.path().to_owned(),
+        ] {
+            assert_no_token(root, token.expose());
+        }
+        // Nothing changed: nothing is pushed.
+        let author = Author {
+            name: "pi-dispatch".into(),
+            email: "pi-dispatch@example.invalid".into(),
+        };
+        assert_eq!(
+            git::publish(&checkout, &url, &auth, "pi-dispatch/job-1", "Fix", &author)
+                .await
+                .unwrap(),
+            None
+        );
+        // The job changes a file and adds one; its own .git is not what is pushed.
+        std::fs::write(checkout.workspace.join("README.md"), "port 8780\n").unwrap();
+        std::fs::write(checkout.workspace.join("NEW.md"), "new\n").unwrap();
+        std::fs::write(
+            checkout.workspace.join(".git/config"),
+            "[url \"http://evil.invalid/\"]\n\tinsteadOf = http://\n",
+        )
+        .unwrap();
+        let commit = git::publish(
+            &checkout,
+            &url,
+            &auth,
+            "pi-dispatch/job-1",
+            "Fix the port",
+            &author,
+        )
+        .await
+        .unwrap();
+        assert!(commit.is_some());
+        assert_eq!(
+            fake.file_on(name, &e.repository, "pi-dispatch/job-1", "README.md")
+                .as_deref(),
+            Some("port 8780\n")
+        );
+        assert_eq!(
+            fake.file_on(name, &e.repository, "pi-dispatch/job-1", "NEW.md")
+                .as_deref(),
+            Some("new\n")
+        );
+        assert_eq!(
+            fake.file_on(name, &e.repository, "main", "README.md")
+                .as_deref(),
+            Some("port 8080\n")
+        );
+        let pr = forges
+            .open_change_request(
+                &token,
+                &e,
+                "pi-dispatch/job-1",
+                "main",
+                "Fix the port",
+                "Closes #42",
+            )
+            .await
+            .unwrap();
+        let again = forges
+            .open_change_request(
+                &token,
+                &e,
+                "pi-dispatch/job-1",
+                "main",
+                "Fix the port",
+                "Closes #42",
+            )
+            .await
+            .unwrap();
+        assert_eq!(pr, again);
+        assert_no_token(dir.path(), token.expose());
+    }
+    assert_eq!(fake.pulls().len(), 2);
+    assert_eq!(fake.merges(), 0);
+}
+
+#[tokio::test]
+async fn a_wrong_token_cannot_clone() {
+    let (fake, forges) = setup();
+    let e = event(Forge::Github);
+    fake.add_repo("github", &e.repository, &[("README.md", "x\n")]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = forges.clone_url(&e).unwrap();
+    let wrong = Forges::git_authorization(&e, &Token::new("wrong"));
+    let err = git::clone(dir.path(), &url, "main", &wrong, "b", (0, 0))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("fetch the repository"), "{err}");
+}
+
+fn assert_no_token(root: &std::path::Path, token: &str) {
+    for entry in walk(root) {
+        if let Ok(bytes) = std::fs::read(&entry) {
+            assert!(
+                !String::from_utf8_lossy(&bytes).contains(token),
+                "{} holds the token",
+                entry.display()
+            );
+        }
+    }
+}
+
+fn walk(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() && !p.is_symlink() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

@@ -1,0 +1,719 @@
+//! A fake forge on a loopback port: the parts of GitHub's and GitLab's REST APIs the worker and
+//! the forges' MCP servers use, and git's smart HTTP (served by the real `git http-backend`) for
+//! clones and pushes. A forge's API cannot run here, so it is faked; git, HTTP and the tokens' checks
+//! are real. Every API request is kept for the test to read.
+//!
+//! - GitHub: the API under `/github-api` (and `/api/v3`, where a GitHub Enterprise client looks),
+//!   repositories under `/git/OWNER/NAME.git`. The App's installation token is minted only for a
+//!   JWT signed by the App's key (checked with its public half), and every other call needs that
+//!   token.
+//! - GitLab: `GITLAB_URL` is `/gitlab`, the API under `/gitlab/api/v4`, repositories under
+//!   `/gitlab/PATH.git`; every call needs the deployment's token.
+//!
+//! Nothing is ever merged: a merge request is counted ([`FakeForge::merges`]) and refused.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+/// One API request, as the fake saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    /// `Authorization`, or GitLab's `PRIVATE-TOKEN`, as sent.
+    pub credential: Option<String>,
+    pub body: Value,
+}
+
+#[derive(Default)]
+struct Forge {
+    seen: Vec<Seen>,
+    /// Comments by issue key (`github:o/r#42`, `gitlab:15#23`, `gitlab:15!4`).
+    comments: HashMap<String, Vec<Value>>,
+    pulls: Vec<Value>,
+    merges: u32,
+    issues: HashMap<String, Vec<Value>>,
+    next_id: u64,
+}
+
+struct Shared {
+    forge: Mutex<Forge>,
+    app_id: u64,
+    app_public_key: Vec<u8>,
+    installation_token: String,
+    gitlab_token: String,
+    repos: PathBuf,
+}
+
+/// The fake forge; it stops when dropped.
+pub struct FakeForge {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    /// Dropped, it stops the server.
+    _stop: tokio::sync::oneshot::Sender<()>,
+    _repos: tempfile::TempDir,
+}
+
+/// The GitHub App the fake knows, and the tokens it hands out and takes.
+pub struct FakeForgeSetup {
+    pub app_id: u64,
+    /// The App key's public half (PKCS#1 DER): `forge::AppKey::public_der`.
+    pub app_public_key: Vec<u8>,
+    /// What a minted installation token is.
+    pub installation_token: String,
+    /// The GitLab deployment's token.
+    pub gitlab_token: String,
+}
+
+impl FakeForge {
+    pub fn start(setup: FakeForgeSetup) -> FakeForge {
+        let repos = tempfile::tempdir().unwrap();
+        let shared = Arc::new(Shared {
+            forge: Mutex::new(Forge {
+                next_id: 1000,
+                ..Forge::default()
+            }),
+            app_id: setup.app_id,
+            app_public_key: setup.app_public_key,
+            installation_token: setup.installation_token,
+            gitlab_token: setup.gitlab_token,
+            repos: repos.path().to_owned(),
+        });
+        // A thread and a runtime of its own, so that sync and async tests alike can use it.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(shared.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            });
+        });
+        FakeForge {
+            addr,
+            shared,
+            _stop: stop,
+            _repos: repos,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// `PI_GITHUB_API_URL`.
+    pub fn github_api_url(&self) -> String {
+        format!("{}/github-api", self.url())
+    }
+
+    /// `PI_GITHUB_URL`.
+    pub fn github_git_url(&self) -> String {
+        format!("{}/git", self.url())
+    }
+
+    /// `GITLAB_URL`.
+    pub fn gitlab_url(&self) -> String {
+        format!("{}/gitlab", self.url())
+    }
+
+    /// Makes a repository (`OWNER/NAME` on GitHub, the project's path on GitLab) whose `main`
+    /// holds `files`, one commit.
+    pub fn add_repo(&self, forge: &str, path: &str, files: &[(&str, &str)]) {
+        let bare = self.repo_dir(forge, path);
+        let work = self
+            .shared
+            .repos
+            .join(format!("work-{}", path.replace('/', "-")));
+        std::fs::create_dir_all(&work).unwrap();
+        for (name, text) in files {
+            let file = work.join(name);
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(file, text).unwrap();
+        }
+        let git = |dir: &Path, args: &[&str]| {
+            let out = std::process::Command::new("git")
+                .args(args)
+                .current_dir(dir)
+                .env("GIT_CONFIG_NOSYSTEM", "1")
+                .env("GIT_CONFIG_GLOBAL", "/dev/null")
+                .env("GIT_AUTHOR_NAME", "Maintainer")
+                .env("GIT_AUTHOR_EMAIL", "maintainer@example.invalid")
+                .env("GIT_COMMITTER_NAME", "Maintainer")
+                .env("GIT_COMMITTER_EMAIL", "maintainer@example.invalid")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "git {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        git(&work, &["init", "-q", "-b", "main"]);
+        git(&work, &["add", "-A"]);
+        git(&work, &["commit", "-q", "-m", "First"]);
+        std::fs::create_dir_all(bare.parent().unwrap()).unwrap();
+        git(
+            &self.shared.repos,
+            &[
+                "clone",
+                "-q",
+                "--bare",
+                work.to_str().unwrap(),
+                bare.to_str().unwrap(),
+            ],
+        );
+        git(&bare, &["config", "http.receivepack", "true"]);
+    }
+
+    fn repo_dir(&self, forge: &str, path: &str) -> PathBuf {
+        self.shared.repos.join(forge).join(format!("{path}.git"))
+    }
+
+    /// A file of branch `branch` of a repository, as pushed; `None` when there is no such file.
+    pub fn file_on(&self, forge: &str, path: &str, branch: &str, file: &str) -> Option<String> {
+        let out = std::process::Command::new("git")
+            .arg("--git-dir")
+            .arg(self.repo_dir(forge, path))
+            .args(["show", &format!("{branch}:{file}")])
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .output()
+            .unwrap();
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The branches of a repository.
+    pub fn branches(&self, forge: &str, path: &str) -> Vec<String> {
+        let out = std::process::Command::new("git")
+            .arg("--git-dir")
+            .arg(self.repo_dir(forge, path))
+            .args(["for-each-ref", "--format=%(refname:short)", "refs/heads"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Gives a repository (`github:o/r` or `gitlab:15`) issues to list.
+    pub fn set_issues(&self, key: &str, issues: Vec<Value>) {
+        self.shared
+            .forge
+            .lock()
+            .unwrap()
+            .issues
+            .insert(key.to_owned(), issues);
+    }
+
+    /// Every API request so far.
+    pub fn requests(&self) -> Vec<Seen> {
+        self.shared.forge.lock().unwrap().seen.clone()
+    }
+
+    /// The comments of an issue (`github:o/r#42`, `gitlab:15#23`, `gitlab:15!4` for a merge request).
+    pub fn comments(&self, key: &str) -> Vec<String> {
+        self.shared
+            .forge
+            .lock()
+            .unwrap()
+            .comments
+            .get(key)
+            .map(|c| {
+                c.iter()
+                    .map(|c| c["body"].as_str().unwrap_or_default().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The pull (merge) requests opened.
+    pub fn pulls(&self) -> Vec<Value> {
+        self.shared.forge.lock().unwrap().pulls.clone()
+    }
+
+    /// How many times something asked to merge.
+    pub fn merges(&self) -> u32 {
+        self.shared.forge.lock().unwrap().merges
+    }
+}
+
+fn reply(status: StatusCode, body: Value) -> Response {
+    (status, axum::Json(body)).into_response()
+}
+
+trait Ok200 {
+    fn ok(self) -> Response;
+}
+
+impl Ok200 for Value {
+    fn ok(self) -> Response {
+        reply(StatusCode::OK, self)
+    }
+}
+
+fn not_found() -> Response {
+    reply(StatusCode::NOT_FOUND, json!({"message": "Not Found"}))
+}
+
+fn unauthorized() -> Response {
+    reply(
+        StatusCode::UNAUTHORIZED,
+        json!({"message": "Bad credentials"}),
+    )
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_owned();
+    let query = uri.query().unwrap_or_default().to_owned();
+    // git's smart HTTP.
+    if let Some(rest) = path.strip_prefix("/git/") {
+        return git_http(&shared, "github", rest, &method, &query, &headers, body).await;
+    }
+    if let Some(rest) = path.strip_prefix("/gitlab/")
+        && !rest.starts_with("api/")
+        && rest.contains(".git/")
+    {
+        return git_http(&shared, "gitlab", rest, &method, &query, &headers, body).await;
+    }
+    let credential = headers
+        .get("authorization")
+        .or_else(|| headers.get("private-token"))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    shared.forge.lock().unwrap().seen.push(Seen {
+        method: method.to_string(),
+        path: path.clone(),
+        query: query.clone(),
+        credential: credential.clone(),
+        body: value.clone(),
+    });
+    let params: HashMap<String, String> = query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), percent_decode(v)))
+        .collect();
+    if let Some(rest) = path
+        .strip_prefix("/github-api/")
+        .or_else(|| path.strip_prefix("/api/v3/"))
+    {
+        return github(
+            &shared,
+            &method,
+            rest,
+            &params,
+            credential.as_deref(),
+            value,
+        );
+    }
+    if let Some(rest) = path.strip_prefix("/gitlab/api/v4/") {
+        return gitlab(
+            &shared,
+            &method,
+            rest,
+            &params,
+            credential.as_deref(),
+            value,
+        );
+    }
+    not_found()
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => out.push(b),
+                    Err(_) => out.extend_from_slice(&bytes[i..i + 3]),
+                }
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn page(items: &[Value], params: &HashMap<String, String>) -> Value {
+    let per: usize = params
+        .get("per_page")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(30);
+    let page: usize = params
+        .get("page")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    Value::Array(
+        items
+            .iter()
+            .skip((page - 1) * per)
+            .take(per)
+            .cloned()
+            .collect(),
+    )
+}
+
+fn github(
+    shared: &Shared,
+    method: &Method,
+    rest: &str,
+    params: &HashMap<String, String>,
+    credential: Option<&str>,
+    body: Value,
+) -> Response {
+    let parts: Vec<&str> = rest.split('/').collect();
+    // The App's JWT mints the installation token.
+    if let ["app", "installations", _, "access_tokens"] = parts[..] {
+        let signed = credential
+            .and_then(|c| c.strip_prefix("Bearer "))
+            .and_then(|jwt| forge::token::verify_jwt(jwt, &shared.app_public_key));
+        return match signed {
+            Some(claims) if claims["iss"].as_str() == Some(shared.app_id.to_string().as_str()) => {
+                reply(
+                    StatusCode::CREATED,
+                    json!({"token": shared.installation_token, "expires_at": "2099-01-01T00:00:00Z"}),
+                )
+            }
+            _ => unauthorized(),
+        };
+    }
+    let token_ok = credential.is_some_and(|c| {
+        c == format!("Bearer {}", shared.installation_token)
+            || c == format!("token {}", shared.installation_token)
+    });
+    if !token_ok {
+        return unauthorized();
+    }
+    let mut forge = shared.forge.lock().unwrap();
+    match (method, &parts[..]) {
+        (&Method::GET, ["repos", o, r, "issues"]) => {
+            let key = format!("github:{o}/{r}");
+            page(
+                forge
+                    .issues
+                    .get(&key)
+                    .map(Vec::as_slice)
+                    .unwrap_or_default(),
+                params,
+            )
+            .ok()
+        }
+        (&Method::GET, ["repos", o, r, "issues", n, "comments"]) => {
+            let key = format!("github:{o}/{r}#{n}");
+            page(
+                forge
+                    .comments
+                    .get(&key)
+                    .map(Vec::as_slice)
+                    .unwrap_or_default(),
+                params,
+            )
+            .ok()
+        }
+        (&Method::POST, ["repos", o, r, "issues", n, "comments"]) => {
+            forge.next_id += 1;
+            let comment = json!({"id": forge.next_id, "body": body["body"],
+                "user": {"login": "pi-dispatch[bot]", "type": "Bot"}});
+            forge
+                .comments
+                .entry(format!("github:{o}/{r}#{n}"))
+                .or_default()
+                .push(comment.clone());
+            reply(StatusCode::CREATED, comment)
+        }
+        (&Method::GET, ["repos", o, r, "pulls"]) => {
+            let head = params.get("head").cloned().unwrap_or_default();
+            let found: Vec<Value> = forge
+                .pulls
+                .iter()
+                .filter(|p| p["repo"] == format!("github:{o}/{r}"))
+                .filter(|p| {
+                    head.is_empty()
+                        || format!("{o}:{}", p["head"]["ref"].as_str().unwrap_or_default()) == head
+                })
+                .cloned()
+                .collect();
+            Value::Array(found).ok()
+        }
+        (&Method::POST, ["repos", o, r, "pulls"]) => {
+            forge.next_id += 1;
+            let number = forge.next_id;
+            let pull = json!({"number": number, "repo": format!("github:{o}/{r}"),
+                "html_url": format!("http://forge.invalid/{o}/{r}/pull/{number}"),
+                "title": body["title"], "body": body["body"],
+                "head": {"ref": body["head"], "repo": {"full_name": format!("{o}/{r}")}},
+                "base": {"ref": body["base"]}, "merged": false});
+            forge.pulls.push(pull.clone());
+            reply(StatusCode::CREATED, pull)
+        }
+        (&Method::GET, ["repos", o, r, "pulls", n]) => forge
+            .pulls
+            .iter()
+            .find(|p| {
+                p["repo"] == format!("github:{o}/{r}") && p["number"].as_u64() == n.parse().ok()
+            })
+            .cloned()
+            .map_or_else(not_found, |p| p.ok()),
+        (&Method::PUT, ["repos", _, _, "pulls", _, "merge"]) => {
+            forge.merges += 1;
+            reply(
+                StatusCode::METHOD_NOT_ALLOWED,
+                json!({"message": "not in this fake"}),
+            )
+        }
+        _ => not_found(),
+    }
+}
+
+fn gitlab(
+    shared: &Shared,
+    method: &Method,
+    rest: &str,
+    params: &HashMap<String, String>,
+    credential: Option<&str>,
+    body: Value,
+) -> Response {
+    let token_ok = credential.is_some_and(|c| {
+        c == shared.gitlab_token || c == format!("Bearer {}", shared.gitlab_token)
+    });
+    if !token_ok {
+        return reply(
+            StatusCode::UNAUTHORIZED,
+            json!({"message": "401 Unauthorized"}),
+        );
+    }
+    let parts: Vec<&str> = rest.split('/').collect();
+    let mut forge = shared.forge.lock().unwrap();
+    match (method, &parts[..]) {
+        (&Method::GET, ["projects", p, "issues"]) => {
+            let key = format!("gitlab:{}", percent_decode(p));
+            page(
+                forge
+                    .issues
+                    .get(&key)
+                    .map(Vec::as_slice)
+                    .unwrap_or_default(),
+                params,
+            )
+            .ok()
+        }
+        (
+            &Method::GET,
+            [
+                "projects",
+                p,
+                kind @ ("issues" | "merge_requests"),
+                n,
+                "notes",
+            ],
+        ) => {
+            let key = format!("gitlab:{p}{}{n}", if *kind == "issues" { "#" } else { "!" });
+            page(
+                forge
+                    .comments
+                    .get(&key)
+                    .map(Vec::as_slice)
+                    .unwrap_or_default(),
+                params,
+            )
+            .ok()
+        }
+        (
+            &Method::POST,
+            [
+                "projects",
+                p,
+                kind @ ("issues" | "merge_requests"),
+                n,
+                "notes",
+            ],
+        ) => {
+            forge.next_id += 1;
+            let note = json!({"id": forge.next_id, "body": body["body"],
+                "author": {"username": "pi-dispatch-bot"}, "system": false});
+            let key = format!("gitlab:{p}{}{n}", if *kind == "issues" { "#" } else { "!" });
+            forge.comments.entry(key).or_default().push(note.clone());
+            reply(StatusCode::CREATED, note)
+        }
+        (&Method::GET, ["projects", p, "merge_requests"]) => {
+            let source = params.get("source_branch").cloned().unwrap_or_default();
+            let found: Vec<Value> = forge
+                .pulls
+                .iter()
+                .filter(|m| m["repo"] == format!("gitlab:{p}"))
+                .filter(|m| source.is_empty() || m["source_branch"] == source.as_str())
+                .cloned()
+                .collect();
+            Value::Array(found).ok()
+        }
+        (&Method::POST, ["projects", p, "merge_requests"]) => {
+            forge.next_id += 1;
+            let iid = forge.next_id;
+            let mr = json!({"iid": iid, "repo": format!("gitlab:{p}"),
+                "web_url": format!("http://forge.invalid/gitlab/{p}/-/merge_requests/{iid}"),
+                "title": body["title"], "description": body["description"],
+                "source_branch": body["source_branch"], "target_branch": body["target_branch"],
+                "source_project_id": p.parse::<u64>().unwrap_or(0),
+                "target_project_id": p.parse::<u64>().unwrap_or(0), "sha": "0", "state": "opened"});
+            forge.pulls.push(mr.clone());
+            reply(StatusCode::CREATED, mr)
+        }
+        (&Method::PUT, ["projects", _, "merge_requests", _, "merge"])
+        | (&Method::POST, ["projects", _, "merge_requests", _, "approve"]) => {
+            forge.merges += 1;
+            reply(
+                StatusCode::METHOD_NOT_ALLOWED,
+                json!({"message": "not in this fake"}),
+            )
+        }
+        _ => not_found(),
+    }
+}
+
+/// git's smart HTTP through `git http-backend`, for a request with the right token only.
+async fn git_http(
+    shared: &Shared,
+    forge: &str,
+    rest: &str,
+    method: &Method,
+    query: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response {
+    let expected = match forge {
+        "github" => format!("x-access-token:{}", shared.installation_token),
+        _ => format!("oauth2:{}", shared.gitlab_token),
+    };
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Basic "))
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok());
+    if given.as_deref() != Some(expected.as_bytes()) {
+        return Response::builder()
+            .status(StatusCode::UNAUTHORIZED)
+            .header("WWW-Authenticate", "Basic realm=\"fake forge\"")
+            .body(Body::empty())
+            .unwrap();
+    }
+    let root = shared.repos.join(forge);
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let mut cmd = tokio::process::Command::new("git");
+    cmd.arg("http-backend")
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_PROJECT_ROOT", &root)
+        .env("GIT_HTTP_EXPORT_ALL", "1")
+        .env("PATH_INFO", format!("/{rest}"))
+        .env("QUERY_STRING", query)
+        .env("REQUEST_METHOD", method.as_str())
+        .env("CONTENT_TYPE", header("content-type"))
+        .env("CONTENT_LENGTH", body.len().to_string())
+        .env("REMOTE_USER", "job")
+        .env("REMOTE_ADDR", "127.0.0.1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let encoding = header("content-encoding");
+    if !encoding.is_empty() {
+        cmd.env("HTTP_CONTENT_ENCODING", encoding);
+    }
+    let git_protocol = header("git-protocol");
+    if !git_protocol.is_empty() {
+        cmd.env("GIT_PROTOCOL", git_protocol);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writing = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let _ = stdin.write_all(&body).await;
+    });
+    let out = child.wait_with_output().await.unwrap();
+    let _ = writing.await;
+    // A CGI answer: headers, a blank line, the body.
+    let text = out.stdout;
+    let split = text
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| (p, 4))
+        .or_else(|| text.windows(2).position(|w| w == b"\n\n").map(|p| (p, 2)));
+    let Some((at, gap)) = split else {
+        return reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({"message": "git said nothing"}),
+        );
+    };
+    let mut builder = Response::builder().status(StatusCode::OK);
+    for line in String::from_utf8_lossy(&text[..at]).lines() {
+        if let Some((name, value)) = line.split_once(':') {
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("status") {
+                let code: u16 = value
+                    .split(' ')
+                    .next()
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(500);
+                builder = builder.status(code);
+            } else {
+                builder = builder.header(name.trim(), value);
+            }
+        }
+    }
+    builder.body(Body::from(text[at + gap..].to_vec())).unwrap()
+}
