@@ -418,6 +418,7 @@ impl Demo {
             time_limit: Duration::from_secs(120),
             runner_stderr: false,
             egress_control: control,
+            forges: Arc::new(forge::Forges::new(None, None)),
             settings,
         };
         Ok(Demo {

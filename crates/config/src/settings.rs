@@ -32,6 +32,21 @@ pub const DRAIN_LIMIT_SETTING: &str = "PI_WORKER_DRAIN_LIMIT";
 pub const TRANSCRIPTS_SETTING: &str = "PI_TRANSCRIPTS";
 pub const NAMESERVER_SETTING: &str = "PI_EGRESS_NAMESERVER";
 pub const PROXY_DIR_SETTING: &str = "PI_EGRESS_PROXY_DIR";
+/// The GitHub API a github job's worker talks to (GitHub Enterprise: `https://HOST/api/v3`).
+pub const GITHUB_API_URL_SETTING: &str = "PI_GITHUB_API_URL";
+pub const DEFAULT_GITHUB_API_URL: &str = "https://api.github.com";
+/// Where GitHub repositories are cloned from: `{PI_GITHUB_URL}/OWNER/NAME.git`.
+pub const GITHUB_URL_SETTING: &str = "PI_GITHUB_URL";
+pub const DEFAULT_GITHUB_URL: &str = "https://github.com";
+/// The GitHub App the worker mints installation tokens as: its id, and its private key's file.
+pub const GITHUB_APP_ID_SETTING: &str = "PI_GITHUB_APP_ID";
+pub const GITHUB_APP_KEY_SETTING: &str = "PI_GITHUB_APP_KEY_FILE";
+/// The token a gitlab job acts with (a secret: read from the worker's environment, never stored).
+pub const GITLAB_TOKEN_SETTING: &str = "PI_GITLAB_TOKEN";
+/// The user (`UID:GID`) a forge job runs as under a root worker (its clone is that user's).
+pub const FORGE_JOB_USER_SETTING: &str = "PI_FORGE_JOB_USER";
+/// Under a root worker, a forge job runs as `nobody` unless the operator names a user.
+pub const DEFAULT_FORGE_JOB_USER: (u32, u32) = (65534, 65534);
 
 /// Jobs the worker runs at once when `PI_WORKER_CONCURRENCY` is not set, and the most it allows.
 pub const DEFAULT_CONCURRENCY: u32 = 1;
@@ -48,7 +63,7 @@ pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 18] = [
+pub const ALL: [&str; 24] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
@@ -67,6 +82,12 @@ pub const ALL: [&str; 18] = [
     TRANSCRIPTS_SETTING,
     NAMESERVER_SETTING,
     PROXY_DIR_SETTING,
+    GITHUB_API_URL_SETTING,
+    GITHUB_URL_SETTING,
+    GITHUB_APP_ID_SETTING,
+    GITHUB_APP_KEY_SETTING,
+    GITLAB_TOKEN_SETTING,
+    FORGE_JOB_USER_SETTING,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -97,6 +118,10 @@ pub enum SettingError {
     NotAModelName { name: &'static str },
     #[error("{name} must be an IP address and port, as in 192.0.2.53:53 or [2001:db8::53]:53")]
     NotASocketAddress { name: &'static str },
+    #[error("{name} must be a plain http(s) URL without user, password, query or fragment")]
+    NotAUrl { name: &'static str },
+    #[error("{name} must be UID:GID, two numbers above 0")]
+    NotAUser { name: &'static str },
 }
 
 impl SettingError {
@@ -110,7 +135,9 @@ impl SettingError {
             | SettingError::NotAnImageName { name }
             | SettingError::NotANumber { name, .. }
             | SettingError::NotAModelName { name }
-            | SettingError::NotASocketAddress { name } => name,
+            | SettingError::NotASocketAddress { name }
+            | SettingError::NotAUrl { name }
+            | SettingError::NotAUser { name } => name,
         }
     }
 }
@@ -160,6 +187,14 @@ pub struct Settings {
     /// `PI_EGRESS_PROXY_DIR` (absolute), else `DIR/state/egress`: the folder of the egress proxy's
     /// control socket, which workers sharing one proxy name alike.
     pub egress_proxy_dir: PathBuf,
+    /// `PI_GITHUB_API_URL` and `PI_GITHUB_URL`, without a trailing `/`.
+    pub github_api_url: String,
+    pub github_url: String,
+    pub github_app_id: Option<u64>,
+    /// `PI_GITHUB_APP_KEY_FILE`, from the deployment folder when relative.
+    pub github_app_key_file: Option<PathBuf>,
+    /// `PI_FORGE_JOB_USER`.
+    pub forge_job_user: Option<(u32, u32)>,
 }
 
 /// The value of a setting: a non-empty value in the process environment wins, then the `.env`.
@@ -311,6 +346,39 @@ pub fn resolve(
             PathBuf::new()
         }
     };
+    let mut plain_url = |name: &'static str, default: &str| {
+        let value = get(name).unwrap_or_else(|| default.to_owned());
+        if !is_plain_http_url(&value) {
+            errors.push(SettingError::NotAUrl { name });
+        }
+        value.trim_end_matches('/').to_owned()
+    };
+    let github_api_url = plain_url(GITHUB_API_URL_SETTING, DEFAULT_GITHUB_API_URL);
+    let github_url = plain_url(GITHUB_URL_SETTING, DEFAULT_GITHUB_URL);
+    let github_app_id = get(GITHUB_APP_ID_SETTING).and_then(|v| match v.parse::<u64>() {
+        Ok(n) if n > 0 && !v.starts_with('+') => Some(n),
+        _ => {
+            errors.push(SettingError::NotANumber {
+                name: GITHUB_APP_ID_SETTING,
+                min: 1,
+                max: u64::MAX,
+            });
+            None
+        }
+    });
+    let github_app_key_file = get(GITHUB_APP_KEY_SETTING).map(|v| dir.join(v));
+    let forge_job_user = get(FORGE_JOB_USER_SETTING).and_then(|v| {
+        let parsed = v
+            .split_once(':')
+            .and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)))
+            .filter(|(u, g)| *u > 0 && *g > 0);
+        if parsed.is_none() {
+            errors.push(SettingError::NotAUser {
+                name: FORGE_JOB_USER_SETTING,
+            });
+        }
+        parsed
+    });
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -334,7 +402,27 @@ pub fn resolve(
         transcripts,
         egress_nameserver,
         egress_proxy_dir,
+        github_api_url,
+        github_url,
+        github_app_id,
+        github_app_key_file,
+        forge_job_user,
     })
+}
+
+/// A plain `http://` or `https://` URL: a host, maybe a port and a path; no user, password,
+/// query, fragment, comma or space.
+pub fn is_plain_http_url(text: &str) -> bool {
+    let Some(rest) = text
+        .strip_prefix("https://")
+        .or_else(|| text.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    let host = rest.split('/').next().unwrap_or_default();
+    !host.is_empty()
+        && !text.contains(['@', '?', '#', ',', ' ', '$'])
+        && text.chars().all(|c| c.is_ascii_graphic())
 }
 
 /// A provider or model name: 1 to 128 of letters, digits and `-_./:@`.

@@ -898,11 +898,14 @@ fn egress_gate(
     }
     if let Some(forge) = forge {
         let (scheme, host, port) = match forge {
-            Forge::Github => (
-                Scheme::Https,
-                UrlHost::Name(GITHUB_API_HOST.to_owned()),
-                443,
-            ),
+            Forge::Github => match config::url::parse(&i.settings.github_api_url) {
+                Ok(u) => (u.scheme(), u.host().clone(), u.port()),
+                Err(_) => (
+                    Scheme::Https,
+                    UrlHost::Name(GITHUB_API_HOST.to_owned()),
+                    443,
+                ),
+            },
             Forge::Gitlab { api_url } => match config::url::parse(api_url) {
                 Ok(u) => (u.scheme(), u.host().clone(), u.port()),
                 Err(_) => {
@@ -1077,20 +1080,120 @@ fn model(i: &Inputs, models: Option<&Models>) -> Step<(ModelChoice, Option<Route
     ))
 }
 
-/// The folder a local job works in, and the user it runs as.
+/// The folder the job works in, and the user it runs as.
 fn workspace(i: &Inputs) -> Step<Workspace> {
     let job = i.job;
-    if job.kind() != Some(Kind::Local) {
-        return Err(refuse(
+    match job.kind() {
+        Some(Kind::Local) => local_workspace(i),
+        Some(Kind::Github | Kind::Gitlab) => forge_workspace(i),
+        _ => Err(refuse_plain(
             Reason::JobKindUnsupported,
-            Detail::new(format!(
-                "a {} job works on a clone of its repository, which this version does not make yet",
-                job.kind
-            ))
-            .field("run.kind"),
-            "run local jobs (run.kind \"local\", or `pi-dispatch run`) until forge jobs are supported",
-        ));
+            Detail::new(format!("this version does not run {} jobs", job.kind)).field("run.kind"),
+        )),
     }
+}
+
+/// The flows a forge job can follow: `answer` (the agent's final message is posted on the issue)
+/// and `fix` (its changes are pushed to a branch of their own and proposed as a pull request).
+pub const FORGE_FLOWS: [&str; 2] = ["answer", "fix"];
+
+/// A forge job's clone (made after admission, in the job's state folder) and its user: under a
+/// root worker `PI_FORGE_JOB_USER` (nobody by default), else the worker's own user. The job must
+/// carry its event, follow a forge flow, and the worker must hold what it acts on the forge with.
+fn forge_workspace(i: &Inputs) -> Step<Workspace> {
+    let job = i.job;
+    let Some(event) = job.event.as_ref().filter(|e| e.forge.as_str() == job.kind) else {
+        return Err(refuse_plain(
+            Reason::JobUnreadable,
+            Detail::new(format!("a {} job without its forge event", job.kind)).field("event"),
+        ));
+    };
+    match (&job.flow, &job.command) {
+        (Some(flow), None) if FORGE_FLOWS.contains(&flow.as_str()) => {}
+        (_, Some(_)) => {
+            return Err(refuse_plain(
+                Reason::JobFlowUnsupported,
+                Detail::new("a forge job follows a flow; it does not run a command")
+                    .field("run.command"),
+            ));
+        }
+        _ => {
+            return Err(refuse_plain(
+                Reason::JobFlowUnsupported,
+                Detail::new("a forge job's flow is answer or fix").field("run.flow"),
+            ));
+        }
+    }
+    let unconfigured = |why: &str, variables: &[&str]| {
+        let mut detail = Detail::new(why.to_owned());
+        for v in variables {
+            detail = detail.variable(*v);
+        }
+        refuse_plain(Reason::ForgeUnconfigured, detail)
+    };
+    use config::settings as s;
+    match event.forge {
+        protocol::forge_event::Forge::Github => {
+            if i.settings.github_app_id.is_none() || i.settings.github_app_key_file.is_none() {
+                return Err(unconfigured(
+                    "no GitHub App is set up to mint the job's token",
+                    &[s::GITHUB_APP_ID_SETTING, s::GITHUB_APP_KEY_SETTING],
+                ));
+            }
+            if event.installation.is_none() {
+                return Err(unconfigured(
+                    "the event came through no GitHub App installation, so no token can be minted for it",
+                    &[],
+                ));
+            }
+        }
+        protocol::forge_event::Forge::Gitlab => {
+            if i.settings
+                .gitlab_url
+                .as_deref()
+                .and_then(gitlab_api_url)
+                .is_none()
+            {
+                return Err(unconfigured(
+                    "GITLAB_URL is unset or not a plain http(s) URL",
+                    &[s::GITLAB_URL_SETTING],
+                ));
+            }
+            if !i.env.has_value(s::GITLAB_TOKEN_SETTING) {
+                return Err(unconfigured(
+                    "the worker holds no GitLab token to act with",
+                    &[s::GITLAB_TOKEN_SETTING],
+                ));
+            }
+        }
+    }
+    let (uid, gid) = if i.host.root {
+        i.settings
+            .forge_job_user
+            .unwrap_or(s::DEFAULT_FORGE_JOB_USER)
+    } else {
+        (i.host.user.uid, i.host.user.gid)
+    };
+    let path = forge_workspace_path(&i.settings.dir, &job.id);
+    Ok(Workspace {
+        path: path.display().to_string(),
+        uid,
+        gid,
+    })
+}
+
+/// Where a forge job's clone is made: `state/jobs/<id>/workspace`.
+pub fn forge_workspace_path(deployment: &std::path::Path, job_id: &str) -> std::path::PathBuf {
+    deployment
+        .join("state")
+        .join("jobs")
+        .join(job_id)
+        .join("workspace")
+}
+
+/// The folder a local job works in, and the user it runs as.
+fn local_workspace(i: &Inputs) -> Step<Workspace> {
+    let job = i.job;
     let Some(path) = job.folder.as_deref() else {
         return Err(refuse_plain(
             Reason::JobUnreadable,

@@ -103,8 +103,7 @@ const TRIGGERS: &str = r#"{"triggers": [{
           "models": ["openai/gpt-4o"], "maxCostUsd": 5}
 }]}"#;
 
-/// The same job as a github job naming forge too: admitted by every gate but the last (this
-/// version runs local jobs only).
+/// The same job as a github job naming forge too, with its event and a GitHub App: admitted.
 const GITHUB_TRIGGERS: &str = r#"{"triggers": [{
   "on": {"type": "label", "any": ["pi"]},
   "run": {"kind": "github", "flow": "fix", "mcp": ["forge", "docs", "files", "memory"],
@@ -163,7 +162,37 @@ fn world() -> World {
 }
 
 fn github() -> World {
-    world_of(GITHUB_TRIGGERS, "job-1")
+    let mut w = world_of(GITHUB_TRIGGERS, "job-1");
+    w.job.event = Some(forge_event(protocol::forge_event::Forge::Github));
+    w.settings = settings(&[
+        ("PI_FORWARD_ENV", "FILES_TOKEN"),
+        ("PI_PACKAGE_REGISTRIES", "npx=registry.example.org"),
+        ("PI_JOB_IMAGE", "pi-job"),
+        ("PI_GITHUB_APP_ID", "4242"),
+        ("PI_GITHUB_APP_KEY_FILE", "app-key.pem"),
+    ]);
+    w
+}
+
+fn forge_event(forge: protocol::forge_event::Forge) -> protocol::forge_event::ForgeEvent {
+    protocol::forge_event::ForgeEvent {
+        forge,
+        delivery: "d-1".into(),
+        action: "labeled".into(),
+        repository: "octo-org/hello".into(),
+        repository_id: 7,
+        installation: Some(9),
+        default_branch: "main".into(),
+        number: 42,
+        pull_request: false,
+        title: "t".into(),
+        body: "b".into(),
+        labels: vec!["pi".into()],
+        added_labels: vec!["pi".into()],
+        comment: None,
+        head: None,
+        sender: "maint".into(),
+    }
 }
 
 fn inputs(w: &World) -> Inputs<'_> {
@@ -242,16 +271,16 @@ fn refused_by(reason: Reason, server: Option<&str>, change: impl FnOnce(&mut Wor
     refused_in(world, reason, server, change)
 }
 
-/// A change to the github world, refused for `reason` (the base github world reaches the last
-/// check, `job-kind-unsupported`).
+/// A change to the admitted github world, refused for `reason`.
 fn github_refused_by(
     reason: Reason,
     server: Option<&str>,
     change: impl FnOnce(&mut World),
 ) -> Refusal {
-    assert_eq!(
-        decide_in(&github()).reason(),
-        Some(Reason::JobKindUnsupported)
+    assert!(
+        matches!(decide_in(&github()), Decision::Admit(_)),
+        "the github world is admitted: {:?}",
+        decide_in(&github())
     );
     refused_in(github, reason, server, change)
 }
@@ -383,7 +412,7 @@ fn mcp_config_invalid() {
     loosen(&mut w);
     w.files.mcp = Read::Missing;
     assert!(mcp_of(&w).is_ok());
-    assert_eq!(decide_in(&w).reason(), Some(Reason::JobKindUnsupported));
+    assert!(matches!(decide_in(&w), Decision::Admit(_)));
 }
 
 #[test]
@@ -934,9 +963,75 @@ fn the_workspace_must_be_a_folder_its_owner_can_use_and_not_roots() {
 }
 
 #[test]
-fn a_forge_job_passes_every_gate_and_is_refused_as_not_yet_supported() {
-    let r = refused_in(github, Reason::JobKindUnsupported, None, |_| {});
-    assert_eq!(r.detail.field.as_deref(), Some("run.kind"));
+fn a_forge_job_works_in_a_clone_of_its_own_as_the_forge_job_user() {
+    let a = admitted(&github());
+    assert_eq!(a.workspace.path, "/srv/d/state/jobs/job-1/workspace");
+    // A root worker runs it as nobody unless told otherwise; never as root.
+    assert_eq!((a.workspace.uid, a.workspace.gid), (65534, 65534));
+    let mut w = github();
+    w.settings.forge_job_user = Some((1500, 1500));
+    assert_eq!(admitted(&w).workspace.uid, 1500);
+    // A worker that is not root runs it as itself.
+    let mut w = github();
+    w.host.root = false;
+    w.host.user.uid = 1000;
+    w.host.user.gid = 1000;
+    assert_eq!(
+        (admitted(&w).workspace.uid, admitted(&w).workspace.gid),
+        (1000, 1000)
+    );
+}
+
+#[test]
+fn a_forge_job_needs_its_event_a_forge_flow_and_the_forge_set_up() {
+    let r = github_refused_by(Reason::JobUnreadable, None, |w| w.job.event = None);
+    assert_eq!(r.detail.field.as_deref(), Some("event"));
+    // An event of the other forge is not this job's.
+    github_refused_by(Reason::JobUnreadable, None, |w| {
+        w.job.event = Some(forge_event(protocol::forge_event::Forge::Gitlab));
+    });
+    let r = github_refused_by(Reason::JobFlowUnsupported, None, |w| {
+        w.job.flow = Some("triage".into());
+    });
+    assert_eq!(r.detail.field.as_deref(), Some("run.flow"));
+    let r = github_refused_by(Reason::JobFlowUnsupported, None, |w| {
+        w.job.flow = None;
+        w.job.command = Some("make".into());
+    });
+    assert_eq!(r.detail.field.as_deref(), Some("run.command"));
+    let r = github_refused_by(Reason::ForgeUnconfigured, None, |w| {
+        w.settings.github_app_key_file = None;
+    });
+    assert!(
+        r.detail
+            .variables
+            .contains(&"PI_GITHUB_APP_KEY_FILE".to_owned())
+    );
+    github_refused_by(Reason::ForgeUnconfigured, None, |w| {
+        w.job.event.as_mut().unwrap().installation = None;
+    });
+    // GitLab: its URL and the worker's token.
+    let gitlab = |w: &mut World| {
+        w.job.kind = "gitlab".into();
+        w.job.mcp = Some(McpField::names(["docs"]));
+        w.job.event = Some(forge_event(protocol::forge_event::Forge::Gitlab));
+        w.settings.gitlab_url = Some("https://gitlab.example.com".into());
+    };
+    let r = github_refused_by(Reason::ForgeUnconfigured, None, gitlab);
+    assert_eq!(r.detail.variables, ["PI_GITLAB_TOKEN"]);
+    let mut w = github();
+    gitlab(&mut w);
+    w.env.0.push("PI_GITLAB_TOKEN");
+    assert_eq!(
+        admitted(&w).workspace.path,
+        "/srv/d/state/jobs/job-1/workspace"
+    );
+    // Forgejo and Azure jobs are not run.
+    refused_in(github, Reason::JobKindUnsupported, None, |w| {
+        w.job.kind = "forgejo".into();
+        w.job.mcp = None;
+        w.files.triggers = Read::Missing;
+    });
 }
 
 #[test]

@@ -104,6 +104,31 @@ pub struct Head {
     pub same_repository: bool,
 }
 
+impl ForgeEvent {
+    /// An event of `forge` that says nothing in particular, for `explain` and `doctor`, whose
+    /// decisions depend on the trigger and the deployment, never on what an event says.
+    pub fn example(forge: Forge) -> ForgeEvent {
+        ForgeEvent {
+            forge,
+            delivery: "example".to_owned(),
+            action: "labeled".to_owned(),
+            repository: "example/repository".to_owned(),
+            repository_id: 1,
+            installation: (forge == Forge::Github).then_some(1),
+            default_branch: "main".to_owned(),
+            number: 1,
+            pull_request: false,
+            title: String::new(),
+            body: String::new(),
+            labels: Vec::new(),
+            added_labels: Vec::new(),
+            comment: None,
+            head: None,
+            sender: "example".to_owned(),
+        }
+    }
+}
+
 /// The mark every comment the worker posts carries, as an HTML comment the forge does not show:
 /// the receiver drops comments that carry it (an answer quoting the trigger's phrase must not start
 /// a job), and the worker finds by it whether it already answered a job (see [`comment_mark`]).

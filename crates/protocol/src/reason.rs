@@ -129,7 +129,11 @@ reasons! {
     JobUnreadable = "job-unreadable", Admission, Policy, None, false,
         "The queued job cannot be read.";
     JobKindUnsupported = "job-kind-unsupported", Admission, Policy, None, false,
-        "This version runs local jobs only; a forge job needs a clone of its repository.";
+        "This version runs local, github and gitlab jobs only.";
+    JobFlowUnsupported = "job-flow-unsupported", Admission, Policy, None, false,
+        "The trigger's flow is not one a forge job can follow.";
+    ForgeUnconfigured = "forge-unconfigured", Admission, Policy, None, false,
+        "The worker is not set up to act on this forge.";
     JobImageMissing = "job-image-missing", Admission, Policy, None, false,
         "The job image is not installed.";
     WorkspaceMissing = "workspace-missing", Admission, Policy, None, false,
@@ -167,6 +171,10 @@ reasons! {
         "The job's folder could not be written.";
     PickupRetriesSpent = "pickup-retries-spent", Preparation, Failed, None, true,
         "A check before the job could not be made, too many times.";
+    ForgeTokenFailed = "forge-token-failed", Preparation, Failed, None, true,
+        "The job's forge token could not be minted.";
+    ForgeCloneFailed = "forge-clone-failed", Preparation, Failed, None, true,
+        "The job's repository could not be cloned.";
     // The spec's in-job table.
     McpUnavailable = "mcp-unavailable", Job, Policy, Some(2), false,
         "An MCP server refused: it did not start, failed its handshake or its tool list, or answered with an error.";
@@ -230,6 +238,8 @@ reasons! {
         "The job's runner gave a reason this worker does not know.";
     WorkerLost = "worker-lost", Worker, Failed, None, false,
         "The job's worker disappeared while it ran, on its last attempt.";
+    ForgeDeliveryFailed = "forge-delivery-failed", Worker, Failed, None, false,
+        "The agent finished, but its changes could not be pushed or proposed on the forge.";
 }
 
 impl Reason {
@@ -315,6 +325,16 @@ impl Reason {
 }
 
 impl Reason {
+    /// The fixed comment a forge issue gets when its job ended without finishing (a stop inside the
+    /// job, a failure, the time limit): which rule stopped it, naming no server, host or variable.
+    pub fn stop_comment(self) -> String {
+        let said = lowercase_first(self.sentence().trim_end_matches('.'));
+        format!(
+            "pi-dispatch stopped this job: {said} (rule {}). The worker's log has the details.",
+            self.as_str()
+        )
+    }
+
     /// What to do about it, in one line, when nothing more precise is known (a refusal's own fix
     /// names the server, file or variable).
     pub fn fix(self) -> &'static str {
@@ -354,7 +374,22 @@ impl Reason {
             }
             Reason::JobUnreadable => "queue the job again with this version of pi-dispatch",
             Reason::JobKindUnsupported => {
-                "run the job as a local job (run.kind \"local\", or `pi-dispatch run`)"
+                "use run.kind local, github or gitlab: forgejo and azure jobs are not run yet"
+            }
+            Reason::JobFlowUnsupported => {
+                "give the trigger run.flow \"answer\" (the agent's answer is posted on the issue) or \"fix\" (its changes become a pull request)"
+            }
+            Reason::ForgeUnconfigured => {
+                "set PI_GITHUB_APP_ID and PI_GITHUB_APP_KEY_FILE for GitHub, GITLAB_URL and PI_GITLAB_TOKEN for GitLab (docs/forges.md)"
+            }
+            Reason::ForgeTokenFailed => {
+                "check the GitHub App's id, key file and installation (or the GitLab token); the job is tried again"
+            }
+            Reason::ForgeCloneFailed => {
+                "check that the forge serves the repository to the job's token; the job is tried again"
+            }
+            Reason::ForgeDeliveryFailed => {
+                "check that the job's token may push a branch and open a pull request (the App's contents and pull request permissions)"
             }
             Reason::JobImageMissing => "install the job image: `pi-dispatch image install`",
             Reason::WorkspaceMissing => "point the job at an existing repository folder",

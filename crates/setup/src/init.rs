@@ -78,6 +78,23 @@ const ENV: &str = "\
 # that share one proxy (default: ./state/egress).
 # PI_EGRESS_NAMESERVER=
 # PI_EGRESS_PROXY_DIR=
+
+# Forge jobs (docs/forges.md). GitHub: the App the worker mints each job's token as (its id, and
+# the path of its private key file, mode 0600), the API (GitHub Enterprise: https://HOST/api/v3)
+# and where repositories are cloned from. Defaults: GitHub's own.
+# PI_GITHUB_APP_ID=
+# PI_GITHUB_APP_KEY_FILE=
+# PI_GITHUB_API_URL=
+# PI_GITHUB_URL=
+# GitLab: GITLAB_URL above, and the token the worker acts with (a bot's, with the Developer role).
+# PI_GITLAB_TOKEN=
+# The user a forge job runs as under a root worker, as UID:GID. Default: 65534:65534 (nobody).
+# PI_FORGE_JOB_USER=
+# The receiver (pi-dispatch receiver): the webhooks' secrets, and where it listens
+# (default: 127.0.0.1:8780).
+# PI_GITHUB_WEBHOOK_SECRET=
+# PI_GITLAB_WEBHOOK_TOKEN=
+# PI_RECEIVER_LISTEN=
 ";
 
 const TRIGGERS: &str = "{\n  \"triggers\": []\n}\n";

@@ -4,6 +4,7 @@
 
 pub mod cron;
 pub mod egress;
+pub mod forge_job;
 pub mod pipeline;
 pub mod record;
 pub mod service;

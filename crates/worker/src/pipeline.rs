@@ -57,6 +57,17 @@ pub struct Worker {
     /// The egress proxy's control socket (`PI_EGRESS_PROXY_DIR/control.sock`): a job with egress
     /// on gets its way out there.
     pub egress_control: PathBuf,
+    /// The forges github and gitlab jobs act on (their tokens, clones, comments).
+    pub forges: Arc<forge::Forges>,
+}
+
+/// `GITLAB_HOST` for glab: the host (and port) of `GITLAB_URL`.
+fn gitlab_host(url: &str) -> Option<String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))?;
+    let host = rest.split('/').next()?;
+    (!host.is_empty()).then(|| host.to_owned())
 }
 
 /// The job's socket to the egress proxy, in its folder (the sandbox's `/job`).
@@ -154,7 +165,12 @@ fn job_key() -> std::io::Result<String> {
 
 /// Writes the job's folder: `prompt.md`, `event.json` and (when the job names servers)
 /// `mcp.json`, each read-only, in a fresh `job/` (a folder left by an earlier attempt is replaced).
-fn write_job_folder(dir: &Path, job: &Job, admitted: &Admitted) -> std::io::Result<PathBuf> {
+fn write_job_folder(
+    dir: &Path,
+    job: &Job,
+    admitted: &Admitted,
+    prompt: String,
+) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
     let folder = dir.join("job");
     if folder.exists() {
@@ -164,12 +180,12 @@ fn write_job_folder(dir: &Path, job: &Job, admitted: &Admitted) -> std::io::Resu
     std::fs::create_dir_all(&folder)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
     std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o755))?;
-    let prompt = job.task.clone().unwrap_or_default();
     let event = serde_json::json!({
         "jobId": job.id,
         "kind": job.kind,
         "trigger": job.trigger_type,
         "flow": job.flow,
+        "event": job.event,
     });
     for (name, text) in [
         ("prompt.md", prompt),
@@ -287,9 +303,45 @@ impl Worker {
             Ok(s) => s,
             Err(verdict) => return verdict,
         };
-        // 4. The job's folder.
+        // 3b. A forge job's token and clone.
         let dir = self.jobs_dir.join(&job.id);
-        let job_dir = match write_job_folder(&dir, job, &admitted) {
+        let prepared = match &job.event {
+            Some(event) if job.kind().is_some_and(|k| k.allows_forge_mcp()) => {
+                let clone_dir = Path::new(&admitted.workspace.path)
+                    .parent()
+                    .unwrap_or(&dir)
+                    .to_owned();
+                let owner = (admitted.workspace.uid, admitted.workspace.gid);
+                match crate::forge_job::prepare(
+                    &self.forges,
+                    job,
+                    event,
+                    attempt,
+                    &clone_dir,
+                    owner,
+                )
+                .await
+                {
+                    Ok(p) => Some(p),
+                    Err((record, again)) => {
+                        return if again {
+                            Verdict::Retry(record)
+                        } else {
+                            Verdict::Done(record)
+                        };
+                    }
+                }
+            }
+            _ => None,
+        };
+        let prompt = match (&job.event, &prepared) {
+            (Some(event), Some(p)) => {
+                crate::forge_job::prompt(event, job.flow.as_deref().unwrap_or_default(), &p.base)
+            }
+            _ => job.task.clone().unwrap_or_default(),
+        };
+        // 4. The job's folder.
+        let job_dir = match write_job_folder(&dir, job, &admitted, prompt) {
             Ok(d) => d,
             Err(e) => {
                 let record = ended(
@@ -311,8 +363,24 @@ impl Worker {
         }
         // 6. The sandbox.
         let mut verdict = self
-            .run_sandbox(job, attempt, &admitted, &dir, &job_dir, &secrets, &mut stop)
+            .run_sandbox(
+                job,
+                attempt,
+                &admitted,
+                &dir,
+                &job_dir,
+                &secrets,
+                prepared.as_ref(),
+                &mut stop,
+            )
             .await;
+        // 6b. A completed fix job's changes, pushed and proposed.
+        if let (Some(event), Some(p), Verdict::Done(record)) = (&job.event, &prepared, &mut verdict)
+            && record.outcome == protocol::reason::Outcome::Completed
+            && job.flow.as_deref() == Some("fix")
+        {
+            crate::forge_job::deliver_fix(&self.forges, job, event, p, record).await;
+        }
         // 7. However the job ended: its socket closed, and what the proxy refused it recorded.
         if egress {
             let denied = self.close_egress(job).await;
@@ -474,9 +542,20 @@ impl Worker {
         dir: &Path,
         job_dir: &Path,
         secrets: &[(String, Secret)],
+        prepared: Option<&crate::forge_job::Prepared>,
         stop: &mut Stop,
     ) -> Verdict {
         let settings = &self.settings;
+        let forge_token = prepared.and_then(|p| {
+            let token = Secret::new(p.token.expose());
+            match job.event.as_ref()?.forge {
+                protocol::forge_event::Forge::Github => Some(job_env::ForgeToken::Github(token)),
+                protocol::forge_event::Forge::Gitlab => Some(job_env::ForgeToken::Gitlab {
+                    token,
+                    host: gitlab_host(settings.gitlab_url.as_deref()?)?,
+                }),
+            }
+        });
         let model = &admitted.model;
         let key = model
             .key_variable
@@ -536,7 +615,7 @@ impl Worker {
             proxy: proxy.as_ref(),
             home: HOME,
             computed: &computed,
-            forge: None,
+            forge: forge_token.as_ref(),
         };
         let env = match job_env::build(&parts, &|name| self.env.get(name)) {
             Ok(e) => e,
@@ -564,7 +643,8 @@ impl Worker {
                 .iter()
                 .map(|(n, v)| (n.as_str(), v.expose()))
                 .chain(key.iter().map(|(n, v)| (n.as_str(), v.expose())))
-                .chain(forwarded.iter().map(|(n, v)| (n.as_str(), v.as_str()))),
+                .chain(forwarded.iter().map(|(n, v)| (n.as_str(), v.as_str())))
+                .chain(prepared.map(|p| ("GH_TOKEN", p.token.expose()))),
         );
         let spec = JobSpec {
             job_dir: job_dir.to_owned(),

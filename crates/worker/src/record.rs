@@ -95,6 +95,9 @@ pub struct Record {
     /// What the egress proxy refused the job (egress on), by host and port.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub egress_denied: Vec<EgressDenial>,
+    /// The pull (merge) request a `fix` job proposed, by its web address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_request: Option<String>,
 }
 
 impl Record {
@@ -131,6 +134,7 @@ impl Record {
             final_message: None,
             transcript: false,
             egress_denied: Vec::new(),
+            pull_request: None,
         }
     }
 

@@ -28,6 +28,12 @@ pub trait Runner: Send + Sync + 'static {
         attempt: u32,
         stop: Stop,
     ) -> impl std::future::Future<Output = Verdict>;
+
+    /// Once the job's record is final (written, and no attempt follows): a forge job's comment.
+    fn settled(&self, job: &Job, record: &Record) -> impl std::future::Future<Output = ()> {
+        let _ = (job, record);
+        async {}
+    }
 }
 
 impl Runner for Worker {
@@ -38,6 +44,10 @@ impl Runner for Worker {
         stop: Stop,
     ) -> impl std::future::Future<Output = Verdict> {
         Worker::process(self, job, attempt, stop)
+    }
+
+    fn settled(&self, job: &Job, record: &Record) -> impl std::future::Future<Output = ()> {
+        crate::forge_job::post_comment(&self.forges, job, record)
     }
 }
 
@@ -289,6 +299,7 @@ impl Slot<'_> {
                     let mut r = record;
                     r.queued_at_ms = Some(unix_ms(lease.queued_at));
                     self.write_record(&r);
+                    worker.settled(&job, &r).await;
                     page(&r, options);
                     return;
                 }
@@ -305,6 +316,9 @@ impl Slot<'_> {
         if let Err(e) = queue.finish(lease, SystemTime::now()) {
             queue_error(&e);
         }
+        // The comment after the job is done: a worker that dies here loses the comment, never
+        // posts it twice (a second attempt's comment is found by its mark).
+        worker.settled(&job, &record).await;
         page(&record, options);
     }
 

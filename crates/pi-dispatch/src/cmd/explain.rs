@@ -35,7 +35,12 @@ pub fn trigger_job(trigger: &triggers::Trigger) -> Job {
         On::Cron { id, .. } => format!("cron-{id}-explain"),
         _ => "explain".to_owned(),
     };
-    Job::from_trigger(id, trigger)
+    let mut job = Job::from_trigger(id, trigger);
+    // A forge trigger's job carries the event that queued it; the decision does not depend on
+    // what the event says, only that there is one, so an example stands in for it.
+    job.event = protocol::forge_event::Forge::of_kind(&job.kind)
+        .map(protocol::forge_event::ForgeEvent::example);
+    job
 }
 
 fn text(v: &str) -> Json {

@@ -49,6 +49,49 @@ pub struct Args {
     bwrap: PathBuf,
 }
 
+/// The forges the worker acts on, from the settings: a GitHub App whose key file can be read, and
+/// a GitLab with its token. What cannot be used is said once here; its jobs then fail to mint.
+pub fn forges(
+    settings: &config::settings::Settings,
+    env: &pickup::fs::Environment,
+) -> forge::Forges {
+    use config::settings as s;
+    let github = match (settings.github_app_id, &settings.github_app_key_file) {
+        (Some(app_id), Some(file)) => {
+            let key = std::fs::read_to_string(file)
+                .map_err(|e| format!("cannot be read ({})", e.kind()))
+                .and_then(|text| forge::AppKey::from_pem(&text).map_err(|e| e.to_string()));
+            match key {
+                Ok(key) => Some(forge::GithubApp {
+                    api_url: settings.github_api_url.clone(),
+                    git_url: settings.github_url.clone(),
+                    app_id,
+                    key: Arc::new(key),
+                }),
+                Err(why) => {
+                    tracing::warn!(event = "forge_unusable", setting = s::GITHUB_APP_KEY_SETTING, why = %why);
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let gitlab = match (
+        settings.gitlab_url.as_deref(),
+        env.get(s::GITLAB_TOKEN_SETTING),
+    ) {
+        (Some(url), Some(token)) => {
+            pickup::admission::gitlab_api_url(url).map(|api_url| forge::GitlabDeployment {
+                url: api_url.trim_end_matches("/api/v4").to_owned(),
+                api_url,
+                token: forge::Token::new(token),
+            })
+        }
+        _ => None,
+    };
+    forge::Forges::new(github, gitlab)
+}
+
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let settings = ctx.settings()?;
     let concurrency = args.concurrency.unwrap_or(settings.concurrency);
@@ -81,7 +124,9 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     };
     let drain_limit = Duration::from_secs(settings.drain_limit_secs);
     let egress_control = settings.egress_proxy_dir.join(egress::control::SOCKET);
+    let forges = Arc::new(forges(&settings, &ctx.environment()?));
     let worker = Arc::new(Worker {
+        forges,
         jobs_dir: state.join("jobs"),
         locks_dir: state.join("locks"),
         backend: Arc::new(Bubblewrap {

@@ -37,6 +37,7 @@ fn help_lists_the_commands_in_their_order_and_hides_the_internal_ones() {
         "image",
         "run",
         "worker",
+        "receiver",
         "egress-proxy",
         "status",
         "runs",

@@ -134,9 +134,10 @@ fn what_the_worker_would_refuse_is_refused_here_too() {
     let report = json(&d.run(&["explain", "--trigger", "2", "--json"]));
     assert_eq!(report["outcome"], "admit");
     assert_eq!(report["mcpJson"], Value::Null);
-    // A forge trigger passes every MCP gate, and this version refuses it as a forge job.
+    // A forge trigger passes every MCP gate, and the worker refuses it until a GitHub App is
+    // set up to mint its token.
     let report = json(&d.run(&["explain", "--trigger", "3", "--json"]));
-    assert_eq!(report["reason"], "job-kind-unsupported");
+    assert_eq!(report["reason"], "forge-unconfigured");
     d.write(
         "images/pi-job/image.json",
         r#"{"labels": {"dev.pi-dispatch.capabilities": "mcp"}}"#,

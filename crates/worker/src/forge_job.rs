@@ -1,0 +1,352 @@
+//! What a github or gitlab job adds to a local one, after the admission: the job's token is minted,
+//! its repository cloned at the event's ref (`state/jobs/<id>/workspace`, the job's user's), its
+//! prompt made from the issue and the trigger's flow; after the job, a `fix` job's changes are
+//! pushed to a branch of their own and proposed as a pull (merge) request, and once the record is
+//! final the issue gets the job's one comment: the answer, the pull request, or the fixed sentence
+//! of the rule that stopped it (`docs/forges.md`).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use forge::git::{self, Author, Checkout};
+use forge::{ForgeError, Forges, Token};
+use protocol::detail::Detail;
+use protocol::forge_event::{Forge, ForgeEvent, Head};
+use protocol::job::Job;
+use protocol::reason::{Outcome, Reason, Stage};
+
+use crate::record::{Record, now_ms};
+
+/// The branch a job's changes are pushed to.
+pub fn work_branch(job_id: &str) -> String {
+    format!("pi-dispatch/{job_id}")
+}
+
+/// The author of the worker's commits.
+pub fn author() -> Author {
+    Author {
+        name: "pi-dispatch".to_owned(),
+        email: "pi-dispatch@localhost".to_owned(),
+    }
+}
+
+/// A forge job, ready to run.
+pub struct Prepared {
+    pub token: Token,
+    pub checkout: Checkout,
+    pub clone_url: String,
+    /// The branch the job starts from, and a `fix` job's pull request goes into.
+    pub base: String,
+}
+
+/// Mints the job's token and clones its repository; a record (and whether to try again) when
+/// either cannot be done.
+pub async fn prepare(
+    forges: &Forges,
+    job: &Job,
+    event: &ForgeEvent,
+    attempt: u32,
+    clone_dir: &Path,
+    owner: (u32, u32),
+) -> Result<Prepared, (Record, bool)> {
+    let token = forges
+        .mint(event)
+        .await
+        .map_err(|e| fault(job, attempt, Reason::ForgeTokenFailed, &e))?;
+    let head = if event.pull_request {
+        match &event.head {
+            Some(h) => Some(h.clone()),
+            None => Some(
+                forges
+                    .pull_request_head(&token, event)
+                    .await
+                    .map_err(|e| fault(job, attempt, Reason::ForgeCloneFailed, &e))?,
+            ),
+        }
+    } else {
+        None
+    };
+    let (source, base) = refs(event, head.as_ref());
+    let clone_url = forges
+        .clone_url(event)
+        .map_err(|e| fault(job, attempt, Reason::ForgeTokenFailed, &e))?;
+    let authorization = Forges::git_authorization(event, &token);
+    let checkout = git::clone(
+        clone_dir,
+        &clone_url,
+        &source,
+        &authorization,
+        &work_branch(&job.id),
+        owner,
+    )
+    .await
+    .map_err(|e| {
+        tracing::warn!(event = "forge_clone_failed", job_id = %job.id, detail = %e);
+        let reason = Reason::ForgeCloneFailed;
+        (
+            Record::ended(job, reason, attempt, now_ms())
+                .with_detail(Detail::new(e.to_string()), reason.fix()),
+            true,
+        )
+    })?;
+    tracing::info!(event = "forge_cloned", job_id = %job.id, repository = %event.repository,
+        base = %base);
+    Ok(Prepared {
+        token,
+        checkout,
+        clone_url,
+        base,
+    })
+}
+
+/// What the job clones (a branch, or the pull request's own ref, which a fork's pull request has
+/// too), and the branch a `fix` job proposes its changes to: the issue's default branch, or a pull
+/// request's own branch when it is in the repository (a fork's cannot be pushed to).
+pub fn refs(event: &ForgeEvent, head: Option<&Head>) -> (String, String) {
+    match (event.pull_request, head) {
+        (true, Some(head)) => {
+            let source = match event.forge {
+                Forge::Github => format!("refs/pull/{}/head", event.number),
+                Forge::Gitlab => format!("refs/merge-requests/{}/head", event.number),
+            };
+            let base = if head.same_repository {
+                head.branch.clone()
+            } else {
+                event.default_branch.clone()
+            };
+            (source, base)
+        }
+        _ => (event.default_branch.clone(), event.default_branch.clone()),
+    }
+}
+
+fn fault(job: &Job, attempt: u32, reason: Reason, e: &ForgeError) -> (Record, bool) {
+    tracing::warn!(event = reason.log_event(), job_id = %job.id, detail = %e);
+    (
+        Record::ended(job, reason, attempt, now_ms())
+            .with_detail(Detail::new(e.to_string()), reason.fix()),
+        e.may_pass(),
+    )
+}
+
+/// The job's prompt: the issue (or pull request) and the comment that started the job, then what
+/// the flow asks. The issue's text is the forge's content, which anyone who can write there wrote.
+pub fn prompt(event: &ForgeEvent, flow: &str, base: &str) -> String {
+    let item = if event.pull_request {
+        event.forge.change_request()
+    } else {
+        "issue"
+    };
+    let mut text = format!(
+        "You are working on {item} #{} of {}: {}\n\n{}\n",
+        event.number, event.repository, event.title, event.body
+    );
+    if let Some(c) = &event.comment {
+        text.push_str(&format!(
+            "\nThe comment that started this job, by {}:\n\n{}\n",
+            c.author, c.body
+        ));
+    }
+    text.push('\n');
+    text.push_str(&match flow {
+        "fix" => format!(
+            "Make the change this {item} asks for, in your working folder: a clone of the repository at {base}. \
+             Do not commit or push; when you finish, pi-dispatch commits what you changed and proposes it as a {}. \
+             End with a short summary of what you changed and why.\n",
+            event.forge.change_request()
+        ),
+        _ => format!(
+            "Answer this {item}. Your final message is posted on it as a comment, exactly as you write it; \
+             do not post it yourself. The repository is cloned in your working folder if you need to read it.\n"
+        ),
+    });
+    text
+}
+
+/// After a completed `fix` job: the changes pushed and proposed. The record then names the pull
+/// request; a job that changed nothing proposes nothing. A push or a request that fails turns the
+/// record into `forge-delivery-failed` (the agent's work is kept in the job's clone).
+pub async fn deliver_fix(
+    forges: &Forges,
+    job: &Job,
+    event: &ForgeEvent,
+    prepared: &Prepared,
+    record: &mut Record,
+) {
+    let branch = work_branch(&job.id);
+    let authorization = Forges::git_authorization(event, &prepared.token);
+    let title = format!("{} (#{})", event.title, event.number);
+    let failed = |record: &mut Record, why: String| {
+        tracing::warn!(event = "forge_delivery_failed", job_id = %job.id, detail = %why);
+        let reason = Reason::ForgeDeliveryFailed;
+        record.outcome = reason.outcome();
+        record.reason = Some(reason);
+        record.detail = Some(Detail::new(why));
+        record.fix = Some(reason.fix().to_owned());
+    };
+    let pushed = git::publish(
+        &prepared.checkout,
+        &prepared.clone_url,
+        &authorization,
+        &branch,
+        &title,
+        &author(),
+    )
+    .await;
+    match pushed {
+        Err(e) => failed(record, e.to_string()),
+        Ok(None) => {
+            tracing::info!(event = "forge_nothing_changed", job_id = %job.id);
+        }
+        Ok(Some(_)) => {
+            let body = format!(
+                "Proposed by pi-dispatch for #{} (job {}). Nothing here is merged by pi-dispatch.",
+                event.number, job.id
+            );
+            match forges
+                .open_change_request(
+                    &prepared.token,
+                    event,
+                    &branch,
+                    &prepared.base,
+                    &title,
+                    &body,
+                )
+                .await
+            {
+                Ok(url) => {
+                    tracing::info!(event = "forge_change_proposed", job_id = %job.id, url = %url);
+                    record.pull_request = Some(url);
+                }
+                Err(e) => failed(record, e.to_string()),
+            }
+        }
+    }
+}
+
+/// The one comment of a finished job, by its record: the answer, the pull request, or which rule
+/// stopped the job. Nothing for a cancelled job.
+pub fn comment_for(job: &Job, record: &Record) -> Option<String> {
+    match (record.outcome, record.reason) {
+        (Outcome::Completed, _) => Some(match job.flow.as_deref() {
+            Some("fix") => match &record.pull_request {
+                Some(url) => format!("pi-dispatch proposed a change for this: {url}"),
+                None => "pi-dispatch's agent finished without changing any file, so nothing is proposed.".to_owned(),
+            },
+            _ => record
+                .final_message
+                .clone()
+                .filter(|m| !m.trim().is_empty())
+                .unwrap_or_else(|| "pi-dispatch's agent finished without an answer.".to_owned()),
+        }),
+        (Outcome::Cancelled, _) | (_, None) => None,
+        (_, Some(reason)) if reason.stage() == Stage::Admission => {
+            Some(reason.comment(record.detail.as_ref().and_then(|d| d.server.as_deref())))
+        }
+        (_, Some(reason)) => Some(reason.stop_comment()),
+    }
+}
+
+/// Posts the job's comment on its issue, once: a token is minted for it (a refusal's job has none
+/// yet). A comment that cannot be posted is logged, never retried by running the job again.
+pub async fn post_comment(forges: &Arc<Forges>, job: &Job, record: &Record) {
+    let Some(event) = &job.event else {
+        return;
+    };
+    let Some(text) = comment_for(job, record) else {
+        return;
+    };
+    let posted = async {
+        let token = forges.mint(event).await?;
+        forges.comment_once(&token, event, &job.id, &text).await
+    }
+    .await;
+    match posted {
+        Ok(p) => tracing::info!(event = "forge_comment", job_id = %job.id,
+            posted = matches!(p, forge::Posted::Posted)),
+        Err(e) => tracing::warn!(event = "forge_comment_failed", job_id = %job.id, detail = %e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(pull_request: bool) -> ForgeEvent {
+        ForgeEvent {
+            pull_request,
+            head: pull_request.then(|| Head {
+                branch: "feature".into(),
+                sha: "abc".into(),
+                same_repository: true,
+            }),
+            ..ForgeEvent::example(Forge::Github)
+        }
+    }
+
+    #[test]
+    fn an_issue_starts_from_the_default_branch_and_a_pull_request_from_its_head() {
+        let e = event(false);
+        assert_eq!(refs(&e, None), ("main".into(), "main".into()));
+        let pr = event(true);
+        assert_eq!(
+            refs(&pr, pr.head.as_ref()),
+            ("refs/pull/1/head".into(), "feature".into())
+        );
+        let mut fork = pr.clone();
+        fork.head.as_mut().unwrap().same_repository = false;
+        assert_eq!(refs(&fork, fork.head.as_ref()).1, "main");
+        let mut gl = pr.clone();
+        gl.forge = Forge::Gitlab;
+        assert_eq!(refs(&gl, gl.head.as_ref()).0, "refs/merge-requests/1/head");
+    }
+
+    #[test]
+    fn each_ending_has_its_comment_and_a_stop_names_no_server() {
+        let mut job = Job::new("gh-1-t0", "label", "github");
+        job.flow = Some("answer".into());
+        let mut record = Record::ended(&job, Reason::McpUnavailable, 1, 0);
+        record.detail = Some(Detail::new("docs failed").server("docs"));
+        let stop = comment_for(&job, &record).unwrap();
+        assert!(
+            stop.contains("mcp-unavailable") && !stop.contains("docs"),
+            "{stop}"
+        );
+        let refused = Record::ended(&job, Reason::McpServerUnknown, 1, 0)
+            .with_detail(Detail::new("x").server("wiki"), "f");
+        let comment = comment_for(&job, &refused).unwrap();
+        assert!(comment.contains("`wiki`") && comment.contains("mcp-server-unknown"));
+        let mut done = Record::ended(&job, Reason::Cancelled, 1, 0);
+        assert_eq!(comment_for(&job, &done), None);
+        done.outcome = Outcome::Completed;
+        done.reason = None;
+        done.final_message = Some("The port is 8780.".into());
+        assert_eq!(
+            comment_for(&job, &done).as_deref(),
+            Some("The port is 8780.")
+        );
+        job.flow = Some("fix".into());
+        done.pull_request = Some("http://forge/pull/3".into());
+        assert!(
+            comment_for(&job, &done)
+                .unwrap()
+                .contains("http://forge/pull/3")
+        );
+    }
+
+    #[test]
+    fn the_prompt_holds_the_issue_the_comment_and_the_flow() {
+        let mut e = event(false);
+        e.title = "Wrong port".into();
+        e.body = "It says 8080.".into();
+        e.comment = Some(protocol::forge_event::Comment {
+            id: 1,
+            body: "/pi fix".into(),
+            author: "maint".into(),
+        });
+        let p = prompt(&e, "fix", "main");
+        assert!(p.contains("issue #1 of example/repository: Wrong port"));
+        assert!(p.contains("It says 8080.") && p.contains("/pi fix") && p.contains("pull request"));
+        assert!(prompt(&e, "answer", "main").contains("posted on it as a comment"));
+    }
+}
