@@ -280,60 +280,42 @@ impl Forges {
     ) -> Result<Head, ForgeError> {
         let op = "read the pull request";
         let repo = Forges::repository_path(event);
-        match event.forge {
-            Forge::Github => {
-                let pr = self
-                    .send(
-                        op,
-                        self.request(
-                            event,
-                            token,
-                            reqwest::Method::GET,
-                            &format!("{repo}/pulls/{}", event.number),
-                        )?,
-                    )
-                    .await?;
-                let text = |p: &str, field| {
-                    pr.pointer(p)
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                        .ok_or(ForgeError::Unreadable { op, field })
-                };
-                Ok(Head {
-                    branch: text("/head/ref", "head.ref")?,
-                    sha: text("/head/sha", "head.sha")?,
-                    same_repository: pr.pointer("/head/repo/full_name").and_then(Value::as_str)
-                        == Some(event.repository.as_str()),
-                })
-            }
-            Forge::Gitlab => {
-                let mr = self
-                    .send(
-                        op,
-                        self.request(
-                            event,
-                            token,
-                            reqwest::Method::GET,
-                            &format!("{repo}/merge_requests/{}", event.number),
-                        )?,
-                    )
-                    .await?;
-                Ok(Head {
-                    branch: mr["source_branch"]
-                        .as_str()
-                        .ok_or(ForgeError::Unreadable {
-                            op,
-                            field: "source_branch",
-                        })?
-                        .to_owned(),
-                    sha: mr["sha"]
-                        .as_str()
-                        .ok_or(ForgeError::Unreadable { op, field: "sha" })?
-                        .to_owned(),
-                    same_repository: mr["source_project_id"] == mr["target_project_id"],
-                })
-            }
-        }
+        // Where each forge says the head's branch, its commit, and the repositories to compare.
+        let (path, branch, sha, source, target) = match event.forge {
+            Forge::Github => (
+                format!("{repo}/pulls/{}", event.number),
+                "/head/ref",
+                "/head/sha",
+                "/head/repo/full_name",
+                None,
+            ),
+            Forge::Gitlab => (
+                format!("{repo}/merge_requests/{}", event.number),
+                "/source_branch",
+                "/sha",
+                "/source_project_id",
+                Some("/target_project_id"),
+            ),
+        };
+        let pr = self
+            .send(op, self.request(event, token, reqwest::Method::GET, &path)?)
+            .await?;
+        let text = |pointer: &'static str| {
+            pr.pointer(pointer)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or(ForgeError::Unreadable { op, field: pointer })
+        };
+        let same_repository = match target {
+            // GitHub: the head's repository is the event's.
+            None => pr.pointer(source).and_then(Value::as_str) == Some(event.repository.as_str()),
+            Some(target) => pr.pointer(source) == pr.pointer(target),
+        };
+        Ok(Head {
+            branch: text(branch)?,
+            sha: text(sha)?,
+            same_repository,
+        })
     }
 
     /// Opens a pull (merge) request from `branch` into `base`, or finds the one already open from

@@ -234,6 +234,16 @@ async fn a_clone_and_a_push_carry_the_token_only_in_a_header_and_nothing_is_merg
             .await
             .unwrap();
         assert_eq!(pr, again);
+        // A comment on that pull request: its head is read from the forge.
+        let number = pr.rsplit('/').next().unwrap().parse().unwrap();
+        let on_pr = ForgeEvent {
+            number,
+            pull_request: true,
+            ..e.clone()
+        };
+        let head = forges.pull_request_head(&token, &on_pr).await.unwrap();
+        assert_eq!(head.branch, "pi-dispatch/job-1");
+        assert!(head.same_repository, "{forge}");
         assert_no_token(dir.path(), token.expose());
     }
     assert_eq!(fake.pulls().len(), 2);

@@ -105,18 +105,25 @@ pub struct Head {
 }
 
 impl ForgeEvent {
-    /// An event of `forge` that says nothing in particular, for `explain` and `doctor`, whose
-    /// decisions depend on the trigger and the deployment, never on what an event says.
-    pub fn example(forge: Forge) -> ForgeEvent {
+    /// An event of `forge` on `repository`, caused by `sender`, with nothing else said yet: the
+    /// readers of each forge fill in the rest.
+    pub fn new(
+        forge: Forge,
+        delivery: &str,
+        repository: String,
+        repository_id: u64,
+        default_branch: String,
+        sender: String,
+    ) -> ForgeEvent {
         ForgeEvent {
             forge,
-            delivery: "example".to_owned(),
-            action: "labeled".to_owned(),
-            repository: "example/repository".to_owned(),
-            repository_id: 1,
-            installation: (forge == Forge::Github).then_some(1),
-            default_branch: "main".to_owned(),
-            number: 1,
+            delivery: delivery.to_owned(),
+            action: String::new(),
+            repository,
+            repository_id,
+            installation: None,
+            default_branch,
+            number: 0,
             pull_request: false,
             title: String::new(),
             body: String::new(),
@@ -124,7 +131,25 @@ impl ForgeEvent {
             added_labels: Vec::new(),
             comment: None,
             head: None,
-            sender: "example".to_owned(),
+            sender,
+        }
+    }
+
+    /// An event of `forge` that says nothing in particular, for `explain` and `doctor`, whose
+    /// decisions depend on the trigger and the deployment, never on what an event says.
+    pub fn example(forge: Forge) -> ForgeEvent {
+        ForgeEvent {
+            action: "labeled".to_owned(),
+            installation: (forge == Forge::Github).then_some(1),
+            number: 1,
+            ..ForgeEvent::new(
+                forge,
+                "example",
+                "example/repository".to_owned(),
+                1,
+                "main".to_owned(),
+                "example".to_owned(),
+            )
         }
     }
 }

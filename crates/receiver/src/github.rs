@@ -141,21 +141,14 @@ fn comment(p: &Payload, delivery: &str) -> Result<Parsed, Unreadable> {
 /// What every event has: the repository, the installation, the sender.
 fn base(p: &Payload, delivery: &str) -> Result<ForgeEvent, Unreadable> {
     Ok(ForgeEvent {
-        forge: Forge::Github,
-        delivery: delivery.to_owned(),
-        action: String::new(),
-        repository: p.text("/repository/full_name")?,
-        repository_id: p.number("/repository/id")?,
         installation: p.optional_number("/installation/id"),
-        default_branch: p.text("/repository/default_branch")?,
-        number: 0,
-        pull_request: false,
-        title: String::new(),
-        body: String::new(),
-        labels: Vec::new(),
-        added_labels: Vec::new(),
-        comment: None,
-        head: None,
-        sender: p.text("/sender/login")?,
+        ..ForgeEvent::new(
+            Forge::Github,
+            delivery,
+            p.text("/repository/full_name")?,
+            p.number("/repository/id")?,
+            p.text("/repository/default_branch")?,
+            p.text("/sender/login")?,
+        )
     })
 }

@@ -185,23 +185,14 @@ fn note(p: &Payload, delivery: &str) -> Result<Parsed, Unreadable> {
     })))
 }
 
+/// What every event has: the project and the user.
 fn base(p: &Payload, delivery: &str) -> Result<ForgeEvent, Unreadable> {
-    Ok(ForgeEvent {
-        forge: Forge::Gitlab,
-        delivery: delivery.to_owned(),
-        action: String::new(),
-        repository: p.text("/project/path_with_namespace")?,
-        repository_id: p.number("/project/id")?,
-        installation: None,
-        default_branch: p.text("/project/default_branch")?,
-        number: 0,
-        pull_request: false,
-        title: String::new(),
-        body: String::new(),
-        labels: Vec::new(),
-        added_labels: Vec::new(),
-        comment: None,
-        head: None,
-        sender: p.text("/user/username")?,
-    })
+    Ok(ForgeEvent::new(
+        Forge::Gitlab,
+        delivery,
+        p.text("/project/path_with_namespace")?,
+        p.number("/project/id")?,
+        p.text("/project/default_branch")?,
+        p.text("/user/username")?,
+    ))
 }

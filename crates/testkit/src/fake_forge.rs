@@ -401,6 +401,19 @@ fn page(items: &[Value], params: &HashMap<String, String>) -> Value {
     )
 }
 
+/// The page of the list stored under `key` (none: an empty list).
+fn listed(
+    lists: &HashMap<String, Vec<Value>>,
+    key: &str,
+    params: &HashMap<String, String>,
+) -> Response {
+    page(
+        lists.get(key).map(Vec::as_slice).unwrap_or_default(),
+        params,
+    )
+    .ok()
+}
+
 fn github(
     shared: &Shared,
     method: &Method,
@@ -436,27 +449,11 @@ fn github(
     match (method, &parts[..]) {
         (&Method::GET, ["repos", o, r, "issues"]) => {
             let key = format!("github:{o}/{r}");
-            page(
-                forge
-                    .issues
-                    .get(&key)
-                    .map(Vec::as_slice)
-                    .unwrap_or_default(),
-                params,
-            )
-            .ok()
+            listed(&forge.issues, &key, params)
         }
         (&Method::GET, ["repos", o, r, "issues", n, "comments"]) => {
             let key = format!("github:{o}/{r}#{n}");
-            page(
-                forge
-                    .comments
-                    .get(&key)
-                    .map(Vec::as_slice)
-                    .unwrap_or_default(),
-                params,
-            )
-            .ok()
+            listed(&forge.comments, &key, params)
         }
         (&Method::POST, ["repos", o, r, "issues", n, "comments"]) => {
             forge.next_id += 1;
@@ -489,7 +486,8 @@ fn github(
             let pull = json!({"number": number, "repo": format!("github:{o}/{r}"),
                 "html_url": format!("http://forge.invalid/{o}/{r}/pull/{number}"),
                 "title": body["title"], "body": body["body"],
-                "head": {"ref": body["head"], "repo": {"full_name": format!("{o}/{r}")}},
+                "head": {"ref": body["head"], "sha": "0000000000000000000000000000000000000000",
+                    "repo": {"full_name": format!("{o}/{r}")}},
                 "base": {"ref": body["base"]}, "merged": false});
             forge.pulls.push(pull.clone());
             reply(StatusCode::CREATED, pull)
@@ -535,15 +533,7 @@ fn gitlab(
     match (method, &parts[..]) {
         (&Method::GET, ["projects", p, "issues"]) => {
             let key = format!("gitlab:{}", percent_decode(p));
-            page(
-                forge
-                    .issues
-                    .get(&key)
-                    .map(Vec::as_slice)
-                    .unwrap_or_default(),
-                params,
-            )
-            .ok()
+            listed(&forge.issues, &key, params)
         }
         (
             &Method::GET,
@@ -556,15 +546,7 @@ fn gitlab(
             ],
         ) => {
             let key = format!("gitlab:{p}{}{n}", if *kind == "issues" { "#" } else { "!" });
-            page(
-                forge
-                    .comments
-                    .get(&key)
-                    .map(Vec::as_slice)
-                    .unwrap_or_default(),
-                params,
-            )
-            .ok()
+            listed(&forge.comments, &key, params)
         }
         (
             &Method::POST,
@@ -606,6 +588,12 @@ fn gitlab(
             forge.pulls.push(mr.clone());
             reply(StatusCode::CREATED, mr)
         }
+        (&Method::GET, ["projects", p, "merge_requests", n]) => forge
+            .pulls
+            .iter()
+            .find(|m| m["repo"] == format!("gitlab:{p}") && m["iid"].as_u64() == n.parse().ok())
+            .cloned()
+            .map_or_else(not_found, |m| m.ok()),
         (&Method::PUT, ["projects", _, "merge_requests", _, "merge"])
         | (&Method::POST, ["projects", _, "merge_requests", _, "approve"]) => {
             forge.merges += 1;
