@@ -74,6 +74,8 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {addr} ({})", e.kind()))?;
+        // The address bound (with port 0, the one the system chose).
+        let addr = listener.local_addr().unwrap_or(addr);
         tracing::info!(event = "receiver_listening", addr = %addr,
             github = config.github_secret.is_some(), gitlab = config.gitlab_token.is_some());
         server::serve(listener, config, stop_signal())

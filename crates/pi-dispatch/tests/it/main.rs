@@ -12,6 +12,7 @@ mod egress;
 mod egress_agree;
 mod egress_proxy;
 mod explain;
+mod forge;
 mod hostile;
 mod import_pi;
 mod init;

@@ -55,11 +55,23 @@ impl Service {
         servers: impl FnOnce(&str) -> Value,
         env: &str,
     ) -> Service {
+        Service::with_image(script, servers, env, &[])
+    }
+
+    /// [`Service::new`], with `image_args` added to `image install`'s.
+    pub(crate) fn with_image(
+        script: Vec<Step>,
+        servers: impl FnOnce(&str) -> Value,
+        env: &str,
+        image_args: &[&str],
+    ) -> Service {
         let d = Deployment::new();
         chmod(d.path(), 0o755);
         assert_eq!(d.run(&["init"]).code, 0);
         let nm = crate::common::node_modules();
-        let image = d.run(&["image", "install", "--from", nm.to_str().unwrap()]);
+        let mut install = vec!["image", "install", "--from", nm.to_str().unwrap()];
+        install.extend_from_slice(image_args);
+        let image = d.run(&install);
         assert_eq!(image.code, 0, "{}", image.stderr);
         let model = FakeModel::start(script);
         let http = testkit::EverythingHttp::start();

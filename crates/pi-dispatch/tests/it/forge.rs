@@ -1,0 +1,540 @@
+//! Forge jobs end to end on loopback: a signed webhook reaches a real `pi-dispatch receiver`, which
+//! queues the trigger's job; `pi-dispatch worker` mints the job's token from the fake forge (the App's
+//! JWT for GitHub, the deployment's token for GitLab), clones the repository over git's smart HTTP,
+//! runs real pi in its sandbox against the scripted model, and answers on the issue: the agent's
+//! answer, a pull (merge) request for a fix, or the refusal's fixed sentence. Only the forge's API
+//! and the model are fakes, each a real HTTP server on loopback.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::{Value, json};
+use testkit::fake_forge::{FakeForge, FakeForgeSetup};
+use testkit::fake_model::Step;
+
+use crate::common::Run;
+use crate::worker::{Service, stdio};
+
+const APP_ID: u64 = 4242;
+pub(crate) const INSTALLATION_TOKEN: &str = "ghs_CNRY-installation-token-51d0";
+pub(crate) const GITLAB_TOKEN: &str = "glpat-CNRY-deployment-token-8e2b";
+const WEBHOOK_SECRET: &str = "CNRY-webhook-secret-0c4e";
+const GITLAB_HOOK_TOKEN: &str = "CNRY-gitlab-hook-token-3a9d";
+const README: &str = "The service listens on port 8080.\n";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Github,
+    Gitlab,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Github => "github",
+            Kind::Gitlab => "gitlab",
+        }
+    }
+
+    /// The repository's path on the fake forge.
+    pub(crate) fn repository(self) -> &'static str {
+        match self {
+            Kind::Github => "octo-org/hello",
+            Kind::Gitlab => "group/sub/hello",
+        }
+    }
+
+    /// The fake forge's key of issue `number`'s comments.
+    fn issue_key(self, number: u64) -> String {
+        match self {
+            Kind::Github => format!("github:octo-org/hello#{number}"),
+            Kind::Gitlab => format!("gitlab:15#{number}"),
+        }
+    }
+
+    fn job_prefix(self) -> &'static str {
+        match self {
+            Kind::Github => "gh",
+            Kind::Gitlab => "gl",
+        }
+    }
+}
+
+/// A fresh 2048-bit RSA key in GitHub's PEM form (PKCS#1).
+pub(crate) fn app_key_pem() -> String {
+    let out = std::process::Command::new("openssl")
+        .args(["genrsa", "-traditional", "2048"])
+        .output()
+        .expect("openssl");
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A line from the middle of the App key's PEM: none of it may leave the key file.
+pub(crate) fn key_canary(pem: &str) -> String {
+    pem.lines().nth(3).unwrap().to_owned()
+}
+
+/// A deployment with a fake forge, a running receiver and the triggers of `triggers`.
+pub(crate) struct Site {
+    pub(crate) s: Service,
+    pub(crate) fake: FakeForge,
+    pub(crate) key_pem: String,
+    receiver: Child,
+    receiver_url: String,
+    receiver_log: Arc<std::sync::Mutex<Vec<String>>>,
+    client: reqwest::blocking::Client,
+}
+
+impl Site {
+    /// A deployment whose fake forge `start_fake` starts for the App's key (its public half) and
+    /// the forge's tokens; `image` is `image install`'s extra arguments.
+    pub(crate) fn start(
+        start_fake: impl FnOnce(FakeForgeSetup) -> FakeForge,
+        script: Vec<Step>,
+        triggers: Value,
+        image: &[&str],
+    ) -> Site {
+        let key_pem = app_key_pem();
+        let public = forge::AppKey::from_pem(&key_pem).unwrap().public_der();
+        let fake = start_fake(FakeForgeSetup {
+            app_id: APP_ID,
+            app_public_key: public,
+            installation_token: INSTALLATION_TOKEN.into(),
+            gitlab_token: GITLAB_TOKEN.into(),
+        });
+        fake.add_repo(
+            "github",
+            Kind::Github.repository(),
+            &[("README.md", README)],
+        );
+        fake.add_repo(
+            "gitlab",
+            Kind::Gitlab.repository(),
+            &[("README.md", README)],
+        );
+        let env = format!(
+            "PI_GITHUB_API_URL={}\nPI_GITHUB_URL={}\nPI_GITHUB_APP_ID={APP_ID}\n\
+             PI_GITHUB_APP_KEY_FILE=app-key.pem\nPI_GITHUB_WEBHOOK_SECRET={WEBHOOK_SECRET}\n\
+             GITLAB_URL={}\nPI_GITLAB_TOKEN={GITLAB_TOKEN}\nPI_GITLAB_WEBHOOK_TOKEN={GITLAB_HOOK_TOKEN}\n",
+            fake.github_api_url(),
+            fake.github_git_url(),
+            fake.gitlab_url(),
+        );
+        let s = Service::with_image(script, |_| json!({"everything": stdio(None)}), &env, image);
+        let key = s.d.write("app-key.pem", &key_pem);
+        crate::worker::chmod(&key, 0o600);
+        s.d.write("triggers.json", &triggers.to_string());
+
+        let mut receiver =
+            s.d.command(&[
+                "receiver",
+                "--listen",
+                "127.0.0.1:0",
+                "--log-format",
+                "json",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(receiver.stderr.take().unwrap()).lines();
+        let receiver_url = loop {
+            let line = lines
+                .next()
+                .expect("the receiver said where it listens")
+                .unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v["event"] == "receiver_listening" {
+                break format!("http://{}", v["addr"].as_str().unwrap());
+            }
+        };
+        let receiver_log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = receiver_log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                log.lock().unwrap().push(line);
+            }
+        });
+        Site {
+            s,
+            fake,
+            key_pem,
+            receiver,
+            receiver_url,
+            receiver_log,
+            client: reqwest::blocking::Client::new(),
+        }
+    }
+
+    /// Sends the forge's "issue labeled" webhook for issue `number` of `kind`'s repository, now
+    /// labeled `label`, as delivery `delivery`; the receiver's answer.
+    pub(crate) fn label(&self, kind: Kind, number: u64, label: &str, delivery: &str) -> Value {
+        let (path, body, headers) = match kind {
+            Kind::Github => {
+                let body = json!({
+                    "action": "labeled",
+                    "issue": {"number": number, "title": "The docs say the wrong port",
+                        "body": "The README says 8080; the service listens on 8780.",
+                        "user": {"login": "reporter", "type": "User"},
+                        "labels": [{"name": "bug"}, {"name": label}], "state": "open"},
+                    "label": {"name": label},
+                    "repository": {"id": 1296269, "name": "hello", "full_name": Kind::Github.repository(),
+                        "private": false, "owner": {"login": "octo-org"}, "default_branch": "main"},
+                    "sender": {"login": "maintainer", "type": "User"},
+                    "installation": {"id": 987654}
+                })
+                .to_string();
+                let signature = receiver::signature::github_signature(
+                    WEBHOOK_SECRET.as_bytes(),
+                    body.as_bytes(),
+                );
+                (
+                    "github",
+                    body,
+                    vec![
+                        ("X-GitHub-Event", "issues".to_owned()),
+                        ("X-GitHub-Delivery", delivery.to_owned()),
+                        ("X-Hub-Signature-256", signature),
+                    ],
+                )
+            }
+            Kind::Gitlab => {
+                let body = json!({
+                    "object_kind": "issue", "event_type": "issue",
+                    "user": {"id": 1, "name": "Maintainer", "username": "maintainer"},
+                    "project": {"id": 15, "name": "hello", "path_with_namespace": Kind::Gitlab.repository(),
+                        "default_branch": "main", "web_url": "http://gitlab.example/group/sub/hello"},
+                    "object_attributes": {"id": 300 + number, "iid": number,
+                        "title": "The docs say the wrong port",
+                        "description": "The README says 8080; the service listens on 8780.",
+                        "state": "opened", "action": "update", "confidential": false},
+                    "labels": [{"id": 207, "title": "bug"}, {"id": 208, "title": label}],
+                    "changes": {"labels": {"previous": [{"id": 207, "title": "bug"}],
+                        "current": [{"id": 207, "title": "bug"}, {"id": 208, "title": label}]}}
+                })
+                .to_string();
+                (
+                    "gitlab",
+                    body,
+                    vec![
+                        ("X-Gitlab-Event", "Issue Hook".to_owned()),
+                        ("X-Gitlab-Event-UUID", delivery.to_owned()),
+                        ("X-Gitlab-Token", GITLAB_HOOK_TOKEN.to_owned()),
+                    ],
+                )
+            }
+        };
+        let mut request = self
+            .client
+            .post(format!("{}/{path}", self.receiver_url))
+            .header("Content-Type", "application/json")
+            .body(body);
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        let response = request.send().unwrap();
+        let status = response.status().as_u16();
+        let answer: Value = response.json().unwrap();
+        json!({"status": status, "answer": answer})
+    }
+
+    /// Runs the worker until the queue is empty while a watcher reads every process's command
+    /// line for the forge's secrets.
+    pub(crate) fn work(&self) -> Run {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let watcher = {
+            let (seen, stop) = (seen.clone(), stop.clone());
+            let secrets = self.secrets();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    for (pid, line) in command_lines() {
+                        if secrets.iter().any(|s| line.contains(s.as_str())) {
+                            seen.lock().unwrap().push(format!("{pid}: {line}"));
+                        }
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            })
+        };
+        let run = self.s.work();
+        stop.store(true, Ordering::Relaxed);
+        watcher.join().unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            Vec::<String>::new(),
+            "a process argument held a forge secret"
+        );
+        run
+    }
+
+    /// Every value the forge gives the worker or the receiver, none of which may leave where the
+    /// operator put it (`.env`, the key file) but to the forge and into the job's environment.
+    pub(crate) fn secrets(&self) -> Vec<String> {
+        vec![
+            INSTALLATION_TOKEN.to_owned(),
+            GITLAB_TOKEN.to_owned(),
+            WEBHOOK_SECRET.to_owned(),
+            GITLAB_HOOK_TOKEN.to_owned(),
+            key_canary(&self.key_pem),
+        ]
+    }
+
+    pub(crate) fn receiver_log(&self) -> String {
+        self.receiver_log.lock().unwrap().join("\n")
+    }
+
+    /// No secret in any file of the deployment but `.env` and the key file (records, transcripts,
+    /// the queue, both clones and their git configuration), in a comment, or in a log.
+    pub(crate) fn assert_no_secret_leaked(&self, logs: &[&str]) {
+        let secrets = self.secrets();
+        let d = self.s.d.path();
+        for (path, bytes) in crate::common::files_under(d) {
+            if path == d.join(".env")
+                || path == d.join("app-key.pem")
+                || path.starts_with(d.join("images"))
+            {
+                continue;
+            }
+            let text = String::from_utf8_lossy(&bytes);
+            for secret in &secrets {
+                assert!(
+                    !text.contains(secret.as_str()),
+                    "{} holds a forge secret",
+                    path.display()
+                );
+            }
+        }
+        for kind in [Kind::Github, Kind::Gitlab] {
+            for number in 1..=20 {
+                for comment in self.fake.comments(&kind.issue_key(number)) {
+                    for secret in &secrets {
+                        assert!(!comment.contains(secret.as_str()), "{comment}");
+                    }
+                }
+            }
+        }
+        let receiver_log = self.receiver_log();
+        for log in logs.iter().copied().chain([receiver_log.as_str()]) {
+            for secret in &secrets {
+                assert!(!log.contains(secret.as_str()), "a log holds a forge secret");
+            }
+        }
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        let _ = self.receiver.kill();
+        let _ = self.receiver.wait();
+    }
+}
+
+/// Every process's command line (arguments joined by spaces).
+fn command_lines() -> Vec<(u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let line = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            Some((pid, String::from_utf8_lossy(&line).replace('\0', " ")))
+        })
+        .collect()
+}
+
+/// The triggers of these tests, for both forges: `wiki` names a server the overlay does not offer;
+/// `pi-answer` and `pi-fix` follow their flows with no server.
+fn triggers() -> Value {
+    let mut all = Vec::new();
+    for kind in ["github", "gitlab"] {
+        all.push(json!({"on": {"type": "label", "any": ["wiki"]},
+            "run": {"kind": kind, "flow": "answer", "mcp": ["wiki"]}}));
+        all.push(json!({"on": {"type": "label", "any": ["pi-answer"]},
+            "run": {"kind": kind, "flow": "answer"}}));
+        all.push(json!({"on": {"type": "label", "any": ["pi-fix"]},
+            "run": {"kind": kind, "flow": "fix"}}));
+    }
+    json!({ "triggers": all })
+}
+
+const ANSWER: &str = "The service listens on 8780; the README is wrong.";
+
+/// A signed "issue labeled" webhook through the receiver and the worker, three ways, on `kind`:
+/// a job naming a server nobody offers is refused and its one comment says so; a job that answers
+/// reads the clone and its answer is posted; a job that fixes pushes a branch and opens a pull
+/// (merge) request, which nothing merges. No secret leaves where it belongs.
+fn forge_jobs_run_from_a_webhook_to_their_comment(kind: Kind) {
+    let script = vec![
+        // The answer job reads the clone and prints the forge's token (its transcript must not
+        // keep it), then answers.
+        Step::call(
+            "bash",
+            json!({"command": "cat README.md; echo \"token: ${GH_TOKEN:-}${GITLAB_TOKEN:-}\""}),
+        ),
+        Step::text(ANSWER),
+        // The fix job changes the file, then says what it did.
+        Step::call(
+            "bash",
+            json!({"command": "sed -i 's/8080/8780/' README.md && cat README.md"}),
+        ),
+        Step::text("Corrected the port in the README."),
+    ];
+    let site = Site::start(FakeForge::start, script, triggers(), &[]);
+    let prefix = kind.job_prefix();
+
+    // 1. Refused at pickup: one comment naming the server and the rule, and nothing else.
+    let a = site.label(kind, 1, "wiki", "d-wiki-1");
+    assert_eq!(a["status"], 202, "{a}");
+    let refused_id = a["answer"]["jobs"][0].as_str().unwrap().to_owned();
+    assert!(refused_id.starts_with(prefix), "{refused_id}");
+    let first = site.work();
+    let record = site.s.record(&refused_id);
+    assert_eq!(record["outcome"], "policy", "{record:#}");
+    assert_eq!(record["reason"], "mcp-server-unknown");
+    assert_eq!(record["budgetReserved"], false);
+    let comments = site.fake.comments(&kind.issue_key(1));
+    assert_eq!(comments.len(), 1, "{comments:#?}");
+    let comment = &comments[0];
+    assert!(
+        comment.contains("`wiki`") && comment.contains("mcp-server-unknown"),
+        "{comment}"
+    );
+    for word in [
+        "127.0.0.1",
+        "localhost",
+        "http",
+        "GITLAB",
+        "PI_",
+        "TOKEN",
+        "$",
+    ] {
+        assert!(
+            !comment.contains(word),
+            "the comment names {word}: {comment}"
+        );
+    }
+    // The same delivery again queues nothing, and a second worker posts nothing more.
+    let again = site.label(kind, 1, "wiki", "d-wiki-1");
+    assert_eq!(again["answer"]["outcome"], "duplicate", "{again}");
+    let second = site.work();
+    assert_eq!(site.fake.comments(&kind.issue_key(1)).len(), 1);
+    // No model call was made for it.
+    assert!(site.s.model.requests().is_empty());
+
+    // 2. The answer flow: the clone is the repository's, and the agent's answer is the comment.
+    let a = site.label(kind, 2, "pi-answer", "d-answer-2");
+    assert_eq!(a["status"], 202, "{a}");
+    let answer_id = a["answer"]["jobs"][0].as_str().unwrap().to_owned();
+    let third = site.work();
+    let record = site.s.record(&answer_id);
+    assert_eq!(
+        record["outcome"], "completed",
+        "{record:#}\n{}",
+        third.stderr
+    );
+    let results = site.s.results();
+    assert!(results[1].contains("port 8080"), "{results:#?}");
+    // The job held its token (the agent printed it), and its transcript was kept without it.
+    let token = match kind {
+        Kind::Github => INSTALLATION_TOKEN,
+        Kind::Gitlab => GITLAB_TOKEN,
+    };
+    assert!(results[1].contains(token), "{results:#?}");
+    let transcript = site
+        .s
+        .d
+        .path()
+        .join(format!("state/jobs/{answer_id}/transcript.jsonl"));
+    let transcript = std::fs::read_to_string(&transcript).unwrap();
+    assert!(transcript.contains("port 8080"), "{transcript}");
+    assert_eq!(site.fake.comments(&kind.issue_key(2)).len(), 1);
+    let posted = &site.fake.comments(&kind.issue_key(2))[0];
+    assert!(posted.starts_with(ANSWER), "{posted}");
+    // The prompt held the issue.
+    let prompt = site.s.model.requests()[0].body.to_string();
+    assert!(prompt.contains("The docs say the wrong port"), "{prompt}");
+
+    // 3. The fix flow: a branch and a pull (merge) request into main, never merged.
+    let a = site.label(kind, 3, "pi-fix", "d-fix-3");
+    assert_eq!(a["status"], 202, "{a}");
+    let fix_id = a["answer"]["jobs"][0].as_str().unwrap().to_owned();
+    let fourth = site.work();
+    let record = site.s.record(&fix_id);
+    assert_eq!(
+        record["outcome"], "completed",
+        "{record:#}\n{}",
+        fourth.stderr
+    );
+    let pulls = site.fake.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    let branch = format!("pi-dispatch/{fix_id}");
+    let (head, base, url) = match kind {
+        Kind::Github => (
+            &pulls[0]["head"]["ref"],
+            &pulls[0]["base"]["ref"],
+            &pulls[0]["html_url"],
+        ),
+        Kind::Gitlab => (
+            &pulls[0]["source_branch"],
+            &pulls[0]["target_branch"],
+            &pulls[0]["web_url"],
+        ),
+    };
+    assert_eq!(
+        (head.as_str(), base.as_str()),
+        (Some(branch.as_str()), Some("main"))
+    );
+    assert_eq!(record["pullRequest"], *url);
+    assert_eq!(
+        site.fake
+            .file_on(kind.name(), kind.repository(), &branch, "README.md")
+            .as_deref(),
+        Some("The service listens on port 8780.\n")
+    );
+    // main is as it was, and nothing asked to merge.
+    assert_eq!(
+        site.fake
+            .file_on(kind.name(), kind.repository(), "main", "README.md")
+            .as_deref(),
+        Some(README)
+    );
+    assert_eq!(site.fake.merges(), 0);
+    let fix_comments = site.fake.comments(&kind.issue_key(3));
+    assert_eq!(fix_comments.len(), 1, "{fix_comments:#?}");
+    assert!(
+        fix_comments[0].contains(url.as_str().unwrap()),
+        "{fix_comments:#?}"
+    );
+
+    // The token reached the forge in a header only, and nothing kept a secret.
+    let requests = site.fake.requests();
+    assert!(
+        requests
+            .iter()
+            .all(|r| !r.path.contains("CNRY") && !r.query.contains("CNRY"))
+    );
+    site.assert_no_secret_leaked(&[
+        &first.stderr,
+        &second.stderr,
+        &third.stderr,
+        &fourth.stderr,
+        &first.stdout,
+        &third.stdout,
+    ]);
+}
+
+#[test]
+fn github_jobs_run_from_a_webhook_to_their_comment() {
+    forge_jobs_run_from_a_webhook_to_their_comment(Kind::Github);
+}
+
+#[test]
+fn gitlab_jobs_run_from_a_webhook_to_their_comment() {
+    forge_jobs_run_from_a_webhook_to_their_comment(Kind::Gitlab);
+}
