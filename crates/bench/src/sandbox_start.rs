@@ -325,6 +325,7 @@ impl Folders {
             overlay_dir: self.overlay.clone(),
             workspace: self.workspace.clone(),
             image_dir: image.to_owned(),
+            image_commands: None,
             extra_ro: Vec::new(),
             share_net: true,
             host: Some(owner),

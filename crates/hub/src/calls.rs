@@ -7,12 +7,16 @@ use std::time::Duration;
 
 use protocol::usage::ToolCallCount;
 
-/// The GitHub forge server's tools the job withholds (merging, approving, starting Copilot).
-pub const GITHUB_WITHHELD: [&str; 4] = [
+/// The GitHub forge server's tools the job withholds (merging, approving, starting Copilot). The
+/// last two are how github-mcp-server 0.12 (the build tested here) submits a review, which may
+/// approve: what later versions fold into `pull_request_review_write`.
+pub const GITHUB_WITHHELD: [&str; 6] = [
     "merge_pull_request",
     "pull_request_review_write",
     "assign_copilot_to_issue",
     "request_copilot_review",
+    "create_and_submit_pull_request_review",
+    "submit_pending_pull_request_review",
 ];
 
 /// The GitLab forge server's tools the job withholds (merging, approving, more toolsets, GraphQL).

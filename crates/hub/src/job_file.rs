@@ -155,13 +155,18 @@ fn forge(entry: &Json) -> Result<ForgeServer, Stop> {
         return Err(bad());
     }
     let command = o.get("command").and_then(Json::as_str).ok_or_else(bad)?;
-    let expected_env: &[&str] = match command {
-        FORGE_GITHUB_COMMAND => &["GITHUB_PERSONAL_ACCESS_TOKEN"],
-        FORGE_GITLAB_COMMAND => &["GITLAB_PERSONAL_ACCESS_TOKEN", "GITLAB_API_URL"],
+    // GitHub's entry names `GITHUB_HOST` for a GitHub Enterprise Server only.
+    let expected_env: &[&[&str]] = match command {
+        FORGE_GITHUB_COMMAND => &[
+            &["GITHUB_PERSONAL_ACCESS_TOKEN"],
+            &["GITHUB_PERSONAL_ACCESS_TOKEN", "GITHUB_HOST"],
+        ],
+        FORGE_GITLAB_COMMAND => &[&["GITLAB_PERSONAL_ACCESS_TOKEN", "GITLAB_API_URL"]],
         _ => return Err(bad()),
     };
     let env = o.get("env").and_then(Json::as_object).ok_or_else(bad)?;
-    if env.keys().collect::<Vec<_>>() != expected_env {
+    let keys = env.keys().collect::<Vec<_>>();
+    if !expected_env.iter().any(|e| keys == *e) {
         return Err(bad());
     }
     let env: Vec<(String, String)> = env
@@ -188,7 +193,11 @@ mod tests {
 
     fn written() -> JobMcpFile {
         let docs = json::parse(r#"{"url": "https://mcp.example.com/mcp", "headers": {"Authorization": "Bearer ${DOCS_TOKEN}"}, "description": "Docs", "timeout": 30}"#).unwrap();
-        JobMcpFile::new(&[("docs".to_owned(), docs)], Some(&Forge::Github), false)
+        JobMcpFile::new(
+            &[("docs".to_owned(), docs)],
+            Some(&Forge::Github { host: None }),
+            false,
+        )
     }
 
     #[test]
@@ -200,6 +209,34 @@ mod tests {
         assert_eq!(job.servers[0].timeout(), Some(30));
         assert_eq!(job.servers[1].name(), "forge");
         assert!(!job.codemode_models);
+    }
+
+    #[test]
+    fn a_github_enterprise_entry_carries_its_host() {
+        let file = JobMcpFile::new(
+            &[],
+            Some(&Forge::Github {
+                host: Some("https://ghe.example.com".into()),
+            }),
+            false,
+        );
+        let job = read(file.text.as_bytes(), Some(&file.digest)).unwrap();
+        let JobServer::Forge(forge) = &job.servers[0] else {
+            panic!("{job:?}")
+        };
+        assert_eq!(
+            forge.env,
+            [
+                (
+                    "GITHUB_PERSONAL_ACCESS_TOKEN".to_owned(),
+                    "${GH_TOKEN}".to_owned()
+                ),
+                (
+                    "GITHUB_HOST".to_owned(),
+                    "https://ghe.example.com".to_owned()
+                )
+            ]
+        );
     }
 
     #[test]

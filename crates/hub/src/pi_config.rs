@@ -143,7 +143,11 @@ mod tests {
     #[test]
     fn names_only_hub_endpoints_with_the_servers_own_settings() {
         let docs = config::json::parse(r#"{"url": "https://h.example.com/mcp", "headers": {"Authorization": "Bearer ${DOCS_TOKEN}"}, "description": "Docs", "exposure": "deferred", "toolExposure": {"search": "direct"}, "timeout": 30}"#).unwrap();
-        let f = JobMcpFile::new(&[("docs".to_owned(), docs)], Some(&Forge::Github), true);
+        let f = JobMcpFile::new(
+            &[("docs".to_owned(), docs)],
+            Some(&Forge::Github { host: None }),
+            true,
+        );
         let job =
             job_file::read(f.text.as_bytes(), Some(&job_mcp::digest(f.text.as_bytes()))).unwrap();
         let http = |token| Reach::Http {

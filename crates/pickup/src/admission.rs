@@ -530,7 +530,13 @@ fn forge_entry(i: &Inputs) -> Step<Forge> {
         )
     };
     match job.kind() {
-        Some(Kind::Github) => Ok(Forge::Github),
+        Some(Kind::Github) => github_host(&i.settings.github_api_url)
+            .map(|host| Forge::Github { host })
+            .ok_or_else(|| {
+                unknown(
+                    "PI_GITHUB_API_URL is neither GitHub's API nor a GitHub Enterprise Server's (a plain http(s) URL ending in /api/v3)",
+                )
+            }),
         Some(Kind::Gitlab) => {
             let url = i
                 .settings
@@ -550,6 +556,26 @@ fn forge_entry(i: &Inputs) -> Step<Forge> {
             job.kind
         ))),
     }
+}
+
+/// The `GITHUB_HOST` github-mcp-server is given for `PI_GITHUB_API_URL`: none for GitHub's own API,
+/// a GitHub Enterprise Server's address for its `https://HOST/api/v3` (the server adds `/api/v3`
+/// itself); `None` (outer) when the URL is neither. Pure.
+pub fn github_host(api_url: &str) -> Option<Option<String>> {
+    let api_url = api_url.trim_end_matches('/');
+    if api_url == format!("https://{GITHUB_API_HOST}") {
+        return Some(None);
+    }
+    if api_url.contains(',') || api_url.contains('$') {
+        return None;
+    }
+    let url = config::url::parse(api_url).ok()?;
+    if !url.query().is_empty() || url.path().to_string() != "/api/v3" {
+        return None;
+    }
+    api_url
+        .strip_suffix("/api/v3")
+        .map(|base| Some(base.to_owned()))
 }
 
 /// `GITLAB_URL` as the API's base: a plain http(s) URL without user, password, query, fragment or
@@ -898,7 +924,7 @@ fn egress_gate(
     }
     if let Some(forge) = forge {
         let (scheme, host, port) = match forge {
-            Forge::Github => match config::url::parse(&i.settings.github_api_url) {
+            Forge::Github { .. } => match config::url::parse(&i.settings.github_api_url) {
                 Ok(u) => (u.scheme(), u.host().clone(), u.port()),
                 Err(_) => (
                     Scheme::Https,

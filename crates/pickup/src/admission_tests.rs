@@ -476,6 +476,40 @@ fn a_gitlab_job_gets_its_forge_entry_with_the_api_url() {
 }
 
 #[test]
+fn a_github_job_gets_github_host_only_for_an_enterprise_server() {
+    let w = github();
+    let file = mcp_of(&w).ok().unwrap().file;
+    assert!(!file.text.contains("GITHUB_HOST"), "{}", file.text);
+    let mut w = github();
+    w.settings.github_api_url = "https://ghe.example.com/api/v3".into();
+    w.files.allowlist = bytes("mcp.example.com\nghe.example.com\nregistry.example.org\n");
+    let file = mcp_of(&w).ok().unwrap().file;
+    assert!(
+        file.text
+            .contains("\"GITHUB_HOST\": \"https://ghe.example.com\""),
+        "{}",
+        file.text
+    );
+    // An API address github-mcp-server cannot be pointed at refuses forge.
+    for url in [
+        "https://ghe.example.com/api",
+        "https://ghe.example.com/v3",
+        "https://ghe.example.com/api/v3?x=${A}",
+        "https://u:p@ghe.example.com/api/v3",
+    ] {
+        github_refused_by(Reason::McpServerUnknown, Some("forge"), |w| {
+            w.settings.github_api_url = url.to_owned();
+            w.files.allowlist = bytes("mcp.example.com\nghe.example.com\nregistry.example.org\n");
+        });
+    }
+    assert_eq!(github_host("https://api.github.com/"), Some(None));
+    assert_eq!(
+        github_host("http://127.0.0.9/api/v3"),
+        Some(Some("http://127.0.0.9".to_owned()))
+    );
+}
+
+#[test]
 fn mcp_secret_reserved() {
     for var in [
         "OPENAI_API_KEY",

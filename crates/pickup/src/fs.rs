@@ -286,8 +286,11 @@ mod tests {
     fn the_job_file_is_written_read_only_and_whole() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
-        let file =
-            protocol::job_mcp::JobMcpFile::new(&[], Some(&protocol::job_mcp::Forge::Github), true);
+        let file = protocol::job_mcp::JobMcpFile::new(
+            &[],
+            Some(&protocol::job_mcp::Forge::Github { host: None }),
+            true,
+        );
         let path = write_job_mcp(dir.path(), &file).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(protocol::job_mcp::digest(&bytes), file.digest);

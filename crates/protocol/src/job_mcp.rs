@@ -18,11 +18,11 @@ pub const FORGE_GITLAB_COMMAND: &str = "/usr/local/bin/forge-mcp-gitlab";
 /// The forge's own server, as the worker writes it for a job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Forge {
-    Github,
+    /// `host`: a GitHub Enterprise Server's address (`https://HOST`, its API at `/api/v3`) for the
+    /// server's `GITHUB_HOST`; none for GitHub's own.
+    Github { host: Option<String> },
     /// The GitLab API's base (`GITLAB_URL` with `/api/v4`).
-    Gitlab {
-        api_url: String,
-    },
+    Gitlab { api_url: String },
 }
 
 /// The file's text and its digest (sha256, lowercase hex).
@@ -71,14 +71,20 @@ fn string(s: &str) -> Json {
 
 fn forge_entry(forge: &Forge) -> Json {
     let (command, description, env) = match forge {
-        Forge::Github => (
-            FORGE_GITHUB_COMMAND,
-            "GitHub: this repository's issues, pull requests, code and users, with the job's own token",
-            vec![(
+        Forge::Github { host } => {
+            let mut env = vec![(
                 "GITHUB_PERSONAL_ACCESS_TOKEN".to_owned(),
                 string("${GH_TOKEN}"),
-            )],
-        ),
+            )];
+            if let Some(host) = host {
+                env.push(("GITHUB_HOST".to_owned(), string(host)));
+            }
+            (
+                FORGE_GITHUB_COMMAND,
+                "GitHub: this repository's issues, pull requests, code and users, with the job's own token",
+                env,
+            )
+        }
         Forge::Gitlab { api_url } => (
             FORGE_GITLAB_COMMAND,
             "GitLab: this project's issues, merge requests and code, with the job's own token",
@@ -108,7 +114,7 @@ mod tests {
         let docs = json::parse(r#"{"url": "https://h.example.com/mcp", "headers": {"Authorization": "Bearer ${DOCS_TOKEN}"}, "description": "Docs"}"#).unwrap();
         let file = JobMcpFile::new(
             &[("docs".to_owned(), docs.clone())],
-            Some(&Forge::Github),
+            Some(&Forge::Github { host: None }),
             true,
         );
         let parsed = json::parse(&file.text).unwrap();

@@ -103,6 +103,7 @@ impl Bubblewrap {
             overlay_dir: job.overlay_dir.clone(),
             workspace: job.workspace.clone(),
             image_dir: job.image_dir.clone(),
+            image_commands: image_commands(&job.image_dir),
             extra_ro: Vec::new(),
             share_net: job.network == Network::Host,
             host: job.host_user,
@@ -110,6 +111,15 @@ impl Bubblewrap {
             args: job.args.clone(),
         }
     }
+}
+
+/// The image's own commands folder, when it has one and the host has the place it goes (a mount
+/// point cannot be made in the host's read-only `/usr`).
+fn image_commands(image_dir: &std::path::Path) -> Option<PathBuf> {
+    let commands = image_dir.join(protocol::image::COMMANDS);
+    let place = std::path::Path::new(bwrap::IMAGE_COMMANDS);
+    (std::fs::symlink_metadata(&commands).is_ok_and(|m| m.is_dir()) && place.is_dir())
+        .then_some(commands)
 }
 
 impl Backend for Bubblewrap {

@@ -41,7 +41,9 @@ pub const WORKSPACE: &str = "/workspace";
 /// The overlay (`PI_GLOBAL_PI_DIR`), read-only.
 pub const OVERLAY: &str = "/opt/pi-global";
 /// The job image's folder (Node, pi, the runner), read-only.
-pub const IMAGE: &str = "/opt/pi-dispatch-image";
+pub const IMAGE: &str = protocol::image::MOUNT;
+/// Where a job sees its image's own commands, in place of the host's.
+pub const IMAGE_COMMANDS: &str = "/usr/local/bin";
 /// The job's uid and gid unless the spec says otherwise: the conventional `nobody`.
 pub const NOBODY: u32 = 65534;
 /// The host directories a job sees read-only, when the host has them.
@@ -130,6 +132,9 @@ pub struct SandboxSpec {
     pub overlay_dir: PathBuf,
     pub workspace: PathBuf,
     pub image_dir: PathBuf,
+    /// The image's own commands (its `usr/local/bin`, see `protocol::image::COMMANDS`), bound
+    /// read-only at [`IMAGE_COMMANDS`] over the host's: the forge servers' wrappers are there.
+    pub image_commands: Option<PathBuf>,
     pub extra_ro: Vec<Bind>,
     /// Share the host's network (egress off, `PI_EGRESS=0`); otherwise the job has only its own
     /// loopback.
@@ -269,6 +274,9 @@ fn bound(spec: &SandboxSpec) -> Vec<Bound<'_>> {
         own("image", &spec.image_dir, IMAGE, false),
         own("workspace", &spec.workspace, WORKSPACE, true),
     ];
+    if let Some(commands) = &spec.image_commands {
+        all.push(own("commands", commands, IMAGE_COMMANDS, false));
+    }
     for (index, bind) in spec.extra_ro.iter().enumerate() {
         all.push(Bound {
             what: format!("host path of extra bind {index}"),
@@ -876,6 +884,7 @@ mod tests {
             overlay_dir: "/srv/pi-global".into(),
             workspace: "/srv/state/jobs/j1/workspace".into(),
             image_dir: "/srv/images/default".into(),
+            image_commands: None,
             extra_ro: vec![Bind {
                 host: "/srv/cache".into(),
                 sandbox: "/opt/cache".into(),
@@ -908,6 +917,29 @@ mod tests {
              --bind-fd 8 /workspace --ro-bind-fd 9 /opt/cache \
              --remount-ro / --chdir /workspace --info-fd 4 --clearenv --args 3 \
              -- /opt/pi-dispatch-image/bin/pi-dispatch job -- pi"
+        );
+    }
+
+    #[test]
+    fn an_images_own_commands_cover_the_hosts_usr_local_bin() {
+        let with = SandboxSpec {
+            image_commands: Some("/srv/images/default/usr/local/bin".into()),
+            ..spec()
+        };
+        let a = text(&args(&with));
+        assert!(
+            a.contains(
+                "--ro-bind /usr /usr --ro-bind /etc /etc --symlink usr/bin /bin \
+                 --ro-bind-data 11 /etc/resolv.conf"
+            ) && a.contains(
+                "--bind-fd 8 /workspace --ro-bind-fd 9 /usr/local/bin --ro-bind-fd 10 /opt/cache"
+            ),
+            "{a}"
+        );
+        let staged = text(&args_in_stage(&with));
+        assert!(
+            staged.contains("--ro-bind /stage/commands /usr/local/bin --ro-bind /stage/extra-0"),
+            "{staged}"
         );
     }
 

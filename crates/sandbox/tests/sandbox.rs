@@ -93,6 +93,7 @@ impl Fixture {
             overlay_dir: self.overlay.clone(),
             workspace: self.workspace.clone(),
             image_dir: self.image.clone(),
+            image_commands: None,
             extra_ro: vec![Bind {
                 host: self.extra.clone(),
                 sandbox: "/opt/extra".into(),

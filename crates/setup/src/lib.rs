@@ -2,6 +2,7 @@
 //! come from the pure `config` crate; this crate carries them out on the file system.
 
 pub mod doctor;
+pub mod forge_mcp;
 pub mod fsutil;
 pub mod image;
 pub mod import;

@@ -77,6 +77,34 @@ pub struct FakeForgeSetup {
 
 impl FakeForge {
     pub fn start(setup: FakeForgeSetup) -> FakeForge {
+        FakeForge::serve(std::net::TcpListener::bind("127.0.0.1:0").unwrap(), setup)
+    }
+
+    /// On port 80 of a loopback address of its own (127.X.Y.Z), as a GitHub Enterprise Server is
+    /// reached: github-mcp-server 0.12 drops any other port from a `GITHUB_HOST`. Binding port 80
+    /// takes root, as the tests that run jobs do.
+    pub fn start_on_port_80(setup: FakeForgeSetup) -> FakeForge {
+        let seed = std::process::id()
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos();
+        for i in 0..200u32 {
+            let n = seed.wrapping_add(i.wrapping_mul(7919));
+            let addr = std::net::Ipv4Addr::new(
+                127,
+                1 + (n % 250) as u8,
+                (n >> 8) as u8,
+                1 + ((n >> 16) % 250) as u8,
+            );
+            if let Ok(listener) = std::net::TcpListener::bind((addr, 80)) {
+                return FakeForge::serve(listener, setup);
+            }
+        }
+        panic!("no loopback address had port 80 free (binding it takes root)");
+    }
+
+    fn serve(listener: std::net::TcpListener, setup: FakeForgeSetup) -> FakeForge {
         let repos = tempfile::tempdir().unwrap();
         let shared = Arc::new(Shared {
             forge: Mutex::new(Forge {
@@ -90,7 +118,6 @@ impl FakeForge {
             repos: repos.path().to_owned(),
         });
         // A thread and a runtime of its own, so that sync and async tests alike can use it.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let app = axum::Router::new()
@@ -120,8 +147,13 @@ impl FakeForge {
         }
     }
 
+    /// The forge's address (without `:80` on port 80).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        if self.addr.port() == 80 {
+            format!("http://{}", self.addr.ip())
+        } else {
+            format!("http://{}", self.addr)
+        }
     }
 
     pub fn port(&self) -> u16 {
@@ -131,6 +163,12 @@ impl FakeForge {
     /// `PI_GITHUB_API_URL`.
     pub fn github_api_url(&self) -> String {
         format!("{}/github-api", self.url())
+    }
+
+    /// `PI_GITHUB_API_URL` as a GitHub Enterprise Server's (`/api/v3`, its GraphQL at
+    /// `/api/graphql`), which github-mcp-server reaches given the forge's [`FakeForge::url`].
+    pub fn github_enterprise_api_url(&self) -> String {
+        format!("{}/api/v3", self.url())
     }
 
     /// `PI_GITHUB_URL`.
@@ -341,6 +379,9 @@ async fn handle(
             value,
         );
     }
+    if path == "/api/graphql" {
+        return github_graphql(&shared, credential.as_deref(), &value);
+    }
     if let Some(rest) = path.strip_prefix("/gitlab/api/v4/") {
         return gitlab(
             &shared,
@@ -509,6 +550,47 @@ fn github(
         }
         _ => not_found(),
     }
+}
+
+/// GitHub's GraphQL API, for the one query github-mcp-server's `list_issues` makes: a
+/// repository's issues, from [`FakeForge::set_issues`] (REST-shaped, turned into GraphQL nodes).
+fn github_graphql(shared: &Shared, credential: Option<&str>, body: &Value) -> Response {
+    if credential != Some(format!("Bearer {}", shared.installation_token).as_str()) {
+        return unauthorized();
+    }
+    let query = body["query"].as_str().unwrap_or_default();
+    let vars = &body["variables"];
+    if !query.contains("issues(") {
+        return reply(
+            StatusCode::OK,
+            json!({"errors": [{"message": "not in this fake"}]}),
+        );
+    }
+    let key = format!(
+        "github:{}/{}",
+        vars["owner"].as_str().unwrap_or_default(),
+        vars["repo"].as_str().unwrap_or_default()
+    );
+    let forge = shared.forge.lock().unwrap();
+    let nodes: Vec<Value> = forge
+        .issues
+        .get(&key)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|i| {
+            json!({"number": i["number"], "title": i["title"], "body": i["body"],
+                "state": i["state"].as_str().unwrap_or("open").to_uppercase(),
+                "databaseId": i["id"], "author": {"login": i["user"]["login"]},
+                "createdAt": "2026-11-30T10:00:00Z", "updatedAt": "2026-11-30T10:00:00Z",
+                "labels": {"nodes": []}, "comments": {"totalCount": 0}})
+        })
+        .collect();
+    let total = nodes.len();
+    json!({"data": {"repository": {"issues": {"nodes": nodes,
+        "pageInfo": {"hasNextPage": false, "hasPreviousPage": false, "startCursor": "", "endCursor": ""},
+        "totalCount": total}}}})
+    .ok()
 }
 
 fn gitlab(

@@ -24,6 +24,21 @@ pub fn node_modules() -> PathBuf {
         .expect("node_modules is installed (npm ci at the workspace root)")
 }
 
+/// The forge's own MCP servers as `image install --forge-mcp` takes them (`.tools/forge-mcp`, made
+/// by `scripts/install`).
+pub fn forge_mcp_source() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/forge-mcp");
+    assert!(
+        dir.join("github-mcp-server").is_file()
+            && dir
+                .join("gitlab/node_modules/@zereight/mcp-gitlab")
+                .is_dir(),
+        "{} is missing the forge's MCP servers: bash scripts/install",
+        dir.display()
+    );
+    dir.canonicalize().unwrap()
+}
+
 fn installed(rel: &str) -> PathBuf {
     let path = node_modules().join(rel);
     assert!(path.exists(), "{} is missing: npm ci", path.display());

@@ -1,5 +1,6 @@
-//! `pi-dispatch image install [NAME] [--from NODE_MODULES]`: builds the embedded backend's job image
-//! `images/NAME/` (see `setup::image`).
+//! `pi-dispatch image install [NAME] [--from NODE_MODULES] [--forge-mcp DIR]`: builds the embedded
+//! backend's job image `images/NAME/` (see `setup::image`), with the forge's own MCP servers when
+//! `--forge-mcp` gives them (`setup::forge_mcp`).
 
 use std::path::PathBuf;
 
@@ -24,11 +25,36 @@ enum ImageCommand {
         /// instead of running npm ci.
         #[arg(long, value_name = "NODE_MODULES")]
         from: Option<PathBuf>,
+        /// Add the forge's own MCP servers from this folder: github-mcp-server (a pinned build)
+        /// and gitlab/node_modules (npm ci of image/forge-mcp/gitlab); the image then declares
+        /// forgeMcp.
+        #[arg(long, value_name = "DIR")]
+        forge_mcp: Option<PathBuf>,
+        /// Also take a github-mcp-server with this sha256 (one you checked against GitHub's
+        /// release), besides the pinned builds.
+        #[arg(long, value_name = "SHA256", requires = "forge_mcp")]
+        github_mcp_sha256: Option<String>,
     },
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
-    let ImageCommand::Install { name, from } = &args.command;
+    let ImageCommand::Install {
+        name,
+        from,
+        forge_mcp,
+        github_mcp_sha256,
+    } = &args.command;
+    let pin = match github_mcp_sha256 {
+        Some(text) => match setup::forge_mcp::operator_pin(text) {
+            Ok(pin) => Some(pin),
+            Err(e) => {
+                eprintln!("pi-dispatch: image {name} was not installed: {e}");
+                return Ok(Exit::Unusable);
+            }
+        },
+        None => None,
+    };
+    let forge_mcp = forge_mcp.as_ref().map(|f| ctx.absolute(f));
     let runner = std::env::current_exe()
         .map_err(|e| anyhow::anyhow!("cannot find this program's own file ({})", e.kind()))?;
     let from = from.as_ref().map(|f| ctx.absolute(f));
@@ -37,10 +63,21 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         Some(folder) => setup::image::Source::Folder(folder),
         None => setup::image::Source::Npm(std::path::Path::new("npm")),
     };
-    match setup::image::install(&ctx.dir, name, source, &runner, &mut progress) {
+    let forge = forge_mcp.as_deref().map(|source| setup::image::ForgeMcp {
+        source,
+        pin: pin.as_deref(),
+    });
+    match setup::image::install(&ctx.dir, name, source, &runner, forge, &mut progress) {
         Ok(done) => {
+            let servers = match &done.forge_mcp {
+                Some(f) => format!(
+                    ", github-mcp-server {}, mcp-gitlab {}",
+                    f.github_version, f.gitlab_version
+                ),
+                None => String::new(),
+            };
             crate::output::print(&format!(
-                "Image {name} is ready at {} (pi {}, Node.js {}, {} package files).\nJobs use it when a trigger says \"image\": \"{name}\" or PI_JOB_IMAGE={name}.\n",
+                "Image {name} is ready at {} (pi {}, Node.js {}{servers}, {} package files).\nJobs use it when a trigger says \"image\": \"{name}\" or PI_JOB_IMAGE={name}.\n",
                 done.dir.display(),
                 done.pi_version,
                 done.node_version,

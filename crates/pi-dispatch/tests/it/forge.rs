@@ -119,7 +119,7 @@ impl Site {
             "PI_GITHUB_API_URL={}\nPI_GITHUB_URL={}\nPI_GITHUB_APP_ID={APP_ID}\n\
              PI_GITHUB_APP_KEY_FILE=app-key.pem\nPI_GITHUB_WEBHOOK_SECRET={WEBHOOK_SECRET}\n\
              GITLAB_URL={}\nPI_GITLAB_TOKEN={GITLAB_TOKEN}\nPI_GITLAB_WEBHOOK_TOKEN={GITLAB_HOOK_TOKEN}\n",
-            fake.github_api_url(),
+            fake.github_enterprise_api_url(),
             fake.github_git_url(),
             fake.gitlab_url(),
         );
@@ -537,4 +537,99 @@ fn github_jobs_run_from_a_webhook_to_their_comment() {
 #[test]
 fn gitlab_jobs_run_from_a_webhook_to_their_comment() {
     forge_jobs_run_from_a_webhook_to_their_comment(Kind::Gitlab);
+}
+
+/// The job's agent reaches the forge's own MCP server (GitHub's github-mcp-server, GitLab's
+/// mcp-gitlab, behind the image's wrappers, pointed at the fake forge's API): it lists the
+/// repository's issues from a codemode script, and the call reached the forge with the job's token.
+fn the_agent_lists_issues_through_the_forge_server(kind: Kind) {
+    let (repository, arguments) = match kind {
+        Kind::Github => (
+            "github:octo-org/hello",
+            "{owner: 'octo-org', repo: 'hello'}",
+        ),
+        Kind::Gitlab => ("gitlab:15", "{project_id: '15'}"),
+    };
+    let script = vec![
+        Step::call(
+            "codemode",
+            json!({"code": format!("const r = await tools.mcp__forge__list_issues({arguments}); return JSON.stringify(r);")}),
+        ),
+        Step::text("There is one open issue: Flaky login test."),
+    ];
+    let forge = testkit::forge_mcp_source();
+    let triggers = json!({"triggers": [
+        {"on": {"type": "label", "any": ["triage"]}, "run": {"kind": kind.name(), "flow": "answer", "mcp": ["forge"]}}
+    ]});
+    let site = Site::start(
+        FakeForge::start_on_port_80,
+        script,
+        triggers,
+        &["--forge-mcp", forge.to_str().unwrap()],
+    );
+    site.fake.set_issues(
+        repository,
+        vec![json!({"id": 501, "number": 7, "iid": 7, "project_id": 15, "title": "Flaky login test",
+            "body": "It fails on Mondays.", "description": "It fails on Mondays.",
+            "state": if kind == Kind::Github { "open" } else { "opened" },
+            "user": {"login": "reporter"}, "author": {"id": 1, "username": "reporter", "name": "Reporter"},
+            "labels": [], "assignees": [], "milestone": null, "closed_at": null,
+            "web_url": "http://gitlab.example/group/sub/hello/-/issues/7",
+            "created_at": "2026-11-30T10:00:00Z", "updated_at": "2026-11-30T10:00:00Z"})],
+    );
+    let image = std::fs::read_to_string(site.s.d.path().join("images/pi-job/image.json")).unwrap();
+    assert!(image.contains("mcp,forgeMcp"), "{image}");
+
+    let a = site.label(kind, 4, "triage", "d-triage-4");
+    assert_eq!(a["status"], 202, "{a}");
+    let id = a["answer"]["jobs"][0].as_str().unwrap().to_owned();
+    let worked = site.work();
+    let record = site.s.record(&id);
+    let results = site.s.results();
+    assert_eq!(
+        record["outcome"], "completed",
+        "{record:#}\n{}\n{results:#?}",
+        worked.stderr
+    );
+    assert!(results[1].contains("Flaky login test"), "{results:#?}");
+    let calls = record["mcp"]["toolCalls"].as_array().unwrap();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c["server"] == "forge" && c["tool"] == "list_issues" && c["ok"] == 1),
+        "{record:#}"
+    );
+    // The server asked the forge with the job's token, in a header.
+    let (path, expected) = match kind {
+        Kind::Github => ("/api/graphql", format!("Bearer {INSTALLATION_TOKEN}")),
+        Kind::Gitlab => (
+            "/gitlab/api/v4/projects/15/issues",
+            format!("Bearer {GITLAB_TOKEN}"),
+        ),
+    };
+    assert!(
+        site.fake
+            .requests()
+            .iter()
+            .any(|r| r.path == path && r.credential.as_deref() == Some(expected.as_str())),
+        "{:#?}",
+        site.fake.requests()
+    );
+    let comments = site.fake.comments(&kind.issue_key(4));
+    assert_eq!(comments.len(), 1, "{comments:#?}");
+    assert!(
+        comments[0].starts_with("There is one open issue: Flaky login test."),
+        "{comments:#?}"
+    );
+    site.assert_no_secret_leaked(&[&worked.stderr, &worked.stdout]);
+}
+
+#[test]
+fn a_github_jobs_agent_lists_issues_through_github_mcp_server() {
+    the_agent_lists_issues_through_the_forge_server(Kind::Github);
+}
+
+#[test]
+fn a_gitlab_jobs_agent_lists_issues_through_mcp_gitlab() {
+    the_agent_lists_issues_through_the_forge_server(Kind::Gitlab);
 }

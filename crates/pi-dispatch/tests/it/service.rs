@@ -197,6 +197,7 @@ fn the_hardening_leaves_bubblewrap_what_it_needs() {
         overlay_dir: "/srv/overlay".into(),
         workspace: "/home/u/repo".into(),
         image_dir: "/srv/images/pi-job".into(),
+        image_commands: None,
         extra_ro: Vec::new(),
         share_net: false,
         host: Some((1000, 1000)),
