@@ -31,6 +31,9 @@
 //!
 //! With `--egress` it also measures the egress proxy's tunnels (see [`egress_proxy`]): throughput and
 //! connect latency beside a raw loopback connection and a squid with the same rule.
+//!
+//! With `--webhooks` it also loads the receiver (see [`webhooks`]): signed GitHub webhooks at a
+//! fixed rate, and every delivery queued exactly once.
 
 mod egress_proxy;
 mod job;
@@ -39,6 +42,7 @@ mod pi_calls;
 mod queue;
 mod sandbox_start;
 mod stats;
+mod webhooks;
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -156,6 +160,16 @@ struct Args {
     /// Untimed rounds before the timed ones.
     #[arg(long, default_value_t = 200)]
     pi_calls_warm_up: u32,
+    /// Also load the webhook receiver: signed GitHub deliveries at --webhooks-rate a second for
+    /// --webhooks-seconds, each queued exactly once.
+    #[arg(long)]
+    webhooks: bool,
+    /// Webhooks a second.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+    webhooks_rate: u32,
+    /// Seconds of load.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    webhooks_seconds: u32,
     /// Internal: run the binary on the overlay in DIR and print the process figures as JSON.
     #[arg(long, value_name = "DIR", hide = true)]
     process_runner: Option<PathBuf>,
@@ -306,6 +320,16 @@ fn run(args: &Args) -> anyhow::Result<()> {
         None
     };
 
+    let webhooks = if args.webhooks {
+        Some(webhooks::measure(&webhooks::Options {
+            bin: &bin,
+            rate: args.webhooks_rate,
+            seconds: args.webhooks_seconds,
+        })?)
+    } else {
+        None
+    };
+
     let process = Summary::of(figures.ms);
     let parse = Summary::of(parse_us);
     let within_goal = process.median < GOAL_MS;
@@ -364,6 +388,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         if let (Some(calls), Some(object)) = (&pi_calls, report.as_object_mut()) {
             object.insert("pi_calls".to_owned(), calls.json());
         }
+        if let (Some(webhooks), Some(object)) = (&webhooks, report.as_object_mut()) {
+            object.insert("webhooks".to_owned(), webhooks.json());
+        }
         println!("{report}");
     } else {
         println!(
@@ -418,6 +445,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         }
         if let Some(calls) = &pi_calls {
             calls.print();
+        }
+        if let Some(webhooks) = &webhooks {
+            webhooks.print();
         }
     }
     Ok(())
