@@ -63,7 +63,13 @@ pub fn measure(options: &Options) -> anyhow::Result<WebhookFigures> {
     let triggers = r#"{"triggers": [{"on": {"type": "label", "any": ["pi"]}, "run": {"kind": "github", "flow": "answer"}}]}"#;
     std::fs::write(dir.path().join("triggers.json"), triggers)?;
     let mut receiver = Command::new(options.bin)
-        .args(["receiver", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .args([
+            "receiver",
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ])
         .arg("--dir")
         .arg(dir.path())
         .env_clear()
@@ -111,7 +117,8 @@ pub fn measure(options: &Options) -> anyhow::Result<WebhookFigures> {
                 distinct
             };
             let body = body(delivery);
-            let signature = receiver::signature::github_signature(SECRET.as_bytes(), body.as_bytes());
+            let signature =
+                receiver::signature::github_signature(SECRET.as_bytes(), body.as_bytes());
             let client = client.clone();
             let url = url.clone();
             tasks.spawn(async move {
@@ -166,7 +173,10 @@ pub fn measure(options: &Options) -> anyhow::Result<WebhookFigures> {
     let expected: HashSet<String> = (1..=distinct as u64)
         .map(|n| format!("gh-load-{n}-t0"))
         .collect();
-    let missing = expected.iter().filter(|e| !ids.contains(e.as_str())).count();
+    let missing = expected
+        .iter()
+        .filter(|e| !ids.contains(e.as_str()))
+        .count();
     ensure!(
         missing == 0 && ids.len() == distinct,
         "{missing} deliveries were lost; the queue holds {} jobs for {distinct} deliveries",

@@ -756,9 +756,6 @@ fn a_delivery_queues_its_jobs_once() {
 fn deliveries_from_many_threads_queue_each_job_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("queue.sqlite3");
-    // The file made once first: a brand-new file's switch to WAL takes a lock that several first
-    // opens at once would race for.
-    drop(SqliteQueue::open(&path).unwrap());
     let barrier = Arc::new(Barrier::new(4));
     let handles: Vec<_> = (0..4)
         .map(|_| {
@@ -807,4 +804,29 @@ fn a_schema_2_file_gets_the_deliveries_and_keeps_its_jobs() {
     assert!(!queue.enqueue_delivery("github:x", &[], t(1)).unwrap());
     let conn = rusqlite::Connection::open(&path).unwrap();
     assert_eq!(user_version(&conn).unwrap(), 3);
+}
+
+#[test]
+fn many_first_opens_of_a_new_file_at_once_all_succeed() {
+    // The receiver and the worker starting together on a fresh state folder: each open of the
+    // brand-new file switches it to WAL, which takes a lock the others must wait for.
+    for round in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/queue.sqlite3");
+        let barrier = Arc::new(Barrier::new(6));
+        let handles: Vec<_> = (0..6)
+            .map(|_| {
+                let (path, barrier) = (path.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    SqliteQueue::open(&path).map(|_| ())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join()
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+    }
 }

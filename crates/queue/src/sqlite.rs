@@ -152,9 +152,7 @@ impl SqliteQueue {
         };
         // Refuse a newer file before changing anything in it.
         known(user_version(&conn).map_err(open_err("read the schema version"))?)?;
-        let mode: String = conn
-            .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
-            .map_err(open_err("set WAL mode"))?;
+        let mode = set_wal(&conn).map_err(open_err("set WAL mode"))?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(QueueError::NotWal {
                 path: path.to_owned(),
@@ -198,6 +196,28 @@ impl SqliteQueue {
     /// transaction rolls back when dropped), so a poisoned lock is still a good connection.
     fn conn(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Switches the file to WAL. A brand-new file's switch takes a lock SQLite does not wait for under
+/// the busy timeout, so several first opens at once (the receiver and the worker starting together)
+/// are tried again, with growing pauses, until the busy timeout has passed.
+fn set_wal(conn: &Connection) -> rusqlite::Result<String> {
+    let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0)) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if matches!(
+                    e.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            done => return done,
+        }
     }
 }
 

@@ -70,7 +70,9 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
                 doctor::checks(&inputs, &NoRouteProof)
             };
             if doctor::is_deployment(&inputs) {
-                checks.extend(admission_checks(&settings, &ctx.environment()?));
+                let env = ctx.environment()?;
+                checks.extend(forge_checks(&settings, &env));
+                checks.extend(admission_checks(&settings, &env));
             }
             checks.extend(notes.into_iter().map(Check::ok));
             checks
@@ -91,6 +93,86 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     } else {
         Exit::Success
     })
+}
+
+/// What the worker acts on the forges with: the GitHub App's key (read and parsed as the worker
+/// reads it, and kept from other users) and GitLab's URL and token. Nothing when neither forge is
+/// set up.
+fn forge_checks(
+    settings: &config::settings::Settings,
+    env: &pickup::fs::Environment,
+) -> Vec<Check> {
+    use config::settings as s;
+    let mut out = Vec::new();
+    match (settings.github_app_id, &settings.github_app_key_file) {
+        (None, None) => {}
+        (Some(id), Some(file)) => match crate::cmd::worker::github_app_key(settings) {
+            Some(Ok(_)) => {
+                out.push(Check::ok(format!(
+                    "GitHub App {id}: its key ({}) reads and can sign",
+                    file.display()
+                )));
+                use std::os::unix::fs::PermissionsExt as _;
+                if std::fs::metadata(file).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+                    out.push(Check::warn(
+                        format!(
+                            "the GitHub App's key ({}) can be read by others than its owner",
+                            file.display()
+                        ),
+                        format!("chmod 600 {}", file.display()),
+                    ));
+                }
+            }
+            Some(Err(why)) => out.push(Check::fail(
+                format!(
+                    "the GitHub App's key ({}) {why}: github jobs would end forge-token-failed",
+                    file.display()
+                ),
+                format!(
+                    "set {} to the private key GitHub gave for the App (a PEM file), mode 0600, readable by the worker's user",
+                    s::GITHUB_APP_KEY_SETTING
+                ),
+            )),
+            None => {}
+        },
+        _ => out.push(Check::fail(
+            "a GitHub App is half set up: github jobs are refused (forge-unconfigured)".to_owned(),
+            format!(
+                "set both {} and {}",
+                s::GITHUB_APP_ID_SETTING,
+                s::GITHUB_APP_KEY_SETTING
+            ),
+        )),
+    }
+    match (
+        settings.gitlab_url.as_deref(),
+        env.get(s::GITLAB_TOKEN_SETTING).is_some(),
+    ) {
+        (None, false) => {}
+        (Some(url), true) => out.push(match pickup::admission::gitlab_api_url(url) {
+            Some(_) => Check::ok(format!(
+                "GitLab: {} and {} are set",
+                s::GITLAB_URL_SETTING,
+                s::GITLAB_TOKEN_SETTING
+            )),
+            None => Check::fail(
+                format!(
+                    "{} is not a plain http(s) URL: gitlab jobs are refused (forge-unconfigured)",
+                    s::GITLAB_URL_SETTING
+                ),
+                "write GitLab's address as a browser shows it, such as https://gitlab.example.com, with no user, password, query or fragment".to_owned(),
+            ),
+        }),
+        _ => out.push(Check::fail(
+            "GitLab is half set up: gitlab jobs are refused (forge-unconfigured)".to_owned(),
+            format!(
+                "set both {} and {} (a bot's token with the Developer role, in the worker's environment file)",
+                s::GITLAB_URL_SETTING,
+                s::GITLAB_TOKEN_SETTING
+            ),
+        )),
+    }
+    out
 }
 
 /// What the worker would decide: the deployment's default model, then the job each trigger would

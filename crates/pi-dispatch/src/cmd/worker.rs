@@ -49,6 +49,19 @@ pub struct Args {
     bwrap: PathBuf,
 }
 
+/// The GitHub App's key, when `PI_GITHUB_APP_KEY_FILE` is set: read and parsed, or why it cannot be
+/// used (the reason names no part of the file).
+pub fn github_app_key(
+    settings: &config::settings::Settings,
+) -> Option<Result<forge::AppKey, String>> {
+    let file = settings.github_app_key_file.as_ref()?;
+    Some(
+        std::fs::read_to_string(file)
+            .map_err(|e| format!("cannot be read ({})", e.kind()))
+            .and_then(|text| forge::AppKey::from_pem(&text).map_err(|e| e.to_string())),
+    )
+}
+
 /// The forges the worker acts on, from the settings: a GitHub App whose key file can be read, and
 /// a GitLab with its token. What cannot be used is said once here; its jobs then fail to mint.
 pub fn forges(
@@ -56,24 +69,19 @@ pub fn forges(
     env: &pickup::fs::Environment,
 ) -> forge::Forges {
     use config::settings as s;
-    let github = match (settings.github_app_id, &settings.github_app_key_file) {
-        (Some(app_id), Some(file)) => {
-            let key = std::fs::read_to_string(file)
-                .map_err(|e| format!("cannot be read ({})", e.kind()))
-                .and_then(|text| forge::AppKey::from_pem(&text).map_err(|e| e.to_string()));
-            match key {
-                Ok(key) => Some(forge::GithubApp {
-                    api_url: settings.github_api_url.clone(),
-                    git_url: settings.github_url.clone(),
-                    app_id,
-                    key: Arc::new(key),
-                }),
-                Err(why) => {
-                    tracing::warn!(event = "forge_unusable", setting = s::GITHUB_APP_KEY_SETTING, why = %why);
-                    None
-                }
+    let github = match (settings.github_app_id, github_app_key(settings)) {
+        (Some(app_id), Some(key)) => match key {
+            Ok(key) => Some(forge::GithubApp {
+                api_url: settings.github_api_url.clone(),
+                git_url: settings.github_url.clone(),
+                app_id,
+                key: Arc::new(key),
+            }),
+            Err(why) => {
+                tracing::warn!(event = "forge_unusable", setting = s::GITHUB_APP_KEY_SETTING, why = %why);
+                None
             }
-        }
+        },
         _ => None,
     };
     let gitlab = match (

@@ -417,3 +417,51 @@ fn the_bubblewrap_check_starts_a_job_sandbox_the_way_the_worker_does() {
         run.stdout
     );
 }
+
+#[test]
+fn the_forges_keys_and_settings_are_checked_as_the_worker_reads_them() {
+    let d = realistic();
+    let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
+    let with =
+        |extra: &str| std::fs::write(d.path().join(".env"), format!("{env}{extra}")).unwrap();
+    // A key file that is not a key: failed, naming the setting, and nothing of the file.
+    d.write("app-key.pem", "CNRY-not-a-key-91aa\n");
+    with("PI_GITHUB_APP_ID=4242\nPI_GITHUB_APP_KEY_FILE=app-key.pem\n");
+    let run = d.run(&["doctor"]);
+    assert_eq!(run.code, 1);
+    let failed = failures(&run).join("\n");
+    assert!(
+        failed.contains("the GitHub App's key") && failed.contains("forge-token-failed"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("PI_GITHUB_APP_KEY_FILE"),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("CNRY") && !run.stderr.contains("CNRY"));
+    // A real key, readable by others: it signs, with a warning to keep it private.
+    let key = crate::forge::app_key_pem();
+    let path = d.write("app-key.pem", &key);
+    crate::worker::chmod(&path, 0o644);
+    let run = d.run(&["doctor"]);
+    assert!(
+        run.stdout.contains("✓ GitHub App 4242: its key") && run.stdout.contains("chmod 600"),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains(&crate::forge::key_canary(&key)));
+    crate::worker::chmod(&path, 0o600);
+    let run = d.run(&["doctor"]);
+    assert!(!run.stdout.contains("chmod 600"), "{}", run.stdout);
+    // Half a forge: failed.
+    with("PI_GITHUB_APP_ID=4242\nGITLAB_URL=https://gitlab.example.com\n");
+    let run = d.run(&["doctor"]);
+    let failed = failures(&run).join("\n");
+    assert!(
+        failed.contains("GitHub App is half set up") && failed.contains("GitLab is half set up"),
+        "{}",
+        run.stdout
+    );
+}
