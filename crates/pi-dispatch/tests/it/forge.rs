@@ -123,7 +123,11 @@ impl Site {
             fake.github_git_url(),
             fake.gitlab_url(),
         );
-        let s = Service::with_image(script, |_| json!({"everything": stdio(None)}), &env, image);
+        let servers = |_: &str| {
+            json!({"everything": stdio(None),
+                "broken": {"command": "false", "description": "A server that exits at once"}})
+        };
+        let s = Service::with_image(script, servers, &env, image);
         let key = s.d.write("app-key.pem", &key_pem);
         crate::worker::chmod(&key, 0o600);
         s.d.write("triggers.json", &triggers.to_string());
@@ -349,7 +353,8 @@ fn command_lines() -> Vec<(u32, String)> {
 }
 
 /// The triggers of these tests, for both forges: `wiki` names a server the overlay does not offer;
-/// `pi-answer` and `pi-fix` follow their flows with no server.
+/// `pi-answer` and `pi-fix` follow their flows with no server; `broken` names a server that exits
+/// as it starts.
 fn triggers() -> Value {
     let mut all = Vec::new();
     for kind in ["github", "gitlab"] {
@@ -359,6 +364,8 @@ fn triggers() -> Value {
             "run": {"kind": kind, "flow": "answer"}}));
         all.push(json!({"on": {"type": "label", "any": ["pi-fix"]},
             "run": {"kind": kind, "flow": "fix"}}));
+        all.push(json!({"on": {"type": "label", "any": ["broken"]},
+            "run": {"kind": kind, "flow": "answer", "mcp": ["broken"]}}));
     }
     json!({ "triggers": all })
 }
@@ -512,6 +519,30 @@ fn forge_jobs_run_from_a_webhook_to_their_comment(kind: Kind) {
         "{fix_comments:#?}"
     );
 
+    // 4. Stopped in the job by its MCP server: the comment gives the rule in a fixed sentence that
+    // names no server, host or variable.
+    let a = site.label(kind, 5, "broken", "d-broken-5");
+    assert_eq!(a["status"], 202, "{a}");
+    let broken_id = a["answer"]["jobs"][0].as_str().unwrap().to_owned();
+    let fifth = site.work();
+    let record = site.s.record(&broken_id);
+    assert_eq!(
+        record["reason"], "mcp-unavailable",
+        "{record:#}\n{}",
+        fifth.stderr
+    );
+    let stopped = site.fake.comments(&kind.issue_key(5));
+    assert_eq!(stopped.len(), 1, "{stopped:#?}");
+    assert!(stopped[0].contains("mcp-unavailable"), "{stopped:#?}");
+    // (The hidden mark after it holds the job's id.)
+    let sentence = stopped[0].split("<!--").next().unwrap();
+    for word in ["broken", "false", "127.0.0.1", "http", "PI_", "TOKEN", "$"] {
+        assert!(
+            !sentence.contains(word),
+            "the comment names {word}: {stopped:#?}"
+        );
+    }
+
     // The token reached the forge in a header only, and nothing kept a secret.
     let requests = site.fake.requests();
     assert!(
@@ -524,6 +555,7 @@ fn forge_jobs_run_from_a_webhook_to_their_comment(kind: Kind) {
         &second.stderr,
         &third.stderr,
         &fourth.stderr,
+        &fifth.stderr,
         &first.stdout,
         &third.stdout,
     ]);
