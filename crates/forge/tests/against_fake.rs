@@ -8,20 +8,10 @@ use std::sync::Arc;
 use forge::git::{self, Author};
 use forge::{AppKey, Forges, GithubApp, GitlabDeployment, Posted, Token};
 use protocol::forge_event::{Forge, ForgeEvent};
-use testkit::fake_forge::{FakeForge, FakeForgeSetup};
+use testkit::fake_forge::{FakeForge, FakeForgeSetup, app_key_pem};
 
 const INSTALLATION_TOKEN: &str = "ghs_CANARY-installation-token-51d0";
 const GITLAB_TOKEN: &str = "glpat-CANARY-deployment-token-8e2b";
-
-/// A fresh 2048-bit RSA key in GitHub's PEM form (PKCS#1).
-pub fn app_key_pem() -> String {
-    let out = std::process::Command::new("openssl")
-        .args(["genrsa", "-traditional", "2048"])
-        .output()
-        .expect("openssl");
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn event(forge: Forge) -> ForgeEvent {
     ForgeEvent {

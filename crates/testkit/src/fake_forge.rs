@@ -24,6 +24,16 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
+/// A fresh 2048-bit RSA key in GitHub's PEM form (PKCS#1).
+pub fn app_key_pem() -> String {
+    let out = std::process::Command::new("openssl")
+        .args(["genrsa", "-traditional", "2048"])
+        .output()
+        .expect("openssl");
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// One API request, as the fake saw it.
 #[derive(Debug, Clone)]
 pub struct Seen {

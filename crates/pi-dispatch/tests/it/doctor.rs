@@ -442,7 +442,7 @@ fn the_forges_keys_and_settings_are_checked_as_the_worker_reads_them() {
     );
     assert!(!run.stdout.contains("CNRY") && !run.stderr.contains("CNRY"));
     // A real key, readable by others: it signs, with a warning to keep it private.
-    let key = crate::forge::app_key_pem();
+    let key = testkit::fake_forge::app_key_pem();
     let path = d.write("app-key.pem", &key);
     crate::worker::chmod(&path, 0o644);
     let run = d.run(&["doctor"]);

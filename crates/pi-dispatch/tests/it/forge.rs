@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Value, json};
-use testkit::fake_forge::{FakeForge, FakeForgeSetup};
+use testkit::fake_forge::{FakeForge, FakeForgeSetup, app_key_pem};
 use testkit::fake_model::Step;
 
 use crate::common::Run;
@@ -60,16 +60,6 @@ impl Kind {
             Kind::Gitlab => "gl",
         }
     }
-}
-
-/// A fresh 2048-bit RSA key in GitHub's PEM form (PKCS#1).
-pub(crate) fn app_key_pem() -> String {
-    let out = std::process::Command::new("openssl")
-        .args(["genrsa", "-traditional", "2048"])
-        .output()
-        .expect("openssl");
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// A line from the middle of the App key's PEM: none of it may leave the key file.
