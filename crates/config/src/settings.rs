@@ -45,6 +45,12 @@ pub const GITHUB_APP_KEY_SETTING: &str = "PI_GITHUB_APP_KEY_FILE";
 pub const GITLAB_TOKEN_SETTING: &str = "PI_GITLAB_TOKEN";
 /// The user (`UID:GID`) a forge job runs as under a root worker (its clone is that user's).
 pub const FORGE_JOB_USER_SETTING: &str = "PI_FORGE_JOB_USER";
+/// The queue: the embedded SQLite file (`sqlite`, the default) or a Redis shared by several hosts
+/// (`redis://HOST:PORT/DB`, `rediss://` with TLS, `redis+unix:///PATH?db=N`).
+pub const QUEUE_SETTING: &str = "PI_QUEUE";
+/// The password of the queue's Redis (a secret: read from the worker's environment, never in
+/// `PI_QUEUE`'s URL).
+pub const QUEUE_PASSWORD_SETTING: &str = "PI_QUEUE_PASSWORD";
 /// Under a root worker, a forge job runs as `nobody` unless the operator names a user.
 pub const DEFAULT_FORGE_JOB_USER: (u32, u32) = (65534, 65534);
 
@@ -63,7 +69,7 @@ pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 24] = [
+pub const ALL: [&str; 26] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
@@ -88,6 +94,8 @@ pub const ALL: [&str; 24] = [
     GITHUB_APP_KEY_SETTING,
     GITLAB_TOKEN_SETTING,
     FORGE_JOB_USER_SETTING,
+    QUEUE_SETTING,
+    QUEUE_PASSWORD_SETTING,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -122,6 +130,10 @@ pub enum SettingError {
     NotAUrl { name: &'static str },
     #[error("{name} must be UID:GID, two numbers above 0")]
     NotAUser { name: &'static str },
+    #[error(
+        "{name} must be sqlite, or a redis://HOST:PORT/DB, rediss://HOST:PORT/DB or redis+unix:///PATH URL with no password in it (the password goes in PI_QUEUE_PASSWORD)"
+    )]
+    NotAQueue { name: &'static str },
 }
 
 impl SettingError {
@@ -137,7 +149,8 @@ impl SettingError {
             | SettingError::NotAModelName { name }
             | SettingError::NotASocketAddress { name }
             | SettingError::NotAUrl { name }
-            | SettingError::NotAUser { name } => name,
+            | SettingError::NotAUser { name }
+            | SettingError::NotAQueue { name } => name,
         }
     }
 }
@@ -195,6 +208,61 @@ pub struct Settings {
     pub github_app_key_file: Option<PathBuf>,
     /// `PI_FORGE_JOB_USER`.
     pub forge_job_user: Option<(u32, u32)>,
+    /// `PI_QUEUE`.
+    pub queue: QueueBackend,
+}
+
+/// Where the queue is.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum QueueBackend {
+    /// `state/queue.sqlite3` in the deployment folder.
+    #[default]
+    Sqlite,
+    /// A Redis (or Valkey) server, by its URL (which holds no password).
+    Redis { url: String },
+}
+
+/// `PI_QUEUE`'s value: `sqlite`, or a Redis URL whose user part (if any) holds no password, with
+/// no space or control character. Pure.
+pub fn parse_queue(value: &str) -> Option<QueueBackend> {
+    if value == "sqlite" {
+        return Some(QueueBackend::Sqlite);
+    }
+    if value
+        .bytes()
+        .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        || value.contains('#')
+    {
+        return None;
+    }
+    let rest = value
+        .strip_prefix("redis://")
+        .or_else(|| value.strip_prefix("rediss://"));
+    match rest {
+        Some(rest) => {
+            let authority = rest.split('/').next().unwrap_or_default();
+            let host = match authority.rsplit_once('@') {
+                // A user name alone; a password is never written here.
+                Some((user, host)) if !user.contains(':') && !user.is_empty() => host,
+                Some(_) => return None,
+                None => authority,
+            };
+            (!host.is_empty() && !rest.contains('?')).then(|| QueueBackend::Redis {
+                url: value.to_owned(),
+            })
+        }
+        None => {
+            let path = value.strip_prefix("redis+unix://")?;
+            let (file, query) = path.split_once('?').unwrap_or((path, ""));
+            let query_ok = query.is_empty()
+                || query
+                    .strip_prefix("db=")
+                    .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+            (file.starts_with('/') && query_ok).then(|| QueueBackend::Redis {
+                url: value.to_owned(),
+            })
+        }
+    }
 }
 
 /// The value of a setting: a non-empty value in the process environment wins, then the `.env`.
@@ -379,6 +447,15 @@ pub fn resolve(
         }
         parsed
     });
+    let queue = match get(QUEUE_SETTING) {
+        None => QueueBackend::Sqlite,
+        Some(v) => parse_queue(&v).unwrap_or_else(|| {
+            errors.push(SettingError::NotAQueue {
+                name: QUEUE_SETTING,
+            });
+            QueueBackend::Sqlite
+        }),
+    };
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -407,6 +484,7 @@ pub fn resolve(
         github_app_id,
         github_app_key_file,
         forge_job_user,
+        queue,
     })
 }
 
@@ -485,6 +563,48 @@ mod tests {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.clone())
         }
+    }
+
+    #[test]
+    fn the_queue_is_sqlite_or_a_redis_url_without_a_password() {
+        assert_eq!(parse_queue("sqlite"), Some(QueueBackend::Sqlite));
+        for good in [
+            "redis://127.0.0.1:6379/0",
+            "redis://queue.internal:6380/2",
+            "rediss://worker@queue.internal:6380/0",
+            "redis+unix:///run/redis/redis.sock",
+            "redis+unix:///run/redis/redis.sock?db=3",
+        ] {
+            assert_eq!(
+                parse_queue(good),
+                Some(QueueBackend::Redis {
+                    url: good.to_owned()
+                }),
+                "{good}"
+            );
+        }
+        for bad in [
+            "",
+            "Redis://h:6379/0",
+            "redis://user:CNRY-pass@h:6379/0",
+            "redis://:CNRY-pass@h:6379/0",
+            "redis://h:6379/0?password=CNRY",
+            "redis://h:6379/0#x",
+            "redis:// h:6379/0",
+            "redis+unix://relative.sock",
+            "redis+unix:///s.sock?password=CNRY",
+            "postgres://h/db",
+        ] {
+            assert_eq!(parse_queue(bad), None, "{bad}");
+        }
+        // The error names the setting, never the value.
+        let e = resolve(
+            &|n: &str| (n == QUEUE_SETTING).then(|| "redis://u:CNRY-pass@h/0".to_owned()),
+            Path::new("/srv/d"),
+        )
+        .unwrap_err();
+        assert_eq!(e[0].setting(), QUEUE_SETTING);
+        assert!(!e[0].to_string().contains("CNRY"), "{}", e[0]);
     }
 
     #[test]

@@ -80,6 +80,18 @@ impl Context {
         Ok(pickup::fs::Environment::new(self.dotenv()?.clone()))
     }
 
+    /// The deployment's queue (`PI_QUEUE`), signed in to with `PI_QUEUE_PASSWORD` from the
+    /// deployment's environment when it is a Redis.
+    pub fn queue(&self, settings: &Settings) -> anyhow::Result<std::sync::Arc<dyn queue::Queue>> {
+        let password = match settings.queue {
+            settings::QueueBackend::Redis { .. } => {
+                self.environment()?.get(settings::QUEUE_PASSWORD_SETTING)
+            }
+            settings::QueueBackend::Sqlite => None,
+        };
+        Ok(queue::open(settings, password)?)
+    }
+
     /// The overlay folder: `flag` when given (relative to the current folder), else the
     /// `PI_GLOBAL_PI_DIR` setting, else `pi-global` in the deployment folder.
     pub fn overlay_dir(&self, flag: Option<&Path>) -> anyhow::Result<PathBuf> {

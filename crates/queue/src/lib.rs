@@ -1,7 +1,7 @@
 //! The worker's durable job queue, behind the [`Queue`] trait: the embedded default is one SQLite
-//! file ([`SqliteQueue`], `<deployment>/state/queue.sqlite3`); another backend (Redis, for several
-//! hosts) stands behind the same trait. [`open`] picks the backend from the settings, so no caller
-//! names one.
+//! file ([`SqliteQueue`], `<deployment>/state/queue.sqlite3`); for workers on several hosts, one
+//! Redis ([`RedisQueue`], `PI_QUEUE=redis://...`). [`open`] picks the backend from the settings,
+//! so no caller names one.
 //!
 //! A job is `queued` (or waiting for its `available_at` after a retry), `leased` by one worker until
 //! its lease lapses, `lost` once a lapsed lease has used every attempt and until [`Queue::take_lost`]
@@ -9,11 +9,15 @@
 //! is refused) but not its payload. Time is always passed in. See `docs/queue.md`.
 
 use std::path::{Path, PathBuf};
+
+use config::settings::QueueBackend;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+mod redis_queue;
 mod sqlite;
 
+pub use redis_queue::{DEFAULT_OUTAGE_LIMIT, PREFIX, RedisQueue, RedisTarget};
 pub use sqlite::{SCHEMA_VERSION, SqliteQueue};
 
 /// How many leases a job gets, counting the first: a job whose worker died once is run again,
@@ -25,14 +29,28 @@ pub fn sqlite_path(deployment: &Path) -> PathBuf {
     deployment.join("state").join("queue.sqlite3")
 }
 
-/// The deployment's queue, as its settings choose it (the embedded SQLite file today).
-pub fn open(settings: &config::settings::Settings) -> Result<Arc<dyn Queue>, QueueError> {
-    Ok(Arc::new(SqliteQueue::open(&sqlite_path(&settings.dir))?))
+/// The deployment's queue, as its settings choose it: the SQLite file, or the Redis of `PI_QUEUE`
+/// signed in to with `password` (`PI_QUEUE_PASSWORD`, from the worker's environment).
+pub fn open(
+    settings: &config::settings::Settings,
+    password: Option<String>,
+) -> Result<Arc<dyn Queue>, QueueError> {
+    Ok(match &settings.queue {
+        QueueBackend::Sqlite => Arc::new(SqliteQueue::open(&sqlite_path(&settings.dir))?),
+        QueueBackend::Redis { url } => Arc::new(RedisQueue::open(&RedisTarget {
+            url: url.clone(),
+            password,
+        })?),
+    })
 }
 
-/// Whether the deployment's queue exists yet (a command that only reads need not create it).
+/// Whether the deployment's queue exists yet (a command that only reads need not create it); a
+/// Redis queue always does.
 pub fn exists(settings: &config::settings::Settings) -> bool {
-    sqlite_path(&settings.dir).exists()
+    match settings.queue {
+        QueueBackend::Sqlite => sqlite_path(&settings.dir).exists(),
+        QueueBackend::Redis { .. } => true,
+    }
 }
 
 /// The queue's operations; every time is passed in. Object-safe, so a worker holds a
@@ -314,6 +332,8 @@ pub enum QueueError {
     UnknownSchema { path: PathBuf, found: i64 },
     #[error("the queue file {} is in {mode} journal mode and cannot be put in WAL mode", path.display())]
     NotWal { path: PathBuf, mode: String },
+    #[error("the queue in Redis cannot {op}: {detail}")]
+    Redis { op: &'static str, detail: String },
     #[error("the queue cannot {op}")]
     Sqlite {
         op: &'static str,
@@ -321,3 +341,6 @@ pub enum QueueError {
         source: rusqlite::Error,
     },
 }
+
+#[cfg(test)]
+mod shared_tests;

@@ -90,6 +90,11 @@ const ENV: &str = "\
 # PI_GITLAB_TOKEN=
 # The user a forge job runs as under a root worker, as UID:GID. Default: 65534:65534 (nobody).
 # PI_FORGE_JOB_USER=
+# The queue: sqlite (the default: state/queue.sqlite3), or one Redis shared by the workers of
+# several hosts, as redis://HOST:PORT/DB (rediss:// with TLS). Its password, if it has one, goes in
+# PI_QUEUE_PASSWORD (in the worker's environment file), never in the URL.
+# PI_QUEUE=
+# PI_QUEUE_PASSWORD=
 # The receiver (pi-dispatch receiver): the webhooks' secrets, and where it listens
 # (default: 127.0.0.1:8780).
 # PI_GITHUB_WEBHOOK_SECRET=

@@ -10,6 +10,7 @@ pub mod dns;
 pub mod fake_forge;
 pub mod fake_model;
 pub mod netns;
+pub mod redis;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -29,7 +29,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         eprintln!("pi-dispatch: no job has the id {id} (no job was ever queued here)");
         return Ok(Exit::Unusable);
     }
-    let queue = queue::open(&settings)?;
+    let queue = ctx.queue(&settings)?;
     let records = crate::cmd::runs::records(ctx);
     match queue.cancel(&args.id, SystemTime::now())? {
         Cancel::Unknown => {

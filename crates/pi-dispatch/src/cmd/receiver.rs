@@ -57,7 +57,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             receiver::GITLAB_TOKEN_SETTING
         );
     }
-    let queue = queue::open(&settings)?;
+    let queue = ctx.queue(&settings)?;
     let config = server::Config {
         queue,
         triggers_file: settings.triggers_file.clone(),

@@ -183,7 +183,7 @@ fn enqueue(ctx: &Context, job: &Job) -> anyhow::Result<Exit> {
         ),
         Decision::Admit(_) => {}
     }
-    let queue = queue::open(&settings)?;
+    let queue = ctx.queue(&settings)?;
     queue.enqueue(&job.id, &serde_json::to_string(job)?, SystemTime::now())?;
     crate::output::print(&format!(
         "Queued {} (run pi-dispatch worker to run it; pi-dispatch runs show {} for its record).\n",

@@ -143,7 +143,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let settings = ctx.settings()?;
     let now = SystemTime::now();
     let report = if queue::exists(&settings) {
-        let status = queue::open(&settings)?.status(now, 10)?;
+        let status = ctx.queue(&settings)?.status(now, 10)?;
         let open: Vec<Shown> = status.open.iter().map(|j| shown(j, now)).collect();
         let mut counts = Counts {
             done: status.counts.done,

@@ -114,7 +114,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         anyhow::bail!("--time-limit and --lease must be at least one second");
     }
     let state = ctx.dir.join("state");
-    let queue = queue::open(&settings)?;
+    let queue = ctx.queue(&settings)?;
     let options = LoopOptions {
         worker_id: format!(
             "{}:{}",

@@ -1,0 +1,820 @@
+//! The queue in Redis (or Valkey), for workers on several hosts. Every change is one Lua script,
+//! which Redis runs whole with nothing between its steps, so a worker killed at any point leaves a
+//! job leased or queued, never both and never gone. The states, leases, attempts and backoff are
+//! the SQLite queue's, step for step; one test suite runs against both.
+//!
+//! Keys, all under one prefix (`pi-dispatch:`), in the database the URL names:
+//!
+//! ```text
+//! job:ID      hash: seq, payload, state, attempt, queued_at, available_at, worker, token,
+//!             leased_until, leased_at, finished_at, outcome, cancel (0 or 1)
+//! seq         the enqueue counter
+//! open        zset of the jobs not done, by seq (the order they are leased in)
+//! leased      zset of the leased jobs, by leased_until (where lapsed leases are found)
+//! lost        zset of the lost jobs, by seq, until take_lost reports them
+//! done        zset of the done jobs, by finished_at
+//! deliveries  zset of the forge deliveries seen, by when
+//! lease:TOKEN the job a lease took, for as long as the lease (a lease asked again after a lost
+//!             answer gets the same job)
+//! ```
+//!
+//! Times are unix milliseconds, passed in as everywhere in the queue. A connection that breaks is
+//! opened again, and the operation tried again, for up to the outage limit (a Redis restart, a short
+//! network fault); the worker waits meanwhile rather than dropping a job. Not for Redis Cluster: the
+//! scripts name keys they compute.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redis::{Connection, RedisError, Script, Value};
+
+use crate::{
+    Cancel, Config, Counts, DoneJob, End, Lease, LeaseState, LostJob, OpenJob, OpenState, Queue,
+    QueueError, RetryDecision, Status,
+};
+
+/// Every key's prefix.
+pub const PREFIX: &str = "pi-dispatch:";
+
+/// How long an operation waits for Redis to come back before it fails.
+pub const DEFAULT_OUTAGE_LIMIT: Duration = Duration::from_secs(60);
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every script starts with: the prefix (first argument) and the steps they share.
+const PRELUDE: &str = r"
+local p = ARGV[1]
+local function jk(id) return p .. 'job:' .. id end
+local function num(v) return tonumber(v) or 0 end
+local function enqueue(id, payload, now)
+  local k = jk(id)
+  if redis.call('EXISTS', k) == 1 then return 0 end
+  local seq = redis.call('INCR', p .. 'seq')
+  redis.call('HSET', k, 'seq', seq, 'payload', payload, 'state', 'queued', 'attempt', 0,
+    'queued_at', now, 'available_at', now, 'cancel', 0)
+  redis.call('ZADD', p .. 'open', seq, id)
+  return 1
+end
+local function done(id, outcome, now)
+  local k = jk(id)
+  redis.call('HSET', k, 'state', 'done', 'outcome', outcome, 'finished_at', now, 'payload', '')
+  redis.call('HDEL', k, 'token', 'leased_until')
+  redis.call('ZREM', p .. 'open', id)
+  redis.call('ZREM', p .. 'leased', id)
+  redis.call('ZREM', p .. 'lost', id)
+  redis.call('ZADD', p .. 'done', now, id)
+end
+-- A lapsed lease with no attempt left, or marked for cancelling, is lost.
+local function sweep(now, max)
+  local lapsed = redis.call('ZRANGEBYSCORE', p .. 'leased', '-inf', '(' .. now)
+  for _, id in ipairs(lapsed) do
+    local k = jk(id)
+    local f = redis.call('HMGET', k, 'attempt', 'cancel', 'seq')
+    if num(f[1]) >= max or f[2] == '1' then
+      redis.call('HSET', k, 'state', 'lost')
+      redis.call('HDEL', k, 'token', 'leased_until')
+      redis.call('ZREM', p .. 'leased', id)
+      redis.call('ZADD', p .. 'lost', num(f[3]), id)
+    end
+  end
+end
+local function held(id, token)
+  local f = redis.call('HMGET', jk(id), 'state', 'token')
+  return f[1] == 'leased' and f[2] == token
+end
+";
+
+const ENQUEUE: &str = "return enqueue(ARGV[2], ARGV[3], num(ARGV[4]))";
+
+/// ARGV: prefix, now, worker, until, max attempts, token, lease ms.
+const LEASE: &str = r"
+local now, worker, untl, max, token = num(ARGV[2]), ARGV[3], num(ARGV[4]), num(ARGV[5]), ARGV[6]
+local function taken(id)
+  local f = redis.call('HMGET', jk(id), 'payload', 'attempt', 'queued_at', 'leased_until')
+  return {id, f[1], num(f[2]), token, num(f[3]), num(f[4])}
+end
+local prior = redis.call('GET', p .. 'lease:' .. token)
+if prior and held(prior, token) then return taken(prior) end
+sweep(now, max)
+local ids = redis.call('ZRANGE', p .. 'open', 0, -1)
+for _, id in ipairs(ids) do
+  local k = jk(id)
+  local f = redis.call('HMGET', k, 'state', 'available_at', 'leased_until', 'attempt', 'cancel')
+  if (f[1] == 'queued' and num(f[2]) <= now)
+    or (f[1] == 'leased' and num(f[3]) < now and num(f[4]) < max and f[5] == '0') then
+    redis.call('HSET', k, 'state', 'leased', 'attempt', num(f[4]) + 1, 'worker', worker,
+      'leased_at', now, 'token', token, 'leased_until', untl)
+    redis.call('ZADD', p .. 'leased', untl, id)
+    redis.call('SET', p .. 'lease:' .. token, id, 'PX', ARGV[7])
+    return taken(id)
+  end
+end
+return false
+";
+
+/// ARGV: prefix, id, token, until.
+const RENEW: &str = r"
+if not held(ARGV[2], ARGV[3]) then return 0 end
+redis.call('HSET', jk(ARGV[2]), 'leased_until', ARGV[4])
+redis.call('ZADD', p .. 'leased', ARGV[4], ARGV[2])
+return 1
+";
+
+/// ARGV: prefix, id, token, now.
+const FINISH: &str = r"
+if not held(ARGV[2], ARGV[3]) then return 0 end
+done(ARGV[2], 'finished', num(ARGV[4]))
+return 1
+";
+
+/// ARGV: prefix, id, token, now, max attempts, first backoff ms, backoff cap ms.
+const RETRY: &str = r"
+local id, now, max = ARGV[2], num(ARGV[4]), num(ARGV[5])
+if not held(id, ARGV[3]) then return {'notheld'} end
+local k = jk(id)
+local attempt = num(redis.call('HGET', k, 'attempt'))
+if attempt < max then
+  local wait = math.min(num(ARGV[6]) * 2 ^ math.max(attempt - 1, 0), num(ARGV[7]))
+  local at = now + wait
+  redis.call('HSET', k, 'state', 'queued', 'available_at', at)
+  redis.call('HDEL', k, 'worker', 'token', 'leased_until')
+  redis.call('ZREM', p .. 'leased', id)
+  return {'requeued', at}
+end
+done(id, 'exhausted', now)
+return {'exhausted'}
+";
+
+/// ARGV: prefix, now, max attempts.
+const TAKE_LOST: &str = r"
+local now = num(ARGV[2])
+sweep(now, num(ARGV[3]))
+local out = {}
+for _, id in ipairs(redis.call('ZRANGE', p .. 'lost', 0, -1)) do
+  local f = redis.call('HMGET', jk(id), 'payload', 'attempt', 'cancel')
+  table.insert(out, {id, f[1], num(f[2]), f[3] == '1' and 1 or 0})
+  done(id, f[3] == '1' and 'cancelled' or 'lost', now)
+end
+return out
+";
+
+/// ARGV: prefix, recent. Every open job with its fields, the count of done jobs, and the most
+/// recently done (by finished_at, then seq, newest first).
+const STATUS: &str = r"
+local open = {}
+for _, id in ipairs(redis.call('ZRANGE', p .. 'open', 0, -1)) do
+  local f = redis.call('HMGET', jk(id), 'state', 'attempt', 'queued_at', 'available_at', 'worker',
+    'leased_until', 'payload', 'cancel', 'leased_at')
+  table.insert(open, {id, f[1] or '', num(f[2]), num(f[3]), num(f[4]), f[5] or '', num(f[6]),
+    f[7] or '', f[8] == '1' and 1 or 0, num(f[9])})
+end
+local count = redis.call('ZCARD', p .. 'done')
+local want = num(ARGV[2])
+local recent = {}
+if want > 0 and count > 0 then
+  local top = redis.call('ZREVRANGE', p .. 'done', 0, want - 1, 'WITHSCORES')
+  local seen, cands = {}, {}
+  for i = 1, #top, 2 do seen[top[i]] = true; table.insert(cands, top[i]) end
+  local last = top[#top]
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', p .. 'done', last, last)) do
+    if not seen[id] then table.insert(cands, id) end
+  end
+  local rows = {}
+  for _, id in ipairs(cands) do
+    local f = redis.call('HMGET', jk(id), 'attempt', 'finished_at', 'outcome', 'seq')
+    table.insert(rows, {id, num(f[1]), num(f[2]), f[3] or '', num(f[4])})
+  end
+  table.sort(rows, function(a, b)
+    if a[3] ~= b[3] then return a[3] > b[3] end
+    return a[5] > b[5]
+  end)
+  for i = 1, math.min(want, #rows) do
+    local r = rows[i]
+    table.insert(recent, {r[1], r[2], r[3], r[4]})
+  end
+end
+return {open, count, recent}
+";
+
+/// ARGV: prefix, key, now, then id and payload of each job.
+const ENQUEUE_DELIVERY: &str = r"
+local now = num(ARGV[3])
+if redis.call('ZADD', p .. 'deliveries', 'NX', now, ARGV[2]) == 0 then return 0 end
+for i = 4, #ARGV, 2 do enqueue(ARGV[i], ARGV[i + 1], now) end
+return 1
+";
+
+/// ARGV: prefix, before.
+const PRUNE: &str = r"
+local before = '(' .. ARGV[2]
+local ids = redis.call('ZRANGEBYSCORE', p .. 'done', '-inf', before)
+for _, id in ipairs(ids) do redis.call('DEL', jk(id)) end
+redis.call('ZREMRANGEBYSCORE', p .. 'done', '-inf', before)
+redis.call('ZREMRANGEBYSCORE', p .. 'deliveries', '-inf', before)
+return #ids
+";
+
+/// ARGV: prefix, id, now.
+const CANCEL: &str = r"
+local id, now = ARGV[2], num(ARGV[3])
+local k = jk(id)
+if redis.call('EXISTS', k) == 0 then return {'unknown'} end
+local f = redis.call('HMGET', k, 'state', 'payload', 'attempt', 'leased_until', 'worker')
+if f[1] == 'done' then return {'done'} end
+if f[1] == 'leased' and num(f[4]) >= now then
+  redis.call('HSET', k, 'cancel', 1)
+  return {'stopping', f[5] or ''}
+end
+done(id, 'cancelled', now)
+redis.call('HSET', k, 'cancel', 1)
+return {'removed', f[2] or '', num(f[3])}
+";
+
+/// ARGV: prefix, id, token.
+const LEASE_STATE: &str = r"
+local f = redis.call('HMGET', jk(ARGV[2]), 'state', 'token', 'cancel')
+if f[1] ~= 'leased' or f[2] ~= ARGV[3] then return 'lost' end
+if f[3] == '1' then return 'cancel' end
+return 'held'
+";
+
+/// ARGV: prefix, id, token, now.
+const RELEASE: &str = r"
+local id = ARGV[2]
+if not held(id, ARGV[3]) then return 0 end
+local k = jk(id)
+local attempt = num(redis.call('HGET', k, 'attempt'))
+redis.call('HSET', k, 'state', 'queued', 'available_at', ARGV[4], 'attempt', math.max(attempt - 1, 0))
+redis.call('HDEL', k, 'worker', 'token', 'leased_until')
+redis.call('ZREM', p .. 'leased', id)
+return 1
+";
+
+struct Scripts {
+    enqueue: Script,
+    lease: Script,
+    renew: Script,
+    finish: Script,
+    retry: Script,
+    take_lost: Script,
+    status: Script,
+    enqueue_delivery: Script,
+    prune: Script,
+    cancel: Script,
+    lease_state: Script,
+    release: Script,
+}
+
+impl Scripts {
+    fn new() -> Scripts {
+        let s = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
+        Scripts {
+            enqueue: s(ENQUEUE),
+            lease: s(LEASE),
+            renew: s(RENEW),
+            finish: s(FINISH),
+            retry: s(RETRY),
+            take_lost: s(TAKE_LOST),
+            status: s(STATUS),
+            enqueue_delivery: s(ENQUEUE_DELIVERY),
+            prune: s(PRUNE),
+            cancel: s(CANCEL),
+            lease_state: s(LEASE_STATE),
+            release: s(RELEASE),
+        }
+    }
+}
+
+/// Where the queue's Redis is, and how to sign in: `PI_QUEUE` (a `redis://`, `rediss://` or
+/// `redis+unix://` URL without a password) and the password, when one is set, from the worker's
+/// environment (`PI_QUEUE_PASSWORD`), never from the URL.
+#[derive(Clone)]
+pub struct RedisTarget {
+    pub url: String,
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTarget")
+            .field("url", &self.url)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+/// The queue in Redis. One connection a handle, opened again when it breaks.
+pub struct RedisQueue {
+    client: redis::Client,
+    conn: Mutex<Option<Connection>>,
+    config: Config,
+    scripts: Scripts,
+    outage_limit: Duration,
+}
+
+impl std::fmt::Debug for RedisQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisQueue")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether a failure may pass: the connection broke or was refused, or Redis is still loading its
+/// data after a restart.
+fn may_pass(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || e.is_unrecoverable_error()
+        || matches!(
+            e.kind(),
+            redis::ErrorKind::Server(
+                redis::ServerErrorKind::BusyLoading
+                    | redis::ServerErrorKind::TryAgain
+                    | redis::ServerErrorKind::MasterDown
+            )
+        )
+}
+
+impl RedisQueue {
+    /// Opens the queue at `target` with the default [`Config`]; see [`RedisQueue::open_with`].
+    pub fn open(target: &RedisTarget) -> Result<RedisQueue, QueueError> {
+        RedisQueue::open_with(target, Config::default(), DEFAULT_OUTAGE_LIMIT)
+    }
+
+    /// Opens the queue and checks that Redis answers (waiting up to `outage_limit` for it).
+    pub fn open_with(
+        target: &RedisTarget,
+        config: Config,
+        outage_limit: Duration,
+    ) -> Result<RedisQueue, QueueError> {
+        use redis::IntoConnectionInfo as _;
+        let bad = |e: RedisError| QueueError::Redis {
+            op: "read the queue's address",
+            detail: e.category().to_owned(),
+        };
+        let mut info = target.url.as_str().into_connection_info().map_err(bad)?;
+        if let Some(password) = &target.password {
+            let settings = info.redis_settings().clone().set_password(password);
+            info = info.set_redis_settings(settings);
+        }
+        let client = redis::Client::open(info).map_err(bad)?;
+        let queue = RedisQueue {
+            client,
+            conn: Mutex::new(None),
+            config: Config {
+                max_attempts: config.max_attempts.max(1),
+                ..config
+            },
+            scripts: Scripts::new(),
+            outage_limit,
+        };
+        queue.call("reach Redis", |c| redis::cmd("PING").query::<String>(c))?;
+        Ok(queue)
+    }
+
+    fn connect(&self) -> Result<Connection, RedisError> {
+        let conn = self.client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
+        conn.set_read_timeout(Some(IO_TIMEOUT))?;
+        conn.set_write_timeout(Some(IO_TIMEOUT))?;
+        Ok(conn)
+    }
+
+    fn guard(&self) -> MutexGuard<'_, Option<Connection>> {
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the connection, opening it (again) as needed and trying again while Redis is
+    /// away, for up to the outage limit.
+    fn call<T>(
+        &self,
+        op: &'static str,
+        mut f: impl FnMut(&mut Connection) -> Result<T, RedisError>,
+    ) -> Result<T, QueueError> {
+        let deadline = Instant::now() + self.outage_limit;
+        let mut pause = Duration::from_millis(20);
+        let mut said = false;
+        loop {
+            let result = {
+                let mut guard = self.guard();
+                let conn = match guard.as_mut() {
+                    Some(c) => Ok(c),
+                    None => self.connect().map(|c| guard.insert(c)),
+                };
+                let result = conn.and_then(&mut f);
+                if result.as_ref().is_err_and(may_pass) {
+                    *guard = None;
+                }
+                result
+            };
+            match result {
+                Ok(v) => {
+                    if said {
+                        tracing::info!(event = "queue_reconnected", op);
+                    }
+                    return Ok(v);
+                }
+                Err(e) if may_pass(&e) && Instant::now() < deadline => {
+                    if !said {
+                        tracing::warn!(event = "queue_unreachable", op, why = e.category());
+                        said = true;
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => {
+                    return Err(QueueError::Redis {
+                        op,
+                        detail: describe(&e),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Runs `script` with the prefix and `args`.
+    fn run<T: redis::FromRedisValue>(
+        &self,
+        op: &'static str,
+        script: &Script,
+        args: &[String],
+    ) -> Result<T, QueueError> {
+        self.call(op, |c| {
+            let mut invocation = script.prepare_invoke();
+            invocation.arg(PREFIX);
+            for a in args {
+                invocation.arg(a);
+            }
+            invocation.invoke(c)
+        })
+    }
+
+    /// The server's `INFO` sections `server` and `persistence`, for doctor.
+    pub fn info(&self) -> Result<String, QueueError> {
+        self.call("read Redis's INFO", |c| {
+            redis::cmd("INFO").arg("server").arg("persistence").query(c)
+        })
+    }
+
+    /// The connection, for the records stored beside the queue.
+    pub fn with_connection<T>(
+        &self,
+        op: &'static str,
+        f: impl FnMut(&mut Connection) -> Result<T, RedisError>,
+    ) -> Result<T, QueueError> {
+        self.call(op, f)
+    }
+}
+
+/// What a failure was, by its kind and the server's code: never a value of a key.
+fn describe(e: &RedisError) -> String {
+    match e.code() {
+        Some(code) => format!("{} ({code})", e.category()),
+        None => e.category().to_owned(),
+    }
+}
+
+fn ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn time(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+fn later(at: SystemTime, d: Duration) -> i64 {
+    ms(at).saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn new_token() -> String {
+    let mut bytes = [0u8; 16];
+    // A token need only be unique, not secret: without randomness, the time and a counter.
+    if getrandom::fill(&mut bytes).is_err() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        bytes[..8].copy_from_slice(&n.to_le_bytes());
+        bytes[8..].copy_from_slice(&(ms(SystemTime::now()) as u64).to_le_bytes());
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Reads a script's answer: what the scripts return is a fixed shape, so one that is not is a
+/// queue error, never a panic.
+fn shape<T>(op: &'static str, v: Option<T>) -> Result<T, QueueError> {
+    v.ok_or_else(|| QueueError::Redis {
+        op,
+        detail: "an answer of the wrong shape".to_owned(),
+    })
+}
+
+fn items(v: &Value) -> Option<&[Value]> {
+    match v {
+        Value::Array(a) => Some(a),
+        _ => None,
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        other => text(other)?.parse().ok(),
+    }
+}
+
+fn u32_of(v: &Value) -> Option<u32> {
+    int(v).and_then(|n| u32::try_from(n).ok())
+}
+
+impl Queue for RedisQueue {
+    fn enqueue(&self, id: &str, payload: &str, now: SystemTime) -> Result<bool, QueueError> {
+        let added: i64 = self.run(
+            "enqueue a job",
+            &self.scripts.enqueue,
+            &[id.to_owned(), payload.to_owned(), ms(now).to_string()],
+        )?;
+        Ok(added == 1)
+    }
+
+    fn lease(
+        &self,
+        worker: &str,
+        lease_for: Duration,
+        now: SystemTime,
+    ) -> Result<Option<Lease>, QueueError> {
+        const OP: &str = "lease a job";
+        // One token for every try of this call: a try whose answer was lost is found again.
+        let token = new_token();
+        let until = later(now, lease_for);
+        let lease_ms = i64::try_from(lease_for.as_millis())
+            .unwrap_or(i64::MAX)
+            .max(1);
+        let answer: Value = self.run(
+            OP,
+            &self.scripts.lease,
+            &[
+                ms(now).to_string(),
+                worker.to_owned(),
+                until.to_string(),
+                self.config.max_attempts.to_string(),
+                token.clone(),
+                lease_ms.to_string(),
+            ],
+        )?;
+        if matches!(answer, Value::Nil) {
+            return Ok(None);
+        }
+        let row = shape(OP, items(&answer))?;
+        let lease = (|| {
+            Some(Lease {
+                job_id: text(row.first()?)?,
+                payload: text(row.get(1)?).unwrap_or_default(),
+                attempt: u32_of(row.get(2)?)?,
+                token: text(row.get(3)?)?,
+                queued_at: time(int(row.get(4)?)?),
+                until: time(int(row.get(5)?)?),
+            })
+        })();
+        shape(OP, lease).map(Some)
+    }
+
+    fn renew(
+        &self,
+        lease: &Lease,
+        lease_for: Duration,
+        now: SystemTime,
+    ) -> Result<bool, QueueError> {
+        let renewed: i64 = self.run(
+            "renew a lease",
+            &self.scripts.renew,
+            &[
+                lease.job_id.clone(),
+                lease.token.clone(),
+                later(now, lease_for).to_string(),
+            ],
+        )?;
+        Ok(renewed == 1)
+    }
+
+    fn finish(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError> {
+        let finished: i64 = self.run(
+            "finish a job",
+            &self.scripts.finish,
+            &[
+                lease.job_id.clone(),
+                lease.token.clone(),
+                ms(now).to_string(),
+            ],
+        )?;
+        Ok(finished == 1)
+    }
+
+    fn retry(&self, lease: &Lease, now: SystemTime) -> Result<RetryDecision, QueueError> {
+        const OP: &str = "retry a job";
+        let backoff = self.config.backoff;
+        let answer: Value = self.run(
+            OP,
+            &self.scripts.retry,
+            &[
+                lease.job_id.clone(),
+                lease.token.clone(),
+                ms(now).to_string(),
+                self.config.max_attempts.to_string(),
+                backoff.first.as_millis().to_string(),
+                backoff.cap.as_millis().to_string(),
+            ],
+        )?;
+        let row = shape(OP, items(&answer))?;
+        match shape(OP, row.first().and_then(text))?.as_str() {
+            "notheld" => Ok(RetryDecision::NotHeld),
+            "exhausted" => Ok(RetryDecision::Exhausted),
+            _ => Ok(RetryDecision::Requeued {
+                available_at: time(shape(OP, row.get(1).and_then(int))?),
+            }),
+        }
+    }
+
+    fn take_lost(&self, now: SystemTime) -> Result<Vec<LostJob>, QueueError> {
+        const OP: &str = "take the lost jobs";
+        let answer: Value = self.run(
+            OP,
+            &self.scripts.take_lost,
+            &[ms(now).to_string(), self.config.max_attempts.to_string()],
+        )?;
+        shape(OP, items(&answer))?
+            .iter()
+            .map(|row| {
+                let row = items(row)?;
+                Some(LostJob {
+                    job_id: text(row.first()?)?,
+                    payload: text(row.get(1)?).unwrap_or_default(),
+                    attempt: u32_of(row.get(2)?)?,
+                    cancelled: int(row.get(3)?)? == 1,
+                })
+            })
+            .map(|l| shape(OP, l))
+            .collect()
+    }
+
+    fn status(&self, now: SystemTime, recent_done: usize) -> Result<Status, QueueError> {
+        const OP: &str = "read the queue's status";
+        let now = ms(now);
+        let answer: Value = self.run(OP, &self.scripts.status, &[recent_done.to_string()])?;
+        let parts = shape(OP, items(&answer))?;
+        let open_rows = shape(OP, parts.first().and_then(items))?;
+        let mut open = Vec::with_capacity(open_rows.len());
+        for row in open_rows {
+            let job = (|| {
+                let row = items(row)?;
+                let state = match text(row.get(1)?)?.as_str() {
+                    "queued" => {
+                        let available_at = int(row.get(4)?)?;
+                        if available_at > now {
+                            OpenState::Waiting {
+                                until: time(available_at),
+                            }
+                        } else {
+                            OpenState::Queued
+                        }
+                    }
+                    "leased" => OpenState::Leased {
+                        worker: text(row.get(5)?).unwrap_or_default(),
+                        until: time(int(row.get(6)?)?),
+                        since: time(int(row.get(9)?)?),
+                    },
+                    _ => OpenState::Lost,
+                };
+                Some(OpenJob {
+                    id: text(row.first()?)?,
+                    state,
+                    attempt: u32_of(row.get(2)?)?,
+                    queued_at: time(int(row.get(3)?)?),
+                    payload: text(row.get(7)?).unwrap_or_default(),
+                    cancel_requested: int(row.get(8)?)? == 1,
+                })
+            })();
+            open.push(shape(OP, job)?);
+        }
+        let done = shape(OP, parts.get(1).and_then(int))?;
+        let mut recent = Vec::new();
+        for row in shape(OP, parts.get(2).and_then(items))? {
+            let job = (|| {
+                let row = items(row)?;
+                Some(DoneJob {
+                    id: text(row.first()?)?,
+                    attempt: u32_of(row.get(1)?)?,
+                    finished_at: time(int(row.get(2)?)?),
+                    end: match text(row.get(3)?)?.as_str() {
+                        "finished" => End::Finished,
+                        "exhausted" => End::Exhausted,
+                        "lost" => End::Lost,
+                        "cancelled" => End::Cancelled,
+                        _ => return None,
+                    },
+                })
+            })();
+            recent.push(shape(OP, job)?);
+        }
+        let mut counts = Counts {
+            done: usize::try_from(done).unwrap_or(0),
+            ..Counts::default()
+        };
+        for job in &open {
+            match job.state {
+                OpenState::Queued => counts.queued += 1,
+                OpenState::Waiting { .. } => counts.waiting += 1,
+                OpenState::Leased { .. } => counts.leased += 1,
+                OpenState::Lost => counts.lost += 1,
+            }
+        }
+        Ok(Status {
+            open,
+            counts,
+            recent_done: recent,
+        })
+    }
+
+    fn enqueue_delivery(
+        &self,
+        key: &str,
+        jobs: &[(String, String)],
+        now: SystemTime,
+    ) -> Result<bool, QueueError> {
+        let mut args = vec![key.to_owned(), ms(now).to_string()];
+        for (id, payload) in jobs {
+            args.push(id.clone());
+            args.push(payload.clone());
+        }
+        let new: i64 = self.run("remember a delivery", &self.scripts.enqueue_delivery, &args)?;
+        Ok(new == 1)
+    }
+
+    fn prune_done(&self, before: SystemTime) -> Result<usize, QueueError> {
+        let pruned: i64 = self.run(
+            "prune done jobs",
+            &self.scripts.prune,
+            &[ms(before).to_string()],
+        )?;
+        Ok(usize::try_from(pruned).unwrap_or(0))
+    }
+
+    fn cancel(&self, id: &str, now: SystemTime) -> Result<Cancel, QueueError> {
+        const OP: &str = "cancel a job";
+        let answer: Value = self.run(
+            OP,
+            &self.scripts.cancel,
+            &[id.to_owned(), ms(now).to_string()],
+        )?;
+        let row = shape(OP, items(&answer))?;
+        Ok(match shape(OP, row.first().and_then(text))?.as_str() {
+            "unknown" => Cancel::Unknown,
+            "done" => Cancel::AlreadyDone,
+            "stopping" => Cancel::Stopping {
+                worker: row.get(1).and_then(text).unwrap_or_default(),
+            },
+            _ => Cancel::Removed {
+                payload: row.get(1).and_then(text).unwrap_or_default(),
+                attempt: shape(OP, row.get(2).and_then(u32_of))?,
+            },
+        })
+    }
+
+    fn lease_state(&self, lease: &Lease) -> Result<LeaseState, QueueError> {
+        let state: String = self.run(
+            "read a job's cancel mark",
+            &self.scripts.lease_state,
+            &[lease.job_id.clone(), lease.token.clone()],
+        )?;
+        Ok(match state.as_str() {
+            "held" => LeaseState::Held,
+            "cancel" => LeaseState::CancelRequested,
+            _ => LeaseState::Lost,
+        })
+    }
+
+    fn release(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError> {
+        let released: i64 = self.run(
+            "hand a job back",
+            &self.scripts.release,
+            &[
+                lease.job_id.clone(),
+                lease.token.clone(),
+                ms(now).to_string(),
+            ],
+        )?;
+        Ok(released == 1)
+    }
+}

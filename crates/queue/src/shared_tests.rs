@@ -1,0 +1,671 @@
+//! The queue's behaviour, as every backend must have it: each test takes a fresh, empty store and
+//! opens handles on it, and runs once on the SQLite file and once on a real Redis (Debian's
+//! redis-server, started by the test).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::{
+    Backoff, Cancel, Config, Counts, DoneJob, End, LeaseState, LostJob, MAX_ATTEMPTS, OpenState,
+    Queue, RedisQueue, RedisTarget, RetryDecision, SqliteQueue,
+};
+
+/// A long lease: nothing lapses unless a test moves the clock past it.
+pub(crate) const LONG: Duration = Duration::from_secs(3600);
+
+/// The test clock: `ms` milliseconds after a fixed start.
+pub(crate) fn t(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(1_800_000_000_000 + ms)
+}
+
+/// A fresh, empty store of one backend, and handles on it.
+pub(crate) trait Store: Sync {
+    fn open_with(&self, config: Config) -> Box<dyn Queue>;
+
+    fn open(&self) -> Box<dyn Queue> {
+        self.open_with(Config::default())
+    }
+}
+
+/// A SQLite file in a folder of its own.
+pub(crate) struct SqliteStore(tempfile::TempDir);
+
+impl SqliteStore {
+    pub(crate) fn new() -> SqliteStore {
+        SqliteStore(tempfile::tempdir().unwrap())
+    }
+}
+
+impl Store for SqliteStore {
+    fn open_with(&self, config: Config) -> Box<dyn Queue> {
+        Box::new(SqliteQueue::open_with(&self.0.path().join("queue.sqlite3"), config).unwrap())
+    }
+}
+
+/// A redis-server of its own.
+pub(crate) struct RedisStore(testkit::redis::RedisServer);
+
+impl RedisStore {
+    pub(crate) fn new() -> RedisStore {
+        RedisStore(testkit::redis::RedisServer::start())
+    }
+}
+
+impl Store for RedisStore {
+    fn open_with(&self, config: Config) -> Box<dyn Queue> {
+        let target = RedisTarget {
+            url: self.0.url(),
+            password: None,
+        };
+        Box::new(RedisQueue::open_with(&target, config, Duration::from_secs(10)).unwrap())
+    }
+}
+
+fn leased_ids(queue: &dyn Queue, now: SystemTime) -> Vec<String> {
+    std::iter::from_fn(|| queue.lease("w", LONG, now).unwrap())
+        .map(|lease| lease.job_id)
+        .collect()
+}
+
+pub(crate) fn jobs(ids: &[&str]) -> Vec<(String, String)> {
+    ids.iter()
+        .map(|id| ((*id).to_owned(), format!("{{\"id\":\"{id}\"}}")))
+        .collect()
+}
+
+/// Each test of the suite, once a backend.
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod on_sqlite {
+            $(#[test] fn $name() { super::$name(&super::SqliteStore::new()) })*
+        }
+        mod on_redis {
+            $(#[test] fn $name() { super::$name(&super::RedisStore::new()) })*
+        }
+    };
+}
+
+suite!(
+    jobs_are_leased_in_enqueue_order,
+    an_empty_queue_leases_nothing_and_a_new_job_is_available_at_once,
+    a_duplicate_id_is_not_added,
+    two_handles_on_one_file_never_hold_the_same_job,
+    concurrent_workers_lease_every_job_exactly_once,
+    the_queue_is_shared_as_a_trait_object,
+    a_lapsed_lease_is_leased_again_with_attempt_2,
+    a_lapsed_last_attempt_is_lost_and_reported_once,
+    take_lost_settles_a_lapsed_last_attempt_by_itself,
+    a_stale_lease_cannot_renew_finish_or_retry,
+    renew_keeps_a_job_from_lapsing,
+    a_retried_job_waits_out_its_backoff,
+    a_retried_job_keeps_its_place_in_line,
+    a_retry_on_the_last_attempt_is_exhausted,
+    the_queue_survives_reopening,
+    status_shows_every_open_job_and_the_counts,
+    prune_forgets_done_jobs_finished_before_a_time,
+    a_job_not_running_is_cancelled_at_once_and_never_leased,
+    a_running_job_is_marked_for_its_worker_and_not_taken_over,
+    a_lapsed_lease_is_cancelled_at_once,
+    a_released_job_is_queued_at_once_without_using_an_attempt,
+    a_delivery_queues_its_jobs_once,
+    deliveries_from_many_threads_queue_each_job_once,
+);
+
+pub(crate) fn jobs_are_leased_in_enqueue_order(store: &dyn Store) {
+    let queue = store.open();
+    // Enqueue order decides, not the id or the clock.
+    assert!(queue.enqueue("c", "{\"n\":1}", t(0)).unwrap());
+    assert!(queue.enqueue("a", "{\"n\":2}", t(0)).unwrap());
+    assert!(queue.enqueue("b", "{\"n\":3}", t(0)).unwrap());
+    let first = queue.lease("w", LONG, t(1)).unwrap().unwrap();
+    assert_eq!(
+        (&*first.job_id, &*first.payload, first.attempt),
+        ("c", "{\"n\":1}", 1)
+    );
+    assert_eq!(first.until, t(1) + LONG);
+    assert_eq!(first.queued_at, t(0));
+    assert_eq!(leased_ids(&*queue, t(1)), ["a", "b"]);
+}
+
+pub(crate) fn an_empty_queue_leases_nothing_and_a_new_job_is_available_at_once(store: &dyn Store) {
+    let queue = store.open();
+    assert_eq!(queue.lease("w", LONG, t(0)).unwrap(), None);
+    queue.enqueue("a", "{}", t(5)).unwrap();
+    assert_eq!(queue.status(t(5), 0).unwrap().counts.queued, 1);
+    assert_eq!(leased_ids(&*queue, t(5)), ["a"]);
+}
+
+pub(crate) fn a_duplicate_id_is_not_added(store: &dyn Store) {
+    let queue = store.open();
+    assert!(queue.enqueue("dup", "{\"first\":true}", t(0)).unwrap());
+    assert!(!queue.enqueue("dup", "{\"second\":true}", t(1)).unwrap());
+    let lease = queue.lease("w", LONG, t(2)).unwrap().unwrap();
+    assert_eq!(lease.payload, "{\"first\":true}");
+    assert_eq!(queue.lease("w", LONG, t(2)).unwrap(), None);
+    // Still refused once the job is done.
+    assert!(queue.finish(&lease, t(3)).unwrap());
+    assert!(!queue.enqueue("dup", "{}", t(4)).unwrap());
+    assert_eq!(queue.lease("w", LONG, t(5)).unwrap(), None);
+}
+
+pub(crate) fn two_handles_on_one_file_never_hold_the_same_job(store: &dyn Store) {
+    let one = store.open();
+    let two = store.open();
+    one.enqueue("a", "{}", t(0)).unwrap();
+    two.enqueue("b", "{}", t(0)).unwrap();
+    let a = one.lease("one", LONG, t(1)).unwrap().unwrap();
+    let b = two.lease("two", LONG, t(1)).unwrap().unwrap();
+    assert_eq!((&*a.job_id, &*b.job_id), ("a", "b"));
+    assert_eq!(two.lease("two", LONG, t(2)).unwrap(), None);
+    assert_eq!(one.lease("one", LONG, t(2)).unwrap(), None);
+    // Each handle sees the other's lease.
+    assert!(two.finish(&a, t(3)).unwrap());
+    assert!(one.finish(&b, t(3)).unwrap());
+    assert_eq!(one.status(t(4), 10).unwrap().counts.done, 2);
+}
+
+pub(crate) fn concurrent_workers_lease_every_job_exactly_once(store: &dyn Store) {
+    const JOBS: usize = 200;
+    const WORKERS: usize = 4;
+    let queue = store.open();
+    for i in 0..JOBS {
+        assert!(queue.enqueue(&format!("job-{i}"), "{}", t(0)).unwrap());
+    }
+    let start = Barrier::new(WORKERS);
+    let mut times: HashMap<String, usize> = HashMap::new();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..WORKERS)
+            .map(|w| {
+                let start = &start;
+                scope.spawn(move || {
+                    let queue = store.open();
+                    let mut leased = Vec::new();
+                    start.wait();
+                    while let Some(lease) = queue.lease(&format!("w{w}"), LONG, t(1)).unwrap() {
+                        assert_eq!(lease.attempt, 1);
+                        assert!(queue.finish(&lease, t(2)).unwrap());
+                        leased.push(lease.job_id);
+                    }
+                    leased
+                })
+            })
+            .collect();
+        for worker in workers {
+            for id in worker.join().unwrap() {
+                *times.entry(id).or_default() += 1;
+            }
+        }
+    });
+    assert_eq!(times.len(), JOBS, "some jobs were never leased");
+    let twice: Vec<_> = times.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "leased more than once: {twice:?}");
+    let status = queue.status(t(3), 0).unwrap();
+    assert!(status.open.is_empty());
+    assert_eq!(status.counts.done, JOBS);
+}
+
+pub(crate) fn the_queue_is_shared_as_a_trait_object(store: &dyn Store) {
+    let queue = store.open();
+    let queue: Arc<dyn Queue> = Arc::from(queue);
+    queue.enqueue("a", "{}", t(0)).unwrap();
+    let other = Arc::clone(&queue);
+    let lease = std::thread::spawn(move || other.lease("w", LONG, t(1)).unwrap())
+        .join()
+        .unwrap()
+        .unwrap();
+    assert!(queue.finish(&lease, t(2)).unwrap());
+}
+
+pub(crate) fn a_lapsed_lease_is_leased_again_with_attempt_2(store: &dyn Store) {
+    let queue = store.open();
+    queue.enqueue("a", "{\"p\":1}", t(0)).unwrap();
+    let first = queue
+        .lease("dead", Duration::from_millis(1000), t(0))
+        .unwrap()
+        .unwrap();
+    // Held up to and including its last millisecond.
+    assert_eq!(queue.lease("w", LONG, t(1000)).unwrap(), None);
+    let second = queue.lease("w", LONG, t(1001)).unwrap().unwrap();
+    assert_eq!(second.job_id, "a");
+    assert_eq!(second.payload, "{\"p\":1}");
+    assert_eq!((first.attempt, second.attempt), (1, 2));
+    assert_ne!(first.token, second.token);
+}
+
+pub(crate) fn a_lapsed_last_attempt_is_lost_and_reported_once(store: &dyn Store) {
+    let queue = store.open();
+    queue.enqueue("a", "{\"p\":1}", t(0)).unwrap();
+    let short = Duration::from_millis(100);
+    queue.lease("dead-1", short, t(0)).unwrap().unwrap();
+    let second = queue.lease("dead-2", short, t(200)).unwrap().unwrap();
+    assert_eq!(second.attempt, MAX_ATTEMPTS);
+    // Nothing is reported while the last lease holds.
+    assert_eq!(queue.take_lost(t(300)).unwrap(), []);
+    // Lapsed on its last attempt: not leased again.
+    assert_eq!(queue.lease("w", LONG, t(400)).unwrap(), None);
+    let status = queue.status(t(400), 10).unwrap();
+    assert_eq!(status.open[0].state, OpenState::Lost);
+    assert_eq!(status.counts.lost, 1);
+    let lost = queue.take_lost(t(500)).unwrap();
+    assert_eq!(
+        lost,
+        [LostJob {
+            job_id: "a".to_owned(),
+            payload: "{\"p\":1}".to_owned(),
+            attempt: 2,
+            cancelled: false,
+        }]
+    );
+    assert_eq!(queue.take_lost(t(600)).unwrap(), []);
+    assert_eq!(queue.lease("w", LONG, t(700)).unwrap(), None);
+    let status = queue.status(t(700), 10).unwrap();
+    assert!(status.open.is_empty());
+    assert_eq!(status.recent_done[0].end, End::Lost);
+    assert_eq!(status.recent_done[0].finished_at, t(500));
+    // The dead worker's lease is gone for good.
+    assert!(!queue.finish(&second, t(800)).unwrap());
+}
+
+pub(crate) fn take_lost_settles_a_lapsed_last_attempt_by_itself(store: &dyn Store) {
+    let queue = store.open_with(Config {
+        max_attempts: 1,
+        ..Config::default()
+    });
+    queue.enqueue("a", "{}", t(0)).unwrap();
+    queue.enqueue("b", "{}", t(0)).unwrap();
+    queue
+        .lease("dead", Duration::from_millis(10), t(0))
+        .unwrap()
+        .unwrap();
+    let lost = queue.take_lost(t(11)).unwrap();
+    assert_eq!(lost.len(), 1);
+    assert_eq!((&*lost[0].job_id, lost[0].attempt), ("a", 1));
+    assert_eq!(leased_ids(&*queue, t(12)), ["b"]);
+}
+
+pub(crate) fn a_stale_lease_cannot_renew_finish_or_retry(store: &dyn Store) {
+    let queue = store.open();
+    queue.enqueue("a", "{}", t(0)).unwrap();
+    let stale = queue
+        .lease("slow", Duration::from_millis(100), t(0))
+        .unwrap()
+        .unwrap();
+    let current = queue.lease("w", LONG, t(101)).unwrap().unwrap();
+    assert!(!queue.renew(&stale, LONG, t(102)).unwrap());
+    assert!(!queue.finish(&stale, t(102)).unwrap());
+    assert_eq!(queue.retry(&stale, t(102)).unwrap(), RetryDecision::NotHeld);
+    // The current lease is untouched by any of that.
+    let status = queue.status(t(103), 0).unwrap();
+    assert_eq!(
+        status.open[0].state,
+        OpenState::Leased {
+            worker: "w".to_owned(),
+            until: t(101) + LONG,
+            since: t(101),
+        }
+    );
+    assert!(queue.renew(&current, LONG, t(103)).unwrap());
+    assert!(queue.finish(&current, t(104)).unwrap());
+    // Once done, no lease of the job is held.
+    assert!(!queue.finish(&current, t(105)).unwrap());
+    assert!(!queue.renew(&current, LONG, t(105)).unwrap());
+    assert_eq!(
+        queue.retry(&current, t(105)).unwrap(),
+        RetryDecision::NotHeld
+    );
+}
+
+pub(crate) fn renew_keeps_a_job_from_lapsing(store: &dyn Store) {
+    let queue = store.open();
+    queue.enqueue("a", "{}", t(0)).unwrap();
+    let second = Duration::from_millis(1000);
+    let lease = queue.lease("w", second, t(0)).unwrap().unwrap();
+    assert!(queue.renew(&lease, second, t(900)).unwrap());
+    assert_eq!(queue.lease("other", LONG, t(1500)).unwrap(), None);
+    assert_eq!(queue.lease("other", LONG, t(1900)).unwrap(), None);
+    let next = queue.lease("other", LONG, t(1901)).unwrap().unwrap();
+    assert_eq!(next.attempt, 2);
+}
+
+pub(crate) fn a_retried_job_waits_out_its_backoff(store: &dyn Store) {
+    let queue = store.open_with(Config {
+        max_attempts: 3,
+        backoff: Backoff {
+            first: Duration::from_millis(100),
+            cap: Duration::from_secs(60),
+        },
+    });
+    queue.enqueue("a", "{}", t(0)).unwrap();
+    let first = queue.lease("w", LONG, t(0)).unwrap().unwrap();
+    assert_eq!(
+        queue.retry(&first, t(10)).unwrap(),
+        RetryDecision::Requeued {
+            available_at: t(110)
+        }
+    );
+    // The lease that was retried is no longer held.
+    assert!(!queue.finish(&first, t(11)).unwrap());
+    let status = queue.status(t(109), 0).unwrap();
+    assert_eq!(status.open[0].state, OpenState::Waiting { until: t(110) });
+    assert_eq!(status.counts.waiting, 1);
+    assert_eq!(queue.lease("w", LONG, t(109)).unwrap(), None);
+    assert_eq!(queue.status(t(110), 0).unwrap().counts.queued, 1);
+    let second = queue.lease("w", LONG, t(110)).unwrap().unwrap();
+    assert_eq!(second.attempt, 2);
+    // The second wait is twice the first.
+    assert_eq!(
+        queue.retry(&second, t(200)).unwrap(),
+        RetryDecision::Requeued {
+            available_at: t(400)
+        }
+    );
+    assert_eq!(queue.lease("w", LONG, t(399)).unwrap(), None);
+    assert_eq!(queue.lease("w", LONG, t(400)).unwrap().unwrap().attempt, 3);
+}
+
+pub(crate) fn a_retried_job_keeps_its_place_in_line(store: &dyn Store) {
+    let queue = store.open_with(Config {
+        backoff: Backoff {
+            first: Duration::from_millis(100),
+            cap: Duration::from_millis(100),
+        },
+        ..Config::default()
+    });
+    queue.enqueue("old", "{}", t(0)).unwrap();
+    let lease = queue.lease("w", LONG, t(0)).unwrap().unwrap();
+    queue.enqueue("new", "{}", t(1)).unwrap();
+    queue.retry(&lease, t(2)).unwrap();
+    assert_eq!(leased_ids(&*queue, t(1000)), ["old", "new"]);
+}
+
+pub(crate) fn a_retry_on_the_last_attempt_is_exhausted(store: &dyn Store) {
+    let queue = store.open_with(Config {
+        backoff: Backoff {
+            first: Duration::from_millis(100),
+            cap: Duration::from_millis(100),
+        },
+        ..Config::default()
+    });
+    queue.enqueue("a", "{}", t(0)).unwrap();
+    let first = queue.lease("w", LONG, t(0)).unwrap().unwrap();
+    assert!(matches!(
+        queue.retry(&first, t(1)).unwrap(),
+        RetryDecision::Requeued { .. }
+    ));
+    let last = queue.lease("w", LONG, t(200)).unwrap().unwrap();
+    assert_eq!(last.attempt, MAX_ATTEMPTS);
+    assert_eq!(
+        queue.retry(&last, t(201)).unwrap(),
+        RetryDecision::Exhausted
+    );
+    assert_eq!(queue.lease("w", LONG, t(10_000)).unwrap(), None);
+    assert_eq!(queue.take_lost(t(10_000)).unwrap(), []);
+    let status = queue.status(t(10_000), 10).unwrap();
+    assert!(status.open.is_empty());
+    assert_eq!(
+        status.recent_done,
+        [DoneJob {
+            id: "a".to_owned(),
+            attempt: 2,
+            finished_at: t(201),
+            end: End::Exhausted,
+        }]
+    );
+}
+
+pub(crate) fn the_queue_survives_reopening(store: &dyn Store) {
+    let queue = store.open();
+    queue.enqueue("a", "{\"a\":1}", t(0)).unwrap();
+    queue.enqueue("b", "{\"b\":2}", t(1)).unwrap();
+    queue.enqueue("c", "{\"c\":3}", t(2)).unwrap();
+    let a = queue.lease("w", LONG, t(3)).unwrap().unwrap();
+    let b = queue.lease("w", LONG, t(3)).unwrap().unwrap();
+    assert!(queue.finish(&b, t(4)).unwrap());
+    drop(queue);
+
+    let queue = store.open();
+    let status = queue.status(t(5), 10).unwrap();
+    let open: Vec<_> = status
+        .open
+        .iter()
+        .map(|j| (&*j.id, j.attempt, j.queued_at))
+        .collect();
+    assert_eq!(open, [("a", 1, t(0)), ("c", 0, t(2))]);
+    assert_eq!(status.recent_done[0].id, "b");
+    // The lease taken before the reopen is still held, and still this lease's.
+    assert!(!queue.enqueue("b", "{}", t(6)).unwrap());
+    let c = queue.lease("w", LONG, t(6)).unwrap().unwrap();
+    assert_eq!((&*c.job_id, &*c.payload), ("c", "{\"c\":3}"));
+    assert!(queue.finish(&a, t(7)).unwrap());
+}
+
+pub(crate) fn status_shows_every_open_job_and_the_counts(store: &dyn Store) {
+    let queue = store.open_with(Config {
+        max_attempts: 2,
+        backoff: Backoff {
+            first: Duration::from_secs(10),
+            cap: Duration::from_secs(10),
+        },
+    });
+    for id in ["done-1", "done-2", "lost", "waiting", "leased", "queued"] {
+        queue.enqueue(id, "{}", t(0)).unwrap();
+    }
+    for (at, end) in [(1, 1), (2, 3)] {
+        let lease = queue.lease("w", LONG, t(at)).unwrap().unwrap();
+        queue.finish(&lease, t(end)).unwrap();
+    }
+    let short = Duration::from_millis(10);
+    queue.lease("dead", short, t(0)).unwrap().unwrap();
+    let waiting = queue.lease("w", LONG, t(5)).unwrap().unwrap();
+    assert_eq!(waiting.job_id, "waiting");
+    // "lost" lapsed at t(10) and was taken again at t(20); it lapses again at t(30).
+    let lost = queue.lease("dead", short, t(20)).unwrap().unwrap();
+    assert_eq!((&*lost.job_id, lost.attempt), ("lost", 2));
+    queue.retry(&waiting, t(21)).unwrap();
+    queue.lease("busy", LONG, t(40)).unwrap().unwrap();
+
+    let status = queue.status(t(50), 1).unwrap();
+    let states: Vec<_> = status
+        .open
+        .iter()
+        .map(|j| (&*j.id, j.state.clone(), j.attempt))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("lost", OpenState::Lost, 2),
+            ("waiting", OpenState::Waiting { until: t(10_021) }, 1),
+            (
+                "leased",
+                OpenState::Leased {
+                    worker: "busy".to_owned(),
+                    until: t(40) + LONG,
+                    since: t(40),
+                },
+                1
+            ),
+            ("queued", OpenState::Queued, 0),
+        ]
+    );
+    assert_eq!(
+        status.counts,
+        Counts {
+            queued: 1,
+            waiting: 1,
+            leased: 1,
+            lost: 1,
+            done: 2,
+        }
+    );
+    let recent: Vec<_> = status.recent_done.iter().map(|j| &*j.id).collect();
+    assert_eq!(recent, ["done-2"]);
+}
+
+pub(crate) fn prune_forgets_done_jobs_finished_before_a_time(store: &dyn Store) {
+    let queue = store.open();
+    queue.enqueue("a", "{}", t(0)).unwrap();
+    queue.enqueue("b", "{}", t(0)).unwrap();
+    queue.enqueue("c", "{}", t(0)).unwrap();
+    let a = queue.lease("w", LONG, t(0)).unwrap().unwrap();
+    let b = queue.lease("w", LONG, t(0)).unwrap().unwrap();
+    queue.finish(&a, t(10)).unwrap();
+    queue.finish(&b, t(20)).unwrap();
+    assert_eq!(queue.prune_done(t(20)).unwrap(), 1);
+    let status = queue.status(t(30), 10).unwrap();
+    assert_eq!(status.counts.done, 1);
+    assert_eq!(status.open.len(), 1);
+    // A forgotten id may be enqueued again; a remembered one still may not.
+    assert!(queue.enqueue("a", "{}", t(30)).unwrap());
+    assert!(!queue.enqueue("b", "{}", t(30)).unwrap());
+}
+
+pub(crate) fn a_job_not_running_is_cancelled_at_once_and_never_leased(store: &dyn Store) {
+    let queue = store.open();
+    queue.enqueue("a", "{\"p\":1}", t(0)).unwrap();
+    queue.enqueue("b", "{}", t(0)).unwrap();
+    assert_eq!(
+        queue.cancel("a", t(10)).unwrap(),
+        Cancel::Removed {
+            payload: "{\"p\":1}".to_owned(),
+            attempt: 0
+        }
+    );
+    assert_eq!(queue.cancel("a", t(11)).unwrap(), Cancel::AlreadyDone);
+    assert_eq!(queue.cancel("nope", t(11)).unwrap(), Cancel::Unknown);
+    let lease = queue.lease("w", LONG, t(20)).unwrap().unwrap();
+    assert_eq!(lease.job_id, "b");
+    let status = queue.status(t(30), 5).unwrap();
+    assert_eq!(status.recent_done[0].end, End::Cancelled);
+    // A job waiting out its backoff is cancelled the same way.
+    queue.retry(&lease, t(40)).unwrap();
+    assert!(matches!(
+        queue.cancel("b", t(41)).unwrap(),
+        Cancel::Removed { attempt: 1, .. }
+    ));
+    assert_eq!(queue.lease("w", LONG, t(100_000)).unwrap(), None);
+}
+
+pub(crate) fn a_running_job_is_marked_for_its_worker_and_not_taken_over(store: &dyn Store) {
+    let queue = store.open();
+    queue.enqueue("a", "{}", t(0)).unwrap();
+    let lease = queue
+        .lease("w1", Duration::from_millis(100), t(0))
+        .unwrap()
+        .unwrap();
+    assert_eq!(queue.lease_state(&lease).unwrap(), LeaseState::Held);
+    assert_eq!(
+        queue.cancel("a", t(10)).unwrap(),
+        Cancel::Stopping {
+            worker: "w1".to_owned()
+        }
+    );
+    assert_eq!(
+        queue.lease_state(&lease).unwrap(),
+        LeaseState::CancelRequested
+    );
+    assert!(queue.status(t(20), 0).unwrap().open[0].cancel_requested);
+    // Its worker disappears: the job is not leased again, it is reported lost, cancelled.
+    assert_eq!(queue.lease("w2", LONG, t(500)).unwrap(), None);
+    let lost = queue.take_lost(t(600)).unwrap();
+    assert_eq!(lost.len(), 1);
+    assert!(lost[0].cancelled);
+    assert_eq!(
+        queue.status(t(700), 1).unwrap().recent_done[0].end,
+        End::Cancelled
+    );
+}
+
+pub(crate) fn a_lapsed_lease_is_cancelled_at_once(store: &dyn Store) {
+    let queue = store.open();
+    queue.enqueue("a", "{}", t(0)).unwrap();
+    let lease = queue
+        .lease("w1", Duration::from_millis(100), t(0))
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        queue.cancel("a", t(500)).unwrap(),
+        Cancel::Removed { attempt: 1, .. }
+    ));
+    // The old lease holds nothing any more, and says so.
+    assert_eq!(queue.lease_state(&lease).unwrap(), LeaseState::Lost);
+    assert!(!queue.finish(&lease, t(600)).unwrap());
+}
+
+pub(crate) fn a_released_job_is_queued_at_once_without_using_an_attempt(store: &dyn Store) {
+    let queue = store.open();
+    queue.enqueue("a", "{}", t(0)).unwrap();
+    let lease = queue.lease("w1", LONG, t(0)).unwrap().unwrap();
+    assert_eq!(lease.attempt, 1);
+    assert!(queue.release(&lease, t(10)).unwrap());
+    assert!(!queue.release(&lease, t(11)).unwrap());
+    assert!(!queue.finish(&lease, t(12)).unwrap());
+    let again = queue.lease("w2", LONG, t(13)).unwrap().unwrap();
+    assert_eq!((again.job_id.as_str(), again.attempt), ("a", 1));
+}
+
+pub(crate) fn a_delivery_queues_its_jobs_once(store: &dyn Store) {
+    let queue = store.open();
+    assert!(
+        queue
+            .enqueue_delivery("github:d1", &jobs(&["a", "b"]), t(0))
+            .unwrap()
+    );
+    // Sent again, with a job more (the triggers changed): nothing.
+    assert!(
+        !queue
+            .enqueue_delivery("github:d1", &jobs(&["a", "b", "c"]), t(1))
+            .unwrap()
+    );
+    // A delivery that queued no job is remembered too.
+    assert!(queue.enqueue_delivery("github:d2", &[], t(2)).unwrap());
+    assert!(
+        !queue
+            .enqueue_delivery("github:d2", &jobs(&["d"]), t(3))
+            .unwrap()
+    );
+    // The same id on the other forge is another delivery.
+    assert!(
+        queue
+            .enqueue_delivery("gitlab:d1", &jobs(&["e"]), t(4))
+            .unwrap()
+    );
+    assert_eq!(leased_ids(&*queue, t(5)), ["a", "b", "e"]);
+    // Pruned, the delivery may come again.
+    assert_eq!(queue.prune_done(t(1)).unwrap(), 0);
+    assert!(
+        queue
+            .enqueue_delivery("github:d1", &jobs(&["f"]), t(6))
+            .unwrap()
+    );
+    assert!(!queue.enqueue_delivery("github:d2", &[], t(7)).unwrap());
+}
+
+pub(crate) fn deliveries_from_many_threads_queue_each_job_once(store: &dyn Store) {
+    let barrier = Barrier::new(4);
+    let stored: usize = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    let queue = store.open();
+                    barrier.wait();
+                    (0..50)
+                        .filter(|n| {
+                            let id = format!("job-{n}");
+                            queue
+                                .enqueue_delivery(&format!("github:{n}"), &jobs(&[&id]), t(0))
+                                .unwrap()
+                        })
+                        .count()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    assert_eq!(stored, 50);
+    let queue = store.open();
+    assert_eq!(queue.status(t(0), 0).unwrap().open.len(), 50);
+}

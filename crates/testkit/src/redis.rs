@@ -1,0 +1,150 @@
+//! A real Redis for a test: Debian's `redis-server` (installed by `scripts/install`), started on a
+//! unix socket in a folder of its own (no port to race for), with its data in that folder. It can
+//! be stopped and started again on the same data (append-only file on, when asked), and is killed
+//! when dropped.
+
+use std::io::{Read as _, Write as _};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where Debian's package puts it.
+pub const REDIS_SERVER: &str = "/usr/bin/redis-server";
+
+pub struct RedisServer {
+    dir: tempfile::TempDir,
+    aof: bool,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// A server with no persistence.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(false)
+    }
+
+    /// A server; with `aof`, its append-only file on and synced on every write, so a restart
+    /// keeps everything it acknowledged.
+    pub fn start_with(aof: bool) -> RedisServer {
+        assert!(
+            Path::new(REDIS_SERVER).is_file(),
+            "{REDIS_SERVER} is missing: install Debian's redis-server (bash scripts/install)"
+        );
+        let mut server = RedisServer {
+            dir: tempfile::tempdir().unwrap(),
+            aof,
+            child: None,
+        };
+        server.run();
+        server
+    }
+
+    fn run(&mut self) {
+        let socket = self.socket();
+        let _ = std::fs::remove_file(&socket);
+        let aof = if self.aof { "yes" } else { "no" };
+        let child = Command::new(REDIS_SERVER)
+            .args(["--port", "0", "--unixsocket"])
+            .arg(&socket)
+            .args(["--unixsocketperm", "700", "--dir"])
+            .arg(self.dir.path())
+            .args(["--save", "", "--appendonly", aof, "--appendfsync", "always"])
+            .args([
+                "--daemonize",
+                "no",
+                "--loglevel",
+                "warning",
+                "--logfile",
+                "",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.answers() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not answer within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether it answers PING with PONG.
+    fn answers(&self) -> bool {
+        let Ok(mut s) = UnixStream::connect(self.socket()) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut buf = [0u8; 64];
+        s.write_all(b"PING\r\n").is_ok()
+            && s.read(&mut buf)
+                .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("redis.sock")
+    }
+
+    /// `PI_QUEUE` for this server (database `db`).
+    pub fn url_db(&self, db: u32) -> String {
+        format!("redis+unix://{}?db={db}", self.socket().display())
+    }
+
+    /// `PI_QUEUE` for this server's database 0.
+    pub fn url(&self) -> String {
+        self.url_db(0)
+    }
+
+    /// Stops it as an operator would (SIGTERM: it writes what it holds and exits), and waits.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same data and socket.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.run();
+    }
+
+    /// Runs a command with redis-cli's wire format (for tests that read Redis's own view).
+    pub fn command(&self, args: &[&str]) -> String {
+        let mut s = UnixStream::connect(self.socket()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 65536];
+        // One reply: read until the socket has nothing more for a moment.
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
