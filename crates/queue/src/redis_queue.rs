@@ -251,6 +251,15 @@ redis.call('ZREM', p .. 'leased', id)
 return 1
 ";
 
+/// ARGV: prefix, id, record, when. A record is written once.
+const PUT_RECORD: &str = r"
+if redis.call('SET', p .. 'record:' .. ARGV[2], ARGV[3], 'NX') then
+  redis.call('ZADD', p .. 'records', ARGV[4], ARGV[2])
+  return 1
+end
+return 0
+";
+
 struct Scripts {
     enqueue: Script,
     lease: Script,
@@ -264,6 +273,7 @@ struct Scripts {
     cancel: Script,
     lease_state: Script,
     release: Script,
+    put_record: Script,
 }
 
 impl Scripts {
@@ -282,6 +292,7 @@ impl Scripts {
             cancel: s(CANCEL),
             lease_state: s(LEASE_STATE),
             release: s(RELEASE),
+            put_record: s(PUT_RECORD),
         }
     }
 }
@@ -459,13 +470,47 @@ impl RedisQueue {
         })
     }
 
-    /// The connection, for the records stored beside the queue.
-    pub fn with_connection<T>(
-        &self,
-        op: &'static str,
-        f: impl FnMut(&mut Connection) -> Result<T, RedisError>,
-    ) -> Result<T, QueueError> {
-        self.call(op, f)
+    /// Stores a job's record (`record:ID`, listed in `records` by `at`) unless it has one: `false`
+    /// when it had, and then nothing changes. Records are shared by every host of the queue.
+    pub fn put_record(&self, id: &str, json: &str, at: u64) -> Result<bool, QueueError> {
+        let stored: i64 = self.run(
+            "store a record",
+            &self.scripts.put_record,
+            &[id.to_owned(), json.to_owned(), at.to_string()],
+        )?;
+        Ok(stored == 1)
+    }
+
+    /// A job's record, as stored.
+    pub fn get_record(&self, id: &str) -> Result<Option<String>, QueueError> {
+        self.call("read a record", |c| {
+            redis::cmd("GET")
+                .arg(format!("{PREFIX}record:{id}"))
+                .query(c)
+        })
+    }
+
+    /// Every record, in the order they were stored by time, each `(id, stored text)`.
+    pub fn list_records(&self) -> Result<Vec<(String, Option<String>)>, QueueError> {
+        let ids: Vec<String> = self.call("list the records", |c| {
+            redis::cmd("ZRANGE")
+                .arg(format!("{PREFIX}records"))
+                .arg(0)
+                .arg(-1)
+                .query(c)
+        })?;
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(500) {
+            let keys: Vec<String> = chunk
+                .iter()
+                .map(|id| format!("{PREFIX}record:{id}"))
+                .collect();
+            let texts: Vec<Option<String>> = self.call("read the records", |c| {
+                redis::cmd("MGET").arg(&keys).query(c)
+            })?;
+            out.extend(chunk.iter().cloned().zip(texts));
+        }
+        Ok(out)
     }
 }
 

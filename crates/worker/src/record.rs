@@ -98,6 +98,9 @@ pub struct Record {
     /// The pull (merge) request a `fix` job proposed, by its web address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pull_request: Option<String>,
+    /// The worker that wrote the record (`HOST:PID`): where the job's transcript and folder are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
 }
 
 impl Record {
@@ -135,6 +138,7 @@ impl Record {
             transcript: false,
             egress_denied: Vec::new(),
             pull_request: None,
+            worker: None,
         }
     }
 
@@ -206,14 +210,20 @@ impl Record {
 #[derive(Debug, Default)]
 pub struct Listing {
     pub records: Vec<Record>,
-    /// Files named as records that are not readable as one (written by a newer version, or
-    /// damaged).
-    pub unreadable: Vec<PathBuf>,
+    /// Records that are not readable as one (written by a newer version, or damaged): the file,
+    /// or the record's id in Redis.
+    pub unreadable: Vec<String>,
 }
 
-/// The folder of records (`state/runs`).
+/// Where the records are: a folder of files (`state/runs`), or, with the queue in Redis, beside
+/// it, so that every host sees every record.
 pub struct Records {
-    dir: PathBuf,
+    store: Store,
+}
+
+enum Store {
+    Files(PathBuf),
+    Redis(std::sync::Arc<queue::RedisQueue>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -226,6 +236,8 @@ pub enum RecordError {
     NotFound,
     #[error("a record is not valid JSON of the record's shape")]
     Invalid,
+    #[error("the records in Redis cannot be used: {0}")]
+    Redis(String),
 }
 
 /// Job ids become file names: only these characters.
@@ -239,24 +251,54 @@ pub fn is_plain_id(id: &str) -> bool {
 }
 
 impl Records {
+    /// The records in the folder `dir`.
     pub fn new(dir: impl Into<PathBuf>) -> Records {
-        Records { dir: dir.into() }
+        Records {
+            store: Store::Files(dir.into()),
+        }
     }
 
-    fn path(&self, id: &str) -> Option<PathBuf> {
-        is_plain_id(id).then(|| self.dir.join(format!("{id}.json")))
+    /// The records in the queue's Redis.
+    pub fn redis(queue: std::sync::Arc<queue::RedisQueue>) -> Records {
+        Records {
+            store: Store::Redis(queue),
+        }
+    }
+
+    /// Where they are, for messages: the folder, or "Redis".
+    pub fn place(&self) -> String {
+        match &self.store {
+            Store::Files(dir) => dir.display().to_string(),
+            Store::Redis(_) => "the queue's Redis".to_owned(),
+        }
+    }
+
+    fn path(&self, dir: &Path, id: &str) -> Option<PathBuf> {
+        is_plain_id(id).then(|| dir.join(format!("{id}.json")))
     }
 
     /// Writes `record` (once: a job has one record; a second write for the same id replaces
     /// nothing and says so).
     pub fn write(&self, record: &Record) -> Result<bool, RecordError> {
+        let dir = match &self.store {
+            Store::Files(dir) => dir,
+            Store::Redis(queue) => {
+                if !is_plain_id(&record.job_id) {
+                    return Err(RecordError::Invalid);
+                }
+                let text = serde_json::to_string(record).map_err(|_| RecordError::Invalid)?;
+                return queue
+                    .put_record(&record.job_id, &text, record.finished_at_ms)
+                    .map_err(|e| RecordError::Redis(e.to_string()));
+            }
+        };
         use std::io::Write as _;
-        let path = self.path(&record.job_id).ok_or(RecordError::Invalid)?;
-        std::fs::create_dir_all(&self.dir).map_err(|e| RecordError::Write(e.kind()))?;
+        let path = self.path(dir, &record.job_id).ok_or(RecordError::Invalid)?;
+        std::fs::create_dir_all(dir).map_err(|e| RecordError::Write(e.kind()))?;
         let text = serde_json::to_string_pretty(record).map_err(|_| RecordError::Invalid)? + "\n";
         let mut tmp = tempfile::Builder::new()
             .prefix(".record-")
-            .tempfile_in(&self.dir)
+            .tempfile_in(dir)
             .map_err(|e| RecordError::Write(e.kind()))?;
         tmp.write_all(text.as_bytes())
             .and_then(|()| tmp.as_file().sync_all())
@@ -270,7 +312,20 @@ impl Records {
     }
 
     pub fn read(&self, id: &str) -> Result<Record, RecordError> {
-        let path = self.path(id).ok_or(RecordError::NotFound)?;
+        let dir = match &self.store {
+            Store::Files(dir) => dir,
+            Store::Redis(queue) => {
+                if !is_plain_id(id) {
+                    return Err(RecordError::NotFound);
+                }
+                let text = queue
+                    .get_record(id)
+                    .map_err(|e| RecordError::Redis(e.to_string()))?
+                    .ok_or(RecordError::NotFound)?;
+                return serde_json::from_str(&text).map_err(|_| RecordError::Invalid);
+            }
+        };
+        let path = self.path(dir, id).ok_or(RecordError::NotFound)?;
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -284,7 +339,24 @@ impl Records {
     /// Every record, oldest first (by finish time, then id), and the files of the folder that
     /// should be records and cannot be read as one.
     pub fn list(&self) -> Result<Listing, RecordError> {
-        let entries = match std::fs::read_dir(&self.dir) {
+        let dir = match &self.store {
+            Store::Files(dir) => dir,
+            Store::Redis(queue) => {
+                let mut listing = Listing::default();
+                for (id, text) in queue
+                    .list_records()
+                    .map_err(|e| RecordError::Redis(e.to_string()))?
+                {
+                    match text.and_then(|t| serde_json::from_str::<Record>(&t).ok()) {
+                        Some(record) => listing.records.push(record),
+                        None => listing.unreadable.push(format!("record {id} in Redis")),
+                    }
+                }
+                sort(&mut listing);
+                return Ok(listing);
+            }
+        };
+        let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Listing::default()),
             Err(e) => return Err(RecordError::Read(e.kind())),
@@ -300,19 +372,20 @@ impl Records {
                 .and_then(|b| serde_json::from_slice::<Record>(&b).ok())
             {
                 Some(record) => listing.records.push(record),
-                None => listing.unreadable.push(entry.path()),
+                None => listing.unreadable.push(entry.path().display().to_string()),
             }
         }
-        listing.records.sort_by(|a: &Record, b: &Record| {
-            (a.finished_at_ms, &a.job_id).cmp(&(b.finished_at_ms, &b.job_id))
-        });
-        listing.unreadable.sort();
+        sort(&mut listing);
         Ok(listing)
     }
+}
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
+/// Oldest first (by finish time, then id).
+fn sort(listing: &mut Listing) {
+    listing.records.sort_by(|a: &Record, b: &Record| {
+        (a.finished_at_ms, &a.job_id).cmp(&(b.finished_at_ms, &b.job_id))
+    });
+    listing.unreadable.sort();
 }
 
 #[cfg(test)]

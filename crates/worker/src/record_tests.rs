@@ -101,10 +101,9 @@ fn the_runners_own_faults_reserve_nothing_and_page_nobody() {
     assert!(refused.budget_reserved);
 }
 
-#[test]
-fn a_record_is_written_once_and_read_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let records = Records::new(dir.path().join("runs"));
+/// What every store of records does: a record is written once and read back, and an id that is no
+/// plain name is nobody's.
+fn written_once_and_read_back(records: &Records) -> Record {
     let first = Record::from_exit_line(&job(), &line(0, None), 1, 5);
     assert!(records.write(&first).unwrap());
     let second = Record::from_exit_line(&job(), &line(2, Some("mcp-shadowed")), 2, 9);
@@ -113,19 +112,55 @@ fn a_record_is_written_once_and_read_back() {
         "a second record replaced the first"
     );
     assert_eq!(records.read("job-7").unwrap(), first);
-    assert_eq!(records.list().unwrap().records, vec![first]);
-    // A file that is not a record is reported, not skipped.
-    std::fs::write(records.dir().join("broken.json"), "{").unwrap();
-    let listing = records.list().unwrap();
-    assert_eq!(listing.records.len(), 1);
-    assert_eq!(listing.unreadable, [records.dir().join("broken.json")]);
-    std::fs::remove_file(records.dir().join("broken.json")).unwrap();
+    assert_eq!(records.list().unwrap().records, vec![first.clone()]);
     assert!(matches!(
         records.read("../etc/passwd"),
         Err(RecordError::NotFound)
     ));
+    assert!(matches!(records.read("job-8"), Err(RecordError::NotFound)));
+    first
+}
+
+#[test]
+fn in_redis_a_record_is_written_once_read_back_and_seen_by_every_handle() {
+    let server = testkit::redis::RedisServer::start();
+    let target = queue::RedisTarget {
+        url: server.url(),
+        password: None,
+    };
+    let open = || {
+        Records::redis(std::sync::Arc::new(
+            queue::RedisQueue::open(&target).unwrap(),
+        ))
+    };
+    let first = written_once_and_read_back(&open());
+    // Another host's handle sees it.
+    assert_eq!(open().read("job-7").unwrap(), first);
+    // A stored value that is not a record is reported, not skipped.
+    server.command(&["SET", "pi-dispatch:record:broken", "{"]);
+    server.command(&["ZADD", "pi-dispatch:records", "1", "broken"]);
+    let listing = open().list().unwrap();
+    assert_eq!(listing.records, vec![first]);
+    assert_eq!(listing.unreadable, ["record broken in Redis"]);
+}
+
+#[test]
+fn a_record_is_written_once_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let records = Records::new(&runs);
+    written_once_and_read_back(&records);
+    // A file that is not a record is reported, not skipped.
+    std::fs::write(runs.join("broken.json"), "{").unwrap();
+    let listing = records.list().unwrap();
+    assert_eq!(listing.records.len(), 1);
+    assert_eq!(
+        listing.unreadable,
+        [runs.join("broken.json").display().to_string()]
+    );
+    std::fs::remove_file(runs.join("broken.json")).unwrap();
     // No temporary file is left behind.
-    let names: Vec<_> = std::fs::read_dir(records.dir())
+    let names: Vec<_> = std::fs::read_dir(&runs)
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();

@@ -322,9 +322,12 @@ impl Slot<'_> {
         page(&record, options);
     }
 
-    /// Writes the record (once); a record that exists already is left as it is.
+    /// Writes the record (once), naming this worker; a record that exists already is left as it
+    /// is.
     fn write_record(&self, record: &Record) {
-        write_record(self.records, record, Some(self.summary));
+        let mut record = record.clone();
+        record.worker = Some(self.options.worker_id.clone());
+        write_record(self.records, &record, Some(self.summary));
     }
 
     /// A lost job's record and page.

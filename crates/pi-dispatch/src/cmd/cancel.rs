@@ -30,7 +30,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         return Ok(Exit::Unusable);
     }
     let queue = ctx.queue(&settings)?;
-    let records = crate::cmd::runs::records(ctx);
+    let records = crate::cmd::runs::records(ctx)?;
     match queue.cancel(&args.id, SystemTime::now())? {
         Cancel::Unknown => {
             eprintln!("pi-dispatch: no job has the id {id} (see pi-dispatch status)");

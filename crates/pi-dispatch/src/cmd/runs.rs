@@ -34,13 +34,28 @@ enum RunsCommand {
     },
 }
 
-/// The records folder of the deployment.
-pub fn records(ctx: &Context) -> Records {
-    Records::new(ctx.dir.join("state").join("runs"))
+/// The deployment's records: its `state/runs` folder, or, with the queue in Redis, the records
+/// every host shares there.
+pub fn records(ctx: &Context) -> anyhow::Result<Records> {
+    let settings = ctx.settings()?;
+    Ok(match &settings.queue {
+        config::settings::QueueBackend::Sqlite => Records::new(ctx.dir.join("state").join("runs")),
+        config::settings::QueueBackend::Redis { url } => {
+            let password = ctx
+                .environment()?
+                .get(config::settings::QUEUE_PASSWORD_SETTING);
+            Records::redis(std::sync::Arc::new(queue::RedisQueue::open(
+                &queue::RedisTarget {
+                    url: url.clone(),
+                    password,
+                },
+            )?))
+        }
+    })
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
-    let records = records(ctx);
+    let records = records(ctx)?;
     if let Some(RunsCommand::Show {
         id,
         json,
@@ -53,7 +68,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
                 eprintln!(
                     "pi-dispatch: no run record has the id {} in {} (see pi-dispatch runs)",
                     crate::output::display_name(id),
-                    records.dir().display()
+                    records.place()
                 );
                 return Ok(Exit::Unusable);
             }
@@ -74,7 +89,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     for path in &listing.unreadable {
         eprintln!(
             "pi-dispatch: {} is not readable as a run record (damaged, or written by another version); it is left out",
-            path.display()
+            path
         );
     }
     if args.json {
@@ -120,8 +135,19 @@ fn show_transcript(ctx: &Context, record: &Record) -> anyhow::Result<Exit> {
         );
         return Ok(Exit::CheckFailed);
     }
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| anyhow::anyhow!("{} cannot be read ({})", path.display(), e.kind()))?;
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        // With the queue in Redis, the job may have run on another host.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && record.worker.is_some() => {
+            eprintln!(
+                "pi-dispatch: job {}'s transcript is kept on the host of the worker that ran it ({}); run this there",
+                record.job_id,
+                record.worker.as_deref().unwrap_or_default()
+            );
+            return Ok(Exit::CheckFailed);
+        }
+        Err(e) => anyhow::bail!("{} cannot be read ({})", path.display(), e.kind()),
+    };
     crate::output::print(&text)?;
     Ok(Exit::Success)
 }

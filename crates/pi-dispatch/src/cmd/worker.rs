@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use sandbox::backend::Bubblewrap;
 use worker::pipeline::Worker;
-use worker::record::Records;
 use worker::service::{self, Control, LoopOptions};
 
 use crate::context::Context;
@@ -146,7 +145,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         egress_control,
         settings,
     });
-    let records = Arc::new(Records::new(state.join("runs")));
+    let records = Arc::new(crate::cmd::runs::records(ctx)?);
     // A job's sandbox runs as another user, which must reach its job folder (and nothing else
     // of the state): state/ and state/jobs/ are traversable but not listable.
     {
