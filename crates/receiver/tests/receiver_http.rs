@@ -54,7 +54,7 @@ impl Log {
 
 struct Receiver {
     url: String,
-    queue: Arc<SqliteQueue>,
+    queue: Arc<dyn Queue>,
     dir: tempfile::TempDir,
     log: Log,
     _guard: tracing::subscriber::DefaultGuard,
@@ -62,6 +62,12 @@ struct Receiver {
 }
 
 async fn start(timeout: Duration) -> Receiver {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = Arc::new(SqliteQueue::open(&dir.path().join("queue.sqlite3")).unwrap());
+    start_on(timeout, dir, queue).await
+}
+
+async fn start_on(timeout: Duration, dir: tempfile::TempDir, queue: Arc<dyn Queue>) -> Receiver {
     let log = Log::default();
     let writer = log.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -69,9 +75,7 @@ async fn start(timeout: Duration) -> Receiver {
         .with_writer(move || writer.clone())
         .finish();
     let guard = tracing::subscriber::set_default(subscriber);
-    let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("triggers.json"), TRIGGERS).unwrap();
-    let queue = Arc::new(SqliteQueue::open(&dir.path().join("queue.sqlite3")).unwrap());
     let app = server::router(Config {
         queue: queue.clone(),
         triggers_file: dir.path().join("triggers.json"),
@@ -192,6 +196,43 @@ async fn a_signed_label_event_queues_its_trigger_job_once() {
     assert_eq!(lines[0]["fields"]["event"], "webhook_queued");
     assert_eq!(lines[1]["fields"]["outcome"], "duplicate");
     assert!(!r.log.text().contains(SECRET));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_queue_in_redis_a_delivery_is_queued_once_for_every_host() {
+    let server = testkit::redis::RedisServer::start();
+    let target = queue::RedisTarget {
+        url: server.url(),
+        password: None,
+    };
+    let queue = Arc::new(queue::RedisQueue::open(&target).unwrap());
+    let r = start_on(Duration::from_secs(10), tempfile::tempdir().unwrap(), queue).await;
+    let body = fixture("github-issues-labeled.json");
+    let (status, a) = r.signed("issues", "3c1d-bb02", &body).await;
+    assert_eq!(
+        (status, a["outcome"].as_str()),
+        (202, Some("queued")),
+        "{a}"
+    );
+    let (status, a) = r.signed("issues", "3c1d-bb02", &body).await;
+    assert_eq!(
+        (status, a["outcome"].as_str()),
+        (200, Some("duplicate")),
+        "{a}"
+    );
+    // Another host's handle on the queue sees the job, once.
+    let other = queue::RedisQueue::open(&target).unwrap();
+    let open = other.status(SystemTime::now(), 0).unwrap().open;
+    assert_eq!(
+        open.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(),
+        ["gh-3c1d-bb02-t0"]
+    );
+    let lease = other
+        .lease("another-host", Duration::from_secs(60), SystemTime::now())
+        .unwrap()
+        .unwrap();
+    let job: Job = serde_json::from_str(&lease.payload).unwrap();
+    assert_eq!(job.event.unwrap().number, 42);
 }
 
 #[tokio::test]

