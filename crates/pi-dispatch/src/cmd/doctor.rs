@@ -71,6 +71,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             };
             if doctor::is_deployment(&inputs) {
                 let env = ctx.environment()?;
+                checks.extend(queue_checks(&settings, &env));
                 checks.extend(forge_checks(&settings, &env));
                 checks.extend(admission_checks(&settings, &env));
             }
@@ -93,6 +94,69 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     } else {
         Exit::Success
     })
+}
+
+/// The queue, when it is a Redis: that it answers (within a few seconds), its version, and
+/// whether it keeps what it acknowledged across a restart (the append-only file).
+fn queue_checks(
+    settings: &config::settings::Settings,
+    env: &pickup::fs::Environment,
+) -> Vec<Check> {
+    use config::settings as s;
+    let config::settings::QueueBackend::Redis { url } = &settings.queue else {
+        return Vec::new();
+    };
+    let target = queue::RedisTarget {
+        url: url.clone(),
+        password: env.get(s::QUEUE_PASSWORD_SETTING),
+    };
+    let opened = queue::RedisQueue::open_with(
+        &target,
+        queue::Config::default(),
+        std::time::Duration::from_secs(3),
+    )
+    .and_then(|q| q.info());
+    let info = match opened {
+        Ok(info) => info,
+        Err(e) => {
+            return vec![Check::fail(
+                format!("the queue's Redis ({url}) cannot be used: {e}"),
+                format!(
+                    "start it, or correct {} (and {} if it has a password); every command that queues or runs jobs needs it",
+                    s::QUEUE_SETTING,
+                    s::QUEUE_PASSWORD_SETTING
+                ),
+            )];
+        }
+    };
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let version = field("redis_version").unwrap_or("unknown");
+    let major: u32 = version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    let mut out = vec![if major >= 6 {
+        Check::ok(format!("queue: Redis {version} at {url} answers"))
+    } else {
+        Check::fail(
+            format!("queue: Redis {version} at {url} is older than 6"),
+            "use Redis 6 or later (or Valkey)".to_owned(),
+        )
+    }];
+    out.push(if field("aof_enabled") == Some("1") {
+        Check::ok("queue: Redis keeps an append-only file (jobs survive its restart)".to_owned())
+    } else {
+        Check::warn(
+            "queue: Redis has no append-only file: a restart of Redis can lose queued jobs, or run a finished one again".to_owned(),
+            "set appendonly yes in redis.conf (appendfsync always keeps every acknowledged change; everysec may lose the last second)".to_owned(),
+        )
+    });
+    out
 }
 
 /// What the worker acts on the forges with: the GitHub App's key (read and parsed as the worker

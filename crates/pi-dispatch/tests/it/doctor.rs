@@ -465,3 +465,45 @@ fn the_forges_keys_and_settings_are_checked_as_the_worker_reads_them() {
         run.stdout
     );
 }
+
+#[test]
+fn a_redis_queue_is_checked_for_its_answer_version_and_persistence() {
+    let d = realistic();
+    let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
+    let with = |queue: &str| {
+        std::fs::write(d.path().join(".env"), format!("{env}PI_QUEUE={queue}\n")).unwrap()
+    };
+    let plain = testkit::redis::RedisServer::start();
+    with(&plain.url());
+    let run = d.run(&["doctor"]);
+    assert!(
+        run.stdout.contains("✓ queue: Redis 7.") && run.stdout.contains("answers"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .contains("⚠ queue: Redis has no append-only file"),
+        "{}",
+        run.stdout
+    );
+    let kept = testkit::redis::RedisServer::start_with(true);
+    with(&kept.url());
+    let run = d.run(&["doctor"]);
+    assert!(
+        run.stdout
+            .contains("✓ queue: Redis keeps an append-only file"),
+        "{}",
+        run.stdout
+    );
+    // Nothing there: a failure that names the setting.
+    let gone = d.path().join("no-redis.sock");
+    with(&format!("redis+unix://{}", gone.display()));
+    let run = d.run(&["doctor"]);
+    assert_eq!(run.code, 1);
+    assert!(
+        failures(&run).join("\n").contains("the queue's Redis") && run.stdout.contains("PI_QUEUE"),
+        "{}",
+        run.stdout
+    );
+}
