@@ -32,6 +32,9 @@
 //! With `--egress` it also measures the egress proxy's tunnels (see [`egress_proxy`]): throughput and
 //! connect latency beside a raw loopback connection and a squid with the same rule.
 //!
+//! With `--queues` it also sets the queue's backends side by side (see [`queues`]): SQLite and
+//! Redis, enqueue and drain with 1, 2 and 4 workers.
+//!
 //! With `--webhooks` it also loads the receiver (see [`webhooks`]): signed GitHub webhooks at a
 //! fixed rate, and every delivery queued exactly once.
 
@@ -40,6 +43,7 @@ mod job;
 mod mcp_hub;
 mod pi_calls;
 mod queue;
+mod queues;
 mod sandbox_start;
 mod stats;
 mod webhooks;
@@ -160,6 +164,16 @@ struct Args {
     /// Untimed rounds before the timed ones.
     #[arg(long, default_value_t = 200)]
     pi_calls_warm_up: u32,
+    /// Also set the queue's backends side by side: SQLite and Redis (Debian's redis-server), with
+    /// 1, 2 and 4 workers.
+    #[arg(long)]
+    queues: bool,
+    /// Jobs each backend enqueues and drains with the no-op runner.
+    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u32).range(1..))]
+    queues_jobs: u32,
+    /// Jobs each backend drains with the runner that holds a job 5 ms.
+    #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u32).range(1..))]
+    queues_held_jobs: u32,
     /// Also load the webhook receiver: signed GitHub deliveries at --webhooks-rate a second for
     /// --webhooks-seconds, each queued exactly once.
     #[arg(long)]
@@ -320,6 +334,16 @@ fn run(args: &Args) -> anyhow::Result<()> {
         None
     };
 
+    let queues = if args.queues {
+        let jobs = queue_jobs(args.queues_jobs.max(args.queues_held_jobs))?;
+        Some(queues::measure(
+            &jobs[..usize::try_from(args.queues_jobs)?],
+            usize::try_from(args.queues_held_jobs)?,
+        )?)
+    } else {
+        None
+    };
+
     let webhooks = if args.webhooks {
         Some(webhooks::measure(&webhooks::Options {
             bin: &bin,
@@ -388,6 +412,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         if let (Some(calls), Some(object)) = (&pi_calls, report.as_object_mut()) {
             object.insert("pi_calls".to_owned(), calls.json());
         }
+        if let (Some(queues), Some(object)) = (&queues, report.as_object_mut()) {
+            object.insert("queues".to_owned(), queues.json());
+        }
         if let (Some(webhooks), Some(object)) = (&webhooks, report.as_object_mut()) {
             object.insert("webhooks".to_owned(), webhooks.json());
         }
@@ -445,6 +472,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         }
         if let Some(calls) = &pi_calls {
             calls.print();
+        }
+        if let Some(queues) = &queues {
+            queues.print();
         }
         if let Some(webhooks) = &webhooks {
             webhooks.print();

@@ -717,7 +717,9 @@ impl Queue for RedisQueue {
     fn status(&self, now: SystemTime, recent_done: usize) -> Result<Status, QueueError> {
         const OP: &str = "read the queue's status";
         let now = ms(now);
-        let answer: Value = self.run(OP, &self.scripts.status, &[recent_done.to_string()])?;
+        // Lua's numbers are doubles: a count past 2^32 is all of them anyway.
+        let recent = recent_done.min(u32::MAX as usize);
+        let answer: Value = self.run(OP, &self.scripts.status, &[recent.to_string()])?;
         let parts = shape(OP, items(&answer))?;
         let open_rows = shape(OP, parts.first().and_then(items))?;
         let mut open = Vec::with_capacity(open_rows.len());

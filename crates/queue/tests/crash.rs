@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! A worker process killed outright (SIGKILL) leaves a consistent queue: the job it held is leased
-//! again once its lease lapses, and a kill in the middle of writes loses no committed change.
-//! The children are this test binary run again with `--exact <child> --ignored`.
+//! again once its lease lapses, and a kill in the middle of writes loses no committed change. Each
+//! on the SQLite file and on a real Redis. The children are this test binary run again with
+//! `--exact <child> --ignored`.
 
 use std::io::{BufRead as _, BufReader};
 use std::os::unix::process::ExitStatusExt as _;
@@ -9,9 +10,47 @@ use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use queue::{Lease, OpenState, Queue, SqliteQueue};
+use queue::{Lease, OpenState, Queue, RedisQueue, RedisTarget, SqliteQueue};
 
-/// The queue file a child opens; a child test without it returns at once.
+/// A queue by where it is: a Redis URL, or a SQLite file's path.
+fn open(at: &str) -> Box<dyn Queue> {
+    if at.starts_with("redis") {
+        Box::new(
+            RedisQueue::open(&RedisTarget {
+                url: at.to_owned(),
+                password: None,
+            })
+            .unwrap(),
+        )
+    } else {
+        Box::new(SqliteQueue::open(Path::new(at)).unwrap())
+    }
+}
+
+/// Where each backend's queue is for one test: a fresh SQLite file, or a fresh redis-server.
+enum Place {
+    Sqlite(tempfile::TempDir),
+    Redis(testkit::redis::RedisServer),
+}
+
+impl Place {
+    fn sqlite() -> Place {
+        Place::Sqlite(tempfile::tempdir().unwrap())
+    }
+
+    fn redis() -> Place {
+        Place::Redis(testkit::redis::RedisServer::start())
+    }
+
+    fn at(&self) -> String {
+        match self {
+            Place::Sqlite(dir) => dir.path().join("state/queue.sqlite3").display().to_string(),
+            Place::Redis(server) => server.url(),
+        }
+    }
+}
+
+/// The queue a child opens; a child test without it returns at once.
 const CHILD_QUEUE: &str = "PI_DISPATCH_QUEUE_TEST_CHILD";
 /// The lease of the child killed while holding it.
 const LEASE: Duration = Duration::from_millis(200);
@@ -36,7 +75,7 @@ impl Drop for Killed {
     }
 }
 
-fn spawn_child(name: &str, queue: &Path) -> (Killed, BufReader<ChildStdout>) {
+fn spawn_child(name: &str, queue: &str) -> (Killed, BufReader<ChildStdout>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -85,10 +124,10 @@ fn kill(mut child: Killed) {
 #[test]
 #[ignore = "a child of a_killed_workers_job_is_leased_again"]
 fn child_holds_a_lease() {
-    let Some(path) = std::env::var_os(CHILD_QUEUE) else {
+    let Ok(at) = std::env::var(CHILD_QUEUE) else {
         return;
     };
-    let queue = SqliteQueue::open(Path::new(&path)).unwrap();
+    let queue = open(&at);
     let lease = queue.lease("child", LEASE, t(0)).unwrap().unwrap();
     println!("LEASED {}", lease.token);
     std::thread::sleep(CHILD_AT_MOST);
@@ -96,12 +135,19 @@ fn child_holds_a_lease() {
 
 #[test]
 fn a_killed_workers_job_is_leased_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state/queue.sqlite3");
-    let queue = SqliteQueue::open(&path).unwrap();
+    a_killed_workers_job_is_leased_again_on(&Place::sqlite());
+}
+
+#[test]
+fn a_killed_workers_job_is_leased_again_on_redis() {
+    a_killed_workers_job_is_leased_again_on(&Place::redis());
+}
+
+fn a_killed_workers_job_is_leased_again_on(place: &Place) {
+    let queue = open(&place.at());
     assert!(queue.enqueue("job-1", "{\"id\":\"job-1\"}", t(0)).unwrap());
 
-    let (child, mut stdout) = spawn_child("child_holds_a_lease", &path);
+    let (child, mut stdout) = spawn_child("child_holds_a_lease", &place.at());
     let token = wait_for(&mut stdout, "LEASED ");
     kill(child);
 
@@ -137,10 +183,10 @@ fn a_killed_workers_job_is_leased_again() {
 #[test]
 #[ignore = "a child of a_worker_killed_mid_write_leaves_a_consistent_queue"]
 fn child_writes_without_end() {
-    let Some(path) = std::env::var_os(CHILD_QUEUE) else {
+    let Ok(at) = std::env::var(CHILD_QUEUE) else {
         return;
     };
-    let queue = SqliteQueue::open(Path::new(&path)).unwrap();
+    let queue = open(&at);
     let start = std::time::Instant::now();
     for i in 0u64.. {
         if start.elapsed() > CHILD_AT_MOST {
@@ -160,15 +206,22 @@ fn child_writes_without_end() {
 
 #[test]
 fn a_worker_killed_mid_write_leaves_a_consistent_queue() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("queue.sqlite3");
-    drop(SqliteQueue::open(&path).unwrap());
+    a_worker_killed_mid_write_leaves_a_consistent_queue_on(&Place::sqlite());
+}
 
-    let (child, mut stdout) = spawn_child("child_writes_without_end", &path);
+#[test]
+fn a_worker_killed_mid_write_leaves_a_consistent_queue_on_redis() {
+    a_worker_killed_mid_write_leaves_a_consistent_queue_on(&Place::redis());
+}
+
+fn a_worker_killed_mid_write_leaves_a_consistent_queue_on(place: &Place) {
+    drop(open(&place.at()));
+
+    let (child, mut stdout) = spawn_child("child_writes_without_end", &place.at());
     wait_for(&mut stdout, "WRITING");
     kill(child);
 
-    let queue = SqliteQueue::open(&path).unwrap();
+    let queue = open(&place.at());
     let status = queue.status(t(0), usize::MAX).unwrap();
     let enqueued = status.open.len() + status.counts.done;
     assert!(enqueued > 50, "{enqueued}");
