@@ -333,13 +333,13 @@ impl std::fmt::Debug for RedisQueue {
 }
 
 /// Whether a failure may pass: the connection broke or was refused, or Redis is still loading its
-/// data after a restart.
+/// data after a restart. A refused password, a missing permission or a bad address does not: it
+/// fails at once.
 fn may_pass(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_connection_refusal()
         || e.is_connection_dropped()
         || e.is_timeout()
-        || e.is_unrecoverable_error()
         || matches!(
             e.kind(),
             redis::ErrorKind::Server(

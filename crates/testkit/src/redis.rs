@@ -14,7 +14,9 @@ pub const REDIS_SERVER: &str = "/usr/bin/redis-server";
 
 pub struct RedisServer {
     dir: tempfile::TempDir,
-    aof: bool,
+    /// `appendfsync`'s value, with the append-only file on; `None`: no persistence.
+    aof: Option<&'static str>,
+    password: Option<String>,
     child: Option<Child>,
 }
 
@@ -31,9 +33,29 @@ impl RedisServer {
             Path::new(REDIS_SERVER).is_file(),
             "{REDIS_SERVER} is missing: install Debian's redis-server (bash scripts/install)"
         );
+        RedisServer::start_as(aof.then_some("always"), None)
+    }
+
+    /// A server whose append-only file is synced as `appendfsync` says (`always`, `everysec`).
+    pub fn start_with_fsync(appendfsync: &'static str) -> RedisServer {
+        RedisServer::start_as(Some(appendfsync), None)
+    }
+
+    /// A server that takes `password` (given in its configuration file, never on its command
+    /// line).
+    pub fn start_with_password(password: &str) -> RedisServer {
+        RedisServer::start_as(None, Some(password.to_owned()))
+    }
+
+    fn start_as(aof: Option<&'static str>, password: Option<String>) -> RedisServer {
+        assert!(
+            Path::new(REDIS_SERVER).is_file(),
+            "{REDIS_SERVER} is missing: install Debian's redis-server (bash scripts/install)"
+        );
         let mut server = RedisServer {
             dir: tempfile::tempdir().unwrap(),
             aof,
+            password,
             child: None,
         };
         server.run();
@@ -43,13 +65,24 @@ impl RedisServer {
     fn run(&mut self) {
         let socket = self.socket();
         let _ = std::fs::remove_file(&socket);
-        let aof = if self.aof { "yes" } else { "no" };
+        let (aof, fsync) = match self.aof {
+            Some(fsync) => ("yes", fsync),
+            None => ("no", "always"),
+        };
+        let conf = self.dir.path().join("redis.conf");
+        let auth = self
+            .password
+            .as_ref()
+            .map(|p| format!("requirepass {p}\n"))
+            .unwrap_or_default();
+        std::fs::write(&conf, auth).unwrap();
         let child = Command::new(REDIS_SERVER)
+            .arg(&conf)
             .args(["--port", "0", "--unixsocket"])
             .arg(&socket)
             .args(["--unixsocketperm", "700", "--dir"])
             .arg(self.dir.path())
-            .args(["--save", "", "--appendonly", aof, "--appendfsync", "always"])
+            .args(["--save", "", "--appendonly", aof, "--appendfsync", fsync])
             .args([
                 "--daemonize",
                 "no",
@@ -81,9 +114,10 @@ impl RedisServer {
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
         let mut buf = [0u8; 64];
+        // Without the password, PING is refused with NOAUTH: the server answers all the same.
         s.write_all(b"PING\r\n").is_ok()
             && s.read(&mut buf)
-                .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+                .is_ok_and(|n| buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
     }
 
     pub fn socket(&self) -> PathBuf {

@@ -458,3 +458,61 @@ fn log_pid(log: &Log) -> String {
         .unwrap()
         .to_owned()
 }
+
+#[test]
+fn a_redis_password_comes_from_its_setting_and_is_shown_nowhere() {
+    const PASSWORD: &str = "CNRY-redis-password-6f1e";
+    let redis = RedisServer::start_with_password(PASSWORD);
+    let model = FakeModel::start(vec![Step::text("unused")]);
+    let host = Host::new(&redis, &model, &format!("PI_QUEUE_PASSWORD={PASSWORD}\n"));
+    let repo = repository(host.d.path());
+    let run = host.cli(&["run", repo.to_str().unwrap(), "--task", "Anything."]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let log = Log::default();
+    wait_all(
+        vec![host.worker(&["--until-empty"], &log)],
+        std::slice::from_ref(&log),
+    );
+    let status = host.cli(&["status", "--json"]);
+    let runs = host.cli(&["runs", "--json"]);
+    let doctor = host.cli(&["doctor"]);
+    assert!(
+        doctor.stdout.contains("✓ queue: Redis"),
+        "{}",
+        doctor.stdout
+    );
+    for out in [&run, &status, &runs, &doctor] {
+        assert!(!out.stdout.contains(PASSWORD) && !out.stderr.contains(PASSWORD));
+    }
+    assert!(!format!("{:?}", log.0.lock().unwrap()).contains(PASSWORD));
+    // A wrong password: a clear failure that names the setting, not the value.
+    let wrong = "CNRY-wrong-password-0d3c";
+    host.d.write(
+        ".env",
+        &format!(
+            "PI_EGRESS=0\nPI_PROVIDER=fake\nPI_MODEL=fake-model\nPI_QUEUE={}\nPI_QUEUE_PASSWORD={wrong}\n",
+            redis.url()
+        ),
+    );
+    let refused = host.cli(&["status"]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("authentication"),
+        "{}",
+        refused.stderr
+    );
+    assert!(!refused.stderr.contains(wrong));
+    // Refused at once: a password is not a Redis that is away, waited for.
+    assert!(
+        !refused.stderr.contains("queue_unreachable"),
+        "{}",
+        refused.stderr
+    );
+    let doctor = host.cli(&["doctor"]);
+    assert!(
+        doctor.stdout.contains("PI_QUEUE_PASSWORD"),
+        "{}",
+        doctor.stdout
+    );
+    assert!(!doctor.stdout.contains(wrong));
+}
