@@ -336,6 +336,16 @@ impl std::fmt::Debug for RedisQueue {
 /// data after a restart. A refused password, a missing permission or a bad address does not: it
 /// fails at once.
 fn may_pass(e: &RedisError) -> bool {
+    // A TLS handshake that fails (a certificate nobody vouches for) is an I/O error too, of data
+    // that will not change by waiting.
+    if io_kind(e).is_some_and(|k| {
+        matches!(
+            k.as_str(),
+            "InvalidData" | "InvalidInput" | "PermissionDenied" | "Unsupported"
+        )
+    }) {
+        return false;
+    }
     e.is_io_error()
         || e.is_connection_refusal()
         || e.is_connection_dropped()
@@ -514,11 +524,31 @@ impl RedisQueue {
     }
 }
 
+/// The kind of the I/O error under a failure, if it is one. The redis crate keeps the error itself
+/// to itself; its `Debug` form names the kind (`kind: InvalidData`).
+fn io_kind(e: &RedisError) -> Option<String> {
+    if !e.is_io_error() {
+        return None;
+    }
+    let shown = format!("{:?}", std::error::Error::source(e)?);
+    let rest = &shown[shown.find("kind: ")? + "kind: ".len()..];
+    Some(
+        rest.chars()
+            .take_while(char::is_ascii_alphanumeric)
+            .collect(),
+    )
+}
+
 /// What a failure was, by its kind and the server's code: never a value of a key.
 fn describe(e: &RedisError) -> String {
-    match e.code() {
-        Some(code) => format!("{} ({code})", e.category()),
-        None => e.category().to_owned(),
+    match (e.code(), io_kind(e).as_deref()) {
+        (Some(code), _) => format!("{} ({code})", e.category()),
+        (None, Some("InvalidData")) => format!(
+            "{} (the connection's data was refused: for rediss://, is the server's certificate trusted?)",
+            e.category()
+        ),
+        (None, Some(kind)) => format!("{} ({kind})", e.category()),
+        (None, None) => e.category().to_owned(),
     }
 }
 

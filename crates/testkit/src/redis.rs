@@ -17,6 +17,8 @@ pub struct RedisServer {
     /// `appendfsync`'s value, with the append-only file on; `None`: no persistence.
     aof: Option<&'static str>,
     password: Option<String>,
+    /// A TLS port on 127.0.0.1 besides the socket, its certificate signed by `ca.pem` in `dir`.
+    tls_port: Option<u16>,
     child: Option<Child>,
 }
 
@@ -47,6 +49,84 @@ impl RedisServer {
         RedisServer::start_as(None, Some(password.to_owned()))
     }
 
+    /// A server that also takes TLS connections on a loopback port ([`RedisServer::tls_url`]),
+    /// with a certificate for `localhost` signed by a CA of its own ([`RedisServer::ca_file`]).
+    pub fn start_tls() -> RedisServer {
+        let dir = tempfile::tempdir().unwrap();
+        let ssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .expect("openssl");
+            assert!(out.status.success(), "openssl {args:?}");
+        };
+        ssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=pi-dispatch test CA",
+        ]);
+        ssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ]);
+        std::fs::write(dir.path().join("ext"), "subjectAltName=DNS:localhost\n").unwrap();
+        ssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext",
+        ]);
+        let mut server = RedisServer {
+            dir,
+            aof: None,
+            password: None,
+            tls_port: Some(crate::free_port()),
+            child: None,
+        };
+        server.run();
+        server
+    }
+
+    /// `PI_QUEUE` for the TLS port.
+    pub fn tls_url(&self) -> String {
+        format!("rediss://localhost:{}/0", self.tls_port.unwrap_or(0))
+    }
+
+    /// The CA that signed the TLS certificate.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
     fn start_as(aof: Option<&'static str>, password: Option<String>) -> RedisServer {
         assert!(
             Path::new(REDIS_SERVER).is_file(),
@@ -56,6 +136,7 @@ impl RedisServer {
             dir: tempfile::tempdir().unwrap(),
             aof,
             password,
+            tls_port: None,
             child: None,
         };
         server.run();
@@ -70,12 +151,21 @@ impl RedisServer {
             None => ("no", "always"),
         };
         let conf = self.dir.path().join("redis.conf");
-        let auth = self
+        let mut text = self
             .password
             .as_ref()
             .map(|p| format!("requirepass {p}\n"))
             .unwrap_or_default();
-        std::fs::write(&conf, auth).unwrap();
+        if let Some(port) = self.tls_port {
+            let file = |name: &str| self.dir.path().join(name).display().to_string();
+            text.push_str(&format!(
+                "bind 127.0.0.1\ntls-port {port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-auth-clients no\n",
+                file("server.pem"),
+                file("server.key"),
+                file("ca.pem")
+            ));
+        }
+        std::fs::write(&conf, text).unwrap();
         let child = Command::new(REDIS_SERVER)
             .arg(&conf)
             .args(["--port", "0", "--unixsocket"])

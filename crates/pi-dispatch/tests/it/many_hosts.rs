@@ -516,3 +516,46 @@ fn a_redis_password_comes_from_its_setting_and_is_shown_nowhere() {
     );
     assert!(!doctor.stdout.contains(wrong));
 }
+
+#[test]
+fn a_redis_over_tls_is_used_when_its_certificate_is_trusted_and_refused_when_not() {
+    let redis = RedisServer::start_tls();
+    let model = FakeModel::start(vec![Step::text("unused")]);
+    let host = Host::new(&redis, &model, "");
+    host.d.write(
+        ".env",
+        &format!(
+            "PI_EGRESS=0\nPI_PROVIDER=fake\nPI_MODEL=fake-model\nPI_QUEUE={}\n",
+            redis.tls_url()
+        ),
+    );
+    let repo = repository(host.d.path());
+    // The system's roots, here with the test's CA (rustls reads SSL_CERT_FILE).
+    let trusted = |args: &[&str]| {
+        let mut cmd = host.d.command(args);
+        cmd.env("FAKE_API_KEY", MODEL_KEY)
+            .env("SSL_CERT_FILE", redis.ca_file());
+        Run::from(cmd.output().unwrap())
+    };
+    let run = trusted(&["run", repo.to_str().unwrap(), "--task", "Anything."]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = queued_id(&run);
+    // What went over TLS is in the server's own queue, seen through its socket.
+    assert!(
+        redis
+            .command(&["ZRANGE", "pi-dispatch:open", "0", "-1"])
+            .contains(&id),
+        "the job is not in Redis"
+    );
+    let status = trusted(&["status", "--json"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    assert!(status.stdout.contains(&id));
+    // A certificate nobody vouches for: refused at once, not waited for as an outage.
+    let untrusted = host.cli(&["status"]);
+    assert_eq!(untrusted.code, 2, "{}", untrusted.stderr);
+    assert!(
+        !untrusted.stderr.contains("queue_unreachable"),
+        "{}",
+        untrusted.stderr
+    );
+}
