@@ -196,6 +196,29 @@ pub struct Status {
     pub recent_done: Vec<DoneJob>,
 }
 
+impl Status {
+    /// The status of these open jobs (counted by state), `done` done ones and the recent ones.
+    pub(crate) fn new(open: Vec<OpenJob>, done: usize, recent_done: Vec<DoneJob>) -> Status {
+        let mut counts = Counts {
+            done,
+            ..Counts::default()
+        };
+        for job in &open {
+            match job.state {
+                OpenState::Queued => counts.queued += 1,
+                OpenState::Waiting { .. } => counts.waiting += 1,
+                OpenState::Leased { .. } => counts.leased += 1,
+                OpenState::Lost => counts.lost += 1,
+            }
+        }
+        Status {
+            open,
+            counts,
+            recent_done,
+        }
+    }
+}
+
 /// How many jobs are in each state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use redis::{Connection, RedisError, Script, Value};
 
 use crate::{
-    Cancel, Config, Counts, DoneJob, End, Lease, LeaseState, LostJob, OpenJob, OpenState, Queue,
+    Cancel, Config, DoneJob, End, Lease, LeaseState, LostJob, OpenJob, OpenState, Queue,
     QueueError, RetryDecision, Status,
 };
 
@@ -805,23 +805,11 @@ impl Queue for RedisQueue {
             })();
             recent.push(shape(OP, job)?);
         }
-        let mut counts = Counts {
-            done: usize::try_from(done).unwrap_or(0),
-            ..Counts::default()
-        };
-        for job in &open {
-            match job.state {
-                OpenState::Queued => counts.queued += 1,
-                OpenState::Waiting { .. } => counts.waiting += 1,
-                OpenState::Leased { .. } => counts.leased += 1,
-                OpenState::Lost => counts.lost += 1,
-            }
-        }
-        Ok(Status {
+        Ok(Status::new(
             open,
-            counts,
-            recent_done: recent,
-        })
+            usize::try_from(done).unwrap_or(0),
+            recent,
+        ))
     }
 
     fn enqueue_delivery(

@@ -11,7 +11,7 @@ use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ValueRef};
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 
 use crate::{
-    Cancel, Config, Counts, DoneJob, End, Lease, LeaseState, LostJob, OpenJob, OpenState, Queue,
+    Cancel, Config, DoneJob, End, Lease, LeaseState, LostJob, OpenJob, OpenState, Queue,
     QueueError, RetryDecision, Status,
 };
 
@@ -460,23 +460,11 @@ impl Queue for SqliteQueue {
             rows.collect::<Result<Vec<_>, _>>().map_err(err)?
         };
         tx.commit().map_err(err)?;
-        let mut counts = Counts {
-            done: usize::try_from(done).unwrap_or(usize::MAX),
-            ..Counts::default()
-        };
-        for job in &open {
-            match job.state {
-                OpenState::Queued => counts.queued += 1,
-                OpenState::Waiting { .. } => counts.waiting += 1,
-                OpenState::Leased { .. } => counts.leased += 1,
-                OpenState::Lost => counts.lost += 1,
-            }
-        }
-        Ok(Status {
+        Ok(Status::new(
             open,
-            counts,
-            recent_done: recent,
-        })
+            usize::try_from(done).unwrap_or(usize::MAX),
+            recent,
+        ))
     }
 
     fn enqueue_delivery(
