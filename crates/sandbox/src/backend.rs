@@ -72,8 +72,13 @@ pub trait RunningJob: Send {
 
 /// The sandbox did not start.
 #[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-pub struct StartError(#[from] pub bwrap::SpawnError);
+pub enum StartError {
+    #[error(transparent)]
+    Bubblewrap(#[from] bwrap::SpawnError),
+    /// What the container engine or the worker said (names and paths, never a value).
+    #[error("{0}")]
+    Container(String),
+}
 
 /// The embedded backend: bubblewrap, with the host's system directories read-only.
 #[derive(Debug, Clone)]
@@ -131,6 +136,19 @@ impl Backend for Bubblewrap {
         Box::pin(async move {
             let sandbox = bwrap::spawn(&self.bwrap, &Bubblewrap::spec(spec), env).await?;
             Ok(Box::new(sandbox) as Box<dyn RunningJob>)
+        })
+    }
+}
+
+impl Backend for crate::podman::Podman {
+    fn start<'a>(
+        &'a self,
+        spec: &'a JobSpec,
+        env: &'a JobEnv,
+    ) -> BoxFuture<'a, Result<Box<dyn RunningJob>, StartError>> {
+        Box::pin(async move {
+            let job = self.start_job(spec, env).await?;
+            Ok(Box::new(job) as Box<dyn RunningJob>)
         })
     }
 }

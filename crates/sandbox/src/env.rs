@@ -13,6 +13,9 @@ use std::fmt;
 
 use crate::secrets::Secret;
 
+/// The job's id.
+pub const JOB_ID: &str = "PI_JOB_ID";
+
 /// The variable that tells pi to stay off the network for its own checks.
 pub const OFFLINE: &str = "PI_OFFLINE";
 
@@ -166,7 +169,7 @@ pub fn build(parts: &Parts, host: &dyn Fn(&str) -> Option<String>) -> Result<Job
         }
         env.set(name, plain(value))?;
     }
-    env.set("PI_JOB_ID", plain(parts.job_id))?;
+    env.set(JOB_ID, plain(parts.job_id))?;
     if let Some(provider) = parts.provider {
         env.set("PI_PROVIDER", plain(provider))?;
     }

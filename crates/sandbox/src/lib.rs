@@ -5,10 +5,13 @@
 //! - [`env`]: the job's closed environment, built in a fixed order from its parts (pure).
 //! - [`bwrap`]: bubblewrap's arguments for a job (pure), and the job started, limited in time and
 //!   killed with its whole process tree.
+//! - [`podman`]: the same contract in a Podman (or Docker) container.
 //!
 //! `docs/sandbox.md` says what a job gets, for the operator.
 
 pub mod backend;
 pub mod bwrap;
 pub mod env;
+pub mod job_env;
+pub mod podman;
 pub mod secrets;

@@ -161,3 +161,43 @@ pub fn processes_with(marker: &str) -> Vec<(u32, String)> {
         })
         .collect()
 }
+
+/// The base image of the container backend's tests: a Debian root filesystem (`mmdebstrap
+/// --variant=essential`, made by `scripts/install` as `.tools/base-rootfs.tar`) imported into the
+/// host's Podman once, under a tag named by the tarball's digest.
+pub fn podman_base_image() -> String {
+    use std::hash::{Hash as _, Hasher as _};
+    let tar = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/base-rootfs.tar");
+    let meta = std::fs::metadata(&tar).unwrap_or_else(|e| {
+        panic!(
+            "{} is missing ({e}): bash scripts/install makes it",
+            tar.display()
+        )
+    });
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (meta.len(), meta.modified().ok()).hash(&mut h);
+    let image = format!("localhost/pi-dispatch-test-base:{:016x}", h.finish());
+    let exists = Command::new("podman")
+        .args(["image", "exists", &image])
+        .status()
+        .expect("podman runs (bash scripts/install installs it)");
+    if !exists.success() {
+        let out = Command::new("podman")
+            .arg("import")
+            .arg(&tar)
+            .arg(&image)
+            .output()
+            .unwrap();
+        // Two tests importing at once: the second finds the first's image.
+        let again = Command::new("podman")
+            .args(["image", "exists", &image])
+            .status()
+            .unwrap();
+        assert!(
+            out.status.success() || again.success(),
+            "podman import failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    image
+}

@@ -1,0 +1,387 @@
+//! The container backend: a job in a Podman container (Docker takes the same arguments), with the
+//! contract of the bubblewrap backend: pid, network, ipc and mount namespaces of its own; the root
+//! read-only, `/job` and the overlay read-only, `/workspace` writable, a private `/tmp`; every
+//! capability dropped and no new privileges; a pids and a memory limit; no log kept by the engine
+//! (the job's output is the worker's to keep); killed at the time limit, and with the worker.
+//!
+//! The closed environment never reaches the engine: the container starts the image's launcher
+//! (`pi-dispatch job-env`, [`crate::job_env`]) with none of the engine's defaults, and the worker
+//! writes the environment to the job's input before anything else; the launcher sets it and becomes
+//! the job's program. So no value is on a command line, in `podman inspect`, or in a file.
+//!
+//! A job starts in two steps, `podman create` and `podman start --attach --interactive`, whose
+//! standard streams are the job's. Beside it runs a reaper, a shell in a session of its own that
+//! waits for its input to close and then removes the container: the worker holds that input, so
+//! when the worker dies however it dies, its containers go with it.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+
+use crate::backend::{BoxFuture, JobSpec, Network, RunningJob, StartError};
+use crate::bwrap::{Ending, IMAGE, JOB_DIR, OVERLAY, WORKSPACE};
+use crate::env::JobEnv;
+
+/// Where Debian's package puts it.
+pub const PODMAN: &str = "/usr/bin/podman";
+
+/// The label every job container carries, with the job's id as its value.
+pub const JOB_LABEL: &str = "dev.pi-dispatch.job";
+
+/// The engine and how it runs jobs.
+#[derive(Debug, Clone)]
+pub struct Podman {
+    /// `podman` (or `docker`).
+    pub program: PathBuf,
+    /// The OCI runtime (`runc`, `crun`); the engine's default when `None`.
+    pub runtime: Option<String>,
+    pub limits: Limits,
+    /// The container image whose root filesystem a job sees (in place of the host's system, which
+    /// the bubblewrap backend shows); the job's image folder is bound at [`IMAGE`] over it.
+    pub base_image: String,
+    /// The launcher in the container and its arguments before the job's program: [`LAUNCHER`].
+    pub launcher: Vec<OsString>,
+}
+
+/// The image's launcher: the runner's `job-env`.
+pub const LAUNCHER: [&str; 2] = ["/opt/pi-dispatch-image/bin/pi-dispatch", "job-env"];
+
+/// What one job may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub pids: u32,
+    pub memory_mib: u64,
+    /// Open files and processes (`--ulimit`, soft and hard alike): no higher than the engine's own
+    /// limits, which a container cannot raise.
+    pub nofile: u64,
+    pub nproc: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            pids: 1024,
+            memory_mib: 4096,
+            nofile: 4096,
+            nproc: 4096,
+        }
+    }
+}
+
+/// `podman create`'s arguments for `spec` and the container named `name`. No value of the
+/// environment is among them (it comes on the job's input). Pure.
+pub fn create_args(podman: &Podman, spec: &JobSpec, job_id: &str, name: &str) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::new();
+    let mut push = |items: &[&OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
+    let s = OsStr::new;
+    push(&[s("create"), s("--name"), s(name)]);
+    let label = format!("{JOB_LABEL}={job_id}");
+    push(&[s("--label"), s(&label)]);
+    if let Some(runtime) = &podman.runtime {
+        push(&[s("--runtime"), s(runtime)]);
+    }
+    // Its input stays open for the job's key; its output is read by the worker alone.
+    push(&[s("--interactive"), s("--log-driver"), s("none")]);
+    // A small init as process 1 reaps what the job orphans; when the job's program ends, the
+    // container ends with everything in it.
+    push(&[s("--init")]);
+    push(&[
+        s("--cap-drop=all"),
+        s("--security-opt"),
+        s("no-new-privileges"),
+    ]);
+    // The root read-only; /tmp (and /run, /var/tmp) a tmpfs of its own.
+    push(&[s("--read-only"), s("--read-only-tmpfs=true")]);
+    let l = &podman.limits;
+    let pids = l.pids.to_string();
+    let memory = format!("{}m", l.memory_mib);
+    let nofile = format!("nofile={0}:{0}", l.nofile);
+    let nproc = format!("nproc={0}:{0}", l.nproc);
+    push(&[s("--pids-limit"), s(&pids)]);
+    push(&[s("--memory"), s(&memory), s("--memory-swap"), s(&memory)]);
+    push(&[s("--ulimit"), s(&nofile), s("--ulimit"), s(&nproc)]);
+    let (uid, gid) = spec
+        .host_user
+        .unwrap_or((crate::bwrap::NOBODY, crate::bwrap::NOBODY));
+    let user = format!("{uid}:{gid}");
+    push(&[s("--user"), s(&user)]);
+    let network = match spec.network {
+        Network::Host => "host",
+        Network::None => "none",
+    };
+    push(&[s("--network"), s(network)]);
+    // None of the engine's own variables: the launcher sets the job's, and only those.
+    push(&[s("--unsetenv-all")]);
+    let volume = |host: &Path, place: &str, mode: &str| {
+        let mut v = OsString::from(host.as_os_str());
+        v.push(format!(":{place}:{mode}"));
+        v
+    };
+    let job = volume(&spec.job_dir, JOB_DIR, "ro");
+    let overlay = volume(&spec.overlay_dir, OVERLAY, "ro");
+    let workspace = volume(&spec.workspace, WORKSPACE, "rw");
+    push(&[s("--volume"), &job, s("--volume"), &overlay]);
+    let image = volume(&spec.image_dir, IMAGE, "ro");
+    push(&[s("--volume"), &workspace, s("--volume"), &image]);
+    push(&[s("--workdir"), s(WORKSPACE)]);
+    push(&[s(&podman.base_image)]);
+    a.extend(podman.launcher.iter().cloned());
+    a.push(spec.program.clone());
+    a.extend(spec.args.iter().cloned());
+    a
+}
+
+/// A fresh container name.
+fn container_name() -> String {
+    let mut bytes = [0u8; 8];
+    let _ = getrandom::fill(&mut bytes);
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("pi-dispatch-{hex}")
+}
+
+impl Podman {
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.program);
+        // The engine's own output never reaches the job, and its environment is the worker's.
+        c.stdin(Stdio::null());
+        c
+    }
+
+    /// Removes the container at once, whatever runs in it.
+    async fn remove(&self, name: &str) {
+        let mut c = self.command();
+        c.args(["rm", "--force", "--time", "0", name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let _ = c.status().await;
+    }
+
+    /// Starts `spec` with exactly the environment `env`, written first to the job's input; the
+    /// container is labelled with the job's id (`PI_JOB_ID`).
+    pub async fn start_job(&self, spec: &JobSpec, env: &JobEnv) -> Result<PodmanJob, StartError> {
+        use tokio::io::AsyncWriteExt as _;
+        let job_id = env
+            .get(crate::env::JOB_ID)
+            .map(|v| v.expose().to_owned())
+            .unwrap_or_default();
+        let name = container_name();
+        let mut create = self.command();
+        create
+            .args(create_args(self, spec, &job_id, &name))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let created = create.output().await.map_err(|e| {
+            StartError::Container(format!(
+                "{} cannot be run ({})",
+                self.program.display(),
+                e.kind()
+            ))
+        })?;
+        if !created.status.success() {
+            // The engine's first line: it names what is wrong (an image, a path, an option).
+            let why = String::from_utf8_lossy(&created.stderr)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            self.remove(&name).await;
+            return Err(StartError::Container(format!(
+                "the container was not created: {why}"
+            )));
+        }
+        let reaper = self.reaper(&name).ok();
+        let mut start = self.command();
+        start
+            .args(["start", "--attach", "--interactive", &name])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let child = match spawn::retry_busy(|| start.spawn()) {
+            Ok(c) => c,
+            Err(e) => {
+                self.remove(&name).await;
+                return Err(StartError::Container(format!(
+                    "the container was not started ({})",
+                    e.kind()
+                )));
+            }
+        };
+        let mut job = PodmanJob {
+            podman: self.clone(),
+            name,
+            child,
+            reaper,
+            removed: false,
+        };
+        // The environment before anything else on the job's input; the rest is the caller's.
+        let written = match job.child.stdin.as_mut() {
+            Some(input) => input.write_all(&crate::job_env::block(env)).await,
+            None => Err(io::Error::other("the job has no input")),
+        };
+        if let Err(e) = written {
+            job.end().await;
+            return Err(StartError::Container(format!(
+                "the job's environment could not be handed over ({})",
+                e.kind()
+            )));
+        }
+        Ok(job)
+    }
+
+    /// A shell in a session of its own that removes the container once its input closes: the
+    /// worker holds that input, so the container goes when the worker does.
+    fn reaper(&self, name: &str) -> io::Result<(Child, ChildStdin)> {
+        let mut c = Command::new("/bin/sh");
+        c.args([
+            "-c",
+            "read -r _; exec \"$0\" rm --force --time 0 \"$1\" >/dev/null 2>&1",
+        ])
+        .arg(&self.program)
+        .arg(name)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0);
+        let mut child = spawn::retry_busy(|| c.spawn())?;
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| io::Error::other("the reaper has no input"))?;
+        Ok((child, stdin))
+    }
+}
+
+/// A job in its container.
+pub struct PodmanJob {
+    podman: Podman,
+    name: String,
+    child: Child,
+    reaper: Option<(Child, ChildStdin)>,
+    removed: bool,
+}
+
+impl PodmanJob {
+    /// The container's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn end(&mut self) {
+        if !self.removed {
+            self.podman.remove(&self.name).await;
+            self.removed = true;
+        }
+        let _ = self.child.wait().await;
+        // The reaper's input closes: it removes nothing more and exits.
+        if let Some((mut reaper, input)) = self.reaper.take() {
+            drop(input);
+            let _ = reaper.wait().await;
+        }
+    }
+}
+
+impl RunningJob for PodmanJob {
+    fn stdin(&mut self) -> Option<ChildStdin> {
+        self.child.stdin.take()
+    }
+
+    fn stdout(&mut self) -> Option<ChildStdout> {
+        self.child.stdout.take()
+    }
+
+    fn stderr(&mut self) -> Option<ChildStderr> {
+        self.child.stderr.take()
+    }
+
+    fn wait_with_limit(&mut self, limit: Duration) -> BoxFuture<'_, io::Result<Ending>> {
+        Box::pin(async move {
+            match tokio::time::timeout(limit, self.child.wait()).await {
+                Ok(status) => {
+                    let status = status?;
+                    self.end().await;
+                    Ok(Ending::Exited(status))
+                }
+                Err(_) => {
+                    self.end().await;
+                    Ok(Ending::KilledAtLimit)
+                }
+            }
+        })
+    }
+
+    fn kill(&mut self) -> BoxFuture<'_, io::Result<()>> {
+        Box::pin(async move {
+            self.end().await;
+            Ok(())
+        })
+    }
+}
+
+impl Drop for PodmanJob {
+    fn drop(&mut self) {
+        if !self.removed {
+            // Synchronously: a dropped job must not outlive the call that dropped it.
+            let _ = std::process::Command::new(&self.podman.program)
+                .args(["rm", "--force", "--time", "0", &self.name])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> JobSpec {
+        JobSpec {
+            job_dir: "/srv/state/jobs/j1/job".into(),
+            overlay_dir: "/srv/pi-global".into(),
+            image_dir: "/srv/images/pi-job".into(),
+            workspace: "/srv/repo".into(),
+            host_user: Some((1000, 1000)),
+            network: Network::None,
+            program: "/opt/pi-dispatch-image/bin/pi-dispatch".into(),
+            args: vec!["job".into(), "--job-id".into(), "j1".into()],
+            nested: false,
+        }
+    }
+
+    fn text(a: &[OsString]) -> String {
+        a.iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn the_command_line_of_a_job_container() {
+        let podman = Podman {
+            program: PODMAN.into(),
+            runtime: Some("runc".into()),
+            limits: Limits::default(),
+            base_image: "localhost/pi-dispatch-base:latest".into(),
+            launcher: LAUNCHER.iter().map(Into::into).collect(),
+        };
+        assert_eq!(
+            text(&create_args(&podman, &spec(), "j1", "pi-dispatch-00",)),
+            "create --name pi-dispatch-00 --label dev.pi-dispatch.job=j1 --runtime runc \
+             --interactive --log-driver none --init --cap-drop=all --security-opt no-new-privileges \
+             --read-only --read-only-tmpfs=true --pids-limit 1024 --memory 4096m --memory-swap 4096m \
+             --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --user 1000:1000 --network none \
+             --unsetenv-all --volume /srv/state/jobs/j1/job:/job:ro \
+             --volume /srv/pi-global:/opt/pi-global:ro --volume /srv/repo:/workspace:rw \
+             --volume /srv/images/pi-job:/opt/pi-dispatch-image:ro \
+             --workdir /workspace localhost/pi-dispatch-base:latest \
+             /opt/pi-dispatch-image/bin/pi-dispatch job-env \
+             /opt/pi-dispatch-image/bin/pi-dispatch job --job-id j1"
+        );
+    }
+}
