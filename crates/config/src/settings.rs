@@ -51,6 +51,12 @@ pub const QUEUE_SETTING: &str = "PI_QUEUE";
 /// The password of the queue's Redis (a secret: read from the worker's environment, never in
 /// `PI_QUEUE`'s URL).
 pub const QUEUE_PASSWORD_SETTING: &str = "PI_QUEUE_PASSWORD";
+/// The sandbox backend: `bubblewrap` (the default) or `podman`.
+pub const SANDBOX_SETTING: &str = "PI_SANDBOX";
+/// The container image whose system a `podman` job sees, and the OCI runtime it runs with.
+pub const PODMAN_IMAGE_SETTING: &str = "PI_PODMAN_IMAGE";
+pub const DEFAULT_PODMAN_IMAGE: &str = "localhost/pi-dispatch-base:latest";
+pub const PODMAN_RUNTIME_SETTING: &str = "PI_PODMAN_RUNTIME";
 /// Under a root worker, a forge job runs as `nobody` unless the operator names a user.
 pub const DEFAULT_FORGE_JOB_USER: (u32, u32) = (65534, 65534);
 
@@ -69,7 +75,7 @@ pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 26] = [
+pub const ALL: [&str; 29] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
@@ -96,6 +102,9 @@ pub const ALL: [&str; 26] = [
     FORGE_JOB_USER_SETTING,
     QUEUE_SETTING,
     QUEUE_PASSWORD_SETTING,
+    SANDBOX_SETTING,
+    PODMAN_IMAGE_SETTING,
+    PODMAN_RUNTIME_SETTING,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -134,6 +143,12 @@ pub enum SettingError {
         "{name} must be sqlite, or a redis://HOST:PORT/DB, rediss://HOST:PORT/DB or redis+unix:///PATH URL with no password in it (the password goes in PI_QUEUE_PASSWORD)"
     )]
     NotAQueue { name: &'static str },
+    #[error("{name} must be bubblewrap or podman")]
+    NotASandbox { name: &'static str },
+    #[error(
+        "{name} must be a container image reference or a runtime name (letters, digits and '.', '_', '-', '/', ':', '@')"
+    )]
+    NotAnEngineName { name: &'static str },
 }
 
 impl SettingError {
@@ -150,7 +165,9 @@ impl SettingError {
             | SettingError::NotASocketAddress { name }
             | SettingError::NotAUrl { name }
             | SettingError::NotAUser { name }
-            | SettingError::NotAQueue { name } => name,
+            | SettingError::NotAQueue { name }
+            | SettingError::NotASandbox { name }
+            | SettingError::NotAnEngineName { name } => name,
         }
     }
 }
@@ -210,6 +227,33 @@ pub struct Settings {
     pub forge_job_user: Option<(u32, u32)>,
     /// `PI_QUEUE`.
     pub queue: QueueBackend,
+    /// `PI_SANDBOX`, with `PI_PODMAN_IMAGE` and `PI_PODMAN_RUNTIME`.
+    pub sandbox: SandboxBackend,
+}
+
+/// Where jobs run.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum SandboxBackend {
+    /// bubblewrap, with the host's system.
+    #[default]
+    Bubblewrap,
+    /// A Podman container from `image` (its system), with the OCI runtime `runtime` (the
+    /// engine's default when none).
+    Podman {
+        image: String,
+        runtime: Option<String>,
+    },
+}
+
+/// A container image reference or a runtime name: plain characters only, so it can never be read
+/// as an option. Pure.
+pub fn is_engine_name(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 255
+        && !text.starts_with('-')
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-/:@".contains(&b))
 }
 
 /// Where the queue is.
@@ -456,6 +500,28 @@ pub fn resolve(
             QueueBackend::Sqlite
         }),
     };
+    let mut engine_name = |name: &'static str| {
+        let value = get(name);
+        if value.as_deref().is_some_and(|v| !is_engine_name(v)) {
+            errors.push(SettingError::NotAnEngineName { name });
+        }
+        value
+    };
+    let podman_image = engine_name(PODMAN_IMAGE_SETTING);
+    let podman_runtime = engine_name(PODMAN_RUNTIME_SETTING);
+    let sandbox = match get(SANDBOX_SETTING).as_deref() {
+        None | Some("bubblewrap") => SandboxBackend::Bubblewrap,
+        Some("podman") => SandboxBackend::Podman {
+            image: podman_image.unwrap_or_else(|| DEFAULT_PODMAN_IMAGE.to_owned()),
+            runtime: podman_runtime,
+        },
+        Some(_) => {
+            errors.push(SettingError::NotASandbox {
+                name: SANDBOX_SETTING,
+            });
+            SandboxBackend::Bubblewrap
+        }
+    };
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -485,6 +551,7 @@ pub fn resolve(
         github_app_key_file,
         forge_job_user,
         queue,
+        sandbox,
     })
 }
 

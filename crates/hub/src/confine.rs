@@ -95,11 +95,9 @@ pub fn outer(c: &Confinement, program: &OsString, args: &[OsString]) -> Result<u
     let made =
         rustix::thread::unshare(UnshareFlags::NEWPID | UnshareFlags::NEWNS | UnshareFlags::NEWIPC);
     step("new namespaces", made)?;
-    let me = std::env::current_exe().map_err(|e| ConfineError {
-        step: "its own program",
-        source: e,
-    })?;
-    let mut init = Command::new(me);
+    // This very program, by the kernel's own link to it: its path as `current_exe` reads it back
+    // can be one that does not resolve (a program on a container's volume).
+    let mut init = Command::new("/proc/self/exe");
     init.arg("job-confine")
         .arg("--init")
         .args(c.flags())
@@ -215,6 +213,74 @@ fn give_up_capabilities(keep_marker: bool) -> Result<(), ConfineError> {
         )?;
     }
     step("no new privileges", rustix::thread::set_no_new_privs(true))
+}
+
+/// What the runner must hold to confine what it starts (bubblewrap's `NESTED_CAPS`).
+const NESTED: CapabilitySet = CapabilitySet::SYS_ADMIN
+    .union(CapabilitySet::SYS_RESOURCE)
+    .union(CapabilitySet::SETPCAP)
+    .union(CapabilitySet::WAKE_ALARM);
+
+/// For a runner started without what confining takes (a container job: the engine grants no
+/// capability): a user namespace of its own, its uid and gid mapped to themselves (so what the job
+/// writes stays its user's), in which it holds exactly what bubblewrap's nested job holds, kept
+/// across exec as bubblewrap keeps them. Nothing when it holds them already. Call it while the
+/// process has one thread.
+pub fn own_user_namespace() -> Result<(), ConfineError> {
+    let held = rustix::thread::capabilities(None).map_err(|e| ConfineError {
+        step: "its capabilities",
+        source: e.into(),
+    })?;
+    if held.effective.contains(NESTED) {
+        return Ok(());
+    }
+    let uid = rustix::process::getuid().as_raw();
+    let gid = rustix::process::getgid().as_raw();
+    #[allow(deprecated)]
+    let made = rustix::thread::unshare(rustix::thread::UnshareFlags::NEWUSER);
+    step("a user namespace of its own", made)?;
+    let write = |file: &'static str, text: String| {
+        std::fs::write(file, text).map_err(|e| ConfineError {
+            step: file,
+            source: e,
+        })
+    };
+    write("/proc/self/setgroups", "deny\n".to_owned())?;
+    write("/proc/self/uid_map", format!("{uid} {uid} 1\n"))?;
+    write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))?;
+    for bit in 0..64u32 {
+        let cap = CapabilitySet::from_bits_retain(1u64 << bit);
+        if NESTED.contains(cap) {
+            continue;
+        }
+        match rustix::thread::remove_capability_from_bounding_set(cap) {
+            Ok(()) | Err(rustix::io::Errno::INVAL) => {}
+            Err(e) => return step("the bounding set", Err(e)),
+        }
+    }
+    step(
+        "the capabilities",
+        rustix::thread::set_capabilities(
+            None,
+            CapabilitySets {
+                effective: NESTED,
+                permitted: NESTED,
+                inheritable: NESTED,
+            },
+        ),
+    )?;
+    for cap in [
+        CapabilitySet::SYS_ADMIN,
+        CapabilitySet::SYS_RESOURCE,
+        CapabilitySet::SETPCAP,
+        CapabilitySet::WAKE_ALARM,
+    ] {
+        step(
+            "the capabilities kept across exec",
+            rustix::thread::configure_capability_in_ambient_set(cap, true),
+        )?;
+    }
+    Ok(())
 }
 
 /// Gives up every capability this process holds (a process may always lower its own), so that

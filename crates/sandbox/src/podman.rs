@@ -61,6 +61,24 @@ pub struct Limits {
     pub nproc: u64,
 }
 
+impl Limits {
+    /// The default limits, the open files and processes lowered to this process's own (hard)
+    /// limits where those are lower: a container cannot be given more.
+    pub fn within_own() -> Limits {
+        let d = Limits::default();
+        let own = |r: rustix::process::Resource, want: u64| {
+            rustix::process::getrlimit(r)
+                .maximum
+                .map_or(want, |max| want.min(max))
+        };
+        Limits {
+            nofile: own(rustix::process::Resource::Nofile, d.nofile),
+            nproc: own(rustix::process::Resource::Nproc, d.nproc),
+            ..d
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
@@ -94,6 +112,12 @@ pub fn create_args(podman: &Podman, spec: &JobSpec, job_id: &str, name: &str) ->
         s("--security-opt"),
         s("no-new-privileges"),
     ]);
+    // A nesting program (the runner) mounts a /proc of its own for each process it confines, which
+    // the kernel allows only where no part of /proc is covered: the engine's masks come off. The job
+    // still holds no capability, and the runner's own user namespace holds nothing on the host.
+    if spec.nested {
+        push(&[s("--security-opt"), s("unmask=ALL")]);
+    }
     // The root read-only; /tmp (and /run, /var/tmp) a tmpfs of its own.
     push(&[s("--read-only"), s("--read-only-tmpfs=true")]);
     let l = &podman.limits;

@@ -60,6 +60,12 @@ fn model(args: &Args, ctx: &Context) -> Option<String> {
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    // In a container the engine grants no capability: the runner makes the user namespace
+    // bubblewrap makes for a nested job (before anything starts a thread, and while it may still
+    // write its own maps).
+    if args.confine {
+        hub::confine::own_user_namespace().map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     // The runner holds every MCP credential and the job's key: nothing else in the job (same
     // user) may read its environment or memory through /proc, or attach to it.
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)

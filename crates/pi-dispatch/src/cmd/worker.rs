@@ -136,9 +136,20 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         forges,
         jobs_dir: state.join("jobs"),
         locks_dir: state.join("locks"),
-        backend: Arc::new(Bubblewrap {
-            bwrap: args.bwrap.clone(),
-        }),
+        backend: match &settings.sandbox {
+            config::settings::SandboxBackend::Bubblewrap => Arc::new(Bubblewrap {
+                bwrap: args.bwrap.clone(),
+            }),
+            config::settings::SandboxBackend::Podman { image, runtime } => {
+                Arc::new(sandbox::podman::Podman {
+                    program: sandbox::podman::PODMAN.into(),
+                    runtime: runtime.clone(),
+                    limits: sandbox::podman::Limits::within_own(),
+                    base_image: image.clone(),
+                    launcher: sandbox::podman::LAUNCHER.iter().map(Into::into).collect(),
+                })
+            }
+        },
         env: ctx.environment()?,
         time_limit,
         runner_stderr: args.runner_stderr,

@@ -324,6 +324,20 @@ const ask = (servers) => settle(new Promise((resolve) => {{
 
 #[test]
 fn a_job_with_egress_on_reaches_its_model_and_server_through_the_proxy_and_nothing_directly() {
+    egress_on_reaches_through_the_proxy_and_nothing_directly("");
+}
+
+/// The same in a Podman container (`PI_SANDBOX=podman`).
+#[test]
+fn in_a_podman_container_egress_on_reaches_through_the_proxy_and_nothing_directly() {
+    egress_on_reaches_through_the_proxy_and_nothing_directly(&format!(
+        "PI_SANDBOX=podman\nPI_PODMAN_IMAGE={}\nPI_PODMAN_RUNTIME=runc\n",
+        testkit::podman_base_image()
+    ));
+}
+
+/// A job with egress on, its deployment's `.env` given `settings` besides the model.
+fn egress_on_reaches_through_the_proxy_and_nothing_directly(settings: &str) {
     let peer = TestHost::new();
     // A listener and a UDP socket on the test host that no job must reach directly.
     let sentinel = peer.tcp(0);
@@ -364,7 +378,10 @@ fn a_job_with_egress_on_reaches_its_model_and_server_through_the_proxy_and_nothi
         ]})
         .to_string(),
     );
-    d.write(".env", "PI_PROVIDER=fake\nPI_MODEL=fake-model\n");
+    d.write(
+        ".env",
+        &format!("PI_PROVIDER=fake\nPI_MODEL=fake-model\n{settings}"),
+    );
     let repo = repository(&d);
     let queued = Run::from(
         d.command(&[

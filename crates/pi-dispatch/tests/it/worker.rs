@@ -866,3 +866,58 @@ fn first_cron_record(s: &Service, triggers: &Value, bound: Duration) -> Value {
     worker.wait().unwrap();
     serde_json::from_str(&std::fs::read_to_string(&first).unwrap()).unwrap()
 }
+
+/// The container backend (`PI_SANDBOX=podman`): the same job, real pi calling a real MCP server
+/// (server-everything over stdio, confined by the runner inside the container), completes; the
+/// container is gone afterwards and no value of its environment is in what the engine kept.
+#[test]
+fn a_job_runs_in_a_podman_container_with_the_same_contract() {
+    let s = Service::new(
+        vec![
+            Step::call("mcp__direct__echo", json!({"message": "from a container"})),
+            Step::call(
+                "bash",
+                json!({"command": "id -u; grep CapEff /proc/self/status"}),
+            ),
+            Step::text("done"),
+        ],
+        |_| json!({"direct": stdio(Some("direct"))}),
+        &format!(
+            "PI_SANDBOX=podman\nPI_PODMAN_IMAGE={}\nPI_PODMAN_RUNTIME=runc\n",
+            testkit::podman_base_image()
+        ),
+    );
+    let id = s.queue("Echo from a container.", "direct");
+    let worked = s.work();
+    let record = s.record(&id);
+    let results = s.results();
+    assert_eq!(
+        record["outcome"], "completed",
+        "{record:#}\n{}\n{results:#?}",
+        worked.stderr
+    );
+    assert!(
+        results[1].contains("Echo: from a container"),
+        "{results:#?}"
+    );
+    // The agent's tools run as the repository's owner, with no capability.
+    assert!(results[2].contains("65534"), "{results:#?}");
+    assert!(
+        results[2].contains("CapEff:\t0000000000000000"),
+        "{results:#?}"
+    );
+    assert_eq!(calls(&record, "direct", "echo"), 1, "{record:#}");
+    // No container of the job is left.
+    let left = std::process::Command::new("podman")
+        .args(["ps", "--all", "--quiet", "--filter"])
+        .arg(format!("label=dev.pi-dispatch.job={id}"))
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+    // The provider's key went into the container's environment only.
+    assert!(!worked.stderr.contains(MODEL_KEY));
+}
