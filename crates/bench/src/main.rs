@@ -32,12 +32,16 @@
 //! With `--egress` it also measures the egress proxy's tunnels (see [`egress_proxy`]): throughput and
 //! connect latency beside a raw loopback connection and a squid with the same rule.
 //!
+//! With `--containers` it also sets a job's start in a Podman container beside bubblewrap's (see
+//! [`container_start`]).
+//!
 //! With `--queues` it also sets the queue's backends side by side (see [`queues`]): SQLite and
 //! Redis, enqueue and drain with 1, 2 and 4 workers.
 //!
 //! With `--webhooks` it also loads the receiver (see [`webhooks`]): signed GitHub webhooks at a
 //! fixed rate, and every delivery queued exactly once.
 
+mod container_start;
 mod egress_proxy;
 mod job;
 mod mcp_hub;
@@ -164,6 +168,13 @@ struct Args {
     /// Untimed rounds before the timed ones.
     #[arg(long, default_value_t = 200)]
     pi_calls_warm_up: u32,
+    /// Also set a job's start in a Podman container beside bubblewrap's (needs podman and the
+    /// tests' base image from scripts/install).
+    #[arg(long)]
+    containers: bool,
+    /// Timed starts of each backend (after 3 warm-ups each).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    containers_runs: u32,
     /// Also set the queue's backends side by side: SQLite and Redis (Debian's redis-server), with
     /// 1, 2 and 4 workers.
     #[arg(long)]
@@ -334,6 +345,16 @@ fn run(args: &Args) -> anyhow::Result<()> {
         None
     };
 
+    let containers = if args.containers {
+        Some(container_start::measure(&container_start::Options {
+            runs: args.containers_runs,
+            warm_up: 3,
+            bin: bin.clone(),
+        })?)
+    } else {
+        None
+    };
+
     let queues = if args.queues {
         let jobs = queue_jobs(args.queues_jobs.max(args.queues_held_jobs))?;
         Some(queues::measure(
@@ -412,6 +433,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         if let (Some(calls), Some(object)) = (&pi_calls, report.as_object_mut()) {
             object.insert("pi_calls".to_owned(), calls.json());
         }
+        if let (Some(containers), Some(object)) = (&containers, report.as_object_mut()) {
+            object.insert("containers".to_owned(), containers.json());
+        }
         if let (Some(queues), Some(object)) = (&queues, report.as_object_mut()) {
             object.insert("queues".to_owned(), queues.json());
         }
@@ -472,6 +496,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         }
         if let Some(calls) = &pi_calls {
             calls.print();
+        }
+        if let Some(containers) = &containers {
+            containers.print();
         }
         if let Some(queues) = &queues {
             queues.print();
