@@ -69,6 +69,7 @@ pub fn measure(options: &Options) -> anyhow::Result<ContainerFigures> {
         job_dir: dir("job")?,
         overlay_dir: dir("overlay")?,
         image_dir: root.path().join("image"),
+        image_name: "pi-job".into(),
         workspace,
         host_user: Some((bwrap::NOBODY, bwrap::NOBODY)),
         network: Network::Host,
@@ -91,7 +92,7 @@ pub fn measure(options: &Options) -> anyhow::Result<ContainerFigures> {
         program: sandbox::podman::PODMAN.into(),
         runtime: Some("runc".to_owned()),
         limits: Limits::within_own(),
-        base_image: testkit::podman_base_image(),
+        base_image: Some(testkit::podman_base_image()),
         launcher: LAUNCHER.iter().map(Into::into).collect(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -123,9 +124,7 @@ fn round2(x: f64) -> f64 {
 
 impl ContainerFigures {
     pub fn json(&self) -> Value {
-        let side = |l: &Latency| {
-            json!({"min_ms": round2(l.min), "p50_ms": round2(l.p50), "p99_ms": round2(l.p99)})
-        };
+        let side = |l: &Latency| json!({"min_ms": round2(l.min), "p50_ms": round2(l.p50), "p99_ms": round2(l.p99)});
         json!({
             "runs": self.runs,
             "warm_up": self.warm_up,

@@ -662,6 +662,7 @@ impl Demo {
                 job_dir: job_dir.clone(),
                 overlay_dir: d.join("pi-global"),
                 image_dir: d.join("images").join(config::settings::DEFAULT_JOB_IMAGE),
+                image_name: "pi-job".into(),
                 workspace: repo.clone(),
                 host_user: Some((meta.uid(), meta.gid())),
                 network: sandbox::backend::Network::None,

@@ -53,9 +53,10 @@ pub const QUEUE_SETTING: &str = "PI_QUEUE";
 pub const QUEUE_PASSWORD_SETTING: &str = "PI_QUEUE_PASSWORD";
 /// The sandbox backend: `bubblewrap` (the default) or `podman`.
 pub const SANDBOX_SETTING: &str = "PI_SANDBOX";
-/// The container image whose system a `podman` job sees, and the OCI runtime it runs with.
+/// A container image whose system every `podman` job sees, with the job's image folder bound over
+/// it (without it, a job runs the container image `image build` made of its image), and the OCI
+/// runtime it runs with.
 pub const PODMAN_IMAGE_SETTING: &str = "PI_PODMAN_IMAGE";
-pub const DEFAULT_PODMAN_IMAGE: &str = "localhost/pi-dispatch-base:latest";
 pub const PODMAN_RUNTIME_SETTING: &str = "PI_PODMAN_RUNTIME";
 /// Under a root worker, a forge job runs as `nobody` unless the operator names a user.
 pub const DEFAULT_FORGE_JOB_USER: (u32, u32) = (65534, 65534);
@@ -237,10 +238,11 @@ pub enum SandboxBackend {
     /// bubblewrap, with the host's system.
     #[default]
     Bubblewrap,
-    /// A Podman container from `image` (its system), with the OCI runtime `runtime` (the
+    /// A Podman container: of the job's image as `image build` made it, or of `base` (its
+    /// system) with the job's image folder bound over it; with the OCI runtime `runtime` (the
     /// engine's default when none).
     Podman {
-        image: String,
+        base: Option<String>,
         runtime: Option<String>,
     },
 }
@@ -512,7 +514,7 @@ pub fn resolve(
     let sandbox = match get(SANDBOX_SETTING).as_deref() {
         None | Some("bubblewrap") => SandboxBackend::Bubblewrap,
         Some("podman") => SandboxBackend::Podman {
-            image: podman_image.unwrap_or_else(|| DEFAULT_PODMAN_IMAGE.to_owned()),
+            base: podman_image,
             runtime: podman_runtime,
         },
         Some(_) => {

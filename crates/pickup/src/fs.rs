@@ -185,8 +185,48 @@ pub struct Deployment<'a> {
     pub settings: &'a Settings,
     pub env: &'a Environment,
     pub files: DeploymentFiles,
-    pub images: ImageFolders,
+    pub images: Box<dyn Images>,
     pub host: Host,
+}
+
+/// The container backend's images, as the engine has them (`image build NAME` made them): their
+/// labels read with `podman image inspect`, once for each job judged.
+pub struct EngineImages {
+    pub podman: PathBuf,
+}
+
+/// Where Debian's package puts the engine.
+pub const PODMAN: &str = "/usr/bin/podman";
+
+impl Images for EngineImages {
+    fn image(&self, name: &str) -> Image {
+        if !config::settings::is_image_name(name) {
+            return Image::Missing;
+        }
+        let out = std::process::Command::new(&self.podman)
+            .args(["image", "inspect", "--format", "{{json .Labels}}"])
+            .arg(protocol::image::container_ref(name))
+            .stdin(std::process::Stdio::null())
+            .output();
+        let out = match out {
+            Ok(o) => o,
+            Err(e) => return Image::Transient(format!("podman cannot be run ({})", e.kind())),
+        };
+        if !out.status.success() {
+            // The engine says "image not known" for an image it does not have; anything else
+            // (its storage busy, say) may pass.
+            return if String::from_utf8_lossy(&out.stderr).contains("image not known") {
+                Image::Missing
+            } else {
+                Image::Transient("podman could not read the image's labels".to_owned())
+            };
+        }
+        let labels: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let file = serde_json::json!({ "labels": labels }).to_string();
+        Image::Installed {
+            capabilities: protocol::image::capabilities_of(file.as_bytes()),
+        }
+    }
 }
 
 impl<'a> Deployment<'a> {
@@ -197,7 +237,14 @@ impl<'a> Deployment<'a> {
             settings,
             env,
             files: DeploymentFiles::new(settings),
-            images: ImageFolders::new(&settings.dir),
+            images: match &settings.sandbox {
+                config::settings::SandboxBackend::Podman { base: None, .. } => {
+                    Box::new(EngineImages {
+                        podman: PathBuf::from(PODMAN),
+                    })
+                }
+                _ => Box::new(ImageFolders::new(&settings.dir)),
+            },
             host: Host {
                 root: rustix::process::geteuid().is_root(),
                 user: crate::reach::User {
@@ -219,7 +266,7 @@ impl<'a> Deployment<'a> {
             job,
             settings: self.settings,
             files: &self.files,
-            images: &self.images,
+            images: &*self.images,
             folders: &HostFolders,
             env: self.env,
             host: &self.host,

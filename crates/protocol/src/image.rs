@@ -16,6 +16,11 @@ pub const COMMANDS: &str = "usr/local/bin";
 /// Where a job sees its image.
 pub const MOUNT: &str = "/opt/pi-dispatch-image";
 
+/// The container image `pi-dispatch image build NAME` makes, for the container backend.
+pub fn container_ref(name: &str) -> String {
+    format!("localhost/pi-dispatch-{name}:latest")
+}
+
 /// The label that lists an image's capabilities (an inclusion list: absent means none).
 pub const CAPABILITIES_LABEL: &str = "dev.pi-dispatch.capabilities";
 /// The label that gives the pi version an image carries.

@@ -26,6 +26,8 @@ pub struct JobSpec {
     pub job_dir: PathBuf,
     pub overlay_dir: PathBuf,
     pub image_dir: PathBuf,
+    /// The image's name (`images/NAME`, or the container image `image build NAME` made).
+    pub image_name: String,
     pub workspace: PathBuf,
     /// The host user whose files the job writes (a root worker runs a local job as its folder's
     /// owner); `None` runs it as the worker's own user.

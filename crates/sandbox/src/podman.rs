@@ -40,9 +40,11 @@ pub struct Podman {
     /// The OCI runtime (`runc`, `crun`); the engine's default when `None`.
     pub runtime: Option<String>,
     pub limits: Limits,
-    /// The container image whose root filesystem a job sees (in place of the host's system, which
-    /// the bubblewrap backend shows); the job's image folder is bound at [`IMAGE`] over it.
-    pub base_image: String,
+    /// A container image whose root filesystem every job sees (in place of the host's system,
+    /// which the bubblewrap backend shows), the job's image folder bound at [`IMAGE`] over it;
+    /// without one, a job runs the container image of its image
+    /// (`protocol::image::container_ref`).
+    pub base_image: Option<String>,
     /// The launcher in the container and its arguments before the job's program: [`LAUNCHER`].
     pub launcher: Vec<OsString>,
 }
@@ -149,10 +151,17 @@ pub fn create_args(podman: &Podman, spec: &JobSpec, job_id: &str, name: &str) ->
     let overlay = volume(&spec.overlay_dir, OVERLAY, "ro");
     let workspace = volume(&spec.workspace, WORKSPACE, "rw");
     push(&[s("--volume"), &job, s("--volume"), &overlay]);
-    let image = volume(&spec.image_dir, IMAGE, "ro");
-    push(&[s("--volume"), &workspace, s("--volume"), &image]);
+    push(&[s("--volume"), &workspace]);
+    let image = match &podman.base_image {
+        Some(base) => {
+            let folder = volume(&spec.image_dir, IMAGE, "ro");
+            push(&[s("--volume"), &folder]);
+            base.clone()
+        }
+        None => protocol::image::container_ref(&spec.image_name),
+    };
     push(&[s("--workdir"), s(WORKSPACE)]);
-    push(&[s(&podman.base_image)]);
+    push(&[s(&image)]);
     a.extend(podman.launcher.iter().cloned());
     a.push(spec.program.clone());
     a.extend(spec.args.iter().cloned());
@@ -369,6 +378,7 @@ mod tests {
             job_dir: "/srv/state/jobs/j1/job".into(),
             overlay_dir: "/srv/pi-global".into(),
             image_dir: "/srv/images/pi-job".into(),
+            image_name: "pi-job".into(),
             workspace: "/srv/repo".into(),
             host_user: Some((1000, 1000)),
             network: Network::None,
@@ -391,7 +401,7 @@ mod tests {
             program: PODMAN.into(),
             runtime: Some("runc".into()),
             limits: Limits::default(),
-            base_image: "localhost/pi-dispatch-base:latest".into(),
+            base_image: Some("localhost/pi-dispatch-base:latest".into()),
             launcher: LAUNCHER.iter().map(Into::into).collect(),
         };
         assert_eq!(

@@ -44,7 +44,7 @@ fn backend(kind: Kind) -> Box<dyn Backend> {
                 nofile: 1024,
                 nproc: 1024,
             },
-            base_image: testkit::podman_base_image(),
+            base_image: Some(testkit::podman_base_image()),
             launcher: vec!["/opt/pi-dispatch-image/bin/sandbox-job-env".into()],
         }),
     }
@@ -108,6 +108,7 @@ impl Fixture {
             job_dir: self.job.clone(),
             overlay_dir: self.overlay.clone(),
             image_dir: self.image.clone(),
+            image_name: "pi-job".into(),
             workspace: self.workspace.clone(),
             host_user: Some(JOB_USER),
             network,

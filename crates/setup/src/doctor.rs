@@ -143,6 +143,57 @@ pub struct Inputs {
     pub sandbox: Option<Result<(), String>>,
 }
 
+/// The container backend: the engine, and the job image (the engine's, or the folder over a base).
+fn podman_checks(inputs: &Inputs, base: Option<&str>, out: &mut Vec<Check>) {
+    let image = inputs
+        .settings
+        .job_image
+        .as_deref()
+        .unwrap_or(config::settings::DEFAULT_JOB_IMAGE);
+    out.push(if is_executable(Path::new(PODMAN)) {
+        Check::ok(format!("podman: {PODMAN} (PI_SANDBOX=podman)"))
+    } else {
+        Check::fail(
+            format!("PI_SANDBOX is podman and {PODMAN} is not installed: no job can start"),
+            "install Debian's podman and runc packages",
+        )
+    });
+    let (installed, how) = match base {
+        None => (
+            inputs.image_runner,
+            format!(
+                "`pi-dispatch image build {image}` (the container image {})",
+                protocol::image::container_ref(image)
+            ),
+        ),
+        Some(_) => (
+            inputs.image_runner,
+            format!(
+                "`pi-dispatch image install {image}` (its folder is bound over PI_PODMAN_IMAGE)"
+            ),
+        ),
+    };
+    out.push(match (installed, &inputs.image_pi_version) {
+        (true, Some(v)) => Check::ok(format!("job image {image}: pi {v}")),
+        (true, None) => Check::warn(
+            format!("job image {image} declares no pi version"),
+            format!("make it again: {how}"),
+        ),
+        (false, _) => Check {
+            reason: Some("job-image-missing".to_owned()),
+            ..Check::fail(
+                format!(
+                    "job image {image} is not there: jobs that use it are refused (job-image-missing)"
+                ),
+                how,
+            )
+        },
+    });
+}
+
+/// Where the container backend expects Podman.
+pub const PODMAN: &str = "/usr/bin/podman";
+
 /// Where the embedded backend expects bubblewrap, and (for a root worker) setpriv.
 pub const BWRAP: &str = "/usr/bin/bwrap";
 pub const SETPRIV: &str = "/usr/bin/setpriv";
@@ -195,6 +246,12 @@ pub fn gather(settings: Settings) -> Inputs {
                 .map(str::to_owned)
         });
     let exists = |path: &Path| fsutil::kind(path).is_ok_and(|k| k != Kind::Missing);
+    // The container backend's own images are the engine's: their labels, from it.
+    let engine = matches!(
+        settings.sandbox,
+        config::settings::SandboxBackend::Podman { base: None, .. }
+    )
+    .then(|| engine_labels(&image_name));
     Inputs {
         dotenv: exists(&settings.dir.join(".env")),
         triggers_file: exists(&settings.triggers_file),
@@ -202,8 +259,18 @@ pub fn gather(settings: Settings) -> Inputs {
         setpriv: rustix::process::geteuid()
             .is_root()
             .then(|| is_executable(Path::new(SETPRIV))),
-        image_runner: is_executable(&image.join(crate::image::RUNNER)),
-        image_pi_version,
+        image_runner: match &engine {
+            Some(labels) => labels.is_some(),
+            None => is_executable(&image.join(crate::image::RUNNER)),
+        },
+        image_pi_version: match &engine {
+            Some(labels) => labels.as_ref().and_then(|l| {
+                l[protocol::image::PI_VERSION_LABEL]
+                    .as_str()
+                    .map(str::to_owned)
+            }),
+            None => image_pi_version,
+        },
         sandbox: None,
         auth_json: present("auth.json"),
         mcp_auth_json: present("mcp-auth.json"),
@@ -215,6 +282,20 @@ pub fn gather(settings: Settings) -> Inputs {
         allowlist,
         endpoints,
     }
+}
+
+/// The labels of the engine's image `name` (`image build`), when the engine has it.
+fn engine_labels(name: &str) -> Option<serde_json::Value> {
+    let out = std::process::Command::new(PODMAN)
+        .args(["image", "inspect", "--format", "{{json .Labels}}"])
+        .arg(protocol::image::container_ref(name))
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).unwrap_or_default())
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -366,9 +447,13 @@ fn deployment_checks(inputs: &Inputs, out: &mut Vec<Check>) -> bool {
     true
 }
 
-/// What running jobs on this machine needs: bubblewrap and the job image.
+/// What running jobs on this machine needs: bubblewrap (or Podman) and the job image.
 fn runtime_checks(inputs: &Inputs, out: &mut Vec<Check>) {
     let s = &inputs.settings;
+    if let config::settings::SandboxBackend::Podman { base, .. } = &s.sandbox {
+        podman_checks(inputs, base.as_deref(), out);
+        return;
+    }
     out.push(if inputs.bwrap {
         match &inputs.sandbox {
             None => Check::ok(format!("bubblewrap: {BWRAP}")),

@@ -50,6 +50,10 @@ pub enum ImageError {
     WrongNode,
     #[error(transparent)]
     ForgeMcp(#[from] crate::forge_mcp::ForgeMcpError),
+    #[error("{what} failed (exit {code}); its output is above")]
+    Step { what: &'static str, code: String },
+    #[error("/etc/os-release names no VERSION_CODENAME: give a root filesystem with --rootfs")]
+    NoCodename,
     #[error("{what} failed ({kind})")]
     Io {
         what: &'static str,
@@ -165,6 +169,173 @@ fn swap_in(staging: &Path, target: &Path, images: &Path, now: u64) -> io::Result
     }
     sweep_retired(&retired, now);
     Ok(())
+}
+
+/// Where a container image's system comes from.
+#[derive(Debug, Clone, Copy)]
+pub enum Rootfs<'a> {
+    /// A root filesystem tarball the operator made (with `mmdebstrap`, say).
+    Tarball(&'a Path),
+    /// `mmdebstrap` run now: the release this host runs, the essential packages and what a job
+    /// needs of its system, from the mirrors apt uses.
+    Mmdebstrap,
+}
+
+/// What a job needs of its system besides Debian's essential packages.
+pub const SYSTEM_PACKAGES: &str = "libstdc++6,git,ca-certificates";
+
+/// What [`build`] made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Built {
+    pub reference: String,
+    pub pi_version: String,
+    pub node_version: String,
+    pub capabilities: String,
+}
+
+fn run_ok(command: &mut Command, what: &'static str) -> Result<(), ImageError> {
+    let status = spawn::retry_busy(|| command.status()).map_err(io_err(what))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(ImageError::Step {
+            what,
+            code: status
+                .code()
+                .map_or("by a signal".to_owned(), |c| c.to_string()),
+        })
+    }
+}
+
+/// `pi-dispatch image build NAME`: the job image as a container image for the container backend
+/// (`protocol::image::container_ref(NAME)`): a Debian root filesystem, the image's folder as
+/// `image install` makes it at `/opt/pi-dispatch-image` (Node.js, pi, the runner, and with
+/// `forge_mcp` the forge's servers, their wrappers in `/usr/local/bin`), the places a job's folders
+/// are bound at, and the labels, imported with `podman import`. No registry is used.
+#[allow(clippy::too_many_arguments)]
+pub fn build(
+    deployment: &Path,
+    name: &str,
+    from: Source,
+    runner: &Path,
+    forge_mcp: Option<ForgeMcp>,
+    rootfs: Rootfs,
+    podman: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Built, ImageError> {
+    if !config::settings::is_image_name(name) {
+        return Err(ImageError::BadName);
+    }
+    let images = deployment.join("images");
+    fs::create_dir_all(&images).map_err(io_err("creating images/"))?;
+    let work = tempfile::Builder::new()
+        .prefix(".build-")
+        .tempdir_in(&images)
+        .map_err(io_err("making a folder to build in"))?;
+    let root = work.path().join("root");
+    fs::create_dir(&root).map_err(io_err("making the root folder"))?;
+    let tarball = match rootfs {
+        Rootfs::Tarball(t) => t.to_owned(),
+        Rootfs::Mmdebstrap => {
+            progress("[1/6] making the system with mmdebstrap");
+            let codename = fs::read_to_string("/etc/os-release")
+                .ok()
+                .and_then(|t| {
+                    t.lines()
+                        .find_map(|l| l.strip_prefix("VERSION_CODENAME=").map(str::to_owned))
+                })
+                .ok_or(ImageError::NoCodename)?;
+            let out = work.path().join("rootfs.tar");
+            run_ok(
+                Command::new("mmdebstrap")
+                    .args(["--variant=essential", "--format=tar", "--quiet"])
+                    .arg(format!("--include={SYSTEM_PACKAGES}"))
+                    .arg(&codename)
+                    .arg(&out),
+                "mmdebstrap",
+            )?;
+            out
+        }
+    };
+    progress("[2/6] unpacking the system");
+    run_ok(
+        Command::new("tar")
+            .args(["--numeric-owner", "-x", "-f"])
+            .arg(&tarball)
+            .arg("-C")
+            .arg(&root),
+        "unpacking the root filesystem",
+    )?;
+    progress("[3/6] adding Node.js, pi, the runner and the labels");
+    let staging = work.path().join("image");
+    let (_, pi_version, node_version, forge) =
+        stage(&staging, from, runner, forge_mcp, &mut |_| {})?;
+    let labels: serde_json::Value = fs::read(staging.join("image.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let mount = root.join(protocol::image::MOUNT.trim_start_matches('/'));
+    fs::create_dir_all(mount.parent().unwrap_or(&root)).map_err(io_err("making /opt"))?;
+    let _ = fs::remove_dir_all(&mount);
+    fs::rename(&staging, &mount).map_err(io_err("placing the image's folder"))?;
+    progress("[4/6] the forge's wrappers and the places jobs are bound at");
+    if forge.is_some() {
+        let commands = root.join(protocol::image::COMMANDS);
+        fs::create_dir_all(&commands).map_err(io_err("making /usr/local/bin"))?;
+        for name in ["forge-mcp-github", "forge-mcp-gitlab"] {
+            let _ = fs::remove_file(commands.join(name));
+            std::os::unix::fs::symlink(
+                Path::new(protocol::image::MOUNT)
+                    .join(protocol::image::FORGE_MCP)
+                    .join(name),
+                commands.join(name),
+            )
+            .map_err(io_err("linking a wrapper"))?;
+        }
+    }
+    for place in ["job", "workspace", "opt/pi-global"] {
+        fs::create_dir_all(root.join(place)).map_err(io_err("making a job's place"))?;
+    }
+    progress("[5/6] importing it with podman");
+    let reference = protocol::image::container_ref(name);
+    let mut changes = Vec::new();
+    if let Some(map) = labels["labels"].as_object() {
+        for (k, v) in map {
+            if let Some(v) = v.as_str() {
+                changes.push(format!("LABEL={k}={v}"));
+            }
+        }
+    }
+    let archive = work.path().join("image.tar");
+    run_ok(
+        Command::new("tar")
+            .args(["--numeric-owner", "-c", "-f"])
+            .arg(&archive)
+            .arg("-C")
+            .arg(&root)
+            .arg("."),
+        "packing the image",
+    )?;
+    let mut import = Command::new(podman);
+    import.arg("import");
+    for c in &changes {
+        import.arg("--change").arg(c);
+    }
+    import
+        .arg(&archive)
+        .arg(&reference)
+        .stdout(std::process::Stdio::null());
+    run_ok(&mut import, "podman import")?;
+    progress("[6/6] done");
+    Ok(Built {
+        reference,
+        pi_version,
+        node_version,
+        capabilities: labels["labels"][protocol::image::CAPABILITIES_LABEL]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    })
 }
 
 /// Removes retired images old enough that no job can still run on them.

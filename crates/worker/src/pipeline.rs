@@ -650,6 +650,7 @@ impl Worker {
             job_dir: job_dir.to_owned(),
             overlay_dir: settings.overlay_dir.clone(),
             image_dir: settings.dir.join("images").join(&admitted.image),
+            image_name: admitted.image.clone(),
             workspace: PathBuf::from(&admitted.workspace.path),
             host_user: Some((admitted.workspace.uid, admitted.workspace.gid)),
             network: match admitted.egress {

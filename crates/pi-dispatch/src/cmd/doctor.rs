@@ -61,7 +61,8 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
                     ));
                 }
             }
-            if inputs.bwrap && inputs.image_runner {
+            let bubblewrap = settings.sandbox == config::settings::SandboxBackend::Bubblewrap;
+            if bubblewrap && inputs.bwrap && inputs.image_runner {
                 inputs.sandbox = Some(sandbox_probe(&settings));
             }
             let mut checks = if settings.egress {
@@ -405,6 +406,7 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
         job_dir,
         overlay_dir: overlay,
         image_dir: settings.dir.join("images").join(image),
+        image_name: image.to_owned(),
         workspace,
         host_user: None,
         network: if settings.egress {

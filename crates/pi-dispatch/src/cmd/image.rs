@@ -35,15 +35,51 @@ enum ImageCommand {
         #[arg(long, value_name = "SHA256", requires = "forge_mcp")]
         github_mcp_sha256: Option<String>,
     },
+    /// Build the job image NAME as a container image (localhost/pi-dispatch-NAME) for the
+    /// container backend (PI_SANDBOX=podman): a Debian system, Node.js, pi, the runner, the forge's
+    /// servers with --forge-mcp, and the labels, imported into Podman. No registry is used.
+    Build {
+        /// The image's name.
+        #[arg(default_value = config::settings::DEFAULT_JOB_IMAGE)]
+        name: String,
+        /// Take the packages from this node_modules folder instead of running npm ci.
+        #[arg(long, value_name = "NODE_MODULES")]
+        from: Option<PathBuf>,
+        /// Add the forge's own MCP servers from this folder (as image install takes them).
+        #[arg(long, value_name = "DIR")]
+        forge_mcp: Option<PathBuf>,
+        /// A github-mcp-server sha256 you vouch for, besides the pinned builds.
+        #[arg(long, value_name = "SHA256", requires = "forge_mcp")]
+        github_mcp_sha256: Option<String>,
+        /// The system from this root filesystem tarball, instead of running mmdebstrap (it needs
+        /// libstdc++6, git and ca-certificates besides Debian's essential packages).
+        #[arg(long, value_name = "TAR")]
+        rootfs: Option<PathBuf>,
+    },
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
-    let ImageCommand::Install {
-        name,
-        from,
-        forge_mcp,
-        github_mcp_sha256,
-    } = &args.command;
+    let (name, from, forge_mcp, github_mcp_sha256, rootfs) = match &args.command {
+        ImageCommand::Install {
+            name,
+            from,
+            forge_mcp,
+            github_mcp_sha256,
+        } => (name, from, forge_mcp, github_mcp_sha256, None),
+        ImageCommand::Build {
+            name,
+            from,
+            forge_mcp,
+            github_mcp_sha256,
+            rootfs,
+        } => (
+            name,
+            from,
+            forge_mcp,
+            github_mcp_sha256,
+            Some(rootfs.as_ref().map(|r| ctx.absolute(r))),
+        ),
+    };
     let pin = match github_mcp_sha256 {
         Some(text) => match setup::forge_mcp::operator_pin(text) {
             Ok(pin) => Some(pin),
@@ -67,6 +103,35 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         source,
         pin: pin.as_deref(),
     });
+    if let Some(rootfs) = rootfs {
+        let rootfs = match &rootfs {
+            Some(tar) => setup::image::Rootfs::Tarball(tar),
+            None => setup::image::Rootfs::Mmdebstrap,
+        };
+        let podman = std::path::Path::new(sandbox::podman::PODMAN);
+        return match setup::image::build(
+            &ctx.dir,
+            name,
+            source,
+            &runner,
+            forge,
+            rootfs,
+            podman,
+            &mut progress,
+        ) {
+            Ok(built) => {
+                crate::output::print(&format!(
+                    "Image {name} is built as the container image {} (pi {}, Node.js {}, capabilities {}).\nWith PI_SANDBOX=podman (and no PI_PODMAN_IMAGE), jobs of image {name} run in it.\n",
+                    built.reference, built.pi_version, built.node_version, built.capabilities
+                ))?;
+                Ok(Exit::Success)
+            }
+            Err(e) => {
+                eprintln!("pi-dispatch: image {name} was not built: {e}");
+                Ok(Exit::CheckFailed)
+            }
+        };
+    }
     match setup::image::install(&ctx.dir, name, source, &runner, forge, &mut progress) {
         Ok(done) => {
             let servers = match &done.forge_mcp {

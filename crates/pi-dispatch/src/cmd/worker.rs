@@ -140,12 +140,12 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             config::settings::SandboxBackend::Bubblewrap => Arc::new(Bubblewrap {
                 bwrap: args.bwrap.clone(),
             }),
-            config::settings::SandboxBackend::Podman { image, runtime } => {
+            config::settings::SandboxBackend::Podman { base, runtime } => {
                 Arc::new(sandbox::podman::Podman {
                     program: sandbox::podman::PODMAN.into(),
                     runtime: runtime.clone(),
                     limits: sandbox::podman::Limits::within_own(),
-                    base_image: image.clone(),
+                    base_image: base.clone(),
                     launcher: sandbox::podman::LAUNCHER.iter().map(Into::into).collect(),
                 })
             }

@@ -921,3 +921,90 @@ fn a_job_runs_in_a_podman_container_with_the_same_contract() {
     // The provider's key went into the container's environment only.
     assert!(!worked.stderr.contains(MODEL_KEY));
 }
+
+/// `image build`: the job image as a container image (from the tests' Debian root filesystem, the
+/// pinned packages and this runner), its labels read from the engine by the admission and doctor,
+/// and a job run in it with `PI_SANDBOX=podman` and no base image.
+#[test]
+fn a_job_runs_in_the_container_image_image_build_made() {
+    // A name of its own: the engine's images are the host's, shared by every test.
+    let name = format!("t{}", std::process::id());
+    let s = Service::new(
+        vec![
+            Step::call(
+                "mcp__direct__echo",
+                json!({"message": "from the built image"}),
+            ),
+            Step::text("done"),
+        ],
+        |_| json!({"direct": stdio(Some("direct"))}),
+        &format!("PI_SANDBOX=podman\nPI_PODMAN_RUNTIME=runc\nPI_JOB_IMAGE={name}\n"),
+    );
+    let rootfs =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/base-rootfs.tar");
+    let nm = crate::common::node_modules();
+    struct Removed(String);
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("podman")
+                .args(["rmi", "--force", &self.0])
+                .output();
+        }
+    }
+    let reference = format!("localhost/pi-dispatch-{name}:latest");
+    let _removed = Removed(reference.clone());
+    // Before it is built, doctor and the admission find no such image.
+    let doctor = s.cli(&["doctor"]);
+    assert!(
+        doctor
+            .stdout
+            .contains(&format!("job image {name} is not there")),
+        "{}",
+        doctor.stdout
+    );
+    let built = s.cli(&[
+        "image",
+        "build",
+        &name,
+        "--from",
+        nm.to_str().unwrap(),
+        "--rootfs",
+        rootfs.to_str().unwrap(),
+    ]);
+    assert_eq!(built.code, 0, "{}", built.stderr);
+    assert!(built.stdout.contains(&reference), "{}", built.stdout);
+    let labels = std::process::Command::new("podman")
+        .args([
+            "image",
+            "inspect",
+            "--format",
+            "{{json .Labels}}",
+            &reference,
+        ])
+        .output()
+        .unwrap();
+    let labels: Value = serde_json::from_slice(&labels.stdout).unwrap();
+    assert_eq!(labels["dev.pi-dispatch.capabilities"], "mcp", "{labels}");
+    assert_eq!(labels["dev.pi-dispatch.pi-version"], "1.6.0", "{labels}");
+    let doctor = s.cli(&["doctor"]);
+    assert!(
+        doctor
+            .stdout
+            .contains(&format!("✓ job image {name}: pi 1.6.0")),
+        "{}",
+        doctor.stdout
+    );
+    let id = s.queue("Echo from the built image.", "direct");
+    let worked = s.work();
+    let record = s.record(&id);
+    let results = s.results();
+    assert_eq!(
+        record["outcome"], "completed",
+        "{record:#}\n{}\n{results:#?}",
+        worked.stderr
+    );
+    assert!(
+        results[1].contains("Echo: from the built image"),
+        "{results:#?}"
+    );
+}
