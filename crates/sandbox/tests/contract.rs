@@ -350,6 +350,35 @@ async fn the_environment_is_exactly_the_map_and_on_no_command_line(kind: Kind) {
         if text.contains(CANARY) {
             leaks.push("podman inspect".to_owned());
         }
+        // Nor in any file the engine keeps for the container (its config.json among them).
+        let dirs = std::process::Command::new("podman")
+            .args([
+                "inspect",
+                "--type",
+                "container",
+                "--format",
+                "{{.StaticDir}}\n{{.ConmonPidFile}}",
+            ])
+            .args(containers_of("job-contract"))
+            .output()
+            .unwrap();
+        let mut scanned = 0;
+        for line in String::from_utf8_lossy(&dirs.stdout).lines() {
+            let path = Path::new(line.trim());
+            let dir = if path.is_dir() {
+                path
+            } else {
+                path.parent().unwrap_or(path)
+            };
+            for file in files_under(dir) {
+                scanned += 1;
+                if std::fs::read(&file).is_ok_and(|b| String::from_utf8_lossy(&b).contains(CANARY))
+                {
+                    leaks.push(file.display().to_string());
+                }
+            }
+        }
+        assert!(scanned > 0, "no file of the engine's was read");
     }
     let out = finish(job.as_mut(), BOUND).await;
     assert_eq!(
@@ -371,6 +400,22 @@ async fn the_environment_is_exactly_the_map_and_on_no_command_line(kind: Kind) {
     // Both set PWD to the working directory; nothing else is added.
     expected.insert("PWD=/workspace".to_owned());
     assert_eq!(seen, expected);
+}
+
+/// Every file under `dir` (links not followed).
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => stack.push(entry.path()),
+                Ok(t) if t.is_file() => out.push(entry.path()),
+                _ => {}
+            }
+        }
+    }
+    out
 }
 
 /// The containers labelled with job `id`.
@@ -480,5 +525,23 @@ async fn the_job_dies_with_its_worker(kind: Kind) {
     assert!(
         eventually(Duration::from_secs(20), || marked(&mark).is_empty()).await,
         "the job outlived its worker"
+    );
+}
+
+/// The container's limits are the kernel's: its pids and memory cgroups say what the backend asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_podman_jobs_pids_and_memory_are_limited() {
+    let fx = Fixture::new();
+    let script = "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max; \
+                  cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max; \
+                  grep -E '^Max (open files|processes)' /proc/self/limits | tr -s ' ' | cut -d' ' -f4";
+    let out = run(Kind::Podman, &fx.spec(script, Network::None), &job_env(&[])).await;
+    assert!(out.success(), "{}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        ["256", &(512u64 * 1024 * 1024).to_string(), "1024", "1024"],
+        "{}",
+        out.stdout
     );
 }
