@@ -51,7 +51,8 @@ pub const QUEUE_SETTING: &str = "PI_QUEUE";
 /// The password of the queue's Redis (a secret: read from the worker's environment, never in
 /// `PI_QUEUE`'s URL).
 pub const QUEUE_PASSWORD_SETTING: &str = "PI_QUEUE_PASSWORD";
-/// The sandbox backend: `bubblewrap` (the default) or `podman`.
+/// The sandbox backend: `bubblewrap` (the default), `podman`, or `docker` (the container backend
+/// driving Docker instead).
 pub const SANDBOX_SETTING: &str = "PI_SANDBOX";
 /// A container image whose system every `podman` job sees, with the job's image folder bound over
 /// it (without it, a job runs the container image `image build` made of its image), and the OCI
@@ -144,7 +145,7 @@ pub enum SettingError {
         "{name} must be sqlite, or a redis://HOST:PORT/DB, rediss://HOST:PORT/DB or redis+unix:///PATH URL with no password in it (the password goes in PI_QUEUE_PASSWORD)"
     )]
     NotAQueue { name: &'static str },
-    #[error("{name} must be bubblewrap or podman")]
+    #[error("{name} must be bubblewrap, podman or docker")]
     NotASandbox { name: &'static str },
     #[error(
         "{name} must be a container image reference or a runtime name (letters, digits and '.', '_', '-', '/', ':', '@')"
@@ -244,7 +245,20 @@ pub enum SandboxBackend {
     Podman {
         base: Option<String>,
         runtime: Option<String>,
+        /// Docker drives the containers instead of Podman (`PI_SANDBOX=docker`).
+        docker: bool,
     },
+}
+
+impl SandboxBackend {
+    /// The container engine's program, for a container backend.
+    pub fn engine(&self) -> Option<&'static str> {
+        match self {
+            SandboxBackend::Bubblewrap => None,
+            SandboxBackend::Podman { docker: true, .. } => Some("/usr/bin/docker"),
+            SandboxBackend::Podman { docker: false, .. } => Some("/usr/bin/podman"),
+        }
+    }
 }
 
 /// A container image reference or a runtime name: plain characters only, so it can never be read
@@ -513,9 +527,10 @@ pub fn resolve(
     let podman_runtime = engine_name(PODMAN_RUNTIME_SETTING);
     let sandbox = match get(SANDBOX_SETTING).as_deref() {
         None | Some("bubblewrap") => SandboxBackend::Bubblewrap,
-        Some("podman") => SandboxBackend::Podman {
+        Some(engine @ ("podman" | "docker")) => SandboxBackend::Podman {
             base: podman_image,
             runtime: podman_runtime,
+            docker: engine == "docker",
         },
         Some(_) => {
             errors.push(SettingError::NotASandbox {

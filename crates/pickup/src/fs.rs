@@ -204,7 +204,7 @@ impl Images for EngineImages {
             return Image::Missing;
         }
         let out = std::process::Command::new(&self.podman)
-            .args(["image", "inspect", "--format", "{{json .Labels}}"])
+            .args(["image", "inspect", "--format", "{{json .Config.Labels}}"])
             .arg(protocol::image::container_ref(name))
             .stdin(std::process::Stdio::null())
             .output();
@@ -215,7 +215,8 @@ impl Images for EngineImages {
         if !out.status.success() {
             // The engine says "image not known" for an image it does not have; anything else
             // (its storage busy, say) may pass.
-            return if String::from_utf8_lossy(&out.stderr).contains("image not known") {
+            let said = String::from_utf8_lossy(&out.stderr).to_lowercase();
+            return if said.contains("image not known") || said.contains("no such image") {
                 Image::Missing
             } else {
                 Image::Transient("podman could not read the image's labels".to_owned())
@@ -240,7 +241,7 @@ impl<'a> Deployment<'a> {
             images: match &settings.sandbox {
                 config::settings::SandboxBackend::Podman { base: None, .. } => {
                     Box::new(EngineImages {
-                        podman: PathBuf::from(PODMAN),
+                        podman: PathBuf::from(settings.sandbox.engine().unwrap_or(PODMAN)),
                     })
                 }
                 _ => Box::new(ImageFolders::new(&settings.dir)),

@@ -63,6 +63,24 @@ pub struct Limits {
     pub nproc: u64,
 }
 
+impl Podman {
+    /// Whether the engine is Docker (the program is named `docker`): the few options only Podman
+    /// has are given in Docker's words.
+    pub fn is_docker(&self) -> bool {
+        self.program.file_name().is_some_and(|n| n == "docker")
+    }
+
+    /// `rm` of a container at once, in the engine's words.
+    fn rm_args(&self, name: &str) -> Vec<String> {
+        let mut a = vec!["rm".to_owned(), "--force".to_owned()];
+        if !self.is_docker() {
+            a.extend(["--time".to_owned(), "0".to_owned()]);
+        }
+        a.push(name.to_owned());
+        a
+    }
+}
+
 impl Limits {
     /// The default limits, the open files and processes lowered to this process's own (hard)
     /// limits where those are lower: a container cannot be given more.
@@ -117,11 +135,21 @@ pub fn create_args(podman: &Podman, spec: &JobSpec, job_id: &str, name: &str) ->
     // A nesting program (the runner) mounts a /proc of its own for each process it confines, which
     // the kernel allows only where no part of /proc is covered: the engine's masks come off. The job
     // still holds no capability, and the runner's own user namespace holds nothing on the host.
+    let docker = podman.is_docker();
     if spec.nested {
-        push(&[s("--security-opt"), s("unmask=ALL")]);
+        let unmask = if docker {
+            "systempaths=unconfined"
+        } else {
+            "unmask=ALL"
+        };
+        push(&[s("--security-opt"), s(unmask)]);
     }
     // The root read-only; /tmp (and /run, /var/tmp) a tmpfs of its own.
-    push(&[s("--read-only"), s("--read-only-tmpfs=true")]);
+    if docker {
+        push(&[s("--read-only"), s("--tmpfs"), s("/tmp:rw,mode=1777")]);
+    } else {
+        push(&[s("--read-only"), s("--read-only-tmpfs=true")]);
+    }
     let l = &podman.limits;
     let pids = l.pids.to_string();
     let memory = format!("{}m", l.memory_mib);
@@ -140,8 +168,11 @@ pub fn create_args(podman: &Podman, spec: &JobSpec, job_id: &str, name: &str) ->
         Network::None => "none",
     };
     push(&[s("--network"), s(network)]);
-    // None of the engine's own variables: the launcher sets the job's, and only those.
-    push(&[s("--unsetenv-all")]);
+    // None of the engine's own variables: the launcher sets the job's, and only those (Docker
+    // has no such option; its few defaults never reach the job, whose launcher clears them).
+    if !docker {
+        push(&[s("--unsetenv-all")]);
+    }
     let volume = |host: &Path, place: &str, mode: &str| {
         let mut v = OsString::from(host.as_os_str());
         v.push(format!(":{place}:{mode}"));
@@ -187,7 +218,7 @@ impl Podman {
     /// Removes the container at once, whatever runs in it.
     async fn remove(&self, name: &str) {
         let mut c = self.command();
-        c.args(["rm", "--force", "--time", "0", name])
+        c.args(self.rm_args(name))
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let _ = c.status().await;
@@ -270,16 +301,13 @@ impl Podman {
     /// worker holds that input, so the container goes when the worker does.
     fn reaper(&self, name: &str) -> io::Result<(Child, ChildStdin)> {
         let mut c = Command::new("/bin/sh");
-        c.args([
-            "-c",
-            "read -r _; exec \"$0\" rm --force --time 0 \"$1\" >/dev/null 2>&1",
-        ])
-        .arg(&self.program)
-        .arg(name)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0);
+        c.args(["-c", "read -r _; exec \"$0\" \"$@\" >/dev/null 2>&1"])
+            .arg(&self.program)
+            .args(self.rm_args(name))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0);
         let mut child = spawn::retry_busy(|| c.spawn())?;
         let stdin = child
             .stdin
@@ -360,7 +388,7 @@ impl Drop for PodmanJob {
         if !self.removed {
             // Synchronously: a dropped job must not outlive the call that dropped it.
             let _ = std::process::Command::new(&self.podman.program)
-                .args(["rm", "--force", "--time", "0", &self.name])
+                .args(self.podman.rm_args(&self.name))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -393,6 +421,30 @@ mod tests {
             .map(|s| s.to_string_lossy().into_owned())
             .collect::<Vec<_>>()
             .join(" ")
+    }
+
+    #[test]
+    fn docker_is_given_the_options_only_podman_has_in_its_own_words() {
+        let docker = Podman {
+            program: "/usr/bin/docker".into(),
+            runtime: None,
+            limits: Limits::default(),
+            base_image: None,
+            launcher: LAUNCHER.iter().map(Into::into).collect(),
+        };
+        let nested = JobSpec {
+            nested: true,
+            ..spec()
+        };
+        let a = text(&create_args(&docker, &nested, "j1", "pi-dispatch-00"));
+        assert!(a.contains("--security-opt systempaths=unconfined"), "{a}");
+        assert!(a.contains("--read-only --tmpfs /tmp:rw,mode=1777"), "{a}");
+        assert!(
+            !a.contains("unsetenv") && !a.contains("read-only-tmpfs"),
+            "{a}"
+        );
+        assert!(a.contains("localhost/pi-dispatch-pi-job:latest"), "{a}");
+        assert_eq!(docker.rm_args("c"), ["rm", "--force", "c"]);
     }
 
     #[test]

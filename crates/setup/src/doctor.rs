@@ -150,12 +150,13 @@ fn podman_checks(inputs: &Inputs, base: Option<&str>, out: &mut Vec<Check>) {
         .job_image
         .as_deref()
         .unwrap_or(config::settings::DEFAULT_JOB_IMAGE);
-    out.push(if is_executable(Path::new(PODMAN)) {
-        Check::ok(format!("podman: {PODMAN} (PI_SANDBOX=podman)"))
+    let engine = inputs.settings.sandbox.engine().unwrap_or(PODMAN);
+    out.push(if is_executable(Path::new(engine)) {
+        Check::ok(format!("container engine: {engine} (PI_SANDBOX)"))
     } else {
         Check::fail(
-            format!("PI_SANDBOX is podman and {PODMAN} is not installed: no job can start"),
-            "install Debian's podman and runc packages",
+            format!("PI_SANDBOX names a container engine, and {engine} is not installed: no job can start"),
+            "install Debian's podman and runc packages (or Docker, for PI_SANDBOX=docker)",
         )
     });
     let (installed, how) = match base {
@@ -251,7 +252,7 @@ pub fn gather(settings: Settings) -> Inputs {
         settings.sandbox,
         config::settings::SandboxBackend::Podman { base: None, .. }
     )
-    .then(|| engine_labels(&image_name));
+    .then(|| engine_labels(settings.sandbox.engine().unwrap_or(PODMAN), &image_name));
     Inputs {
         dotenv: exists(&settings.dir.join(".env")),
         triggers_file: exists(&settings.triggers_file),
@@ -285,9 +286,9 @@ pub fn gather(settings: Settings) -> Inputs {
 }
 
 /// The labels of the engine's image `name` (`image build`), when the engine has it.
-fn engine_labels(name: &str) -> Option<serde_json::Value> {
-    let out = std::process::Command::new(PODMAN)
-        .args(["image", "inspect", "--format", "{{json .Labels}}"])
+fn engine_labels(engine: &str, name: &str) -> Option<serde_json::Value> {
+    let out = std::process::Command::new(engine)
+        .args(["image", "inspect", "--format", "{{json .Config.Labels}}"])
         .arg(protocol::image::container_ref(name))
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())

@@ -140,9 +140,13 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             config::settings::SandboxBackend::Bubblewrap => Arc::new(Bubblewrap {
                 bwrap: args.bwrap.clone(),
             }),
-            config::settings::SandboxBackend::Podman { base, runtime } => {
+            config::settings::SandboxBackend::Podman { base, runtime, .. } => {
                 Arc::new(sandbox::podman::Podman {
-                    program: sandbox::podman::PODMAN.into(),
+                    program: settings
+                        .sandbox
+                        .engine()
+                        .unwrap_or(sandbox::podman::PODMAN)
+                        .into(),
                     runtime: runtime.clone(),
                     limits: sandbox::podman::Limits::within_own(),
                     base_image: base.clone(),
