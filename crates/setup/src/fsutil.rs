@@ -306,6 +306,27 @@ pub fn link_tree(
     Ok(())
 }
 
+/// Copies `src` into `dst` (made): files of any size with their modes, links as links, folders
+/// 0755 (unlike [`copy_tree`], which reads the operator's files, bounded, and skips links). Every
+/// file a copy of its own, however `src` shares its files.
+pub fn copy_image_tree(src: &Path, dst: &Path) -> io::Result<()> {
+    fs::create_dir(dst)?;
+    fs::set_permissions(dst, fs::Permissions::from_mode(0o755))?;
+    for entry in fs::read_dir(src)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let to = dst.join(entry.file_name());
+        if kind.is_dir() {
+            copy_image_tree(&entry.path(), &to)?;
+        } else if kind.is_symlink() {
+            std::os::unix::fs::symlink(fs::read_link(entry.path())?, &to)?;
+        } else if kind.is_file() {
+            fs::copy(entry.path(), &to)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -277,7 +277,10 @@ pub fn build(
     let mount = root.join(protocol::image::MOUNT.trim_start_matches('/'));
     fs::create_dir_all(mount.parent().unwrap_or(&root)).map_err(io_err("making /opt"))?;
     let _ = fs::remove_dir_all(&mount);
-    fs::rename(&staging, &mount).map_err(io_err("placing the image's folder"))?;
+    // Copied, not moved: the staging shares its files with the packages it was linked from, which
+    // other images may be linking at this moment, and tar fails a file whose links change as it
+    // reads it.
+    fsutil::copy_image_tree(&staging, &mount).map_err(io_err("placing the image's folder"))?;
     progress("[4/6] the forge's wrappers and the places jobs are bound at");
     if forge.is_some() {
         let commands = root.join(protocol::image::COMMANDS);
