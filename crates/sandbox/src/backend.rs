@@ -142,19 +142,6 @@ impl Backend for Bubblewrap {
     }
 }
 
-impl Backend for crate::podman::Podman {
-    fn start<'a>(
-        &'a self,
-        spec: &'a JobSpec,
-        env: &'a JobEnv,
-    ) -> BoxFuture<'a, Result<Box<dyn RunningJob>, StartError>> {
-        Box::pin(async move {
-            let job = self.start_job(spec, env).await?;
-            Ok(Box::new(job) as Box<dyn RunningJob>)
-        })
-    }
-}
-
 impl RunningJob for bwrap::Sandbox {
     fn stdin(&mut self) -> Option<ChildStdin> {
         bwrap::Sandbox::stdin(self)

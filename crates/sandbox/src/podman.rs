@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 
-use crate::backend::{BoxFuture, JobSpec, Network, RunningJob, StartError};
+use crate::backend::{Backend, BoxFuture, JobSpec, Network, RunningJob, StartError};
 use crate::bwrap::{Ending, IMAGE, JOB_DIR, OVERLAY, WORKSPACE};
 use crate::env::JobEnv;
 
@@ -314,6 +314,19 @@ impl Podman {
             .take()
             .ok_or_else(|| io::Error::other("the reaper has no input"))?;
         Ok((child, stdin))
+    }
+}
+
+impl Backend for Podman {
+    fn start<'a>(
+        &'a self,
+        spec: &'a JobSpec,
+        env: &'a JobEnv,
+    ) -> BoxFuture<'a, Result<Box<dyn RunningJob>, StartError>> {
+        Box::pin(async move {
+            let job = self.start_job(spec, env).await?;
+            Ok(Box::new(job) as Box<dyn RunningJob>)
+        })
     }
 }
 
