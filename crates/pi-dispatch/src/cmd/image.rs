@@ -13,44 +13,41 @@ pub struct Args {
     command: ImageCommand,
 }
 
+/// What both ways of making an image take.
+#[derive(Debug, clap::Args)]
+struct Parts {
+    /// The image's name.
+    #[arg(default_value = config::settings::DEFAULT_JOB_IMAGE)]
+    name: String,
+    /// Take the packages from this node_modules folder (installed from the pinned list)
+    /// instead of running npm ci.
+    #[arg(long, value_name = "NODE_MODULES")]
+    from: Option<PathBuf>,
+    /// Add the forge's own MCP servers from this folder: github-mcp-server (a pinned build)
+    /// and gitlab/node_modules (npm ci of image/forge-mcp/gitlab); the image then declares
+    /// forgeMcp.
+    #[arg(long, value_name = "DIR")]
+    forge_mcp: Option<PathBuf>,
+    /// Also take a github-mcp-server with this sha256 (one you checked against GitHub's
+    /// release), besides the pinned builds.
+    #[arg(long, value_name = "SHA256", requires = "forge_mcp")]
+    github_mcp_sha256: Option<String>,
+}
+
 #[derive(Debug, clap::Subcommand)]
 enum ImageCommand {
     /// Build images/NAME from the pinned Node.js, pi and MCP servers, with this program as the
     /// runner. An image that is there is replaced only once the new one is complete.
     Install {
-        /// The image's name.
-        #[arg(default_value = config::settings::DEFAULT_JOB_IMAGE)]
-        name: String,
-        /// Take the packages from this node_modules folder (installed from the pinned list)
-        /// instead of running npm ci.
-        #[arg(long, value_name = "NODE_MODULES")]
-        from: Option<PathBuf>,
-        /// Add the forge's own MCP servers from this folder: github-mcp-server (a pinned build)
-        /// and gitlab/node_modules (npm ci of image/forge-mcp/gitlab); the image then declares
-        /// forgeMcp.
-        #[arg(long, value_name = "DIR")]
-        forge_mcp: Option<PathBuf>,
-        /// Also take a github-mcp-server with this sha256 (one you checked against GitHub's
-        /// release), besides the pinned builds.
-        #[arg(long, value_name = "SHA256", requires = "forge_mcp")]
-        github_mcp_sha256: Option<String>,
+        #[command(flatten)]
+        parts: Parts,
     },
     /// Build the job image NAME as a container image (localhost/pi-dispatch-NAME) for the
     /// container backend (PI_SANDBOX=podman): a Debian system, Node.js, pi, the runner, the forge's
     /// servers with --forge-mcp, and the labels, imported into Podman. No registry is used.
     Build {
-        /// The image's name.
-        #[arg(default_value = config::settings::DEFAULT_JOB_IMAGE)]
-        name: String,
-        /// Take the packages from this node_modules folder instead of running npm ci.
-        #[arg(long, value_name = "NODE_MODULES")]
-        from: Option<PathBuf>,
-        /// Add the forge's own MCP servers from this folder (as image install takes them).
-        #[arg(long, value_name = "DIR")]
-        forge_mcp: Option<PathBuf>,
-        /// A github-mcp-server sha256 you vouch for, besides the pinned builds.
-        #[arg(long, value_name = "SHA256", requires = "forge_mcp")]
-        github_mcp_sha256: Option<String>,
+        #[command(flatten)]
+        parts: Parts,
         /// The system from this root filesystem tarball, instead of running mmdebstrap (it needs
         /// libstdc++6, git and ca-certificates besides Debian's essential packages).
         #[arg(long, value_name = "TAR")]
@@ -59,27 +56,18 @@ enum ImageCommand {
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
-    let (name, from, forge_mcp, github_mcp_sha256, rootfs) = match &args.command {
-        ImageCommand::Install {
-            name,
-            from,
-            forge_mcp,
-            github_mcp_sha256,
-        } => (name, from, forge_mcp, github_mcp_sha256, None),
-        ImageCommand::Build {
-            name,
-            from,
-            forge_mcp,
-            github_mcp_sha256,
-            rootfs,
-        } => (
-            name,
-            from,
-            forge_mcp,
-            github_mcp_sha256,
-            Some(rootfs.as_ref().map(|r| ctx.absolute(r))),
-        ),
+    let (parts, rootfs) = match &args.command {
+        ImageCommand::Install { parts } => (parts, None),
+        ImageCommand::Build { parts, rootfs } => {
+            (parts, Some(rootfs.as_ref().map(|r| ctx.absolute(r))))
+        }
     };
+    let Parts {
+        name,
+        from,
+        forge_mcp,
+        github_mcp_sha256,
+    } = parts;
     let pin = match github_mcp_sha256 {
         Some(text) => match setup::forge_mcp::operator_pin(text) {
             Ok(pin) => Some(pin),
