@@ -100,6 +100,13 @@ const ENV: &str = "\
 # PI_GITHUB_WEBHOOK_SECRET=
 # PI_GITLAB_WEBHOOK_TOKEN=
 # PI_RECEIVER_LISTEN=
+
+# The sandbox each job runs in: bubblewrap (the default), podman, or docker (docs/sandbox.md).
+# A container job runs the image `pi-dispatch image build` made of its job image, unless
+# PI_PODMAN_IMAGE names one image for every job; PI_PODMAN_RUNTIME picks the OCI runtime.
+# PI_SANDBOX=
+# PI_PODMAN_IMAGE=
+# PI_PODMAN_RUNTIME=
 ";
 
 const TRIGGERS: &str = "{\n  \"triggers\": []\n}\n";
