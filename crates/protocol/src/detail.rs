@@ -37,6 +37,34 @@ pub struct Detail {
 }
 
 impl Detail {
+    /// What it concerns, each as `KIND NAME` (`server docs`, `host example.org port 443`), for
+    /// people.
+    pub fn concerns(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        if let Some(s) = &self.server {
+            names.push(format!("server {s}"));
+        }
+        if let Some(f) = &self.field {
+            names.push(format!("field {f}"));
+        }
+        if !self.variables.is_empty() {
+            names.push(format!("variables {}", self.variables.join(", ")));
+        }
+        if let Some(h) = &self.host {
+            names.push(format!("host {h} port {}", self.port.unwrap_or(0)));
+        }
+        if let Some(p) = &self.path {
+            names.push(format!("path {p}"));
+        }
+        if let Some(u) = self.uid {
+            names.push(format!("uid {u}"));
+        }
+        if let Some(m) = &self.model {
+            names.push(format!("model {m}"));
+        }
+        names
+    }
+
     pub fn new(why: impl Into<String>) -> Detail {
         Detail {
             why: why.into(),

@@ -500,15 +500,20 @@ impl RedisQueue {
         })
     }
 
-    /// Every record, in the order they were stored by time, each `(id, stored text)`.
-    pub fn list_records(&self) -> Result<Vec<(String, Option<String>)>, QueueError> {
-        let ids: Vec<String> = self.call("list the records", |c| {
+    /// Every record but those `skip` names, in the order they were stored by time, each
+    /// `(id, stored text)`.
+    pub fn list_records(
+        &self,
+        skip: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<(String, Option<String>)>, QueueError> {
+        let mut ids: Vec<String> = self.call("list the records", |c| {
             redis::cmd("ZRANGE")
                 .arg(format!("{PREFIX}records"))
                 .arg(0)
                 .arg(-1)
                 .query(c)
         })?;
+        ids.retain(|id| !skip(id));
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(500) {
             let keys: Vec<String> = chunk

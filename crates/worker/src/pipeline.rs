@@ -28,7 +28,7 @@ use sandbox::secrets::{Resolver, Secret};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::record::{EgressDenial, Record, now_ms};
+use crate::record::{Activity, EgressDenial, MAX_ACTIVITY, Record, now_ms};
 use crate::transcript::{Redactor, Transcript};
 
 /// Where, in the sandbox, the runner keeps pi's private agent folder, and the job's `HOME`.
@@ -279,6 +279,7 @@ impl Worker {
                 return Verdict::Retry(record);
             }
         };
+        let admitted_at = now_ms();
         // 2. One job at a time in a repository folder: a second one waits here.
         let lock = match self
             .wait_for_folder(job, &admitted.workspace.path, &mut stop)
@@ -387,6 +388,9 @@ impl Worker {
             if let Verdict::Done(r) | Verdict::Retry(r) = &mut verdict {
                 r.egress_denied = denied;
             }
+        }
+        if let Verdict::Done(r) | Verdict::Retry(r) = &mut verdict {
+            r.admitted_at_ms = Some(admitted_at);
         }
         drop(lock);
         verdict
@@ -710,6 +714,7 @@ impl Worker {
                 );
             }
         };
+        let sandbox_up_at = now_ms();
         drop(env);
         if let Some(mut stdin) = running.stdin() {
             let _ = stdin.write_all(format!("{key}\n").as_bytes()).await;
@@ -720,6 +725,8 @@ impl Worker {
             let mut transcript = transcript;
             // What the job spent, from pi's events, for a job that ends without an exit line.
             let mut events = PiEvents::default();
+            // When pi began each turn and tool call.
+            let mut activity = Vec::new();
             let found = match stdout {
                 None => None,
                 Some(out) => {
@@ -728,6 +735,11 @@ impl Worker {
                             && let Ok(text) = std::str::from_utf8(text)
                         {
                             events.observe(text);
+                            if activity.len() < MAX_ACTIVITY
+                                && let Some(a) = Activity::of_line(text, now_ms())
+                            {
+                                activity.push(a);
+                            }
                         }
                         if let Some(t) = transcript.as_mut() {
                             match line {
@@ -742,7 +754,7 @@ impl Worker {
             let kept = transcript
                 .map(Transcript::finish)
                 .is_some_and(|r| r.is_ok());
-            (found, kept, events)
+            (found, kept, events, activity)
         });
         // The runner's stderr (its log and pi's) is drained and not kept: it could hold anything.
         if let Some(mut stderr) = running.stderr() {
@@ -765,16 +777,18 @@ impl Worker {
             let _ = running.kill().await;
         }
         drop(running);
-        let (exit_line, transcript_kept, events) =
+        let (exit_line, transcript_kept, events, activity) =
             tokio::time::timeout(Duration::from_secs(5), reader)
                 .await
                 .ok()
                 .and_then(Result::ok)
-                .unwrap_or((None, false, PiEvents::default()));
+                .unwrap_or((None, false, PiEvents::default(), Vec::new()));
         let had_line = exit_line.is_some();
         let mut verdict = self.settle(job, attempt, ran, exit_line, &redactor);
         if let Verdict::Done(r) | Verdict::Retry(r) = &mut verdict {
             r.started_at_ms = Some(started_at);
+            r.sandbox_up_at_ms = Some(sandbox_up_at);
+            r.activity = activity;
             r.transcript = transcript_kept;
             // No exit line (the time limit, a cancel, a runner that died): what pi's events say
             // it spent, so the record never claims nothing was spent when something was.

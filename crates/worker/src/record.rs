@@ -51,6 +51,51 @@ pub struct EgressDenial {
     pub count: u64,
 }
 
+/// Something pi began while the job ran, and when (Unix ms), as its events said at the time: a
+/// turn, or a tool call (with the tool's name). A record keeps the first [`MAX_ACTIVITY`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Activity {
+    pub at_ms: u64,
+    /// `turn` or `tool`.
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+}
+
+/// The most activity a record keeps.
+pub const MAX_ACTIVITY: usize = 1000;
+
+/// The longest tool name kept in the activity.
+const MAX_TOOL_NAME: usize = 128;
+
+impl Activity {
+    /// What pi's event line `line` began at `at_ms`: a turn (`turn_start`) or a tool call
+    /// (`tool_execution_start`); `None` for any other line.
+    pub fn of_line(line: &str, at_ms: u64) -> Option<Activity> {
+        if !line.contains("\"turn_start\"") && !line.contains("\"tool_execution_start\"") {
+            return None;
+        }
+        let event: serde_json::Value = serde_json::from_str(line).ok()?;
+        match event.get("type")?.as_str()? {
+            "turn_start" => Some(Activity {
+                at_ms,
+                kind: "turn".to_owned(),
+                tool: None,
+            }),
+            "tool_execution_start" => Some(Activity {
+                at_ms,
+                kind: "tool".to_owned(),
+                tool: event
+                    .get("toolName")
+                    .and_then(serde_json::Value::as_str)
+                    .map(|n| n.chars().take(MAX_TOOL_NAME).collect()),
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// One job's record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -83,8 +128,17 @@ pub struct Record {
     pub kind: String,
     /// Unix milliseconds.
     pub queued_at_ms: Option<u64>,
+    /// When the admission let it through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admitted_at_ms: Option<u64>,
+    /// When its sandbox was asked for, and when it was up.
     pub started_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_up_at_ms: Option<u64>,
     pub finished_at_ms: u64,
+    /// What pi began, and when.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub activity: Vec<Activity>,
     pub mcp: McpPart,
     /// The agent's last answer, with every secret the worker knows redacted.
     #[serde(default)]
@@ -131,8 +185,11 @@ impl Record {
             trigger_type: job.trigger_type.clone(),
             kind: job.kind.clone(),
             queued_at_ms: None,
+            admitted_at_ms: None,
             started_at_ms: None,
+            sandbox_up_at_ms: None,
             finished_at_ms: now_ms,
+            activity: Vec::new(),
             mcp: McpPart::default(),
             final_message: None,
             transcript: false,
@@ -339,12 +396,25 @@ impl Records {
     /// Every record, oldest first (by finish time, then id), and the files of the folder that
     /// should be records and cannot be read as one.
     pub fn list(&self) -> Result<Listing, RecordError> {
+        self.list_but(&|_| false)
+    }
+
+    /// Every record whose id `known` does not hold, as [`Records::list`]: records are written
+    /// once, so a reader that keeps what it read reads each record once.
+    pub fn list_new(
+        &self,
+        known: &std::collections::HashSet<String>,
+    ) -> Result<Listing, RecordError> {
+        self.list_but(&|id| known.contains(id))
+    }
+
+    fn list_but(&self, skip: &dyn Fn(&str) -> bool) -> Result<Listing, RecordError> {
         let dir = match &self.store {
             Store::Files(dir) => dir,
             Store::Redis(queue) => {
                 let mut listing = Listing::default();
                 for (id, text) in queue
-                    .list_records()
+                    .list_records(skip)
                     .map_err(|e| RecordError::Redis(e.to_string()))?
                 {
                     match text.and_then(|t| serde_json::from_str::<Record>(&t).ok()) {
@@ -364,7 +434,10 @@ impl Records {
         let mut listing = Listing::default();
         for entry in entries.filter_map(Result::ok) {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !name.ends_with(".json") || name.starts_with('.') {
+            let Some(id) = name.strip_suffix(".json") else {
+                continue;
+            };
+            if name.starts_with('.') || skip(id) {
                 continue;
             }
             match std::fs::read(entry.path())

@@ -113,6 +113,14 @@ fn written_once_and_read_back(records: &Records) -> Record {
     );
     assert_eq!(records.read("job-7").unwrap(), first);
     assert_eq!(records.list().unwrap().records, vec![first.clone()]);
+    // A reader that keeps what it read is given only what it has not.
+    let mut known = std::collections::HashSet::new();
+    assert_eq!(
+        records.list_new(&known).unwrap().records,
+        vec![first.clone()]
+    );
+    known.insert("job-7".to_owned());
+    assert_eq!(records.list_new(&known).unwrap().records, []);
     assert!(matches!(
         records.read("../etc/passwd"),
         Err(RecordError::NotFound)
@@ -165,4 +173,34 @@ fn a_record_is_written_once_and_read_back() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(names, ["job-7.json"]);
+}
+
+#[test]
+fn pi_beginning_a_turn_or_a_tool_call_is_activity_and_nothing_else_is() {
+    let turn = Activity::of_line(r#"{"type":"turn_start"}"#, 7).unwrap();
+    assert_eq!(
+        (turn.at_ms, turn.kind.as_str(), turn.tool),
+        (7, "turn", None)
+    );
+    let call = Activity::of_line(
+        r#"{"type":"tool_execution_start","toolCallId":"c1","toolName":"docs_search","args":{}}"#,
+        9,
+    )
+    .unwrap();
+    assert_eq!(
+        (call.kind.as_str(), call.tool.as_deref()),
+        ("tool", Some("docs_search"))
+    );
+    // A message that merely mentions the words is not one.
+    let text = r#"{"type":"message_end","message":{"content":"\"turn_start\""}}"#;
+    assert_eq!(Activity::of_line(text, 1), None);
+    assert_eq!(Activity::of_line("not json \"turn_start\"", 1), None);
+    let long = format!(
+        r#"{{"type":"tool_execution_start","toolName":"{}"}}"#,
+        "t".repeat(300)
+    );
+    assert_eq!(
+        Activity::of_line(&long, 1).unwrap().tool.unwrap().len(),
+        128
+    );
 }

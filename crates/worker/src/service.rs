@@ -337,6 +337,23 @@ impl Slot<'_> {
     }
 }
 
+/// Cancels job `id` (`cancel` and the panel): a job that had not started is done at once and
+/// gets its record here; a running one is marked, and its worker stops it and records it.
+pub fn cancel(
+    queue: &dyn Queue,
+    records: &Records,
+    id: &str,
+    now: SystemTime,
+) -> Result<queue::Cancel, queue::QueueError> {
+    let answer = queue.cancel(id, now)?;
+    if let queue::Cancel::Removed { payload, attempt } = &answer {
+        let job = job_of(id, payload).unwrap_or_else(|| stub(id));
+        let record = Record::ended(&job, Reason::Cancelled, *attempt, now_ms());
+        write_record(records, &record, None);
+    }
+    Ok(answer)
+}
+
 /// Writes the record (once); a record that exists already is left as it is.
 pub fn write_record(records: &Records, record: &Record, summary: Option<&Summary>) {
     match records.write(record) {

@@ -11,6 +11,11 @@ pub const MAX_BYTES: u64 = 16 * 1024 * 1024;
 /// The transcript's file name in the job's folder.
 pub const FILE: &str = "transcript.jsonl";
 
+/// Where job `id`'s transcript is kept, under the jobs' folder (`state/jobs`).
+pub fn path(jobs_dir: &Path, id: &str) -> PathBuf {
+    jobs_dir.join(id).join(FILE)
+}
+
 /// The shortest value redacted: shorter ones would match all over the text (and no credential
 /// is that short).
 pub const MIN_REDACTED: usize = 4;

@@ -5,10 +5,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use protocol::job::Job;
-use protocol::reason::Reason;
 use queue::Cancel;
-use worker::record::{Record, now_ms};
 
 use crate::context::Context;
 use crate::exit::Exit;
@@ -31,7 +28,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     }
     let queue = ctx.queue(&settings)?;
     let records = crate::cmd::runs::records(ctx)?;
-    match queue.cancel(&args.id, SystemTime::now())? {
+    match worker::service::cancel(&*queue, &records, &args.id, SystemTime::now())? {
         Cancel::Unknown => {
             eprintln!("pi-dispatch: no job has the id {id} (see pi-dispatch status)");
             Ok(Exit::Unusable)
@@ -42,11 +39,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             );
             Ok(Exit::CheckFailed)
         }
-        Cancel::Removed { payload, attempt } => {
-            let job = serde_json::from_str::<Job>(&payload)
-                .unwrap_or_else(|_| Job::new(args.id.clone(), "unknown", "unknown"));
-            let record = Record::ended(&job, Reason::Cancelled, attempt, now_ms());
-            worker::service::write_record(&records, &record, None);
+        Cancel::Removed { .. } => {
             crate::output::print(&format!(
                 "Cancelled {id}: it had not started; nothing was spent.\n"
             ))?;

@@ -26,7 +26,28 @@ struct Report<'a> {
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
-    let checks = match ctx.settings() {
+    let checks = checks(ctx, args.fix)?;
+    let failed = checks.iter().any(|c| c.level == Level::Fail);
+    let text = if args.json {
+        serde_json::to_string_pretty(&Report {
+            ok: !failed,
+            checks: &checks,
+        })? + "\n"
+    } else {
+        human(ctx, &checks)
+    };
+    crate::output::print(&text)?;
+    Ok(if failed {
+        Exit::CheckFailed
+    } else {
+        Exit::Success
+    })
+}
+
+/// Every check of the deployment (the panel's health page shows the same); with `fix`, the
+/// fixes doctor can make are offered first.
+pub fn checks(ctx: &Context, fix: bool) -> anyhow::Result<Vec<Check>> {
+    Ok(match ctx.settings() {
         Err(e) => {
             let errors: Vec<String> = match e {
                 SettingsError::Dotenv(why) => vec![why],
@@ -37,7 +58,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         Ok(settings) => {
             let mut inputs = doctor::gather(settings.clone());
             let mut notes = Vec::new();
-            if args.fix && inputs.mcp_auth_json {
+            if fix && inputs.mcp_auth_json {
                 let path = doctor::mcp_auth_path(&settings);
                 if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
                     notes.push(format!(
@@ -79,21 +100,6 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             checks.extend(notes.into_iter().map(Check::ok));
             checks
         }
-    };
-    let failed = checks.iter().any(|c| c.level == Level::Fail);
-    let text = if args.json {
-        serde_json::to_string_pretty(&Report {
-            ok: !failed,
-            checks: &checks,
-        })? + "\n"
-    } else {
-        human(ctx, &checks)
-    };
-    crate::output::print(&text)?;
-    Ok(if failed {
-        Exit::CheckFailed
-    } else {
-        Exit::Success
     })
 }
 

@@ -123,11 +123,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
 }
 
 fn show_transcript(ctx: &Context, record: &Record) -> anyhow::Result<Exit> {
-    let path = ctx
-        .dir
-        .join("state/jobs")
-        .join(&record.job_id)
-        .join(worker::transcript::FILE);
+    let path = worker::transcript::path(&ctx.dir.join("state/jobs"), &record.job_id);
     if !record.transcript {
         eprintln!(
             "pi-dispatch: job {} has no transcript (it did not start, transcripts are off, or it could not be kept)",
@@ -161,28 +157,7 @@ fn human(r: &Record) -> String {
     }
     if let Some(d) = &r.detail {
         let _ = writeln!(out, "why: {}", d.why);
-        let mut names = Vec::new();
-        if let Some(s) = &d.server {
-            names.push(format!("server {s}"));
-        }
-        if let Some(f) = &d.field {
-            names.push(format!("field {f}"));
-        }
-        if !d.variables.is_empty() {
-            names.push(format!("variables {}", d.variables.join(", ")));
-        }
-        if let Some(h) = &d.host {
-            names.push(format!("host {h} port {}", d.port.unwrap_or(0)));
-        }
-        if let Some(p) = &d.path {
-            names.push(format!("path {p}"));
-        }
-        if let Some(u) = d.uid {
-            names.push(format!("uid {u}"));
-        }
-        if let Some(m) = &d.model {
-            names.push(format!("model {m}"));
-        }
+        let names = d.concerns();
         if !names.is_empty() {
             let _ = writeln!(out, "concerns: {}", names.join("; "));
         }

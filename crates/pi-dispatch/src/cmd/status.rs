@@ -2,11 +2,11 @@
 //! lost, and recently done. A running job whose lease lapsed is shown as lost: its worker is gone
 //! (a job is leased again, or reported lost, at the next look of a live worker).
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use protocol::job::Job;
-use queue::{End, OpenJob, OpenState};
+use queue::End;
 use serde::Serialize;
+use worker::open_jobs::{Shown, shown};
 
 use crate::context::Context;
 use crate::exit::Exit;
@@ -16,35 +16,6 @@ pub struct Args {
     /// Print the queue as JSON.
     #[arg(long)]
     json: bool,
-}
-
-/// One job not done, as status shows it.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Shown {
-    id: String,
-    /// `queued`, `waiting` (to retry), `running`, `lost` (its worker's lease lapsed), or
-    /// `cancelling`.
-    state: &'static str,
-    attempt: u32,
-    queued_at_ms: u64,
-    /// The worker holding it (`host:pid`), for a running or lost job.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    worker: Option<String>,
-    /// Seconds since it was queued.
-    waited_secs: u64,
-    /// Seconds it has been running (its current lease), for a running job.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    running_secs: Option<u64>,
-    /// When a waiting job is tried again, or when a running job's lease lapses.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    until_ms: Option<u64>,
-    /// The first line of its task, its repository folder, and its trigger.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    task: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    folder: Option<String>,
-    trigger_type: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -76,58 +47,6 @@ struct Done {
 
 fn ms(t: SystemTime) -> u64 {
     worker::record::unix_ms(t)
-}
-
-fn secs_between(from: SystemTime, to: SystemTime) -> u64 {
-    to.duration_since(from).unwrap_or(Duration::ZERO).as_secs()
-}
-
-/// The first line of a task, at most 80 characters.
-fn first_line(task: &str) -> String {
-    let line = task.lines().next().unwrap_or_default().trim();
-    if line.chars().count() > 80 {
-        line.chars().take(79).chain(['…']).collect()
-    } else {
-        line.to_owned()
-    }
-}
-
-fn shown(job: &OpenJob, now: SystemTime) -> Shown {
-    let queued = serde_json::from_str::<Job>(&job.payload).ok();
-    let (state, worker, until) = match &job.state {
-        OpenState::Queued => ("queued", None, None),
-        OpenState::Waiting { until } => ("waiting", None, Some(ms(*until))),
-        OpenState::Leased { worker, until, .. } if *until < now => {
-            ("lost", Some(worker.clone()), Some(ms(*until)))
-        }
-        OpenState::Leased { worker, until, .. } if job.cancel_requested => {
-            ("cancelling", Some(worker.clone()), Some(ms(*until)))
-        }
-        OpenState::Leased { worker, until, .. } => {
-            ("running", Some(worker.clone()), Some(ms(*until)))
-        }
-        OpenState::Lost => ("lost", None, None),
-    };
-    let running_secs = match &job.state {
-        OpenState::Leased { until, since, .. } if *until >= now => Some(secs_between(*since, now)),
-        _ => None,
-    };
-    Shown {
-        id: job.id.clone(),
-        state,
-        attempt: job.attempt,
-        queued_at_ms: ms(job.queued_at),
-        worker,
-        waited_secs: secs_between(job.queued_at, now),
-        running_secs,
-        until_ms: until,
-        task: queued
-            .as_ref()
-            .and_then(|j| j.task.as_deref())
-            .map(first_line),
-        folder: queued.as_ref().and_then(|j| j.folder.clone()),
-        trigger_type: queued.map(|j| j.trigger_type),
-    }
 }
 
 fn end_word(end: End) -> &'static str {
@@ -213,6 +132,9 @@ fn human(report: &Report, now: SystemTime) -> String {
         }
         if let Some(folder) = &job.folder {
             text.push_str(&format!("      folder: {folder}\n"));
+        }
+        if let Some(issue) = &job.issue {
+            text.push_str(&format!("      about: {issue}\n"));
         }
     }
     if !report.recently_done.is_empty() {
