@@ -52,6 +52,8 @@ enum Command {
     Receiver(cmd::receiver::Args),
     /// The egress proxy of jobs with egress on (the worker starts one when none is running).
     EgressProxy(cmd::egress_proxy::Args),
+    /// The web panel: the queue, the runs and why each ended, health, metrics (PI_PANEL_TOKEN).
+    Panel(cmd::panel::Args),
     /// The queue: what waits, what runs (where, for how long), what was done lately.
     Status(cmd::status::Args),
     /// The run records: one per job, what happened, why, and what it used.
@@ -124,6 +126,7 @@ fn main() -> ExitCode {
         Command::Status(args) => cmd::status::run(&args, &ctx),
         Command::Worker(args) => cmd::worker::run(&args, &ctx),
         Command::Receiver(args) => cmd::receiver::run(&args, &ctx),
+        Command::Panel(args) => cmd::panel::run(&args, &ctx),
         Command::EgressProxy(args) => cmd::egress_proxy::run(&args, &ctx),
         Command::Image(args) => cmd::image::run(&args, &ctx),
         Command::Explain(args) => cmd::explain::run(&args, &ctx),

@@ -107,6 +107,12 @@ const ENV: &str = "\
 # PI_SANDBOX=
 # PI_PODMAN_IMAGE=
 # PI_PODMAN_RUNTIME=
+
+# The panel (pi-dispatch panel): the token its login asks for (at least 16 characters; keep it in
+# this file or the service's environment, never on a command line), and where it listens
+# (default: 127.0.0.1:8790).
+# PI_PANEL_TOKEN=
+# PI_PANEL_LISTEN=
 ";
 
 const TRIGGERS: &str = "{\n  \"triggers\": []\n}\n";

@@ -7,6 +7,7 @@ pub mod import_pi;
 pub mod init;
 pub mod job;
 pub mod mcp_check;
+pub mod panel;
 pub mod receiver;
 pub mod run;
 pub mod runs;

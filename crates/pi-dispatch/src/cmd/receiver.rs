@@ -87,7 +87,8 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     Ok(Exit::Success)
 }
 
-async fn stop_signal() {
+/// Resolves at SIGTERM or SIGINT (the receiver's and the panel's way to stop).
+pub async fn stop_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),

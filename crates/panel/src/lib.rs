@@ -1,0 +1,140 @@
+//! The panel: a web page for the queue, the runs and why each ended, the deployment's health, and
+//! Prometheus metrics. Pages are rendered on the server (maud, which escapes every value it is
+//! given), with no script and nothing fetched from elsewhere. Everything but the login page needs
+//! the operator's token (`PI_PANEL_TOKEN`): it is posted once to `/login`, compared in constant
+//! time with its digest (the panel keeps no copy of the token), and a session cookie (HttpOnly,
+//! SameSite=Strict) stands for it afterwards. The one action, cancelling a job, also needs the
+//! session's CSRF token in its form. `/metrics` takes the session or the token as a bearer.
+
+mod auth;
+mod charts;
+mod metrics;
+mod pages;
+mod snapshot;
+mod transcript_view;
+mod view;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+/// The setting that holds the operator's token.
+pub const TOKEN_SETTING: &str = "PI_PANEL_TOKEN";
+/// The setting of the address to listen on.
+pub const LISTEN_SETTING: &str = "PI_PANEL_LISTEN";
+/// Loopback only, unless the operator says otherwise.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8790";
+/// The shortest token taken.
+pub const MIN_TOKEN: usize = 16;
+
+/// One of doctor's checks, as the health page shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    /// `ok`, `warn` or `fail`.
+    pub level: String,
+    pub label: String,
+    pub fix: Option<String>,
+}
+
+/// What the panel shows and acts on.
+pub struct Config {
+    /// The operator's token (`PI_PANEL_TOKEN`): only its digest is kept.
+    pub token: String,
+    pub queue: Arc<dyn queue::Queue>,
+    pub records: Arc<worker::record::Records>,
+    /// `state/jobs`, where the jobs' transcripts are.
+    pub jobs_dir: PathBuf,
+    /// Doctor's checks, run when the health page is asked for.
+    pub health: Arc<dyn Fn() -> Vec<Health> + Send + Sync>,
+    /// How often the records are read again.
+    pub refresh: Duration,
+}
+
+/// The panel's state, shared by every request.
+pub(crate) struct Panel {
+    sessions: auth::Sessions,
+    queue: Arc<dyn queue::Queue>,
+    records: Arc<worker::record::Records>,
+    jobs_dir: PathBuf,
+    health: Arc<dyn Fn() -> Vec<Health> + Send + Sync>,
+    snapshot: snapshot::Cache,
+}
+
+/// The one style sheet.
+async fn css() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        view::CSS,
+    )
+        .into_response()
+}
+
+/// Every answer: nothing runs in the page but what it is (no script at all, styles and images
+/// from the panel only, forms only to it), it is never framed, sniffed, cached or referred.
+async fn guard(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CACHE_CONTROL, "no-store"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+/// Serves the panel on `listener` until `shutdown` resolves. The records are read once before the
+/// first request is taken, then every `config.refresh`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let panel = Arc::new(Panel {
+        sessions: auth::Sessions::new(&config.token),
+        queue: config.queue,
+        records: config.records,
+        jobs_dir: config.jobs_dir,
+        health: config.health,
+        snapshot: snapshot::Cache::default(),
+    });
+    let first = panel.clone();
+    let _ = tokio::task::spawn_blocking(move || first.snapshot.refresh(&first.records)).await;
+    snapshot::keep_fresh(panel.clone(), config.refresh);
+    axum::serve(listener, router(panel))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// The panel's routes.
+fn router(panel: Arc<Panel>) -> Router {
+    Router::new()
+        .route("/login", get(auth::login_page).post(auth::login))
+        .route("/logout", post(auth::logout))
+        .route("/", get(pages::queue))
+        .route("/runs", get(pages::runs))
+        .route("/runs/{id}", get(pages::run))
+        .route("/runs/{id}/transcript", get(pages::transcript))
+        .route("/panel.css", get(css))
+        .route("/health", get(pages::health))
+        .route("/jobs/{id}/cancel", post(pages::cancel))
+        .route("/metrics", get(metrics::metrics))
+        .fallback(pages::not_found)
+        .layer(axum::middleware::map_response(guard))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(64 * 1024))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            Duration::from_secs(10),
+        ))
+        .with_state(panel)
+}

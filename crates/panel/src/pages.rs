@@ -1,0 +1,678 @@
+//! The pages: the queue and the running jobs, the runs (filtered, with a chart of their outcomes),
+//! one run whole, the deployment's health, and the one action, cancelling a job.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::Form;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::{Markup, html};
+use serde::Deserialize;
+use worker::open_jobs::Shown;
+use worker::record::{Outcome, Record, now_ms};
+
+use crate::auth::{Authed, CsrfForm, csrf_ok};
+use crate::view::{Section, dollars, frame, pill, took, when};
+use crate::{Panel, charts, transcript_view};
+
+/// Runs on one page of the list.
+pub const PAGE: usize = 100;
+/// Seconds between the queue page's reloads.
+const QUEUE_REFRESH: u32 = 5;
+
+fn page(status: StatusCode, markup: Markup) -> Response {
+    (status, axum::response::Html(markup.into_string())).into_response()
+}
+
+/// The queue as it stands, from the queue itself (not the records).
+async fn open_jobs(panel: &Arc<Panel>) -> Result<(Vec<Shown>, usize), String> {
+    let queue = panel.queue.clone();
+    tokio::task::spawn_blocking(move || {
+        let now = SystemTime::now();
+        queue
+            .status(now, 0)
+            .map(|s| {
+                (
+                    s.open
+                        .iter()
+                        .map(|j| worker::open_jobs::shown(j, now))
+                        .collect(),
+                    s.counts.done,
+                )
+            })
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|_| Err("the queue could not be read".to_owned()))
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct QueueQuery {
+    /// The job a cancel was asked for, and what came of it.
+    cancelled: Option<String>,
+    result: Option<String>,
+}
+
+fn cancel_notice(id: &str, result: &str) -> Option<String> {
+    Some(match result {
+        "removed" => format!("Cancelled {id}: it had not started; nothing was spent."),
+        "stopping" => format!("Cancelling {id}: its worker is stopping it and will record it."),
+        "done" => format!("{id} had already ended; nothing was changed."),
+        "unknown" => format!("No job has the id {id}."),
+        _ => return None,
+    })
+}
+
+pub async fn queue(
+    State(panel): State<Arc<Panel>>,
+    authed: Authed,
+    Query(q): Query<QueueQuery>,
+) -> Response {
+    let open = open_jobs(&panel).await;
+    let snapshot = panel.snapshot.get();
+    let notice = q
+        .cancelled
+        .as_deref()
+        .zip(q.result.as_deref())
+        .and_then(|(id, r)| cancel_notice(id, r));
+    let body = html! {
+        h1 { "Queue" }
+        @if let Some(n) = &notice { p.notice { (n) } }
+        @match &open {
+            Err(e) => p.error { "The queue cannot be read: " (e) },
+            Ok((jobs, done)) => {
+                @let running = jobs.iter().filter(|j| matches!(j.state, "running" | "cancelling")).count();
+                p.muted {
+                    (running) " running, " (jobs.len() - running) " waiting or lost, "
+                    (done) " done · reloads every " (QUEUE_REFRESH) " s"
+                }
+                @if jobs.is_empty() {
+                    p { "Nothing is queued or running." }
+                } @else {
+                    (open_table(jobs, &authed.csrf))
+                }
+            }
+        }
+        h2 { "Recently ended" }
+        (runs_table(snapshot.records.iter().take(10)))
+        p { a href="/runs" { "All runs →" } }
+    };
+    page(
+        StatusCode::OK,
+        frame(
+            "Queue",
+            Some(Section::Queue),
+            &authed.csrf,
+            Some(QUEUE_REFRESH),
+            &body,
+        ),
+    )
+}
+
+fn open_table(jobs: &[Shown], csrf: &str) -> Markup {
+    html! {
+        table #open {
+            thead { tr {
+                th { "Job" } th { "State" } th { "Task" } th { "Folder or issue" } th { "Trigger" }
+                th.num { "Elapsed" } th { "Host" } th.num { "Attempt" } th {}
+            } }
+            tbody {
+                @for j in jobs {
+                    tr {
+                        td { code { (j.id) } }
+                        td { (pill(j.state)) }
+                        td { (j.task.as_deref().unwrap_or("")) }
+                        td { (j.issue.as_deref().or(j.folder.as_deref()).unwrap_or("")) }
+                        td { (j.trigger_type.as_deref().unwrap_or("")) }
+                        td.num {
+                            @match j.running_secs {
+                                Some(s) => { "running " (took(s * 1000)) },
+                                None => { "waiting " (took(j.waited_secs * 1000)) },
+                            }
+                        }
+                        td { (j.worker.as_deref().unwrap_or("")) }
+                        td.num { (j.attempt) }
+                        td {
+                            @if j.cancellable() {
+                                form method="post" action={"/jobs/" (j.id) "/cancel"} {
+                                    input type="hidden" name="csrf" value=(csrf);
+                                    button.danger type="submit" { "Cancel" }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn reason_word(r: &Record) -> &'static str {
+    r.reason.map_or("", |r| r.as_str())
+}
+
+fn runs_table<'a>(records: impl Iterator<Item = &'a Record>) -> Markup {
+    html! {
+        table.runs {
+            thead { tr {
+                th { "Job" } th { "Outcome" } th { "Reason" } th { "Trigger" } th { "Ended" }
+                th.num { "Took" } th.num { "Cost" } th { "Servers" }
+            } }
+            tbody {
+                @for r in records {
+                    tr {
+                        td { a href={"/runs/" (r.job_id)} { code { (r.job_id) } } }
+                        td { (pill(r.outcome.as_str())) }
+                        td { (reason_word(r)) }
+                        td { (r.trigger_type) }
+                        td { (when(r.finished_at_ms)) }
+                        td.num {
+                            @if let Some(from) = r.queued_at_ms.or(r.started_at_ms) {
+                                (took(r.finished_at_ms.saturating_sub(from)))
+                            }
+                        }
+                        td.num { @if let Some(c) = r.cost_usd { (dollars(c)) } }
+                        td {
+                            @for (i, s) in r.mcp.servers.iter().enumerate() {
+                                @if i > 0 { ", " }
+                                (s.name)
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The runs' filters, as the form sends them.
+#[derive(Debug, Default, Deserialize)]
+pub struct RunsQuery {
+    outcome: Option<String>,
+    reason: Option<String>,
+    trigger: Option<String>,
+    /// `1h`, `24h`, `7d`, `30d`; anything else is all time.
+    since: Option<String>,
+    /// From 1.
+    page: Option<usize>,
+}
+
+const SPANS: [(&str, &str, u64); 4] = [
+    ("1h", "the last hour", 3_600_000),
+    ("24h", "the last day", 86_400_000),
+    ("7d", "the last week", 7 * 86_400_000),
+    ("30d", "the last 30 days", 30 * 86_400_000),
+];
+
+fn span_ms(since: Option<&str>) -> Option<u64> {
+    SPANS
+        .iter()
+        .find(|(key, _, _)| Some(*key) == since)
+        .map(|(_, _, ms)| *ms)
+}
+
+fn chosen(value: Option<&str>) -> Option<&str> {
+    value.filter(|v| !v.is_empty())
+}
+
+impl RunsQuery {
+    fn admits(&self, r: &Record, now_ms: u64) -> bool {
+        chosen(self.outcome.as_deref()).is_none_or(|o| r.outcome.as_str() == o)
+            && chosen(self.reason.as_deref()).is_none_or(|w| match w {
+                "none" => r.reason.is_none(),
+                w => reason_word(r) == w,
+            })
+            && chosen(self.trigger.as_deref()).is_none_or(|t| r.trigger_type == t)
+            && span_ms(self.since.as_deref())
+                .is_none_or(|span| r.finished_at_ms >= now_ms.saturating_sub(span))
+    }
+
+    /// The query string of these filters on another page.
+    fn with_page(&self, page: usize) -> String {
+        let mut pairs = url_pairs(&[
+            ("outcome", self.outcome.as_deref()),
+            ("reason", self.reason.as_deref()),
+            ("trigger", self.trigger.as_deref()),
+            ("since", self.since.as_deref()),
+        ]);
+        pairs.push(format!("page={page}"));
+        pairs.join("&")
+    }
+}
+
+/// `key=value` pairs with each value percent-encoded.
+fn url_pairs(pairs: &[(&str, Option<&str>)]) -> Vec<String> {
+    pairs
+        .iter()
+        .filter_map(|(k, v)| chosen(*v).map(|v| format!("{k}={}", percent(v))))
+        .collect()
+}
+
+fn percent(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+fn select(name: &str, label: &str, options: &[String], current: Option<&str>) -> Markup {
+    html! {
+        label {
+            (label)
+            select name=(name) {
+                option value="" { "all" }
+                @for o in options {
+                    option value=(o) selected[Some(o.as_str()) == current] { (o) }
+                }
+            }
+        }
+    }
+}
+
+pub async fn runs(
+    State(panel): State<Arc<Panel>>,
+    authed: Authed,
+    Query(q): Query<RunsQuery>,
+) -> Response {
+    let snapshot = panel.snapshot.get();
+    let now = now_ms();
+    let matching: Vec<&Record> = snapshot
+        .records
+        .iter()
+        .filter(|r| q.admits(r, now))
+        .collect();
+    let pages = matching.len().div_ceil(PAGE).max(1);
+    let at = q.page.unwrap_or(1).clamp(1, pages);
+    let mut reasons: Vec<String> = snapshot
+        .records
+        .iter()
+        .filter_map(|r| r.reason.map(|r| r.as_str().to_owned()))
+        .collect();
+    reasons.sort();
+    reasons.dedup();
+    reasons.insert(0, "none".to_owned());
+    let mut triggers: Vec<String> = snapshot
+        .records
+        .iter()
+        .map(|r| r.trigger_type.clone())
+        .collect();
+    triggers.sort();
+    triggers.dedup();
+    let outcomes: Vec<String> = [
+        Outcome::Completed,
+        Outcome::Failed,
+        Outcome::Policy,
+        Outcome::Cancelled,
+    ]
+    .iter()
+    .map(|o| o.as_str().to_owned())
+    .collect();
+    let span = span_ms(q.since.as_deref()).unwrap_or(86_400_000);
+    let chart_records: Vec<Record> = matching.iter().map(|r| (*r).clone()).collect();
+    let body = html! {
+        h1 { "Runs" }
+        form.filters method="get" action="/runs" {
+            (select("outcome", "Outcome", &outcomes, chosen(q.outcome.as_deref())))
+            (select("reason", "Reason", &reasons, chosen(q.reason.as_deref())))
+            (select("trigger", "Trigger", &triggers, chosen(q.trigger.as_deref())))
+            label {
+                "Ended in"
+                select name="since" {
+                    option value="" { "all time" }
+                    @for (key, words, _) in SPANS {
+                        option value=(key) selected[q.since.as_deref() == Some(key)] { (words) }
+                    }
+                }
+            }
+            button type="submit" { "Show" }
+        }
+        p.muted {
+            (matching.len()) " of " (snapshot.records.len()) " runs"
+            @if snapshot.unreadable > 0 {
+                " · " (snapshot.unreadable) " records cannot be read (pi-dispatch runs lists them)"
+            }
+        }
+        (charts::outcomes(&chart_records, now, span, 24))
+        p.muted { "Outcomes over " (SPANS.iter().find(|s| s.2 == span).map_or("the last day", |s| s.1)) ", in 24 bars." }
+        (runs_table(matching.iter().skip((at - 1) * PAGE).take(PAGE).copied()))
+        nav.pages {
+            @if at > 1 { a href={"/runs?" (q.with_page(at - 1))} { "← newer" } }
+            span.muted { "page " (at) " of " (pages) }
+            @if at < pages { a href={"/runs?" (q.with_page(at + 1))} { "older →" } }
+        }
+    };
+    page(
+        StatusCode::OK,
+        frame("Runs", Some(Section::Runs), &authed.csrf, None, &body),
+    )
+}
+
+/// A run's record: from the snapshot, or read now when it is newer than the snapshot.
+async fn record_of(panel: &Arc<Panel>, id: &str) -> Option<Record> {
+    if let Some(r) = panel.snapshot.get().find(id) {
+        return Some(r.clone());
+    }
+    if !worker::record::is_plain_id(id) {
+        return None;
+    }
+    let (p, id) = (panel.clone(), id.to_owned());
+    tokio::task::spawn_blocking(move || p.records.read(&id).ok())
+        .await
+        .ok()
+        .flatten()
+}
+
+pub async fn run(
+    State(panel): State<Arc<Panel>>,
+    authed: Authed,
+    Path(id): Path<String>,
+) -> Response {
+    let Some(r) = record_of(&panel, &id).await else {
+        let body = html! {
+            h1 { "No record" }
+            p { "No run has the id " code { (id) } " (yet: a job has a record once it has ended; see the "
+                a href="/" { "queue" } ")." }
+        };
+        return page(
+            StatusCode::NOT_FOUND,
+            frame("No record", Some(Section::Runs), &authed.csrf, None, &body),
+        );
+    };
+    let transcript = if r.transcript {
+        let path = worker::transcript::path(&panel.jobs_dir, &r.job_id);
+        tokio::task::spawn_blocking(move || {
+            std::fs::File::open(&path)
+                .map(|f| transcript_view::read(std::io::BufReader::new(f)))
+                .map_err(|e| e.kind())
+        })
+        .await
+        .unwrap_or(Err(std::io::ErrorKind::Other))
+        .map(Some)
+    } else {
+        Ok(None)
+    };
+    let body = run_body(&r, &transcript);
+    page(
+        StatusCode::OK,
+        frame(
+            &format!("Run {}", r.job_id),
+            Some(Section::Runs),
+            &authed.csrf,
+            None,
+            &body,
+        ),
+    )
+}
+
+fn run_body(
+    r: &Record,
+    transcript: &Result<Option<transcript_view::View>, std::io::ErrorKind>,
+) -> Markup {
+    let since = |at: Option<u64>| at.and_then(|a| r.queued_at_ms.map(|q| a.saturating_sub(q)));
+    html! {
+        h1 { "Run " code { (r.job_id) } " " (pill(r.outcome.as_str())) }
+        dl.facts {
+            dt { "Outcome" } dd { (r.outcome.as_str()) }
+            @if let Some(reason) = r.reason {
+                dt { "Reason" } dd { code { (reason.as_str()) } " — " (reason.sentence()) }
+            }
+            @if let Some(d) = &r.detail {
+                dt { "Detail" } dd { (d.why) }
+                @let concerns = d.concerns();
+                @if !concerns.is_empty() { dt { "Concerns" } dd { (concerns.join("; ")) } }
+            }
+            @if let Some(fix) = &r.fix { dt { "Fix" } dd { (fix) } }
+            dt { "Trigger" } dd {
+                (r.trigger_type)
+                @if let Some(i) = r.trigger_index { " (trigger " (i) ")" }
+                ", kind " (r.kind) ", attempt " (r.attempt)
+            }
+            @if let Some(q) = r.queued_at_ms { dt { "Queued" } dd { (when(q)) } }
+            @if let Some(ms) = since(r.admitted_at_ms) { dt { "Admitted" } dd { "after " (took(ms)) } }
+            @if let Some(ms) = since(r.started_at_ms) { dt { "Sandbox asked for" } dd { "after " (took(ms)) } }
+            @if let Some(ms) = since(r.sandbox_up_at_ms) { dt { "Sandbox up" } dd { "after " (took(ms)) } }
+            dt { "Ended" } dd {
+                (when(r.finished_at_ms))
+                @if let Some(ms) = since(Some(r.finished_at_ms)) { ", " (took(ms)) " after it was queued" }
+            }
+            @if let Some(w) = &r.worker { dt { "Worker" } dd { (w) } }
+            dt { "Model" } dd {
+                (r.provider.as_deref().unwrap_or("-")) "/" (r.model.as_deref().unwrap_or("-"))
+                @if let Some(t) = r.turns { ", " (t) " turns" }
+            }
+            dt { "Tokens" } dd {
+                @match &r.tokens {
+                    Some(t) => { (t.input) " in, " (t.output) " out, " (t.total) " in all" },
+                    None => "none counted",
+                }
+            }
+            dt { "Cost" } dd {
+                (r.cost_usd.map_or("none counted".to_owned(), dollars))
+                " · spent: " (if r.spent { "yes" } else { "no" })
+                " · budget reserved: " (if r.budget_reserved { "yes" } else { "no" })
+            }
+            @if let Some(pr) = &r.pull_request { dt { "Proposed" } dd { (pr) } }
+        }
+        h2 { "Timeline" }
+        (charts::timeline(r))
+        h2 { "MCP servers" }
+        @if r.mcp.servers.is_empty() {
+            p.muted { "No server was connected." }
+        } @else {
+            table #servers {
+                thead { tr { th { "Server" } th { "State" } th.num { "Ready after" } } }
+                tbody {
+                    @for s in &r.mcp.servers {
+                        tr {
+                            td { (s.name) }
+                            td { (pill(&s.state)) }
+                            td.num { @if let Some(ms) = s.ready_ms { (took(ms)) } }
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Tool calls" }
+        @if r.mcp.tool_calls.is_empty() {
+            p.muted { "No MCP tool was called." }
+        } @else {
+            table #tools {
+                thead { tr {
+                    th { "Server" } th { "Tool" } th.num { "Calls" } th.num { "Errors" }
+                    th.num { "Refused" } th.num { "Total ms" } th.num { "Bytes" }
+                } }
+                tbody {
+                    @for c in &r.mcp.tool_calls {
+                        tr {
+                            td { (c.server) } td { (c.tool) } td.num { (c.calls) } td.num { (c.error) }
+                            td.num { (c.refused) } td.num { (c.total_ms) } td.num { (c.result_bytes) }
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Egress denied" }
+        @if r.egress_denied.is_empty() {
+            p.muted { "Nothing was denied (or egress was off)." }
+        } @else {
+            table #egress {
+                thead { tr { th { "Host" } th.num { "Port" } th { "Why" } th.num { "Attempts" } } }
+                tbody {
+                    @for d in &r.egress_denied {
+                        tr { td { (d.host) } td.num { (d.port) } td { (d.reason) } td.num { (d.count) } }
+                    }
+                }
+            }
+        }
+        @if let Some(m) = &r.final_message {
+            h2 { "The agent's last answer" }
+            pre.final { (m) }
+        }
+        h2 { "Transcript" }
+        @match transcript {
+            Ok(None) => p.muted { "No transcript was kept (the job did not start, transcripts are off, or it could not be written)." },
+            Err(std::io::ErrorKind::NotFound) => p.muted {
+                "The transcript is kept on the host of the worker that ran the job"
+                @if let Some(w) = &r.worker { " (" (w) ")" }
+                "."
+            },
+            Err(kind) => p.error { "The transcript cannot be read (" (kind) ")." },
+            Ok(Some(view)) => {
+                p.muted {
+                    "As stored (redacted). " (view.entries.len()) " entries"
+                    @if view.deltas > 0 { "; " (view.deltas) " streaming updates left out" }
+                    @if view.cut { "; the rest is in the full transcript" }
+                    ". " a href={"/runs/" (r.job_id) "/transcript"} { "Full transcript" }
+                }
+                ol.transcript {
+                    @for e in &view.entries {
+                        li { span.kind { (e.kind) } @if !e.text.is_empty() { pre { (e.text) } } }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The transcript's file as stored (redacted), as plain text.
+pub async fn transcript(
+    State(panel): State<Arc<Panel>>,
+    _authed: Authed,
+    Path(id): Path<String>,
+) -> Response {
+    let Some(r) = record_of(&panel, &id).await.filter(|r| r.transcript) else {
+        return (StatusCode::NOT_FOUND, "no transcript has that id\n").into_response();
+    };
+    let path = worker::transcript::path(&panel.jobs_dir, &r.job_id);
+    match tokio::fs::read(&path).await {
+        Ok(bytes) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], bytes).into_response(),
+        Err(e) => (
+            StatusCode::NOT_FOUND,
+            format!("the transcript cannot be read here ({})\n", e.kind()),
+        )
+            .into_response(),
+    }
+}
+
+pub async fn health(State(panel): State<Arc<Panel>>, authed: Authed) -> Response {
+    let checks = panel.health.clone();
+    let checks = tokio::task::spawn_blocking(move || checks())
+        .await
+        .unwrap_or_default();
+    let count = |level: &str| checks.iter().filter(|c| c.level == level).count();
+    let body = html! {
+        h1 { "Health" }
+        p.muted {
+            "Doctor's checks, run now: " (count("ok")) " ok, " (count("warn")) " warnings, "
+            (count("fail")) " failed."
+        }
+        table #checks {
+            thead { tr { th {} th { "Check" } th { "Fix" } } }
+            tbody {
+                @for c in &checks {
+                    tr {
+                        td { (pill(&c.level)) }
+                        td { (c.label) }
+                        td { @if let Some(f) = &c.fix { pre { (f) } } }
+                    }
+                }
+            }
+        }
+    };
+    page(
+        StatusCode::OK,
+        frame("Health", Some(Section::Health), &authed.csrf, None, &body),
+    )
+}
+
+pub async fn cancel(
+    State(panel): State<Arc<Panel>>,
+    authed: Authed,
+    Path(id): Path<String>,
+    Form(form): Form<CsrfForm>,
+) -> Response {
+    if !csrf_ok(&authed, &form.csrf) {
+        tracing::warn!(event = "panel_csrf_refused");
+        return (
+            StatusCode::FORBIDDEN,
+            "the form is stale: reload the page\n",
+        )
+            .into_response();
+    }
+    let p = panel.clone();
+    let job = id.clone();
+    let answer = tokio::task::spawn_blocking(move || {
+        worker::service::cancel(&*p.queue, &p.records, &job, SystemTime::now())
+    })
+    .await;
+    let result = match answer {
+        Ok(Ok(queue::Cancel::Removed { .. })) => "removed",
+        Ok(Ok(queue::Cancel::Stopping { .. })) => "stopping",
+        Ok(Ok(queue::Cancel::AlreadyDone)) => "done",
+        Ok(Ok(queue::Cancel::Unknown)) => "unknown",
+        Ok(Err(e)) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the queue cannot be changed now: {e}\n"),
+            )
+                .into_response();
+        }
+        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    };
+    tracing::info!(event = "panel_cancel", job_id = %id, result);
+    // The record of a job cancelled before it started is read at the next refresh.
+    panel.snapshot.refresh_soon();
+    Redirect::to(&format!(
+        "/?{}",
+        url_pairs(&[("cancelled", Some(&id)), ("result", Some(result))]).join("&")
+    ))
+    .into_response()
+}
+
+pub async fn not_found(_authed: Authed) -> Response {
+    (StatusCode::NOT_FOUND, "nothing is here\n").into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use protocol::job::Job;
+
+    #[test]
+    fn filters_take_a_run_by_outcome_reason_trigger_and_time() {
+        let now = 100 * 86_400_000;
+        let mut r = Record::new(
+            &Job::new("j", "cron", "local"),
+            Outcome::Policy,
+            Some(protocol::reason::Reason::McpUnavailable),
+            1,
+            now - 2 * 3_600_000,
+        );
+        r.trigger_type = "cron".into();
+        let q = |o: &str, re: &str, t: &str, s: &str| RunsQuery {
+            outcome: Some(o.into()),
+            reason: Some(re.into()),
+            trigger: Some(t.into()),
+            since: Some(s.into()),
+            page: None,
+        };
+        assert!(q("", "", "", "").admits(&r, now));
+        assert!(q("policy", "mcp-unavailable", "cron", "24h").admits(&r, now));
+        assert!(!q("completed", "", "", "").admits(&r, now));
+        assert!(!q("", "none", "", "").admits(&r, now));
+        assert!(!q("", "", "github", "").admits(&r, now));
+        assert!(!q("", "", "", "1h").admits(&r, now));
+        assert_eq!(
+            q("policy", "", "a b&c", "").with_page(2),
+            "outcome=policy&trigger=a%20b%26c&page=2"
+        );
+    }
+}

@@ -1,0 +1,203 @@
+//! A job's transcript (pi's events, as the worker stored them, redacted), read for people: one
+//! entry per event that says something (a message, a tool call and its result, a turn), the
+//! streaming deltas left out since the message that ends them holds the same text. Pure over the
+//! lines it is given.
+
+use std::io::BufRead;
+
+use serde_json::Value;
+
+/// The most entries shown, and the longest text of one.
+pub const MAX_ENTRIES: usize = 2_000;
+const MAX_TEXT: usize = 4_000;
+/// The most bytes read from the file for the page.
+const MAX_READ: u64 = 8 * 1024 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// `assistant`, `user`, `tool call`, `tool result`, `turn`, ... or `line` for text that is no
+    /// event.
+    pub kind: String,
+    pub text: String,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct View {
+    pub entries: Vec<Entry>,
+    /// Streaming deltas left out.
+    pub deltas: usize,
+    /// There is more than the page shows.
+    pub cut: bool,
+}
+
+fn clip(text: &str) -> String {
+    if text.len() <= MAX_TEXT {
+        return text.to_owned();
+    }
+    let mut end = MAX_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes more)", &text[..end], text.len() - end)
+}
+
+/// The text parts of a message's content (a string, or a list of parts), tool calls by name.
+fn content_text(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .map(|p| match p.get("type").and_then(Value::as_str) {
+                Some("text") => p
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                Some("thinking") => format!(
+                    "(thinking) {}",
+                    p.get("thinking")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                ),
+                Some("toolCall") => format!(
+                    "→ {}({})",
+                    p.get("name").and_then(Value::as_str).unwrap_or("?"),
+                    p.get("arguments").map(Value::to_string).unwrap_or_default()
+                ),
+                Some(other) => format!("({other})"),
+                None => String::new(),
+            })
+            .filter(|t| !t.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// The entry of one line, or `None` for a delta.
+pub fn entry(line: &str) -> Option<Entry> {
+    let Ok(event) = serde_json::from_str::<Value>(line) else {
+        return Some(Entry {
+            kind: "line".to_owned(),
+            text: clip(line),
+        });
+    };
+    let kind = event.get("type").and_then(Value::as_str).unwrap_or("event");
+    let str_of = |k: &str| event.get(k).and_then(Value::as_str).unwrap_or("?");
+    let (kind, text) = match kind {
+        "message_start" | "message_update" | "tool_execution_update" => return None,
+        "message_end" => {
+            let message = event.get("message").unwrap_or(&Value::Null);
+            let role = message
+                .get("role")
+                .and_then(Value::as_str)
+                .unwrap_or("message");
+            let mut text = content_text(message.get("content").unwrap_or(&Value::Null));
+            if let Some(why) = message.get("stopReason").and_then(Value::as_str)
+                && why != "stop"
+                && why != "toolUse"
+            {
+                text.push_str(&format!("\n(ended: {why})"));
+            }
+            (role.to_owned(), text)
+        }
+        "tool_execution_start" => (
+            "tool call".to_owned(),
+            format!(
+                "{}({})",
+                str_of("toolName"),
+                event.get("args").map(Value::to_string).unwrap_or_default()
+            ),
+        ),
+        "tool_execution_end" => {
+            let failed = event.get("isError").and_then(Value::as_bool) == Some(true);
+            let result = event
+                .get("result")
+                .and_then(|r| r.get("content"))
+                .map(content_text)
+                .unwrap_or_default();
+            (
+                if failed { "tool error" } else { "tool result" }.to_owned(),
+                format!("{}: {result}", str_of("toolName")),
+            )
+        }
+        "turn_start" | "turn_end" | "agent_start" | "agent_end" => {
+            (kind.replace('_', " "), String::new())
+        }
+        other => (other.to_owned(), String::new()),
+    };
+    Some(Entry {
+        kind,
+        text: clip(&text),
+    })
+}
+
+/// Reads the transcript from `reader`, up to [`MAX_ENTRIES`] entries and [`MAX_READ`] bytes.
+pub fn read(reader: impl BufRead) -> View {
+    let mut view = View::default();
+    let mut read = 0u64;
+    for line in reader.split(b'\n') {
+        let Ok(line) = line else { break };
+        read += line.len() as u64 + 1;
+        if read > MAX_READ || view.entries.len() >= MAX_ENTRIES {
+            view.cut = true;
+            break;
+        }
+        let line = String::from_utf8_lossy(&line);
+        if line.trim().is_empty() {
+            continue;
+        }
+        match entry(&line) {
+            Some(e) => view.entries.push(e),
+            None => view.deltas += 1,
+        }
+    }
+    view
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_become_entries_and_deltas_are_counted() {
+        let text = [
+            r#"{"type":"agent_start"}"#,
+            r#"{"type":"message_update","assistantMessageEvent":{}}"#,
+            r#"{"type":"message_end","message":{"role":"assistant","content":[{"type":"text","text":"Looking."},{"type":"toolCall","name":"docs_search","arguments":{"q":"x"}}],"stopReason":"toolUse"}}"#,
+            r#"{"type":"tool_execution_start","toolName":"docs_search","args":{"q":"x"}}"#,
+            r#"{"type":"tool_execution_end","toolName":"docs_search","result":{"content":[{"type":"text","text":"found"}]},"isError":false}"#,
+            "",
+            "[the transcript stops here]",
+        ]
+        .join("\n");
+        let view = read(text.as_bytes());
+        let got: Vec<(&str, &str)> = view
+            .entries
+            .iter()
+            .map(|e| (e.kind.as_str(), e.text.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("agent start", ""),
+                ("assistant", "Looking.\n→ docs_search({\"q\":\"x\"})"),
+                ("tool call", "docs_search({\"q\":\"x\"})"),
+                ("tool result", "docs_search: found"),
+                ("line", "[the transcript stops here]"),
+            ]
+        );
+        assert_eq!((view.deltas, view.cut), (1, false));
+    }
+
+    #[test]
+    fn a_long_text_is_clipped_on_a_character() {
+        let long = "é".repeat(3_000);
+        let e = entry(&long).unwrap();
+        assert!(
+            e.text.ends_with("bytes more)") && e.text.len() < 4_100,
+            "{}",
+            e.text.len()
+        );
+    }
+}

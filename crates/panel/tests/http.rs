@@ -1,0 +1,610 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+//! The panel over real HTTP on loopback, with a real SQLite queue and records in files: nothing
+//! but the login page without the token, a wrong token refused, the token nowhere in what is
+//! served, hostile names and text shown as text, the cancel's CSRF check, and `/metrics` read by
+//! a Prometheus text-format parser with counts that match the records.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use protocol::exit_line::ServerState;
+use protocol::job::Job;
+use protocol::reason::Reason;
+use protocol::usage::ToolCallCount;
+use queue::Queue as _;
+use reqwest::StatusCode;
+use worker::record::{EgressDenial, Outcome, Record, Records, Tokens};
+
+const TOKEN: &str = "CNRY-panel-token-5b1e7c0d9a";
+
+struct Served {
+    addr: SocketAddr,
+    dir: tempfile::TempDir,
+    queue: Arc<queue::SqliteQueue>,
+    records: Arc<Records>,
+    http: reqwest::Client,
+}
+
+impl Served {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    async fn get(
+        &self,
+        path: &str,
+        cookie: Option<&str>,
+    ) -> (StatusCode, HashMap<String, String>, String) {
+        let mut req = self.http.get(self.url(path));
+        if let Some(c) = cookie {
+            req = req.header("cookie", c);
+        }
+        let resp = req.send().await.unwrap();
+        answer(resp).await
+    }
+
+    async fn post(
+        &self,
+        path: &str,
+        cookie: Option<&str>,
+        form: &[(&str, &str)],
+    ) -> (StatusCode, HashMap<String, String>, String) {
+        let mut req = self.http.post(self.url(path)).form(form);
+        if let Some(c) = cookie {
+            req = req.header("cookie", c);
+        }
+        answer(req.send().await.unwrap()).await
+    }
+
+    /// Logs in; the session's cookie.
+    async fn login(&self) -> String {
+        let (status, headers, _) = self.post("/login", None, &[("token", TOKEN)]).await;
+        assert_eq!(status, StatusCode::SEE_OTHER);
+        let cookie = &headers["set-cookie"];
+        assert!(
+            cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+            "{cookie}"
+        );
+        cookie.split(';').next().unwrap().to_owned()
+    }
+
+    /// The page at `path` once `wanted` is in it (the records are read every little while).
+    async fn page_with(&self, path: &str, cookie: &str, wanted: &str) -> String {
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (status, _, body) = self.get(path, Some(cookie)).await;
+            if status == StatusCode::OK && body.contains(wanted) {
+                return body;
+            }
+            assert!(
+                Instant::now() < until,
+                "{wanted} never came in {path}: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn answer(resp: reqwest::Response) -> (StatusCode, HashMap<String, String>, String) {
+    let status = resp.status();
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
+    (status, headers, resp.text().await.unwrap())
+}
+
+async fn serve() -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = Arc::new(queue::SqliteQueue::open(&dir.path().join("queue.sqlite")).unwrap());
+    let records = Arc::new(Records::new(dir.path().join("runs")));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let config = panel::Config {
+        token: TOKEN.to_owned(),
+        queue: queue.clone(),
+        records: records.clone(),
+        jobs_dir: dir.path().join("jobs"),
+        health: Arc::new(|| {
+            vec![panel::Health {
+                level: "warn".into(),
+                label: "<b>a check</b>".into(),
+                fix: Some("do <i>this</i>".into()),
+            }]
+        }),
+        refresh: Duration::from_millis(100),
+    };
+    tokio::spawn(panel::serve(listener, config, std::future::pending()));
+    Served {
+        addr,
+        dir,
+        queue,
+        records,
+        http: reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap(),
+    }
+}
+
+fn queued_job(s: &Served, id: &str, task: &str, folder: &str) {
+    let mut job = Job::new(id, "cli", "local");
+    job.task = Some(task.to_owned());
+    job.folder = Some(folder.to_owned());
+    let payload = serde_json::to_string(&job).unwrap();
+    assert!(s.queue.enqueue(id, &payload, SystemTime::now()).unwrap());
+}
+
+fn record(id: &str, outcome: Outcome, reason: Option<Reason>, at: u64) -> Record {
+    let mut r = Record::new(&Job::new(id, "cli", "local"), outcome, reason, 1, at);
+    r.queued_at_ms = Some(at - 3_000);
+    r.started_at_ms = Some(at - 2_000);
+    r
+}
+
+const ROUTES: [&str; 7] = [
+    "/",
+    "/runs",
+    "/runs/run-1",
+    "/runs/run-1/transcript",
+    "/health",
+    "/no-such-page",
+    "/runs?outcome=completed",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_token_only_the_login_page_is_served_and_a_wrong_token_is_refused() {
+    let s = serve().await;
+    let mut r = record("run-1", Outcome::Completed, None, 1_700_000_000_000);
+    r.final_message = Some("CNRY-answer-text".into());
+    s.records.write(&r).unwrap();
+    queued_job(&s, "job-q", "CNRY-queued-task", "/srv/repo");
+    for path in ROUTES {
+        let (status, headers, body) = s.get(path, None).await;
+        assert_eq!(status, StatusCode::SEE_OTHER, "{path}");
+        assert_eq!(headers["location"], "/login", "{path}");
+        assert!(!body.contains("CNRY"), "{path}: {body}");
+    }
+    // A made-up session is none.
+    let (status, _, _) = s.get("/", Some("pi_panel=0000")).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    // The one action, without a session: nothing happens.
+    let (status, _, _) = s.post("/jobs/job-q/cancel", None, &[("csrf", "x")]).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        s.queue.status(SystemTime::now(), 0).unwrap().counts.queued,
+        1
+    );
+    // Metrics without the token, or with a wrong one.
+    let (status, _, body) = s.get("/metrics", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(!body.contains("pi_dispatch_jobs_total"));
+    let resp = s
+        .http
+        .get(s.url("/metrics"))
+        .bearer_auth("CNRY-panel-token-wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    // The login page is served, and it holds no data.
+    let (status, _, body) = s.get("/login", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        body.contains("name=\"token\"") && !body.contains("CNRY"),
+        "{body}"
+    );
+    // A wrong token: refused, no session.
+    for wrong in [
+        "CNRY-panel-token-5b1e7c0d9b",
+        "",
+        "CNRY-panel-token-5b1e7c0d9a ",
+    ] {
+        let (status, headers, body) = s.post("/login", None, &[("token", wrong)]).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{wrong:?}");
+        assert!(!headers.contains_key("set-cookie"));
+        assert!(body.contains("not the panel"), "{body}");
+    }
+    // The token itself opens it, by POST: it is never in a URL.
+    let cookie = s.login().await;
+    let (status, _, body) = s.get("/", Some(&cookie)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("CNRY-queued-task"), "{body}");
+    // Logging out ends the session (with the session's CSRF token only).
+    let csrf = csrf_of(&body);
+    let (status, _, _) = s.post("/logout", Some(&cookie), &[("csrf", "wrong")]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, headers, _) = s.post("/logout", Some(&cookie), &[("csrf", &csrf)]).await;
+    assert_eq!(
+        (status, headers["location"].as_str()),
+        (StatusCode::SEE_OTHER, "/login")
+    );
+    let (status, _, _) = s.get("/", Some(&cookie)).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+}
+
+fn csrf_of(page: &str) -> String {
+    let at = page.find("name=\"csrf\" value=\"").unwrap() + "name=\"csrf\" value=\"".len();
+    page[at..].split('"').next().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_answer_and_header_is_free_of_the_token() {
+    let s = serve().await;
+    s.records
+        .write(&record(
+            "run-1",
+            Outcome::Completed,
+            None,
+            1_700_000_000_000,
+        ))
+        .unwrap();
+    let cookie = s.login().await;
+    let mut seen = String::new();
+    for path in ROUTES.iter().chain(&["/metrics", "/login", "/panel.css"]) {
+        let (_, headers, body) = s.get(path, Some(&cookie)).await;
+        seen.push_str(&format!("{headers:?}\n{body}\n"));
+    }
+    let (_, headers, body) = s.post("/login", None, &[("token", TOKEN)]).await;
+    seen.push_str(&format!("{headers:?}\n{body}\n"));
+    assert!(seen.contains("run-1"));
+    assert!(!seen.contains(TOKEN), "the token was served");
+    // Every answer forbids script and framing.
+    let (_, headers, _) = s.get("/runs", Some(&cookie)).await;
+    assert!(headers["content-security-policy"].contains("default-src 'none'"));
+    assert_eq!(headers["x-frame-options"], "DENY");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_tasks_names_and_transcripts_are_shown_as_text() {
+    let s = serve().await;
+    queued_job(
+        &s,
+        "job-q",
+        "<script>alert('task')</script>",
+        "/srv/<img src=x onerror=alert(1)>",
+    );
+    let mut r = record(
+        "run-h",
+        Outcome::Policy,
+        Some(Reason::McpUnavailable),
+        1_700_000_000_000,
+    );
+    r.mcp.servers.push(ServerState {
+        name: "<script>alert(\"server\")</script>".into(),
+        state: "failed".into(),
+        ready_ms: None,
+    });
+    r.mcp.tool_calls.push(ToolCallCount {
+        server: "docs".into(),
+        tool: "<b>tool</b>".into(),
+        calls: 1,
+        ok: 1,
+        error: 0,
+        refused: 0,
+        total_ms: 5,
+        result_bytes: 10,
+    });
+    r.detail = Some(protocol::detail::Detail::new("<iframe src=//x></iframe>").server("docs"));
+    r.final_message = Some("</pre><script>alert('answer')</script>".into());
+    r.transcript = true;
+    s.records.write(&r).unwrap();
+    let transcript_dir = s.dir.path().join("jobs").join("run-h");
+    std::fs::create_dir_all(&transcript_dir).unwrap();
+    std::fs::write(
+        transcript_dir.join("transcript.jsonl"),
+        concat!(
+            r#"{"type":"message_end","message":{"role":"assistant","content":[{"type":"text","text":"<script>alert('transcript')</script>"}]}}"#,
+            "\n<script>alert('line')</script>\n"
+        ),
+    )
+    .unwrap();
+    let cookie = s.login().await;
+    let queue_page = s.page_with("/", &cookie, "job-q").await;
+    let run_page = s.page_with("/runs/run-h", &cookie, "run-h").await;
+    let runs_page = s.page_with("/runs", &cookie, "run-h").await;
+    let (_, _, health) = s.get("/health", Some(&cookie)).await;
+    for (page, shown) in [
+        (&queue_page, "&lt;script&gt;alert('task')&lt;/script&gt;"),
+        (&queue_page, "/srv/&lt;img src=x onerror=alert(1)&gt;"),
+        (
+            &run_page,
+            "&lt;script&gt;alert(&quot;server&quot;)&lt;/script&gt;",
+        ),
+        (
+            &runs_page,
+            "&lt;script&gt;alert(&quot;server&quot;)&lt;/script&gt;",
+        ),
+        (&run_page, "&lt;b&gt;tool&lt;/b&gt;"),
+        (&run_page, "&lt;iframe src=//x&gt;&lt;/iframe&gt;"),
+        (
+            &run_page,
+            "&lt;/pre&gt;&lt;script&gt;alert('answer')&lt;/script&gt;",
+        ),
+        (
+            &run_page,
+            "&lt;script&gt;alert('transcript')&lt;/script&gt;",
+        ),
+        (&run_page, "&lt;script&gt;alert('line')&lt;/script&gt;"),
+        (&health, "&lt;b&gt;a check&lt;/b&gt;"),
+    ] {
+        assert!(
+            page.contains(shown),
+            "{shown} is not shown as text in:\n{page}"
+        );
+    }
+    for page in [&queue_page, &run_page, &runs_page, &health] {
+        let lower = page.to_lowercase();
+        for markup in ["<script", "<img", "<iframe", "<b>", "<i>"] {
+            assert!(!lower.contains(markup), "{markup} in:\n{page}");
+        }
+    }
+    // The transcript as stored is plain text, never a page.
+    let (status, headers, body) = s.get("/runs/run-h/transcript", Some(&cookie)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers["content-type"].starts_with("text/plain"));
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert!(body.contains("alert('line')"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_needs_the_sessions_csrf_token_and_records_the_cancelled_job() {
+    let s = serve().await;
+    queued_job(&s, "job-c", "cancel me", "/srv/repo");
+    let cookie = s.login().await;
+    let other = s.login().await;
+    let page = s.page_with("/", &cookie, "job-c").await;
+    let csrf = csrf_of(&page);
+    let other_csrf = csrf_of(&s.page_with("/", &other, "job-c").await);
+    assert_ne!(csrf, other_csrf);
+    // No CSRF token, a wrong one, another session's: refused, and the job stays.
+    for given in ["", "0123", other_csrf.as_str()] {
+        let (status, _, _) = s
+            .post("/jobs/job-c/cancel", Some(&cookie), &[("csrf", given)])
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{given:?}");
+    }
+    assert_eq!(
+        s.queue.status(SystemTime::now(), 0).unwrap().counts.queued,
+        1
+    );
+    assert!(s.records.read("job-c").is_err());
+    // The session's own: cancelled, recorded, and said so.
+    let (status, headers, _) = s
+        .post("/jobs/job-c/cancel", Some(&cookie), &[("csrf", &csrf)])
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(headers["location"], "/?cancelled=job-c&result=removed");
+    let (_, _, page) = s.get(&headers["location"], Some(&cookie)).await;
+    assert!(
+        page.contains("Cancelled job-c: it had not started"),
+        "{page}"
+    );
+    assert_eq!(
+        s.queue.status(SystemTime::now(), 0).unwrap().counts.queued,
+        0
+    );
+    let r = s.records.read("job-c").unwrap();
+    assert_eq!(
+        (r.outcome, r.reason),
+        (Outcome::Cancelled, Some(Reason::Cancelled))
+    );
+    s.page_with("/runs/job-c", &cookie, "cancelled").await;
+    // Cancelling it again changes nothing.
+    let (_, headers, _) = s
+        .post("/jobs/job-c/cancel", Some(&cookie), &[("csrf", &csrf)])
+        .await;
+    assert_eq!(headers["location"], "/?cancelled=job-c&result=done");
+}
+
+/// Records of every kind, with what each metric should count.
+fn mixed_records(s: &Served) {
+    let at = 1_700_000_000_000;
+    for i in 0..3 {
+        let mut r = record(&format!("ok-{i}"), Outcome::Completed, None, at + i);
+        r.provider = Some("openai".into());
+        r.model = Some("gpt-x".into());
+        r.tokens = Some(Tokens {
+            input: 100,
+            output: 10,
+            total: 110,
+        });
+        r.cost_usd = Some(0.25);
+        r.mcp.servers.push(ServerState {
+            name: "docs".into(),
+            state: "ready".into(),
+            ready_ms: Some(300 + i),
+        });
+        r.mcp.tool_calls.push(ToolCallCount {
+            server: "docs".into(),
+            tool: "search".into(),
+            calls: 4,
+            ok: 2,
+            error: 1,
+            refused: 1,
+            total_ms: 1500,
+            result_bytes: 2048,
+        });
+        s.records.write(&r).unwrap();
+    }
+    for i in 0..2 {
+        let mut r = record(
+            &format!("refused-{i}"),
+            Outcome::Policy,
+            Some(Reason::McpUnavailable),
+            at + 10 + i,
+        );
+        // A name with every character the format escapes.
+        r.mcp.servers.push(ServerState {
+            name: "odd\"name\\with\nbreak".into(),
+            state: "failed".into(),
+            ready_ms: None,
+        });
+        s.records.write(&r).unwrap();
+    }
+    let mut failed = record(
+        "failed-0",
+        Outcome::Failed,
+        Some(Reason::AgentFailed),
+        at + 20,
+    );
+    failed.egress_denied.push(EgressDenial {
+        host: "example.invalid".into(),
+        port: 443,
+        reason: "not-allowed".into(),
+        count: 3,
+    });
+    s.records.write(&failed).unwrap();
+}
+
+fn sample_sum(scrape: &prometheus_parse::Scrape, metric: &str, filter: &[(&str, &str)]) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric)
+        .filter(|s| filter.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match &s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => *v,
+            other => panic!("{metric} is {other:?}"),
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_parse_as_prometheus_text_and_count_what_the_records_hold() {
+    let s = serve().await;
+    mixed_records(&s);
+    queued_job(&s, "waiting-1", "t", "/srv/a");
+    queued_job(&s, "waiting-2", "t", "/srv/b");
+    // The panel reads the records every little while: scrape until it has read all six.
+    let until = Instant::now() + Duration::from_secs(20);
+    let scrape = loop {
+        let text = s
+            .http
+            .get(s.url("/metrics"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let scrape =
+            prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap();
+        if sample_sum(&scrape, "pi_dispatch_records", &[]) == 6.0 {
+            break scrape;
+        }
+        assert!(Instant::now() < until, "the records never came: {text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // What the records hold, counted here from the records themselves.
+    let listing = s.records.list().unwrap();
+    let count = |o: Outcome, reason: &str| {
+        listing
+            .records
+            .iter()
+            .filter(|r| r.outcome == o && r.reason.map_or("none", |r| r.as_str()) == reason)
+            .count() as f64
+    };
+    assert_eq!(listing.records.len(), 6);
+    for (outcome, reason) in [
+        (Outcome::Completed, "none"),
+        (Outcome::Policy, "mcp-unavailable"),
+        (Outcome::Failed, "agent-failed"),
+    ] {
+        assert_eq!(
+            sample_sum(
+                &scrape,
+                "pi_dispatch_jobs_total",
+                &[("outcome", outcome.as_str()), ("reason", reason)]
+            ),
+            count(outcome, reason),
+            "{outcome:?} {reason}"
+        );
+    }
+    assert_eq!(sample_sum(&scrape, "pi_dispatch_jobs_total", &[]), 6.0);
+    let calls = |field: fn(&ToolCallCount) -> u64| -> f64 {
+        listing
+            .records
+            .iter()
+            .flat_map(|r| &r.mcp.tool_calls)
+            .map(|c| field(c) as f64)
+            .sum()
+    };
+    assert_eq!(
+        sample_sum(
+            &scrape,
+            "pi_dispatch_tool_calls_total",
+            &[("server", "docs"), ("tool", "search")]
+        ),
+        calls(|c| c.calls)
+    );
+    assert_eq!(
+        sample_sum(
+            &scrape,
+            "pi_dispatch_tool_calls_total",
+            &[("result", "refused")]
+        ),
+        calls(|c| c.refused)
+    );
+    assert_eq!(
+        sample_sum(&scrape, "pi_dispatch_tool_result_bytes_total", &[]),
+        calls(|c| c.result_bytes)
+    );
+    assert_eq!(
+        sample_sum(
+            &scrape,
+            "pi_dispatch_model_tokens_total",
+            &[("direction", "input")]
+        ),
+        300.0
+    );
+    assert!((sample_sum(&scrape, "pi_dispatch_model_cost_usd_total", &[]) - 0.75).abs() < 1e-9);
+    assert_eq!(
+        sample_sum(
+            &scrape,
+            "pi_dispatch_egress_denials_total",
+            &[("host", "example.invalid")]
+        ),
+        3.0
+    );
+    // The odd name came through escaped as the format says (this parser keeps a label value's
+    // escapes as written).
+    assert_eq!(
+        sample_sum(
+            &scrape,
+            "pi_dispatch_mcp_server_connections_total",
+            &[("server", r#"odd\"name\\with\nbreak"#), ("state", "failed")]
+        ),
+        2.0
+    );
+    assert_eq!(sample_sum(&scrape, "pi_dispatch_queue_depth", &[]), 2.0);
+    assert_eq!(sample_sum(&scrape, "pi_dispatch_jobs_running", &[]), 0.0);
+    // Histograms: every job that started, and each ready time.
+    let histogram = |metric: &str| {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == metric)
+            .map(|s| match &s.value {
+                prometheus_parse::Value::Histogram(buckets) => {
+                    buckets.iter().map(|b| b.count).fold(0.0, f64::max)
+                }
+                other => panic!("{metric} is {other:?}"),
+            })
+            .sum::<f64>()
+    };
+    assert_eq!(histogram("pi_dispatch_job_duration_seconds"), 6.0);
+    assert_eq!(histogram("pi_dispatch_mcp_server_ready_seconds"), 3.0);
+    // A session reads them too.
+    let cookie = s.login().await;
+    let (status, headers, _) = s.get("/metrics", Some(&cookie)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers["content-type"].starts_with("text/plain; version=0.0.4"));
+}
