@@ -1,6 +1,7 @@
 //! Pictures drawn on the server as SVG: a run's timeline, and the outcomes of the runs over time.
 //! Every label is one of the product's own words or a number. Pure.
 
+use crate::view::count;
 use maud::{Markup, html};
 use worker::record::{Outcome, Record};
 
@@ -107,8 +108,8 @@ pub fn timeline(r: &Record) -> Markup {
                 text x=(k * 130 + 14) y="57" font-size="11" fill="#333" { (p.label) }
             }
             text x="0" y="76" font-size="12" fill="#333" {
-                (total as u64) " ms from first to last; pi: " (turns) " turns, " (calls)
-                " tool calls (ticks: tall a turn, short a tool call)"
+                (total as u64) " ms from first to last; pi: " (count(turns, "turn")) ", "
+                (count(calls, "tool call")) " (ticks: tall a turn, short a tool call)"
             }
         }
     }

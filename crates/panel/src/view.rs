@@ -151,6 +151,15 @@ pub fn dollars(usd: f64) -> String {
     }
 }
 
+/// `n` things, with the noun in the plural unless there is one: `1 turn`, `3 tool calls`.
+pub fn count(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
 /// An outcome, a server state or a check's level as a coloured word.
 pub fn pill(word: &str) -> Markup {
     html! { span class={"pill " (word)} { (word) } }
@@ -170,6 +179,8 @@ mod tests {
         assert_eq!(took(7_800_000), "2h 10m");
         assert_eq!(dollars(0.004), "$0.0040");
         assert_eq!(dollars(1.5), "$1.50");
+        assert_eq!(count(1, "turn"), "1 turn");
+        assert_eq!(count(0, "tool call"), "0 tool calls");
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod fake_forge;
 pub mod fake_model;
 pub mod netns;
 pub mod redis;
+pub mod webdriver;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

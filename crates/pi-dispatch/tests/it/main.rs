@@ -22,6 +22,7 @@ mod layout;
 mod many_hosts;
 mod mcp_check;
 mod outcomes;
+mod panel;
 mod run;
 mod service;
 mod triggers_check;

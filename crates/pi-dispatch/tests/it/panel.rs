@@ -1,0 +1,254 @@
+//! The panel in a real browser: real jobs run by the worker (real pi in bubblewrap, a real MCP
+//! server, the scripted model), then `pi-dispatch panel` and headless Chromium driven by
+//! chromedriver. An operator logs in, sees the completed and the refused run, opens each, reads
+//! the deployment's health and cancels a queued job. A screenshot of each page is saved under the
+//! target folder (`target/tmp/panel-screenshots/`).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use testkit::fake_model::Step;
+use testkit::webdriver::Browser;
+
+use crate::common::processes_with;
+use crate::worker::{Service, stdio};
+
+const TOKEN: &str = "CNRY-panel-9d2f61b0c4e87a13";
+
+/// A running `pi-dispatch panel` and what it has logged.
+struct Panel {
+    child: Child,
+    url: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Panel {
+    fn start(s: &Service) -> Panel {
+        let mut child =
+            s.d.command(&[
+                "panel",
+                "--listen",
+                "127.0.0.1:0",
+                "--refresh",
+                "1",
+                "--log-format",
+                "json",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let url = loop {
+            let line = lines
+                .next()
+                .expect("the panel said where it listens")
+                .unwrap();
+            log.lock().unwrap().push(line.clone());
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v["event"] == "panel_listening" {
+                break format!("http://{}", v["addr"].as_str().unwrap());
+            }
+        };
+        let kept = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                kept.lock().unwrap().push(line);
+            }
+        });
+        Panel { child, url, log }
+    }
+}
+
+impl Drop for Panel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn screenshots() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("panel-screenshots")
+}
+
+/// Waits until the page at `url` (reloaded every 200 ms) shows `wanted`.
+fn until_shown(browser: &Browser, url: &str, wanted: &str) {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        browser.go(url);
+        if browser.text().contains(wanted) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "{wanted} never showed at {url}:\n{}",
+            browser.text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn an_operator_logs_in_reads_the_runs_and_cancels_a_queued_job_in_a_browser() {
+    let s = Service::new(
+        vec![
+            Step::call("mcp__docs__echo", json!({"message": "from the panel test"})),
+            Step::text("All done: the README says hello."),
+        ],
+        |_| json!({"docs": stdio(Some("direct")), "gone": stdio(None)}),
+        &format!("PI_PANEL_TOKEN={TOKEN}\n"),
+    );
+    // One job completes; one is refused at pickup, for a server no longer offered.
+    let completed = s.queue("Read the README and say what it says.", "docs");
+    let refused = s.queue("Use a server that goes away.", "docs,gone");
+    s.d.write(
+        "pi-global/mcp.json",
+        &json!({"mcpServers": {"docs": stdio(Some("direct"))}}).to_string(),
+    );
+    s.work();
+    assert_eq!(s.record(&completed)["outcome"], "completed");
+    assert_eq!(s.record(&refused)["reason"], "mcp-server-unknown");
+    // A third waits in the queue: no worker runs now.
+    let waiting = s.queue("Wait to be cancelled.", "docs");
+
+    let panel = Panel::start(&s);
+    let browser = Browser::start(1280, 1100);
+    let shots = screenshots();
+
+    // Without logging in, every page is the login page.
+    browser.go(&format!("{}/runs/{completed}", panel.url));
+    assert!(browser.url().ends_with("/login"), "{}", browser.url());
+    assert_eq!(browser.title(), "Log in · pi-dispatch");
+    browser.screenshot(&shots.join("login.png"));
+    // A wrong token is refused.
+    browser.find("#token").type_text("not-the-panels-token");
+    browser.find("form.login button").click();
+    assert!(
+        browser.text().contains("That is not the panel's token."),
+        "{}",
+        browser.text()
+    );
+    // The right one opens the queue, where the waiting job shows with its task.
+    browser.find("#token").type_text(TOKEN);
+    browser.find("form.login button").click();
+    assert_eq!(browser.url(), format!("{}/", panel.url));
+    let queue = browser.find("#open").text();
+    assert!(
+        queue.contains(&waiting)
+            && queue.contains("Wait to be cancelled.")
+            && queue.contains("queued"),
+        "{queue}"
+    );
+    browser.screenshot(&shots.join("queue.png"));
+
+    // The runs: the completed one and the refused one, with its reason.
+    until_shown(&browser, &format!("{}/runs", panel.url), &refused);
+    let runs = browser.find("table.runs").text();
+    for wanted in [
+        completed.as_str(),
+        refused.as_str(),
+        "completed",
+        "mcp-server-unknown",
+    ] {
+        assert!(runs.contains(wanted), "{wanted} not in:\n{runs}");
+    }
+    assert!(
+        browser.try_find("svg.outcomes").is_some(),
+        "no outcomes chart"
+    );
+    browser.screenshot(&shots.join("runs.png"));
+
+    // The completed run, opened from the list.
+    browser
+        .find(&format!("a[href='/runs/{completed}']"))
+        .click();
+    assert!(browser.url().ends_with(&format!("/runs/{completed}")));
+    let page = browser.text();
+    assert!(page.contains("All done: the README says hello."), "{page}");
+    let servers = browser.find("#servers").text();
+    assert!(
+        servers.contains("docs") && servers.contains("ready"),
+        "{servers}"
+    );
+    let tools = browser.find("#tools").text();
+    assert!(tools.contains("docs") && tools.contains("echo"), "{tools}");
+    // The timeline is drawn, with pi's tool call on it.
+    let timeline = browser.find("svg.timeline");
+    let label = timeline.attribute("aria-label").unwrap_or_default();
+    assert!(label.contains("timeline"), "{label}");
+    let drawn = browser.find_all("svg.timeline rect").len();
+    assert!(drawn >= 4, "{drawn} shapes in the timeline");
+    assert!(page.contains("1 tool call"), "{page}");
+    assert!(page.contains("Transcript"), "{page}");
+    browser.screenshot(&shots.join("run.png"));
+
+    // The refused run says why, and what to do.
+    browser.go(&format!("{}/runs/{refused}", panel.url));
+    let page = browser.text();
+    assert!(page.contains("mcp-server-unknown"), "{page}");
+    assert!(page.contains("gone"), "{page}");
+    assert!(page.contains("offer gone"), "{page}");
+    browser.screenshot(&shots.join("run-refused.png"));
+
+    // The health page: doctor's checks, rendered.
+    browser.go(&format!("{}/health", panel.url));
+    let checks = browser.find("#checks").text();
+    assert!(checks.contains("overlay"), "{checks}");
+    browser.screenshot(&shots.join("health.png"));
+
+    // Cancel the waiting job from the queue page.
+    browser.go(&format!("{}/", panel.url));
+    browser.find("#open button.danger").click();
+    let notice = browser.find("p.notice").text();
+    assert_eq!(
+        notice,
+        format!("Cancelled {waiting}: it had not started; nothing was spent.")
+    );
+    assert!(
+        browser
+            .try_find("#open")
+            .is_none_or(|t| !t.text().contains(&waiting)),
+        "the cancelled job is still listed"
+    );
+    browser.screenshot(&shots.join("cancelled.png"));
+    // The queue no longer holds it, and its record says it was cancelled.
+    let status = s.d.run(&["status"]);
+    assert!(status.stdout.starts_with("0 queued,"), "{}", status.stdout);
+    assert!(
+        status
+            .stdout
+            .lines()
+            .any(|l| l.contains(&waiting) && l.contains("cancelled")),
+        "{}",
+        status.stdout
+    );
+    assert_eq!(s.record(&waiting)["outcome"], "cancelled");
+
+    // The token is in no page the browser was given, no address, no log line, no command line.
+    for page in ["/", "/runs", &format!("/runs/{completed}"), "/health"] {
+        browser.go(&format!("{}{page}", panel.url));
+        assert!(!browser.source().contains(TOKEN), "the token is in {page}");
+        assert!(!browser.url().contains(TOKEN));
+    }
+    assert_eq!(processes_with(TOKEN, 0), vec![]);
+    let log = panel.log.lock().unwrap().join("\n");
+    assert!(log.contains("panel_login_refused"), "{log}");
+    assert!(!log.contains(TOKEN), "the token is in the panel's log");
+    for name in [
+        "login",
+        "queue",
+        "runs",
+        "run",
+        "run-refused",
+        "health",
+        "cancelled",
+    ] {
+        let png = std::fs::read(shots.join(format!("{name}.png"))).unwrap();
+        assert!(png.len() > 1000, "{name}.png is empty");
+    }
+}
