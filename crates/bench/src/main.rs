@@ -40,11 +40,15 @@
 //!
 //! With `--webhooks` it also loads the receiver (see [`webhooks`]): signed GitHub webhooks at a
 //! fixed rate, and every delivery queued exactly once.
+//!
+//! With `--panel` it also measures the panel's pages over 10,000 records (see [`panel`]), beside
+//! the CLI commands that show the same.
 
 mod container_start;
 mod egress_proxy;
 mod job;
 mod mcp_hub;
+mod panel;
 mod pi_calls;
 mod queue;
 mod queues;
@@ -195,6 +199,18 @@ struct Args {
     /// Seconds of load.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
     webhooks_seconds: u32,
+    /// Also measure the panel: its pages over --panel-records records, beside the CLI.
+    #[arg(long)]
+    panel: bool,
+    /// Records in the panel's deployment.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    panel_records: u32,
+    /// Requests to each page.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+    panel_requests: u32,
+    /// Runs of each CLI command beside them.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    panel_cli_runs: u32,
     /// Internal: run the binary on the overlay in DIR and print the process figures as JSON.
     #[arg(long, value_name = "DIR", hide = true)]
     process_runner: Option<PathBuf>,
@@ -375,6 +391,17 @@ fn run(args: &Args) -> anyhow::Result<()> {
         None
     };
 
+    let panel = if args.panel {
+        Some(panel::measure(&panel::Options {
+            bin: &bin,
+            records: args.panel_records,
+            requests: args.panel_requests,
+            cli_runs: args.panel_cli_runs,
+        })?)
+    } else {
+        None
+    };
+
     let process = Summary::of(figures.ms);
     let parse = Summary::of(parse_us);
     let within_goal = process.median < GOAL_MS;
@@ -442,6 +469,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         if let (Some(webhooks), Some(object)) = (&webhooks, report.as_object_mut()) {
             object.insert("webhooks".to_owned(), webhooks.json());
         }
+        if let (Some(panel), Some(object)) = (&panel, report.as_object_mut()) {
+            object.insert("panel".to_owned(), panel.json());
+        }
         println!("{report}");
     } else {
         println!(
@@ -505,6 +535,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         }
         if let Some(webhooks) = &webhooks {
             webhooks.print();
+        }
+        if let Some(panel) = &panel {
+            panel.print();
         }
     }
     Ok(())

@@ -125,7 +125,12 @@ fn outcome_colour(o: Outcome) -> &'static str {
 }
 
 /// The outcomes of `records` in `buckets` equal stretches of time up to `now_ms`, as stacked bars.
-pub fn outcomes(records: &[Record], now_ms: u64, span_ms: u64, buckets: usize) -> Markup {
+pub fn outcomes<'a>(
+    records: impl IntoIterator<Item = &'a Record>,
+    now_ms: u64,
+    span_ms: u64,
+    buckets: usize,
+) -> Markup {
     let buckets = buckets.max(1);
     let from = now_ms.saturating_sub(span_ms);
     let width = span_ms.max(1) as f64 / buckets as f64;

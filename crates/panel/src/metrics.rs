@@ -110,43 +110,51 @@ fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
     );
 }
 
-/// The metrics of `records` and the queue, in the text format.
-pub fn render(
-    records: &[Record],
-    unreadable: usize,
-    queue: Option<QueueGauges>,
-    read_at: Option<SystemTime>,
-) -> String {
-    let mut jobs: BTreeMap<String, f64> = BTreeMap::new();
-    let mut durations = Histogram::default();
-    let mut waits = Histogram::default();
-    let mut ready = Histogram::default();
-    let mut connections: BTreeMap<String, f64> = BTreeMap::new();
-    let mut calls: BTreeMap<String, f64> = BTreeMap::new();
-    let mut call_time: BTreeMap<String, (f64, u64)> = BTreeMap::new();
-    let mut call_bytes: BTreeMap<String, f64> = BTreeMap::new();
-    let mut denials: BTreeMap<String, f64> = BTreeMap::new();
-    let mut tokens: BTreeMap<String, f64> = BTreeMap::new();
-    let mut cost: BTreeMap<String, f64> = BTreeMap::new();
-    for r in records {
+/// The counts the records make, kept as records are read: a record is written once, so adding
+/// each new one is exact, and a scrape renders the counts, not the records.
+#[derive(Default)]
+pub struct Tally {
+    records: usize,
+    jobs: BTreeMap<String, f64>,
+    durations: Histogram,
+    waits: Histogram,
+    ready: Histogram,
+    connections: BTreeMap<String, f64>,
+    calls: BTreeMap<String, f64>,
+    call_time: BTreeMap<String, (f64, u64)>,
+    call_bytes: BTreeMap<String, f64>,
+    denials: BTreeMap<String, f64>,
+    tokens: BTreeMap<String, f64>,
+    cost: BTreeMap<String, f64>,
+}
+
+impl Tally {
+    /// Counts one more record.
+    pub fn add(&mut self, r: &Record) {
+        self.records += 1;
         let outcome = r.outcome.as_str();
         let reason = r.reason.map_or("none", |r| r.as_str());
-        *jobs
+        *self
+            .jobs
             .entry(labels(&[("outcome", outcome), ("reason", reason)]))
             .or_default() += 1.0;
         if let Some(s) = r.started_at_ms {
             let secs = r.finished_at_ms.saturating_sub(s) as f64 / 1000.0;
-            durations.observe(&JOB_BUCKETS, &[("outcome", outcome)], secs);
+            self.durations
+                .observe(&JOB_BUCKETS, &[("outcome", outcome)], secs);
         }
         if let (Some(q), Some(s)) = (r.queued_at_ms, r.started_at_ms) {
-            waits.observe(&JOB_BUCKETS, &[], s.saturating_sub(q) as f64 / 1000.0);
+            self.waits
+                .observe(&JOB_BUCKETS, &[], s.saturating_sub(q) as f64 / 1000.0);
         }
         for s in &r.mcp.servers {
-            *connections
+            *self
+                .connections
                 .entry(labels(&[("server", &s.name), ("state", &s.state)]))
                 .or_default() += 1.0;
             if let Some(ms) = s.ready_ms {
-                ready.observe(&READY_BUCKETS, &[("server", &s.name)], ms as f64 / 1000.0);
+                self.ready
+                    .observe(&READY_BUCKETS, &[("server", &s.name)], ms as f64 / 1000.0);
             }
         }
         for c in &r.mcp.tool_calls {
@@ -154,16 +162,17 @@ pub fn render(
             for (result, n) in [("ok", c.ok), ("error", c.error), ("refused", c.refused)] {
                 let mut p = st.to_vec();
                 p.push(("result", result));
-                *calls.entry(labels(&p)).or_default() += n as f64;
+                *self.calls.entry(labels(&p)).or_default() += n as f64;
             }
-            let t = call_time.entry(labels(&st)).or_default();
+            let t = self.call_time.entry(labels(&st)).or_default();
             t.0 += c.total_ms as f64 / 1000.0;
             t.1 += c.ok + c.error;
-            *call_bytes.entry(labels(&st)).or_default() += c.result_bytes as f64;
+            *self.call_bytes.entry(labels(&st)).or_default() += c.result_bytes as f64;
         }
         for d in &r.egress_denied {
             let port = d.port.to_string();
-            *denials
+            *self
+                .denials
                 .entry(labels(&[
                     ("host", &d.host),
                     ("port", &port),
@@ -177,7 +186,8 @@ pub fn render(
         );
         if let Some(t) = &r.tokens {
             for (direction, n) in [("input", t.input), ("output", t.output)] {
-                *tokens
+                *self
+                    .tokens
                     .entry(labels(&[
                         ("provider", provider),
                         ("model", model),
@@ -187,18 +197,105 @@ pub fn render(
             }
         }
         if let Some(c) = r.cost_usd {
-            *cost
+            *self
+                .cost
                 .entry(labels(&[("provider", provider), ("model", model)]))
                 .or_default() += c;
         }
     }
+
+    /// The counts in the text format, with the number of files that could not be read.
+    pub fn render(&self, unreadable: usize) -> String {
+        let mut out = String::new();
+        counter(
+            &mut out,
+            "pi_dispatch_jobs_total",
+            "Jobs ended, by outcome and reason (from the records).",
+            &self.jobs,
+        );
+        self.durations.write(
+            &mut out,
+            "pi_dispatch_job_duration_seconds",
+            "From the sandbox asked for to the end, by outcome.",
+            &JOB_BUCKETS,
+        );
+        self.waits.write(
+            &mut out,
+            "pi_dispatch_job_wait_seconds",
+            "From queued to the sandbox asked for.",
+            &JOB_BUCKETS,
+        );
+        self.ready.write(
+            &mut out,
+            "pi_dispatch_mcp_server_ready_seconds",
+            "From the start of a job's connections to a server's tool list, by server.",
+            &READY_BUCKETS,
+        );
+        counter(
+            &mut out,
+            "pi_dispatch_mcp_server_connections_total",
+            "Servers a job connected, by server and how it ended (ready, failed, waiting, skipped).",
+            &self.connections,
+        );
+        counter(
+            &mut out,
+            "pi_dispatch_tool_calls_total",
+            "MCP tool calls, by server, tool and result (ok, error, refused).",
+            &self.calls,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP pi_dispatch_tool_call_duration_seconds Time of the MCP tool calls that reached their server, by server and tool.\n# TYPE pi_dispatch_tool_call_duration_seconds summary"
+        );
+        for (pairs, (sum, count)) in &self.call_time {
+            let _ = writeln!(
+                out,
+                "pi_dispatch_tool_call_duration_seconds_sum{pairs} {sum}\npi_dispatch_tool_call_duration_seconds_count{pairs} {count}"
+            );
+        }
+        counter(
+            &mut out,
+            "pi_dispatch_tool_result_bytes_total",
+            "Bytes of the MCP tool calls' results, by server and tool.",
+            &self.call_bytes,
+        );
+        counter(
+            &mut out,
+            "pi_dispatch_egress_denials_total",
+            "Connections the egress proxy refused jobs, by host, port and the proxy's reason.",
+            &self.denials,
+        );
+        counter(
+            &mut out,
+            "pi_dispatch_model_tokens_total",
+            "Model tokens, by provider, model and direction.",
+            &self.tokens,
+        );
+        counter(
+            &mut out,
+            "pi_dispatch_model_cost_usd_total",
+            "Model cost in US dollars, by provider and model.",
+            &self.cost,
+        );
+        gauge(
+            &mut out,
+            "pi_dispatch_records",
+            "Records read.",
+            self.records as f64,
+        );
+        gauge(
+            &mut out,
+            "pi_dispatch_records_unreadable",
+            "Records that cannot be read as one.",
+            unreadable as f64,
+        );
+        out
+    }
+}
+
+/// What changes from one scrape to the next: the queue's gauges and when the records were read.
+fn of_the_moment(queue: Option<QueueGauges>, read_at: Option<SystemTime>) -> String {
     let mut out = String::new();
-    counter(
-        &mut out,
-        "pi_dispatch_jobs_total",
-        "Jobs ended, by outcome and reason (from the records).",
-        &jobs,
-    );
     if let Some(q) = queue {
         gauge(
             &mut out,
@@ -224,82 +321,6 @@ pub fn render(
         "pi_dispatch_queue_up",
         "Whether the queue could be read for these metrics.",
         if queue.is_some() { 1.0 } else { 0.0 },
-    );
-    durations.write(
-        &mut out,
-        "pi_dispatch_job_duration_seconds",
-        "From the sandbox asked for to the end, by outcome.",
-        &JOB_BUCKETS,
-    );
-    waits.write(
-        &mut out,
-        "pi_dispatch_job_wait_seconds",
-        "From queued to the sandbox asked for.",
-        &JOB_BUCKETS,
-    );
-    ready.write(
-        &mut out,
-        "pi_dispatch_mcp_server_ready_seconds",
-        "From the start of a job's connections to a server's tool list, by server.",
-        &READY_BUCKETS,
-    );
-    counter(
-        &mut out,
-        "pi_dispatch_mcp_server_connections_total",
-        "Servers a job connected, by server and how it ended (ready, failed, waiting, skipped).",
-        &connections,
-    );
-    counter(
-        &mut out,
-        "pi_dispatch_tool_calls_total",
-        "MCP tool calls, by server, tool and result (ok, error, refused).",
-        &calls,
-    );
-    let _ = writeln!(
-        out,
-        "# HELP pi_dispatch_tool_call_duration_seconds Time of the MCP tool calls that reached their server, by server and tool.\n# TYPE pi_dispatch_tool_call_duration_seconds summary"
-    );
-    for (pairs, (sum, count)) in &call_time {
-        let _ = writeln!(
-            out,
-            "pi_dispatch_tool_call_duration_seconds_sum{pairs} {sum}\npi_dispatch_tool_call_duration_seconds_count{pairs} {count}"
-        );
-    }
-    counter(
-        &mut out,
-        "pi_dispatch_tool_result_bytes_total",
-        "Bytes of the MCP tool calls' results, by server and tool.",
-        &call_bytes,
-    );
-    counter(
-        &mut out,
-        "pi_dispatch_egress_denials_total",
-        "Connections the egress proxy refused jobs, by host, port and the proxy's reason.",
-        &denials,
-    );
-    counter(
-        &mut out,
-        "pi_dispatch_model_tokens_total",
-        "Model tokens, by provider, model and direction.",
-        &tokens,
-    );
-    counter(
-        &mut out,
-        "pi_dispatch_model_cost_usd_total",
-        "Model cost in US dollars, by provider and model.",
-        &cost,
-    );
-    gauge(
-        &mut out,
-        "pi_dispatch_records",
-        "Records read.",
-        records.len() as f64,
-    );
-    gauge(
-        &mut out,
-        "pi_dispatch_records_unreadable",
-        "Records that cannot be read as one.",
-        unreadable as f64,
     );
     if let Some(at) = read_at {
         let secs = at
@@ -342,12 +363,9 @@ pub async fn metrics(State(panel): State<Arc<Panel>>, headers: HeaderMap) -> Res
     let p = panel.clone();
     let text = tokio::task::spawn_blocking(move || {
         let snapshot = p.snapshot.get();
-        render(
-            &snapshot.records,
-            snapshot.unreadable,
-            queue_gauges(&*p.queue),
-            snapshot.read_at,
-        )
+        let mut text = String::clone(&snapshot.metrics);
+        text.push_str(&of_the_moment(queue_gauges(&*p.queue), snapshot.read_at));
+        text
     })
     .await
     .unwrap_or_default();

@@ -1,6 +1,7 @@
 //! The pages: the queue and the running jobs, the runs (filtered, with a chart of their outcomes),
 //! one run whole, the deployment's health, and the one action, cancelling a job.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -9,6 +10,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
+use protocol::reason::Reason;
 use serde::Deserialize;
 use worker::open_jobs::Shown;
 use worker::record::{Outcome, Record, now_ms};
@@ -291,21 +293,22 @@ pub async fn runs(
         .collect();
     let pages = matching.len().div_ceil(PAGE).max(1);
     let at = q.page.unwrap_or(1).clamp(1, pages);
-    let mut reasons: Vec<String> = snapshot
+    // The choices: what the records hold, each once, in order.
+    let reasons: BTreeSet<&str> = snapshot
         .records
         .iter()
-        .filter_map(|r| r.reason.map(|r| r.as_str().to_owned()))
+        .filter_map(|r| r.reason.map(Reason::as_str))
         .collect();
-    reasons.sort();
-    reasons.dedup();
-    reasons.insert(0, "none".to_owned());
-    let mut triggers: Vec<String> = snapshot
+    let reasons: Vec<String> = std::iter::once("none")
+        .chain(reasons)
+        .map(str::to_owned)
+        .collect();
+    let triggers: BTreeSet<&str> = snapshot
         .records
         .iter()
-        .map(|r| r.trigger_type.clone())
+        .map(|r| r.trigger_type.as_str())
         .collect();
-    triggers.sort();
-    triggers.dedup();
+    let triggers: Vec<String> = triggers.into_iter().map(str::to_owned).collect();
     let outcomes: Vec<String> = [
         Outcome::Completed,
         Outcome::Failed,
@@ -316,7 +319,6 @@ pub async fn runs(
     .map(|o| o.as_str().to_owned())
     .collect();
     let span = span_ms(q.since.as_deref()).unwrap_or(86_400_000);
-    let chart_records: Vec<Record> = matching.iter().map(|r| (*r).clone()).collect();
     let body = html! {
         h1 { "Runs" }
         form.filters method="get" action="/runs" {
@@ -340,7 +342,7 @@ pub async fn runs(
                 " · " (snapshot.unreadable) " records cannot be read (pi-dispatch runs lists them)"
             }
         }
-        (charts::outcomes(&chart_records, now, span, 24))
+        (charts::outcomes(matching.iter().copied(), now, span, 24))
         p.muted { "Outcomes over " (SPANS.iter().find(|s| s.2 == span).map_or("the last day", |s| s.1)) ", in 24 bars." }
         (runs_table(matching.iter().skip((at - 1) * PAGE).take(PAGE).copied()))
         nav.pages {

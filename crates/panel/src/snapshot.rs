@@ -9,15 +9,18 @@ use std::time::{Duration, SystemTime};
 use worker::record::{Record, Records};
 
 use crate::Panel;
+use crate::metrics::Tally;
 
 /// The records at one moment, newest first.
 #[derive(Debug, Default)]
 pub struct Snapshot {
-    pub records: Vec<Record>,
+    pub records: Arc<Vec<Record>>,
     /// What could not be read as a record.
     pub unreadable: usize,
     /// When they were read; `None` before the first read.
     pub read_at: Option<SystemTime>,
+    /// The metrics these records make, in the text format (rendered when they were read).
+    pub metrics: Arc<String>,
 }
 
 impl Snapshot {
@@ -26,11 +29,18 @@ impl Snapshot {
     }
 }
 
+/// The records read so far: their ids, and what they count for the metrics.
+#[derive(Default)]
+struct Seen {
+    ids: HashSet<String>,
+    tally: Tally,
+}
+
 #[derive(Default)]
 pub struct Cache {
     shown: RwLock<Arc<Snapshot>>,
-    /// The ids read so far (only the refresh touches it).
-    known: Mutex<HashSet<String>>,
+    /// What was read so far (only the refresh touches it).
+    seen: Mutex<Seen>,
     /// Wakes the refresher before its time.
     wake: tokio::sync::Notify,
 }
@@ -50,8 +60,8 @@ impl Cache {
 
     /// Reads what is new in `records` and shows it.
     pub fn refresh(&self, records: &Records) {
-        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
-        let listing = match records.list_new(&known) {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        let listing = match records.list_new(&seen.ids) {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(event = "panel_records_unreadable", detail = %e);
@@ -59,18 +69,31 @@ impl Cache {
             }
         };
         let before = self.get();
+        let unreadable = listing.unreadable.len();
+        if listing.records.is_empty() && unreadable == before.unreadable {
+            // Nothing new: the same records (and their metrics), read now.
+            *self.shown.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Snapshot {
+                records: before.records.clone(),
+                unreadable,
+                read_at: Some(SystemTime::now()),
+                metrics: before.metrics.clone(),
+            });
+            return;
+        }
         let mut all = Vec::with_capacity(before.records.len() + listing.records.len());
         for r in listing.records {
-            known.insert(r.job_id.clone());
+            seen.ids.insert(r.job_id.clone());
+            seen.tally.add(&r);
             all.push(r);
         }
         all.extend(before.records.iter().cloned());
         // Newest first: by finish time, then id, as `runs` orders them (reversed).
         all.sort_by(|a, b| (b.finished_at_ms, &b.job_id).cmp(&(a.finished_at_ms, &a.job_id)));
         *self.shown.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Snapshot {
-            records: all,
-            unreadable: listing.unreadable.len(),
+            records: Arc::new(all),
+            unreadable,
             read_at: Some(SystemTime::now()),
+            metrics: Arc::new(seen.tally.render(unreadable)),
         });
     }
 }
@@ -123,5 +146,17 @@ mod tests {
             .collect();
         assert_eq!(ids, ["b", "c", "a"]);
         assert!(cache.get().find("c").is_some());
+        // The metrics, counted a record at a time, are what counting them all at once gives.
+        let mut all = Tally::default();
+        for r in cache.get().records.iter() {
+            all.add(r);
+        }
+        assert_eq!(*cache.get().metrics, all.render(0));
+        assert!(cache.get().metrics.contains("pi_dispatch_records 3\n"));
+        // Nothing new: the same records and metrics, read again.
+        let before = cache.get();
+        cache.refresh(&records);
+        assert!(Arc::ptr_eq(&before.records, &cache.get().records));
+        assert!(cache.get().read_at >= before.read_at);
     }
 }
