@@ -54,8 +54,7 @@ impl Sessions {
         }
     }
 
-    /// Whether too many wrong tokens came in the last minute; else counts this try as one if
-    /// `wrong`.
+    /// Whether too many wrong tokens came in the last minute (forgetting older ones).
     fn too_many_wrong(&self) -> bool {
         let mut wrong = self.wrong.lock().unwrap_or_else(PoisonError::into_inner);
         while wrong
@@ -67,6 +66,7 @@ impl Sessions {
         wrong.len() >= WRONG_PER_MINUTE
     }
 
+    /// Counts a wrong token.
     fn note_wrong(&self) {
         self.wrong
             .lock()

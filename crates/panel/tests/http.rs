@@ -227,6 +227,22 @@ async fn without_the_token_only_the_login_page_is_served_and_a_wrong_token_is_re
     assert_eq!(status, StatusCode::SEE_OTHER);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_wrong_tokens_in_a_minute_close_the_login_for_everyone() {
+    let s = serve().await;
+    for n in 0..20 {
+        let (status, _, _) = s
+            .post("/login", None, &[("token", &format!("guess-{n}"))])
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "guess {n}");
+    }
+    // Now even the right token is not looked at, and no session opens.
+    let (status, headers, body) = s.post("/login", None, &[("token", TOKEN)]).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(!headers.contains_key("set-cookie"));
+    assert!(body.contains("Too many wrong tokens"), "{body}");
+}
+
 fn csrf_of(page: &str) -> String {
     let at = page.find("name=\"csrf\" value=\"").unwrap() + "name=\"csrf\" value=\"".len();
     page[at..].split('"').next().unwrap().to_owned()

@@ -1,7 +1,8 @@
 //! The systemd units of `examples/systemd`: `systemd-analyze verify` has nothing to say about
 //! either; the worker's stops the worker the way the worker drains, restarts it, and leaves
 //! bubblewrap what it needs; the receiver's runs the receiver of the same deployment with no
-//! capability and write access to the state folder only.
+//! capability and write access to the state folder only; the panel's runs the panel of the same
+//! deployment, seeing the worker's environment so that its health page is doctor's.
 
 use std::path::Path;
 use std::process::Command;
@@ -12,6 +13,9 @@ const RECEIVER_UNIT: &str =
     include_str!("../../../../examples/systemd/pi-dispatch-receiver.service");
 const RECEIVER_UNIT_NAME: &str = "pi-dispatch-receiver.service";
 const RECEIVER_ENV_FILE: &str = "/etc/pi-dispatch/receiver.env";
+const PANEL_UNIT: &str = include_str!("../../../../examples/systemd/pi-dispatch-panel.service");
+const PANEL_UNIT_NAME: &str = "pi-dispatch-panel.service";
+const PANEL_ENV_FILE: &str = "/etc/pi-dispatch/panel.env";
 
 /// The layout the unit and docs/service.md assume.
 const BINARY: &str = "/usr/local/bin/pi-dispatch";
@@ -81,6 +85,11 @@ fn seconds(span: &str) -> u64 {
 fn systemd_analyze_verify_has_nothing_to_say() {
     verify(UNIT, UNIT_NAME, ENV_FILE);
     verify(RECEIVER_UNIT, RECEIVER_UNIT_NAME, RECEIVER_ENV_FILE);
+    verify(
+        &PANEL_UNIT.replace(ENV_FILE, PANEL_ENV_FILE),
+        PANEL_UNIT_NAME,
+        PANEL_ENV_FILE,
+    );
 }
 
 fn verify(text: &str, name: &str, env: &str) {
@@ -137,6 +146,30 @@ fn the_receiver_unit_runs_the_receiver_of_the_same_deployment_with_nothing_more(
     assert_eq!(receiver("CapabilityBoundingSet").as_deref(), Some(""));
     assert_eq!(receiver("RestrictNamespaces").as_deref(), Some("yes"));
     assert_eq!(receiver("NoNewPrivileges").as_deref(), Some("yes"));
+}
+
+#[test]
+fn the_panel_unit_runs_the_panel_of_the_same_deployment_seeing_what_the_worker_sees() {
+    let panel = |key: &str| value(PANEL_UNIT, "Service", key);
+    assert_eq!(
+        panel("ExecStart"),
+        Some(format!("{BINARY} panel --dir {DEPLOYMENT}"))
+    );
+    assert_eq!(panel("WorkingDirectory").as_deref(), Some(DEPLOYMENT));
+    // Its health page is doctor's, so it reads the worker's environment, then its own token.
+    let files: Vec<String> = entries(PANEL_UNIT)
+        .into_iter()
+        .filter(|(section, key, _)| section == "Service" && key == "EnvironmentFile")
+        .map(|(_, _, v)| v)
+        .collect();
+    assert_eq!(files, [ENV_FILE, PANEL_ENV_FILE]);
+    // No more than the worker may: its namespaces for doctor's sandbox, not its signals.
+    assert_eq!(panel("RestrictNamespaces"), service("RestrictNamespaces"));
+    assert_eq!(
+        panel("CapabilityBoundingSet").as_deref(),
+        Some("CAP_SETUID CAP_SETGID CAP_DAC_READ_SEARCH")
+    );
+    assert_eq!(panel("NoNewPrivileges").as_deref(), Some("yes"));
 }
 
 fn path(p: &Path) -> &str {
