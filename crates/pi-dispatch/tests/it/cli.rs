@@ -39,6 +39,7 @@ fn help_lists_the_commands_in_their_order_and_hides_the_internal_ones() {
         "worker",
         "receiver",
         "egress-proxy",
+        "panel",
         "status",
         "runs",
         "cancel",
