@@ -2,6 +2,7 @@ pub mod cancel;
 pub mod doctor;
 pub mod egress_proxy;
 pub mod explain;
+pub mod http_service;
 pub mod image;
 pub mod import_pi;
 pub mod init;

@@ -8,6 +8,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::cmd::http_service;
 use crate::context::Context;
 use crate::exit::Exit;
 
@@ -37,18 +38,12 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             panel::MIN_TOKEN
         );
     }
-    let listen = match &args.listen {
-        Some(l) => l.clone(),
-        None => ctx
-            .setting(panel::LISTEN_SETTING)?
-            .unwrap_or_else(|| panel::DEFAULT_LISTEN.to_owned()),
-    };
-    let addr: std::net::SocketAddr = listen.parse().map_err(|_| {
-        anyhow::anyhow!(
-            "--listen (or {}) must be an address and port, such as 127.0.0.1:8790",
-            panel::LISTEN_SETTING
-        )
-    })?;
+    let addr = http_service::address(
+        ctx,
+        args.listen.as_deref(),
+        panel::LISTEN_SETTING,
+        panel::DEFAULT_LISTEN,
+    )?;
     if args.refresh == 0 {
         anyhow::bail!("--refresh must be above 0");
     }
@@ -73,26 +68,19 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         health: Arc::new(health),
         refresh: Duration::from_secs(args.refresh),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {addr} ({})", e.kind()))?;
-        let addr = listener.local_addr().unwrap_or(addr);
-        if !addr.ip().is_loopback() {
-            tracing::warn!(event = "panel_not_loopback", addr = %addr,
-                detail = "the panel is reachable from other machines: put a TLS proxy in front of it");
-        }
-        tracing::info!(event = "panel_listening", addr = %addr);
-        panel::serve(listener, config, crate::cmd::receiver::stop_signal())
-            .await
-            .map_err(|e| anyhow::anyhow!("the panel stopped: {e}"))?;
-        tracing::info!(event = "panel_stopped");
-        Ok::<_, anyhow::Error>(())
-    })?;
+    http_service::run(
+        addr,
+        "panel",
+        |addr| {
+            if !addr.ip().is_loopback() {
+                tracing::warn!(event = "panel_not_loopback", addr = %addr,
+                    detail = "the panel is reachable from other machines: put a TLS proxy in front of it");
+            }
+            tracing::info!(event = "panel_listening", addr = %addr);
+        },
+        |listener| panel::serve(listener, config, http_service::stop_signal()),
+    )?;
+    tracing::info!(event = "panel_stopped");
     Ok(Exit::Success)
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use receiver::server::{self, Secret};
 
+use crate::cmd::http_service;
 use crate::context::Context;
 use crate::exit::Exit;
 
@@ -29,18 +30,12 @@ pub struct Args {
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let settings = ctx.settings()?;
     let env = ctx.environment()?;
-    let listen = match &args.listen {
-        Some(l) => l.clone(),
-        None => ctx
-            .setting(receiver::LISTEN_SETTING)?
-            .unwrap_or_else(|| receiver::DEFAULT_LISTEN.to_owned()),
-    };
-    let addr: std::net::SocketAddr = listen.parse().map_err(|_| {
-        anyhow::anyhow!(
-            "--listen (or {}) must be an address and port, such as 127.0.0.1:8780",
-            receiver::LISTEN_SETTING
-        )
-    })?;
+    let addr = http_service::address(
+        ctx,
+        args.listen.as_deref(),
+        receiver::LISTEN_SETTING,
+        receiver::DEFAULT_LISTEN,
+    )?;
     if args.max_body == 0 || args.timeout == 0 {
         anyhow::bail!("--max-body and --timeout must be above 0");
     }
@@ -66,38 +61,16 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         max_body: args.max_body,
         timeout: Duration::from_secs(args.timeout),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {addr} ({})", e.kind()))?;
-        // The address bound (with port 0, the one the system chose).
-        let addr = listener.local_addr().unwrap_or(addr);
-        tracing::info!(event = "receiver_listening", addr = %addr,
-            github = config.github_secret.is_some(), gitlab = config.gitlab_token.is_some());
-        server::serve(listener, config, stop_signal())
-            .await
-            .map_err(|e| anyhow::anyhow!("the receiver stopped: {e}"))?;
-        tracing::info!(event = "receiver_stopped");
-        Ok::<_, anyhow::Error>(())
-    })?;
+    let (github, gitlab) = (
+        config.github_secret.is_some(),
+        config.gitlab_token.is_some(),
+    );
+    http_service::run(
+        addr,
+        "receiver",
+        |addr| tracing::info!(event = "receiver_listening", addr = %addr, github, gitlab),
+        |listener| server::serve(listener, config, http_service::stop_signal()),
+    )?;
+    tracing::info!(event = "receiver_stopped");
     Ok(Exit::Success)
-}
-
-/// Resolves at SIGTERM or SIGINT (the receiver's and the panel's way to stop).
-pub async fn stop_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }
