@@ -47,6 +47,7 @@
 mod container_start;
 mod egress_proxy;
 mod job;
+mod listening;
 mod mcp_hub;
 mod panel;
 mod pi_calls;

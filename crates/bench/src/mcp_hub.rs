@@ -15,7 +15,7 @@
 //!   holding 8 stdio upstreams and the hub serving them, while this process, as pi, has a session
 //!   with each and calls `echo` through it. The Node servers' memory is not the runner's.
 
-use crate::stats::{median, round1, round3};
+use crate::stats::{median, percentile, round1, round3};
 use std::io::{BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -143,15 +143,6 @@ impl Latency {
             "min_us": round1(self.min),
         })
     }
-}
-
-/// Nearest rank of sorted samples.
-pub(crate) fn percentile(sorted: &[f64], pct: usize) -> f64 {
-    let rank = (sorted.len() * pct).div_ceil(100).saturating_sub(1);
-    sorted
-        .get(rank.min(sorted.len().saturating_sub(1)))
-        .copied()
-        .unwrap_or(0.0)
 }
 
 /// The same calls through the hub (with rmcp's client and with a bare one) and directly.

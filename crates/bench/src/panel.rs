@@ -7,12 +7,11 @@
 //! instead on the same deployment: `pi-dispatch status`, `runs`, `runs show ID` and `runs --json`,
 //! each a whole process. The panel's own peak memory (`VmHWM`) is read at the end.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use protocol::exit_line::ServerState;
 use protocol::job::Job;
 use protocol::reason::Reason;
@@ -21,7 +20,7 @@ use queue::Queue as _;
 use serde_json::{Value, json};
 use worker::record::{Activity, EgressDenial, Outcome, Record, Records, Tokens};
 
-use crate::stats::round3;
+use crate::stats::{percentile, round3};
 
 const TOKEN: &str = "bench-panel-token-0123456789";
 /// The goal: every page under this at p99.
@@ -131,29 +130,13 @@ fn record(n: u32, now_ms: u64) -> Record {
 
 /// Starts the panel on the deployment in `dir`; its address and process.
 fn start_panel(bin: &Path, dir: &Path) -> anyhow::Result<(String, std::process::Child)> {
-    let mut panel = Command::new(bin)
-        .args(["panel", "--listen", "127.0.0.1:0", "--log-format", "json"])
+    let mut cmd = Command::new(bin);
+    cmd.args(["panel", "--listen", "127.0.0.1:0", "--log-format", "json"])
         .arg("--dir")
         .arg(dir)
         .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("cannot start the panel")?;
-    let stderr = panel.stderr.take().context("no panel stderr")?;
-    let mut lines = BufReader::new(stderr).lines();
-    let addr = loop {
-        let Some(line) = lines.next() else {
-            bail!("the panel ended before it listened");
-        };
-        let v: Value = serde_json::from_str(&line?).unwrap_or_default();
-        if v["event"] == "panel_listening" {
-            break v["addr"].as_str().unwrap_or_default().to_owned();
-        }
-    };
-    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+        .env("PATH", "/usr/bin:/bin");
+    let (addr, panel) = crate::listening::start(cmd, "panel_listening")?;
     Ok((format!("http://{addr}"), panel))
 }
 
@@ -308,14 +291,6 @@ pub fn measure(options: &Options) -> anyhow::Result<PanelFigures> {
         panel_peak_rss_kib,
         ready_ms,
     })
-}
-
-fn percentile(sorted: &[f64], p: usize) -> f64 {
-    let n = sorted.len();
-    sorted
-        .get((n * p).div_ceil(100).saturating_sub(1))
-        .copied()
-        .unwrap_or(0.0)
 }
 
 impl Timed {

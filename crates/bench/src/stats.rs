@@ -15,6 +15,15 @@ pub fn median(samples: &[f64]) -> f64 {
     }
 }
 
+/// The `p`th percentile of samples sorted in ascending order (the nearest rank); 0 for none.
+pub fn percentile(sorted: &[f64], p: usize) -> f64 {
+    let n = sorted.len();
+    sorted
+        .get((n * p).div_ceil(100).saturating_sub(1))
+        .copied()
+        .unwrap_or(0.0)
+}
+
 pub fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }

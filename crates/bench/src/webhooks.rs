@@ -6,17 +6,16 @@
 //! lost, none queued twice, or the bench fails.
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use queue::{Queue as _, SqliteQueue};
 use serde_json::{Value, json};
 
-use crate::stats::{median, round1, round3};
+use crate::stats::{median, percentile, round1, round3};
 
 const SECRET: &str = "bench-webhook-secret";
 /// Every this many requests, one re-sends a delivery sent before.
@@ -62,37 +61,20 @@ pub fn measure(options: &Options) -> anyhow::Result<WebhookFigures> {
     let dir = tempfile::tempdir().context("cannot make a temporary folder")?;
     let triggers = r#"{"triggers": [{"on": {"type": "label", "any": ["pi"]}, "run": {"kind": "github", "flow": "answer"}}]}"#;
     std::fs::write(dir.path().join("triggers.json"), triggers)?;
-    let mut receiver = Command::new(options.bin)
-        .args([
-            "receiver",
-            "--listen",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-        ])
-        .arg("--dir")
-        .arg(dir.path())
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("PI_GITHUB_WEBHOOK_SECRET", SECRET)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("cannot start the receiver")?;
-    let stderr = receiver.stderr.take().context("no receiver stderr")?;
-    let mut lines = BufReader::new(stderr).lines();
-    let addr = loop {
-        let Some(line) = lines.next() else {
-            bail!("the receiver ended before it listened");
-        };
-        let v: Value = serde_json::from_str(&line?).unwrap_or_default();
-        if v["event"] == "receiver_listening" {
-            break v["addr"].as_str().unwrap_or_default().to_owned();
-        }
-    };
-    // The receiver logs a line a request: read them, or its pipe fills.
-    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+    let mut cmd = Command::new(options.bin);
+    cmd.args([
+        "receiver",
+        "--listen",
+        "127.0.0.1:0",
+        "--log-format",
+        "json",
+    ])
+    .arg("--dir")
+    .arg(dir.path())
+    .env_clear()
+    .env("PATH", "/usr/bin:/bin")
+    .env("PI_GITHUB_WEBHOOK_SECRET", SECRET);
+    let (addr, mut receiver) = crate::listening::start(cmd, "receiver_listening")?;
     let url = format!("http://{addr}/github");
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -201,14 +183,6 @@ pub fn measure(options: &Options) -> anyhow::Result<WebhookFigures> {
             .map(|(_, took)| took.as_secs_f64() * 1000.0)
             .collect(),
     })
-}
-
-fn percentile(sorted: &[f64], p: usize) -> f64 {
-    let n = sorted.len();
-    sorted
-        .get((n * p).div_ceil(100).saturating_sub(1))
-        .copied()
-        .unwrap_or(0.0)
 }
 
 impl WebhookFigures {

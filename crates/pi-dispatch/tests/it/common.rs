@@ -230,3 +230,54 @@ pub fn git(repo: &Path, args: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A long-running command (`receiver`, `panel`) started with `--log-format json`: its address,
+/// once it logged `event` with it, and every line it has logged since it started.
+pub struct Listening {
+    child: std::process::Child,
+    pub url: String,
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Listening {
+    pub fn start(mut cmd: Command, event: &str) -> Listening {
+        use std::io::{BufRead as _, BufReader};
+        let mut child = cmd
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let url = loop {
+            let line = lines
+                .next()
+                .unwrap_or_else(|| panic!("it ended before {event}"))
+                .unwrap();
+            log.lock().unwrap().push(line.clone());
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if v["event"] == event {
+                break format!("http://{}", v["addr"].as_str().unwrap());
+            }
+        };
+        let kept = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                kept.lock().unwrap().push(line);
+            }
+        });
+        Listening { child, url, log }
+    }
+
+    /// Every line logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -5,8 +5,6 @@
 //! answer, a pull (merge) request for a fix, or the refusal's fixed sentence. Only the forge's API
 //! and the model are fakes, each a real HTTP server on loopback.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -14,7 +12,7 @@ use serde_json::{Value, json};
 use testkit::fake_forge::{FakeForge, FakeForgeSetup, app_key_pem};
 use testkit::fake_model::Step;
 
-use crate::common::Run;
+use crate::common::{Listening, Run};
 use crate::worker::{Service, stdio};
 
 const APP_ID: u64 = 4242;
@@ -72,9 +70,7 @@ pub(crate) struct Site {
     pub(crate) s: Service,
     pub(crate) fake: FakeForge,
     pub(crate) key_pem: String,
-    receiver: Child,
-    receiver_url: String,
-    receiver_log: Arc<std::sync::Mutex<Vec<String>>>,
+    receiver: Listening,
     client: reqwest::blocking::Client,
 }
 
@@ -122,43 +118,21 @@ impl Site {
         crate::worker::chmod(&key, 0o600);
         s.d.write("triggers.json", &triggers.to_string());
 
-        let mut receiver =
+        let receiver = Listening::start(
             s.d.command(&[
                 "receiver",
                 "--listen",
                 "127.0.0.1:0",
                 "--log-format",
                 "json",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(receiver.stderr.take().unwrap()).lines();
-        let receiver_url = loop {
-            let line = lines
-                .next()
-                .expect("the receiver said where it listens")
-                .unwrap();
-            let v: Value = serde_json::from_str(&line).unwrap();
-            if v["event"] == "receiver_listening" {
-                break format!("http://{}", v["addr"].as_str().unwrap());
-            }
-        };
-        let receiver_log = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let log = receiver_log.clone();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                log.lock().unwrap().push(line);
-            }
-        });
+            ]),
+            "receiver_listening",
+        );
         Site {
             s,
             fake,
             key_pem,
             receiver,
-            receiver_url,
-            receiver_log,
             client: reqwest::blocking::Client::new(),
         }
     }
@@ -223,7 +197,7 @@ impl Site {
         };
         let mut request = self
             .client
-            .post(format!("{}/{path}", self.receiver_url))
+            .post(format!("{}/{path}", self.receiver.url))
             .header("Content-Type", "application/json")
             .body(body);
         for (name, value) in headers {
@@ -278,7 +252,7 @@ impl Site {
     }
 
     pub(crate) fn receiver_log(&self) -> String {
-        self.receiver_log.lock().unwrap().join("\n")
+        self.receiver.log()
     }
 
     /// No secret in any file of the deployment but `.env` and the key file (records, transcripts,
@@ -317,13 +291,6 @@ impl Site {
                 assert!(!log.contains(secret.as_str()), "a log holds a forge secret");
             }
         }
-    }
-}
-
-impl Drop for Site {
-    fn drop(&mut self) {
-        let _ = self.receiver.kill();
-        let _ = self.receiver.wait();
     }
 }
 

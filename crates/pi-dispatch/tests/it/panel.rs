@@ -4,72 +4,32 @@
 //! the deployment's health and cancels a queued job. A screenshot of each page is saved under the
 //! target folder (`target/tmp/panel-screenshots/`).
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 use testkit::fake_model::Step;
 use testkit::webdriver::Browser;
 
-use crate::common::processes_with;
+use crate::common::{Listening, processes_with};
 use crate::worker::{Service, stdio};
 
 const TOKEN: &str = "CNRY-panel-9d2f61b0c4e87a13";
 
-/// A running `pi-dispatch panel` and what it has logged.
-struct Panel {
-    child: Child,
-    url: String,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Panel {
-    fn start(s: &Service) -> Panel {
-        let mut child =
-            s.d.command(&[
-                "panel",
-                "--listen",
-                "127.0.0.1:0",
-                "--refresh",
-                "1",
-                "--log-format",
-                "json",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let url = loop {
-            let line = lines
-                .next()
-                .expect("the panel said where it listens")
-                .unwrap();
-            log.lock().unwrap().push(line.clone());
-            let v: Value = serde_json::from_str(&line).unwrap();
-            if v["event"] == "panel_listening" {
-                break format!("http://{}", v["addr"].as_str().unwrap());
-            }
-        };
-        let kept = log.clone();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                kept.lock().unwrap().push(line);
-            }
-        });
-        Panel { child, url, log }
-    }
-}
-
-impl Drop for Panel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A running `pi-dispatch panel`, on a loopback port of its own.
+fn start_panel(s: &Service) -> Listening {
+    Listening::start(
+        s.d.command(&[
+            "panel",
+            "--listen",
+            "127.0.0.1:0",
+            "--refresh",
+            "1",
+            "--log-format",
+            "json",
+        ]),
+        "panel_listening",
+    )
 }
 
 fn screenshots() -> PathBuf {
@@ -116,7 +76,7 @@ fn an_operator_logs_in_reads_the_runs_and_cancels_a_queued_job_in_a_browser() {
     // A third waits in the queue: no worker runs now.
     let waiting = s.queue("Wait to be cancelled.", "docs");
 
-    let panel = Panel::start(&s);
+    let panel = start_panel(&s);
     let browser = Browser::start(1280, 1100);
     let shots = screenshots();
 
@@ -236,7 +196,7 @@ fn an_operator_logs_in_reads_the_runs_and_cancels_a_queued_job_in_a_browser() {
         assert!(!browser.url().contains(TOKEN));
     }
     assert_eq!(processes_with(TOKEN, 0), vec![]);
-    let log = panel.log.lock().unwrap().join("\n");
+    let log = panel.log();
     assert!(log.contains("panel_login_refused"), "{log}");
     assert!(!log.contains(TOKEN), "the token is in the panel's log");
     for name in [
