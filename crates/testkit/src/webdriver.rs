@@ -181,6 +181,25 @@ impl Browser {
         })
     }
 
+    /// The first element `css` selects once there is one: a click that submits a form or follows
+    /// a link may return before the next page is there, so a test waits for what it expects on
+    /// that page. Panics when nothing matches within 10 seconds.
+    pub fn wait_for(&self, css: &str) -> Element<'_> {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if let Some(found) = self.try_find(css) {
+                return found;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "nothing matched {css} in 10 s; the page is {}:\n{}",
+                self.url(),
+                self.text()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// Every element `css` selects.
     pub fn find_all(&self, css: &str) -> Vec<Element<'_>> {
         let found = self.call(

@@ -88,16 +88,15 @@ fn an_operator_logs_in_reads_the_runs_and_cancels_a_queued_job_in_a_browser() {
     // A wrong token is refused.
     browser.find("#token").type_text("not-the-panels-token");
     browser.find("form.login button").click();
-    assert!(
-        browser.text().contains("That is not the panel's token."),
-        "{}",
-        browser.text()
+    assert_eq!(
+        browser.wait_for("p.error").text(),
+        "That is not the panel's token."
     );
     // The right one opens the queue, where the waiting job shows with its task.
     browser.find("#token").type_text(TOKEN);
     browser.find("form.login button").click();
+    let queue = browser.wait_for("#open").text();
     assert_eq!(browser.url(), format!("{}/", panel.url));
-    let queue = browser.find("#open").text();
     assert!(
         queue.contains(&waiting)
             && queue.contains("Wait to be cancelled.")
@@ -127,10 +126,10 @@ fn an_operator_logs_in_reads_the_runs_and_cancels_a_queued_job_in_a_browser() {
     browser
         .find(&format!("a[href='/runs/{completed}']"))
         .click();
+    let servers = browser.wait_for("#servers").text();
     assert!(browser.url().ends_with(&format!("/runs/{completed}")));
     let page = browser.text();
     assert!(page.contains("All done: the README says hello."), "{page}");
-    let servers = browser.find("#servers").text();
     assert!(
         servers.contains("docs") && servers.contains("ready"),
         "{servers}"
@@ -164,7 +163,7 @@ fn an_operator_logs_in_reads_the_runs_and_cancels_a_queued_job_in_a_browser() {
     // Cancel the waiting job from the queue page.
     browser.go(&format!("{}/", panel.url));
     browser.find("#open button.danger").click();
-    let notice = browser.find("p.notice").text();
+    let notice = browser.wait_for("p.notice").text();
     assert_eq!(
         notice,
         format!("Cancelled {waiting}: it had not started; nothing was spent.")
