@@ -228,6 +228,48 @@ async fn without_the_token_only_the_login_page_is_served_and_a_wrong_token_is_re
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_shows_a_running_job_with_its_host_and_a_waiting_one_with_its_task() {
+    let s = serve().await;
+    queued_job(&s, "job-run", "fix the parser", "/srv/parser");
+    queued_job(&s, "job-wait", "update the docs", "/srv/docs");
+    let lease = s
+        .queue
+        .lease(
+            "build-host-2:4242",
+            Duration::from_secs(600),
+            SystemTime::now(),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(lease.job_id, "job-run");
+    let cookie = s.login().await;
+    let page = s.page_with("/", &cookie, "job-wait").await;
+    let open = page.split(r#"<table id="open">"#).nth(1).unwrap();
+    let open = open.split("</table>").next().unwrap();
+    let rows: Vec<&str> = open.split("<tr>").skip(2).collect();
+    assert_eq!(rows.len(), 2, "{page}");
+    let running = rows.iter().find(|r| r.contains("job-run")).unwrap();
+    for shown in [
+        "running",
+        "fix the parser",
+        "/srv/parser",
+        "build-host-2:4242",
+        "running 0 ms",
+    ] {
+        assert!(running.contains(shown), "{shown} not in {running}");
+    }
+    let waiting = rows.iter().find(|r| r.contains("job-wait")).unwrap();
+    for shown in ["queued", "update the docs", "/srv/docs", "waiting "] {
+        assert!(waiting.contains(shown), "{shown} not in {waiting}");
+    }
+    // The page refreshes itself.
+    assert!(
+        page.contains(r#"<meta http-equiv="refresh" content="5">"#),
+        "{page}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_wrong_tokens_in_a_minute_close_the_login_for_everyone() {
     let s = serve().await;
     for n in 0..20 {
