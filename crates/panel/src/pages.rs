@@ -16,7 +16,7 @@ use worker::open_jobs::Shown;
 use worker::record::{Outcome, Record, now_ms};
 
 use crate::auth::{Authed, CsrfForm, csrf_ok};
-use crate::view::{Section, dollars, frame, pill, took, when};
+use crate::view::{Section, count, dollars, frame, pill, took, when};
 use crate::{Panel, charts, transcript_view};
 
 /// Runs on one page of the list.
@@ -569,12 +569,12 @@ pub async fn health(State(panel): State<Arc<Panel>>, authed: Authed) -> Response
     let checks = tokio::task::spawn_blocking(move || checks())
         .await
         .unwrap_or_default();
-    let count = |level: &str| checks.iter().filter(|c| c.level == level).count();
+    let at = |level: &str| checks.iter().filter(|c| c.level == level).count();
     let body = html! {
         h1 { "Health" }
         p.muted {
-            "Doctor's checks, run now: " (count("ok")) " ok, " (count("warn")) " warnings, "
-            (count("fail")) " failed."
+            "Doctor's checks (run again at most every 30 s): " (at("ok")) " ok, "
+            (count(at("warn"), "warning")) ", " (at("fail")) " failed."
         }
         table #checks {
             thead { tr { th {} th { "Check" } th { "Fix" } } }

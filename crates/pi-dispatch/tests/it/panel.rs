@@ -12,24 +12,24 @@ use testkit::fake_model::Step;
 use testkit::webdriver::Browser;
 
 use crate::common::{Listening, processes_with};
-use crate::worker::{Service, stdio};
+use crate::worker::{MODEL_KEY, Service, stdio};
 
 const TOKEN: &str = "CNRY-panel-9d2f61b0c4e87a13";
 
-/// A running `pi-dispatch panel`, on a loopback port of its own.
+/// A running `pi-dispatch panel`, on a loopback port of its own, with the worker's environment
+/// (the provider's key) as its service has it: its health page is doctor's view of the worker.
 fn start_panel(s: &Service) -> Listening {
-    Listening::start(
-        s.d.command(&[
-            "panel",
-            "--listen",
-            "127.0.0.1:0",
-            "--refresh",
-            "1",
-            "--log-format",
-            "json",
-        ]),
-        "panel_listening",
-    )
+    let mut cmd = s.d.command(&[
+        "panel",
+        "--listen",
+        "127.0.0.1:0",
+        "--refresh",
+        "1",
+        "--log-format",
+        "json",
+    ]);
+    cmd.env("FAKE_API_KEY", MODEL_KEY);
+    Listening::start(cmd, "panel_listening")
 }
 
 fn screenshots() -> PathBuf {
@@ -156,8 +156,13 @@ fn an_operator_logs_in_reads_the_runs_and_cancels_a_queued_job_in_a_browser() {
 
     // The health page: doctor's checks, rendered.
     browser.go(&format!("{}/health", panel.url));
+    // Doctor's checks, as the worker would pass them: the jobs above ran.
     let checks = browser.find("#checks").text();
     assert!(checks.contains("overlay"), "{checks}");
+    assert!(
+        browser.find("p.muted").text().ends_with(" 0 failed."),
+        "{checks}"
+    );
     browser.screenshot(&shots.join("health.png"));
 
     // Cancel the waiting job from the queue page.
@@ -191,13 +196,22 @@ fn an_operator_logs_in_reads_the_runs_and_cancels_a_queued_job_in_a_browser() {
     // The token is in no page the browser was given, no address, no log line, no command line.
     for page in ["/", "/runs", &format!("/runs/{completed}"), "/health"] {
         browser.go(&format!("{}{page}", panel.url));
-        assert!(!browser.source().contains(TOKEN), "the token is in {page}");
+        let source = browser.source();
+        assert!(!source.contains(TOKEN), "the token is in {page}");
+        assert!(
+            !source.contains(MODEL_KEY),
+            "the provider's key is in {page}"
+        );
         assert!(!browser.url().contains(TOKEN));
     }
     assert_eq!(processes_with(TOKEN, 0), vec![]);
     let log = panel.log();
     assert!(log.contains("panel_login_refused"), "{log}");
     assert!(!log.contains(TOKEN), "the token is in the panel's log");
+    assert!(
+        !log.contains(MODEL_KEY),
+        "the provider's key is in the panel's log"
+    );
     for name in [
         "login",
         "queue",
