@@ -14,6 +14,7 @@ use config::settings::QueueBackend;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+mod millis;
 mod redis_queue;
 mod sqlite;
 

@@ -2,6 +2,7 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::sync::{Arc, Barrier};
+use std::time::UNIX_EPOCH;
 
 use super::*;
 use crate::Backoff;

@@ -24,10 +24,11 @@
 //! scripts name keys they compute.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use redis::{Connection, RedisError, Script, Value};
 
+use crate::millis;
 use crate::{
     Cancel, Config, DoneJob, End, Lease, LeaseState, LostJob, OpenJob, OpenState, Queue,
     QueueError, RetryDecision, Status,
@@ -557,19 +558,6 @@ fn describe(e: &RedisError) -> String {
     }
 }
 
-fn ms(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-fn time(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
-}
-
-fn later(at: SystemTime, d: Duration) -> i64 {
-    ms(at).saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 fn new_token() -> String {
     let mut bytes = [0u8; 16];
     // A token need only be unique, not secret: without randomness, the time and a counter.
@@ -578,7 +566,7 @@ fn new_token() -> String {
         static N: AtomicU64 = AtomicU64::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
         bytes[..8].copy_from_slice(&n.to_le_bytes());
-        bytes[8..].copy_from_slice(&(ms(SystemTime::now()) as u64).to_le_bytes());
+        bytes[8..].copy_from_slice(&(millis::of(SystemTime::now()) as u64).to_le_bytes());
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -624,7 +612,11 @@ impl Queue for RedisQueue {
         let added: i64 = self.run(
             "enqueue a job",
             &self.scripts.enqueue,
-            &[id.to_owned(), payload.to_owned(), ms(now).to_string()],
+            &[
+                id.to_owned(),
+                payload.to_owned(),
+                millis::of(now).to_string(),
+            ],
         )?;
         Ok(added == 1)
     }
@@ -638,7 +630,7 @@ impl Queue for RedisQueue {
         const OP: &str = "lease a job";
         // One token for every try of this call: a try whose answer was lost is found again.
         let token = new_token();
-        let until = later(now, lease_for);
+        let until = millis::later(millis::of(now), lease_for);
         let lease_ms = i64::try_from(lease_for.as_millis())
             .unwrap_or(i64::MAX)
             .max(1);
@@ -646,7 +638,7 @@ impl Queue for RedisQueue {
             OP,
             &self.scripts.lease,
             &[
-                ms(now).to_string(),
+                millis::of(now).to_string(),
                 worker.to_owned(),
                 until.to_string(),
                 self.config.max_attempts.to_string(),
@@ -664,8 +656,8 @@ impl Queue for RedisQueue {
                 payload: text(row.get(1)?).unwrap_or_default(),
                 attempt: u32_of(row.get(2)?)?,
                 token: text(row.get(3)?)?,
-                queued_at: time(int(row.get(4)?)?),
-                until: time(int(row.get(5)?)?),
+                queued_at: millis::time(int(row.get(4)?)?),
+                until: millis::time(int(row.get(5)?)?),
             })
         })();
         shape(OP, lease).map(Some)
@@ -683,7 +675,7 @@ impl Queue for RedisQueue {
             &[
                 lease.job_id.clone(),
                 lease.token.clone(),
-                later(now, lease_for).to_string(),
+                millis::later(millis::of(now), lease_for).to_string(),
             ],
         )?;
         Ok(renewed == 1)
@@ -696,7 +688,7 @@ impl Queue for RedisQueue {
             &[
                 lease.job_id.clone(),
                 lease.token.clone(),
-                ms(now).to_string(),
+                millis::of(now).to_string(),
             ],
         )?;
         Ok(finished == 1)
@@ -711,7 +703,7 @@ impl Queue for RedisQueue {
             &[
                 lease.job_id.clone(),
                 lease.token.clone(),
-                ms(now).to_string(),
+                millis::of(now).to_string(),
                 self.config.max_attempts.to_string(),
                 backoff.first.as_millis().to_string(),
                 backoff.cap.as_millis().to_string(),
@@ -722,7 +714,7 @@ impl Queue for RedisQueue {
             "notheld" => Ok(RetryDecision::NotHeld),
             "exhausted" => Ok(RetryDecision::Exhausted),
             _ => Ok(RetryDecision::Requeued {
-                available_at: time(shape(OP, row.get(1).and_then(int))?),
+                available_at: millis::time(shape(OP, row.get(1).and_then(int))?),
             }),
         }
     }
@@ -732,7 +724,10 @@ impl Queue for RedisQueue {
         let answer: Value = self.run(
             OP,
             &self.scripts.take_lost,
-            &[ms(now).to_string(), self.config.max_attempts.to_string()],
+            &[
+                millis::of(now).to_string(),
+                self.config.max_attempts.to_string(),
+            ],
         )?;
         shape(OP, items(&answer))?
             .iter()
@@ -751,7 +746,7 @@ impl Queue for RedisQueue {
 
     fn status(&self, now: SystemTime, recent_done: usize) -> Result<Status, QueueError> {
         const OP: &str = "read the queue's status";
-        let now = ms(now);
+        let now = millis::of(now);
         // Lua's numbers are doubles: a count past 2^32 is all of them anyway.
         let recent = recent_done.min(u32::MAX as usize);
         let answer: Value = self.run(OP, &self.scripts.status, &[recent.to_string()])?;
@@ -766,7 +761,7 @@ impl Queue for RedisQueue {
                         let available_at = int(row.get(4)?)?;
                         if available_at > now {
                             OpenState::Waiting {
-                                until: time(available_at),
+                                until: millis::time(available_at),
                             }
                         } else {
                             OpenState::Queued
@@ -774,8 +769,8 @@ impl Queue for RedisQueue {
                     }
                     "leased" => OpenState::Leased {
                         worker: text(row.get(5)?).unwrap_or_default(),
-                        until: time(int(row.get(6)?)?),
-                        since: time(int(row.get(9)?)?),
+                        until: millis::time(int(row.get(6)?)?),
+                        since: millis::time(int(row.get(9)?)?),
                     },
                     _ => OpenState::Lost,
                 };
@@ -783,7 +778,7 @@ impl Queue for RedisQueue {
                     id: text(row.first()?)?,
                     state,
                     attempt: u32_of(row.get(2)?)?,
-                    queued_at: time(int(row.get(3)?)?),
+                    queued_at: millis::time(int(row.get(3)?)?),
                     payload: text(row.get(7)?).unwrap_or_default(),
                     cancel_requested: int(row.get(8)?)? == 1,
                 })
@@ -798,7 +793,7 @@ impl Queue for RedisQueue {
                 Some(DoneJob {
                     id: text(row.first()?)?,
                     attempt: u32_of(row.get(1)?)?,
-                    finished_at: time(int(row.get(2)?)?),
+                    finished_at: millis::time(int(row.get(2)?)?),
                     end: match text(row.get(3)?)?.as_str() {
                         "finished" => End::Finished,
                         "exhausted" => End::Exhausted,
@@ -823,7 +818,7 @@ impl Queue for RedisQueue {
         jobs: &[(String, String)],
         now: SystemTime,
     ) -> Result<bool, QueueError> {
-        let mut args = vec![key.to_owned(), ms(now).to_string()];
+        let mut args = vec![key.to_owned(), millis::of(now).to_string()];
         for (id, payload) in jobs {
             args.push(id.clone());
             args.push(payload.clone());
@@ -836,7 +831,7 @@ impl Queue for RedisQueue {
         let pruned: i64 = self.run(
             "prune done jobs",
             &self.scripts.prune,
-            &[ms(before).to_string()],
+            &[millis::of(before).to_string()],
         )?;
         Ok(usize::try_from(pruned).unwrap_or(0))
     }
@@ -846,7 +841,7 @@ impl Queue for RedisQueue {
         let answer: Value = self.run(
             OP,
             &self.scripts.cancel,
-            &[id.to_owned(), ms(now).to_string()],
+            &[id.to_owned(), millis::of(now).to_string()],
         )?;
         let row = shape(OP, items(&answer))?;
         Ok(match shape(OP, row.first().and_then(text))?.as_str() {
@@ -882,7 +877,7 @@ impl Queue for RedisQueue {
             &[
                 lease.job_id.clone(),
                 lease.token.clone(),
-                ms(now).to_string(),
+                millis::of(now).to_string(),
             ],
         )?;
         Ok(released == 1)

@@ -5,11 +5,12 @@ use std::fs::{DirBuilder, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ValueRef};
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 
+use crate::millis;
 use crate::{
     Cancel, Config, DoneJob, End, Lease, LeaseState, LostJob, OpenJob, OpenState, Queue,
     QueueError, RetryDecision, Status,
@@ -223,7 +224,7 @@ fn set_wal(conn: &Connection) -> rusqlite::Result<String> {
 
 impl Queue for SqliteQueue {
     fn enqueue(&self, id: &str, payload: &str, now: SystemTime) -> Result<bool, QueueError> {
-        let now = millis(now);
+        let now = millis::of(now);
         let added = self
             .conn()
             .execute(
@@ -242,25 +243,28 @@ impl Queue for SqliteQueue {
         now: SystemTime,
     ) -> Result<Option<Lease>, QueueError> {
         let err = sqlite("lease a job");
-        let until = later(millis(now), lease_for);
+        let until = millis::later(millis::of(now), lease_for);
         let mut conn = self.conn();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(err)?;
-        tx.execute(SWEEP_LOST, params![millis(now), self.config.max_attempts])
-            .map_err(err)?;
+        tx.execute(
+            SWEEP_LOST,
+            params![millis::of(now), self.config.max_attempts],
+        )
+        .map_err(err)?;
         let lease = tx
             .query_row(
                 TAKE_NEXT,
-                params![millis(now), worker, until, self.config.max_attempts],
+                params![millis::of(now), worker, until, self.config.max_attempts],
                 |row| {
                     Ok(Lease {
                         job_id: row.get(0)?,
                         payload: row.get(1)?,
                         attempt: row.get(2)?,
                         token: row.get(3)?,
-                        until: time(until),
-                        queued_at: time(row.get(4)?),
+                        until: millis::time(until),
+                        queued_at: millis::time(row.get(4)?),
                     })
                 },
             )
@@ -281,7 +285,11 @@ impl Queue for SqliteQueue {
             .execute(
                 "UPDATE jobs SET leased_until = ?3
                  WHERE id = ?1 AND token = ?2 AND state = 'leased'",
-                params![lease.job_id, lease.token, later(millis(now), lease_for)],
+                params![
+                    lease.job_id,
+                    lease.token,
+                    millis::later(millis::of(now), lease_for)
+                ],
             )
             .map_err(sqlite("renew a lease"))?;
         Ok(changed == 1)
@@ -294,7 +302,7 @@ impl Queue for SqliteQueue {
                 "UPDATE jobs SET state = 'done', outcome = 'finished', finished_at = ?3,
                      payload = '', token = NULL, leased_until = NULL
                  WHERE id = ?1 AND token = ?2 AND state = 'leased'",
-                params![lease.job_id, lease.token, millis(now)],
+                params![lease.job_id, lease.token, millis::of(now)],
             )
             .map_err(sqlite("finish a job"))?;
         Ok(changed == 1)
@@ -302,7 +310,7 @@ impl Queue for SqliteQueue {
 
     fn retry(&self, lease: &Lease, now: SystemTime) -> Result<RetryDecision, QueueError> {
         let err = sqlite("retry a job");
-        let now = millis(now);
+        let now = millis::of(now);
         let mut conn = self.conn();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -318,7 +326,7 @@ impl Queue for SqliteQueue {
         let decision = match attempt {
             None => RetryDecision::NotHeld,
             Some(attempt) if attempt < self.config.max_attempts => {
-                let available_at = later(now, self.config.backoff.after(attempt));
+                let available_at = millis::later(now, self.config.backoff.after(attempt));
                 tx.execute(
                     "UPDATE jobs SET state = 'queued', available_at = ?2,
                          worker = NULL, token = NULL, leased_until = NULL
@@ -327,7 +335,7 @@ impl Queue for SqliteQueue {
                 )
                 .map_err(err)?;
                 RetryDecision::Requeued {
-                    available_at: time(available_at),
+                    available_at: millis::time(available_at),
                 }
             }
             Some(_) => {
@@ -347,7 +355,7 @@ impl Queue for SqliteQueue {
 
     fn take_lost(&self, now: SystemTime) -> Result<Vec<LostJob>, QueueError> {
         let err = sqlite("take the lost jobs");
-        let now = millis(now);
+        let now = millis::of(now);
         let mut conn = self.conn();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -387,7 +395,7 @@ impl Queue for SqliteQueue {
 
     fn status(&self, now: SystemTime, recent_done: usize) -> Result<Status, QueueError> {
         let err = sqlite("read the queue's status");
-        let now = millis(now);
+        let now = millis::of(now);
         let mut conn = self.conn();
         // One read transaction: the three reads see the same moment.
         let tx = conn.transaction().map_err(err)?;
@@ -406,7 +414,7 @@ impl Queue for SqliteQueue {
                             let available_at: i64 = row.get(4)?;
                             if available_at > now {
                                 OpenState::Waiting {
-                                    until: time(available_at),
+                                    until: millis::time(available_at),
                                 }
                             } else {
                                 OpenState::Queued
@@ -414,8 +422,8 @@ impl Queue for SqliteQueue {
                         }
                         Stored::Leased => OpenState::Leased {
                             worker: row.get::<_, Option<String>>(5)?.unwrap_or_default(),
-                            until: time(row.get(6)?),
-                            since: time(row.get::<_, Option<i64>>(9)?.unwrap_or(0)),
+                            until: millis::time(row.get(6)?),
+                            since: millis::time(row.get::<_, Option<i64>>(9)?.unwrap_or(0)),
                         },
                         // Done rows are not selected.
                         Stored::Lost | Stored::Done => OpenState::Lost,
@@ -424,7 +432,7 @@ impl Queue for SqliteQueue {
                         id: row.get(0)?,
                         state,
                         attempt: row.get(2)?,
-                        queued_at: time(row.get(3)?),
+                        queued_at: millis::time(row.get(3)?),
                         payload: row.get(7)?,
                         cancel_requested: row.get(8)?,
                     })
@@ -452,7 +460,7 @@ impl Queue for SqliteQueue {
                     Ok(DoneJob {
                         id: row.get(0)?,
                         attempt: row.get(1)?,
-                        finished_at: time(row.get(2)?),
+                        finished_at: millis::time(row.get(2)?),
                         end: row.get(3)?,
                     })
                 })
@@ -473,7 +481,7 @@ impl Queue for SqliteQueue {
         jobs: &[(String, String)],
         now: SystemTime,
     ) -> Result<bool, QueueError> {
-        let now = millis(now);
+        let now = millis::of(now);
         let mut conn = self.conn();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -500,7 +508,7 @@ impl Queue for SqliteQueue {
     }
 
     fn prune_done(&self, before: SystemTime) -> Result<usize, QueueError> {
-        let before = millis(before);
+        let before = millis::of(before);
         let mut conn = self.conn();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -519,7 +527,7 @@ impl Queue for SqliteQueue {
 
     fn cancel(&self, id: &str, now: SystemTime) -> Result<Cancel, QueueError> {
         let err = sqlite("cancel a job");
-        let now = millis(now);
+        let now = millis::of(now);
         let mut conn = self.conn();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -594,7 +602,7 @@ impl Queue for SqliteQueue {
                 "UPDATE jobs SET state = 'queued', available_at = ?3, attempt = max(attempt - 1, 0),
                      worker = NULL, token = NULL, leased_until = NULL
                  WHERE id = ?1 AND token = ?2 AND state = 'leased'",
-                params![lease.job_id, lease.token, millis(now)],
+                params![lease.job_id, lease.token, millis::of(now)],
             )
             .map_err(sqlite("hand a job back"))?;
         Ok(changed == 1)
@@ -642,22 +650,6 @@ fn user_version(conn: &Connection) -> rusqlite::Result<i64> {
 
 fn sqlite(op: &'static str) -> impl Fn(rusqlite::Error) -> QueueError + Copy {
     move |source| QueueError::Sqlite { op, source }
-}
-
-/// `t` as unix milliseconds, as the file stores times (0 before 1970).
-fn millis(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// Unix milliseconds `ms` as a time (1970 for a negative value).
-fn time(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
-}
-
-/// `d` after `ms`, in milliseconds.
-fn later(ms: i64, d: Duration) -> i64 {
-    ms.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 #[cfg(test)]
