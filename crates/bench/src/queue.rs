@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, ensure};
-use queue::{Queue as _, SqliteQueue};
+use queue::{Queue, SqliteQueue};
 use serde_json::{Value, json};
 
 /// Long enough that no lease lapses during the drain.
@@ -22,11 +22,8 @@ pub struct QueueFigures {
     per_worker: Vec<usize>,
 }
 
-/// Enqueues `jobs` (id, payload) in order, then drains them with `workers` threads.
-pub fn measure(jobs: &[(String, String)], workers: u32) -> anyhow::Result<QueueFigures> {
-    let dir = tempfile::tempdir().context("cannot make a temporary folder")?;
-    let path = dir.path().join("state/queue.sqlite3");
-    let queue = SqliteQueue::open(&path)?;
+/// Enqueues `jobs` (id, payload) in order, each now; how long that took.
+pub fn enqueue_all(queue: &dyn Queue, jobs: &[(String, String)]) -> anyhow::Result<Duration> {
     let start = Instant::now();
     for (id, payload) in jobs {
         ensure!(
@@ -34,7 +31,15 @@ pub fn measure(jobs: &[(String, String)], workers: u32) -> anyhow::Result<QueueF
             "job {id} was not added"
         );
     }
-    let enqueue = start.elapsed();
+    Ok(start.elapsed())
+}
+
+/// Enqueues `jobs` (id, payload) in order, then drains them with `workers` threads.
+pub fn measure(jobs: &[(String, String)], workers: u32) -> anyhow::Result<QueueFigures> {
+    let dir = tempfile::tempdir().context("cannot make a temporary folder")?;
+    let path = dir.path().join("state/queue.sqlite3");
+    let queue = SqliteQueue::open(&path)?;
+    let enqueue = enqueue_all(&queue, jobs)?;
 
     let handles = (0..workers)
         .map(|_| SqliteQueue::open(&path))

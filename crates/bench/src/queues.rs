@@ -96,14 +96,7 @@ fn run_one(
 ) -> anyhow::Result<Row> {
     let store = store(backend)?;
     let queue = (store.open)()?;
-    let start = Instant::now();
-    for (id, payload) in jobs {
-        ensure!(
-            queue.enqueue(id, payload, SystemTime::now())?,
-            "job {id} was not added"
-        );
-    }
-    let enqueue = start.elapsed();
+    let enqueue = crate::queue::enqueue_all(&*queue, jobs)?;
     let handles = (0..workers)
         .map(|_| (store.open)())
         .collect::<anyhow::Result<Vec<_>>>()?;
