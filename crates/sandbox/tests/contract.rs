@@ -8,17 +8,21 @@
 use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sandbox::backend::{Backend, Bubblewrap, JobSpec, Network, RunningJob};
 use sandbox::bwrap::{self, Ending};
-use sandbox::env::{self, JobEnv, Parts};
+use sandbox::env::JobEnv;
 use sandbox::podman::{Limits, Podman};
-use sandbox::secrets::Secret;
 use tempfile::TempDir;
 use tokio::io::AsyncReadExt;
 
 /// No test waits longer than this for a job.
+mod common;
+use common::{eventually, job_env, marker};
+
+/// The id the jobs of this suite run under.
+const JOB_ID: &str = "job-contract";
 const BOUND: Duration = Duration::from_secs(90);
 
 /// The user a job's files belong to on the host.
@@ -119,26 +123,6 @@ impl Fixture {
     }
 }
 
-/// A job environment: `PATH` and the given variables (as `run.secrets`), besides the base ones.
-fn job_env(vars: &[(&str, &str)]) -> JobEnv {
-    let secrets: Vec<(String, Secret)> = vars
-        .iter()
-        .map(|(n, v)| ((*n).to_owned(), Secret::new(*v)))
-        .collect();
-    let computed = vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())];
-    env::build(
-        &Parts {
-            provider: Some("openai"),
-            model: Some("gpt-test"),
-            secrets: &secrets,
-            computed: &computed,
-            ..Parts::new("job-contract", "/tmp")
-        },
-        &|_| None,
-    )
-    .unwrap()
-}
-
 struct Output {
     ending: Ending,
     stdout: String,
@@ -188,33 +172,12 @@ async fn finish(job: &mut dyn RunningJob, limit: Duration) -> Output {
         .expect("the job ends")
 }
 
-fn marker(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{test}-{}-{nanos}", std::process::id())
-}
-
 /// Live host processes whose environment holds `CONTRACT_MARK=mark`.
 fn marked(mark: &str) -> Vec<u32> {
     testkit::processes_with(&format!("CONTRACT_MARK={mark}"))
         .into_iter()
         .map(|(pid, _)| pid)
         .collect()
-}
-
-async fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Each test, once a backend.
@@ -252,7 +215,7 @@ async fn the_root_and_job_folders_are_read_only_and_the_workspace_writable(kind:
         echo work > /workspace/made && echo "workspace ok"
         echo t > /tmp/t && ls -A /tmp
     "#;
-    let out = run(kind, &fx.spec(script, Network::None), &job_env(&[])).await;
+    let out = run(kind, &fx.spec(script, Network::None), &job_env(JOB_ID, &[])).await;
     assert!(out.success(), "{:?} {}", out.ending, out.stderr);
     assert!(!out.stdout.contains("WROTE"), "{}", out.stdout);
     assert!(out.stdout.contains("the prompt"), "{}", out.stdout);
@@ -272,7 +235,7 @@ async fn the_root_and_job_folders_are_read_only_and_the_workspace_writable(kind:
 async fn the_job_is_unprivileged_with_no_capability(kind: Kind) {
     let fx = Fixture::new();
     let script = "id -u; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs):' /proc/self/status";
-    let out = run(kind, &fx.spec(script, Network::None), &job_env(&[])).await;
+    let out = run(kind, &fx.spec(script, Network::None), &job_env(JOB_ID, &[])).await;
     assert!(out.success(), "{}", out.stderr);
     let mut lines = out.stdout.lines();
     assert_ne!(lines.next(), Some("0"), "the job runs as root");
@@ -290,7 +253,7 @@ async fn the_job_is_unprivileged_with_no_capability(kind: Kind) {
 async fn the_job_has_its_own_pid_namespace_and_no_network(kind: Kind) {
     let fx = Fixture::new();
     let script = "ls /proc | grep -c '^[0-9][0-9]*$'; tail -n +3 /proc/net/dev | cut -d: -f1";
-    let out = run(kind, &fx.spec(script, Network::None), &job_env(&[])).await;
+    let out = run(kind, &fx.spec(script, Network::None), &job_env(JOB_ID, &[])).await;
     assert!(out.success(), "{}", out.stderr);
     let mut lines = out.stdout.lines();
     let pids: usize = lines.next().unwrap().trim().parse().unwrap();
@@ -298,7 +261,7 @@ async fn the_job_has_its_own_pid_namespace_and_no_network(kind: Kind) {
     let interfaces: Vec<&str> = lines.map(str::trim).collect();
     assert_eq!(interfaces, ["lo"], "{}", out.stdout);
     // Sharing the host's network, it sees the host's interfaces.
-    let out = run(kind, &fx.spec(script, Network::Host), &job_env(&[])).await;
+    let out = run(kind, &fx.spec(script, Network::Host), &job_env(JOB_ID, &[])).await;
     let host_interfaces = std::fs::read_to_string("/proc/net/dev")
         .unwrap()
         .lines()
@@ -315,7 +278,7 @@ async fn the_job_has_its_own_pid_namespace_and_no_network(kind: Kind) {
 async fn the_environment_is_exactly_the_map_and_on_no_command_line(kind: Kind) {
     const CANARY: &str = "CNRY-contract-value-71c4";
     let fx = Fixture::new();
-    let env = job_env(&[("DOCS_TOKEN", CANARY)]);
+    let env = job_env(JOB_ID, &[("DOCS_TOKEN", CANARY)]);
     let backend = backend(kind);
     // While it runs: every command line on the host, and the engine's record of the container.
     let mut job = backend
@@ -434,7 +397,7 @@ fn containers_of(id: &str) -> Vec<String> {
 async fn the_time_limit_kills_the_whole_tree(kind: Kind) {
     let fx = Fixture::new();
     let mark = marker("limit");
-    let env = job_env(&[("CONTRACT_MARK", &mark)]);
+    let env = job_env(JOB_ID, &[("CONTRACT_MARK", &mark)]);
     let out = run_for(
         kind,
         &fx.spec("sleep 300 & sleep 300", Network::None),
@@ -452,7 +415,7 @@ async fn the_time_limit_kills_the_whole_tree(kind: Kind) {
 async fn a_dropped_job_is_ended(kind: Kind) {
     let fx = Fixture::new();
     let mark = marker("dropped");
-    let env = job_env(&[("CONTRACT_MARK", &mark)]);
+    let env = job_env(JOB_ID, &[("CONTRACT_MARK", &mark)]);
     let backend = backend(kind);
     let job = backend
         .start(&fx.spec("sleep 300 & sleep 300", Network::None), &env)
@@ -483,7 +446,7 @@ async fn helper_worker_holding_a_job() {
         Kind::Bubblewrap
     };
     let fx = Fixture::new_in(Path::new(&dir));
-    let env = job_env(&[("CONTRACT_MARK", &mark)]);
+    let env = job_env(JOB_ID, &[("CONTRACT_MARK", &mark)]);
     let backend = backend(kind);
     let _job = backend
         .start(&fx.spec("sleep 1000 & sleep 1000", Network::None), &env)
@@ -535,7 +498,12 @@ async fn a_podman_jobs_pids_and_memory_are_limited() {
     let script = "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max; \
                   cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max; \
                   grep -E '^Max (open files|processes)' /proc/self/limits | tr -s ' ' | cut -d' ' -f4";
-    let out = run(Kind::Podman, &fx.spec(script, Network::None), &job_env(&[])).await;
+    let out = run(
+        Kind::Podman,
+        &fx.spec(script, Network::None),
+        &job_env(JOB_ID, &[]),
+    )
+    .await;
     assert!(out.success(), "{}", out.stderr);
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(

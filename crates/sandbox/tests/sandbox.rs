@@ -9,12 +9,16 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use sandbox::bwrap::{self, Bind, Ending, NOBODY, Sandbox, SandboxSpec};
-use sandbox::env::{self, JobEnv, Parts};
-use sandbox::secrets::Secret;
+use sandbox::env::JobEnv;
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// No test waits longer than this for a job.
+mod common;
+use common::{eventually, job_env, marker};
+
+/// The id the jobs of this suite run under.
+const JOB_ID: &str = "job-test";
 const BOUND: Duration = Duration::from_secs(60);
 
 fn bwrap_path() -> &'static Path {
@@ -107,26 +111,6 @@ impl Fixture {
     }
 }
 
-/// A job environment: `PATH` and the given variables (as `run.secrets`), besides the base ones.
-fn job_env(vars: &[(&str, &str)]) -> JobEnv {
-    let secrets: Vec<(String, Secret)> = vars
-        .iter()
-        .map(|(n, v)| ((*n).to_owned(), Secret::new(*v)))
-        .collect();
-    let computed = vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())];
-    env::build(
-        &Parts {
-            provider: Some("openai"),
-            model: Some("gpt-test"),
-            secrets: &secrets,
-            computed: &computed,
-            ..Parts::new("job-test", "/tmp")
-        },
-        &|_| None,
-    )
-    .unwrap()
-}
-
 struct Output {
     status: ExitStatus,
     stdout: String,
@@ -162,15 +146,6 @@ async fn finish(sandbox: &mut Sandbox) -> Output {
     tokio::time::timeout(BOUND, work)
         .await
         .expect("the job ends")
-}
-
-/// A marker no other test uses, for finding a job's processes by their environment.
-fn marker(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{test}-{}-{nanos}", std::process::id())
 }
 
 /// Live host processes whose environment holds `NAME=value`.
@@ -210,19 +185,6 @@ async fn running(mark: &str, n: usize) -> bool {
 }
 
 /// Polls until `f` holds, for at most `within`.
-async fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn the_system_and_job_folders_are_read_only_and_the_workspace_writable() {
     let fx = Fixture::new(NOBODY, NOBODY);
@@ -235,7 +197,7 @@ async fn the_system_and_job_folders_are_read_only_and_the_workspace_writable() {
         /opt/pi-dispatch-image/hello
         pwd
     "#;
-    let out = run(&fx.spec(script), &job_env(&[])).await;
+    let out = run(&fx.spec(script), &job_env(JOB_ID, &[])).await;
     assert!(out.status.success(), "{}", out.stderr);
     assert_eq!(
         out.stdout,
@@ -268,7 +230,7 @@ async fn a_deployment_under_a_folder_the_job_user_cannot_enter_still_runs() {
     let fx = Fixture::new_in(closed.path(), NOBODY, NOBODY);
     let script = "id -u; cat /job/prompt.md /opt/pi-global/mcp.json /opt/extra/note; \
                   /opt/pi-dispatch-image/hello; echo job > /workspace/out && echo written";
-    let out = run(&fx.spec(script), &job_env(&[])).await;
+    let out = run(&fx.spec(script), &job_env(JOB_ID, &[])).await;
     assert!(out.status.success(), "{}", out.stderr);
     assert_eq!(
         out.stdout,
@@ -289,7 +251,7 @@ async fn a_folder_that_is_a_link_is_not_followed() {
         job_dir: link,
         ..fx.spec("true")
     };
-    match bwrap::spawn(bwrap_path(), &spec, &job_env(&[])).await {
+    match bwrap::spawn(bwrap_path(), &spec, &job_env(JOB_ID, &[])).await {
         Err(e @ bwrap::SpawnError::Open { .. }) => {
             assert!(
                 e.to_string().starts_with("the job folder cannot be opened"),
@@ -310,7 +272,7 @@ async fn tmp_is_empty_and_private() {
     let script = format!(
         "ls -A /tmp; echo end; echo inside > /tmp/inside-{mark} && echo wrote; test -e /tmp/host-{mark} || echo no-host-file"
     );
-    let out = run(&fx.spec(&script), &job_env(&[])).await;
+    let out = run(&fx.spec(&script), &job_env(JOB_ID, &[])).await;
     assert!(out.status.success(), "{}", out.stderr);
     assert_eq!(out.stdout, "end\nwrote\nno-host-file\n");
     assert!(!Path::new("/tmp").join(format!("inside-{mark}")).exists());
@@ -321,7 +283,7 @@ async fn tmp_is_empty_and_private() {
 async fn the_job_runs_unprivileged_with_no_capabilities() {
     let fx = Fixture::new(NOBODY, NOBODY);
     let script = "id -u; id -g; grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status";
-    let out = run(&fx.spec(script), &job_env(&[])).await;
+    let out = run(&fx.spec(script), &job_env(JOB_ID, &[])).await;
     assert!(out.status.success(), "{}", out.stderr);
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines[..2], ["65534", "65534"]);
@@ -347,7 +309,7 @@ async fn the_job_user_is_configurable() {
         gid,
         ..fx.spec("id -u; id -g; touch /workspace/mine")
     };
-    let out = run(&spec, &job_env(&[])).await;
+    let out = run(&spec, &job_env(JOB_ID, &[])).await;
     assert!(out.status.success(), "{}", out.stderr);
     assert_eq!(out.stdout, "4242\n4343\n");
     if is_root() {
@@ -360,7 +322,7 @@ async fn the_job_user_is_configurable() {
 async fn the_job_has_its_own_pid_namespace() {
     let fx = Fixture::new(NOBODY, NOBODY);
     let script = "echo $$; for p in /proc/[0-9]*; do echo ${p#/proc/}; done";
-    let mut sandbox = bwrap::spawn(bwrap_path(), &fx.spec(script), &job_env(&[]))
+    let mut sandbox = bwrap::spawn(bwrap_path(), &fx.spec(script), &job_env(JOB_ID, &[]))
         .await
         .unwrap();
     let init = sandbox
@@ -394,7 +356,7 @@ async fn the_network_is_the_hosts_only_when_shared() {
         "grep -c : /proc/net/dev; if bash -c 'echo hello > /dev/tcp/127.0.0.1/{port}' 2>/dev/null; then echo reached; else echo unreachable; fi"
     );
 
-    let own = run(&fx.spec(&script), &job_env(&[])).await;
+    let own = run(&fx.spec(&script), &job_env(JOB_ID, &[])).await;
     assert!(own.status.success(), "{}", own.stderr);
     // Only the sandbox's own loopback, and the host's listener out of reach.
     assert_eq!(own.stdout, "1\nunreachable\n");
@@ -404,7 +366,7 @@ async fn the_network_is_the_hosts_only_when_shared() {
         host: None,
         ..fx.spec(&script)
     };
-    let out = run(&shared, &job_env(&[])).await;
+    let out = run(&shared, &job_env(JOB_ID, &[])).await;
     assert!(out.status.success(), "{}", out.stderr);
     assert!(out.stdout.ends_with("reached\n"), "{}", out.stdout);
     let got = tokio::time::timeout(BOUND, accept).await.unwrap().unwrap();
@@ -431,7 +393,7 @@ async fn with_no_network_of_its_own_the_job_has_loopback_no_nameserver_and_its_s
         my $u = IO::Socket::UNIX->new(Peer => "/job/egress.sock") or die "unix: $!";
         print scalar <$u>;'
         printf 'resolv.conf: %s bytes\n' "$(wc -c < /etc/resolv.conf)""#;
-    let out = run(&fx.spec(script), &job_env(&[])).await;
+    let out = run(&fx.spec(script), &job_env(JOB_ID, &[])).await;
     assert!(out.status.success(), "{}", out.stderr);
     let system = bwrap::host_system();
     let hidden = system
@@ -458,7 +420,7 @@ async fn with_no_network_of_its_own_the_job_has_loopback_no_nameserver_and_its_s
             host: None,
             ..fx.spec("cat /etc/resolv.conf")
         };
-        let out = run(&shared, &job_env(&[])).await;
+        let out = run(&shared, &job_env(JOB_ID, &[])).await;
         assert!(out.status.success(), "{}", out.stderr);
         assert_eq!(
             out.stdout,
@@ -470,12 +432,15 @@ async fn with_no_network_of_its_own_the_job_has_loopback_no_nameserver_and_its_s
 #[tokio::test]
 async fn the_environment_is_exactly_the_map() {
     let fx = Fixture::new(NOBODY, NOBODY);
-    let env = job_env(&[
-        ("DOCS_TOKEN", "a value with spaces, = signs and 'quotes'"),
-        ("MULTI_LINE", "line one\nline two"),
-        ("UNICODE", "clé ✓"),
-        ("DASHES", "--setenv X y"),
-    ]);
+    let env = job_env(
+        JOB_ID,
+        &[
+            ("DOCS_TOKEN", "a value with spaces, = signs and 'quotes'"),
+            ("MULTI_LINE", "line one\nline two"),
+            ("UNICODE", "clé ✓"),
+            ("DASHES", "--setenv X y"),
+        ],
+    );
     let out = run(&fx.spec("env -0"), &env).await;
     assert!(out.status.success(), "{}", out.stderr);
     let inside: BTreeMap<String, String> = out
@@ -500,7 +465,7 @@ async fn the_environment_is_exactly_the_map() {
 async fn no_value_is_in_any_command_line() {
     let fx = Fixture::new(NOBODY, NOBODY);
     let canary = format!("cnry-{}", marker("cmdline"));
-    let env = job_env(&[("DOCS_TOKEN", &canary)]);
+    let env = job_env(JOB_ID, &[("DOCS_TOKEN", &canary)]);
     // The job starts a child of its own, so that every level of the tree is looked at.
     let spec = fx.spec("sleep 30 & echo started; wait");
     let mut sandbox = bwrap::spawn(bwrap_path(), &spec, &env).await.unwrap();
@@ -542,7 +507,7 @@ async fn no_value_is_in_any_command_line() {
 async fn the_time_limit_kills_the_whole_tree() {
     let fx = Fixture::new(NOBODY, NOBODY);
     let mark = marker("limit");
-    let env = job_env(&[("SANDBOX_TEST_MARK", &mark)]);
+    let env = job_env(JOB_ID, &[("SANDBOX_TEST_MARK", &mark)]);
     // Background sleeps, one in a session of its own (out of the job's process group).
     let spec = fx.spec("sleep 1000 & setsid -f sleep 1000; sleep 1000");
     let mut sandbox = bwrap::spawn(bwrap_path(), &spec, &env).await.unwrap();
@@ -576,7 +541,7 @@ async fn the_time_limit_kills_the_whole_tree() {
 async fn a_job_that_ends_takes_its_background_processes_with_it() {
     let fx = Fixture::new(NOBODY, NOBODY);
     let mark = marker("ends");
-    let env = job_env(&[("SANDBOX_TEST_MARK", &mark)]);
+    let env = job_env(JOB_ID, &[("SANDBOX_TEST_MARK", &mark)]);
     let spec = fx.spec("setsid -f sleep 1000; sleep 1000 & exit 3");
     let out = run(&spec, &env).await;
     assert_eq!(out.status.code(), Some(3));
@@ -587,7 +552,7 @@ async fn a_job_that_ends_takes_its_background_processes_with_it() {
 async fn a_dropped_sandbox_is_ended() {
     let fx = Fixture::new(NOBODY, NOBODY);
     let mark = marker("drop");
-    let env = job_env(&[("SANDBOX_TEST_MARK", &mark)]);
+    let env = job_env(JOB_ID, &[("SANDBOX_TEST_MARK", &mark)]);
     let sandbox = bwrap::spawn(bwrap_path(), &fx.spec("sleep 1000 & sleep 1000"), &env)
         .await
         .unwrap();
@@ -603,7 +568,7 @@ async fn the_job_holds_only_its_standard_streams() {
     let fx = Fixture::new(NOBODY, NOBODY);
     let inherited = std::fs::File::open(&fx.extra).unwrap();
     rustix::io::fcntl_setfd(&inherited, rustix::io::FdFlags::empty()).unwrap();
-    let out = run(&fx.spec("ls /proc/$$/fd"), &job_env(&[])).await;
+    let out = run(&fx.spec("ls /proc/$$/fd"), &job_env(JOB_ID, &[])).await;
     drop(inherited);
     assert!(out.status.success(), "{}", out.stderr);
     assert_eq!(out.stdout, "0\n1\n2\n");
@@ -613,7 +578,7 @@ async fn the_job_holds_only_its_standard_streams() {
 async fn the_caller_writes_the_jobs_input_and_reads_its_output() {
     let fx = Fixture::new(NOBODY, NOBODY);
     let spec = fx.spec("read key; echo \"key:$key\"; echo problem >&2; exit 5");
-    let mut sandbox = bwrap::spawn(bwrap_path(), &spec, &job_env(&[]))
+    let mut sandbox = bwrap::spawn(bwrap_path(), &spec, &job_env(JOB_ID, &[]))
         .await
         .unwrap();
     let mut stdin = sandbox.stdin().unwrap();
@@ -637,7 +602,7 @@ async fn helper_worker_holding_a_sandbox() {
         return;
     };
     let fx = Fixture::new_in(Path::new(&dir), NOBODY, NOBODY);
-    let env = job_env(&[("SANDBOX_TEST_MARK", &mark)]);
+    let env = job_env(JOB_ID, &[("SANDBOX_TEST_MARK", &mark)]);
     let _sandbox = bwrap::spawn(bwrap_path(), &fx.spec("sleep 1000 & sleep 1000"), &env)
         .await
         .unwrap();
