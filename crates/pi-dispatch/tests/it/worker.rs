@@ -153,6 +153,21 @@ impl Service {
         serde_json::from_str(&text).unwrap()
     }
 
+    /// Queues a job, runs the worker, and insists the job completed: its id, its record, what the
+    /// model was sent last in each request, and the worker's run.
+    pub(crate) fn complete(&self, task: &str, mcp: &str) -> (String, Value, Vec<String>, Run) {
+        let id = self.queue(task, mcp);
+        let worked = self.work();
+        let record = self.record(&id);
+        let results = self.results();
+        assert_eq!(
+            record["outcome"], "completed",
+            "{record:#}\n{}\n{results:#?}",
+            worked.stderr
+        );
+        (id, record, results, worked)
+    }
+
     pub(crate) fn results(&self) -> Vec<String> {
         self.model
             .requests()
@@ -887,15 +902,7 @@ fn a_job_runs_in_a_podman_container_with_the_same_contract() {
             testkit::podman_base_image()
         ),
     );
-    let id = s.queue("Echo from a container.", "direct");
-    let worked = s.work();
-    let record = s.record(&id);
-    let results = s.results();
-    assert_eq!(
-        record["outcome"], "completed",
-        "{record:#}\n{}\n{results:#?}",
-        worked.stderr
-    );
+    let (id, record, results, worked) = s.complete("Echo from a container.", "direct");
     assert!(
         results[1].contains("Echo: from a container"),
         "{results:#?}"
@@ -994,15 +1001,7 @@ fn a_job_runs_in_the_container_image_image_build_made() {
         "{}",
         doctor.stdout
     );
-    let id = s.queue("Echo from the built image.", "direct");
-    let worked = s.work();
-    let record = s.record(&id);
-    let results = s.results();
-    assert_eq!(
-        record["outcome"], "completed",
-        "{record:#}\n{}\n{results:#?}",
-        worked.stderr
-    );
+    let (_, _, results, _) = s.complete("Echo from the built image.", "direct");
     assert!(
         results[1].contains("Echo: from the built image"),
         "{results:#?}"
