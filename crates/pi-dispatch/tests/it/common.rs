@@ -63,6 +63,26 @@ impl Deployment {
         cmd.env("HOME", self.path().join("home"));
     }
 
+    /// A deployment other users may enter (mode 0755, as a job's user needs), with `init`'s
+    /// files and the default job image built by `image install` (given `image_args` too).
+    pub fn with_image(image_args: &[&str]) -> Deployment {
+        use std::os::unix::fs::PermissionsExt as _;
+        let d = Deployment::new();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(d.run(&["init"]).code, 0);
+        d.install_image(image_args);
+        d
+    }
+
+    /// `image install` from the project's `node_modules` (with `extra` arguments); it must work.
+    pub fn install_image(&self, extra: &[&str]) {
+        let nm = node_modules();
+        let mut args = vec!["image", "install", "--from", nm.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let image = self.run(&args);
+        assert_eq!(image.code, 0, "{}", image.stderr);
+    }
+
     pub fn run(&self, args: &[&str]) -> Run {
         Run::from(self.command(args).output().unwrap())
     }

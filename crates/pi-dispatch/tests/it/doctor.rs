@@ -210,9 +210,7 @@ fn each_fix_it_prints_works() {
         }}"#,
     )
     .unwrap();
-    let nm = crate::common::node_modules();
-    let image = d.run(&["image", "install", "--from", nm.to_str().unwrap()]);
-    assert_eq!(image.code, 0, "{}", image.stderr);
+    d.install_image(&[]);
     let run = d.run(&["doctor"]);
     assert_eq!(run.code, 0, "{}", run.stdout);
     assert!(
@@ -388,9 +386,7 @@ fn the_route_to_a_declared_endpoint_no_model_uses_is_proven_through_the_proxy() 
 #[test]
 fn the_bubblewrap_check_starts_a_job_sandbox_the_way_the_worker_does() {
     let d = realistic();
-    let nm = crate::common::node_modules();
-    let image = d.run(&["image", "install", "--from", nm.to_str().unwrap()]);
-    assert_eq!(image.code, 0, "{}", image.stderr);
+    d.install_image(&[]);
     let run = d.run(&["doctor"]);
     assert!(
         run.stdout.contains(

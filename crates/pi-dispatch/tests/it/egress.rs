@@ -16,7 +16,7 @@ use testkit::fake_model::{FakeModel, Step};
 use testkit::netns::TestHost;
 
 use crate::common::{Deployment, Run, git, processes_with};
-use crate::worker::{MODEL_KEY, chmod, give_to_nobody, queued_id};
+use crate::worker::{MODEL_KEY, give_to_nobody, queued_id};
 
 /// The control socket of a deployment's proxy (the default `PI_EGRESS_PROXY_DIR`).
 fn control(d: &Deployment) -> egress::control::Client {
@@ -231,12 +231,7 @@ fn repository(d: &Deployment) -> PathBuf {
 
 #[test]
 fn a_job_whose_socket_the_proxy_will_not_open_never_runs_and_is_retried() {
-    let d = Deployment::new();
-    chmod(d.path(), 0o755);
-    assert_eq!(d.run(&["init"]).code, 0);
-    let nm = crate::common::node_modules();
-    let image = d.run(&["image", "install", "--from", nm.to_str().unwrap()]);
-    assert_eq!(image.code, 0, "{}", image.stderr);
+    let d = Deployment::with_image(&[]);
     let model = FakeModel::start(vec![Step::text("done")]);
     d.write("pi-global/models.json", &model.models_json("FAKE_API_KEY"));
     let proxy_dir = d.path().join("fake-proxy");
@@ -347,12 +342,7 @@ fn egress_on_reaches_through_the_proxy_and_nothing_directly(settings: &str) {
     dns.set_nonblocking(true).unwrap();
     let address = peer.v4.to_string();
 
-    let d = Deployment::new();
-    chmod(d.path(), 0o755);
-    assert_eq!(d.run(&["init"]).code, 0);
-    let nm = crate::common::node_modules();
-    let image = d.run(&["image", "install", "--from", nm.to_str().unwrap()]);
-    assert_eq!(image.code, 0, "{}", image.stderr);
+    let d = Deployment::with_image(&[]);
     let model = FakeModel::serve(
         peer.tcp(0),
         peer.v4.into(),

@@ -55,12 +55,7 @@ struct Host {
 
 impl Host {
     fn new(redis: &RedisServer, model: &FakeModel, extra_env: &str) -> Host {
-        let d = Deployment::new();
-        chmod(d.path(), 0o755);
-        assert_eq!(d.run(&["init"]).code, 0);
-        let nm = crate::common::node_modules();
-        let image = d.run(&["image", "install", "--from", nm.to_str().unwrap()]);
-        assert_eq!(image.code, 0, "{}", image.stderr);
+        let d = Deployment::with_image(&[]);
         let runner = d.path().join("images/pi-job/bin/pi-dispatch");
         std::fs::remove_file(&runner).unwrap();
         std::fs::write(

@@ -47,9 +47,7 @@ fn a_clean_repository_under_a_folder_its_owner_cannot_enter_is_queued() {
     }
     let (d, repo) = closed_deployment();
     // A job the worker could run: its image, a model and the model's key are there.
-    let nm = crate::common::node_modules();
-    let image = d.run(&["image", "install", "--from", nm.to_str().unwrap()]);
-    assert_eq!(image.code, 0, "{}", image.stderr);
+    d.install_image(&[]);
     d.write(
         "pi-global/models.json",
         r#"{"providers": {"demo": {"baseUrl": "http://127.0.0.1:9/v1", "api": "openai-completions",

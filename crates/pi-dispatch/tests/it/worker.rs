@@ -65,14 +65,7 @@ impl Service {
         env: &str,
         image_args: &[&str],
     ) -> Service {
-        let d = Deployment::new();
-        chmod(d.path(), 0o755);
-        assert_eq!(d.run(&["init"]).code, 0);
-        let nm = crate::common::node_modules();
-        let mut install = vec!["image", "install", "--from", nm.to_str().unwrap()];
-        install.extend_from_slice(image_args);
-        let image = d.run(&install);
-        assert_eq!(image.code, 0, "{}", image.stderr);
+        let d = Deployment::with_image(image_args);
         let model = FakeModel::start(script);
         let http = testkit::EverythingHttp::start();
         let overlay = json!({"mcpServers": servers(&http.url())});
