@@ -366,14 +366,19 @@ pub(crate) fn a_retried_job_waits_out_its_backoff(store: &dyn Store) {
     assert_eq!(queue.lease("w", LONG, t(400)).unwrap().unwrap().attempt, 3);
 }
 
-pub(crate) fn a_retried_job_keeps_its_place_in_line(store: &dyn Store) {
-    let queue = store.open_with(Config {
+/// The default configuration, with every retry waiting `wait`.
+fn steady_backoff(wait: Duration) -> Config {
+    Config {
         backoff: Backoff {
-            first: Duration::from_millis(100),
-            cap: Duration::from_millis(100),
+            first: wait,
+            cap: wait,
         },
         ..Config::default()
-    });
+    }
+}
+
+pub(crate) fn a_retried_job_keeps_its_place_in_line(store: &dyn Store) {
+    let queue = store.open_with(steady_backoff(Duration::from_millis(100)));
     queue.enqueue("old", "{}", t(0)).unwrap();
     let lease = queue.lease("w", LONG, t(0)).unwrap().unwrap();
     queue.enqueue("new", "{}", t(1)).unwrap();
@@ -382,13 +387,7 @@ pub(crate) fn a_retried_job_keeps_its_place_in_line(store: &dyn Store) {
 }
 
 pub(crate) fn a_retry_on_the_last_attempt_is_exhausted(store: &dyn Store) {
-    let queue = store.open_with(Config {
-        backoff: Backoff {
-            first: Duration::from_millis(100),
-            cap: Duration::from_millis(100),
-        },
-        ..Config::default()
-    });
+    let queue = store.open_with(steady_backoff(Duration::from_millis(100)));
     queue.enqueue("a", "{}", t(0)).unwrap();
     let first = queue.lease("w", LONG, t(0)).unwrap().unwrap();
     assert!(matches!(
@@ -445,10 +444,7 @@ pub(crate) fn the_queue_survives_reopening(store: &dyn Store) {
 pub(crate) fn status_shows_every_open_job_and_the_counts(store: &dyn Store) {
     let queue = store.open_with(Config {
         max_attempts: 2,
-        backoff: Backoff {
-            first: Duration::from_secs(10),
-            cap: Duration::from_secs(10),
-        },
+        ..steady_backoff(Duration::from_secs(10))
     });
     for id in ["done-1", "done-2", "lost", "waiting", "leased", "queued"] {
         queue.enqueue(id, "{}", t(0)).unwrap();
