@@ -154,8 +154,11 @@ fn without_a_socket_nothing_listens_for_the_job() {
 
 #[test]
 fn a_forwarder_port_that_cannot_be_had_fails_the_job_before_it_starts() {
-    let host = TestHost::new();
     for (taken, loopback) in [(3128, ""), (8000, "127.0.0.1:8000")] {
+        // A host for each case: the listener a case holds is copied into any child another test
+        // of this process spawns meanwhile, until that child execs, so the port can outlive the
+        // case for a moment.
+        let host = TestHost::new();
         let dir = tempfile::tempdir().unwrap();
         let options = job(
             dir.path(),
