@@ -98,16 +98,17 @@ impl Cache {
     }
 }
 
-/// Reads the records at once, then every `every`, in the runtime's blocking pool.
+/// Reads the records every `every` (or sooner when woken), in the runtime's blocking pool. The
+/// first read is the caller's, before it takes requests.
 pub fn keep_fresh(panel: Arc<Panel>, every: Duration) {
     tokio::spawn(async move {
         loop {
-            let p = panel.clone();
-            let _ = tokio::task::spawn_blocking(move || p.snapshot.refresh(&p.records)).await;
             tokio::select! {
                 () = tokio::time::sleep(every) => {}
                 () = panel.snapshot.wake.notified() => {}
             }
+            let p = panel.clone();
+            let _ = tokio::task::spawn_blocking(move || p.snapshot.refresh(&p.records)).await;
         }
     });
 }
