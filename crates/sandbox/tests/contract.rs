@@ -277,8 +277,11 @@ async fn the_job_has_its_own_pid_namespace_and_no_network(kind: Kind) {
 
 async fn the_environment_is_exactly_the_map_and_on_no_command_line(kind: Kind) {
     const CANARY: &str = "CNRY-contract-value-71c4";
+    // A job id of its own: the engine is asked about this test's container alone, never about
+    // one another test is removing meanwhile.
+    const ID: &str = "job-contract-environment";
     let fx = Fixture::new();
-    let env = job_env(JOB_ID, &[("DOCS_TOKEN", CANARY)]);
+    let env = job_env(ID, &[("DOCS_TOKEN", CANARY)]);
     let backend = backend(kind);
     // While it runs: every command line on the host, and the engine's record of the container.
     let mut job = backend
@@ -304,12 +307,16 @@ async fn the_environment_is_exactly_the_map_and_on_no_command_line(kind: Kind) {
     if kind == Kind::Podman {
         let inspect = std::process::Command::new("podman")
             .args(["inspect", "--type", "container"])
-            .args(containers_of("job-contract"))
+            .args(containers_of(ID))
             .output()
             .unwrap();
-        assert!(inspect.status.success());
+        assert!(
+            inspect.status.success(),
+            "{}",
+            String::from_utf8_lossy(&inspect.stderr)
+        );
         let text = String::from_utf8_lossy(&inspect.stdout);
-        assert!(text.contains("job-contract"), "no container was inspected");
+        assert!(text.contains(ID), "no container was inspected");
         if text.contains(CANARY) {
             leaks.push("podman inspect".to_owned());
         }
@@ -322,7 +329,7 @@ async fn the_environment_is_exactly_the_map_and_on_no_command_line(kind: Kind) {
                 "--format",
                 "{{.StaticDir}}\n{{.ConmonPidFile}}",
             ])
-            .args(containers_of("job-contract"))
+            .args(containers_of(ID))
             .output()
             .unwrap();
         let mut scanned = 0;
