@@ -199,6 +199,29 @@ pub fn podman_base_image() -> String {
             "podman import failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        remove_other_base_images(&image);
     }
     image
+}
+
+/// Removes the base images of earlier tarballs (each clone's `scripts/install` makes its own, and
+/// each is a couple of hundred MB). One still in use by a container stays: Podman refuses it.
+fn remove_other_base_images(keep: &str) {
+    let Ok(out) = Command::new("podman")
+        .args(["images", "--format", "{{.Repository}}:{{.Tag}}"])
+        .arg("localhost/pi-dispatch-test-base")
+        .output()
+    else {
+        return;
+    };
+    for other in String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|name| *name != keep)
+    {
+        let _ = Command::new("podman")
+            .args(["rmi", other])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
 }
