@@ -59,6 +59,14 @@ pub const SANDBOX_SETTING: &str = "PI_SANDBOX";
 /// runtime it runs with.
 pub const PODMAN_IMAGE_SETTING: &str = "PI_PODMAN_IMAGE";
 pub const PODMAN_RUNTIME_SETTING: &str = "PI_PODMAN_RUNTIME";
+/// What a `fix` job's work tree may hold to be published: its largest file, and all its files
+/// together, in MiB (a sparse file counts its whole size).
+pub const PUBLISH_FILE_MB_SETTING: &str = "PI_JOB_PUBLISH_FILE_MB";
+pub const PUBLISH_MB_SETTING: &str = "PI_JOB_PUBLISH_MB";
+/// GitHub refuses files over 100 MB; a repository's files together rarely pass 2 GiB.
+pub const DEFAULT_PUBLISH_FILE_MB: u64 = 100;
+pub const DEFAULT_PUBLISH_MB: u64 = 2048;
+pub const MAX_PUBLISH_MB: u64 = 1 << 20;
 /// Under a root worker, a forge job runs as `nobody` unless the operator names a user.
 pub const DEFAULT_FORGE_JOB_USER: (u32, u32) = (65534, 65534);
 
@@ -77,7 +85,7 @@ pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 29] = [
+pub const ALL: [&str; 31] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
@@ -107,6 +115,8 @@ pub const ALL: [&str; 29] = [
     SANDBOX_SETTING,
     PODMAN_IMAGE_SETTING,
     PODMAN_RUNTIME_SETTING,
+    PUBLISH_FILE_MB_SETTING,
+    PUBLISH_MB_SETTING,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -231,6 +241,9 @@ pub struct Settings {
     pub queue: QueueBackend,
     /// `PI_SANDBOX`, with `PI_PODMAN_IMAGE` and `PI_PODMAN_RUNTIME`.
     pub sandbox: SandboxBackend,
+    /// `PI_JOB_PUBLISH_FILE_MB` and `PI_JOB_PUBLISH_MB`, in bytes.
+    pub publish_file_bytes: u64,
+    pub publish_bytes: u64,
 }
 
 /// Where jobs run.
@@ -440,6 +453,13 @@ pub fn resolve(
         1,
         MAX_TIME_LIMIT_SECS,
     );
+    let publish_file_mb = number(
+        PUBLISH_FILE_MB_SETTING,
+        DEFAULT_PUBLISH_FILE_MB,
+        1,
+        MAX_PUBLISH_MB,
+    );
+    let publish_mb = number(PUBLISH_MB_SETTING, DEFAULT_PUBLISH_MB, 1, MAX_PUBLISH_MB);
     let drain_limit_secs = number(
         DRAIN_LIMIT_SETTING,
         DEFAULT_DRAIN_LIMIT_SECS,
@@ -569,6 +589,8 @@ pub fn resolve(
         forge_job_user,
         queue,
         sandbox,
+        publish_file_bytes: publish_file_mb << 20,
+        publish_bytes: publish_mb << 20,
     })
 }
 

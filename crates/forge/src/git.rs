@@ -14,6 +14,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+use crate::tree::{self, Kind, Limits, Tracked, TreeError};
+
 /// The branch of `origin.git` holding the base the job starts from.
 pub const BASE_BRANCH: &str = "pi-dispatch-base";
 
@@ -23,6 +25,9 @@ pub const BASE_BRANCH: &str = "pi-dispatch-base";
 pub enum GitError {
     #[error("git could not {op} ({why})")]
     Failed { op: &'static str, why: String },
+    /// What the job left is not published (see [`crate::tree`]).
+    #[error(transparent)]
+    Tree(#[from] TreeError),
 }
 
 fn failed(op: &'static str, why: impl Into<String>) -> GitError {
@@ -55,7 +60,13 @@ struct Git<'a> {
 
 impl Git<'_> {
     fn command(&self, args: &[&std::ffi::OsStr]) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new("git");
+        let mut cmd = tokio::process::Command::from(self.std_command(args));
+        cmd.kill_on_drop(true);
+        cmd
+    }
+
+    fn std_command(&self, args: &[&std::ffi::OsStr]) -> std::process::Command {
+        let mut cmd = std::process::Command::new("git");
         cmd.args(args)
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -69,8 +80,7 @@ impl Git<'_> {
             .env("GIT_ALLOW_PROTOCOL", "http:https:file")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         let mut config: Vec<(&str, String)> = vec![("http.followRedirects", "false".to_owned())];
         if let Some(auth) = self.authorization {
             config.push(("http.extraHeader", format!("Authorization: {auth}")));
@@ -235,8 +245,15 @@ fn give(path: &Path, (uid, gid): (u32, u32)) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The ref `git fast-import` writes a job's commit to, in the worker's repository.
+const PUBLISHED: &str = "refs/pi-dispatch/published";
+
 /// Commits the work tree's files on the base and pushes the commit to `branch` of `url`; `None`
 /// when the files are the base's (the job changed nothing).
+///
+/// The work tree is read as data ([`tree::walk`], within `limits`) and its files streamed into
+/// `git fast-import` on the worker's own repository: no git ever runs on the job's tree or its
+/// `.git`, and nothing in the tree is followed or waited on.
 pub async fn publish(
     checkout: &Checkout,
     url: &str,
@@ -244,14 +261,13 @@ pub async fn publish(
     branch: &str,
     message: &str,
     author: &Author,
+    limits: &Limits,
 ) -> Result<Option<String>, GitError> {
     let dir = checkout
         .origin
         .parent()
         .ok_or_else(|| failed("find the job's folder", "no parent"))?;
     let home = dir.join("git-home");
-    let index = dir.join("publish.index");
-    let _ = std::fs::remove_file(&index);
     let plain = Git {
         home: &home,
         authorization: None,
@@ -260,52 +276,75 @@ pub async fn publish(
         home: &home,
         authorization: Some(authorization),
     };
-    let tree_args = |rest: &[&str]| -> Vec<std::ffi::OsString> {
+    let in_origin = |rest: &[&str]| -> Vec<std::ffi::OsString> {
         [
             os("--git-dir").to_owned(),
             checkout.origin.clone().into_os_string(),
-            os("--work-tree").to_owned(),
-            checkout.workspace.clone().into_os_string(),
         ]
         .into_iter()
         .chain(rest.iter().map(|s| os(s).to_owned()))
         .collect()
     };
-    let env: Vec<(&str, &std::ffi::OsStr)> = vec![
-        ("GIT_INDEX_FILE", index.as_os_str()),
-        ("GIT_AUTHOR_NAME", os(&author.name)),
-        ("GIT_AUTHOR_EMAIL", os(&author.email)),
-        ("GIT_COMMITTER_NAME", os(&author.name)),
-        ("GIT_COMMITTER_EMAIL", os(&author.email)),
-    ];
     let run = |op: &'static str, args: Vec<std::ffi::OsString>| {
         let plain = &plain;
-        let env = &env;
         async move {
             let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-            plain.run(op, &args, env).await
+            plain.run(op, &args, &[]).await
         }
     };
-    run("read the base", tree_args(&["read-tree", BASE_BRANCH])).await?;
-    run("read the job's files", tree_args(&["add", "-A", "--", "."])).await?;
-    let tree = run("write the job's tree", tree_args(&["write-tree"])).await?;
+    let listed = {
+        let args = in_origin(&["ls-tree", "-r", "-z", "--name-only", BASE_BRANCH]);
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        let out = plain
+            .command(&args)
+            .output()
+            .await
+            .map_err(|e| failed("list the base's files", e.kind().to_string()))?;
+        if !out.status.success() {
+            return Err(failed("list the base's files", "git failed"));
+        }
+        out.stdout
+    };
+    let tracked = Tracked::from_ls_tree(&listed);
+    let base = run("read the base", in_origin(&["rev-parse", BASE_BRANCH])).await?;
+    let stream = StreamInput {
+        workspace: checkout.workspace.clone(),
+        tracked,
+        base,
+        message: message.to_owned(),
+        author: author.clone(),
+        limits: *limits,
+        import: plain.std_command(&[
+            os("--git-dir"),
+            checkout.origin.as_os_str(),
+            os("fast-import"),
+            os("--quiet"),
+            os("--force"),
+            os("--done"),
+        ]),
+    };
+    let streamed = tokio::task::spawn_blocking(move || stream.run())
+        .await
+        .map_err(|_| failed("read the job's files", "the reader stopped"))?;
+    streamed?;
+    let tree = run(
+        "read the job's tree",
+        in_origin(&["rev-parse", &format!("{PUBLISHED}^{{tree}}")]),
+    )
+    .await?;
     let base_tree = run(
         "read the base's tree",
-        tree_args(&["rev-parse", &format!("{BASE_BRANCH}^{{tree}}")]),
+        in_origin(&["rev-parse", &format!("{BASE_BRANCH}^{{tree}}")]),
     )
     .await?;
     if tree == base_tree {
         return Ok(None);
     }
-    let mut commit_args = tree_args(&["commit-tree"]);
-    commit_args.extend([
-        os(&tree).to_owned(),
-        os("-p").to_owned(),
-        os(BASE_BRANCH).to_owned(),
-        os("-m").to_owned(),
-        os(message).to_owned(),
-    ]);
-    let commit = run("commit the job's files", commit_args).await?;
+    let commit = run(
+        "read the job's commit",
+        in_origin(&["rev-parse", PUBLISHED]),
+    )
+    .await?;
     let refspec = format!("{commit}:refs/heads/{branch}");
     let push: Vec<&std::ffi::OsStr> = vec![
         os("--git-dir"),
@@ -315,8 +354,128 @@ pub async fn publish(
         os(url),
         os(&refspec),
     ];
-    authed.run("push the job's branch", &push, &env).await?;
+    authed.run("push the job's branch", &push, &[]).await?;
     Ok(Some(commit))
+}
+
+/// What the blocking half of [`publish`] needs: the tree walked and streamed into fast-import.
+struct StreamInput {
+    workspace: PathBuf,
+    tracked: Tracked,
+    base: String,
+    message: String,
+    author: Author,
+    limits: Limits,
+    import: std::process::Command,
+}
+
+impl StreamInput {
+    fn run(mut self) -> Result<(), GitError> {
+        use std::io::Write as _;
+        let started = std::time::Instant::now();
+        let items = tree::walk(&self.workspace, &self.tracked, &self.limits)?;
+        let top = rustix::fs::open(
+            &self.workspace,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::NOFOLLOW
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| {
+            failed(
+                "open the job's tree",
+                std::io::Error::from(e).kind().to_string(),
+            )
+        })?;
+        self.import
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = self.import.spawn().map_err(|e| {
+            failed(
+                "store the job's files",
+                format!("git cannot be started: {}", e.kind()),
+            )
+        })?;
+        let written = (|| -> Result<(), GitError> {
+            let stdin = child
+                .stdin
+                .take()
+                .ok_or_else(|| failed("store the job's files", "no input"))?;
+            let mut out = std::io::BufWriter::with_capacity(1 << 16, stdin);
+            let io = |e: std::io::Error| failed("store the job's files", e.kind().to_string());
+            let deadline = started + self.limits.time;
+            for (n, item) in items.iter().enumerate() {
+                if std::time::Instant::now() > deadline {
+                    return Err(TreeError::TooLarge {
+                        path: None,
+                        limit: tree::Limit::Time(self.limits.time),
+                    }
+                    .into());
+                }
+                write!(out, "blob\nmark :{}\n", n + 1).map_err(io)?;
+                match &item.kind {
+                    Kind::Link { target } => {
+                        writeln!(out, "data {}", target.len()).map_err(io)?;
+                        out.write_all(target).map_err(io)?;
+                    }
+                    Kind::File { size, .. } => {
+                        let unreadable = |kind| TreeError::Unreadable {
+                            path: tree::shown(&item.path),
+                            kind,
+                        };
+                        let (fd, now) = tree::open_file(&top, &item.path).map_err(unreadable)?;
+                        if now != *size {
+                            return Err(unreadable(std::io::ErrorKind::InvalidData).into());
+                        }
+                        writeln!(out, "data {size}").map_err(io)?;
+                        let mut file = std::io::Read::take(std::fs::File::from(fd), *size);
+                        let copied = std::io::copy(&mut file, &mut out).map_err(io)?;
+                        if copied != *size {
+                            return Err(unreadable(std::io::ErrorKind::UnexpectedEof).into());
+                        }
+                    }
+                }
+                out.write_all(b"\n").map_err(io)?;
+            }
+            let when = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let who = format!("{} <{}> {when} +0000", self.author.name, self.author.email);
+            write!(
+                out,
+                "commit {PUBLISHED}\nauthor {who}\ncommitter {who}\ndata {}\n{}\nfrom {}\ndeleteall\n",
+                self.message.len(),
+                self.message,
+                self.base
+            )
+            .map_err(io)?;
+            for (n, item) in items.iter().enumerate() {
+                let mode = match item.kind {
+                    Kind::Link { .. } => "120000",
+                    Kind::File { exec: true, .. } => "100755",
+                    Kind::File { exec: false, .. } => "100644",
+                };
+                write!(out, "M {mode} :{} ", n + 1).map_err(io)?;
+                out.write_all(&tree::quoted(&item.path)).map_err(io)?;
+                out.write_all(b"\n").map_err(io)?;
+            }
+            out.write_all(b"\ndone\n").map_err(io)?;
+            out.flush().map_err(io)
+        })();
+        if written.is_err() {
+            let _ = child.kill();
+        }
+        let status = child
+            .wait()
+            .map_err(|e| failed("store the job's files", e.kind().to_string()))?;
+        written?;
+        if !status.success() {
+            return Err(failed("store the job's files", "git fast-import failed"));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

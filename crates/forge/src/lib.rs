@@ -5,6 +5,7 @@
 pub mod api;
 pub mod git;
 pub mod token;
+pub mod tree;
 
 pub use api::{ForgeError, Forges, GithubApp, GitlabDeployment, Posted};
 pub use token::{AppKey, Token};

@@ -162,9 +162,17 @@ async fn a_clone_and_a_push_carry_the_token_only_in_a_header_and_nothing_is_merg
             email: "pi-dispatch@example.invalid".into(),
         };
         assert_eq!(
-            git::publish(&checkout, &url, &auth, "pi-dispatch/job-1", "Fix", &author)
-                .await
-                .unwrap(),
+            git::publish(
+                &checkout,
+                &url,
+                &auth,
+                "pi-dispatch/job-1",
+                "Fix",
+                &author,
+                &limits()
+            )
+            .await
+            .unwrap(),
             None
         );
         // The job changes a file and adds one; its own .git is not what is pushed.
@@ -182,6 +190,7 @@ async fn a_clone_and_a_push_carry_the_token_only_in_a_header_and_nothing_is_merg
             "pi-dispatch/job-1",
             "Fix the port",
             &author,
+            &limits(),
         )
         .await
         .unwrap();
@@ -252,6 +261,133 @@ async fn a_wrong_token_cannot_clone() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("fetch the repository"), "{err}");
+}
+
+fn limits() -> forge::tree::Limits {
+    forge::tree::Limits {
+        file_bytes: 1 << 20,
+        total_bytes: 8 << 20,
+        entries: 10_000,
+        time: std::time::Duration::from_secs(60),
+    }
+}
+
+/// A job's tree is published as data: a filter its `.git/config` and `.gitattributes` name never
+/// runs, and a gitfile whose `HEAD` is a FIFO, a gitfile naming a repository elsewhere and a
+/// sparse terabyte are refused at once, naming the path; links, executables and files with odd
+/// names are published as git would.
+#[tokio::test]
+async fn a_hostile_tree_is_read_as_data_and_refused_without_waiting() {
+    let (fake, forges) = setup();
+    let e = event(Forge::Github);
+    fake.add_repo("github", &e.repository, &[("README.md", "port 8080\n")]);
+    let token = forges.mint(&e).await.unwrap();
+    let url = forges.clone_url(&e).unwrap();
+    let auth = Forges::git_authorization(&e, &token);
+    let dir = tempfile::tempdir().unwrap();
+    let me = (
+        rustix::process::getuid().as_raw(),
+        rustix::process::getgid().as_raw(),
+    );
+    let checkout = git::clone(dir.path(), &url, "main", &auth, "pi-dispatch/job-2", me)
+        .await
+        .unwrap();
+    let ws = &checkout.workspace;
+    let marker = dir.path().join("filter-ran");
+    // The job configures a clean filter in its .git/config and names it in .gitattributes.
+    let mut config = std::fs::read_to_string(ws.join(".git/config")).unwrap();
+    config.push_str(&format!(
+        "[filter \"x\"]\n\tclean = touch {}\n[core]\n\tfsmonitor = touch {}\n",
+        marker.display(),
+        marker.display()
+    ));
+    std::fs::write(ws.join(".git/config"), config).unwrap();
+    std::fs::write(ws.join(".gitattributes"), "* filter=x\n").unwrap();
+    std::fs::write(ws.join("README.md"), "port 8780\n").unwrap();
+    std::fs::write(ws.join("odd \"name\"\n.txt"), "odd\n").unwrap();
+    std::fs::write(ws.join("run.sh"), "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(
+        ws.join("run.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("README.md", ws.join("docs")).unwrap();
+    let author = Author {
+        name: "pi-dispatch".into(),
+        email: "pi-dispatch@example.invalid".into(),
+    };
+    let limits = limits();
+    let publish = || {
+        git::publish(
+            &checkout,
+            &url,
+            &auth,
+            "pi-dispatch/job-2",
+            "Fix",
+            &author,
+            &limits,
+        )
+    };
+    // The control: this tree is published, as git would have committed it.
+    assert!(publish().await.unwrap().is_some());
+    let on = |path: &str| fake.file_on("github", &e.repository, "pi-dispatch/job-2", path);
+    assert_eq!(on("README.md").as_deref(), Some("port 8780\n"));
+    assert_eq!(on("odd \"name\"\n.txt").as_deref(), Some("odd\n"));
+    assert_eq!(
+        on("docs").as_deref(),
+        Some("README.md"),
+        "a link, as its target"
+    );
+    assert!(!marker.exists(), "the job's filter ran on the host");
+
+    // A gitfile whose HEAD is a FIFO: refused at once, nothing read from it.
+    std::fs::create_dir_all(ws.join("sub")).unwrap();
+    std::fs::create_dir_all(ws.join("x")).unwrap();
+    std::fs::write(ws.join("sub/.git"), "gitdir: ../x\n").unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        ws.join("x/HEAD"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let err = tokio::time::timeout(std::time::Duration::from_secs(30), publish())
+        .await
+        .expect("publishing waited on the FIFO")
+        .unwrap_err();
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert!(err.to_string().contains("sub/.git"), "{err}");
+    // A gitfile naming a repository elsewhere on the host: refused the same way.
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::write(
+        ws.join("sub/.git"),
+        format!("gitdir: {}\n", elsewhere.path().display()),
+    )
+    .unwrap();
+    assert!(matches!(
+        publish().await.unwrap_err(),
+        git::GitError::Tree(forge::tree::TreeError::Refused { .. })
+    ));
+    std::fs::remove_file(ws.join("sub/.git")).unwrap();
+    // The FIFO itself is refused too.
+    assert!(publish().await.unwrap_err().to_string().contains("x/HEAD"));
+    std::fs::remove_file(ws.join("x/HEAD")).unwrap();
+    // A sparse terabyte: refused by its size, before a byte of it is read.
+    let huge = std::fs::File::create(ws.join("huge.bin")).unwrap();
+    huge.set_len(1 << 40).unwrap();
+    let started = std::time::Instant::now();
+    let err = publish().await.unwrap_err();
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert!(
+        matches!(
+            &err,
+            git::GitError::Tree(forge::tree::TreeError::TooLarge { path: Some(p), .. }) if p == "huge.bin"
+        ),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the job's filter ran on the host");
 }
 
 fn assert_no_token(root: &std::path::Path, token: &str) {

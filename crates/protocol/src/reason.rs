@@ -240,6 +240,10 @@ reasons! {
         "The job's worker disappeared while it ran, on its last attempt.";
     ForgeDeliveryFailed = "forge-delivery-failed", Worker, Failed, None, false,
         "The agent finished, but its changes could not be pushed or proposed on the forge.";
+    JobOutputRefused = "job-output-refused", Worker, Policy, None, false,
+        "The job left something in its repository that pi-dispatch does not publish: a special file, a nested repository, or a link out of it.";
+    JobOutputTooLarge = "job-output-too-large", Worker, Policy, None, false,
+        "What the job left in its repository is larger than pi-dispatch publishes.";
 }
 
 impl Reason {
@@ -390,6 +394,12 @@ impl Reason {
             }
             Reason::ForgeDeliveryFailed => {
                 "check that the job's token may push a branch and open a pull request (the App's contents and pull request permissions)"
+            }
+            Reason::JobOutputRefused => {
+                "the record names the path: have the job leave only files, folders and links inside the repository (its own work tree, no FIFO, device or nested .git)"
+            }
+            Reason::JobOutputTooLarge => {
+                "the record names the limit: have the job ignore its build output in .gitignore, or raise PI_JOB_PUBLISH_FILE_MB or PI_JOB_PUBLISH_MB"
             }
             Reason::JobImageMissing => "install the job image: `pi-dispatch image install`",
             Reason::WorkspaceMissing => "point the job at an existing repository folder",

@@ -90,6 +90,10 @@ const ENV: &str = "\
 # PI_GITLAB_TOKEN=
 # The user a forge job runs as under a root worker, as UID:GID. Default: 65534:65534 (nobody).
 # PI_FORGE_JOB_USER=
+# What a fix job's work tree may hold to be published, in MiB: its largest file, and all its
+# files together (a sparse file counts its whole size). Defaults: 100 and 2048.
+# PI_JOB_PUBLISH_FILE_MB=100
+# PI_JOB_PUBLISH_MB=2048
 # The queue: sqlite (the default: state/queue.sqlite3), or one Redis shared by the workers of
 # several hosts, as redis://HOST:PORT/DB (rediss:// with TLS). Its password, if it has one, goes in
 # PI_QUEUE_PASSWORD (in the worker's environment file), never in the URL.

@@ -163,6 +163,17 @@ pub fn prompt(event: &ForgeEvent, flow: &str, base: &str) -> String {
     text
 }
 
+/// The most a `fix` job's tree may hold to be published: the operator's sizes, a million paths,
+/// and ten minutes to read them.
+pub fn publish_limits(settings: &config::settings::Settings) -> forge::tree::Limits {
+    forge::tree::Limits {
+        file_bytes: settings.publish_file_bytes,
+        total_bytes: settings.publish_bytes,
+        entries: 1_000_000,
+        time: std::time::Duration::from_secs(600),
+    }
+}
+
 /// After a completed `fix` job: the changes pushed and proposed. The record then names the pull
 /// request; a job that changed nothing proposes nothing. A push or a request that fails turns the
 /// record into `forge-delivery-failed` (the agent's work is kept in the job's clone).
@@ -171,19 +182,20 @@ pub async fn deliver_fix(
     job: &Job,
     event: &ForgeEvent,
     prepared: &Prepared,
+    limits: &forge::tree::Limits,
     record: &mut Record,
 ) {
     let branch = work_branch(&job.id);
     let authorization = Forges::git_authorization(event, &prepared.token);
     let title = format!("{} (#{})", event.title, event.number);
-    let failed = |record: &mut Record, why: String| {
-        tracing::warn!(event = "forge_delivery_failed", job_id = %job.id, detail = %why);
-        let reason = Reason::ForgeDeliveryFailed;
+    let ended = |record: &mut Record, reason: Reason, why: String| {
+        tracing::warn!(event = reason.log_event(), job_id = %job.id, reason = %reason, detail = %why);
         record.outcome = reason.outcome();
         record.reason = Some(reason);
         record.detail = Some(Detail::new(why));
         record.fix = Some(reason.fix().to_owned());
     };
+    let failed = |record: &mut Record, why: String| ended(record, Reason::ForgeDeliveryFailed, why);
     let pushed = git::publish(
         &prepared.checkout,
         &prepared.clone_url,
@@ -191,9 +203,17 @@ pub async fn deliver_fix(
         &branch,
         &title,
         &author(),
+        limits,
     )
     .await;
     match pushed {
+        Err(git::GitError::Tree(e)) => {
+            let reason = match e {
+                forge::tree::TreeError::TooLarge { .. } => Reason::JobOutputTooLarge,
+                _ => Reason::JobOutputRefused,
+            };
+            ended(record, reason, e.to_string());
+        }
         Err(e) => failed(record, e.to_string()),
         Ok(None) => {
             tracing::info!(event = "forge_nothing_changed", job_id = %job.id);

@@ -380,7 +380,8 @@ impl Worker {
             && record.outcome == protocol::reason::Outcome::Completed
             && job.flow.as_deref() == Some("fix")
         {
-            crate::forge_job::deliver_fix(&self.forges, job, event, p, record).await;
+            let limits = crate::forge_job::publish_limits(&self.settings);
+            crate::forge_job::deliver_fix(&self.forges, job, event, p, &limits, record).await;
         }
         // 7. However the job ended: its socket closed, and what the proxy refused it recorded.
         if egress {
