@@ -67,6 +67,9 @@ pub const PUBLISH_MB_SETTING: &str = "PI_JOB_PUBLISH_MB";
 pub const DEFAULT_PUBLISH_FILE_MB: u64 = 100;
 pub const DEFAULT_PUBLISH_MB: u64 = 2048;
 pub const MAX_PUBLISH_MB: u64 = 1 << 20;
+/// How long `pi-dispatch run`'s check of a folder for uncommitted changes may take, in seconds.
+pub const RUN_CHECK_SETTING: &str = "PI_RUN_CHECK_TIME_LIMIT";
+pub const DEFAULT_RUN_CHECK_SECS: u64 = 60;
 /// Under a root worker, a forge job runs as `nobody` unless the operator names a user.
 pub const DEFAULT_FORGE_JOB_USER: (u32, u32) = (65534, 65534);
 
@@ -85,7 +88,7 @@ pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 31] = [
+pub const ALL: [&str; 32] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
@@ -117,6 +120,7 @@ pub const ALL: [&str; 31] = [
     PODMAN_RUNTIME_SETTING,
     PUBLISH_FILE_MB_SETTING,
     PUBLISH_MB_SETTING,
+    RUN_CHECK_SETTING,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -244,6 +248,8 @@ pub struct Settings {
     /// `PI_JOB_PUBLISH_FILE_MB` and `PI_JOB_PUBLISH_MB`, in bytes.
     pub publish_file_bytes: u64,
     pub publish_bytes: u64,
+    /// `PI_RUN_CHECK_TIME_LIMIT`.
+    pub run_check_secs: u64,
 }
 
 /// Where jobs run.
@@ -460,6 +466,7 @@ pub fn resolve(
         MAX_PUBLISH_MB,
     );
     let publish_mb = number(PUBLISH_MB_SETTING, DEFAULT_PUBLISH_MB, 1, MAX_PUBLISH_MB);
+    let run_check_secs = number(RUN_CHECK_SETTING, DEFAULT_RUN_CHECK_SECS, 1, 3600);
     let drain_limit_secs = number(
         DRAIN_LIMIT_SETTING,
         DEFAULT_DRAIN_LIMIT_SECS,
@@ -591,6 +598,7 @@ pub fn resolve(
         sandbox,
         publish_file_bytes: publish_file_mb << 20,
         publish_bytes: publish_mb << 20,
+        run_check_secs,
     })
 }
 

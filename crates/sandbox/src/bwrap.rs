@@ -398,7 +398,7 @@ fn resolver_fd(spec: &SandboxSpec) -> i32 {
 }
 
 /// `--ro-bind DIR DIR` and `--symlink TARGET PATH` for the host's system directories.
-fn system_args(system: &[SystemPath]) -> Vec<OsString> {
+pub(crate) fn system_args(system: &[SystemPath]) -> Vec<OsString> {
     let mut a = Vec::new();
     for p in system {
         let (flag, from, to) = match p {

@@ -12,6 +12,7 @@
 pub mod backend;
 pub mod bwrap;
 pub mod env;
+pub mod isolated;
 pub mod job_env;
 pub mod podman;
 pub mod secrets;

@@ -94,6 +94,9 @@ const ENV: &str = "\
 # files together (a sparse file counts its whole size). Defaults: 100 and 2048.
 # PI_JOB_PUBLISH_FILE_MB=100
 # PI_JOB_PUBLISH_MB=2048
+# Seconds `pi-dispatch run` may take to check a folder for uncommitted changes (git runs in a
+# sandbox of its own for it; a folder it cannot check in time is not queued). Default: 60.
+# PI_RUN_CHECK_TIME_LIMIT=60
 # The queue: sqlite (the default: state/queue.sqlite3), or one Redis shared by the workers of
 # several hosts, as redis://HOST:PORT/DB (rediss:// with TLS). Its password, if it has one, goes in
 # PI_QUEUE_PASSWORD (in the worker's environment file), never in the URL.

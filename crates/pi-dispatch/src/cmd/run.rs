@@ -54,16 +54,14 @@ pub fn new_job_id(prefix: &str) -> anyhow::Result<String> {
 
 /// Whether the git work tree at `folder` has changes not committed (untracked files count).
 ///
-/// A job can write the repository, its `.git/config` included, so when this is root git runs as
-/// the folder's owner (the user the job itself runs as), with the repository's own hook for
-/// file-system monitoring switched off, no global or system configuration and no optional lock.
-/// git works from the absolute path of its folder, which the owner may not be able to walk (a
-/// repository under root's home): it runs in a stage that binds the folder, opened here, read-only
-/// (see `sandbox::bwrap::stage_command`). A folder its owner cannot read, write or enter is refused
-/// first, saying so.
-fn dirty(folder: &Path) -> anyhow::Result<bool> {
+/// A job can write the repository, its `.git/config` included (a clean filter, a hook for
+/// file-system monitoring), so git never runs on it on the host: it runs in a sandbox of its own
+/// (`sandbox::isolated`) with the folder read-only, its own `/proc`, no network, nothing of this
+/// process's environment, as the folder's owner when this is root (a folder its owner cannot read,
+/// write or enter is refused first, saying so), for at most `limit`.
+fn dirty(folder: &Path, limit: std::time::Duration) -> anyhow::Result<bool> {
     use pickup::reach;
-    use sandbox::bwrap;
+    use sandbox::{bwrap, isolated};
     let shown = folder.display();
     if folder.as_os_str().is_empty() {
         anyhow::bail!("the job names no folder: a local job works on a repository");
@@ -72,16 +70,8 @@ fn dirty(folder: &Path) -> anyhow::Result<bool> {
         .map_err(|e| anyhow::anyhow!("{shown} cannot be used as a folder ({})", e.kind()))?;
     let meta = rustix::fs::fstat(&opened)?;
     let (uid, gid) = (meta.st_uid, meta.st_gid);
-    let options = [
-        "-c",
-        "core.fsmonitor=false",
-        "-c",
-        "core.untrackedCache=false",
-    ];
-    let status = ["status", "--porcelain", "--untracked-files=normal"];
-    let in_stage = Path::new(bwrap::STAGE).join("repo");
     let as_owner = rustix::process::geteuid().is_root() && uid != 0;
-    let mut git = if as_owner {
+    if as_owner {
         let owner = reach::User {
             uid,
             gid,
@@ -95,58 +85,56 @@ fn dirty(folder: &Path) -> anyhow::Result<bool> {
         let passwd = std::fs::read_to_string("/etc/passwd").ok();
         reach::check(folder, &found, &owner, &reach::WORKSPACE, passwd.as_deref())
             .map_err(|e| anyhow::anyhow!("{e}; a local job works in its folder as its owner"))?;
-        let args: Vec<std::ffi::OsString> = options
-            .iter()
-            .map(Into::into)
-            .chain(["-C".into(), in_stage.clone().into_os_string()])
-            .chain(status.iter().map(Into::into))
-            .collect();
-        let handoff = bwrap::Handoff {
-            folder: opened,
-            place: in_stage.clone(),
-            writable: false,
-        };
-        let mut git = bwrap::stage_command(
-            Path::new(bwrap::BWRAP),
-            (uid, gid),
-            vec![handoff],
-            std::ffi::OsStr::new("git"),
-            &args,
-        )
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "git could not be prepared to run as the owner of {shown} ({})",
-                e.kind()
-            )
-        })?;
-        git.env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("GIT_OPTIONAL_LOCKS", "0");
-        git
-    } else {
-        let mut git = std::process::Command::new("git");
-        git.args(options).arg("-C").arg(folder).args(status);
-        git
-    };
-    git.env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("HOME", "/")
-        .stdin(std::process::Stdio::null());
-    let out = git
-        .output()
-        .map_err(|e| anyhow::anyhow!("git could not be run ({})", e.kind()))?;
+    }
+    let args: Vec<std::ffi::OsString> = [
+        "-c",
+        "core.fsmonitor=false",
+        "-c",
+        "core.untrackedCache=false",
+        "-c",
+        "safe.directory=*",
+        "status",
+        "--porcelain",
+        "--untracked-files=normal",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    let out = isolated::run(isolated::Step {
+        bwrap: Path::new(bwrap::BWRAP),
+        folder: opened,
+        user: as_owner.then_some((uid, gid)),
+        program: std::ffi::OsStr::new("git"),
+        args,
+        env: vec![
+            ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            ("HOME", "/tmp"),
+            ("LC_ALL", "C"),
+            ("GIT_OPTIONAL_LOCKS", "0"),
+            ("GIT_CONFIG_NOSYSTEM", "1"),
+            ("GIT_CONFIG_GLOBAL", "/dev/null"),
+            ("GIT_TERMINAL_PROMPT", "0"),
+        ],
+        time: limit,
+        stdout_kept: 1,
+    })
+    .map_err(|e| anyhow::anyhow!("git could not check {shown} for uncommitted changes: {e}"))?;
     if !out.status.success() {
         let said = String::from_utf8_lossy(&out.stderr);
-        let said = said
+        let said: String = said
             .lines()
             .next()
             .unwrap_or("no message")
-            .replace(&in_stage.display().to_string(), &shown.to_string());
+            .replace(isolated::FOLDER, &shown.to_string())
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(300)
+            .collect();
         anyhow::bail!(
             "{shown} is not a git work tree that git can read ({said}): a local job works on a repository"
         );
     }
-    Ok(!out.stdout.is_empty())
+    Ok(out.stdout_len > 0)
 }
 
 /// The job cron trigger `index` queues, with a fresh id.
@@ -204,10 +192,11 @@ pub fn refusal_text(r: &pickup::admission::Refusal) -> String {
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    let check_limit = std::time::Duration::from_secs(ctx.settings()?.run_check_secs);
     if let Some(index) = args.trigger {
         let job = trigger_job(ctx, index)?;
         let folder = PathBuf::from(job.folder.clone().unwrap_or_default());
-        if dirty(&folder)? && !args.force {
+        if dirty(&folder, check_limit)? && !args.force {
             eprintln!(
                 "pi-dispatch: the trigger's folder {} has uncommitted changes, and the job would work among them; commit or stash them, or pass --force",
                 folder.display()
@@ -235,7 +224,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     if task.trim().is_empty() {
         anyhow::bail!("--task must say what the agent is asked to do");
     }
-    if dirty(&folder)? && !args.force {
+    if dirty(&folder, check_limit)? && !args.force {
         eprintln!(
             "pi-dispatch: {given} has uncommitted changes, and the job would work among them; commit or stash them, or pass --force"
         );
