@@ -503,50 +503,6 @@ fn open_bind(path: &Path) -> io::Result<OwnedFd> {
     Ok(rustix::fs::open(path, flags, Mode::empty())?)
 }
 
-/// A folder the worker opened (see [`open_folder`]), for a stage to bind at `place`.
-#[derive(Debug)]
-pub struct Handoff {
-    pub folder: OwnedFd,
-    pub place: PathBuf,
-    pub writable: bool,
-}
-
-/// `program` (a name looked up in the `PATH` the caller sets, or a path in the stage) run with
-/// `args` as the host user `user` in a stage (see [`stage_args`]), with the `handoffs` bound at
-/// their places. Meant for a root worker that must act as a job's user on a folder that user may
-/// not reach by its host path. The command's environment is the caller's to set: bubblewrap passes
-/// it on, adding `PWD=/`.
-pub fn stage_command(
-    bwrap: &Path,
-    user: (u32, u32),
-    handoffs: Vec<Handoff>,
-    program: &OsStr,
-    args: &[OsString],
-) -> io::Result<std::process::Command> {
-    let mut folders = Vec::new();
-    let mut mappings = Vec::new();
-    for (index, h) in handoffs.into_iter().enumerate() {
-        folders.push(StageFolder {
-            fd: bind_fd(index),
-            place: h.place,
-            writable: h.writable,
-        });
-        mappings.push(FdMapping {
-            parent_fd: h.folder,
-            child_fd: bind_fd(index),
-        });
-    }
-    let mut command = std::process::Command::new(bwrap);
-    command
-        .args(stage_args(&host_system(), user, &folders, &[], None))
-        .arg(program)
-        .args(args);
-    command
-        .fd_mappings(mappings)
-        .map_err(|e| io::Error::other(e.to_string()))?;
-    Ok(command)
-}
-
 /// The environment as bubblewrap reads it on [`ARGS_FD`]: `--setenv`, name, value, each ended by
 /// a NUL byte. `Debug` never shows it.
 pub struct EnvArgs(Vec<u8>);
