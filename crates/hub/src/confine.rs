@@ -35,6 +35,14 @@ pub struct Confinement {
     /// An empty `/tmp` of its own (a stdio server: pi's agent folder and files stay out of its
     /// sight).
     pub private_tmp: bool,
+    /// Folders bound onto themselves for the program and everything it starts: a mount point,
+    /// which no process of the job can rename, remove or unmount, so that its path keeps naming it
+    /// (pi's agent folder and the folders above it in `/tmp`). Bound first, in order.
+    pub pinned: Vec<std::path::PathBuf>,
+    /// Folders and files made read-only for the program and everything it starts (pi: what it runs
+    /// and reads as its configuration, so that nothing its tools write is run by pi). Each is a
+    /// mount point too.
+    pub read_only: Vec<std::path::PathBuf>,
 }
 
 impl Confinement {
@@ -46,6 +54,14 @@ impl Confinement {
         }
         if self.private_tmp {
             flags.push("--private-tmp".into());
+        }
+        for folder in &self.pinned {
+            flags.push("--pin".into());
+            flags.push(folder.clone().into_os_string());
+        }
+        for folder in &self.read_only {
+            flags.push("--read-only".into());
+            flags.push(folder.clone().into_os_string());
         }
         flags
     }
@@ -140,6 +156,26 @@ pub fn init(c: &Confinement, program: &OsString, args: &[OsString]) -> Result<u8
                 "tmpfs",
                 MountFlags::NOSUID | MountFlags::NODEV,
                 c"mode=1777",
+            ),
+        )?;
+    }
+    for folder in &c.pinned {
+        step(
+            "a pinned folder",
+            rustix::mount::mount_bind(folder.as_path(), folder.as_path()),
+        )?;
+    }
+    for folder in &c.read_only {
+        step(
+            "a read-only folder",
+            rustix::mount::mount_bind(folder.as_path(), folder.as_path()),
+        )?;
+        step(
+            "a read-only folder",
+            rustix::mount::mount_remount(
+                folder.as_path(),
+                MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+                c"",
             ),
         )?;
     }

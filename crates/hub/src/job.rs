@@ -787,6 +787,12 @@ async fn agent(
             let confinement = crate::confine::Confinement {
                 keep_marker: is_pi,
                 private_tmp: false,
+                pinned: if is_pi { folder.pinned() } else { Vec::new() },
+                read_only: if is_pi {
+                    folder.read_only()
+                } else {
+                    Vec::new()
+                },
             };
             let mut cmd = Command::new(runner);
             cmd.args(confinement.command_line(&program, &args));

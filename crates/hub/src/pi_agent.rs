@@ -64,8 +64,50 @@ impl AgentFolder {
         self.dir.join("pi-dispatch").join(GUARD_FILE)
     }
 
+    /// Where pi's extension reports a server pi refused or a name another extension shadows: a
+    /// file pi writes, in the agent folder's writable part.
     pub fn report(&self) -> PathBuf {
-        self.dir.join("pi-dispatch").join("report.json")
+        self.dir.join("pi-dispatch-report.json")
+    }
+
+    /// pi's own folder of tools (`rg`, `fd`), which pi looks in before its `PATH`.
+    pub fn tools(&self) -> PathBuf {
+        self.dir.join("bin")
+    }
+
+    /// The folders bound onto themselves for pi in a confined job, so that no process of the job
+    /// can rename them away and put others in their place: the agent folder, and each folder
+    /// between it and `/tmp` when it is under `/tmp`.
+    pub fn pinned(&self) -> Vec<PathBuf> {
+        let mut pinned = vec![self.dir.clone()];
+        if self.dir.starts_with("/tmp") {
+            let mut at = self.dir.parent();
+            while let Some(dir) = at.filter(|d| *d != std::path::Path::new("/tmp")) {
+                pinned.push(dir.to_owned());
+                at = dir.parent();
+            }
+        }
+        pinned.reverse();
+        pinned
+    }
+
+    /// What is read-only for pi and its tools in a confined job: the runner's own folder (pi's
+    /// extension, shell and shim, the hub's socket), pi's folder of tools, and pi's configuration
+    /// files. Nothing pi runs or reads as configuration can then be written by a tool.
+    pub fn read_only(&self) -> Vec<PathBuf> {
+        let mut paths = vec![self.own(), self.tools()];
+        for file in [
+            "settings.json",
+            "mcp.json",
+            "models.json",
+            "APPEND_SYSTEM.md",
+        ] {
+            let path = self.dir.join(file);
+            if path.exists() {
+                paths.push(path);
+            }
+        }
+        paths
     }
 
     /// What pi must have listed before its prompt: each server the hub serves with its number
@@ -80,7 +122,8 @@ impl AgentFolder {
         self.dir.join("pi-dispatch").join("bin")
     }
 
-    /// pi's shell in a confined job: every command of pi's bash tool starts here.
+    /// pi's shell when the runner has none beside it (a runner outside a job image): every
+    /// command of pi's bash tool starts here.
     pub fn shell(&self) -> PathBuf {
         self.dir.join("pi-dispatch").join("shell")
     }
@@ -112,7 +155,7 @@ pub fn settings_json(
     folder: &AgentFolder,
     overlay: Option<&Path>,
     codemode_models: bool,
-    confined: bool,
+    shell: Option<&Path>,
 ) -> String {
     let mut extensions = vec!["-builtin:mcp".to_owned()];
     if !codemode_models {
@@ -134,8 +177,8 @@ pub fn settings_json(
         "extensions": extensions,
         "skills": skills,
     });
-    if confined {
-        settings["shellPath"] = folder.shell().to_string_lossy().into_owned().into();
+    if let Some(shell) = shell {
+        settings["shellPath"] = shell.to_string_lossy().into_owned().into();
     }
     format!("{settings:#}\n")
 }
@@ -150,8 +193,19 @@ pub fn shim(node: &Path, package: &Path) -> String {
     )
 }
 
-/// pi's shell: `runner job-shell`, which gives up the capability that keeps pi out of its tools'
-/// reach and the hub's token, then runs bash.
+/// The name pi-dispatch answers to as pi's shell (`job-shell`): the job image links it to the
+/// runner, in the image's read-only `bin/`, so that no tool of pi's can rewrite what pi runs for
+/// each of its commands.
+pub const SHELL_NAME: &str = "pi-dispatch-shell";
+
+/// pi's shell for `runner`: the image's link beside it, when there is one.
+pub fn image_shell(runner: &Path) -> Option<PathBuf> {
+    let link = runner.with_file_name(SHELL_NAME);
+    std::fs::symlink_metadata(&link).is_ok().then_some(link)
+}
+
+/// pi's shell where the runner has no link beside it: `runner job-shell`, which gives up the
+/// capability that keeps pi out of its tools' reach and the hub's token, then runs bash.
 pub fn shell_script(runner: &Path) -> String {
     let quote = |p: &Path| format!("'{}'", p.to_string_lossy().replace('\'', r"'\''"));
     format!(
@@ -177,6 +231,8 @@ pub fn prepare(
     )?;
     let _ = std::fs::remove_file(folder.report());
     let _ = std::fs::remove_file(folder.expected());
+    std::fs::create_dir_all(folder.tools())?;
+    let shell = runner.map(|r| image_shell(r).unwrap_or_else(|| folder.shell()));
     write_private(
         &folder.dir,
         "settings.json",
@@ -184,7 +240,7 @@ pub fn prepare(
             folder,
             pi.overlay.as_deref(),
             codemode_models,
-            runner.is_some(),
+            shell.as_deref(),
         )
         .as_bytes(),
     )?;
@@ -204,7 +260,7 @@ pub fn prepare(
         folder.bin().join("pi"),
         std::fs::Permissions::from_mode(0o700),
     )?;
-    if let Some(runner) = runner {
+    if let Some(runner) = runner.filter(|r| image_shell(r).is_none()) {
         write_private(&own, "shell", shell_script(runner).as_bytes())?;
         std::fs::set_permissions(folder.shell(), std::fs::Permissions::from_mode(0o700))?;
     }
@@ -215,6 +271,9 @@ pub fn prepare(
 /// leaves out of what it offers the model.
 pub fn args(pi: &PiOptions, exclude: &[String]) -> Vec<String> {
     let mut args = vec![
+        // Node opens its inspector on SIGUSR1, which any process of the job's user could send:
+        // an inspector is a way into pi's memory and environment.
+        "--disable-sigusr1".to_owned(),
         pi.package.join(ENTRY).to_string_lossy().into_owned(),
         "--mode".to_owned(),
         "json".to_owned(),
@@ -333,7 +392,7 @@ mod tests {
     #[test]
     fn settings_replace_the_builtin_mcp_and_codemode_only_when_models_are_off() {
         let on: serde_json::Value =
-            serde_json::from_str(&settings_json(&folder(), None, true, false)).unwrap();
+            serde_json::from_str(&settings_json(&folder(), None, true, None)).unwrap();
         assert_eq!(
             on["extensions"],
             serde_json::json!([
@@ -342,15 +401,13 @@ mod tests {
             ])
         );
         let off: serde_json::Value =
-            serde_json::from_str(&settings_json(&folder(), None, false, false)).unwrap();
+            serde_json::from_str(&settings_json(&folder(), None, false, None)).unwrap();
         assert_eq!(off["extensions"][1], "-builtin:codemode");
         assert!(on.get("shellPath").is_none());
+        let shell = Path::new("/opt/i/bin/pi-dispatch-shell");
         let confined: serde_json::Value =
-            serde_json::from_str(&settings_json(&folder(), None, true, true)).unwrap();
-        assert_eq!(
-            confined["shellPath"],
-            "/home/job/.pi-dispatch/agent/pi-dispatch/shell"
-        );
+            serde_json::from_str(&settings_json(&folder(), None, true, Some(shell))).unwrap();
+        assert_eq!(confined["shellPath"], "/opt/i/bin/pi-dispatch-shell");
         assert!(
             shell_script(Path::new("/opt/i/bin/pi-dispatch"))
                 .ends_with("exec '/opt/i/bin/pi-dispatch' job-shell \"$@\"\n")

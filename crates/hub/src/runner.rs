@@ -95,8 +95,8 @@ pub async fn connect_all_confined(
                     None => (program, args),
                     Some(runner) => {
                         let confinement = crate::confine::Confinement {
-                            keep_marker: false,
                             private_tmp: true,
+                            ..Default::default()
                         };
                         let line = confinement.command_line(
                             &program.clone().into_os_string(),

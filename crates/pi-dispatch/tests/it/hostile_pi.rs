@@ -1,0 +1,75 @@
+//! A hijacked tool against pi itself, in a real job through the worker: pi's bash tool signals pi
+//! for Node's inspector, rewrites pi's shell, settings and tools and moves its agent folder away,
+//! raises its core limits and dumps a core, traces pi and reads its memory and environment. Then a
+//! second command runs through pi's shell: had the shell been swapped, it would have copied pi's
+//! environment (the hub's token) into the repository. Each probe prints that it ran.
+
+use serde_json::json;
+use testkit::fake_model::Step;
+
+use crate::worker::Service;
+
+#[test]
+fn a_tool_of_pis_cannot_take_pi_over() {
+    let s = Service::new(
+        vec![
+            Step::call("bash", json!({"command": "sh /workspace/pi.sh"})),
+            Step::call(
+                "bash",
+                json!({"command": "echo second command; ls /workspace/stolen-env 2>&1; true"}),
+            ),
+            Step::text("done"),
+        ],
+        |_| json!({"everything": crate::worker::stdio(Some("direct"))}),
+        "",
+    );
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/hostile/pi.sh"),
+    )
+    .unwrap();
+    std::fs::write(s.repo.join("pi.sh"), text).unwrap();
+    let (_, record, results, _) = s.complete("Look around.", "everything");
+    assert_eq!(record["outcome"], "completed", "{record:#}");
+    let attack = &results[1];
+    if std::env::var_os("HOSTILE_SHOW").is_some() {
+        eprintln!("{attack}\n{}", results[2]);
+    }
+    // The probes ran: pi was found and signalled, its shell named, every section reached.
+    assert!(attack.contains("== end"), "{attack}");
+    assert!(!attack.contains("== pi none"), "pi was found: {attack}");
+    assert!(attack.contains("signalled pi"), "{attack}");
+    assert!(
+        attack.contains("inspector closed: ECONNREFUSED"),
+        "the inspector was probed: {attack}"
+    );
+    assert!(
+        attack.contains("pi's shell: /opt/pi-dispatch-image/bin/pi-dispatch-shell"),
+        "{attack}"
+    );
+    assert!(attack.contains("shell attempts done"), "{attack}");
+    for broke in [
+        "INSPECTOR-OPEN",
+        "SHELL-REPLACED",
+        "SHELL-REMOVED",
+        "SETTINGS-REPLACED",
+        "TOOL-PLANTED",
+        "SHIM-PLANTED",
+        "AGENT-MOVED",
+        "PARENT-MOVED",
+        "PI-CORE-RAISED",
+        "CORE-RAISED",
+        "ATTACHED",
+        "MEM-READ",
+        "ENVIRON-READ",
+    ] {
+        assert!(!attack.contains(broke), "{broke}:\n{attack}");
+    }
+    assert!(attack.contains("hard core limit: 0"), "{attack}");
+    assert!(attack.contains("no core file"), "{attack}");
+    assert!(attack.contains("ptrace pi: refused"), "{attack}");
+    // The second command ran through pi's own shell, which copied nothing.
+    let second = &results[2];
+    assert!(second.contains("second command"), "{second}");
+    assert!(second.contains("No such file"), "{second}");
+    assert!(!s.repo.join("stolen-env").exists());
+}
