@@ -76,6 +76,7 @@ pub fn measure(options: &Options) -> anyhow::Result<ContainerFigures> {
         program: "/bin/true".into(),
         args: Vec::new(),
         nested: false,
+        bounds: None,
     };
     let computed = vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())];
     let env = sandbox::env::build(
@@ -87,6 +88,7 @@ pub fn measure(options: &Options) -> anyhow::Result<ContainerFigures> {
     )?;
     let bubblewrap = Bubblewrap {
         bwrap: Path::new(bwrap::BWRAP).to_owned(),
+        limits: Vec::new(),
     };
     let podman = Podman {
         program: sandbox::podman::PODMAN.into(),

@@ -248,6 +248,7 @@ impl Backend for Sides {
                 Separation::Off => {
                     let plain = JobSpec {
                         nested: false,
+                        bounds: None,
                         args: spec
                             .args
                             .iter()
@@ -406,11 +407,13 @@ impl Demo {
         let sides = Arc::new(Sides {
             inner: Bubblewrap {
                 bwrap: sandbox::bwrap::BWRAP.into(),
+                limits: Vec::new(),
             },
             separation: std::sync::Mutex::new(Separation::On),
             started: std::sync::Mutex::new(None),
         });
         let worker = Worker {
+            cgroups: None,
             jobs_dir: state.join("jobs"),
             locks_dir: state.join("locks"),
             backend: sides.clone(),
@@ -669,6 +672,7 @@ impl Demo {
                 program: program.as_os_str().to_owned(),
                 args: args.into_iter().map(ToOwned::to_owned).collect(),
                 nested: true,
+                bounds: None,
             }
         };
         let env = JobEnv::default();

@@ -332,6 +332,8 @@ impl Folders {
             program: program.into(),
             args: args.iter().map(Into::into).collect(),
             nested: false,
+            tmp_bytes: None,
+            prefix: Vec::new(),
         })
     }
 }

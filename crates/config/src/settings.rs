@@ -67,6 +67,14 @@ pub const PUBLISH_MB_SETTING: &str = "PI_JOB_PUBLISH_MB";
 pub const DEFAULT_PUBLISH_FILE_MB: u64 = 100;
 pub const DEFAULT_PUBLISH_MB: u64 = 2048;
 pub const MAX_PUBLISH_MB: u64 = 1 << 20;
+/// A job's bounds, kept by the kernel (docs/sandbox.md): processes and threads at once, memory
+/// with what its `/tmp` holds (MiB), and CPU time of all its processes together (seconds).
+pub const JOB_PIDS_SETTING: &str = "PI_JOB_PIDS";
+pub const JOB_MEMORY_SETTING: &str = "PI_JOB_MEMORY_MB";
+pub const JOB_CPU_SETTING: &str = "PI_JOB_CPU_SECS";
+pub const DEFAULT_JOB_PIDS: u64 = 1024;
+pub const DEFAULT_JOB_MEMORY_MB: u64 = 4096;
+pub const DEFAULT_JOB_CPU_SECS: u64 = 7200;
 /// How long `pi-dispatch run`'s check of a folder for uncommitted changes may take, in seconds.
 pub const RUN_CHECK_SETTING: &str = "PI_RUN_CHECK_TIME_LIMIT";
 pub const DEFAULT_RUN_CHECK_SECS: u64 = 60;
@@ -88,7 +96,7 @@ pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 32] = [
+pub const ALL: [&str; 35] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
@@ -121,6 +129,9 @@ pub const ALL: [&str; 32] = [
     PUBLISH_FILE_MB_SETTING,
     PUBLISH_MB_SETTING,
     RUN_CHECK_SETTING,
+    JOB_PIDS_SETTING,
+    JOB_MEMORY_SETTING,
+    JOB_CPU_SETTING,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -250,6 +261,10 @@ pub struct Settings {
     pub publish_bytes: u64,
     /// `PI_RUN_CHECK_TIME_LIMIT`.
     pub run_check_secs: u64,
+    /// `PI_JOB_PIDS`, `PI_JOB_MEMORY_MB` (in bytes here) and `PI_JOB_CPU_SECS`.
+    pub job_pids: u64,
+    pub job_memory_bytes: u64,
+    pub job_cpu_secs: u64,
 }
 
 /// Where jobs run.
@@ -467,6 +482,9 @@ pub fn resolve(
     );
     let publish_mb = number(PUBLISH_MB_SETTING, DEFAULT_PUBLISH_MB, 1, MAX_PUBLISH_MB);
     let run_check_secs = number(RUN_CHECK_SETTING, DEFAULT_RUN_CHECK_SECS, 1, 3600);
+    let job_pids = number(JOB_PIDS_SETTING, DEFAULT_JOB_PIDS, 16, 4_194_304);
+    let job_memory_mb = number(JOB_MEMORY_SETTING, DEFAULT_JOB_MEMORY_MB, 64, 1 << 24);
+    let job_cpu_secs = number(JOB_CPU_SETTING, DEFAULT_JOB_CPU_SECS, 1, 30 * 24 * 3600);
     let drain_limit_secs = number(
         DRAIN_LIMIT_SETTING,
         DEFAULT_DRAIN_LIMIT_SECS,
@@ -599,6 +617,9 @@ pub fn resolve(
         publish_file_bytes: publish_file_mb << 20,
         publish_bytes: publish_mb << 20,
         run_check_secs,
+        job_pids,
+        job_memory_bytes: job_memory_mb << 20,
+        job_cpu_secs,
     })
 }
 

@@ -228,6 +228,12 @@ reasons! {
     // The worker, around the sandbox.
     TimeLimit = "time-limit", Worker, Failed, None, false,
         "The job ran past its time limit and was stopped.";
+    JobPidsLimit = "job-pids-limit", Worker, Failed, None, false,
+        "The job tried to run more processes at once than its limit allows, and was stopped.";
+    JobMemoryLimit = "job-memory-limit", Worker, Failed, None, false,
+        "The job used more memory than its limit allows (what its /tmp holds counts), and was stopped.";
+    JobCpuLimit = "job-cpu-limit", Worker, Failed, None, false,
+        "The job used more CPU time than its limit allows, and was stopped.";
     Cancelled = "cancelled", Worker, Cancelled, None, false,
         "The job was cancelled.";
     ContainerNeverStarted = "container-never-started", Worker, Failed, None, true,
@@ -511,6 +517,11 @@ impl Reason {
                 "the job is tried again; check the job image (`pi-dispatch image install`)"
             }
             Reason::TimeLimit => "raise PI_JOB_TIME_LIMIT, or give the job a smaller task",
+            Reason::JobPidsLimit => "raise PI_JOB_PIDS, or give the job a smaller task",
+            Reason::JobMemoryLimit => {
+                "raise PI_JOB_MEMORY_MB, or give the job a smaller task (and less to keep in /tmp)"
+            }
+            Reason::JobCpuLimit => "raise PI_JOB_CPU_SECS, or give the job a smaller task",
             Reason::Cancelled => "queue it again if it should run",
             Reason::ContainerNeverStarted => {
                 "run `pi-dispatch doctor`: bubblewrap and the job image must work on this host"

@@ -38,6 +38,17 @@ pub struct JobSpec {
     pub args: Vec<OsString>,
     /// The program confines what it starts (the runner): see [`SandboxSpec::nested`].
     pub nested: bool,
+    /// The job's bounds kept by the kernel, when the worker has control groups to keep them in.
+    pub bounds: Option<Bounds>,
+}
+
+/// What bounds a job: the control groups its first process joins (`cgroup.procs` files), the CPU
+/// time each of its processes may use, and the size of its `/tmp`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bounds {
+    pub join: Vec<PathBuf>,
+    pub cpu_secs: u64,
+    pub tmp_bytes: u64,
 }
 
 /// The job's network.
@@ -86,12 +97,16 @@ pub enum StartError {
 #[derive(Debug, Clone)]
 pub struct Bubblewrap {
     pub bwrap: PathBuf,
+    /// The command that sets a job's limits and becomes bubblewrap (`pi-dispatch job-limits`):
+    /// a job with bounds starts through it. Empty: bubblewrap is started directly, and a job's
+    /// bounds are not kept.
+    pub limits: Vec<OsString>,
 }
 
 impl Bubblewrap {
     /// bubblewrap's spec for a job: the job runs as the conventional `nobody` inside, or, when
     /// its program nests (see [`SandboxSpec::nested`]), as the host user bubblewrap runs as.
-    pub fn spec(job: &JobSpec) -> SandboxSpec {
+    pub fn spec(&self, job: &JobSpec) -> SandboxSpec {
         let (uid, gid) = if job.nested {
             bwrap::runs_as(
                 rustix::process::geteuid().as_raw(),
@@ -116,6 +131,19 @@ impl Bubblewrap {
             host: job.host_user,
             program: job.program.clone(),
             args: job.args.clone(),
+            tmp_bytes: job.bounds.as_ref().map(|b| b.tmp_bytes),
+            prefix: match (&job.bounds, self.limits.is_empty()) {
+                (Some(b), false) => {
+                    let mut prefix = self.limits.clone();
+                    for file in &b.join {
+                        prefix.push("--join".into());
+                        prefix.push(file.clone().into_os_string());
+                    }
+                    prefix.extend(["--cpu".into(), b.cpu_secs.to_string().into(), "--".into()]);
+                    prefix
+                }
+                _ => Vec::new(),
+            },
         }
     }
 }
@@ -136,7 +164,7 @@ impl Backend for Bubblewrap {
         env: &'a JobEnv,
     ) -> BoxFuture<'a, Result<Box<dyn RunningJob>, StartError>> {
         Box::pin(async move {
-            let sandbox = bwrap::spawn(&self.bwrap, &Bubblewrap::spec(spec), env).await?;
+            let sandbox = bwrap::spawn(&self.bwrap, &self.spec(spec), env).await?;
             Ok(Box::new(sandbox) as Box<dyn RunningJob>)
         })
     }

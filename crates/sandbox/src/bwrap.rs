@@ -151,6 +151,11 @@ pub struct SandboxSpec {
     /// must be the host user bubblewrap runs as (one user namespace, whose mounts the runner may
     /// copy), and bubblewrap's `--disable-userns` (a second namespace) is left out.
     pub nested: bool,
+    /// The size of the job's `/tmp`, when bounded.
+    pub tmp_bytes: Option<u64>,
+    /// A command bubblewrap is started through (the job's limits, `pi-dispatch job-limits ...
+    /// --`), which becomes bubblewrap; empty for none.
+    pub prefix: Vec<OsString>,
 }
 
 /// What a nesting program keeps, in the job's user namespace only: to make namespaces and mount
@@ -344,6 +349,10 @@ fn job_args(spec: &SandboxSpec, from: Sources) -> Vec<OsString> {
         push(&[s("--ro-bind-data"), &fd, file.as_os_str()]);
     }
     push(&[s("--proc"), s("/proc"), s("--dev"), s("/dev")]);
+    if let Some(bytes) = spec.tmp_bytes {
+        let bytes = OsString::from(bytes.to_string());
+        push(&[s("--size"), &bytes]);
+    }
     push(&[s("--perms"), s("1777"), s("--tmpfs"), s("/tmp")]);
 
     // The job's own folders, then the extra binds.
@@ -617,7 +626,14 @@ pub async fn spawn(bwrap: &Path, spec: &SandboxSpec, env: &JobEnv) -> Result<San
     let env_fd = env_file(&env_args(env))?;
     let (info_read, info_write) = io::pipe()?;
 
-    let mut command = std::process::Command::new(bwrap);
+    let mut command = match spec.prefix.split_first() {
+        Some((program, args)) => {
+            let mut c = std::process::Command::new(program);
+            c.args(args).arg(bwrap);
+            c
+        }
+        None => std::process::Command::new(bwrap),
+    };
     match host_user(rustix::process::geteuid().as_raw(), spec) {
         // Root: the stage binds the folders and starts the job user's bubblewrap (bound at
         // /stage/bwrap), to which it passes the environment's descriptor on; the stage's first
@@ -850,6 +866,8 @@ mod tests {
             program: "/opt/pi-dispatch-image/bin/pi-dispatch".into(),
             args: vec!["job".into(), "--".into(), "pi".into()],
             nested: false,
+            tmp_bytes: None,
+            prefix: Vec::new(),
         }
     }
 

@@ -11,6 +11,7 @@
 
 pub mod backend;
 pub mod bwrap;
+pub mod cgroup;
 pub mod env;
 pub mod isolated;
 pub mod job_env;

@@ -426,6 +426,7 @@ mod tests {
             program: "/opt/pi-dispatch-image/bin/pi-dispatch".into(),
             args: vec!["job".into(), "--job-id".into(), "j1".into()],
             nested: false,
+            bounds: None,
         }
     }
 

@@ -38,6 +38,7 @@ fn backend(kind: Kind) -> Box<dyn Backend> {
     match kind {
         Kind::Bubblewrap => Box::new(Bubblewrap {
             bwrap: bwrap::BWRAP.into(),
+            limits: Vec::new(),
         }),
         Kind::Podman => Box::new(Podman {
             program: sandbox::podman::PODMAN.into(),
@@ -119,6 +120,7 @@ impl Fixture {
             program: "/bin/sh".into(),
             args: vec!["-c".into(), script.into()],
             nested: false,
+            bounds: None,
         }
     }
 }

@@ -107,6 +107,8 @@ impl Fixture {
             program: "/bin/sh".into(),
             args: vec!["-c".into(), script.into()],
             nested: false,
+            tmp_bytes: None,
+            prefix: Vec::new(),
         }
     }
 }

@@ -97,6 +97,12 @@ const ENV: &str = "\
 # Seconds `pi-dispatch run` may take to check a folder for uncommitted changes (git runs in a
 # sandbox of its own for it; a folder it cannot check in time is not queued). Default: 60.
 # PI_RUN_CHECK_TIME_LIMIT=60
+# Each job's bounds, kept by the kernel (docs/sandbox.md): processes and threads at once, memory
+# in MiB (what its /tmp holds counts), and CPU time of all its processes together in seconds.
+# A job that reaches one is stopped, and its record names the limit.
+# PI_JOB_PIDS=1024
+# PI_JOB_MEMORY_MB=4096
+# PI_JOB_CPU_SECS=7200
 # The queue: sqlite (the default: state/queue.sqlite3), or one Redis shared by the workers of
 # several hosts, as redis://HOST:PORT/DB (rediss:// with TLS). Its password, if it has one, goes in
 # PI_QUEUE_PASSWORD (in the worker's environment file), never in the URL.

@@ -21,8 +21,9 @@ use protocol::job::Job;
 use protocol::job_mcp::DIGEST_VARIABLE;
 use protocol::pi_events::PiEvents;
 use protocol::reason::Reason;
-use sandbox::backend::{Backend, JobSpec, Network, RunningJob};
+use sandbox::backend::{Backend, Bounds, JobSpec, Network, RunningJob};
 use sandbox::bwrap::{self, Ending};
+use sandbox::cgroup::{Breach, JobCgroup, Limits};
 use sandbox::env::{self as job_env, Parts};
 use sandbox::secrets::{Resolver, Secret};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -59,6 +60,9 @@ pub struct Worker {
     pub egress_control: PathBuf,
     /// The forges github and gitlab jobs act on (their tokens, clones, comments).
     pub forges: Arc<forge::Forges>,
+    /// Where each job's control groups are made, when the worker can make them (root, with
+    /// cgroup v1's `pids` and `memory`, or a delegated v2 group): the job's bounds.
+    pub cgroups: Option<sandbox::cgroup::Hierarchy>,
 }
 
 /// `GITLAB_HOST` for glab: the host (and port) of `GITLAB_URL`.
@@ -258,6 +262,59 @@ pub fn try_lock_folder(locks: &Path, folder: &str) -> std::io::Result<Option<Fol
 enum Ran {
     Ended(std::io::Result<Ending>),
     Stopped(StopCause),
+    /// The job reached a bound the kernel keeps, and was ended.
+    Breached(Breach),
+}
+
+/// How often the worker reads what the kernel counted of a running job.
+const BOUNDS_POLL: Duration = Duration::from_millis(200);
+
+/// Resolves when the job reaches one of its bounds (never without control groups).
+async fn breached(cgroup: Option<&JobCgroup>, limits: &Limits) -> Breach {
+    let Some(cgroup) = cgroup else {
+        return std::future::pending().await;
+    };
+    loop {
+        if let Some(b) = sandbox::cgroup::breach(&cgroup.usage(), limits) {
+            return b;
+        }
+        tokio::time::sleep(BOUNDS_POLL).await;
+    }
+}
+
+/// The job's bounds from the settings.
+fn limits(settings: &Settings) -> Limits {
+    Limits {
+        pids: settings.job_pids,
+        memory_bytes: settings.job_memory_bytes,
+        cpu_secs: settings.job_cpu_secs,
+    }
+}
+
+/// The record's reason and detail for a bound the job reached.
+fn breach_record(job: &Job, attempt: u32, breach: Breach) -> Record {
+    let (reason, setting, why) = match breach {
+        Breach::Pids(n) => (
+            Reason::JobPidsLimit,
+            config::settings::JOB_PIDS_SETTING,
+            format!("the job reached its limit of {n} processes and threads at once"),
+        ),
+        Breach::Memory(bytes) => (
+            Reason::JobMemoryLimit,
+            config::settings::JOB_MEMORY_SETTING,
+            format!(
+                "the job reached its limit of {} MiB of memory (its /tmp included)",
+                bytes >> 20
+            ),
+        ),
+        Breach::Cpu(secs) => (
+            Reason::JobCpuLimit,
+            config::settings::JOB_CPU_SETTING,
+            format!("the job used its limit of {secs} seconds of CPU time"),
+        ),
+    };
+    Record::ended(job, reason, attempt, now_ms())
+        .with_detail(Detail::new(why).variable(setting), reason.fix())
 }
 
 impl Worker {
@@ -679,6 +736,36 @@ impl Worker {
             .map(Into::into)
             .collect(),
             nested: true,
+            bounds: None,
+        };
+        // The job's bounds: its control groups, made before anything of it starts.
+        let limits = limits(settings);
+        let cgroup = match &self.cgroups {
+            None => None,
+            Some(hierarchy) => match JobCgroup::create(hierarchy, &job.id, &limits) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!(event = "job_bounds_failed", job_id = %job.id, detail = %e.kind());
+                    return Verdict::Retry(
+                        Record::ended(job, Reason::ContainerNeverStarted, attempt, now_ms())
+                            .with_detail(
+                                Detail::new(format!(
+                                    "the job's control groups could not be made ({})",
+                                    e.kind()
+                                )),
+                                Reason::ContainerNeverStarted.fix(),
+                            ),
+                    );
+                }
+            },
+        };
+        let spec = JobSpec {
+            bounds: cgroup.as_ref().map(|c| Bounds {
+                join: c.procs_files(),
+                cpu_secs: limits.cpu_secs,
+                tmp_bytes: limits.memory_bytes,
+            }),
+            ..spec
         };
         let Ok(key) = job_key() else {
             return Verdict::Retry(Record::ended(
@@ -773,11 +860,22 @@ impl Worker {
         let ran = tokio::select! {
             ending = running.wait_with_limit(self.time_limit) => Ran::Ended(ending),
             cause = stopped(stop) => Ran::Stopped(cause),
+            breach = breached(cgroup.as_ref(), &limits) => Ran::Breached(breach),
         };
-        if matches!(ran, Ran::Stopped(_)) {
+        if matches!(ran, Ran::Stopped(_) | Ran::Breached(_)) {
             let _ = running.kill().await;
         }
         drop(running);
+        // A bound reached as the job ended (the memory limit killed its runner, say) is why it
+        // ended, whatever else it said.
+        let late = cgroup
+            .as_ref()
+            .and_then(|c| sandbox::cgroup::breach(&c.usage(), &limits));
+        let ran = match (ran, late) {
+            (Ran::Ended(Ok(_)), Some(breach)) => Ran::Breached(breach),
+            (ran, _) => ran,
+        };
+        drop(cgroup);
         let (exit_line, transcript_kept, events, activity) =
             tokio::time::timeout(Duration::from_secs(5), reader)
                 .await
@@ -814,6 +912,12 @@ impl Worker {
             r
         };
         match ran {
+            Ran::Breached(breach) => {
+                let record = breach_record(job, attempt, breach);
+                tracing::warn!(event = "job_ended", job_id = %job.id,
+                    reason = record.reason.map(Reason::as_str));
+                Verdict::Done(spent(record))
+            }
             Ran::Stopped(StopCause::Shutdown) => {
                 tracing::info!(event = "job_handed_back", job_id = %job.id);
                 Verdict::HandBack

@@ -433,9 +433,11 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
         .map(Into::into)
         .collect(),
         nested: true,
+        bounds: None,
     };
     let backend = Bubblewrap {
         bwrap: setup::doctor::BWRAP.into(),
+        limits: Vec::new(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

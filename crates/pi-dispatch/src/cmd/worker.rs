@@ -135,13 +135,35 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let drain_limit = Duration::from_secs(settings.drain_limit_secs);
     let egress_control = settings.egress_proxy_dir.join(egress::control::SOCKET);
     let forges = Arc::new(forges(&settings, &ctx.environment()?));
+    // Each bubblewrap job's bounds are kept in control groups of its own, which only root can
+    // make here (a container's are the engine's: --pids-limit and --memory).
+    let bubblewrap = matches!(
+        settings.sandbox,
+        config::settings::SandboxBackend::Bubblewrap
+    );
+    let cgroups = if bubblewrap && rustix::process::geteuid().is_root() {
+        sandbox::cgroup::detect()
+    } else {
+        None
+    };
+    if bubblewrap && cgroups.is_none() {
+        tracing::warn!(
+            event = "job_bounds_unavailable",
+            detail = "no control groups the worker can make: jobs run without PI_JOB_PIDS, PI_JOB_MEMORY_MB and PI_JOB_CPU_SECS (docs/sandbox.md)"
+        );
+    }
     let worker = Arc::new(Worker {
+        cgroups,
         forges,
         jobs_dir: state.join("jobs"),
         locks_dir: state.join("locks"),
         backend: match &settings.sandbox {
             config::settings::SandboxBackend::Bubblewrap => Arc::new(Bubblewrap {
                 bwrap: args.bwrap.clone(),
+                limits: vec![
+                    std::env::current_exe()?.into_os_string(),
+                    "job-limits".into(),
+                ],
             }),
             config::settings::SandboxBackend::Podman { base, runtime, .. } => {
                 Arc::new(sandbox::podman::Podman {

@@ -14,6 +14,7 @@ mod egress_proxy;
 mod explain;
 mod forge;
 mod hostile;
+mod hostile_bounds;
 mod hostile_pi;
 mod import_pi;
 mod init;

@@ -237,6 +237,8 @@ fn the_hardening_leaves_bubblewrap_what_it_needs() {
         program: "pi-dispatch".into(),
         args: Vec::new(),
         nested: false,
+        tmp_bytes: None,
+        prefix: Vec::new(),
     };
     let mut needed = vec!["mnt".to_owned()];
     for arg in sandbox::bwrap::args(&spec) {
