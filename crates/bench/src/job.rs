@@ -414,6 +414,7 @@ impl Demo {
         });
         let worker = Worker {
             cgroups: None,
+            identities: None,
             jobs_dir: state.join("jobs"),
             locks_dir: state.join("locks"),
             backend: sides.clone(),

@@ -75,6 +75,11 @@ pub const JOB_CPU_SETTING: &str = "PI_JOB_CPU_SECS";
 pub const DEFAULT_JOB_PIDS: u64 = 1024;
 pub const DEFAULT_JOB_MEMORY_MB: u64 = 4096;
 pub const DEFAULT_JOB_CPU_SECS: u64 = 7200;
+/// The host ids (uid and gid alike) a root worker's jobs run as, one for each running job, as
+/// `FIRST-LAST`: no user, group or other process of the host may use them (docs/sandbox.md).
+pub const JOB_UIDS_SETTING: &str = "PI_JOB_UIDS";
+/// A range no distribution hands out: above systemd's container ranges, below 2^31.
+pub const DEFAULT_JOB_UIDS: (u32, u32) = (1_879_048_192, 1_879_048_447);
 /// How long `pi-dispatch run`'s check of a folder for uncommitted changes may take, in seconds.
 pub const RUN_CHECK_SETTING: &str = "PI_RUN_CHECK_TIME_LIMIT";
 pub const DEFAULT_RUN_CHECK_SECS: u64 = 60;
@@ -96,7 +101,7 @@ pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 35] = [
+pub const ALL: [&str; 36] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
@@ -132,6 +137,7 @@ pub const ALL: [&str; 35] = [
     JOB_PIDS_SETTING,
     JOB_MEMORY_SETTING,
     JOB_CPU_SETTING,
+    JOB_UIDS_SETTING,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -167,6 +173,10 @@ pub enum SettingError {
     #[error("{name} must be UID:GID, two numbers above 0")]
     NotAUser { name: &'static str },
     #[error(
+        "{name} must be FIRST-LAST, two ids from 1000 to 4294967294 with FIRST no larger than LAST, 65534 not among them"
+    )]
+    NotAnIdRange { name: &'static str },
+    #[error(
         "{name} must be sqlite, or a redis://HOST:PORT/DB, rediss://HOST:PORT/DB or redis+unix:///PATH URL with no password in it (the password goes in PI_QUEUE_PASSWORD)"
     )]
     NotAQueue { name: &'static str },
@@ -192,6 +202,7 @@ impl SettingError {
             | SettingError::NotASocketAddress { name }
             | SettingError::NotAUrl { name }
             | SettingError::NotAUser { name }
+            | SettingError::NotAnIdRange { name }
             | SettingError::NotAQueue { name }
             | SettingError::NotASandbox { name }
             | SettingError::NotAnEngineName { name } => name,
@@ -265,6 +276,8 @@ pub struct Settings {
     pub job_pids: u64,
     pub job_memory_bytes: u64,
     pub job_cpu_secs: u64,
+    /// `PI_JOB_UIDS`, first and last.
+    pub job_uids: (u32, u32),
 }
 
 /// Where jobs run.
@@ -552,6 +565,15 @@ pub fn resolve(
         }
         parsed
     });
+    let job_uids = match get(JOB_UIDS_SETTING) {
+        None => DEFAULT_JOB_UIDS,
+        Some(v) => parse_id_range(&v).unwrap_or_else(|| {
+            errors.push(SettingError::NotAnIdRange {
+                name: JOB_UIDS_SETTING,
+            });
+            DEFAULT_JOB_UIDS
+        }),
+    };
     let queue = match get(QUEUE_SETTING) {
         None => QueueBackend::Sqlite,
         Some(v) => parse_queue(&v).unwrap_or_else(|| {
@@ -620,7 +642,21 @@ pub fn resolve(
         job_pids,
         job_memory_bytes: job_memory_mb << 20,
         job_cpu_secs,
+        job_uids,
     })
+}
+
+/// `FIRST-LAST`: ids from 1000 up, in order, not holding 65534 (`nobody`). Pure.
+pub fn parse_id_range(text: &str) -> Option<(u32, u32)> {
+    let (first, last) = text.split_once('-')?;
+    let number = |t: &str| {
+        (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| t.parse::<u32>().ok())
+            .flatten()
+    };
+    let (first, last) = (number(first)?, number(last)?);
+    (first >= 1000 && first <= last && last < u32::MAX && !(first..=last).contains(&65534))
+        .then_some((first, last))
 }
 
 /// A plain `http://` or `https://` URL: a host, maybe a port and a path; no user, password,
@@ -909,6 +945,27 @@ mod tests {
         for bad in ["true", "on", "2", " 1"] {
             let r = resolve(&from(&[("PI_EGRESS", bad)]), Path::new("/d"));
             assert!(r.is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_pool_of_job_ids_is_a_range_that_holds_no_system_id() {
+        assert_eq!(
+            parse_id_range("1879048192-1879048447"),
+            Some(DEFAULT_JOB_UIDS)
+        );
+        assert_eq!(parse_id_range("200000-200000"), Some((200000, 200000)));
+        for bad in [
+            "",
+            "5-10",
+            "2000-1000",
+            "60000-70000",
+            "a-b",
+            "1000-",
+            "+1000-2000",
+            "1000-4294967295",
+        ] {
+            assert_eq!(parse_id_range(bad), None, "{bad}");
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod backend;
 pub mod bwrap;
 pub mod cgroup;
 pub mod env;
+pub mod identity;
 pub mod isolated;
 pub mod job_env;
 pub mod podman;

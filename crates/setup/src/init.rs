@@ -103,6 +103,9 @@ const ENV: &str = "\
 # PI_JOB_PIDS=1024
 # PI_JOB_MEMORY_MB=4096
 # PI_JOB_CPU_SECS=7200
+# The ids (uid and gid) a root worker runs its jobs as, one for each running job, FIRST-LAST: no
+# user, group or other process of this host may use them.
+# PI_JOB_UIDS=1879048192-1879048447
 # The queue: sqlite (the default: state/queue.sqlite3), or one Redis shared by the workers of
 # several hosts, as redis://HOST:PORT/DB (rediss:// with TLS). Its password, if it has one, goes in
 # PI_QUEUE_PASSWORD (in the worker's environment file), never in the URL.

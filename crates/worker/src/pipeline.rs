@@ -63,6 +63,9 @@ pub struct Worker {
     /// Where each job's control groups are made, when the worker can make them (root, with
     /// cgroup v1's `pids` and `memory`, or a delegated v2 group): the job's bounds.
     pub cgroups: Option<sandbox::cgroup::Hierarchy>,
+    /// A root worker's pool of job ids: each job runs as an id of its own, its workspace an
+    /// idmapped view of the repository. `None`: a job runs as its workspace's owner.
+    pub identities: Option<sandbox::identity::Identities>,
 }
 
 /// `GITLAB_HOST` for glab: the host (and port) of `GITLAB_URL`.
@@ -265,6 +268,9 @@ enum Ran {
     /// The job reached a bound the kernel keeps, and was ended.
     Breached(Breach),
 }
+
+/// A job's view of its workspace, as the id it runs as (uid, gid).
+type View = ((u32, u32), sandbox::identity::IdmappedFolder);
 
 /// How often the worker reads what the kernel counted of a running job.
 const BOUNDS_POLL: Duration = Duration::from_millis(200);
@@ -759,6 +765,19 @@ impl Worker {
                 }
             },
         };
+        // The job's own id on the host, and its view of the workspace as that id.
+        let (_identity, view) = match self.identity(job, attempt, dir, &spec) {
+            Ok(taken) => taken,
+            Err(verdict) => return *verdict,
+        };
+        let spec = match &view {
+            Some((id, mounted)) => JobSpec {
+                workspace: mounted.path().to_owned(),
+                host_user: Some(*id),
+                ..spec
+            },
+            None => spec,
+        };
         let spec = JobSpec {
             bounds: cgroup.as_ref().map(|c| Bounds {
                 join: c.procs_files(),
@@ -896,6 +915,60 @@ impl Worker {
             }
         }
         verdict
+    }
+
+    /// With a pool of ids: a free id for the job, and its workspace attached as that id's view
+    /// (the owner's files the job's, what it writes the owner's). A job waits for neither: no
+    /// free id, or a view that cannot be made, and it is tried again later.
+    fn identity(
+        &self,
+        job: &Job,
+        attempt: u32,
+        dir: &Path,
+        spec: &JobSpec,
+    ) -> Result<(Option<sandbox::identity::Identity>, Option<View>), Box<Verdict>> {
+        let Some(ids) = &self.identities else {
+            return Ok((None, None));
+        };
+        let fault = |why: String| {
+            tracing::warn!(event = "job_identity_failed", job_id = %job.id, detail = %why);
+            Box::new(Verdict::Retry(
+                Record::ended(job, Reason::ContainerNeverStarted, attempt, now_ms())
+                    .with_detail(Detail::new(why), Reason::ContainerNeverStarted.fix()),
+            ))
+        };
+        let (taken, skipped) = ids
+            .pool
+            .take()
+            .map_err(|e| fault(format!("the pool of job ids cannot be used ({})", e.kind())))?;
+        if !skipped.is_empty() {
+            tracing::warn!(event = "job_ids_in_use", ids = ?skipped,
+                detail = "processes of the host run with these ids of PI_JOB_UIDS: they are skipped");
+        }
+        let Some(identity) = taken else {
+            return Err(fault(
+                "every id of PI_JOB_UIDS is taken by a running job".to_owned(),
+            ));
+        };
+        let owner = spec.host_user.unwrap_or((bwrap::NOBODY, bwrap::NOBODY));
+        let id = (identity.uid, identity.gid);
+        let mounted = ids
+            .mappings
+            .get(owner, id)
+            .and_then(|userns| {
+                sandbox::identity::IdmappedFolder::attach(
+                    &spec.workspace,
+                    &userns,
+                    &dir.join("view"),
+                )
+            })
+            .map_err(|e| {
+                fault(format!(
+                    "the job's view of its workspace cannot be made ({})",
+                    e.kind()
+                ))
+            })?;
+        Ok((Some(identity), Some((id, mounted))))
     }
 
     /// The verdict on a job whose sandbox ran.

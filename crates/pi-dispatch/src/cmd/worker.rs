@@ -152,8 +152,23 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             detail = "no control groups the worker can make: jobs run without PI_JOB_PIDS, PI_JOB_MEMORY_MB and PI_JOB_CPU_SECS (docs/sandbox.md)"
         );
     }
+    // A root worker runs each job as an id of its own pool, the job's workspace an idmapped
+    // view of the repository; a view a worker killed outright left attached goes first.
+    let root = rustix::process::geteuid().is_root();
+    let identities = root.then(|| sandbox::identity::Identities {
+        pool: sandbox::identity::Pool {
+            first: settings.job_uids.0,
+            last: settings.job_uids.1,
+            lock_dir: sandbox::identity::LOCK_DIR.into(),
+        },
+        mappings: sandbox::identity::Mappings::default(),
+    });
+    if root {
+        sandbox::identity::sweep(&state.join("jobs"));
+    }
     let worker = Arc::new(Worker {
         cgroups,
+        identities,
         forges,
         jobs_dir: state.join("jobs"),
         locks_dir: state.join("locks"),

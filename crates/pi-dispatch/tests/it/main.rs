@@ -15,6 +15,7 @@ mod explain;
 mod forge;
 mod hostile;
 mod hostile_bounds;
+mod hostile_host;
 mod hostile_pi;
 mod import_pi;
 mod init;
