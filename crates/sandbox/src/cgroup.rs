@@ -294,11 +294,19 @@ impl JobCgroup {
         Ok(job)
     }
 
+    /// Makes each group; one left by an earlier attempt of the job (its worker killed outright)
+    /// is emptied and removed first, its processes given a moment to go.
     fn make(&self) -> std::io::Result<()> {
         for dir in &self.dirs {
-            if dir.exists() {
+            for _ in 0..300 {
+                if !dir.exists() {
+                    break;
+                }
                 kill_members(dir);
-                let _ = std::fs::remove_dir(dir);
+                if std::fs::remove_dir(dir).is_ok() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
             }
             std::fs::create_dir(dir)?;
         }

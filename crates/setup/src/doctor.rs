@@ -141,6 +141,94 @@ pub struct Inputs {
     /// process in it): `None` when not tried (no bubblewrap or no image), else whether it worked
     /// and, if not, what bubblewrap or the runner said. The caller fills it in (see [`gather`]).
     pub sandbox: Option<Result<(), String>>,
+    /// How jobs are kept apart and bounded on this host (bubblewrap backend). The caller fills it
+    /// in from what the worker would find (see [`Isolation`]).
+    pub isolation: Isolation,
+}
+
+/// How the worker would keep its jobs apart and bounded here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Isolation {
+    /// Whether the worker runs as root (doctor runs as the worker's user).
+    pub root: bool,
+    /// The users, groups and subordinate ranges of the host that claim an id of `PI_JOB_UIDS`.
+    pub ids_claimed: Vec<String>,
+    /// Whether the worker finds control groups it can make jobs' groups in.
+    pub cgroups: bool,
+}
+
+/// Which entries of the host's `passwd`, `group`, `subuid` and `subgid` (their texts, in that
+/// order) claim an id of `range`, named as "user NAME (uid N)" and so on. Pure.
+pub fn ids_claimed(range: (u32, u32), files: [&str; 4]) -> Vec<String> {
+    let within = |id: u64| (u64::from(range.0)..=u64::from(range.1)).contains(&id);
+    let mut out = Vec::new();
+    for (text, what) in files.iter().zip(["user", "group"]) {
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split(':').collect();
+            if let (Some(name), Some(Ok(id))) =
+                (fields.first(), fields.get(2).map(|f| f.parse::<u64>()))
+                && within(id)
+            {
+                out.push(format!("{what} {name} ({id})"));
+            }
+        }
+    }
+    for (text, what) in files[2..].iter().zip(["subuid", "subgid"]) {
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split(':').collect();
+            if let (Some(name), Some(Ok(start)), Some(Ok(count))) = (
+                fields.first(),
+                fields.get(1).map(|f| f.parse::<u64>()),
+                fields.get(2).map(|f| f.parse::<u64>()),
+            ) {
+                let end = start.saturating_add(count).saturating_sub(1);
+                if count > 0 && start <= u64::from(range.1) && end >= u64::from(range.0) {
+                    out.push(format!("{what} range of {name} ({start}-{end})"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What `isolation_checks` says of how jobs are kept apart and bounded.
+fn isolation_checks(inputs: &Inputs, out: &mut Vec<Check>) {
+    let s = &inputs.settings;
+    let i = &inputs.isolation;
+    if !i.root {
+        out.push(Check::warn(
+            "the worker is not root: its jobs run as its own user, without ids of their own or bounds, so its other processes can reach them",
+            "run the worker as root (the example unit does; docs/sandbox.md)",
+        ));
+        return;
+    }
+    let (first, last) = s.job_uids;
+    out.push(if i.ids_claimed.is_empty() {
+        Check::ok(format!(
+            "job ids: each job runs as an id of {first}-{last} (PI_JOB_UIDS), which no user or group of this host has"
+        ))
+    } else {
+        Check::fail(
+            format!(
+                "PI_JOB_UIDS ({first}-{last}) holds ids this host gives to others: {}",
+                i.ids_claimed.join(", ")
+            ),
+            "set PI_JOB_UIDS to a range that no user, group or subordinate range of this host uses",
+        )
+    });
+    out.push(if i.cgroups {
+        Check::ok(format!(
+            "job bounds: {} processes, {} MiB of memory, {} s of CPU time (PI_JOB_PIDS, PI_JOB_MEMORY_MB, PI_JOB_CPU_SECS)",
+            s.job_pids,
+            s.job_memory_bytes >> 20,
+            s.job_cpu_secs
+        ))
+    } else {
+        Check::warn(
+            "no control groups the worker can make: jobs run without PI_JOB_PIDS, PI_JOB_MEMORY_MB and PI_JOB_CPU_SECS",
+            "give the worker cgroup v1's pids and memory hierarchies, or a delegated cgroup v2 group (Delegate=yes; docs/sandbox.md)",
+        )
+    });
 }
 
 /// The container backend: the engine, and the job image (the engine's, or the folder over a base).
@@ -273,6 +361,7 @@ pub fn gather(settings: Settings) -> Inputs {
             None => image_pi_version,
         },
         sandbox: None,
+        isolation: Isolation::default(),
         auth_json: present("auth.json"),
         mcp_auth_json: present("mcp-auth.json"),
         settings,
@@ -477,6 +566,7 @@ fn runtime_checks(inputs: &Inputs, out: &mut Vec<Check>) {
             "install Debian's bubblewrap package (scripts/install does)",
         )
     });
+    isolation_checks(inputs, out);
     if inputs.setpriv == Some(false) {
         out.push(Check::fail(
             format!("setpriv is not installed ({SETPRIV}): a root worker starts no job"),

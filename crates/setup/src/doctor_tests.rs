@@ -66,7 +66,81 @@ fn healthy() -> Inputs {
         image_runner: true,
         image_pi_version: Some("1.6.0".into()),
         sandbox: None,
+        isolation: super::Isolation {
+            root: true,
+            ids_claimed: Vec::new(),
+            cgroups: true,
+        },
     }
+}
+
+#[test]
+fn how_jobs_are_kept_apart_and_bounded_is_checked() {
+    let find = |inputs: &Inputs, start: &str| {
+        run(inputs, &Proving::default())
+            .into_iter()
+            .find(|c| c.label.starts_with(start))
+    };
+    let ids = find(&healthy(), "job ids").unwrap();
+    assert_eq!(ids.level, Level::Ok, "{ids:?}");
+    assert!(ids.label.contains("1879048192-1879048447"), "{ids:?}");
+    let bounds = find(&healthy(), "job bounds").unwrap();
+    assert_eq!(bounds.level, Level::Ok, "{bounds:?}");
+    assert!(
+        bounds.label.contains("1024 processes, 4096 MiB"),
+        "{bounds:?}"
+    );
+    let claimed = Inputs {
+        isolation: super::Isolation {
+            ids_claimed: vec!["user builder (1879048200)".into()],
+            ..healthy().isolation
+        },
+        ..healthy()
+    };
+    let bad = find(&claimed, "PI_JOB_UIDS").unwrap();
+    assert_eq!(bad.level, Level::Fail, "{bad:?}");
+    assert!(bad.label.contains("user builder (1879048200)"), "{bad:?}");
+    let unbounded = Inputs {
+        isolation: super::Isolation {
+            cgroups: false,
+            ..healthy().isolation
+        },
+        ..healthy()
+    };
+    assert_eq!(
+        find(&unbounded, "no control groups").unwrap().level,
+        Level::Warn
+    );
+    let not_root = Inputs {
+        isolation: super::Isolation::default(),
+        ..healthy()
+    };
+    assert_eq!(
+        find(&not_root, "the worker is not root").unwrap().level,
+        Level::Warn
+    );
+    assert!(find(&not_root, "job ids").is_none());
+}
+
+#[test]
+fn the_hosts_users_groups_and_ranges_that_claim_a_job_id_are_named() {
+    let claimed = super::ids_claimed(
+        (1_879_048_192, 1_879_048_447),
+        [
+            "root:x:0:0::/root:/bin/sh\nbuilder:x:1879048200:100::/home/b:/bin/sh\n",
+            "wheel:x:1879048447:\n",
+            "alice:1879048000:65536\nbob:100000:65536\n",
+            "",
+        ],
+    );
+    assert_eq!(
+        claimed,
+        [
+            "user builder (1879048200)",
+            "group wheel (1879048447)",
+            "subuid range of alice (1879048000-1879113535)"
+        ]
+    );
 }
 
 #[test]
@@ -204,6 +278,8 @@ fn a_healthy_deployment_is_all_ok_and_names_the_offered_servers() {
             "egress-allowlist.conf reads: 1 host",
             "model-endpoints.json reads: 0 endpoints declared",
             "bubblewrap: /usr/bin/bwrap",
+            "job ids: each job runs as an id of 1879048192-1879048447 (PI_JOB_UIDS), which no user or group of this host has",
+            "job bounds: 1024 processes, 4096 MiB of memory, 7200 s of CPU time (PI_JOB_PIDS, PI_JOB_MEMORY_MB, PI_JOB_CPU_SECS)",
             "job image pi-job: pi 1.6.0",
         ]
     );

@@ -83,6 +83,23 @@ pub fn checks(ctx: &Context, fix: bool) -> anyhow::Result<Vec<Check>> {
                 }
             }
             let bubblewrap = settings.sandbox == config::settings::SandboxBackend::Bubblewrap;
+            if bubblewrap {
+                let root = rustix::process::geteuid().is_root();
+                let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+                inputs.isolation = doctor::Isolation {
+                    root,
+                    ids_claimed: doctor::ids_claimed(
+                        settings.job_uids,
+                        [
+                            &read("/etc/passwd"),
+                            &read("/etc/group"),
+                            &read("/etc/subuid"),
+                            &read("/etc/subgid"),
+                        ],
+                    ),
+                    cgroups: root && sandbox::cgroup::detect().is_some(),
+                };
+            }
             if bubblewrap && inputs.bwrap && inputs.image_runner {
                 inputs.sandbox = Some(sandbox_probe(&settings));
             }
@@ -408,13 +425,62 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
     } else {
         folder.path().to_owned()
     };
+    // As the worker would: under root, an id of the pool with an idmapped view of the workspace,
+    // and the job's control groups joined through job-limits.
+    let root = rustix::process::geteuid().is_root();
+    let mut identity = None;
+    let mut view = None;
+    let mut cgroup = None;
+    let mut workspace = workspace;
+    let mut host_user = None;
+    if root {
+        let pool = sandbox::identity::Pool {
+            first: settings.job_uids.0,
+            last: settings.job_uids.1,
+            lock_dir: sandbox::identity::LOCK_DIR.into(),
+        };
+        let (taken, _) = pool
+            .take()
+            .map_err(|e| format!("the pool of job ids cannot be used ({})", e.kind()))?;
+        let taken = taken.ok_or("every id of PI_JOB_UIDS is taken")?;
+        let id = (taken.uid, taken.gid);
+        let userns = sandbox::identity::mapping((0, 0), id)
+            .map_err(|e| format!("no user namespace for the job's view ({})", e.kind()))?;
+        let mounted = sandbox::identity::IdmappedFolder::attach(
+            &workspace,
+            &userns,
+            &folder.path().join("view"),
+        )
+        .map_err(|e| {
+            format!(
+                "the job's idmapped view of its workspace cannot be made ({}): idmapped mounts need Linux 5.12 and a file system that has them",
+                e.kind()
+            )
+        })?;
+        workspace = mounted.path().to_owned();
+        host_user = Some(id);
+        identity = Some(taken);
+        view = Some(mounted);
+        if let Some(hierarchy) = sandbox::cgroup::detect() {
+            let limits = sandbox::cgroup::Limits {
+                pids: settings.job_pids,
+                memory_bytes: settings.job_memory_bytes,
+                cpu_secs: settings.job_cpu_secs,
+            };
+            cgroup = Some(
+                sandbox::cgroup::JobCgroup::create(&hierarchy, "doctor", &limits).map_err(|e| {
+                    format!("the job's control groups cannot be made ({})", e.kind())
+                })?,
+            );
+        }
+    }
     let spec = JobSpec {
         job_dir,
         overlay_dir: overlay,
         image_dir: settings.dir.join("images").join(image),
         image_name: image.to_owned(),
         workspace,
-        host_user: None,
+        host_user,
         network: if settings.egress {
             Network::None
         } else {
@@ -433,12 +499,22 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
         .map(Into::into)
         .collect(),
         nested: true,
-        bounds: None,
+        bounds: cgroup.as_ref().map(|c| sandbox::backend::Bounds {
+            join: c.procs_files(),
+            cpu_secs: settings.job_cpu_secs,
+            tmp_bytes: settings.job_memory_bytes,
+        }),
     };
     let backend = Bubblewrap {
         bwrap: setup::doctor::BWRAP.into(),
-        limits: Vec::new(),
+        limits: vec![
+            std::env::current_exe()
+                .map_err(|e| format!("this program cannot be found ({})", e.kind()))?
+                .into_os_string(),
+            "job-limits".into(),
+        ],
     };
+    let _kept = (identity, view, cgroup);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

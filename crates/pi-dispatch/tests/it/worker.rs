@@ -900,8 +900,12 @@ fn a_job_runs_in_a_podman_container_with_the_same_contract() {
         results[1].contains("Echo: from a container"),
         "{results:#?}"
     );
-    // The agent's tools run as the repository's owner, with no capability.
-    assert!(results[2].contains("65534"), "{results:#?}");
+    // The agent's tools run as an id of the worker's pool (a root worker's), with no capability.
+    let uid: u32 = results[2].lines().next().unwrap().trim().parse().unwrap();
+    assert!(
+        (1_879_048_192..=1_879_048_447).contains(&uid),
+        "{results:#?}"
+    );
     assert!(
         results[2].contains("CapEff:\t0000000000000000"),
         "{results:#?}"
