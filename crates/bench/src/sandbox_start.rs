@@ -28,6 +28,8 @@ use crate::mcp_hub::Latency;
 
 /// Sandbox start should add at most this at p50 (`/bin/true`), ms.
 pub const GOAL_ADDED_P50_MS: f64 = 150.0;
+/// A job's bounds and own identity should add at most this at p50 to its sandbox's start, ms.
+pub const GOAL_BOUNDS_P50_MS: f64 = 5.0;
 /// The longest one run may take.
 const BOUND: Duration = Duration::from_secs(30);
 /// Where Node is under `node_modules`.
@@ -88,10 +90,39 @@ impl Pair {
     }
 }
 
+/// `/bin/true` sandboxed as the worker starts a job now: an id of the pool with the idmapped view
+/// of the workspace, the job's control groups joined through `pi-dispatch job-limits`, all made
+/// and removed within each run; beside the plain sandboxed start, in the same turns.
+pub struct Bounded {
+    plain: Latency,
+    bounded: Latency,
+}
+
+impl Bounded {
+    fn added_p50(&self) -> f64 {
+        self.bounded.p50 - self.plain.p50
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "sandboxed_p50_ms": round2(self.plain.p50),
+            "sandboxed_p99_ms": round2(self.plain.p99),
+            "bounded_p50_ms": round2(self.bounded.p50),
+            "bounded_p99_ms": round2(self.bounded.p99),
+            "added_p50_ms": round2(self.added_p50()),
+            "added_p99_ms": round2(self.bounded.p99 - self.plain.p99),
+            "goal_added_p50_ms": GOAL_BOUNDS_P50_MS,
+            "within_goal": self.added_p50() <= GOAL_BOUNDS_P50_MS,
+        })
+    }
+}
+
 pub struct SandboxFigures {
     runs: u32,
     warm_up: u32,
     true_pair: Pair,
+    /// The bounds' and identity's cost, or why it was not measured.
+    bounded: Result<Bounded, String>,
     /// The Node pair, or why it was skipped.
     node: Result<Pair, String>,
 }
@@ -114,6 +145,10 @@ impl SandboxFigures {
                 Ok(pair) => object.insert("node".to_owned(), pair.json()),
                 Err(why) => object.insert("node_skipped".to_owned(), json!(why)),
             };
+            match &self.bounded {
+                Ok(b) => object.insert("bounds_and_identity".to_owned(), b.json()),
+                Err(why) => object.insert("bounds_and_identity_skipped".to_owned(), json!(why)),
+            };
         }
         out
     }
@@ -129,6 +164,22 @@ impl SandboxFigures {
             self.true_pair.added_p50(),
             if self.within_goal() { "within" } else { "OVER" }
         );
+        match &self.bounded {
+            Ok(b) => println!(
+                "sandbox, /bin/true with the job's bounds and own id: p50 {:.2} ms, p99 {:.2} ms, against {:.2} ms and {:.2} ms without; added p50 {:.2} ms (goal {GOAL_BOUNDS_P50_MS} ms: {})",
+                b.bounded.p50,
+                b.bounded.p99,
+                b.plain.p50,
+                b.plain.p99,
+                b.added_p50(),
+                if b.added_p50() <= GOAL_BOUNDS_P50_MS {
+                    "within"
+                } else {
+                    "OVER"
+                }
+            ),
+            Err(why) => println!("sandbox, bounds and identity: skipped: {why}"),
+        }
     }
 }
 
@@ -177,12 +228,129 @@ pub fn measure(options: &Options) -> anyhow::Result<SandboxFigures> {
             node.display()
         ))
     };
+    let bounded = match (
+        rustix::process::geteuid().is_root(),
+        sandbox::cgroup::detect(),
+        std::env::current_exe().map(|e| e.with_file_name("pi-dispatch")),
+    ) {
+        (false, _, _) => Err("only a root worker gives a job its own id and bounds".to_owned()),
+        (_, None, _) => Err("no control groups to bound a job in".to_owned()),
+        (_, _, Err(e)) => Err(format!("this program cannot be found ({})", e.kind())),
+        (_, _, Ok(runner)) if !runner.is_file() => Err(format!(
+            "{} is missing: build it beside the bench (cargo build --release -p pi-dispatch)",
+            runner.display()
+        )),
+        (true, Some(hierarchy), Ok(runner)) => Ok(runtime.block_on(measure_bounded(
+            bwrap, options, &folders, &true_spec, &env, &hierarchy, &runner,
+        ))?),
+    };
     Ok(SandboxFigures {
         runs: options.runs,
         warm_up: options.warm_up,
         true_pair,
+        bounded,
         node,
     })
+}
+
+/// `spec` sandboxed plainly and as the worker starts a job now (see [`Bounded`]), alternating.
+async fn measure_bounded(
+    bwrap: &Path,
+    options: &Options,
+    folders: &Folders,
+    spec: &SandboxSpec,
+    env: &JobEnv,
+    hierarchy: &sandbox::cgroup::Hierarchy,
+    runner: &Path,
+) -> anyhow::Result<Bounded> {
+    let ids = sandbox::identity::Identities {
+        pool: sandbox::identity::Pool::new(
+            config::settings::DEFAULT_JOB_UIDS.0,
+            config::settings::DEFAULT_JOB_UIDS.1,
+            sandbox::identity::LOCK_DIR,
+        ),
+        mappings: sandbox::identity::Mappings::default(),
+    };
+    let ids = &ids;
+    let one = || bounded_run(bwrap, folders, spec, env, ids, hierarchy, runner);
+    for _ in 0..options.warm_up {
+        sandboxed(bwrap, spec, env).await?;
+        one().await?;
+    }
+    let mut plain = Vec::new();
+    let mut bounded = Vec::new();
+    for _ in 0..options.runs {
+        plain.push(sandboxed(bwrap, spec, env).await?.as_secs_f64() * 1e3);
+        bounded.push(one().await?.as_secs_f64() * 1e3);
+    }
+    Ok(Bounded {
+        plain: Latency::of(plain),
+        bounded: Latency::of(bounded),
+    })
+}
+
+/// One start as the worker makes it now: from taking an id to the end of the wait.
+async fn bounded_run(
+    bwrap: &Path,
+    folders: &Folders,
+    spec: &SandboxSpec,
+    env: &JobEnv,
+    ids: &sandbox::identity::Identities,
+    hierarchy: &sandbox::cgroup::Hierarchy,
+    runner: &Path,
+) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let (taken, _) = ids.pool.take().context("the pool of job ids")?;
+    let identity = taken.context("every job id is taken")?;
+    let id = (identity.uid, identity.gid);
+    let owner = spec.host.unwrap_or((bwrap::NOBODY, bwrap::NOBODY));
+    let userns = ids
+        .mappings
+        .get(owner, id)
+        .context("the view's user namespace")?;
+    let view =
+        sandbox::identity::IdmappedFolder::attach(&folders.workspace, &userns, &folders.view)
+            .context("the idmapped view")?;
+    let limits = sandbox::cgroup::Limits {
+        pids: config::settings::DEFAULT_JOB_PIDS,
+        memory_bytes: config::settings::DEFAULT_JOB_MEMORY_MB << 20,
+        cpu_secs: config::settings::DEFAULT_JOB_CPU_SECS,
+    };
+    let cgroup = sandbox::cgroup::JobCgroup::take(hierarchy, id.0, &limits)
+        .context("the job's control groups")?;
+    let mut prefix: Vec<std::ffi::OsString> = vec![runner.into(), "job-limits".into()];
+    for file in cgroup.procs_files() {
+        prefix.push("--join".into());
+        prefix.push(file.into_os_string());
+    }
+    prefix.extend([
+        "--cpu".into(),
+        limits.cpu_secs.to_string().into(),
+        "--".into(),
+    ]);
+    let spec = SandboxSpec {
+        workspace: view.path().to_owned(),
+        host: Some(id),
+        tmp_bytes: Some(limits.memory_bytes),
+        prefix,
+        ..spec.clone()
+    };
+    let mut sandbox = bwrap::spawn(bwrap, &spec, env)
+        .await
+        .context("cannot start the bounded sandbox")?;
+    let ending = sandbox.wait_with_limit(BOUND).await?;
+    // Timed as the plain start is: to the end of the wait. What follows (the groups, the view and
+    // the id given back) happens after the job's record, off its path.
+    let elapsed = start.elapsed();
+    if !matches!(ending, Ending::Exited(status) if status.success()) {
+        let stderr = read_all(sandbox.stderr()).await;
+        bail!("the bounded sandbox failed: {stderr}");
+    }
+    drop(sandbox);
+    drop(cgroup);
+    drop(view);
+    drop(identity);
+    Ok(elapsed)
 }
 
 /// Warms up, then times `program` bare and `spec` sandboxed, alternating, in ms.
@@ -265,6 +433,8 @@ async fn read_all(stream: Option<impl tokio::io::AsyncRead + Unpin>) -> String {
 /// The job's host folders, empty, open to every user (as the worker makes a job's folder).
 struct Folders {
     _root: tempfile::TempDir,
+    /// Where a bounded run attaches the workspace's idmapped view.
+    view: PathBuf,
     job: PathBuf,
     overlay: PathBuf,
     workspace: PathBuf,
@@ -295,6 +465,7 @@ impl Folders {
                 .with_context(|| format!("cannot give {} to nobody", workspace.display()))?;
         }
         Ok(Folders {
+            view: root.path().join("view"),
             job: dir("job")?,
             overlay: dir("overlay")?,
             workspace,

@@ -215,40 +215,32 @@ pub fn keyed(text: &str, key: &str) -> Option<u64> {
     })
 }
 
-/// A job's groups: made, joined by its sandbox's first process, read, and removed.
+/// A job's groups: joined by its sandbox's first process and read while it runs. Making and
+/// removing a group costs about a millisecond in each hierarchy, so the groups are kept and used
+/// again: each belongs to one id of the worker's pool (`pi-dispatch-id-UID`), which only one job
+/// runs as at a time. The kernel's counters only grow, so a job's usage is what they gained since
+/// it took the groups.
 #[derive(Debug)]
 pub struct JobCgroup {
     hierarchy: Hierarchy,
     /// The job's group in each hierarchy (one for v2).
     dirs: Vec<PathBuf>,
+    /// The counters when the job took the groups.
+    baseline: Usage,
 }
 
-/// The name of a job's group: its id, in characters a group's name may have.
-pub fn group_name(job_id: &str) -> String {
-    let id: String = job_id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("pi-dispatch-job-{id}")
+/// The name of the groups of the jobs that run as pool id `uid`.
+pub fn group_name(uid: u32) -> String {
+    format!("pi-dispatch-id-{uid}")
 }
 
 impl JobCgroup {
-    /// Makes the job's groups under the worker's and sets `limits` in them. A group left by an
-    /// earlier attempt (a worker killed outright) is emptied and made again.
-    pub fn create(
-        hierarchy: &Hierarchy,
-        job_id: &str,
-        limits: &Limits,
-    ) -> std::io::Result<JobCgroup> {
-        let name = group_name(job_id);
+    /// Takes the groups of pool id `uid` under the worker's (made the first time), empties them of
+    /// anything an earlier job left (its worker killed outright), and sets `limits` in them.
+    pub fn take(hierarchy: &Hierarchy, uid: u32, limits: &Limits) -> std::io::Result<JobCgroup> {
+        let name = group_name(uid);
         let write = |dir: &Path, file: &str, value: String| std::fs::write(dir.join(file), value);
-        let job = match hierarchy {
+        let dirs = match hierarchy {
             Hierarchy::V1 {
                 pids,
                 memory,
@@ -258,59 +250,55 @@ impl JobCgroup {
                 if let Some(cpu) = cpuacct {
                     dirs.push(cpu.join(&name));
                 }
-                let job = JobCgroup {
-                    hierarchy: hierarchy.clone(),
-                    dirs,
-                };
-                job.make()?;
-                write(&job.dirs[0], "pids.max", limits.pids.to_string())?;
-                write(
-                    &job.dirs[1],
-                    "memory.limit_in_bytes",
-                    limits.memory_bytes.to_string(),
-                )?;
-                // With swap accounting, swap counts too.
-                let memsw = job.dirs[1].join("memory.memsw.limit_in_bytes");
-                if memsw.exists() {
-                    std::fs::write(memsw, limits.memory_bytes.to_string())?;
-                }
-                job
+                dirs
             }
             Hierarchy::V2 { parent } => {
                 enable_controllers(parent)?;
-                let job = JobCgroup {
-                    hierarchy: hierarchy.clone(),
-                    dirs: vec![parent.join(&name)],
-                };
-                job.make()?;
-                write(&job.dirs[0], "pids.max", limits.pids.to_string())?;
-                write(&job.dirs[0], "memory.max", limits.memory_bytes.to_string())?;
-                let _ = write(&job.dirs[0], "memory.swap.max", "0".to_owned());
-                // The memory limit kills the whole job, not one process of it.
-                let _ = write(&job.dirs[0], "memory.oom.group", "1".to_owned());
-                job
+                vec![parent.join(&name)]
             }
         };
-        Ok(job)
-    }
-
-    /// Makes each group; one left by an earlier attempt of the job (its worker killed outright)
-    /// is emptied and removed first, its processes given a moment to go.
-    fn make(&self) -> std::io::Result<()> {
-        for dir in &self.dirs {
-            for _ in 0..300 {
-                if !dir.exists() {
-                    break;
-                }
-                kill_members(dir);
-                if std::fs::remove_dir(dir).is_ok() {
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
+        for dir in &dirs {
+            match std::fs::create_dir(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => empty(dir),
+                Err(e) => return Err(e),
             }
-            std::fs::create_dir(dir)?;
         }
-        Ok(())
+        match hierarchy {
+            Hierarchy::V1 { .. } => {
+                write(&dirs[0], "pids.max", limits.pids.to_string())?;
+                // With swap accounting, swap counts too. The kernel keeps memory+swap's limit at
+                // least memory's, so memory+swap is lifted first (an earlier job of the id may
+                // have had a smaller limit) and set after.
+                let memsw = dirs[1].join("memory.memsw.limit_in_bytes");
+                let swap = memsw.exists();
+                if swap {
+                    std::fs::write(&memsw, "-1")?;
+                }
+                write(
+                    &dirs[1],
+                    "memory.limit_in_bytes",
+                    limits.memory_bytes.to_string(),
+                )?;
+                if swap {
+                    std::fs::write(&memsw, limits.memory_bytes.to_string())?;
+                }
+            }
+            Hierarchy::V2 { .. } => {
+                write(&dirs[0], "pids.max", limits.pids.to_string())?;
+                write(&dirs[0], "memory.max", limits.memory_bytes.to_string())?;
+                let _ = write(&dirs[0], "memory.swap.max", "0".to_owned());
+                // The memory limit kills the whole job, not one process of it.
+                let _ = write(&dirs[0], "memory.oom.group", "1".to_owned());
+            }
+        }
+        let mut job = JobCgroup {
+            hierarchy: hierarchy.clone(),
+            dirs,
+            baseline: Usage::default(),
+        };
+        job.baseline = job.counters();
+        Ok(job)
     }
 
     /// The files a process writes `0` to to join the job's groups (`cgroup.procs`).
@@ -318,8 +306,18 @@ impl JobCgroup {
         self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
     }
 
-    /// What the kernel counted so far.
+    /// What the kernel counted for this job so far.
     pub fn usage(&self) -> Usage {
+        let now = self.counters();
+        Usage {
+            pids_refused: now.pids_refused.saturating_sub(self.baseline.pids_refused),
+            oom_kills: now.oom_kills.saturating_sub(self.baseline.oom_kills),
+            cpu_ns: now.cpu_ns.saturating_sub(self.baseline.cpu_ns),
+        }
+    }
+
+    /// The groups' counters as they are.
+    fn counters(&self) -> Usage {
         let read =
             |dir: &Path, file: &str| std::fs::read_to_string(dir.join(file)).unwrap_or_default();
         match &self.hierarchy {
@@ -355,17 +353,21 @@ impl JobCgroup {
 }
 
 impl Drop for JobCgroup {
-    /// The groups go with the job: whatever is left in them is killed first.
+    /// Whatever the job left in its groups is killed: the next job of the id finds them empty.
     fn drop(&mut self) {
-        for dir in &self.dirs {
-            for _ in 0..100 {
-                kill_members(dir);
-                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
+        self.kill();
+    }
+}
+
+/// Kills what is in `dir`'s group until it is empty (a moment at most: the killed go at once).
+fn empty(dir: &Path) {
+    for _ in 0..300 {
+        let left = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        if left.trim().is_empty() {
+            return;
         }
+        kill_members(dir);
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 
@@ -574,6 +576,6 @@ mod tests {
             ..Usage::default()
         };
         assert_eq!(breach(&cpu, &limits), Some(Breach::Cpu(10)));
-        assert_eq!(group_name("cli-1/x"), "pi-dispatch-job-cli-1_x");
+        assert_eq!(group_name(1_879_048_192), "pi-dispatch-id-1879048192");
     }
 }

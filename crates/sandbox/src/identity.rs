@@ -22,11 +22,29 @@ use std::sync::{Arc, Mutex};
 pub const LOCK_DIR: &str = "/run/pi-dispatch/job-ids";
 
 /// The ids a worker's jobs run as.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct Pool {
     pub first: u32,
     pub last: u32,
     pub lock_dir: PathBuf,
+    /// When each id was last found in use by no process of the host: a look through `/proc`
+    /// takes about 2 ms, so an id is looked for again at most every [`RECHECK`].
+    pub checked: Mutex<HashMap<u32, std::time::Instant>>,
+}
+
+/// How long an id found unused by any process of the host is taken as unused.
+pub const RECHECK: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Pool {
+    /// The pool `first..=last`, its locks in `lock_dir`.
+    pub fn new(first: u32, last: u32, lock_dir: impl Into<PathBuf>) -> Pool {
+        Pool {
+            first,
+            last,
+            lock_dir: lock_dir.into(),
+            checked: Mutex::default(),
+        }
+    }
 }
 
 /// An id taken for one job: free again when dropped.
@@ -84,9 +102,22 @@ impl Pool {
                 Err(e) if e == rustix::io::Errno::WOULDBLOCK => continue,
                 Err(e) => return Err(e.into()),
             }
-            if in_use(id) {
-                skipped.push(id);
-                continue;
+            let fresh = {
+                let checked = self
+                    .checked
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                checked.get(&id).is_some_and(|at| at.elapsed() < RECHECK)
+            };
+            if !fresh {
+                if in_use(id) {
+                    skipped.push(id);
+                    continue;
+                }
+                self.checked
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(id, std::time::Instant::now());
             }
             let identity = Identity {
                 uid: id,

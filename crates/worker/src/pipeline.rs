@@ -744,27 +744,6 @@ impl Worker {
             nested: true,
             bounds: None,
         };
-        // The job's bounds: its control groups, made before anything of it starts.
-        let limits = limits(settings);
-        let cgroup = match &self.cgroups {
-            None => None,
-            Some(hierarchy) => match JobCgroup::create(hierarchy, &job.id, &limits) {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    tracing::warn!(event = "job_bounds_failed", job_id = %job.id, detail = %e.kind());
-                    return Verdict::Retry(
-                        Record::ended(job, Reason::ContainerNeverStarted, attempt, now_ms())
-                            .with_detail(
-                                Detail::new(format!(
-                                    "the job's control groups could not be made ({})",
-                                    e.kind()
-                                )),
-                                Reason::ContainerNeverStarted.fix(),
-                            ),
-                    );
-                }
-            },
-        };
         // The job's own id on the host, and its view of the workspace as that id.
         let (_identity, view) = match self.identity(job, attempt, dir, &spec) {
             Ok(taken) => taken,
@@ -777,6 +756,29 @@ impl Worker {
                 ..spec
             },
             None => spec,
+        };
+        // The job's bounds: the control groups of its id, taken before anything of it starts.
+        let limits = limits(settings);
+        let cgroup = match (&self.cgroups, &view) {
+            (Some(hierarchy), Some(((uid, _), _))) => {
+                match JobCgroup::take(hierarchy, *uid, &limits) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        tracing::warn!(event = "job_bounds_failed", job_id = %job.id, detail = %e.kind());
+                        return Verdict::Retry(
+                            Record::ended(job, Reason::ContainerNeverStarted, attempt, now_ms())
+                                .with_detail(
+                                    Detail::new(format!(
+                                        "the job's control groups could not be made ({})",
+                                        e.kind()
+                                    )),
+                                    Reason::ContainerNeverStarted.fix(),
+                                ),
+                        );
+                    }
+                }
+            }
+            _ => None,
         };
         let spec = JobSpec {
             bounds: cgroup.as_ref().map(|c| Bounds {

@@ -434,11 +434,11 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
     let mut workspace = workspace;
     let mut host_user = None;
     if root {
-        let pool = sandbox::identity::Pool {
-            first: settings.job_uids.0,
-            last: settings.job_uids.1,
-            lock_dir: sandbox::identity::LOCK_DIR.into(),
-        };
+        let pool = sandbox::identity::Pool::new(
+            settings.job_uids.0,
+            settings.job_uids.1,
+            sandbox::identity::LOCK_DIR,
+        );
         let (taken, _) = pool
             .take()
             .map_err(|e| format!("the pool of job ids cannot be used ({})", e.kind()))?;
@@ -468,7 +468,7 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
                 cpu_secs: settings.job_cpu_secs,
             };
             cgroup = Some(
-                sandbox::cgroup::JobCgroup::create(&hierarchy, "doctor", &limits).map_err(|e| {
+                sandbox::cgroup::JobCgroup::take(&hierarchy, id.0, &limits).map_err(|e| {
                     format!("the job's control groups cannot be made ({})", e.kind())
                 })?,
             );

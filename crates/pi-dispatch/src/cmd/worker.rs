@@ -156,11 +156,11 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     // view of the repository; a view a worker killed outright left attached goes first.
     let root = rustix::process::geteuid().is_root();
     let identities = root.then(|| sandbox::identity::Identities {
-        pool: sandbox::identity::Pool {
-            first: settings.job_uids.0,
-            last: settings.job_uids.1,
-            lock_dir: sandbox::identity::LOCK_DIR.into(),
-        },
+        pool: sandbox::identity::Pool::new(
+            settings.job_uids.0,
+            settings.job_uids.1,
+            sandbox::identity::LOCK_DIR,
+        ),
         mappings: sandbox::identity::Mappings::default(),
     });
     if root {
