@@ -404,17 +404,32 @@ impl Demo {
             }}})
             .to_string(),
         )?;
+        // As `pi-dispatch worker` runs a job: as root, an id of the pool with the workspace's
+        // idmapped view, and the job's control groups joined through `pi-dispatch job-limits`.
+        let root = rustix::process::geteuid().is_root();
+        let runner = std::env::current_exe()?.with_file_name("pi-dispatch");
         let sides = Arc::new(Sides {
             inner: Bubblewrap {
                 bwrap: sandbox::bwrap::BWRAP.into(),
-                limits: Vec::new(),
+                limits: vec![runner.into_os_string(), "job-limits".into()],
             },
             separation: std::sync::Mutex::new(Separation::On),
             started: std::sync::Mutex::new(None),
         });
         let worker = Worker {
-            cgroups: None,
-            identities: None,
+            cgroups: if root {
+                sandbox::cgroup::detect()
+            } else {
+                None
+            },
+            identities: root.then(|| sandbox::identity::Identities {
+                pool: sandbox::identity::Pool::new(
+                    settings.job_uids.0,
+                    settings.job_uids.1,
+                    sandbox::identity::LOCK_DIR,
+                ),
+                mappings: sandbox::identity::Mappings::default(),
+            }),
             jobs_dir: state.join("jobs"),
             locks_dir: state.join("locks"),
             backend: sides.clone(),

@@ -79,29 +79,38 @@ pub fn in_use(id: u32) -> bool {
     })
 }
 
+/// An exclusive `flock` on the file at `path` (made, mode 0600, when missing), if no other open
+/// file holds it: `None` while one does. It holds across processes and goes with its holder.
+pub fn try_lock(path: &Path) -> std::io::Result<Option<File>> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(file)),
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 impl Pool {
     /// A free id of the pool, or `None` when every one is taken; and the ids skipped because a
     /// process of the host runs with them (the operator's pool overlaps a user).
     pub fn take(&self) -> std::io::Result<(Option<Identity>, Vec<u32>)> {
-        use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+        use std::os::unix::fs::DirBuilderExt as _;
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&self.lock_dir)?;
         let mut skipped = Vec::new();
         for id in self.first..=self.last {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .open(self.lock_dir.join(format!("{id}.lock")))?;
-            match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => {}
-                Err(e) if e == rustix::io::Errno::WOULDBLOCK => continue,
-                Err(e) => return Err(e.into()),
-            }
+            let Some(file) = try_lock(&self.lock_dir.join(format!("{id}.lock")))? else {
+                continue;
+            };
             let fresh = {
                 let checked = self
                     .checked

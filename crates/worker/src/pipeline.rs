@@ -241,24 +241,12 @@ pub struct FolderLock(#[allow(dead_code)] std::fs::File);
 /// Takes the lock of `folder` if it is free: `Ok(None)` while another job holds it.
 pub fn try_lock_folder(locks: &Path, folder: &str) -> std::io::Result<Option<FolderLock>> {
     use sha2::Digest as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
     std::fs::create_dir_all(locks)?;
     let name: String = sha2::Sha256::digest(folder.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(locks.join(format!("{name}.lock")))?;
-    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(Some(FolderLock(file))),
-        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+    Ok(sandbox::identity::try_lock(&locks.join(format!("{name}.lock")))?.map(FolderLock))
 }
 
 /// How the sandbox part ended.
