@@ -185,6 +185,13 @@ pub fn init(c: &Confinement, program: &OsString, args: &[OsString]) -> Result<u8
         source: e,
     })?;
     give_up_capabilities(c.keep_marker)?;
+    // No process of the namespace may trace its first process (a stopped one would hold the
+    // program's end, and the job, for ever): it is not dumpable, which only a capability it
+    // does not give them overrides.
+    step(
+        "not dumpable",
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable),
+    )?;
     let mut child = Command::new(program);
     child.args(args);
     let child = child.spawn().map_err(|e| ConfineError {

@@ -835,6 +835,36 @@ async fn agent(
             }
         }
     }
+    // Confined, pi's tools run apart from pi: its shell asks the runner to start each command in
+    // namespaces of its own (`crate::tools`), on a socket in the runner's part of the folder.
+    if let (Some(runner), true) = (&job.confine, is_pi) {
+        let socket = folder.own().join("tools.sock");
+        let _ = std::fs::remove_file(&socket);
+        match std::os::unix::net::UnixListener::bind(&socket) {
+            Ok(listener) => {
+                crate::tools::serve(
+                    listener,
+                    runner.clone(),
+                    crate::confine::Confinement {
+                        pinned: folder.pinned(),
+                        read_only: folder.read_only(),
+                        ..Default::default()
+                    },
+                );
+                cmd.env(crate::tools::SOCKET_VARIABLE, &socket);
+            }
+            Err(e) => {
+                return AgentEnd::Stopped(
+                    Stop::new(
+                        Reason::RunnerSetupFailed,
+                        None,
+                        format!("the socket of pi's tools could not be made ({})", e.kind()),
+                    ),
+                    None,
+                );
+            }
+        }
+    }
     cmd.env("PI_CODING_AGENT_DIR", &job.agent_dir)
         .current_dir(&job.workspace)
         .process_group(0)

@@ -22,5 +22,6 @@ pub mod rpc;
 pub mod runner;
 mod session;
 pub mod stdio;
+pub mod tools;
 mod upstream;
 pub mod wait;

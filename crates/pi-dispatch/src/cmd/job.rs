@@ -212,6 +212,34 @@ pub fn shell(args: &[std::ffi::OsString]) -> std::process::ExitCode {
     if let Err(e) = hub::confine::drop_all() {
         return hub::confine::failed(&e);
     }
+    // In a job, the runner runs the command apart from pi (`hub::tools`); it never runs here.
+    if let Some(socket) = std::env::var_os(hub::tools::SOCKET_VARIABLE) {
+        let argv: Option<Vec<String>> = std::iter::once(std::ffi::OsString::from("bash"))
+            .chain(args.iter().cloned())
+            .map(|a| a.into_string().ok())
+            .collect();
+        let cwd = std::env::current_dir()
+            .ok()
+            .and_then(|d| d.into_os_string().into_string().ok());
+        let (Some(argv), Some(cwd)) = (argv, cwd) else {
+            eprintln!("pi-dispatch: pi's shell takes UTF-8 arguments and a UTF-8 working folder");
+            return std::process::ExitCode::from(126);
+        };
+        let env: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k != hub::pi_config::HUB_TOKEN_VARIABLE)
+            .collect();
+        let request = hub::tools::Request { argv, cwd, env };
+        return match hub::tools::run(std::path::Path::new(&socket), &request) {
+            Ok(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            Err(e) => {
+                eprintln!(
+                    "pi-dispatch: pi's shell cannot reach the runner ({})",
+                    e.kind()
+                );
+                std::process::ExitCode::from(126)
+            }
+        };
+    }
     let error = std::process::Command::new("bash")
         .args(args)
         .env_remove(hub::pi_config::HUB_TOKEN_VARIABLE)

@@ -101,10 +101,12 @@ fn a_hostile_job_reads_no_credential_but_its_own() {
         !cmdlines.contains("bin/pi-dispatch job ") && !cmdlines.contains("server-everything"),
         "{cmdlines}"
     );
+    // Nor pi itself: pi's tools run in a namespace of their own, which holds the attack only.
     assert!(
-        cmdlines.contains("dist/bundle/cli.js"),
-        "pi itself: {cmdlines}"
+        cmdlines.contains("sh /workspace/attack.sh"),
+        "the attack itself: {cmdlines}"
     );
+    assert!(!cmdlines.contains("dist/bundle/cli.js"), "{cmdlines}");
     // A pi started by hand lists no server's tools.
     let by_hand = attack.split("== pi by hand").nth(1).unwrap_or_default();
     assert!(!by_hand.contains("\"echo\""), "{by_hand}");
@@ -112,9 +114,9 @@ fn a_hostile_job_reads_no_credential_but_its_own() {
         attack.contains("hub keeper:"),
         "the hub was tried: {attack}"
     );
-    // pi reaches the hub through the relays it starts: they were there to attack, and the hub's
-    // socket was reached and refused the tokens tried.
-    assert!(cmdlines.contains("job-relay --socket"), "{cmdlines}");
+    // pi reaches the hub through the relays it starts, out of the tools' sight; the hub's socket
+    // was reached and refused the tokens tried.
+    assert!(!cmdlines.contains("job-relay --socket"), "{cmdlines}");
     assert!(
         attack.contains("Unauthorized: the hub refused the connection"),
         "the socket was tried: {attack}"

@@ -1,8 +1,9 @@
-//! A hijacked tool against pi itself, in a real job through the worker: pi's bash tool signals pi
-//! for Node's inspector, rewrites pi's shell, settings and tools and moves its agent folder away,
-//! raises its core limits and dumps a core, traces pi and reads its memory and environment. Then a
-//! second command runs through pi's shell: had the shell been swapped, it would have copied pi's
-//! environment (the hub's token) into the repository. Each probe prints that it ran.
+//! A hijacked tool against pi itself, in a real job through the worker: pi's bash tool looks for pi
+//! to signal it for Node's inspector, rewrites pi's shell, settings and tools and moves its agent
+//! folder away, raises its core limits and dumps a core, traces pi and reads its memory and
+//! environment. Then a second command runs through pi's shell: had the shell been swapped, it would
+//! have copied pi's environment (the hub's token) into the repository. Each probe prints that it
+//! ran; the tool finds no pi at all (its commands run in a namespace of their own).
 
 use serde_json::json;
 use testkit::fake_model::Step;
@@ -34,10 +35,24 @@ fn a_tool_of_pis_cannot_take_pi_over() {
     if std::env::var_os("HOSTILE_SHOW").is_some() {
         eprintln!("{attack}\n{}", results[2]);
     }
-    // The probes ran: pi was found and signalled, its shell named, every section reached.
+    // The probes ran: every section reached, pi's shell named. pi itself is out of the tools'
+    // sight: they run in a process namespace of their own, which holds the attack and nothing of
+    // pi's (not pi, its relays or the runner).
     assert!(attack.contains("== end"), "{attack}");
-    assert!(!attack.contains("== pi none"), "pi was found: {attack}");
-    assert!(attack.contains("signalled pi"), "{attack}");
+    assert!(attack.contains("== pi none"), "a tool found pi: {attack}");
+    assert!(!attack.contains("signalled pi"), "{attack}");
+    let seen = attack
+        .split("== processes")
+        .nth(1)
+        .and_then(|r| r.split("== inspector").next())
+        .unwrap_or_default();
+    assert!(
+        seen.contains("sh /workspace/pi.sh"),
+        "the tool sees itself: {seen}"
+    );
+    for hidden in ["job-relay", "pi-dispatch job ", "server-everything"] {
+        assert!(!seen.contains(hidden), "a tool sees {hidden}: {seen}");
+    }
     assert!(
         attack.contains("inspector closed: ECONNREFUSED"),
         "the inspector was probed: {attack}"

@@ -6,6 +6,8 @@ pi=$(for p in /proc/[0-9]*; do
   [ "$1" = pi ] && [ $# -eq 1 ] && basename "$p"
 done | head -1)
 echo "== pi ${pi:-none}"
+echo "== processes"
+for p in /proc/[0-9]*; do echo "$(basename "$p"): $(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)"; done
 echo "== inspector"
 kill -USR1 "$pi" && echo "signalled pi"
 sleep 1
