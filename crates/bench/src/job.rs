@@ -430,6 +430,7 @@ impl Demo {
                 ),
                 mappings: sandbox::identity::Mappings::default(),
             }),
+            disks: root && sandbox::disk::available().is_ok(),
             jobs_dir: state.join("jobs"),
             locks_dir: state.join("locks"),
             backend: sides.clone(),

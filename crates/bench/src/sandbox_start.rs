@@ -318,6 +318,13 @@ async fn bounded_run(
     };
     let cgroup = sandbox::cgroup::JobCgroup::take(hierarchy, id.0, &limits)
         .context("the job's control groups")?;
+    let disk = sandbox::disk::JobDisk::make(
+        folders.view.parent().context("the view's folder")?,
+        view.path(),
+        config::settings::DEFAULT_JOB_DISK_MB << 20,
+        id,
+    )
+    .context("the job's disk")?;
     let mut prefix: Vec<std::ffi::OsString> = vec![runner.into(), "job-limits".into()];
     for file in cgroup.procs_files() {
         prefix.push("--join".into());
@@ -329,7 +336,7 @@ async fn bounded_run(
         "--".into(),
     ]);
     let spec = SandboxSpec {
-        workspace: view.path().to_owned(),
+        workspace: disk.path().to_owned(),
         host: Some(id),
         tmp_bytes: Some(limits.memory_bytes),
         prefix,
@@ -348,6 +355,7 @@ async fn bounded_run(
     }
     drop(sandbox);
     drop(cgroup);
+    drop(disk);
     drop(view);
     drop(identity);
     Ok(elapsed)

@@ -72,6 +72,9 @@ pub const MAX_PUBLISH_MB: u64 = 1 << 20;
 pub const JOB_PIDS_SETTING: &str = "PI_JOB_PIDS";
 pub const JOB_MEMORY_SETTING: &str = "PI_JOB_MEMORY_MB";
 pub const JOB_CPU_SETTING: &str = "PI_JOB_CPU_SECS";
+/// What a job may write to its workspace (MiB): the size of the file system its writes go to.
+pub const JOB_DISK_SETTING: &str = "PI_JOB_DISK_MB";
+pub const DEFAULT_JOB_DISK_MB: u64 = 4096;
 pub const DEFAULT_JOB_PIDS: u64 = 1024;
 pub const DEFAULT_JOB_MEMORY_MB: u64 = 4096;
 pub const DEFAULT_JOB_CPU_SECS: u64 = 7200;
@@ -101,7 +104,7 @@ pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 36] = [
+pub const ALL: [&str; 37] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
@@ -137,6 +140,7 @@ pub const ALL: [&str; 36] = [
     JOB_PIDS_SETTING,
     JOB_MEMORY_SETTING,
     JOB_CPU_SETTING,
+    JOB_DISK_SETTING,
     JOB_UIDS_SETTING,
 ];
 
@@ -276,6 +280,8 @@ pub struct Settings {
     pub job_pids: u64,
     pub job_memory_bytes: u64,
     pub job_cpu_secs: u64,
+    /// `PI_JOB_DISK_MB`, in bytes.
+    pub job_disk_bytes: u64,
     /// `PI_JOB_UIDS`, first and last.
     pub job_uids: (u32, u32),
 }
@@ -498,6 +504,7 @@ pub fn resolve(
     let job_pids = number(JOB_PIDS_SETTING, DEFAULT_JOB_PIDS, 16, 4_194_304);
     let job_memory_mb = number(JOB_MEMORY_SETTING, DEFAULT_JOB_MEMORY_MB, 64, 1 << 24);
     let job_cpu_secs = number(JOB_CPU_SETTING, DEFAULT_JOB_CPU_SECS, 1, 30 * 24 * 3600);
+    let job_disk_mb = number(JOB_DISK_SETTING, DEFAULT_JOB_DISK_MB, 16, 1 << 24);
     let drain_limit_secs = number(
         DRAIN_LIMIT_SETTING,
         DEFAULT_DRAIN_LIMIT_SECS,
@@ -642,6 +649,7 @@ pub fn resolve(
         job_pids,
         job_memory_bytes: job_memory_mb << 20,
         job_cpu_secs,
+        job_disk_bytes: job_disk_mb << 20,
         job_uids,
     })
 }

@@ -234,6 +234,10 @@ reasons! {
         "The job used more memory than its limit allows (what its /tmp holds counts), and was stopped.";
     JobCpuLimit = "job-cpu-limit", Worker, Failed, None, false,
         "The job used more CPU time than its limit allows, and was stopped.";
+    JobDiskLimit = "job-disk-limit", Worker, Failed, None, false,
+        "The job filled the disk it may write its workspace on, and was stopped; what it wrote was not kept.";
+    JobWriteBackFailed = "job-write-back-failed", Worker, Failed, None, false,
+        "What the job wrote could not be copied from its own disk into its workspace.";
     Cancelled = "cancelled", Worker, Cancelled, None, false,
         "The job was cancelled.";
     ContainerNeverStarted = "container-never-started", Worker, Failed, None, true,
@@ -522,6 +526,12 @@ impl Reason {
                 "raise PI_JOB_MEMORY_MB, or give the job a smaller task (and less to keep in /tmp)"
             }
             Reason::JobCpuLimit => "raise PI_JOB_CPU_SECS, or give the job a smaller task",
+            Reason::JobWriteBackFailed => {
+                "check the host's free space and the workspace folder (the worker's log names the error); the job's writes were not kept"
+            }
+            Reason::JobDiskLimit => {
+                "raise PI_JOB_DISK_MB, or have the job write less into its workspace (build outputs, caches)"
+            }
             Reason::Cancelled => "queue it again if it should run",
             Reason::ContainerNeverStarted => {
                 "run `pi-dispatch doctor`: bubblewrap and the job image must work on this host"

@@ -40,6 +40,8 @@ pub enum Breach {
     Pids(u64),
     Memory(u64),
     Cpu(u64),
+    /// The job's disk ([`crate::disk`]) is full: its size in bytes.
+    Disk(u64),
 }
 
 /// The limit `usage` shows a job reached, if any: a refused fork, a process killed for memory,

@@ -12,6 +12,7 @@
 pub mod backend;
 pub mod bwrap;
 pub mod cgroup;
+pub mod disk;
 pub mod env;
 pub mod identity;
 pub mod isolated;

@@ -155,6 +155,8 @@ pub struct Isolation {
     pub ids_claimed: Vec<String>,
     /// Whether the worker finds control groups it can make jobs' groups in.
     pub cgroups: bool,
+    /// Why the worker cannot give a job a disk of its own (`PI_JOB_DISK_MB`), if it cannot.
+    pub no_disk: Option<String>,
 }
 
 /// Which entries of the host's `passwd`, `group`, `subuid` and `subgid` (their texts, in that
@@ -228,6 +230,16 @@ fn isolation_checks(inputs: &Inputs, out: &mut Vec<Check>) {
             "no control groups the worker can make: jobs run without PI_JOB_PIDS, PI_JOB_MEMORY_MB and PI_JOB_CPU_SECS",
             "give the worker cgroup v1's pids and memory hierarchies, or a delegated cgroup v2 group (Delegate=yes; docs/sandbox.md)",
         )
+    });
+    out.push(match &i.no_disk {
+        None => Check::ok(format!(
+            "job disk: each job writes at most {} MiB, on a disk of its own (PI_JOB_DISK_MB)",
+            s.job_disk_bytes >> 20
+        )),
+        Some(why) => Check::warn(
+            format!("{why}: jobs write to their workspace without PI_JOB_DISK_MB"),
+            "install e2fsprogs and give the worker loop devices (/dev/loop-control; docs/sandbox.md)",
+        ),
     });
 }
 

@@ -70,6 +70,7 @@ fn healthy() -> Inputs {
             root: true,
             ids_claimed: Vec::new(),
             cgroups: true,
+            no_disk: None,
         },
     }
 }
@@ -111,6 +112,19 @@ fn how_jobs_are_kept_apart_and_bounded_is_checked() {
         find(&unbounded, "no control groups").unwrap().level,
         Level::Warn
     );
+    let disk = find(&healthy(), "job disk").unwrap();
+    assert_eq!(disk.level, Level::Ok, "{disk:?}");
+    assert!(disk.label.contains("4096 MiB"), "{disk:?}");
+    let no_disk = Inputs {
+        isolation: super::Isolation {
+            no_disk: Some("the host has no loop devices (/dev/loop-control)".into()),
+            ..healthy().isolation
+        },
+        ..healthy()
+    };
+    let warned = find(&no_disk, "the host has no loop devices").unwrap();
+    assert_eq!(warned.level, Level::Warn, "{warned:?}");
+    assert!(warned.label.contains("PI_JOB_DISK_MB"), "{warned:?}");
     let not_root = Inputs {
         isolation: super::Isolation::default(),
         ..healthy()
@@ -280,6 +294,7 @@ fn a_healthy_deployment_is_all_ok_and_names_the_offered_servers() {
             "bubblewrap: /usr/bin/bwrap",
             "job ids: each job runs as an id of 1879048192-1879048447 (PI_JOB_UIDS), which no user or group of this host has",
             "job bounds: 1024 processes, 4096 MiB of memory, 7200 s of CPU time (PI_JOB_PIDS, PI_JOB_MEMORY_MB, PI_JOB_CPU_SECS)",
+            "job disk: each job writes at most 4096 MiB, on a disk of its own (PI_JOB_DISK_MB)",
             "job image pi-job: pi 1.6.0",
         ]
     );

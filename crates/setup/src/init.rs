@@ -103,6 +103,9 @@ const ENV: &str = "\
 # PI_JOB_PIDS=1024
 # PI_JOB_MEMORY_MB=4096
 # PI_JOB_CPU_SECS=7200
+# What each job may write into its workspace, in MiB: its writes go to a disk of their own that
+# size, and are copied into the workspace when the job ends (not kept if it filled the disk).
+# PI_JOB_DISK_MB=4096
 # The ids (uid and gid) a root worker runs its jobs as, one for each running job, FIRST-LAST: no
 # user, group or other process of this host may use them.
 # PI_JOB_UIDS=1879048192-1879048447

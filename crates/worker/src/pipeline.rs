@@ -66,6 +66,9 @@ pub struct Worker {
     /// A root worker's pool of job ids: each job runs as an id of its own, its workspace an
     /// idmapped view of the repository. `None`: a job runs as its workspace's owner.
     pub identities: Option<sandbox::identity::Identities>,
+    /// Whether a job with an id of its own writes to a disk of its own (`PI_JOB_DISK_MB`): root,
+    /// with loop devices and `mkfs.ext4`.
+    pub disks: bool,
 }
 
 /// `GITLAB_HOST` for glab: the host (and port) of `GITLAB_URL`.
@@ -264,16 +267,30 @@ type View = ((u32, u32), sandbox::identity::IdmappedFolder);
 const BOUNDS_POLL: Duration = Duration::from_millis(200);
 
 /// Resolves when the job reaches one of its bounds (never without control groups).
-async fn breached(cgroup: Option<&JobCgroup>, limits: &Limits) -> Breach {
-    let Some(cgroup) = cgroup else {
+async fn breached(
+    cgroup: Option<&JobCgroup>,
+    disk: Option<&sandbox::disk::JobDisk>,
+    limits: &Limits,
+) -> Breach {
+    if cgroup.is_none() && disk.is_none() {
         return std::future::pending().await;
-    };
+    }
     loop {
-        if let Some(b) = sandbox::cgroup::breach(&cgroup.usage(), limits) {
+        let found = cgroup
+            .and_then(|c| sandbox::cgroup::breach(&c.usage(), limits))
+            .or_else(|| disk.and_then(disk_full));
+        if let Some(b) = found {
             return b;
         }
         tokio::time::sleep(BOUNDS_POLL).await;
     }
+}
+
+/// The job's disk as a bound reached, when it is full.
+fn disk_full(disk: &sandbox::disk::JobDisk) -> Option<Breach> {
+    disk.written()
+        .is_ok_and(|w| w.full)
+        .then(|| Breach::Disk(disk.limit()))
 }
 
 /// The job's bounds from the settings.
@@ -305,6 +322,14 @@ fn breach_record(job: &Job, attempt: u32, breach: Breach) -> Record {
             Reason::JobCpuLimit,
             config::settings::JOB_CPU_SETTING,
             format!("the job used its limit of {secs} seconds of CPU time"),
+        ),
+        Breach::Disk(bytes) => (
+            Reason::JobDiskLimit,
+            config::settings::JOB_DISK_SETTING,
+            format!(
+                "the job filled its disk of {} MiB; what it wrote was not kept",
+                bytes >> 20
+            ),
         ),
     };
     Record::ended(job, reason, attempt, now_ms())
@@ -745,6 +770,37 @@ impl Worker {
             },
             None => spec,
         };
+        // What the job writes goes to a disk of its own, over its view of the workspace.
+        let disk = match (&view, self.disks) {
+            (Some((id, mounted)), true) => {
+                let made =
+                    sandbox::disk::JobDisk::make(dir, mounted.path(), settings.job_disk_bytes, *id);
+                match made {
+                    Ok(d) => Some(d),
+                    Err(e) => {
+                        tracing::warn!(event = "job_disk_failed", job_id = %job.id, detail = %e);
+                        return Verdict::Retry(
+                            Record::ended(job, Reason::ContainerNeverStarted, attempt, now_ms())
+                                .with_detail(
+                                    Detail::new(format!(
+                                        "the job's disk could not be made ({})",
+                                        e.kind()
+                                    )),
+                                    Reason::ContainerNeverStarted.fix(),
+                                ),
+                        );
+                    }
+                }
+            }
+            _ => None,
+        };
+        let spec = match &disk {
+            Some(d) => JobSpec {
+                workspace: d.path().to_owned(),
+                ..spec
+            },
+            None => spec,
+        };
         // The job's bounds: the control groups of its id, taken before anything of it starts.
         let limits = limits(settings);
         let cgroup = match (&self.cgroups, &view) {
@@ -869,7 +925,7 @@ impl Worker {
         let ran = tokio::select! {
             ending = running.wait_with_limit(self.time_limit) => Ran::Ended(ending),
             cause = stopped(stop) => Ran::Stopped(cause),
-            breach = breached(cgroup.as_ref(), &limits) => Ran::Breached(breach),
+            breach = breached(cgroup.as_ref(), disk.as_ref(), &limits) => Ran::Breached(breach),
         };
         if matches!(ran, Ran::Stopped(_) | Ran::Breached(_)) {
             let _ = running.kill().await;
@@ -879,12 +935,24 @@ impl Worker {
         // ended, whatever else it said.
         let late = cgroup
             .as_ref()
-            .and_then(|c| sandbox::cgroup::breach(&c.usage(), &limits));
+            .and_then(|c| sandbox::cgroup::breach(&c.usage(), &limits))
+            .or_else(|| disk.as_ref().and_then(disk_full));
         let ran = match (ran, late) {
             (Ran::Ended(Ok(_)), Some(breach)) => Ran::Breached(breach),
             (ran, _) => ran,
         };
         drop(cgroup);
+        // What the job wrote goes into its workspace, but for a job that filled its disk.
+        let written_back = match disk {
+            Some(disk) if !matches!(ran, Ran::Breached(Breach::Disk(_))) => {
+                let done = tokio::task::spawn_blocking(move || disk.write_back()).await;
+                Some(match done {
+                    Ok(r) => r,
+                    Err(e) => Err(std::io::Error::other(e.to_string())),
+                })
+            }
+            _ => None,
+        };
         let (exit_line, transcript_kept, events, activity) =
             tokio::time::timeout(Duration::from_secs(5), reader)
                 .await
@@ -902,6 +970,20 @@ impl Worker {
             // it spent, so the record never claims nothing was spent when something was.
             if !had_line && events.answers() > 0 {
                 r.set_usage(&events.usage);
+            }
+            // A job whose writes could not be kept did not finish its task, whatever it said.
+            if let Some(Err(e)) = &written_back {
+                tracing::warn!(event = "job_write_back_failed", job_id = %job.id, detail = %e.kind());
+                if r.outcome == protocol::reason::Outcome::Completed {
+                    let reason = Reason::JobWriteBackFailed;
+                    r.outcome = reason.outcome();
+                    r.reason = Some(reason);
+                    r.detail = Some(Detail::new(format!(
+                        "what the job wrote could not be copied into its workspace ({})",
+                        e.kind()
+                    )));
+                    r.fix = Some(reason.fix().to_owned());
+                }
             }
         }
         verdict

@@ -98,6 +98,7 @@ pub fn checks(ctx: &Context, fix: bool) -> anyhow::Result<Vec<Check>> {
                         ],
                     ),
                     cgroups: root && sandbox::cgroup::detect().is_some(),
+                    no_disk: sandbox::disk::available().err(),
                 };
             }
             if bubblewrap && inputs.bwrap && inputs.image_runner {
@@ -431,6 +432,7 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
     let mut identity = None;
     let mut view = None;
     let mut cgroup = None;
+    let mut disk = None;
     let mut workspace = workspace;
     let mut host_user = None;
     if root {
@@ -461,6 +463,17 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
         host_user = Some(id);
         identity = Some(taken);
         view = Some(mounted);
+        if sandbox::disk::available().is_ok() {
+            let made = sandbox::disk::JobDisk::make(
+                folder.path(),
+                &workspace,
+                settings.job_disk_bytes,
+                id,
+            )
+            .map_err(|e| format!("the job's disk cannot be made ({})", e.kind()))?;
+            workspace = made.path().to_owned();
+            disk = Some(made);
+        }
         if let Some(hierarchy) = sandbox::cgroup::detect() {
             let limits = sandbox::cgroup::Limits {
                 pids: settings.job_pids,
@@ -514,7 +527,7 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
             "job-limits".into(),
         ],
     };
-    let _kept = (identity, view, cgroup);
+    let _kept = (disk, view, cgroup, identity);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -166,9 +166,24 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     if root {
         sandbox::identity::sweep(&state.join("jobs"));
     }
+    // What each job writes goes to a disk of its own, where the host can make one.
+    let disks = root
+        && bubblewrap
+        && {
+            let available = sandbox::disk::available();
+            if let Err(why) = &available {
+                tracing::warn!(event = "job_disk_unavailable",
+                detail = %format!("{why}: jobs write to their workspace without PI_JOB_DISK_MB (docs/sandbox.md)"));
+            }
+            available.is_ok()
+        };
+    if root {
+        sandbox::disk::sweep_images(&state.join("jobs"));
+    }
     let worker = Arc::new(Worker {
         cgroups,
         identities,
+        disks,
         forges,
         jobs_dir: state.join("jobs"),
         locks_dir: state.join("locks"),

@@ -1,7 +1,8 @@
 //! A hijacked job against the host's resources, in real jobs through the worker: pi's bash tool
-//! forks without end, allocates without end, fills its `/tmp`, and spins on the CPU. The kernel
-//! keeps each bound (the job's control groups), the worker ends the job with the bound's own
-//! reason and names the limit in the record, and it then takes the next job, which completes.
+//! forks without end, allocates without end, fills its `/tmp` and its workspace, and spins on the
+//! CPU. The kernel keeps each bound (the job's control groups, its disk), the worker ends the job
+//! with the bound's own reason and names the limit in the record, and it then takes the next job,
+//! which completes.
 
 use serde_json::json;
 use testkit::fake_model::Step;
@@ -11,6 +12,11 @@ use crate::worker::{Service, queued_id, stdio};
 /// Runs `attack` as a job under `env`'s bounds, then a plain job; returns the first job's record
 /// once both are done, and insists the second completed.
 fn attacked(attack: &str, env: &str) -> serde_json::Value {
+    attacked_in(attack, env).0
+}
+
+/// [`attacked`], with the service (its repository, its deployment) kept for a look after.
+fn attacked_in(attack: &str, env: &str) -> (serde_json::Value, Service) {
     let s = Service::new(
         vec![
             Step::call("bash", json!({"command": attack})),
@@ -39,7 +45,7 @@ fn attacked(attack: &str, env: &str) -> serde_json::Value {
     );
     let next = s.record(&second);
     assert_eq!(next["outcome"], "completed", "{next:#}\n{}", worked.stderr);
-    s.record(&first)
+    (s.record(&first), s)
 }
 
 fn ended_for(record: &serde_json::Value, reason: &str, setting: &str) {
@@ -90,4 +96,54 @@ fn spinning_ends_its_job_at_the_cpu_limit() {
         "PI_JOB_CPU_SECS=20\n",
     );
     ended_for(&record, "job-cpu-limit", "PI_JOB_CPU_SECS");
+}
+
+/// Every file under `dir` named `name`.
+fn found(dir: &std::path::Path, name: &str) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_name() == name {
+            out.push(path.clone());
+        }
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(found(&path, name));
+        }
+    }
+    out
+}
+
+#[test]
+fn filling_the_workspace_ends_its_job_at_the_disk_limit_and_keeps_none_of_it() {
+    let (record, s) = attacked_in(
+        "head -c 2000M /dev/zero > /workspace/fill; ls -l /workspace/fill",
+        "PI_JOB_DISK_MB=64\n",
+    );
+    ended_for(&record, "job-disk-limit", "PI_JOB_DISK_MB");
+    let why = record["detail"]["why"].as_str().unwrap();
+    assert!(why.contains("64 MiB"), "{why}");
+    // Nothing of it stayed on the host: not in the repository, no disk image in the state.
+    assert!(!s.repo.join("fill").exists());
+    assert_eq!(
+        found(&s.d.path().join("state"), "disk.img"),
+        Vec::<std::path::PathBuf>::new()
+    );
+}
+
+#[test]
+fn what_a_job_writes_within_its_disk_is_kept_in_its_workspace() {
+    // The control: the same path, a write that fits, a file removed; both reach the repository.
+    let (record, s) = attacked_in(
+        "head -c 8M /dev/zero > /workspace/kept.bin && rm /workspace/README.md && echo wrote",
+        "PI_JOB_DISK_MB=64\n",
+    );
+    assert_eq!(record["outcome"], "completed", "{record:#}");
+    let kept = std::fs::metadata(s.repo.join("kept.bin")).unwrap();
+    assert_eq!(kept.len(), 8 << 20);
+    use std::os::unix::fs::MetadataExt as _;
+    let owner = std::fs::metadata(&s.repo).unwrap();
+    assert_eq!((kept.uid(), kept.gid()), (owner.uid(), owner.gid()));
+    assert!(!s.repo.join("README.md").exists());
+    let results: Vec<String> = s.model.requests().iter().map(|r| r.last_text()).collect();
+    assert!(results.iter().any(|t| t.contains("wrote")), "{results:?}");
 }

@@ -88,8 +88,14 @@ fn the_owners_other_processes_cannot_reach_a_running_job() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // While it runs, what the job writes is on its own disk (the repository has it once it ends).
+    let running =
+        s.d.path()
+            .join("state/jobs")
+            .join(&id)
+            .join("merged/job-uid");
     let started = Instant::now();
-    while !s.repo.join("job-uid").exists() {
+    while !running.exists() {
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "the job never ran its command"

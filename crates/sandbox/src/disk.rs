@@ -1,0 +1,632 @@
+//! A job's disk: what a job writes to its workspace is held on a file system of its own, of a
+//! fixed size, so the kernel refuses a byte past it. The job sees its workspace through an
+//! overlay: the workspace (or the job's view of it) below, read-only, and the job's file system
+//! above. After the job, what it wrote is copied back into the workspace as data: regular files,
+//! folders and links only, each opened beneath the folder it belongs to, never a link followed.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::fs::DirBuilderExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+
+/// `mkfs.ext4`, where Debian and most hosts keep it.
+pub const MKFS: [&str; 2] = ["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"];
+/// `mount`, for the loop device the job's file system lives on.
+pub const MOUNT: [&str; 2] = ["/usr/bin/mount", "/bin/mount"];
+
+/// With less room than this share of it (and at least [`FULL_BYTES`]), or a few inodes, the job's
+/// file system is full: ext4 refuses writes while it still counts some room as free.
+const FULL_SHARE: u64 = 50;
+const FULL_BYTES: u64 = 2 << 20;
+const FULL_INODES: u64 = 16;
+/// Folders deeper than this in what a job wrote are not copied back.
+pub const MAX_DEPTH: usize = 256;
+
+/// The first of `candidates` that is there.
+pub fn program(candidates: &[&str]) -> Option<PathBuf> {
+    candidates.iter().map(PathBuf::from).find(|p| p.is_file())
+}
+
+/// Whether this host can give a job a disk of its own: root, the programs, and a loop device.
+pub fn available() -> Result<(), String> {
+    if !rustix::process::geteuid().is_root() {
+        return Err("the worker is not root".to_owned());
+    }
+    if program(&MKFS).is_none() {
+        return Err("mkfs.ext4 is missing (Debian's e2fsprogs)".to_owned());
+    }
+    if program(&MOUNT).is_none() {
+        return Err("mount is missing (Debian's mount)".to_owned());
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        return Err("the host has no loop devices (/dev/loop-control)".to_owned());
+    }
+    Ok(())
+}
+
+/// A job's disk, made under the job's folder: the file system's image (`disk.img`, sparse), where
+/// it is mounted (`disk`) and the overlay the job works in (`merged`). Everything is unmounted and
+/// the image removed when it is dropped.
+#[derive(Debug)]
+pub struct JobDisk {
+    image: PathBuf,
+    mount: PathBuf,
+    merged: PathBuf,
+    lower: PathBuf,
+    owner: (u32, u32),
+    limit: u64,
+    baseline: u64,
+}
+
+/// What a job's disk holds now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    pub bytes: u64,
+    pub full: bool,
+}
+
+/// What copying a job's writes back did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Files and links written, and their bytes.
+    pub files: u64,
+    pub bytes: u64,
+    /// Entries the job removed, removed.
+    pub removed: u64,
+    /// Entries not copied back: special files, or folders past [`MAX_DEPTH`].
+    pub skipped: u64,
+}
+
+impl JobDisk {
+    /// Makes a disk of `limit` bytes in `dir` over `lower`, the job's folder seen as `owner` (whose
+    /// the top of the overlay is). What an earlier attempt left in `dir` goes first.
+    pub fn make(dir: &Path, lower: &Path, limit: u64, owner: (u32, u32)) -> io::Result<JobDisk> {
+        let mut disk = JobDisk {
+            image: dir.join("disk.img"),
+            mount: dir.join("disk"),
+            merged: dir.join("merged"),
+            lower: lower.to_owned(),
+            owner,
+            limit,
+            baseline: 0,
+        };
+        disk.release();
+        let mkfs = program(&MKFS).ok_or_else(|| io::Error::other("mkfs.ext4 is missing"))?;
+        let mount = program(&MOUNT).ok_or_else(|| io::Error::other("mount is missing"))?;
+        {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let image = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&disk.image)?;
+            image.set_len(limit)?;
+        }
+        // No journal (the disk lasts one job), no blocks kept for root, inode tables made lazily.
+        let mut mkfs = Command::new(mkfs);
+        mkfs.args(["-q", "-F", "-O", "^has_journal", "-m", "0", "-E"])
+            .arg("lazy_itable_init=1,nodiscard")
+            .arg(&disk.image);
+        run(&mut mkfs, "mkfs.ext4")?;
+        for place in [&disk.mount, &disk.merged] {
+            match std::fs::DirBuilder::new().mode(0o700).create(place) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
+        }
+        let mut mount = Command::new(mount);
+        mount
+            .args(["-t", "ext4", "-o", "loop,nosuid,nodev"])
+            .arg(&disk.image)
+            .arg(&disk.mount);
+        run(&mut mount, "mount")?;
+        let upper = disk.mount.join("upper");
+        let work = disk.mount.join("work");
+        std::fs::DirBuilder::new().mode(0o700).create(&work)?;
+        let top = rustix::fs::stat(lower)?;
+        std::fs::DirBuilder::new().mode(0o700).create(&upper)?;
+        rustix::fs::chown(
+            &upper,
+            Some(rustix::fs::Uid::from_raw(owner.0)),
+            Some(rustix::fs::Gid::from_raw(owner.1)),
+        )?;
+        rustix::fs::chmod(&upper, Mode::from_raw_mode(top.st_mode & 0o7777))?;
+        let baseline = used(&disk.mount)?;
+        // The layers by descriptor, so no character of the deployment's path can reach the
+        // overlay's options. The overlay keeps its marks in `user.` attributes (which the job's
+        // own id may read back after; the overlay never lets the job set them), makes no
+        // redirects and follows none, and copies a file whole when the job changes it.
+        let lower_fd = open_dir(rustix::fs::CWD, lower.as_os_str())?;
+        let upper_fd = open_dir(rustix::fs::CWD, upper.as_os_str())?;
+        let work_fd = open_dir(rustix::fs::CWD, work.as_os_str())?;
+        let by_fd = |fd: &OwnedFd| {
+            use std::os::fd::AsRawFd as _;
+            format!("/proc/self/fd/{}", fd.as_raw_fd())
+        };
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={},userxattr,redirect_dir=nofollow,metacopy=off,index=off,xino=off",
+            by_fd(&lower_fd),
+            by_fd(&upper_fd),
+            by_fd(&work_fd)
+        );
+        rustix::mount::mount(
+            "overlay",
+            &disk.merged,
+            "overlay",
+            rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
+            Some(
+                std::ffi::CString::new(options)
+                    .map_err(io::Error::other)?
+                    .as_c_str(),
+            ),
+        )?;
+        disk.baseline = baseline;
+        Ok(disk)
+    }
+
+    /// Where the job works: its workspace with what it wrote over it.
+    pub fn path(&self) -> &Path {
+        &self.merged
+    }
+
+    /// The disk's size.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// What the job wrote so far, and whether its disk is full.
+    pub fn written(&self) -> io::Result<Written> {
+        let s = rustix::fs::statfs(&self.mount)?;
+        let block = u64::try_from(s.f_bsize).unwrap_or(0);
+        let used = (s.f_blocks.saturating_sub(s.f_bfree)).saturating_mul(block);
+        Ok(Written {
+            bytes: used.saturating_sub(self.baseline),
+            full: s.f_bavail.saturating_mul(block) < (self.limit / FULL_SHARE).max(FULL_BYTES)
+                || s.f_ffree < FULL_INODES,
+        })
+    }
+
+    /// Ends the overlay and copies what the job wrote into the folder below it. The copy runs on
+    /// a thread of its own that takes the job's ids (`owner`) for good first: it reads the job's
+    /// files as the job and writes them through the job's view as the job would have, so it needs
+    /// no capability, and whatever the job left cannot make it write where the job could not.
+    pub fn write_back(&self) -> io::Result<Applied> {
+        let _ = rustix::mount::unmount(&self.merged, rustix::mount::UnmountFlags::DETACH);
+        let upper = open_dir(rustix::fs::CWD, self.mount.join("upper").as_os_str())?;
+        let target = open_dir(rustix::fs::CWD, self.lower.as_os_str())?;
+        let (uid, gid) = self.owner;
+        let as_root = rustix::process::geteuid().is_root();
+        std::thread::Builder::new()
+            .name("write-back".into())
+            .spawn(move || {
+                if as_root && uid != 0 {
+                    use rustix::fs::{Gid, Uid};
+                    use rustix::thread as t;
+                    t::set_thread_groups(&[])?;
+                    t::set_thread_res_gid(
+                        Gid::from_raw(gid),
+                        Gid::from_raw(gid),
+                        Gid::from_raw(gid),
+                    )?;
+                    t::set_thread_res_uid(
+                        Uid::from_raw(uid),
+                        Uid::from_raw(uid),
+                        Uid::from_raw(uid),
+                    )?;
+                }
+                apply(upper, target)
+            })?
+            .join()
+            .map_err(|_| io::Error::other("the write-back thread panicked"))?
+    }
+
+    /// Unmounts the overlay and the disk and removes the image and the mount points.
+    fn release(&self) {
+        use rustix::mount::UnmountFlags;
+        let _ = rustix::mount::unmount(&self.merged, UnmountFlags::DETACH);
+        let _ = rustix::mount::unmount(&self.mount, UnmountFlags::DETACH);
+        let _ = std::fs::remove_dir(&self.merged);
+        let _ = std::fs::remove_dir(&self.mount);
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+impl Drop for JobDisk {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Removes the disk images a worker killed outright left in its jobs' folders (`jobs/*/disk.img`);
+/// call it after their mounts are gone.
+pub fn sweep_images(jobs: &Path) {
+    let Ok(entries) = std::fs::read_dir(jobs) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let _ = std::fs::remove_file(entry.path().join("disk.img"));
+    }
+}
+
+/// Runs a host program with fixed arguments (none from the job), its output dropped.
+fn run(command: &mut Command, what: &str) -> io::Result<()> {
+    let status = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("{what} failed ({status})")))
+    }
+}
+
+/// Bytes in use on the file system at `path`.
+fn used(path: &Path) -> io::Result<u64> {
+    let s = rustix::fs::statfs(path)?;
+    let block = u64::try_from(s.f_bsize).unwrap_or(0);
+    Ok(s.f_blocks.saturating_sub(s.f_bfree).saturating_mul(block))
+}
+
+fn open_dir<Fd: AsFd>(at: Fd, name: &OsStr) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(
+        at,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// What an entry of the job's writes is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The overlay's mark of an entry the job removed (a character device 0:0).
+    Removed,
+    Folder,
+    File,
+    Link,
+    Other,
+}
+
+fn kind(st: &rustix::fs::Stat) -> Kind {
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::CharacterDevice if st.st_rdev == 0 => Kind::Removed,
+        FileType::Directory => Kind::Folder,
+        FileType::RegularFile => Kind::File,
+        FileType::Symlink => Kind::Link,
+        _ => Kind::Other,
+    }
+}
+
+/// Whether the overlay marked a folder of the job's as replacing the one below.
+fn opaque(folder: BorrowedFd<'_>) -> bool {
+    let mut value = [0u8; 4];
+    matches!(
+        rustix::fs::fgetxattr(folder, "user.overlay.opaque", &mut value),
+        Ok(n) if n >= 1 && value[0] == b'y'
+    )
+}
+
+/// A folder being copied: what the job wrote in it, and where it goes.
+struct Frame {
+    from: rustix::fs::Dir,
+    from_fd: OwnedFd,
+    to: OwnedFd,
+}
+
+/// Copies the overlay's upper layer `from` into `to`, as the caller: the job's files and links
+/// replace what was there, its folders are merged (or replace what was there when the job made
+/// them anew), and what it removed is removed. Iterative, with two descriptors a level.
+fn apply(from: OwnedFd, to: OwnedFd) -> io::Result<Applied> {
+    let mut done = Applied::default();
+    let mut stack = vec![Frame {
+        from: rustix::fs::Dir::read_from(&from)?,
+        from_fd: from,
+        to,
+    }];
+    let mut serial = 0u64;
+    loop {
+        let depth = stack.len();
+        let Some(frame) = stack.last_mut() else {
+            break;
+        };
+        let Some(entry) = frame.from.read() else {
+            stack.pop();
+            continue;
+        };
+        let entry = entry?;
+        let name = OsStr::from_bytes(entry.file_name().to_bytes()).to_owned();
+        if name == "." || name == ".." {
+            continue;
+        }
+        let st = rustix::fs::statat(&frame.from_fd, &name, AtFlags::SYMLINK_NOFOLLOW)?;
+        match kind(&st) {
+            Kind::Removed => {
+                if remove(frame.to.as_fd(), &name)? {
+                    done.removed += 1;
+                }
+            }
+            Kind::Other => done.skipped += 1,
+            Kind::Folder if depth > MAX_DEPTH => done.skipped += 1,
+            Kind::Folder => {
+                let from_fd = open_readable(&frame.from_fd, &name, true)?;
+                let there = rustix::fs::statat(&frame.to, &name, AtFlags::SYMLINK_NOFOLLOW).ok();
+                let keep =
+                    there.is_some_and(|t| kind(&t) == Kind::Folder && !opaque(from_fd.as_fd()));
+                if !keep {
+                    if remove(frame.to.as_fd(), &name)? {
+                        done.removed += 1;
+                    }
+                    rustix::fs::mkdirat(&frame.to, &name, Mode::from_raw_mode(0o700))?;
+                }
+                let to = open_dir(&frame.to, &name)?;
+                rustix::fs::fchmod(&to, Mode::from_raw_mode(st.st_mode & 0o777))?;
+                let from = rustix::fs::Dir::read_from(&from_fd)?;
+                let next = Frame { from, from_fd, to };
+                stack.push(next);
+            }
+            Kind::File | Kind::Link => {
+                serial += 1;
+                let bytes = put(&frame.from_fd, &frame.to, &name, &st, serial)?;
+                done.files += 1;
+                done.bytes += bytes;
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// Opens the job's folder or file `name` to read, making it readable by its owner first if the
+/// job took that away (the caller is the job's id, the owner of all it wrote).
+fn open_readable(at: &OwnedFd, name: &OsStr, folder: bool) -> io::Result<OwnedFd> {
+    let flags = if folder {
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
+    } else {
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC
+    };
+    match rustix::fs::openat(at, name, flags, Mode::empty()) {
+        Err(rustix::io::Errno::ACCESS) => {
+            let mode = if folder { 0o700 } else { 0o600 };
+            rustix::fs::chmodat(at, name, Mode::from_raw_mode(mode), AtFlags::empty())?;
+            Ok(rustix::fs::openat(at, name, flags, Mode::empty())?)
+        }
+        other => Ok(other?),
+    }
+}
+
+/// Writes the job's file or link `name` into `to` under a name of its own, then renames it over
+/// what was there (a folder there is removed first). Returns the bytes written.
+fn put(
+    from: &OwnedFd,
+    to: &OwnedFd,
+    name: &OsStr,
+    st: &rustix::fs::Stat,
+    serial: u64,
+) -> io::Result<u64> {
+    let temp = free_name(to, serial)?;
+    let bytes = if kind(st) == Kind::Link {
+        let target = rustix::fs::readlinkat(from, name, Vec::new())?;
+        rustix::fs::symlinkat(target.as_c_str(), to, &temp)?;
+        0
+    } else {
+        let source = open_readable(from, name, false)?;
+        let made = rustix::fs::openat(
+            to,
+            &temp,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        let mut source = std::fs::File::from(source);
+        let mut made = std::fs::File::from(made);
+        let copied = match io::copy(&mut source, &mut made) {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = rustix::fs::unlinkat(to, &temp, AtFlags::empty());
+                return Err(e);
+            }
+        };
+        rustix::fs::fchmod(&made, Mode::from_raw_mode(st.st_mode & 0o777))?;
+        let times = rustix::fs::Timestamps {
+            last_access: rustix::fs::Timespec {
+                tv_sec: st.st_atime,
+                tv_nsec: st.st_atime_nsec as _,
+            },
+            last_modification: rustix::fs::Timespec {
+                tv_sec: st.st_mtime,
+                tv_nsec: st.st_mtime_nsec as _,
+            },
+        };
+        let _ = rustix::fs::futimens(&made, &times);
+        copied
+    };
+    if rustix::fs::statat(to, name, AtFlags::SYMLINK_NOFOLLOW)
+        .is_ok_and(|t| kind(&t) == Kind::Folder)
+    {
+        remove(to.as_fd(), name)?;
+    }
+    if let Err(e) = rustix::fs::renameat(to, &temp, to, name) {
+        let _ = rustix::fs::unlinkat(to, &temp, AtFlags::empty());
+        return Err(e.into());
+    }
+    Ok(bytes)
+}
+
+/// A name in `to` that nothing has, for a file being written.
+fn free_name(to: &OwnedFd, serial: u64) -> io::Result<PathBuf> {
+    for attempt in 0..64u32 {
+        let name = PathBuf::from(format!(".pi-dispatch-write-back-{serial}-{attempt}"));
+        match rustix::fs::statat(to, &name, AtFlags::SYMLINK_NOFOLLOW) {
+            Err(rustix::io::Errno::NOENT) => return Ok(name),
+            Err(e) => return Err(e.into()),
+            Ok(_) => {}
+        }
+    }
+    Err(io::Error::other("no free name to write a file under"))
+}
+
+/// Removes `name` from `at`, a folder with all it holds, never following a link. Returns whether
+/// there was anything.
+fn remove(at: BorrowedFd<'_>, name: &OsStr) -> io::Result<bool> {
+    let st = match rustix::fs::statat(at, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(rustix::io::Errno::NOENT) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    if kind(&st) != Kind::Folder {
+        rustix::fs::unlinkat(at, name, AtFlags::empty())?;
+        return Ok(true);
+    }
+    // Depth first, a descriptor a level: each folder emptied, then removed from its parent.
+    let top = open_dir(at, name)?;
+    let mut stack: Vec<(rustix::fs::Dir, OwnedFd)> = vec![(rustix::fs::Dir::read_from(&top)?, top)];
+    let mut names: Vec<std::ffi::OsString> = Vec::new();
+    while let Some((dir, fd)) = stack.last_mut() {
+        match dir.read() {
+            Some(entry) => {
+                let entry = entry?;
+                let child = OsStr::from_bytes(entry.file_name().to_bytes()).to_owned();
+                if child == "." || child == ".." {
+                    continue;
+                }
+                let st = rustix::fs::statat(&*fd, &child, AtFlags::SYMLINK_NOFOLLOW)?;
+                if kind(&st) == Kind::Folder {
+                    let sub = open_dir(&*fd, &child)?;
+                    let dir = rustix::fs::Dir::read_from(&sub)?;
+                    names.push(child);
+                    stack.push((dir, sub));
+                } else {
+                    rustix::fs::unlinkat(&*fd, &child, AtFlags::empty())?;
+                }
+            }
+            None => {
+                stack.pop();
+                let parent = match stack.last() {
+                    Some((_, parent)) => parent.as_fd(),
+                    None => at,
+                };
+                let done = names.pop();
+                let done = done.as_deref().unwrap_or(name);
+                rustix::fs::unlinkat(parent, done, AtFlags::REMOVEDIR)?;
+            }
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut all: Vec<String> = walk(dir, dir);
+        all.sort();
+        all
+    }
+
+    fn walk(root: &Path, dir: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                out.push(format!("{rel}/"));
+                out.extend(walk(root, &p));
+            } else if m.file_type().is_symlink() {
+                out.push(format!(
+                    "{rel} -> {}",
+                    std::fs::read_link(&p).unwrap().display()
+                ));
+            } else {
+                out.push(format!("{rel} = {}", std::fs::read_to_string(&p).unwrap()));
+            }
+        }
+        out
+    }
+
+    /// The write-back alone, from a folder laid out as the overlay's upper layer would be (its
+    /// whiteouts need root to make, so they are tried by the end-to-end tests).
+    #[test]
+    fn what_a_job_wrote_replaces_and_merges_into_the_workspace() {
+        let upper = tempfile::tempdir().unwrap();
+        let target = tempfile::tempdir().unwrap();
+        let u = upper.path();
+        let t = target.path();
+        std::fs::create_dir_all(u.join("src/deep")).unwrap();
+        std::fs::write(u.join("src/deep/new.rs"), "new").unwrap();
+        std::fs::write(u.join("src/lib.rs"), "changed").unwrap();
+        std::os::unix::fs::symlink("lib.rs", u.join("src/link")).unwrap();
+        std::fs::write(u.join("was-a-folder"), "now a file").unwrap();
+        std::fs::create_dir_all(t.join("src")).unwrap();
+        std::fs::write(t.join("src/lib.rs"), "old").unwrap();
+        std::fs::write(t.join("src/kept.rs"), "kept").unwrap();
+        std::fs::create_dir_all(t.join("was-a-folder/inner")).unwrap();
+        std::fs::write(t.join("was-a-folder/inner/f"), "gone").unwrap();
+        // A link in the workspace where the job made a folder: replaced, never followed.
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.join("deep-link")).unwrap();
+        std::fs::create_dir_all(u.join("deep-link")).unwrap();
+        std::fs::write(u.join("deep-link/x"), "x").unwrap();
+        let done = apply(
+            open_dir(rustix::fs::CWD, u.as_os_str()).unwrap(),
+            open_dir(rustix::fs::CWD, t.as_os_str()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            entries(t),
+            [
+                "deep-link/",
+                "deep-link/x = x",
+                "src/",
+                "src/deep/",
+                "src/deep/new.rs = new",
+                "src/kept.rs = kept",
+                "src/lib.rs = changed",
+                "src/link -> lib.rs",
+                "was-a-folder = now a file",
+            ]
+        );
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+        assert_eq!(done.files, 5);
+        assert_eq!(done.skipped, 0);
+    }
+
+    #[test]
+    fn special_files_and_folders_past_the_depth_are_not_written_back() {
+        let upper = tempfile::tempdir().unwrap();
+        let target = tempfile::tempdir().unwrap();
+        let u = upper.path();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            u.join("fifo"),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let mut deep = u.to_path_buf();
+        for _ in 0..=MAX_DEPTH {
+            deep.push("d");
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        let done = apply(
+            open_dir(rustix::fs::CWD, u.as_os_str()).unwrap(),
+            open_dir(rustix::fs::CWD, target.path().as_os_str()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(done.skipped, 2);
+        assert!(!target.path().join("fifo").exists());
+        let mut kept = target.path().to_path_buf();
+        for _ in 0..MAX_DEPTH {
+            kept.push("d");
+        }
+        assert!(kept.is_dir());
+        assert!(!kept.join("d").exists());
+    }
+}
