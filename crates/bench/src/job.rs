@@ -430,7 +430,12 @@ impl Demo {
                 ),
                 mappings: sandbox::identity::Mappings::default(),
             }),
-            disks: root && sandbox::disk::available().is_ok(),
+            disks: (root && sandbox::disk::available().is_ok()).then(|| {
+                std::sync::Arc::new(sandbox::disk::Spares::new(
+                    &state.join("disks"),
+                    settings.job_disk_bytes,
+                ))
+            }),
             jobs_dir: state.join("jobs"),
             locks_dir: state.join("locks"),
             backend: sides.clone(),

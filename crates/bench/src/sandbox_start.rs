@@ -272,7 +272,12 @@ async fn measure_bounded(
         mappings: sandbox::identity::Mappings::default(),
     };
     let ids = &ids;
-    let one = || bounded_run(bwrap, folders, spec, env, ids, hierarchy, runner);
+    let spares = sandbox::disk::Spares::new(
+        &folders.view.with_file_name("disks"),
+        config::settings::DEFAULT_JOB_DISK_MB << 20,
+    );
+    let spares = &spares;
+    let one = || bounded_run(bwrap, folders, spec, env, (ids, spares), hierarchy, runner);
     for _ in 0..options.warm_up {
         sandboxed(bwrap, spec, env).await?;
         one().await?;
@@ -295,7 +300,7 @@ async fn bounded_run(
     folders: &Folders,
     spec: &SandboxSpec,
     env: &JobEnv,
-    ids: &sandbox::identity::Identities,
+    (ids, spares): (&sandbox::identity::Identities, &sandbox::disk::Spares),
     hierarchy: &sandbox::cgroup::Hierarchy,
     runner: &Path,
 ) -> anyhow::Result<Duration> {
@@ -318,10 +323,12 @@ async fn bounded_run(
     };
     let cgroup = sandbox::cgroup::JobCgroup::take(hierarchy, id.0, &limits)
         .context("the job's control groups")?;
-    let disk = sandbox::disk::JobDisk::make(
+    // The id's disk was made ahead, as the worker makes it after the id's previous job.
+    let spare = spares.take(id.0).context("the job's disk")?;
+    let disk = sandbox::disk::JobDisk::over(
+        spare,
         folders.view.parent().context("the view's folder")?,
         view.path(),
-        config::settings::DEFAULT_JOB_DISK_MB << 20,
         id,
     )
     .context("the job's disk")?;
@@ -357,6 +364,7 @@ async fn bounded_run(
     drop(cgroup);
     drop(disk);
     drop(view);
+    spares.prepare(id.0).context("the id's next disk")?;
     drop(identity);
     Ok(elapsed)
 }

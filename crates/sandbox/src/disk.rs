@@ -49,18 +49,78 @@ pub fn available() -> Result<(), String> {
     Ok(())
 }
 
-/// A job's disk, made under the job's folder: the file system's image (`disk.img`, sparse), where
-/// it is mounted (`disk`) and the overlay the job works in (`merged`). Everything is unmounted and
-/// the image removed when it is dropped.
+/// A job's file system, made ahead or for the job: its image (`disk.img`, sparse) in a folder
+/// of its own and where it is mounted (`disk`). Unmounted, and the image removed, when dropped.
 #[derive(Debug)]
-pub struct JobDisk {
+pub struct Prepared {
     image: PathBuf,
     mount: PathBuf,
+    limit: u64,
+}
+
+impl Prepared {
+    /// Makes a file system of `limit` bytes in `place` and mounts it there. What an earlier
+    /// attempt left in `place` goes first.
+    pub fn make(place: &Path, limit: u64) -> io::Result<Prepared> {
+        let fs = Prepared {
+            image: place.join("disk.img"),
+            mount: place.join("disk"),
+            limit,
+        };
+        fs.release();
+        let mkfs = program(&MKFS).ok_or_else(|| io::Error::other("mkfs.ext4 is missing"))?;
+        let mount = program(&MOUNT).ok_or_else(|| io::Error::other("mount is missing"))?;
+        match std::fs::DirBuilder::new().mode(0o700).create(place) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+        {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let image = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&fs.image)?;
+            image.set_len(limit)?;
+        }
+        // No journal (the disk lasts one job), no blocks kept for root, inode tables made lazily.
+        let mut mkfs = Command::new(mkfs);
+        mkfs.args(["-q", "-F", "-O", "^has_journal", "-m", "0", "-E"])
+            .arg("lazy_itable_init=1,nodiscard")
+            .arg(&fs.image);
+        run(&mut mkfs, "mkfs.ext4")?;
+        std::fs::DirBuilder::new().mode(0o700).create(&fs.mount)?;
+        let mut mount = Command::new(mount);
+        mount
+            .args(["-t", "ext4", "-o", "loop,nosuid,nodev"])
+            .arg(&fs.image)
+            .arg(&fs.mount);
+        run(&mut mount, "mount")?;
+        Ok(fs)
+    }
+
+    fn release(&self) {
+        let _ = rustix::mount::unmount(&self.mount, rustix::mount::UnmountFlags::DETACH);
+        let _ = std::fs::remove_dir(&self.mount);
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// A job's disk: its file system, and the overlay the job works in (`merged`, in the job's
+/// folder). Everything is unmounted and the image removed when it is dropped.
+#[derive(Debug)]
+pub struct JobDisk {
     merged: PathBuf,
     lower: PathBuf,
     owner: (u32, u32),
-    limit: u64,
     baseline: u64,
+    fs: Prepared,
 }
 
 /// What a job's disk holds now.
@@ -84,49 +144,22 @@ pub struct Applied {
 
 impl JobDisk {
     /// Makes a disk of `limit` bytes in `dir` over `lower`, the job's folder seen as `owner` (whose
-    /// the top of the overlay is). What an earlier attempt left in `dir` goes first.
+    /// the top of the overlay is).
     pub fn make(dir: &Path, lower: &Path, limit: u64, owner: (u32, u32)) -> io::Result<JobDisk> {
-        let mut disk = JobDisk {
-            image: dir.join("disk.img"),
-            mount: dir.join("disk"),
-            merged: dir.join("merged"),
-            lower: lower.to_owned(),
-            owner,
-            limit,
-            baseline: 0,
-        };
-        disk.release();
-        let mkfs = program(&MKFS).ok_or_else(|| io::Error::other("mkfs.ext4 is missing"))?;
-        let mount = program(&MOUNT).ok_or_else(|| io::Error::other("mount is missing"))?;
-        {
-            use std::os::unix::fs::OpenOptionsExt as _;
-            let image = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&disk.image)?;
-            image.set_len(limit)?;
+        JobDisk::over(Prepared::make(dir, limit)?, dir, lower, owner)
+    }
+
+    /// Lays the overlay of a job in `dir` over `lower` with `fs` above it. A mount an earlier
+    /// attempt left in `dir` goes first.
+    pub fn over(fs: Prepared, dir: &Path, lower: &Path, owner: (u32, u32)) -> io::Result<JobDisk> {
+        let merged = dir.join("merged");
+        let _ = rustix::mount::unmount(&merged, rustix::mount::UnmountFlags::DETACH);
+        match std::fs::DirBuilder::new().mode(0o700).create(&merged) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
         }
-        // No journal (the disk lasts one job), no blocks kept for root, inode tables made lazily.
-        let mut mkfs = Command::new(mkfs);
-        mkfs.args(["-q", "-F", "-O", "^has_journal", "-m", "0", "-E"])
-            .arg("lazy_itable_init=1,nodiscard")
-            .arg(&disk.image);
-        run(&mut mkfs, "mkfs.ext4")?;
-        for place in [&disk.mount, &disk.merged] {
-            match std::fs::DirBuilder::new().mode(0o700).create(place) {
-                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-                _ => {}
-            }
-        }
-        let mut mount = Command::new(mount);
-        mount
-            .args(["-t", "ext4", "-o", "loop,nosuid,nodev"])
-            .arg(&disk.image)
-            .arg(&disk.mount);
-        run(&mut mount, "mount")?;
-        let upper = disk.mount.join("upper");
-        let work = disk.mount.join("work");
+        let upper = fs.mount.join("upper");
+        let work = fs.mount.join("work");
         std::fs::DirBuilder::new().mode(0o700).create(&work)?;
         let top = rustix::fs::stat(lower)?;
         std::fs::DirBuilder::new().mode(0o700).create(&upper)?;
@@ -136,7 +169,7 @@ impl JobDisk {
             Some(rustix::fs::Gid::from_raw(owner.1)),
         )?;
         rustix::fs::chmod(&upper, Mode::from_raw_mode(top.st_mode & 0o7777))?;
-        let baseline = used(&disk.mount)?;
+        let baseline = used(&fs.mount)?;
         // The layers by descriptor, so no character of the deployment's path can reach the
         // overlay's options. The overlay keeps its marks in `user.` attributes (which the job's
         // own id may read back after; the overlay never lets the job set them), makes no
@@ -156,7 +189,7 @@ impl JobDisk {
         );
         rustix::mount::mount(
             "overlay",
-            &disk.merged,
+            &merged,
             "overlay",
             rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
             Some(
@@ -165,8 +198,13 @@ impl JobDisk {
                     .as_c_str(),
             ),
         )?;
-        disk.baseline = baseline;
-        Ok(disk)
+        Ok(JobDisk {
+            merged,
+            lower: lower.to_owned(),
+            owner,
+            baseline,
+            fs,
+        })
     }
 
     /// Where the job works: its workspace with what it wrote over it.
@@ -176,17 +214,17 @@ impl JobDisk {
 
     /// The disk's size.
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.fs.limit
     }
 
     /// What the job wrote so far, and whether its disk is full.
     pub fn written(&self) -> io::Result<Written> {
-        let s = rustix::fs::statfs(&self.mount)?;
+        let s = rustix::fs::statfs(&self.fs.mount)?;
         let block = u64::try_from(s.f_bsize).unwrap_or(0);
         let used = (s.f_blocks.saturating_sub(s.f_bfree)).saturating_mul(block);
         Ok(Written {
             bytes: used.saturating_sub(self.baseline),
-            full: s.f_bavail.saturating_mul(block) < (self.limit / FULL_SHARE).max(FULL_BYTES)
+            full: s.f_bavail.saturating_mul(block) < (self.fs.limit / FULL_SHARE).max(FULL_BYTES)
                 || s.f_ffree < FULL_INODES,
         })
     }
@@ -197,7 +235,7 @@ impl JobDisk {
     /// no capability, and whatever the job left cannot make it write where the job could not.
     pub fn write_back(&self) -> io::Result<Applied> {
         let _ = rustix::mount::unmount(&self.merged, rustix::mount::UnmountFlags::DETACH);
-        let upper = open_dir(rustix::fs::CWD, self.mount.join("upper").as_os_str())?;
+        let upper = open_dir(rustix::fs::CWD, self.fs.mount.join("upper").as_os_str())?;
         let target = open_dir(rustix::fs::CWD, self.lower.as_os_str())?;
         let (uid, gid) = self.owner;
         let as_root = rustix::process::geteuid().is_root();
@@ -224,21 +262,67 @@ impl JobDisk {
             .join()
             .map_err(|_| io::Error::other("the write-back thread panicked"))?
     }
-
-    /// Unmounts the overlay and the disk and removes the image and the mount points.
-    fn release(&self) {
-        use rustix::mount::UnmountFlags;
-        let _ = rustix::mount::unmount(&self.merged, UnmountFlags::DETACH);
-        let _ = rustix::mount::unmount(&self.mount, UnmountFlags::DETACH);
-        let _ = std::fs::remove_dir(&self.merged);
-        let _ = std::fs::remove_dir(&self.mount);
-        let _ = std::fs::remove_file(&self.image);
-    }
 }
 
 impl Drop for JobDisk {
     fn drop(&mut self) {
-        self.release();
+        // The overlay first; the file system under it goes with `fs`.
+        let _ = rustix::mount::unmount(&self.merged, rustix::mount::UnmountFlags::DETACH);
+        let _ = std::fs::remove_dir(&self.merged);
+    }
+}
+
+/// File systems made ahead for the ids of a worker's pool, one each at most, in folders of their
+/// own under `dir`: a job takes its id's, and the next is made after the job, off its path.
+#[derive(Debug)]
+pub struct Spares {
+    dir: PathBuf,
+    limit: u64,
+    ready: std::sync::Mutex<std::collections::HashMap<u32, Prepared>>,
+    serial: std::sync::atomic::AtomicU64,
+}
+
+impl Spares {
+    /// Spares of `limit` bytes under `dir` (the worker's `state/disks`): what a worker killed
+    /// outright left there goes first.
+    pub fn new(dir: &Path, limit: u64) -> Spares {
+        crate::identity::sweep(dir);
+        let _ = std::fs::remove_dir_all(dir);
+        Spares {
+            dir: dir.to_owned(),
+            limit,
+            ready: std::sync::Mutex::default(),
+            serial: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// `id`'s file system made ahead, or one made now.
+    pub fn take(&self, id: u32) -> io::Result<Prepared> {
+        let ready = self.ready.lock().ok().and_then(|mut r| r.remove(&id));
+        match ready {
+            Some(fs) => Ok(fs),
+            None => self.make(id),
+        }
+    }
+
+    /// Makes `id`'s next file system, unless it has one.
+    pub fn prepare(&self, id: u32) -> io::Result<()> {
+        if self.ready.lock().is_ok_and(|r| r.contains_key(&id)) {
+            return Ok(());
+        }
+        let fs = self.make(id)?;
+        if let Ok(mut ready) = self.ready.lock() {
+            ready.entry(id).or_insert(fs);
+        }
+        Ok(())
+    }
+
+    fn make(&self, id: u32) -> io::Result<Prepared> {
+        let _ = std::fs::create_dir_all(&self.dir);
+        let serial = self
+            .serial
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Prepared::make(&self.dir.join(format!("{id}-{serial}")), self.limit)
     }
 }
 

@@ -66,9 +66,10 @@ pub struct Worker {
     /// A root worker's pool of job ids: each job runs as an id of its own, its workspace an
     /// idmapped view of the repository. `None`: a job runs as its workspace's owner.
     pub identities: Option<sandbox::identity::Identities>,
-    /// Whether a job with an id of its own writes to a disk of its own (`PI_JOB_DISK_MB`): root,
-    /// with loop devices and `mkfs.ext4`.
-    pub disks: bool,
+    /// Where a job with an id of its own gets a disk of its own (`PI_JOB_DISK_MB`), made ahead
+    /// for its id: root, with loop devices and `mkfs.ext4`. `None`: jobs write their workspace
+    /// directly.
+    pub disks: Option<Arc<sandbox::disk::Spares>>,
 }
 
 /// `GITLAB_HOST` for glab: the host (and port) of `GITLAB_URL`.
@@ -771,10 +772,11 @@ impl Worker {
             None => spec,
         };
         // What the job writes goes to a disk of its own, over its view of the workspace.
-        let disk = match (&view, self.disks) {
-            (Some((id, mounted)), true) => {
-                let made =
-                    sandbox::disk::JobDisk::make(dir, mounted.path(), settings.job_disk_bytes, *id);
+        let disk = match (&view, &self.disks) {
+            (Some((id, mounted)), Some(spares)) => {
+                let made = spares
+                    .take(id.0)
+                    .and_then(|fs| sandbox::disk::JobDisk::over(fs, dir, mounted.path(), *id));
                 match made {
                     Ok(d) => Some(d),
                     Err(e) => {
@@ -951,8 +953,20 @@ impl Worker {
                     Err(e) => Err(std::io::Error::other(e.to_string())),
                 })
             }
-            _ => None,
+            dropped => {
+                drop(dropped);
+                None
+            }
         };
+        // The id's next disk is made now, off the next job's path.
+        if let (Some(spares), Some(((uid, _), _))) = (&self.disks, &view) {
+            let (spares, uid) = (spares.clone(), *uid);
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = spares.prepare(uid) {
+                    tracing::warn!(event = "job_disk_failed", detail = %e);
+                }
+            });
+        }
         let (exit_line, transcript_kept, events, activity) =
             tokio::time::timeout(Duration::from_secs(5), reader)
                 .await

@@ -166,20 +166,28 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     if root {
         sandbox::identity::sweep(&state.join("jobs"));
     }
-    // What each job writes goes to a disk of its own, where the host can make one.
-    let disks = root
-        && bubblewrap
-        && {
-            let available = sandbox::disk::available();
-            if let Err(why) = &available {
-                tracing::warn!(event = "job_disk_unavailable",
-                detail = %format!("{why}: jobs write to their workspace without PI_JOB_DISK_MB (docs/sandbox.md)"));
-            }
-            available.is_ok()
-        };
-    if root {
+    // What each job writes goes to a disk of its own, where the host can make one; the first
+    // id's is made now, and each id's next after its job.
+    let disks = if root && bubblewrap {
         sandbox::disk::sweep_images(&state.join("jobs"));
-    }
+        match sandbox::disk::available() {
+            Ok(()) => {
+                let spares =
+                    sandbox::disk::Spares::new(&state.join("disks"), settings.job_disk_bytes);
+                if let Err(e) = spares.prepare(settings.job_uids.0) {
+                    tracing::warn!(event = "job_disk_failed", detail = %e);
+                }
+                Some(Arc::new(spares))
+            }
+            Err(why) => {
+                tracing::warn!(event = "job_disk_unavailable",
+                    detail = %format!("{why}: jobs write to their workspace without PI_JOB_DISK_MB (docs/sandbox.md)"));
+                None
+            }
+        }
+    } else {
+        None
+    };
     let worker = Arc::new(Worker {
         cgroups,
         identities,

@@ -122,10 +122,10 @@ fn filling_the_workspace_ends_its_job_at_the_disk_limit_and_keeps_none_of_it() {
     ended_for(&record, "job-disk-limit", "PI_JOB_DISK_MB");
     let why = record["detail"]["why"].as_str().unwrap();
     assert!(why.contains("64 MiB"), "{why}");
-    // Nothing of it stayed on the host: not in the repository, no disk image in the state.
+    // Nothing of it stayed on the host: not in the repository, no disk image with the job's.
     assert!(!s.repo.join("fill").exists());
     assert_eq!(
-        found(&s.d.path().join("state"), "disk.img"),
+        found(&s.d.path().join("state/jobs"), "disk.img"),
         Vec::<std::path::PathBuf>::new()
     );
 }
