@@ -36,15 +36,24 @@ fn workspace() -> tempfile::TempDir {
     ws
 }
 
-#[test]
-fn what_the_job_writes_goes_to_its_disk_and_back_into_the_workspace_after() {
+/// A workspace, a job's folder, and a disk of `limit` bytes over the workspace made in it; `None`
+/// (the test skipped) when not root.
+fn made(limit: u64) -> Option<(tempfile::TempDir, tempfile::TempDir, JobDisk)> {
     if !is_root() {
         eprintln!("skipped: a job's disk is made by a root worker");
-        return;
+        return None;
     }
     let ws = workspace();
     let job = tempfile::tempdir().unwrap();
-    let disk = JobDisk::make(job.path(), ws.path(), 64 << 20, OWNER).unwrap();
+    let disk = JobDisk::make(job.path(), ws.path(), limit, OWNER).unwrap();
+    Some((ws, job, disk))
+}
+
+#[test]
+fn what_the_job_writes_goes_to_its_disk_and_back_into_the_workspace_after() {
+    let Some((ws, job, disk)) = made(64 << 20) else {
+        return;
+    };
     let m = disk.path();
     // The job changes a file, removes one, replaces a folder with a new one, adds a link.
     std::fs::write(m.join("src/lib.rs"), "new").unwrap();
@@ -98,13 +107,9 @@ fn what_the_job_writes_goes_to_its_disk_and_back_into_the_workspace_after() {
 
 #[test]
 fn a_job_cannot_write_past_its_disk() {
-    if !is_root() {
-        eprintln!("skipped: a job's disk is made by a root worker");
+    let Some((_ws, _job, disk)) = made(16 << 20) else {
         return;
-    }
-    let ws = workspace();
-    let job = tempfile::tempdir().unwrap();
-    let disk = JobDisk::make(job.path(), ws.path(), 16 << 20, OWNER).unwrap();
+    };
     let big = vec![7u8; 1 << 20];
     let mut file = std::fs::File::create(disk.path().join("fill")).unwrap();
     let mut wrote = 0u64;

@@ -294,6 +294,14 @@ fn disk_full(disk: &sandbox::disk::JobDisk) -> Option<Breach> {
         .then(|| Breach::Disk(disk.limit()))
 }
 
+/// A job whose sandbox could not be set up, `why`: tried again.
+fn not_started(job: &Job, attempt: u32, why: String) -> Verdict {
+    Verdict::Retry(
+        Record::ended(job, Reason::ContainerNeverStarted, attempt, now_ms())
+            .with_detail(Detail::new(why), Reason::ContainerNeverStarted.fix()),
+    )
+}
+
 /// The job's bounds from the settings.
 fn limits(settings: &Settings) -> Limits {
     Limits {
@@ -781,16 +789,8 @@ impl Worker {
                     Ok(d) => Some(d),
                     Err(e) => {
                         tracing::warn!(event = "job_disk_failed", job_id = %job.id, detail = %e);
-                        return Verdict::Retry(
-                            Record::ended(job, Reason::ContainerNeverStarted, attempt, now_ms())
-                                .with_detail(
-                                    Detail::new(format!(
-                                        "the job's disk could not be made ({})",
-                                        e.kind()
-                                    )),
-                                    Reason::ContainerNeverStarted.fix(),
-                                ),
-                        );
+                        let why = format!("the job's disk could not be made ({})", e.kind());
+                        return not_started(job, attempt, why);
                     }
                 }
             }
@@ -811,16 +811,9 @@ impl Worker {
                     Ok(c) => Some(c),
                     Err(e) => {
                         tracing::warn!(event = "job_bounds_failed", job_id = %job.id, detail = %e.kind());
-                        return Verdict::Retry(
-                            Record::ended(job, Reason::ContainerNeverStarted, attempt, now_ms())
-                                .with_detail(
-                                    Detail::new(format!(
-                                        "the job's control groups could not be made ({})",
-                                        e.kind()
-                                    )),
-                                    Reason::ContainerNeverStarted.fix(),
-                                ),
-                        );
+                        let why =
+                            format!("the job's control groups could not be made ({})", e.kind());
+                        return not_started(job, attempt, why);
                     }
                 }
             }
@@ -1018,10 +1011,7 @@ impl Worker {
         };
         let fault = |why: String| {
             tracing::warn!(event = "job_identity_failed", job_id = %job.id, detail = %why);
-            Box::new(Verdict::Retry(
-                Record::ended(job, Reason::ContainerNeverStarted, attempt, now_ms())
-                    .with_detail(Detail::new(why), Reason::ContainerNeverStarted.fix()),
-            ))
+            Box::new(not_started(job, attempt, why))
         };
         let (taken, skipped) = ids
             .pool
