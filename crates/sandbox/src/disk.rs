@@ -280,6 +280,7 @@ pub struct Spares {
     limit: u64,
     ready: std::sync::Mutex<std::collections::HashMap<u32, Prepared>>,
     serial: std::sync::atomic::AtomicU64,
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Spares {
@@ -293,6 +294,15 @@ impl Spares {
             limit,
             ready: std::sync::Mutex::default(),
             serial: std::sync::atomic::AtomicU64::new(0),
+            closed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Removes every spare, and any made after: the worker is stopping.
+    pub fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Ok(mut ready) = self.ready.lock() {
+            ready.clear();
         }
     }
 
@@ -311,7 +321,9 @@ impl Spares {
             return Ok(());
         }
         let fs = self.make(id)?;
-        if let Ok(mut ready) = self.ready.lock() {
+        if let Ok(mut ready) = self.ready.lock()
+            && !self.closed.load(std::sync::atomic::Ordering::SeqCst)
+        {
             ready.entry(id).or_insert(fs);
         }
         Ok(())

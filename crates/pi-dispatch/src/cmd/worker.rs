@@ -248,7 +248,12 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     } else {
         None
     };
+    let spares = worker.disks.clone();
     let summary = service::run(worker, queue, records, &options, control.clone());
+    // The disks made ahead for the next jobs are unmounted and removed with the worker.
+    if let Some(spares) = spares {
+        spares.close();
+    }
     // Every job has ended: the proxy the worker started goes with it.
     if let Some(proxy) = proxy {
         proxy.stop();
