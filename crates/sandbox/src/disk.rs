@@ -92,7 +92,7 @@ impl Prepared {
         std::fs::DirBuilder::new().mode(0o700).create(&fs.mount)?;
         let mut mount = Command::new(mount);
         mount
-            .args(["-t", "ext4", "-o", "loop,nosuid,nodev"])
+            .args(["-t", "ext4", "-o", "loop,nosuid,nodev,noinit_itable"])
             .arg(&fs.image)
             .arg(&fs.mount);
         run(&mut mount, "mount")?;

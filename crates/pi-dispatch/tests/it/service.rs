@@ -298,8 +298,19 @@ fn the_hardening_leaves_bubblewrap_what_it_needs() {
         Some("strict"),
         "repositories, wherever they are, read-only"
     );
+    // Each job's disk is mounted from a loop device: the device controller lets the worker have
+    // them, and no private /dev hides them.
+    assert_eq!(service("PrivateDevices"), None, "loop devices hidden");
+    let devices: Vec<String> = entries(UNIT)
+        .into_iter()
+        .filter(|(s, k, _)| s == "Service" && k == "DeviceAllow")
+        .map(|(_, _, v)| v)
+        .collect();
+    assert_eq!(devices, ["/dev/loop-control rw", "block-loop rw"]);
+    assert_eq!(service("DevicePolicy").as_deref(), Some("closed"));
     // What a root worker needs, and no more: start bubblewrap as a repository's owner, reach a
-    // repository under a folder only its owner may enter, end another user's sandbox.
+    // repository under a folder only its owner may enter, end another user's sandbox, and mount
+    // each job's view of its repository, its disk and the overlay over them.
     let mut caps: Vec<String> = service("CapabilityBoundingSet")
         .expect("CapabilityBoundingSet")
         .split_whitespace()
@@ -312,7 +323,8 @@ fn the_hardening_leaves_bubblewrap_what_it_needs() {
             "CAP_DAC_READ_SEARCH",
             "CAP_KILL",
             "CAP_SETGID",
-            "CAP_SETUID"
+            "CAP_SETUID",
+            "CAP_SYS_ADMIN"
         ]
     );
 }
