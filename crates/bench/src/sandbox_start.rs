@@ -28,6 +28,9 @@ use crate::mcp_hub::Latency;
 
 /// Sandbox start should add at most this at p50 (`/bin/true`), ms.
 pub const GOAL_ADDED_P50_MS: f64 = 150.0;
+/// The quiet spell before each bounded start.
+const QUIET: Duration = Duration::from_millis(100);
+
 /// A job's bounds and own identity should add at most this at p50 to its sandbox's start, ms.
 pub const GOAL_BOUNDS_P50_MS: f64 = 5.0;
 /// The longest one run may take.
@@ -323,7 +326,7 @@ async fn bounded_run(
     };
     let cgroup = sandbox::cgroup::JobCgroup::take(hierarchy, id.0, &limits)
         .context("the job's control groups")?;
-    // The id's disk was made ahead, as the worker makes it after the id's previous job.
+    // The id's disk is ready, as the worker leaves it after the id's previous job.
     let spare = spares.take(id.0).context("the job's disk")?;
     let disk = sandbox::disk::JobDisk::over(
         spare,
@@ -362,10 +365,17 @@ async fn bounded_run(
     }
     drop(sandbox);
     drop(cgroup);
-    drop(disk);
+    // The disk emptied for the id's next job, as the worker does after a job.
+    match disk.recycle() {
+        Some(fs) => spares.put(id.0, fs),
+        None => spares.prepare(id.0).context("the id's next disk")?,
+    }
     drop(view);
-    spares.prepare(id.0).context("the id's next disk")?;
     drop(identity);
+    // Jobs come seconds apart, not back to back: a quiet spell before each start, as a worker
+    // has, so that what the kernel does only after one (an RCU grace period for a move into a
+    // control group) is counted.
+    tokio::time::sleep(QUIET).await;
     Ok(elapsed)
 }
 

@@ -42,7 +42,7 @@ pub struct JobSpec {
     pub bounds: Option<Bounds>,
 }
 
-/// What bounds a job: the control groups its first process joins (`cgroup.procs` files), the CPU
+/// What bounds a job: the control groups its first process joins (the files it writes `0` to), the CPU
 /// time each of its processes may use, and the size of its `/tmp`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bounds {

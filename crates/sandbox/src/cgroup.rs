@@ -303,9 +303,16 @@ impl JobCgroup {
         Ok(job)
     }
 
-    /// The files a process writes `0` to to join the job's groups (`cgroup.procs`).
+    /// The files a process writes `0` to to join the job's groups: on v1 `tasks`, which moves
+    /// only the writing thread (the joining process has one), and so spares the kernel the global
+    /// lock a move of a whole process takes, whose first taking after a quiet spell waits for an
+    /// RCU grace period (some 10 ms); on v2 `cgroup.procs`.
     pub fn procs_files(&self) -> Vec<PathBuf> {
-        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+        let file = match self.hierarchy {
+            Hierarchy::V1 { .. } => "tasks",
+            Hierarchy::V2 { .. } => "cgroup.procs",
+        };
+        self.dirs.iter().map(|d| d.join(file)).collect()
     }
 
     /// What the kernel counted for this job so far.

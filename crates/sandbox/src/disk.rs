@@ -50,11 +50,13 @@ pub fn available() -> Result<(), String> {
 }
 
 /// A job's file system, made ahead or for the job: its image (`disk.img`, sparse) in a folder
-/// of its own and where it is mounted (`disk`). Unmounted, and the image removed, when dropped.
+/// of its own, mounted there (`disk`) and reached through the descriptor of its root. Unmounted,
+/// and the image removed, when dropped.
 #[derive(Debug)]
 pub struct Prepared {
     image: PathBuf,
     mount: PathBuf,
+    root: Option<OwnedFd>,
     limit: u64,
 }
 
@@ -62,9 +64,10 @@ impl Prepared {
     /// Makes a file system of `limit` bytes in `place` and mounts it there. What an earlier
     /// attempt left in `place` goes first.
     pub fn make(place: &Path, limit: u64) -> io::Result<Prepared> {
-        let fs = Prepared {
+        let mut fs = Prepared {
             image: place.join("disk.img"),
             mount: place.join("disk"),
+            root: None,
             limit,
         };
         fs.release();
@@ -96,10 +99,20 @@ impl Prepared {
             .arg(&fs.image)
             .arg(&fs.mount);
         run(&mut mount, "mount")?;
+        fs.root = Some(open_dir(rustix::fs::CWD, fs.mount.as_os_str())?);
         Ok(fs)
     }
 
-    fn release(&self) {
+    /// The file system's root.
+    fn root(&self) -> io::Result<BorrowedFd<'_>> {
+        self.root
+            .as_ref()
+            .map(AsFd::as_fd)
+            .ok_or_else(|| io::Error::other("the job's file system is gone"))
+    }
+
+    fn release(&mut self) {
+        self.root = None;
         let _ = rustix::mount::unmount(&self.mount, rustix::mount::UnmountFlags::DETACH);
         let _ = std::fs::remove_dir(&self.mount);
         let _ = std::fs::remove_file(&self.image);
@@ -120,7 +133,8 @@ pub struct JobDisk {
     lower: PathBuf,
     owner: (u32, u32),
     baseline: u64,
-    fs: Prepared,
+    /// Taken out when the file system is used again.
+    fs: Option<Prepared>,
 }
 
 /// What a job's disk holds now.
@@ -158,25 +172,32 @@ impl JobDisk {
             Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
             _ => {}
         }
-        let upper = fs.mount.join("upper");
-        let work = fs.mount.join("work");
-        std::fs::DirBuilder::new().mode(0o700).create(&work)?;
+        let root = fs.root()?;
+        let private = Mode::from_raw_mode(0o700);
+        rustix::fs::mkdirat(root, "work", private)?;
         let top = rustix::fs::stat(lower)?;
-        std::fs::DirBuilder::new().mode(0o700).create(&upper)?;
-        rustix::fs::chown(
-            &upper,
+        rustix::fs::mkdirat(root, "upper", private)?;
+        rustix::fs::chownat(
+            root,
+            "upper",
             Some(rustix::fs::Uid::from_raw(owner.0)),
             Some(rustix::fs::Gid::from_raw(owner.1)),
+            AtFlags::empty(),
         )?;
-        rustix::fs::chmod(&upper, Mode::from_raw_mode(top.st_mode & 0o7777))?;
-        let baseline = used(&fs.mount)?;
+        rustix::fs::chmodat(
+            root,
+            "upper",
+            Mode::from_raw_mode(top.st_mode & 0o7777),
+            AtFlags::empty(),
+        )?;
+        let baseline = used(root)?;
         // The layers by descriptor, so no character of the deployment's path can reach the
         // overlay's options. The overlay keeps its marks in `user.` attributes (which the job's
         // own id may read back after; the overlay never lets the job set them), makes no
         // redirects and follows none, and copies a file whole when the job changes it.
         let lower_fd = open_dir(rustix::fs::CWD, lower.as_os_str())?;
-        let upper_fd = open_dir(rustix::fs::CWD, upper.as_os_str())?;
-        let work_fd = open_dir(rustix::fs::CWD, work.as_os_str())?;
+        let upper_fd = open_dir(root, OsStr::new("upper"))?;
+        let work_fd = open_dir(root, OsStr::new("work"))?;
         let by_fd = |fd: &OwnedFd| {
             use std::os::fd::AsRawFd as _;
             format!("/proc/self/fd/{}", fd.as_raw_fd())
@@ -203,7 +224,7 @@ impl JobDisk {
             lower: lower.to_owned(),
             owner,
             baseline,
-            fs,
+            fs: Some(fs),
         })
     }
 
@@ -214,17 +235,36 @@ impl JobDisk {
 
     /// The disk's size.
     pub fn limit(&self) -> u64 {
-        self.fs.limit
+        self.fs.as_ref().map_or(0, |fs| fs.limit)
+    }
+
+    fn fs(&self) -> io::Result<&Prepared> {
+        self.fs
+            .as_ref()
+            .ok_or_else(|| io::Error::other("the job's file system is gone"))
+    }
+
+    /// Ends the overlay and empties the file system for the id's next job: making one anew costs
+    /// more than emptying it, and unmounting one slows the next job's start (the kernel's next
+    /// moves into control groups wait longer after it). `None` when it cannot be emptied.
+    pub fn recycle(mut self) -> Option<Prepared> {
+        let _ = rustix::mount::unmount(&self.merged, rustix::mount::UnmountFlags::DETACH);
+        let fs = self.fs.take()?;
+        let root = fs.root().ok()?;
+        for name in ["upper", "work"] {
+            remove(root, OsStr::new(name)).ok()?;
+        }
+        Some(fs)
     }
 
     /// What the job wrote so far, and whether its disk is full.
     pub fn written(&self) -> io::Result<Written> {
-        let s = rustix::fs::statfs(&self.fs.mount)?;
+        let s = rustix::fs::fstatfs(self.fs()?.root()?)?;
         let block = u64::try_from(s.f_bsize).unwrap_or(0);
         let used = (s.f_blocks.saturating_sub(s.f_bfree)).saturating_mul(block);
         Ok(Written {
             bytes: used.saturating_sub(self.baseline),
-            full: s.f_bavail.saturating_mul(block) < (self.fs.limit / FULL_SHARE).max(FULL_BYTES)
+            full: s.f_bavail.saturating_mul(block) < (self.limit() / FULL_SHARE).max(FULL_BYTES)
                 || s.f_ffree < FULL_INODES,
         })
     }
@@ -235,7 +275,7 @@ impl JobDisk {
     /// no capability, and whatever the job left cannot make it write where the job could not.
     pub fn write_back(&self) -> io::Result<Applied> {
         let _ = rustix::mount::unmount(&self.merged, rustix::mount::UnmountFlags::DETACH);
-        let upper = open_dir(rustix::fs::CWD, self.fs.mount.join("upper").as_os_str())?;
+        let upper = open_dir(self.fs()?.root()?, OsStr::new("upper"))?;
         let target = open_dir(rustix::fs::CWD, self.lower.as_os_str())?;
         let (uid, gid) = self.owner;
         let as_root = rustix::process::geteuid().is_root();
@@ -315,6 +355,16 @@ impl Spares {
         }
     }
 
+    /// Keeps `fs` (emptied, see [`JobDisk::recycle`]) for `id`'s next job, unless it has one or
+    /// the worker is stopping.
+    pub fn put(&self, id: u32, fs: Prepared) {
+        if let Ok(mut ready) = self.ready.lock()
+            && !self.closed.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            ready.entry(id).or_insert(fs);
+        }
+    }
+
     /// Makes `id`'s next file system, unless it has one.
     pub fn prepare(&self, id: u32) -> io::Result<()> {
         if self.ready.lock().is_ok_and(|r| r.contains_key(&id)) {
@@ -363,9 +413,9 @@ fn run(command: &mut Command, what: &str) -> io::Result<()> {
     }
 }
 
-/// Bytes in use on the file system at `path`.
-fn used(path: &Path) -> io::Result<u64> {
-    let s = rustix::fs::statfs(path)?;
+/// Bytes in use on the file system of `fd`.
+fn used(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let s = rustix::fs::fstatfs(fd)?;
     let block = u64::try_from(s.f_bsize).unwrap_or(0);
     Ok(s.f_blocks.saturating_sub(s.f_bfree).saturating_mul(block))
 }

@@ -134,3 +134,37 @@ fn a_job_cannot_write_past_its_disk() {
 fn libc_enospc() -> i32 {
     rustix::io::Errno::NOSPC.raw_os_error()
 }
+
+#[test]
+fn a_disk_used_again_holds_nothing_of_the_job_before() {
+    let Some((ws, job, disk)) = made(32 << 20) else {
+        return;
+    };
+    // The first job leaves a secret, a folder it closed to everyone, and a file that fills a
+    // quarter of the disk.
+    let m = disk.path().to_owned();
+    std::fs::write(m.join("secret"), "cnry-previous-job").unwrap();
+    std::fs::create_dir_all(m.join("closed/inner")).unwrap();
+    std::fs::write(m.join("closed/inner/f"), "x").unwrap();
+    std::fs::set_permissions(
+        m.join("closed"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o000),
+    )
+    .unwrap();
+    std::fs::write(m.join("big"), vec![1u8; 8 << 20]).unwrap();
+    let fs = disk.recycle().expect("the disk is emptied");
+    // The next job, over another workspace, sees its own workspace only and the whole disk.
+    let next_ws = workspace();
+    let next = JobDisk::over(fs, job.path(), next_ws.path(), OWNER).unwrap();
+    let mut seen: Vec<String> = std::fs::read_dir(next.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    seen.sort();
+    assert_eq!(seen, ["build", "gone.txt", "src"]);
+    let written = next.written().unwrap();
+    assert!(written.bytes < 1 << 20, "{written:?}");
+    assert!(!written.full);
+    drop(next);
+    drop(ws);
+}

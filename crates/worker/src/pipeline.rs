@@ -937,26 +937,29 @@ impl Worker {
             (ran, _) => ran,
         };
         drop(cgroup);
-        // What the job wrote goes into its workspace, but for a job that filled its disk.
-        let written_back = match disk {
-            Some(disk) if !matches!(ran, Ran::Breached(Breach::Disk(_))) => {
-                let done = tokio::task::spawn_blocking(move || disk.write_back()).await;
-                Some(match done {
-                    Ok(r) => r,
-                    Err(e) => Err(std::io::Error::other(e.to_string())),
-                })
+        // What the job wrote goes into its workspace, but for a job that filled its disk. Then
+        // the disk is emptied for its id's next job, off that job's path.
+        let full = matches!(ran, Ran::Breached(Breach::Disk(_)));
+        let (written_back, used) = match disk {
+            Some(disk) if !full => {
+                let done = tokio::task::spawn_blocking(move || (disk.write_back(), disk)).await;
+                match done {
+                    Ok((r, disk)) => (Some(r), Some(disk)),
+                    Err(e) => (Some(Err(std::io::Error::other(e.to_string()))), None),
+                }
             }
-            dropped => {
-                drop(dropped);
-                None
-            }
+            disk => (None, disk),
         };
-        // The id's next disk is made now, off the next job's path.
         if let (Some(spares), Some(((uid, _), _))) = (&self.disks, &view) {
             let (spares, uid) = (spares.clone(), *uid);
             tokio::task::spawn_blocking(move || {
-                if let Err(e) = spares.prepare(uid) {
-                    tracing::warn!(event = "job_disk_failed", detail = %e);
+                match used.and_then(sandbox::disk::JobDisk::recycle) {
+                    Some(fs) => spares.put(uid, fs),
+                    None => {
+                        if let Err(e) = spares.prepare(uid) {
+                            tracing::warn!(event = "job_disk_failed", detail = %e);
+                        }
+                    }
                 }
             });
         }
