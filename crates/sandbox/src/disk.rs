@@ -568,9 +568,9 @@ fn put(
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )?;
-        let mut source = std::fs::File::from(source);
-        let mut made = std::fs::File::from(made);
-        let copied = match io::copy(&mut source, &mut made) {
+        let source = std::fs::File::from(source);
+        let made = std::fs::File::from(made);
+        let copied = match copy_data(&source, &made) {
             Ok(n) => n,
             Err(e) => {
                 let _ = rustix::fs::unlinkat(to, &temp, AtFlags::empty());
@@ -601,6 +601,42 @@ fn put(
         return Err(e.into());
     }
     Ok(bytes)
+}
+
+/// Copies what `from` holds into `to`, leaving its holes holes: only the data the job's disk
+/// holds is read and written, so a sparse file the size of a host's disk costs no more than the
+/// bytes the job wrote. Returns the bytes written.
+fn copy_data(from: &std::fs::File, to: &std::fs::File) -> io::Result<u64> {
+    use rustix::fs::SeekFrom;
+    use std::os::unix::fs::FileExt as _;
+    let size = from.metadata()?.len();
+    let mut buf = vec![0u8; 1 << 17];
+    let mut copied = 0u64;
+    let mut at = 0u64;
+    while at < size {
+        let start = match rustix::fs::seek(from, SeekFrom::Data(at)) {
+            Ok(start) => start,
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let end = rustix::fs::seek(from, SeekFrom::Hole(start))?.min(size);
+        let mut offset = start;
+        while offset < end {
+            let want = usize::try_from(end - offset)
+                .unwrap_or(usize::MAX)
+                .min(buf.len());
+            let n = from.read_at(&mut buf[..want], offset)?;
+            if n == 0 {
+                break;
+            }
+            to.write_all_at(&buf[..n], offset)?;
+            offset += n as u64;
+            copied += n as u64;
+        }
+        at = end.max(start + 1);
+    }
+    to.set_len(size)?;
+    Ok(copied)
 }
 
 /// A name in `to` that nothing has, for a file being written.
@@ -741,6 +777,34 @@ mod tests {
         assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
         assert_eq!(done.files, 5);
         assert_eq!(done.skipped, 0);
+    }
+
+    #[test]
+    fn a_sparse_file_is_written_back_as_sparse() {
+        use std::os::unix::fs::{FileExt as _, MetadataExt as _};
+        let upper = tempfile::tempdir().unwrap();
+        let target = tempfile::tempdir().unwrap();
+        let huge = std::fs::File::create(upper.path().join("huge")).unwrap();
+        huge.set_len(1 << 40).unwrap();
+        huge.write_all_at(b"data in the middle", 1 << 30).unwrap();
+        drop(huge);
+        let done = apply(
+            open_dir(rustix::fs::CWD, upper.path().as_os_str()).unwrap(),
+            open_dir(rustix::fs::CWD, target.path().as_os_str()).unwrap(),
+        )
+        .unwrap();
+        let copy = target.path().join("huge");
+        let meta = std::fs::metadata(&copy).unwrap();
+        assert_eq!(meta.len(), 1 << 40);
+        // Only the data was written: a block or so, not a terabyte.
+        assert!(meta.blocks() * 512 < 1 << 20, "{} blocks", meta.blocks());
+        assert!(done.bytes < 1 << 20, "{done:?}");
+        let mut back = [0u8; 18];
+        std::fs::File::open(&copy)
+            .unwrap()
+            .read_exact_at(&mut back, 1 << 30)
+            .unwrap();
+        assert_eq!(&back, b"data in the middle");
     }
 
     #[test]

@@ -312,7 +312,7 @@ fn command_lines() -> Vec<(u32, String)> {
 /// The triggers of these tests, for both forges: `wiki` names a server the overlay does not offer;
 /// `pi-answer` and `pi-fix` follow their flows with no server; `broken` names a server that exits
 /// as it starts.
-fn triggers() -> Value {
+pub(crate) fn triggers() -> Value {
     let mut all = Vec::new();
     for kind in ["github", "gitlab"] {
         all.push(json!({"on": {"type": "label", "any": ["wiki"]},

@@ -17,6 +17,7 @@ mod hostile;
 mod hostile_bounds;
 mod hostile_host;
 mod hostile_pi;
+mod hostile_publish;
 mod import_pi;
 mod init;
 mod job;
