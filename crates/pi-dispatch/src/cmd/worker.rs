@@ -168,7 +168,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     }
     // What each job writes goes to a disk of its own, where the host can make one; the first
     // id's is made now, and each id's next after its job.
-    let disks = if root && bubblewrap {
+    let disks = if root {
         sandbox::disk::sweep_images(&state.join("jobs"));
         match sandbox::disk::available() {
             Ok(()) => {

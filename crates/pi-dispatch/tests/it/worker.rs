@@ -885,7 +885,7 @@ fn a_job_runs_in_a_podman_container_with_the_same_contract() {
             Step::call("mcp__direct__echo", json!({"message": "from a container"})),
             Step::call(
                 "bash",
-                json!({"command": "id -u; grep CapEff /proc/self/status"}),
+                json!({"command": "id -u; grep CapEff /proc/self/status; echo from-a-container > /workspace/wrote"}),
             ),
             Step::text("done"),
         ],
@@ -911,6 +911,18 @@ fn a_job_runs_in_a_podman_container_with_the_same_contract() {
         "{results:#?}"
     );
     assert_eq!(calls(&record, "direct", "echo"), 1, "{record:#}");
+    // What it wrote went to its own disk, then into the repository as the owner's.
+    let wrote = s.repo.join("wrote");
+    assert_eq!(
+        std::fs::read_to_string(&wrote).unwrap(),
+        "from-a-container\n"
+    );
+    let (meta, owner) = (
+        std::fs::metadata(&wrote).unwrap(),
+        std::fs::metadata(&s.repo).unwrap(),
+    );
+    use std::os::unix::fs::MetadataExt as _;
+    assert_eq!((meta.uid(), meta.gid()), (owner.uid(), owner.gid()));
     // No container of the job is left.
     let left = std::process::Command::new("podman")
         .args(["ps", "--all", "--quiet", "--filter"])
