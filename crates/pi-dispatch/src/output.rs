@@ -2,14 +2,42 @@
 
 use std::io::{self, Write};
 
-/// Writes `text` to standard output. A reader that went away (`| head`) is not an error of the
-/// command: the rest is dropped and the command still exits with its verdict.
+/// Writes `text` to standard output, inert: every control character but line ends and tabs is
+/// written as `\u00XX` (see [`inert`]), so nothing a job put in a record, a name or a transcript
+/// can drive the terminal. A reader that went away (`| head`) is not an error of the command: the
+/// rest is dropped and the command still exits with its verdict.
 pub fn print(text: &str) -> anyhow::Result<()> {
+    print_raw(inert(text).as_bytes())
+}
+
+/// Writes `bytes` to standard output as they are: only for what the operator asked for raw.
+pub fn print_raw(bytes: &[u8]) -> anyhow::Result<()> {
     let mut out = io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+    match out.write_all(bytes).and_then(|()| out.flush()) {
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(()),
     }
+}
+
+/// `text` with every control character (C0, DEL and C1) but `\n` and `\t` written as `\u00XX`:
+/// a terminal shows it and does nothing, and inside a JSON string it is the same character, so
+/// JSON output stays valid and means the same. Pure.
+pub fn inert(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// `path` shown relative to `dir` when it lies inside it, else as it is.
@@ -31,20 +59,6 @@ pub fn display_name(name: &str) -> String {
     } else {
         escaped
     }
-}
-
-/// Text from a job (the agent's words) as a terminal may show it: line ends and tabs kept, every
-/// other control character written as an escape, so nothing it holds can drive the terminal.
-pub fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c == '\n' || c == '\t' || !c.is_control() {
-                c.to_string()
-            } else {
-                c.escape_default().to_string()
-            }
-        })
-        .collect()
 }
 
 /// Why a configuration file is not used: it cannot be read, or it is read and refused.
@@ -106,6 +120,20 @@ pub fn print_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_shown_not_obeyed() {
+        assert_eq!(inert("plain\ttext\n"), "plain\ttext\n");
+        assert_eq!(
+            inert("\u{1b}]0;title\u{7}\u{1b}[2J\r\u{9b}31m\u{7f}"),
+            "\\u001b]0;title\\u0007\\u001b[2J\\u000d\\u009b31m\\u007f"
+        );
+        // Inside a JSON string, the escape is the same character: JSON output stays valid.
+        let json = serde_json::to_string(&serde_json::json!({"t": "a\u{9b}b"})).unwrap();
+        let shown = inert(&json);
+        let back: serde_json::Value = serde_json::from_str(&shown).unwrap();
+        assert_eq!(back["t"], "a\u{9b}b");
+    }
 
     #[test]
     fn names_are_shown_plainly_or_escaped() {

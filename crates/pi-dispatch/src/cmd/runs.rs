@@ -1,7 +1,8 @@
 //! `pi-dispatch runs [--json]` lists the run records of the deployment (`state/runs/`), oldest
 //! first, and says which files it could not read; `pi-dispatch runs show ID [--json |
-//! --transcript]` shows one record (why it ended, the detail and the fix, what it used), the record
-//! as stored, or the job's transcript.
+//! --transcript [--raw]]` shows one record (why it ended, the detail and the fix, what it used),
+//! the record as stored, or the job's transcript. Everything printed from a job's data is inert:
+//! control characters are shown as escapes (see `output::print`), but with `--raw`.
 
 use std::fmt::Write as _;
 
@@ -28,9 +29,14 @@ enum RunsCommand {
         /// Print the record as stored (JSON).
         #[arg(long, conflicts_with = "transcript")]
         json: bool,
-        /// Print the job's transcript: pi's events as the worker kept them (secrets redacted).
+        /// Print the job's transcript: pi's events as the worker kept them (secrets redacted),
+        /// every control character in them shown as an escape.
         #[arg(long)]
         transcript: bool,
+        /// With --transcript: print it byte for byte, control characters and all (for a file or
+        /// a program, not a terminal: the job wrote it).
+        #[arg(long, requires = "transcript")]
+        raw: bool,
     },
 }
 
@@ -60,6 +66,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         id,
         json,
         transcript,
+        raw,
     }) = &args.command
     {
         let record = match records.read(id) {
@@ -75,7 +82,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             Err(e) => return Err(e.into()),
         };
         if *transcript {
-            return show_transcript(ctx, &record);
+            return show_transcript(ctx, &record, *raw);
         }
         let text = if *json {
             format!("{}\n", serde_json::to_string_pretty(&record)?)
@@ -122,7 +129,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     Ok(Exit::Success)
 }
 
-fn show_transcript(ctx: &Context, record: &Record) -> anyhow::Result<Exit> {
+fn show_transcript(ctx: &Context, record: &Record, raw: bool) -> anyhow::Result<Exit> {
     let path = worker::transcript::path(&ctx.dir.join("state/jobs"), &record.job_id);
     if !record.transcript {
         eprintln!(
@@ -131,8 +138,8 @@ fn show_transcript(ctx: &Context, record: &Record) -> anyhow::Result<Exit> {
         );
         return Ok(Exit::CheckFailed);
     }
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
         // With the queue in Redis, the job may have run on another host.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && record.worker.is_some() => {
             eprintln!(
@@ -144,7 +151,11 @@ fn show_transcript(ctx: &Context, record: &Record) -> anyhow::Result<Exit> {
         }
         Err(e) => anyhow::bail!("{} cannot be read ({})", path.display(), e.kind()),
     };
-    crate::output::print(&text)?;
+    if raw {
+        crate::output::print_raw(&bytes)?;
+    } else {
+        crate::output::print(&String::from_utf8_lossy(&bytes))?;
+    }
     Ok(Exit::Success)
 }
 
@@ -217,7 +228,7 @@ fn human(r: &Record) -> String {
     }
     if let Some(m) = &r.final_message {
         let _ = writeln!(out, "final message:");
-        for line in crate::output::printable(m).lines() {
+        for line in m.lines() {
             let _ = writeln!(out, "  {line}");
         }
     }

@@ -29,5 +29,6 @@ mod outcomes;
 mod panel;
 mod run;
 mod service;
+mod terminal;
 mod triggers_check;
 mod worker;
