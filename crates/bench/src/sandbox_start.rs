@@ -94,8 +94,9 @@ impl Pair {
 }
 
 /// `/bin/true` sandboxed as the worker starts a job now: an id of the pool with the idmapped view
-/// of the workspace, the job's control groups joined through `pi-dispatch job-limits`, all made
-/// and removed within each run; beside the plain sandboxed start, in the same turns.
+/// of the workspace, the job's overlay over the disk its id kept, the job's control groups joined
+/// through `pi-dispatch job-limits`, each start after a quiet spell; beside the plain sandboxed
+/// start, in the same turns.
 pub struct Bounded {
     plain: Latency,
     bounded: Latency,

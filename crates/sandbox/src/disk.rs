@@ -388,17 +388,6 @@ impl Spares {
     }
 }
 
-/// Removes the disk images a worker killed outright left in its jobs' folders (`jobs/*/disk.img`);
-/// call it after their mounts are gone.
-pub fn sweep_images(jobs: &Path) {
-    let Ok(entries) = std::fs::read_dir(jobs) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let _ = std::fs::remove_file(entry.path().join("disk.img"));
-    }
-}
-
 /// Runs a host program with fixed arguments (none from the job), its output dropped.
 fn run(command: &mut Command, what: &str) -> io::Result<()> {
     let status = command
@@ -464,6 +453,9 @@ struct Frame {
     from: rustix::fs::Dir,
     from_fd: OwnedFd,
     to: OwnedFd,
+    /// The permissions the folder gets once it is filled (it is open to its owner till then);
+    /// `None` for the top, which keeps its own.
+    mode: Option<u32>,
 }
 
 /// Copies the overlay's upper layer `from` into `to`, as the caller: the job's files and links
@@ -475,6 +467,7 @@ fn apply(from: OwnedFd, to: OwnedFd) -> io::Result<Applied> {
         from: rustix::fs::Dir::read_from(&from)?,
         from_fd: from,
         to,
+        mode: None,
     }];
     let mut serial = 0u64;
     loop {
@@ -483,6 +476,9 @@ fn apply(from: OwnedFd, to: OwnedFd) -> io::Result<Applied> {
             break;
         };
         let Some(entry) = frame.from.read() else {
+            if let Some(mode) = frame.mode {
+                rustix::fs::fchmod(&frame.to, Mode::from_raw_mode(mode))?;
+            }
             stack.pop();
             continue;
         };
@@ -512,9 +508,15 @@ fn apply(from: OwnedFd, to: OwnedFd) -> io::Result<Applied> {
                     rustix::fs::mkdirat(&frame.to, &name, Mode::from_raw_mode(0o700))?;
                 }
                 let to = open_dir(&frame.to, &name)?;
-                rustix::fs::fchmod(&to, Mode::from_raw_mode(st.st_mode & 0o777))?;
+                let mode = st.st_mode & 0o777;
+                rustix::fs::fchmod(&to, Mode::from_raw_mode(mode | 0o700))?;
                 let from = rustix::fs::Dir::read_from(&from_fd)?;
-                let next = Frame { from, from_fd, to };
+                let next = Frame {
+                    from,
+                    from_fd,
+                    to,
+                    mode: Some(mode),
+                };
                 stack.push(next);
             }
             Kind::File | Kind::Link => {

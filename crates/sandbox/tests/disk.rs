@@ -72,6 +72,15 @@ fn what_the_job_writes_goes_to_its_disk_and_back_into_the_workspace_after() {
     let written = disk.written().unwrap();
     assert!(!written.full);
     let done = disk.write_back().unwrap();
+    // The copy's thread took another id: the kernel made the process undumpable, so no process
+    // of that id can trace it or read its memory.
+    assert!(
+        !matches!(
+            rustix::process::dumpable_behavior().unwrap(),
+            rustix::process::DumpableBehavior::Dumpable
+        ),
+        "the worker stayed dumpable after a thread took the job's id"
+    );
     drop(disk);
     let w = ws.path();
     assert_eq!(

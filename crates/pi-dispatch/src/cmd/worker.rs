@@ -166,10 +166,9 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     if root {
         sandbox::identity::sweep(&state.join("jobs"));
     }
-    // What each job writes goes to a disk of its own, where the host can make one; the first
-    // id's is made now, and each id's next after its job.
+    // What each job writes goes to a disk of its own, where the host can make one: the first
+    // id's is made now, and each id keeps its disk, emptied after each of its jobs.
     let disks = if root {
-        sandbox::disk::sweep_images(&state.join("jobs"));
         match sandbox::disk::available() {
             Ok(()) => {
                 let spares =

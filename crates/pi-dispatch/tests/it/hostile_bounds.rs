@@ -147,3 +147,41 @@ fn what_a_job_writes_within_its_disk_is_kept_in_its_workspace() {
     let results: Vec<String> = s.model.requests().iter().map(|r| r.last_text()).collect();
     assert!(results.iter().any(|t| t.contains("wrote")), "{results:?}");
 }
+
+#[test]
+fn what_a_job_leaves_is_copied_back_as_data() {
+    // A link out of the repository, a FIFO, a file and a folder closed to everyone, and a sparse
+    // file of a terabyte: the worker copies them back without following, opening or filling.
+    let secret = tempfile::tempdir().unwrap();
+    std::fs::write(secret.path().join("root-only"), "cnry-host-file").unwrap();
+    let attack = format!(
+        "ln -s {}/root-only /workspace/link && mkfifo /workspace/fifo && \
+         mkdir /workspace/closed && echo inside > /workspace/closed/f && chmod 000 /workspace/closed/f /workspace/closed && \
+         truncate -s 1T /workspace/huge && echo planted",
+        secret.path().display()
+    );
+    let started = std::time::Instant::now();
+    let (record, s) = attacked_in(&attack, "PI_JOB_DISK_MB=64\n");
+    assert_eq!(record["outcome"], "completed", "{record:#}");
+    let results: Vec<String> = s.model.requests().iter().map(|r| r.last_text()).collect();
+    assert!(results.iter().any(|t| t.contains("planted")), "{results:?}");
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    // The link is a link, as the job made it; what it names is untouched.
+    let link = std::fs::symlink_metadata(s.repo.join("link")).unwrap();
+    assert!(link.file_type().is_symlink());
+    assert_eq!(
+        std::fs::read_to_string(secret.path().join("root-only")).unwrap(),
+        "cnry-host-file"
+    );
+    // No FIFO came back; the closed folder and file did, closed, the owner's.
+    assert!(std::fs::symlink_metadata(s.repo.join("fifo")).is_err());
+    let closed = std::fs::metadata(s.repo.join("closed")).unwrap();
+    assert_eq!(closed.permissions().mode() & 0o777, 0o000);
+    let owner = std::fs::metadata(&s.repo).unwrap();
+    assert_eq!((closed.uid(), closed.gid()), (owner.uid(), owner.gid()));
+    // The terabyte is a hole: its size, and next to no blocks.
+    let huge = std::fs::metadata(s.repo.join("huge")).unwrap();
+    assert_eq!(huge.len(), 1 << 40);
+    assert!(huge.blocks() * 512 < 1 << 20, "{} blocks", huge.blocks());
+    assert!(started.elapsed() < std::time::Duration::from_secs(120));
+}
