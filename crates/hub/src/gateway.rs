@@ -5,8 +5,14 @@
 //! list and cost cap ([`rules::Rules`]), puts the real key where the stand-in was (whatever header
 //! the wire format uses), sends the request to the model's real base URL (through the egress proxy
 //! when the runner has one), and passes the answer back as it comes while reading its usage
-//! ([`wire::UsageReader`]). A call it refuses stops the job: pi gets an error, and the runner is
+//! ([`wire::AnswerReader`]). A call it refuses stops the job: pi gets an error, and the runner is
 //! told ([`Gateway::refused`]).
+//!
+//! pi's own calls come on `/p/<index>`, those of a pi a stdio server starts on `/c/<index>`. Of
+//! pi's chat calls the gateway keeps how the last one ended and its text ([`Gateway::finish`]):
+//! the job's outcome and final message are decided from that, never from what pi prints. An
+//! agent's turn offers the model tools; a call that offers none (pi's summary of a long
+//! conversation) is kept apart, and counts only when no call offered tools.
 
 pub use protocol::model_rules as rules;
 pub mod wire;
@@ -28,8 +34,9 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::job_file::Stop;
+use protocol::model_answer::{Answer, Ending};
 use rules::{Api, Found, Meter, Refusal, RequestFacts, Rules, Table};
-use wire::UsageReader;
+use wire::AnswerReader;
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
@@ -127,6 +134,7 @@ struct State {
     https: reqwest::Client,
     http: reqwest::Client,
     meter: Mutex<Meter>,
+    answers: Mutex<Answers>,
     refusal: tokio::sync::watch::Sender<Option<Stop>>,
     /// Each answer's reading, so that shutting down ends them.
     tasks: Mutex<JoinSet<()>>,
@@ -162,6 +170,7 @@ impl Gateway {
             https,
             http,
             meter: Mutex::new(Meter::default()),
+            answers: Mutex::new(Answers::default()),
             refusal,
             tasks: Mutex::new(JoinSet::new()),
         });
@@ -182,10 +191,19 @@ impl Gateway {
 
     /// The base URL pi is given for provider `name`, when the gateway routes it.
     pub fn base_url(&self, name: &str) -> Option<String> {
+        self.route_url(Caller::Pi, name)
+    }
+
+    /// The base URL a pi a stdio server starts is given for provider `name`.
+    pub fn child_base_url(&self, name: &str) -> Option<String> {
+        self.route_url(Caller::Child, name)
+    }
+
+    fn route_url(&self, caller: Caller, name: &str) -> Option<String> {
         self.state
             .table
             .index(name)
-            .map(|i| format!("http://{}/p/{i}", self.addr))
+            .map(|i| format!("http://{}/{}/{i}", self.addr, caller.prefix()))
     }
 
     /// The providers the gateway routes.
@@ -218,14 +236,101 @@ impl Gateway {
     }
 
     /// Stops listening and ends every answer still passing through.
-    pub async fn shutdown(mut self) {
+    pub async fn shutdown(self) {
+        self.finish().await;
+    }
+
+    /// Stops listening, lets the answers still being read end (for at most [`SETTLE`]), ends the
+    /// rest, and gives what every call used and the last answer to pi.
+    pub async fn finish(mut self) -> Seen {
         self.ct.cancel();
         crate::relay::stop_accepting(self.accept.take(), Duration::from_secs(2)).await;
         let tasks = self.state.tasks.lock().map(|mut t| std::mem::take(&mut *t));
         if let Ok(mut tasks) = tasks {
+            let _ =
+                tokio::time::timeout(SETTLE, async { while tasks.join_next().await.is_some() {} })
+                    .await;
             tasks.shutdown().await;
         }
+        Seen {
+            meter: self.meter(),
+            last_answer: self
+                .state
+                .answers
+                .lock()
+                .ok()
+                .and_then(|a| a.last().cloned()),
+        }
     }
+}
+
+/// How long [`Gateway::finish`] waits for answers still being read: pi has them whole once it
+/// exits, so only an answer pi left is still running.
+const SETTLE: Duration = Duration::from_secs(2);
+
+/// What the gateway saw of a job, once it is finished.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    pub meter: Meter,
+    /// How pi's last chat call ended, and its answer's text.
+    pub last_answer: Option<Answer>,
+}
+
+/// Who makes a call, by its route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// The job's pi (`/p/`).
+    Pi,
+    /// A pi a stdio server starts (`/c/`).
+    Child,
+}
+
+impl Caller {
+    fn prefix(self) -> &'static str {
+        match self {
+            Caller::Pi => "p",
+            Caller::Child => "c",
+        }
+    }
+}
+
+/// pi's chat calls as they end: the last agent's turn (a call offering tools) and the last of
+/// any, each with the order it was made in.
+#[derive(Debug, Default)]
+struct Answers {
+    made: u64,
+    turn: Option<(u64, Answer)>,
+    any: Option<(u64, Answer)>,
+}
+
+impl Answers {
+    /// A number for a call as it is made.
+    fn number(&mut self) -> u64 {
+        self.made += 1;
+        self.made
+    }
+
+    fn ended(&mut self, number: u64, turn: bool, answer: Answer) {
+        let later = |slot: &Option<(u64, Answer)>| slot.as_ref().is_none_or(|(n, _)| *n < number);
+        if turn && later(&self.turn) {
+            self.turn = Some((number, answer.clone()));
+        }
+        if later(&self.any) {
+            self.any = Some((number, answer));
+        }
+    }
+
+    fn last(&self) -> Option<&Answer> {
+        self.turn.as_ref().or(self.any.as_ref()).map(|(_, a)| a)
+    }
+}
+
+/// A call of pi's the gateway keeps the ending of: its number, whether it was an agent's turn,
+/// and the provider's host.
+struct Kept {
+    number: u64,
+    turn: bool,
+    host: String,
 }
 
 fn unreachable_stop() -> Stop {
@@ -331,7 +436,7 @@ impl State {
         }
         let path = request.uri().path().to_owned();
         let query = request.uri().query().map(str::to_owned);
-        let Some((index, rest)) = route(&path) else {
+        let Some((caller, index, rest)) = route(&path) else {
             return Ok(error_answer(
                 StatusCode::NOT_FOUND,
                 "not_found",
@@ -441,6 +546,22 @@ impl State {
                 }
             }
         };
+        // pi's chat calls: how each ends is kept.
+        let chat = matches!(
+            api,
+            Api::OpenAiCompletions | Api::OpenAiResponses | Api::AnthropicMessages
+        );
+        let kept = (caller == Caller::Pi && chat)
+            .then(|| self.answers.lock().ok().map(|mut a| a.number()))
+            .flatten()
+            .map(|number| Kept {
+                number,
+                turn: facts.offers_tools,
+                host: reqwest::Url::parse(&model.base_url)
+                    .ok()
+                    .and_then(|u| u.host_str().map(str::to_owned))
+                    .unwrap_or_default(),
+            });
         let mut url = format!("{}{rest}", model.base_url.trim_end_matches('/'));
         if let Some(q) = query {
             url.push('?');
@@ -478,12 +599,20 @@ impl State {
         let sent = client.post(&url).headers(headers).body(body).send().await;
         let upstream = match sent {
             Ok(r) => r,
-            Err(_) => {
+            Err(e) => {
                 self.settle(bound, None, false);
+                self.keep(kept, Some(unreached(&e)), String::new(), false);
                 return Err(Unreachable);
             }
         };
         let status = upstream.status();
+        // The egress proxy's own answer names its decision (a short code, never a host).
+        let proxy = upstream
+            .headers()
+            .get("x-pi-dispatch-egress")
+            .and_then(|v| v.to_str().ok())
+            .filter(|c| c.len() <= 64 && c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+            .map(str::to_owned);
         let stream = upstream
             .headers()
             .get(header::CONTENT_TYPE)
@@ -500,7 +629,7 @@ impl State {
         let state = self.clone();
         let reading = async move {
             let mut tx = tx;
-            let mut reader = UsageReader::new(api, stream);
+            let mut reader = AnswerReader::new(api, stream);
             let mut chunks = upstream.bytes_stream();
             let mut whole = true;
             while let Some(chunk) = chunks.next().await {
@@ -514,11 +643,29 @@ impl State {
             }
             drop(tx);
             let answered = status.is_success();
-            let used = reader
-                .finish()
+            let read = reader.finish();
+            let used = read
+                .usage
                 .filter(|_| answered)
                 .map(|tokens| (tokens, rules::cost(&model, &tokens)));
             state.settle(bound, used, answered && whole);
+            let ending = if !answered {
+                Some(Ending::Status {
+                    status: status.as_u16(),
+                    proxy,
+                })
+            } else if !whole {
+                Some(Ending::Unreachable {
+                    cause: "the answer was cut off".to_owned(),
+                })
+            } else {
+                read.ending
+            };
+            let (text, cut) = match answered {
+                true => (read.text, read.cut),
+                false => (String::new(), false),
+            };
+            state.keep(kept, ending, text, cut);
         };
         if let Ok(mut tasks) = self.tasks.lock() {
             tasks.spawn(reading);
@@ -526,6 +673,20 @@ impl State {
         response
             .body(BodyExt::boxed(StreamBody::new(rx)))
             .map_err(|_| Unreachable)
+    }
+
+    /// Keeps how one of pi's chat calls ended.
+    fn keep(&self, kept: Option<Kept>, ending: Option<Ending>, text: String, cut: bool) {
+        let Some(kept) = kept else { return };
+        if let Ok(mut answers) = self.answers.lock() {
+            let answer = Answer {
+                ending,
+                text,
+                cut,
+                host: kept.host,
+            };
+            answers.ended(kept.number, kept.turn, answer);
+        }
     }
 
     fn settle(&self, bound: f64, used: Option<(rules::Tokens, f64)>, answered: bool) {
@@ -710,12 +871,21 @@ pub async fn start_for_pi(
     })
     .await
     .map_err(|e| Stop::new(Reason::RunnerSetupFailed, None, e.to_string()))?;
-    let routes: Vec<(String, String)> = gateway
-        .providers()
-        .filter_map(|p| gateway.base_url(p).map(|u| (p.to_owned(), u)))
-        .collect();
+    let routes = |url: &dyn Fn(&str) -> Option<String>| -> Vec<(String, String)> {
+        gateway
+            .providers()
+            .filter_map(|p| url(p).map(|u| (p.to_owned(), u)))
+            .collect()
+    };
     let overlay_json = text.and_then(|t| serde_json::from_slice(&t).ok());
-    let models_json = pi_models_json(overlay_json.as_ref(), &routes);
+    let models_json = pi_models_json(
+        overlay_json.as_ref(),
+        &routes(&|p: &str| gateway.base_url(p)),
+    );
+    let child_json = pi_models_json(
+        overlay_json.as_ref(),
+        &routes(&|p: &str| gateway.child_base_url(p)),
+    );
     let unwritten = |e: std::io::Error| {
         Stop::new(
             Reason::RunnerSetupFailed,
@@ -726,7 +896,7 @@ pub async fn start_for_pi(
     crate::pi_agent::write_private(agent_dir, "models.json", models_json.as_bytes())
         .map_err(unwritten)?;
     let meter =
-        write_meter(agent_dir, &pi.package, stand_in.as_ref(), &models_json).map_err(unwritten)?;
+        write_meter(agent_dir, &pi.package, stand_in.as_ref(), &child_json).map_err(unwritten)?;
     Ok(PiGateway {
         gateway,
         stand_in,
@@ -736,8 +906,9 @@ pub async fn start_for_pi(
 
 /// Writes the child's agent folder (for a server that sees pi's folder) and gives the servers'
 /// meter variables: `NODE_OPTIONS` importing the meter as a data: URL, which carries pi's package,
-/// the key's variable, its stand-in and the gateway's `models.json` (for a server with a `/tmp` of
-/// its own, where the meter makes the folder itself), and `PI_DISPATCH_CHILD_LEDGER`.
+/// the key's variable, its stand-in and the child's `models.json` (the gateway's child routes; for a
+/// server with a `/tmp` of its own, where the meter makes the folder itself), and
+/// `PI_DISPATCH_CHILD_LEDGER`.
 fn write_meter(
     agent_dir: &std::path::Path,
     package: &std::path::Path,
@@ -779,14 +950,33 @@ pub fn meter_variables(
     ]
 }
 
-/// `/p/<index><rest>`: the provider's index and the path after its base URL.
-fn route(path: &str) -> Option<(usize, &str)> {
-    let rest = path.strip_prefix("/p/")?;
+/// `/p/<index><rest>` (pi's) or `/c/<index><rest>` (a child's): who calls, the provider's index
+/// and the path after its base URL.
+fn route(path: &str) -> Option<(Caller, usize, &str)> {
+    let (caller, rest) = match path.strip_prefix("/p/") {
+        Some(rest) => (Caller::Pi, rest),
+        None => (Caller::Child, path.strip_prefix("/c/")?),
+    };
     let (index, rest) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
     if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    Some((index.parse().ok()?, rest))
+    Some((caller, index.parse().ok()?, rest))
+}
+
+/// Why a call got no answer, in fixed words (an error's text could quote the URL, and with it a
+/// key in its query).
+fn unreached(e: &reqwest::Error) -> Ending {
+    let cause = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "the connection failed"
+    } else {
+        "the request failed"
+    };
+    Ending::Unreachable {
+        cause: cause.to_owned(),
+    }
 }
 
 fn holds(value: &HeaderValue, stand_in: &str) -> bool {
@@ -862,12 +1052,15 @@ mod tests {
 
     #[test]
     fn routes_are_a_provider_index_and_the_rest() {
-        assert_eq!(route("/p/3/v1/messages"), Some((3, "/v1/messages")));
         assert_eq!(
-            route("/p/0/chat/completions"),
-            Some((0, "/chat/completions"))
+            route("/p/3/v1/messages"),
+            Some((Caller::Pi, 3, "/v1/messages"))
         );
-        assert_eq!(route("/p/12"), Some((12, "")));
+        assert_eq!(
+            route("/c/0/chat/completions"),
+            Some((Caller::Child, 0, "/chat/completions"))
+        );
+        assert_eq!(route("/p/12"), Some((Caller::Pi, 12, "")));
         for bad in [
             "/p/",
             "/p//x",

@@ -660,23 +660,23 @@ async fn finish(
         tool_calls = hub.tool_calls();
         hub.shutdown().await;
     }
-    let meter = match gateway {
-        Some(g) => {
-            let meter = g.gateway.meter();
-            g.gateway.shutdown().await;
-            Some(meter)
-        }
+    let seen = match gateway {
+        Some(g) => Some(g.gateway.finish().await),
         None => None,
     };
+    let last_answer = seen.as_ref().and_then(|s| s.last_answer.as_ref());
     let (done, events) = match result {
-        // pi: the task is done only when its last answer ended normally.
-        AgentEnd::Exited(ok, Some(events)) => match events.verdict(ok) {
-            Ok(()) => (line(job, 0, None, states), Some(events)),
-            Err((reason, cause)) => {
-                let stop = Stop::new(reason, None, cause);
-                (stopped(job, &stop, states), Some(events))
+        // pi: the task is done only when the gateway saw its model's last answer end normally,
+        // and pi's account agrees.
+        AgentEnd::Exited(ok, Some(events)) => {
+            match protocol::model_answer::verdict(&events, ok, last_answer) {
+                Ok(_) => (line(job, 0, None, states), Some(events)),
+                Err((reason, cause)) => {
+                    let stop = Stop::new(reason, None, cause);
+                    (stopped(job, &stop, states), Some(events))
+                }
             }
-        },
+        }
         // Another agent: its exit status says.
         AgentEnd::Exited(true, None) => (line(job, 0, None, states), None),
         AgentEnd::Exited(false, None) => {
@@ -686,10 +686,15 @@ async fn finish(
         AgentEnd::Stopped(stop, events) => (stopped(job, &stop, states), events),
         AgentEnd::Terminated => (terminated(job, states), None),
     };
+    // The final message is the model's, as the gateway read it (whatever pi printed); an agent
+    // other than pi has none. Only a completed job's is ever posted.
+    let final_message = last_answer
+        .map(|a| a.text.clone())
+        .filter(|t| !t.is_empty());
     ExitLine {
         tool_calls,
-        final_message: events.as_ref().and_then(PiEvents::final_message),
-        usage: merged_usage(events.as_ref(), meter.as_ref()),
+        final_message,
+        usage: merged_usage(events.as_ref(), seen.as_ref().map(|s| &s.meter)),
         ..done
     }
 }

@@ -10,6 +10,7 @@ pub mod forge_event;
 pub mod image;
 pub mod job;
 pub mod job_mcp;
+pub mod model_answer;
 pub mod model_rules;
 pub mod pi_events;
 pub mod reason;

@@ -303,6 +303,9 @@ pub struct RequestFacts {
     pub max_output: Option<u64>,
     /// Whether it asks for images (`modalities` holding `image`).
     pub wants_image: bool,
+    /// Whether it offers the model tools (`tools`, not empty): an agent's turn, where a summary
+    /// or a title asked on the side offers none.
+    pub offers_tools: bool,
 }
 
 impl RequestFacts {
@@ -325,6 +328,10 @@ impl RequestFacts {
                 .get("modalities")
                 .and_then(serde_json::Value::as_array)
                 .is_some_and(|m| m.iter().any(|v| v.as_str() == Some("image"))),
+            offers_tools: body
+                .get("tools")
+                .and_then(serde_json::Value::as_array)
+                .is_some_and(|t| !t.is_empty()),
         }
     }
 }
@@ -565,6 +572,7 @@ mod tests {
             model: Some("m".into()),
             max_output,
             wants_image: false,
+            offers_tools: true,
         }
     }
 
@@ -872,9 +880,14 @@ mod tests {
             RequestFacts {
                 model: Some("m".into()),
                 max_output: Some(7),
-                wants_image: true
+                wants_image: true,
+                offers_tools: false,
             }
         );
+        let turn = serde_json::json!({"model": "m", "tools": [{"type": "function"}]});
+        assert!(RequestFacts::read(&turn, Api::for_path("/chat/completions")).offers_tools);
+        let aside = serde_json::json!({"model": "m", "tools": []});
+        assert!(!RequestFacts::read(&aside, Api::for_path("/chat/completions")).offers_tools);
         let body = serde_json::json!({"model": "m", "max_tokens": 9, "max_output_tokens": 5});
         assert_eq!(
             RequestFacts::read(&body, Api::for_path("/chat/completions")).max_output,

@@ -1,9 +1,13 @@
 //! What pi's JSON event stream (`pi --mode json`, one event a line) says of a job: what the model
-//! spent, how its last answer ended, and that answer's text. The runner reads it to tell a finished
-//! task from a failed one; the worker reads the same lines (the runner passes them on) for what a
-//! job spent when no exit line came.
+//! spent, how its last answer ended, and that answer's text. It is pi's claim, which anything
+//! inside pi can write: the runner holds it against what its model gateway saw
+//! ([`crate::model_answer::verdict`]), so it can make a job fail but never complete on its own. The
+//! worker reads the same lines (the runner passes them on) for what a job spent when no exit line
+//! came, and for its activity.
 
+#[cfg(test)]
 use crate::exit_line::MAX_FINAL_MESSAGE;
+use crate::model_answer::push_bounded;
 use crate::reason::Reason;
 use crate::usage::Usage;
 
@@ -19,6 +23,8 @@ pub struct PiEvents {
     last: Option<Ending>,
     /// The text of the last assistant message (at most [`MAX_FINAL_MESSAGE`] bytes).
     last_text: String,
+    /// Whether `last_text` was cut.
+    last_cut: bool,
 }
 
 /// How an assistant message ended, as pi's `stopReason` says, with a failure sorted.
@@ -108,7 +114,7 @@ impl PiEvents {
             self.usage.turns += 1;
         }
         self.last = Some(ending);
-        self.last_text = answer_text(message);
+        (self.last_text, self.last_cut) = answer_text(message);
         let number = |v: Option<&serde_json::Value>| v.and_then(|n| n.as_u64()).unwrap_or(0);
         if let Some(usage) = message.get("usage") {
             self.usage.input_tokens += number(usage.get("input"));
@@ -138,7 +144,8 @@ impl PiEvents {
         }
     }
 
-    /// Whether the agent finished its task: pi exited well and its last answer ended normally.
+    /// What pi claims: that the agent finished its task (pi exited well and its last answer ended
+    /// normally).
     /// Otherwise the reason and a cause for the log (fixed words, a status code or an error's
     /// name; never the provider's text).
     pub fn verdict(&self, exited_ok: bool) -> Result<(), (Reason, String)> {
@@ -200,11 +207,18 @@ impl PiEvents {
     pub fn final_message(&self) -> Option<String> {
         (self.answers > 0 && !self.last_text.is_empty()).then(|| self.last_text.clone())
     }
+
+    /// The text pi claims for its last answer, and whether it was cut.
+    pub fn final_text(&self) -> (&str, bool) {
+        (&self.last_text, self.last_cut)
+    }
 }
 
-/// The text parts of an assistant message, joined, at most [`MAX_FINAL_MESSAGE`] bytes.
-fn answer_text(message: &serde_json::Value) -> String {
+/// The text parts of an assistant message, joined, at most [`MAX_FINAL_MESSAGE`] bytes, and
+/// whether it was cut.
+fn answer_text(message: &serde_json::Value) -> (String, bool) {
     let mut text = String::new();
+    let mut cut = false;
     for part in message
         .get("content")
         .and_then(|c| c.as_array())
@@ -215,19 +229,12 @@ fn answer_text(message: &serde_json::Value) -> String {
             && let Some(t) = part.get("text").and_then(|t| t.as_str())
         {
             if !text.is_empty() {
-                text.push('\n');
+                push_bounded(&mut text, &mut cut, "\n");
             }
-            text.push_str(t);
+            push_bounded(&mut text, &mut cut, t);
         }
     }
-    if text.len() > MAX_FINAL_MESSAGE {
-        let mut end = MAX_FINAL_MESSAGE;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
-    text
+    (text, cut)
 }
 
 #[cfg(test)]

@@ -205,6 +205,8 @@ reasons! {
         "The model provider answered with an error.";
     ModelLengthLimit = "model-length-limit", Job, Failed, Some(1), false,
         "The model's last answer was cut off at its length limit.";
+    AgentReportMismatch = "agent-report-mismatch", Job, Failed, Some(1), false,
+        "The agent reported an ending its model never gave (something inside pi wrote its output), so nothing it made was published.";
     // The job's model gateway, on the exit line: a call it refuses stops the whole job.
     ModelCallNotAllowed = "model-call-not-allowed", Job, Policy, Some(2), false,
         "A model call named a model the job may not use.";
@@ -492,6 +494,9 @@ impl Reason {
                 "wait for the provider's rate limit, or lower PI_WORKER_CONCURRENCY; the job is tried again"
             }
             Reason::ModelError => "read the provider's error in the job's transcript",
+            Reason::AgentReportMismatch => {
+                "check the overlay's extensions and what the job read (its transcript): something inside pi wrote its events"
+            }
             Reason::ModelLengthLimit => {
                 "give the model a larger output limit in models.json, or a smaller task"
             }

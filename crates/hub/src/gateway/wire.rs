@@ -1,5 +1,8 @@
-//! What a provider's answer says it used, read as the answer passes through the gateway: a JSON
-//! body, or an event stream (server-sent events) read event by event. Pure: bytes in, tokens out.
+//! What a provider's answer says, read as the answer passes through the gateway: a JSON body, or
+//! an event stream (server-sent events) read event by event. Pure: bytes in; the tokens it used
+//! and, for a chat answer, how it ended and its text out. The ending and the text are read as pi-ai
+//! reads them (its `mapStopReason` of each wire format), so that where pi's account of an answer
+//! is honest it agrees with the gateway's.
 //!
 //! Where each wire format reports usage (and how pi-ai reads it, which this follows):
 //!
@@ -12,6 +15,7 @@
 //!   `message_delta`, whose counts replace the earlier ones; input and the cache are apart.
 //! - The classifier APIs: `usage` of the body, `input_tokens` and `output_tokens`.
 
+use protocol::model_answer::{Ending, push_bounded};
 use serde_json::Value;
 
 use super::rules::{Api, Tokens};
@@ -21,9 +25,20 @@ pub const MAX_JSON_BODY: usize = 64 * 1024 * 1024;
 /// The most of one event kept (an event longer than this is skipped).
 const MAX_EVENT: usize = 16 * 1024 * 1024;
 
-/// Reads one answer's usage as its bytes pass.
+/// What one answer said, once read to its end.
+#[derive(Debug, Default, PartialEq)]
+pub struct Read {
+    pub usage: Option<Tokens>,
+    /// How a chat answer ended; `None` when it did not say (or is no chat answer).
+    pub ending: Option<Ending>,
+    /// A chat answer's text parts, joined by line ends, bounded.
+    pub text: String,
+    pub cut: bool,
+}
+
+/// Reads one answer as its bytes pass.
 #[derive(Debug)]
-pub struct UsageReader {
+pub struct AnswerReader {
     api: Api,
     stream: bool,
     /// A JSON body so far, or the part of the stream after the last full line.
@@ -32,18 +47,33 @@ pub struct UsageReader {
     data: Vec<u8>,
     too_long: bool,
     usage: Option<Tokens>,
+    ending: Option<Ending>,
+    text: String,
+    cut: bool,
+    /// A tool call was part of the answer.
+    tool_call: bool,
+    /// A chat completions stream gave `finish_reason`.
+    finished: bool,
+    /// A chat completions stream gave a chunk.
+    chunks: bool,
 }
 
-impl UsageReader {
+impl AnswerReader {
     /// `stream`: the answer is an event stream (`text/event-stream`), else a JSON body.
-    pub fn new(api: Api, stream: bool) -> UsageReader {
-        UsageReader {
+    pub fn new(api: Api, stream: bool) -> AnswerReader {
+        AnswerReader {
             api,
             stream,
             buf: Vec::new(),
             data: Vec::new(),
             too_long: false,
             usage: None,
+            ending: None,
+            text: String::new(),
+            cut: false,
+            tool_call: false,
+            finished: false,
+            chunks: false,
         }
     }
 
@@ -70,21 +100,121 @@ impl UsageReader {
         }
     }
 
-    /// The usage the answer reported, once it has ended.
-    pub fn finish(mut self) -> Option<Tokens> {
+    /// What the answer said, once it has ended.
+    pub fn finish(mut self) -> Read {
         if !self.stream {
-            if self.too_long {
-                return None;
+            let body: Option<Value> = (!self.too_long)
+                .then(|| serde_json::from_slice(&self.buf).ok())
+                .flatten();
+            if let Some(body) = body {
+                self.usage = body.get("usage").and_then(|u| read_usage(self.api, u));
+                self.whole_answer(&body);
             }
-            let body: Value = serde_json::from_slice(&self.buf).ok()?;
-            return body.get("usage").and_then(|u| read_usage(self.api, u));
+        } else {
+            if !self.buf.is_empty() {
+                let line = std::mem::take(&mut self.buf);
+                self.line(&line);
+            }
+            self.dispatch();
+            // pi-ai's reading of a chat completions stream that never gave `finish_reason`.
+            if self.api == Api::OpenAiCompletions && self.chunks && !self.finished {
+                self.ending = Some(self.tool_or(Ending::Stop));
+            }
         }
-        if !self.buf.is_empty() {
-            let line = std::mem::take(&mut self.buf);
-            self.line(&line);
+        Read {
+            usage: self.usage,
+            ending: self.ending,
+            text: self.text,
+            cut: self.cut,
         }
-        self.dispatch();
-        self.usage
+    }
+
+    fn push_text(&mut self, piece: &str) {
+        push_bounded(&mut self.text, &mut self.cut, piece);
+    }
+
+    /// A new text part: apart from the one before by a line end, as pi joins them.
+    fn new_part(&mut self) {
+        if !self.text.is_empty() {
+            self.push_text("\n");
+        }
+    }
+
+    /// `ending`, or `ToolUse` when the answer called a tool and `ending` is a normal stop.
+    fn tool_or(&self, ending: Ending) -> Ending {
+        match ending {
+            Ending::Stop if self.tool_call => Ending::ToolUse,
+            other => other,
+        }
+    }
+
+    /// A JSON answer (or a responses stream's last response): its text and ending.
+    fn whole_answer(&mut self, body: &Value) {
+        match self.api {
+            Api::OpenAiCompletions => {
+                let Some(choice) = body.pointer("/choices/0") else {
+                    return;
+                };
+                if let Some(text) = choice.pointer("/message/content").and_then(Value::as_str) {
+                    self.push_text(text);
+                }
+                self.ending = Some(completions_ending(
+                    choice.get("finish_reason").and_then(Value::as_str),
+                ));
+            }
+            Api::AnthropicMessages => {
+                for part in body
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    if part.get("type").and_then(Value::as_str) == Some("text")
+                        && let Some(t) = part.get("text").and_then(Value::as_str)
+                    {
+                        self.new_part();
+                        self.push_text(t);
+                    }
+                }
+                self.ending = anthropic_ending(body.get("stop_reason").and_then(Value::as_str));
+            }
+            Api::OpenAiResponses => {
+                for item in body
+                    .get("output")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    match item.get("type").and_then(Value::as_str) {
+                        Some("message") => {
+                            for part in item
+                                .get("content")
+                                .and_then(Value::as_array)
+                                .into_iter()
+                                .flatten()
+                            {
+                                if part.get("type").and_then(Value::as_str) == Some("output_text")
+                                    && let Some(t) = part.get("text").and_then(Value::as_str)
+                                {
+                                    self.new_part();
+                                    self.push_text(t);
+                                }
+                            }
+                        }
+                        Some("function_call" | "custom_tool_call") => self.tool_call = true,
+                        _ => {}
+                    }
+                }
+                let ending = responses_ending(
+                    body.get("status").and_then(Value::as_str),
+                    body.pointer("/incomplete_details/reason")
+                        .and_then(Value::as_str),
+                );
+                self.ending = Some(self.tool_or(ending));
+            }
+            // Classifiers and images: no chat answer.
+            _ => {}
+        }
     }
 
     fn line(&mut self, line: &[u8]) {
@@ -121,9 +251,20 @@ impl UsageReader {
                     event.get("type").and_then(Value::as_str),
                     Some("response.completed" | "response.incomplete" | "response.failed")
                 );
-                if let Some(usage) = event.pointer("/response/usage").filter(|_| ended) {
+                if ended && let Some(response) = event.get("response") {
+                    if let Some(usage) = response.get("usage") {
+                        self.usage = read_usage(self.api, usage).or(self.usage);
+                    }
+                    self.text.clear();
+                    self.cut = false;
+                    self.whole_answer(response);
+                }
+            }
+            Api::OpenAiCompletions => {
+                if let Some(usage) = event.get("usage").filter(|u| u.is_object()) {
                     self.usage = read_usage(self.api, usage).or(self.usage);
                 }
+                self.completions_chunk(&event);
             }
             _ => {
                 if let Some(usage) = event.get("usage").filter(|u| u.is_object()) {
@@ -133,14 +274,55 @@ impl UsageReader {
         }
     }
 
+    /// One chunk of a chat completions stream: its text, its tool calls, its `finish_reason`.
+    fn completions_chunk(&mut self, event: &Value) {
+        let Some(choice) = event.pointer("/choices/0") else {
+            return;
+        };
+        self.chunks = true;
+        if let Some(text) = choice.pointer("/delta/content").and_then(Value::as_str) {
+            self.push_text(text);
+        }
+        if choice
+            .pointer("/delta/tool_calls")
+            .and_then(Value::as_array)
+            .is_some_and(|c| !c.is_empty())
+        {
+            self.tool_call = true;
+        }
+        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.finished = true;
+            self.ending = Some(completions_ending(Some(reason)));
+        }
+    }
+
     fn anthropic_event(&mut self, event: &Value) {
         match event.get("type").and_then(Value::as_str) {
+            Some("content_block_start")
+                if event.pointer("/content_block/type").and_then(Value::as_str) == Some("text") =>
+            {
+                self.new_part();
+                if let Some(t) = event.pointer("/content_block/text").and_then(Value::as_str) {
+                    self.push_text(t);
+                }
+            }
+            Some("content_block_delta") => {
+                if event.pointer("/delta/type").and_then(Value::as_str) == Some("text_delta")
+                    && let Some(t) = event.pointer("/delta/text").and_then(Value::as_str)
+                {
+                    self.push_text(t);
+                }
+            }
+            Some("error") => self.ending = Some(Ending::Other),
             Some("message_start") => {
                 if let Some(usage) = event.pointer("/message/usage") {
                     self.usage = read_usage(Api::AnthropicMessages, usage);
                 }
             }
             Some("message_delta") => {
+                if let Some(reason) = event.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    self.ending = anthropic_ending(Some(reason));
+                }
                 let Some(usage) = event.get("usage") else {
                     return;
                 };
@@ -159,6 +341,35 @@ impl UsageReader {
             }
             _ => {}
         }
+    }
+}
+
+/// A chat completion's `finish_reason`, as pi-ai maps it (none is a normal stop).
+fn completions_ending(reason: Option<&str>) -> Ending {
+    match reason {
+        None | Some("stop" | "end") => Ending::Stop,
+        Some("length") => Ending::Length,
+        Some("tool_calls" | "function_call") => Ending::ToolUse,
+        Some(_) => Ending::Other,
+    }
+}
+
+/// An Anthropic message's `stop_reason`, as pi-ai maps it.
+fn anthropic_ending(reason: Option<&str>) -> Option<Ending> {
+    Some(match reason? {
+        "end_turn" | "pause_turn" | "stop_sequence" => Ending::Stop,
+        "max_tokens" => Ending::Length,
+        "tool_use" => Ending::ToolUse,
+        _ => Ending::Other,
+    })
+}
+
+/// An OpenAI response's `status`, as pi-ai maps it (a tool call turns a stop into a tool use).
+fn responses_ending(status: Option<&str>, incomplete: Option<&str>) -> Ending {
+    match status {
+        None | Some("completed" | "in_progress" | "queued") => Ending::Stop,
+        Some("incomplete") if incomplete == Some("max_output_tokens") => Ending::Length,
+        Some(_) => Ending::Other,
     }
 }
 
@@ -218,11 +429,19 @@ mod tests {
 
     /// Feeds `text` in pieces of `size` bytes, as a network would cut it.
     fn read(api: Api, stream: bool, text: &str, size: usize) -> Option<Tokens> {
-        let mut reader = UsageReader::new(api, stream);
+        answer(api, stream, text, size).usage
+    }
+
+    fn answer(api: Api, stream: bool, text: &str, size: usize) -> Read {
+        let mut reader = AnswerReader::new(api, stream);
         for piece in text.as_bytes().chunks(size) {
             reader.feed(piece);
         }
         reader.finish()
+    }
+
+    fn sse(events: &[Value]) -> String {
+        events.iter().map(|e| format!("data: {e}\n\n")).collect()
     }
 
     fn tokens(input: u64, output: u64, cache_read: u64, cache_write: u64) -> Option<Tokens> {
@@ -391,5 +610,135 @@ mod tests {
             read(Api::OpenAiCompletions, true, last, 6),
             tokens(4, 2, 0, 0)
         );
+    }
+
+    #[test]
+    fn chat_completions_endings_and_text() {
+        let text = sse(&[
+            json!({"choices": [{"delta": {"role": "assistant", "content": "All "}}]}),
+            json!({"choices": [{"delta": {"content": "done."}}]}),
+            json!({"choices": [{"delta": {}, "finish_reason": "stop"}]}),
+        ]) + "data: [DONE]\n\n";
+        for size in [1, 7, 4096] {
+            let read = answer(Api::OpenAiCompletions, true, &text, size);
+            assert_eq!(read.ending, Some(Ending::Stop));
+            assert_eq!(read.text, "All done.");
+        }
+        let tool = sse(&[
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "bash", "arguments": "{}"}}]}}]}),
+            json!({"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}),
+        ]);
+        assert_eq!(
+            answer(Api::OpenAiCompletions, true, &tool, 9).ending,
+            Some(Ending::ToolUse)
+        );
+        // No finish_reason: as pi-ai reads it, by whether a tool was called.
+        let unsaid = sse(&[json!({"choices": [{"delta": {"tool_calls": [{"index": 0}]}}]})]);
+        assert_eq!(
+            answer(Api::OpenAiCompletions, true, &unsaid, 9).ending,
+            Some(Ending::ToolUse)
+        );
+        let length = sse(&[json!({"choices": [{"delta": {}, "finish_reason": "length"}]})]);
+        assert_eq!(
+            answer(Api::OpenAiCompletions, true, &length, 9).ending,
+            Some(Ending::Length)
+        );
+        let filtered =
+            sse(&[json!({"choices": [{"delta": {}, "finish_reason": "content_filter"}]})]);
+        assert_eq!(
+            answer(Api::OpenAiCompletions, true, &filtered, 9).ending,
+            Some(Ending::Other)
+        );
+        let body = json!({"choices": [{"message": {"content": "Fine."}, "finish_reason": "stop"}]})
+            .to_string();
+        let read = answer(Api::OpenAiCompletions, false, &body, 3);
+        assert_eq!(
+            (read.ending, read.text.as_str()),
+            (Some(Ending::Stop), "Fine.")
+        );
+        // A stream that says nothing: no ending.
+        assert_eq!(answer(Api::OpenAiCompletions, true, "", 1).ending, None);
+    }
+
+    #[test]
+    fn anthropic_endings_and_text() {
+        let events = [
+            json!({"type": "message_start", "message": {"usage": {"input_tokens": 1}}}),
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "hmm"}}),
+            json!({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}),
+            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "One."}}),
+            json!({"type": "content_block_start", "index": 2, "content_block": {"type": "text", "text": "Two."}}),
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}}),
+            json!({"type": "message_stop"}),
+        ];
+        let read = answer(Api::AnthropicMessages, true, &sse(&events), 5);
+        assert_eq!(read.ending, Some(Ending::Stop));
+        assert_eq!(read.text, "One.\nTwo.");
+        for (reason, ending) in [
+            ("tool_use", Ending::ToolUse),
+            ("max_tokens", Ending::Length),
+            ("refusal", Ending::Other),
+            ("pause_turn", Ending::Stop),
+        ] {
+            let delta = sse(&[json!({"type": "message_delta", "delta": {"stop_reason": reason}})]);
+            assert_eq!(
+                answer(Api::AnthropicMessages, true, &delta, 4).ending,
+                Some(ending)
+            );
+        }
+        let body =
+            json!({"content": [{"type": "text", "text": "A"}, {"type": "tool_use", "name": "x"}],
+            "stop_reason": "tool_use"})
+            .to_string();
+        let read = answer(Api::AnthropicMessages, false, &body, 8);
+        assert_eq!(
+            (read.ending, read.text.as_str()),
+            (Some(Ending::ToolUse), "A")
+        );
+    }
+
+    #[test]
+    fn responses_endings_and_text() {
+        let response = |status: &str, output: Value| {
+            json!({"type": "response.completed", "response": {"status": status, "output": output,
+                "incomplete_details": {"reason": "max_output_tokens"}}})
+        };
+        let message = json!([{"type": "reasoning"}, {"type": "message", "content": [{"type": "output_text", "text": "Done."}]}]);
+        let stream = sse(&[
+            json!({"type": "response.output_text.delta", "delta": "Do"}),
+            response("completed", message.clone()),
+        ]);
+        let read = answer(Api::OpenAiResponses, true, &stream, 6);
+        assert_eq!(
+            (read.ending, read.text.as_str()),
+            (Some(Ending::Stop), "Done.")
+        );
+        let called = json!([{"type": "function_call", "name": "bash"}]);
+        let stream = sse(&[response("completed", called)]);
+        assert_eq!(
+            answer(Api::OpenAiResponses, true, &stream, 6).ending,
+            Some(Ending::ToolUse)
+        );
+        let stream = sse(&[response("incomplete", message.clone())]);
+        assert_eq!(
+            answer(Api::OpenAiResponses, true, &stream, 6).ending,
+            Some(Ending::Length)
+        );
+        let body = json!({"status": "failed", "output": message}).to_string();
+        assert_eq!(
+            answer(Api::OpenAiResponses, false, &body, 6).ending,
+            Some(Ending::Other)
+        );
+    }
+
+    #[test]
+    fn a_long_answer_is_cut() {
+        let long = "x".repeat(protocol::exit_line::MAX_FINAL_MESSAGE + 10);
+        let body = json!({"choices": [{"message": {"content": long}, "finish_reason": "stop"}]})
+            .to_string();
+        let read = answer(Api::OpenAiCompletions, false, &body, 4096);
+        assert!(read.cut);
+        assert_eq!(read.text.len(), protocol::exit_line::MAX_FINAL_MESSAGE);
     }
 }

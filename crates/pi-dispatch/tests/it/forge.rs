@@ -45,7 +45,7 @@ impl Kind {
     }
 
     /// The fake forge's key of issue `number`'s comments.
-    fn issue_key(self, number: u64) -> String {
+    pub(crate) fn issue_key(self, number: u64) -> String {
         match self {
             Kind::Github => format!("github:octo-org/hello#{number}"),
             Kind::Gitlab => format!("gitlab:15#{number}"),
