@@ -489,3 +489,73 @@ fn egress_on_reaches_through_the_proxy_and_nothing_directly(settings: &str) {
     assert_eq!(processes_with(&id, 0), vec![]);
     assert_eq!(proxy_pid(&d), None);
 }
+
+/// The job's model is on a test host that is down (nothing listens on its port): the egress proxy
+/// answers pi's calls through the gateway with 502 `upstream-unreachable`. The job ends
+/// `model-unreachable`, an outage, tried again on its second attempt, never `model-error`; its
+/// record names the host and what the proxy said. The control: the proxy logged its decision for
+/// the model's endpoint with the upstream refusing.
+#[test]
+fn a_model_that_is_down_behind_the_proxy_is_unreachable_and_tried_again() {
+    let peer = TestHost::new();
+    let address = peer.v4.to_string();
+    let port = peer.tcp(0).local_addr().unwrap().port();
+    let d = Deployment::with_image(&[]);
+    d.write(
+        "pi-global/models.json",
+        &json!({"providers": {"fake": {
+            "baseUrl": format!("http://{address}:{port}/v1"),
+            "api": "openai-completions",
+            "apiKey": "$FAKE_API_KEY",
+            "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
+            "models": [{"id": "fake-model"}],
+        }}})
+        .to_string(),
+    );
+    d.write(
+        "model-endpoints.json",
+        &json!({"version": 1, "endpoints": [{"id": "model", "host": address, "port": port}]})
+            .to_string(),
+    );
+    d.write(".env", "PI_PROVIDER=fake\nPI_MODEL=fake-model\n");
+    let repo = repository(&d);
+    let queued = Run::from(
+        d.command(&["run", repo.to_str().unwrap(), "--task", "Anything."])
+            .env("FAKE_API_KEY", MODEL_KEY)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(queued.code, 0, "{}", queued.stderr);
+    let id = queued_id(&queued);
+    let worked = Run::from(
+        d.command(&["worker", "--until-empty", "--poll-ms", "100"])
+            .env("FAKE_API_KEY", MODEL_KEY)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(worked.code, 0, "{}", worked.stderr);
+    assert!(
+        worked.stderr.lines().any(|l| l.contains("egress_decision")
+            && l.contains("endpoint:model")
+            && l.contains("upstream-unreachable")),
+        "the proxy was not asked: {}",
+        worked.stderr
+    );
+    let retried = worked
+        .stderr
+        .lines()
+        .find(|l| l.contains("job_retried"))
+        .unwrap_or_else(|| panic!("not tried again: {}", worked.stderr));
+    assert!(retried.contains("model-unreachable"), "{retried}");
+    let text = std::fs::read_to_string(d.path().join(format!("state/runs/{id}.json"))).unwrap();
+    let record: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(record["outcome"], "failed", "{record:#}");
+    assert_eq!(record["reason"], "model-unreachable", "{record:#}");
+    assert_eq!(record["attempt"], queue::MAX_ATTEMPTS, "{record:#}");
+    let why = record["detail"]["why"].as_str().unwrap();
+    assert!(
+        why.contains("502") && why.contains("upstream-unreachable") && why.contains(&address),
+        "{why}"
+    );
+    assert!(!text.contains(MODEL_KEY));
+}
