@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use protocol::usage::ToolCallCount;
+use protocol::usage::{MAX_TOOL_ENTRIES, MAX_TOOL_NAME, OTHER_TOOL, ToolCallCount};
 
 /// The GitHub forge server's tools the job withholds (merging, approving, starting Copilot). The
 /// last two are how github-mcp-server 0.12 (the build tested here) submits a review, which may
@@ -73,15 +73,24 @@ pub(crate) enum Outcome {
 pub(crate) struct ToolCalls(Mutex<BTreeMap<(String, String), ToolCallCount>>);
 
 impl ToolCalls {
+    /// Counts one call of `tool` of `server`. `listed`: the server listed the tool (or the job
+    /// withholds it by name); any other name is counted as [`OTHER_TOOL`], as is a name too long or
+    /// a tool past the most kept, so that what pi sends never decides how large the counts grow.
     pub(crate) fn record(
         &self,
         server: &str,
         tool: &str,
+        listed: bool,
         outcome: Outcome,
         took: Duration,
         bytes: usize,
     ) {
         let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let own = listed
+            && tool.len() <= MAX_TOOL_NAME
+            && (all.len() < MAX_TOOL_ENTRIES
+                || all.contains_key(&(server.to_owned(), tool.to_owned())));
+        let tool = if own { tool } else { OTHER_TOOL };
         let count = all
             .entry((server.to_owned(), tool.to_owned()))
             .or_insert_with(|| ToolCallCount {
@@ -102,5 +111,44 @@ impl ToolCalls {
     pub(crate) fn snapshot(&self) -> Vec<ToolCallCount> {
         let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         all.values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_pi_sends_never_decides_how_large_the_counts_grow() {
+        let calls = ToolCalls::default();
+        let record = |tool: &str, listed| {
+            calls.record("docs", tool, listed, Outcome::Refused, Duration::ZERO, 0);
+        };
+        for i in 0..400 {
+            record(&format!("{}{i}", "x".repeat(3000)), false);
+        }
+        record("search", true);
+        record(&"y".repeat(MAX_TOOL_NAME + 1), true);
+        for i in 0..2 * MAX_TOOL_ENTRIES {
+            record(&format!("tool-{i}"), true);
+        }
+        record("search", true);
+        let all = calls.snapshot();
+        assert_eq!(all.len(), MAX_TOOL_ENTRIES);
+        // Nothing is lost: every call is counted, under its own name or with the others.
+        let made = 400 + 1 + 1 + 2 * MAX_TOOL_ENTRIES as u64 + 1;
+        assert_eq!(all.iter().map(|c| c.calls).sum::<u64>(), made);
+        let other = all.iter().find(|c| c.tool == OTHER_TOOL).unwrap();
+        // 400 unlisted, one too long, and every listed tool past the bound.
+        let own_tools = MAX_TOOL_ENTRIES as u64 - 2;
+        assert_eq!(
+            other.calls,
+            400 + 1 + (2 * MAX_TOOL_ENTRIES as u64 - own_tools)
+        );
+        let search = all.iter().find(|c| c.tool == "search").unwrap();
+        assert_eq!(
+            search.calls, 2,
+            "a tool counted already keeps its own entry"
+        );
     }
 }

@@ -651,9 +651,17 @@ impl Served {
             }
             .unwrap_or_default()
         });
+        // Counted under its own name only when the server listed it (or the job withholds it).
+        let known = |tool: &str| self.withheld.contains(tool) || self.allowed.contains(tool);
         let refuse = |tool: &str, code: i64, words: &str| {
-            self.calls
-                .record(&self.name, tool, Outcome::Refused, Duration::ZERO, 0);
+            self.calls.record(
+                &self.name,
+                tool,
+                known(tool),
+                Outcome::Refused,
+                Duration::ZERO,
+                0,
+            );
             error_bytes(id, code, words)
         };
         if let Some(tool) = &tool {
@@ -662,8 +670,11 @@ impl Served {
                 return refuse(tool, INVALID_PARAMS, &words);
             }
             if !self.allowed.contains(tool) {
-                let words = format!("unknown tool {tool}: the server did not list it");
-                return refuse(tool, INVALID_PARAMS, &words);
+                return refuse(
+                    tool,
+                    INVALID_PARAMS,
+                    "unknown tool: the server did not list it",
+                );
             }
         }
         let params = match params {
@@ -684,7 +695,8 @@ impl Served {
             Ok(answer) => answer,
             Err(e) => {
                 if let Some(tool) = &tool {
-                    self.calls.record(&self.name, tool, Outcome::Error, took, 0);
+                    self.calls
+                        .record(&self.name, tool, true, Outcome::Error, took, 0);
                 }
                 return error_bytes(id, INTERNAL_ERROR, relay_error(&e));
             }
@@ -695,7 +707,8 @@ impl Served {
                 Some(result) => (Outcome::Ok, result.len()),
                 None => (Outcome::Error, 0),
             };
-            self.calls.record(&self.name, tool, outcome, took, bytes);
+            self.calls
+                .record(&self.name, tool, true, outcome, took, bytes);
         }
         let listed = lists_tools
             .then(|| answer.result())

@@ -480,7 +480,7 @@ async fn every_server_scenario_passing_against_server_everything_passes_through_
     // Every scenario that passes directly passes through the pass-through and the hub. A scenario
     // that passes directly only on server-everything's answer to a tool it lacks (an `isError`
     // result, "Tool … not found") may instead meet the hub's refusal of that call (JSON-RPC error
-    // -32602, "unknown tool …: the server did not list it"), which the spec prescribes for an
+    // -32602, "unknown tool: the server did not list it"), which the spec prescribes for an
     // unknown tool; docs/conformance.md says so.
     let mut regressions = Vec::new();
     for (name, outcome) in &results[0] {

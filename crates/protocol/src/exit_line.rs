@@ -45,7 +45,65 @@ pub const MAX_FINAL_MESSAGE: usize = 16 * 1024;
 /// The longest line [`read`] holds in memory; a longer one cannot be an exit line and is skipped.
 pub const MAX_LINE: usize = 1024 * 1024;
 
+/// Room on the line for the signature and its field.
+const SIGNATURE_ROOM: usize = 128;
+
 impl ExitLine {
+    /// Makes the line fit [`MAX_LINE`] once signed, whatever the job did: the counts are bounded
+    /// where they are made ([`crate::usage::MAX_TOOL_ENTRIES`]), and should a line still be too
+    /// long (a job of thousands of servers), the tool calls are folded into one count a server,
+    /// then left out, then the server states cut, before the line would be lost (and the job run
+    /// again for it).
+    pub fn fit(&mut self) {
+        let fits = |line: &ExitLine| {
+            serde_json::to_string(line).is_ok_and(|t| t.len() + SIGNATURE_ROOM <= MAX_LINE)
+        };
+        if fits(self) {
+            return;
+        }
+        let mut folded: Vec<crate::usage::ToolCallCount> = Vec::new();
+        for call in self.tool_calls.drain(..) {
+            match folded.iter_mut().find(|c| c.server == call.server) {
+                Some(c) => {
+                    c.calls = c.calls.saturating_add(call.calls);
+                    c.ok = c.ok.saturating_add(call.ok);
+                    c.error = c.error.saturating_add(call.error);
+                    c.refused = c.refused.saturating_add(call.refused);
+                    c.total_ms = c.total_ms.saturating_add(call.total_ms);
+                    c.result_bytes = c.result_bytes.saturating_add(call.result_bytes);
+                }
+                None => folded.push(crate::usage::ToolCallCount {
+                    tool: crate::usage::OTHER_TOOL.to_owned(),
+                    ..call
+                }),
+            }
+        }
+        self.tool_calls = folded;
+        if fits(self) {
+            return;
+        }
+        self.tool_calls.clear();
+        if !fits(self) {
+            // As many server states as fit (found by halving, each try one serialization).
+            let all = std::mem::take(&mut self.servers);
+            let (mut low, mut high) = (0, all.len());
+            while low < high {
+                let mid = (low + high).div_ceil(2);
+                self.servers = all[..mid].to_vec();
+                if fits(self) {
+                    low = mid;
+                } else {
+                    high = mid - 1;
+                }
+            }
+            self.servers = all[..low].to_vec();
+        }
+        if !fits(self) {
+            self.final_message = None;
+            self.cause = None;
+        }
+    }
+
     /// The reason it gives, when it is one of the product's.
     pub fn known_reason(&self) -> Option<crate::reason::Reason> {
         self.reason
@@ -74,14 +132,14 @@ fn mac(key: &[u8], body: &str) -> Option<String> {
     )
 }
 
-/// The line to print: the content with an `hmac` over its own serialization.
+/// The line to print: the content, made to fit [`MAX_LINE`] ([`ExitLine::fit`]), with an `hmac`
+/// over its own serialization.
 pub fn sign(line: &ExitLine, key: &[u8]) -> Result<String, serde_json::Error> {
-    let body = serde_json::to_string(line)?;
+    let mut line = line.clone();
+    line.fit();
+    let body = serde_json::to_string(&line)?;
     let hmac = mac(key, &body).unwrap_or_default();
-    serde_json::to_string(&Signed {
-        line: line.clone(),
-        hmac,
-    })
+    serde_json::to_string(&Signed { line, hmac })
 }
 
 /// The worker's side: the content, when the line is the runner's (its HMAC checks out, compared in
@@ -204,6 +262,48 @@ mod tests {
             }],
             usage: None,
             final_message: Some("Done.".into()),
+        }
+    }
+
+    #[test]
+    fn the_largest_line_a_job_can_make_fits_once_signed() {
+        use crate::usage::{MAX_TOOL_ENTRIES, MAX_TOOL_NAME, ToolCallCount};
+        // Every character JSON writes six bytes for, in every field a job's text can reach.
+        let wide = |n: usize| "\u{1}".repeat(n);
+        let count = |server: String, tool: String| ToolCallCount {
+            server,
+            tool,
+            calls: u64::MAX,
+            ok: u64::MAX,
+            error: u64::MAX,
+            refused: u64::MAX,
+            total_ms: u64::MAX,
+            result_bytes: u64::MAX,
+        };
+        let full = |servers: usize| ExitLine {
+            servers: (0..servers)
+                .map(|i| ServerState {
+                    name: format!("{i:0>32}"),
+                    state: "waiting".into(),
+                    ready_ms: Some(u64::MAX),
+                })
+                .collect(),
+            tool_calls: (0..MAX_TOOL_ENTRIES + servers)
+                .map(|i| count(format!("{:0>32}", i % servers.max(1)), wide(MAX_TOOL_NAME)))
+                .collect(),
+            final_message: Some(wide(MAX_FINAL_MESSAGE)),
+            ..line()
+        };
+        for servers in [1, 32, 20_000] {
+            let text = sign(&full(servers), b"k").unwrap();
+            assert!(text.len() <= MAX_LINE, "{servers}: {}", text.len());
+            let read = verify(&text, b"k").unwrap();
+            // What fits is kept: all of it for a job of a few servers.
+            if servers <= 32 {
+                assert_eq!(read, full(servers), "{servers}");
+            } else {
+                assert!(!read.servers.is_empty());
+            }
         }
     }
 

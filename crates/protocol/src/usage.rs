@@ -3,6 +3,17 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The tool name under which calls are counted that name no tool the server listed, or a name
+/// longer than [`MAX_TOOL_NAME`], or a tool past [`MAX_TOOL_ENTRIES`]: whatever pi sends, the
+/// counts keep a bounded size.
+pub const OTHER_TOOL: &str = "(other)";
+
+/// The longest tool name counted under its own name, in bytes.
+pub const MAX_TOOL_NAME: usize = 128;
+
+/// The most tools counted each under its own name, over all of a job's servers.
+pub const MAX_TOOL_ENTRIES: usize = 512;
+
 /// How the tool calls to one tool of one server went: counts, time and result size, never the
 /// arguments.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -30,6 +30,10 @@ pub enum Step {
     Text(String),
     /// Answer with this HTTP status and an error body (a provider failing, or refusing the key).
     Status(u16),
+    /// Down for the run that reaches it: every request that carries a tool's result (the same
+    /// conversation, retried) is answered with this status and does not move the script; the
+    /// first request without one (a new run of the job) is answered by the next step.
+    DownForThisRun(u16),
 }
 
 impl Step {
@@ -235,6 +239,22 @@ impl FakeModel {
                     Kind::SystemOne => json_answer(stream, &system_one(&body)),
                     Kind::Images => json_answer(stream, &images(&body)),
                     _ => {
+                        // A tool's result: OpenAI's `tool` message, or Anthropic's `tool_result`.
+                        let continues = body["messages"].as_array().is_some_and(|m| {
+                            m.iter().any(|m| {
+                                m["role"] == "tool"
+                                    || m["content"].as_array().is_some_and(|c| {
+                                        c.iter().any(|p| p["type"] == "tool_result")
+                                    })
+                            })
+                        });
+                        if let Some(Step::DownForThisRun(code)) = script.get(next) {
+                            if continues {
+                                let _ = status_answer(stream, *code);
+                                continue;
+                            }
+                            next += 1;
+                        }
                         let step = script
                             .get(next)
                             .cloned()
@@ -367,7 +387,7 @@ fn read_request(stream: &TcpStream) -> Option<Request> {
 pub const ERROR_BODY_CANARY: &str = "cnry-provider-error-7c1";
 
 fn answer(mut stream: TcpStream, n: usize, step: &Step) -> std::io::Result<()> {
-    if let Step::Status(code) = step {
+    if let Step::Status(code) | Step::DownForThisRun(code) = step {
         let body = json!({"error": {"message": format!("refused by the scripted provider ({ERROR_BODY_CANARY})"), "type": "scripted"}}).to_string();
         write!(
             stream,
@@ -408,7 +428,7 @@ fn answer(mut stream: TcpStream, n: usize, step: &Step) -> std::io::Result<()> {
             ));
             body.push_str(&chunk(json!({}), Some("stop"), true));
         }
-        Step::Status(_) => {}
+        Step::Status(_) | Step::DownForThisRun(_) => {}
     }
     body.push_str("data: [DONE]\n\n");
     write!(
@@ -446,7 +466,7 @@ fn status_answer(mut stream: TcpStream, code: u16) -> std::io::Result<()> {
 /// A chat completion as one JSON body (a request without `stream`).
 fn openai_json_answer(stream: TcpStream, n: usize, step: &Step) -> std::io::Result<()> {
     let (message, finish) = match step {
-        Step::Status(code) => return status_answer(stream, *code),
+        Step::Status(code) | Step::DownForThisRun(code) => return status_answer(stream, *code),
         Step::Call(name, args) => (
             json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call-{n}"), "type": "function",
                 "function": {"name": name, "arguments": args.to_string()}}]}),
@@ -471,7 +491,7 @@ fn anthropic_answer(
 ) -> std::io::Result<()> {
     let (input, output) = CHAT_USAGE;
     let (block, stop) = match step {
-        Step::Status(code) => return status_answer(stream, *code),
+        Step::Status(code) | Step::DownForThisRun(code) => return status_answer(stream, *code),
         Step::Call(name, args) => (
             json!({"type": "tool_use", "id": format!("toolu_{n}"), "name": name, "input": args}),
             "tool_use",

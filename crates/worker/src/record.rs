@@ -155,6 +155,28 @@ pub struct Record {
     /// The worker that wrote the record (`HOST:PID`): where the job's transcript and folder are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<String>,
+    /// On the record of an attempt that was run again: the job's id (this record's own id is
+    /// [`Record::attempt_id`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_of: Option<String>,
+    /// On a job's record: each earlier attempt that ran (a sandbox was started for it), by its own
+    /// record. The record's turns, tokens and cost are then the whole run's: every attempt's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier_attempts: Vec<EarlierAttempt>,
+}
+
+/// An earlier attempt of a job, as its own record says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EarlierAttempt {
+    /// The attempt's own record.
+    pub record: String,
+    pub attempt: u32,
+    pub outcome: Outcome,
+    pub reason: Option<Reason>,
+    pub turns: Option<u64>,
+    pub tokens: Option<Tokens>,
+    pub cost_usd: Option<f64>,
 }
 
 impl Record {
@@ -196,6 +218,57 @@ impl Record {
             egress_denied: Vec::new(),
             pull_request: None,
             worker: None,
+            attempt_of: None,
+            earlier_attempts: Vec::new(),
+        }
+    }
+
+    /// The id of attempt `attempt`'s own record, for a job run again after it.
+    pub fn attempt_id(job_id: &str, attempt: u32) -> String {
+        format!("{job_id}.attempt-{attempt}")
+    }
+
+    /// This record as the record of an attempt that is run again: under its own id, linked to the
+    /// job.
+    pub fn as_earlier_attempt(&self) -> Record {
+        Record {
+            job_id: Record::attempt_id(&self.job_id, self.attempt),
+            attempt_of: Some(self.job_id.clone()),
+            ..self.clone()
+        }
+    }
+
+    /// Links the records of the earlier attempts `earlier` (oldest first) to this, the job's, and
+    /// adds what each spent to its totals.
+    pub fn link_earlier(&mut self, earlier: Vec<Record>) {
+        for e in earlier {
+            if let Some(t) = &e.tokens {
+                let mine = self.tokens.get_or_insert(Tokens {
+                    input: 0,
+                    output: 0,
+                    total: 0,
+                });
+                mine.input += t.input;
+                mine.output += t.output;
+                mine.total += t.total;
+            }
+            if let Some(turns) = e.turns {
+                self.turns = Some(self.turns.unwrap_or(0) + turns);
+            }
+            if let Some(cost) = e.cost_usd {
+                self.cost_usd = Some(self.cost_usd.unwrap_or(0.0) + cost);
+            }
+            self.spent |= e.spent;
+            self.budget_reserved |= e.budget_reserved;
+            self.earlier_attempts.push(EarlierAttempt {
+                record: e.job_id.clone(),
+                attempt: e.attempt,
+                outcome: e.outcome,
+                reason: e.reason,
+                turns: e.turns,
+                tokens: e.tokens.clone(),
+                cost_usd: e.cost_usd,
+            });
         }
     }
 

@@ -292,12 +292,20 @@ impl Slot<'_> {
                     self.summary.retries.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(event = "job_retried", job_id = %job.id, attempt = lease.attempt,
                         reason = record.reason.map(Reason::as_str));
+                    // An attempt that ran keeps its record: the next one links to it and adds
+                    // what it spent.
+                    if record.budget_reserved {
+                        let mut r = record.as_earlier_attempt();
+                        r.queued_at_ms = Some(unix_ms(lease.queued_at));
+                        self.write_record(&r);
+                    }
                     return;
                 }
                 Ok(RetryDecision::NotHeld) => return,
                 Ok(RetryDecision::Exhausted) => {
                     let mut r = record;
                     r.queued_at_ms = Some(unix_ms(lease.queued_at));
+                    self.link_earlier(&mut r);
                     self.write_record(&r);
                     worker.settled(&job, &r).await;
                     page(&r, options);
@@ -310,6 +318,7 @@ impl Slot<'_> {
             },
         };
         record.queued_at_ms = Some(unix_ms(lease.queued_at));
+        self.link_earlier(&mut record);
         // The record first (a crash after it runs the job again, and the second record is not
         // written), then the job done, and only then the page, which may take a while.
         self.write_record(&record);
@@ -330,8 +339,24 @@ impl Slot<'_> {
         write_record(self.records, &record, Some(self.summary));
     }
 
+    /// Links the records the job's earlier attempts left (a later attempt's record names them
+    /// and counts what they spent).
+    fn link_earlier(&self, record: &mut Record) {
+        let earlier = (1..record.attempt)
+            .filter_map(|n| {
+                self.records
+                    .read(&Record::attempt_id(&record.job_id, n))
+                    .ok()
+            })
+            .collect();
+        record.link_earlier(earlier);
+    }
+
     /// A lost job's record and page.
     fn settle_record(&self, record: &Record) {
+        let mut record = record.clone();
+        self.link_earlier(&mut record);
+        let record = &record;
         self.write_record(record);
         page(record, self.options);
     }

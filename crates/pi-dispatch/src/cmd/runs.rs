@@ -198,6 +198,33 @@ fn human(r: &Record) -> String {
         if r.spent { "yes" } else { "no" },
         if r.budget_reserved { "yes" } else { "no" },
     );
+    if let Some(job) = &r.attempt_of {
+        let _ = writeln!(
+            out,
+            "an earlier attempt of job {job}, which was run again (pi-dispatch runs show {job})"
+        );
+    }
+    for e in &r.earlier_attempts {
+        let _ = writeln!(
+            out,
+            "earlier attempt {}: {}{}, tokens {}, cost {} (pi-dispatch runs show {})",
+            e.attempt,
+            e.outcome,
+            e.reason.map_or(String::new(), |r| format!(" {r}")),
+            e.tokens.as_ref().map_or("-".to_owned(), |t| format!(
+                "{} in, {} out",
+                t.input, t.output
+            )),
+            e.cost_usd.map_or("-".to_owned(), |c| format!("${c:.4}")),
+            e.record
+        );
+    }
+    if !r.earlier_attempts.is_empty() {
+        let _ = writeln!(
+            out,
+            "the turns, tokens and cost above are the whole run's, every attempt's"
+        );
+    }
     if let (Some(q), Some(s)) = (r.queued_at_ms, r.started_at_ms) {
         let _ = writeln!(
             out,

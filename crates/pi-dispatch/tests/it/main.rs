@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod admission;
+mod attempts;
 mod cli;
 mod common;
 mod control;
