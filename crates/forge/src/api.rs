@@ -396,6 +396,21 @@ impl Forges {
         })
     }
 
+    /// The web address of the event's issue or pull (merge) request.
+    pub fn item_url(&self, event: &ForgeEvent) -> Result<String, ForgeError> {
+        let (repository, n) = (&event.repository, event.number);
+        Ok(match (event.forge, event.pull_request) {
+            (Forge::Github, false) => {
+                format!("{}/{repository}/issues/{n}", self.github()?.git_url)
+            }
+            (Forge::Github, true) => format!("{}/{repository}/pull/{n}", self.github()?.git_url),
+            (Forge::Gitlab, false) => format!("{}/{repository}/-/issues/{n}", self.gitlab()?.url),
+            (Forge::Gitlab, true) => {
+                format!("{}/{repository}/-/merge_requests/{n}", self.gitlab()?.url)
+            }
+        })
+    }
+
     /// The `Authorization` header git sends with the job's token.
     pub fn git_authorization(event: &ForgeEvent, token: &Token) -> String {
         match event.forge {

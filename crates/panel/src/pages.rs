@@ -151,6 +151,16 @@ fn open_table(jobs: &[Shown], csrf: &str) -> Markup {
     }
 }
 
+/// `text` on one line, at most `max` characters.
+fn short(text: &str, max: usize) -> String {
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut out: String = line.chars().take(max).collect();
+    if out.len() < line.len() {
+        out.push('…');
+    }
+    out
+}
+
 fn reason_word(r: &Record) -> &'static str {
     r.reason.map_or("", |r| r.as_str())
 }
@@ -159,7 +169,7 @@ fn runs_table<'a>(records: impl Iterator<Item = &'a Record>) -> Markup {
     html! {
         table.runs {
             thead { tr {
-                th { "Job" } th { "Outcome" } th { "Reason" } th { "Trigger" } th { "Ended" }
+                th { "Job" } th { "Outcome" } th { "Reason" } th { "For" } th { "Trigger" } th { "Ended" }
                 th.num { "Took" } th.num { "Cost" } th { "Servers" }
             } }
             tbody {
@@ -168,6 +178,10 @@ fn runs_table<'a>(records: impl Iterator<Item = &'a Record>) -> Markup {
                         td { a href={"/runs/" (r.job_id)} { code { (r.job_id) } } }
                         td { (pill(r.outcome.as_str())) }
                         td { (reason_word(r)) }
+                        td.for {
+                            (r.item.as_deref().or(r.folder.as_deref()).unwrap_or(""))
+                            @if let Some(t) = &r.task { br; span.muted { (short(t, 60)) } }
+                        }
                         td { (r.trigger_type) }
                         td { (when(r.finished_at_ms)) }
                         td.num {
@@ -432,6 +446,18 @@ fn run_body(
                 @if !concerns.is_empty() { dt { "Concerns" } dd { (concerns.join("; ")) } }
             }
             @if let Some(fix) = &r.fix { dt { "Fix" } dd { (fix) } }
+            @if let Some(item) = &r.item {
+                dt { "For" } dd {
+                    @match &r.url {
+                        Some(url) if url.starts_with("https://") || url.starts_with("http://") => {
+                            a href=(url) rel="noreferrer noopener" { (item) }
+                        }
+                        _ => { (item) }
+                    }
+                }
+            }
+            @if let Some(folder) = &r.folder { dt { "Folder" } dd { code { (folder) } } }
+            @if let Some(task) = &r.task { dt { "Task" } dd { pre.task { (task) } } }
             dt { "Trigger" } dd {
                 (r.trigger_type)
                 @if let Some(i) = r.trigger_index { " (trigger " (i) ")" }

@@ -349,6 +349,9 @@ async fn hostile_tasks_names_and_transcripts_are_shown_as_text() {
     });
     r.detail = Some(protocol::detail::Detail::new("<iframe src=//x></iframe>").server("docs"));
     r.final_message = Some("</pre><script>alert('answer')</script>".into());
+    r.task = Some("<script>alert('record task')</script>".into());
+    r.item = Some("o/r#<i>7</i>".into());
+    r.url = Some("javascript:alert('url')".into());
     r.transcript = true;
     s.records.write(&r).unwrap();
     let transcript_dir = s.dir.path().join("jobs").join("run-h");
@@ -388,6 +391,15 @@ async fn hostile_tasks_names_and_transcripts_are_shown_as_text() {
             "&lt;script&gt;alert('transcript')&lt;/script&gt;",
         ),
         (&run_page, "&lt;script&gt;alert('line')&lt;/script&gt;"),
+        (
+            &run_page,
+            "&lt;script&gt;alert('record task')&lt;/script&gt;",
+        ),
+        (
+            &runs_page,
+            "&lt;script&gt;alert('record task')&lt;/script&gt;",
+        ),
+        (&run_page, "o/r#&lt;i&gt;7&lt;/i&gt;"),
         (&health, "&lt;b&gt;a check&lt;/b&gt;"),
     ] {
         assert!(
@@ -397,7 +409,7 @@ async fn hostile_tasks_names_and_transcripts_are_shown_as_text() {
     }
     for page in [&queue_page, &run_page, &runs_page, &health] {
         let lower = page.to_lowercase();
-        for markup in ["<script", "<img", "<iframe", "<b>", "<i>"] {
+        for markup in ["<script", "<img", "<iframe", "<b>", "<i>", "javascript:"] {
             assert!(!lower.contains(markup), "{markup} in:\n{page}");
         }
     }

@@ -347,7 +347,16 @@ fn breach_record(job: &Job, attempt: u32, breach: Breach) -> Record {
 
 impl Worker {
     /// Decides, then runs the job. Never panics on what the job holds.
-    pub async fn process(&self, job: &Job, attempt: u32, mut stop: Stop) -> Verdict {
+    pub async fn process(&self, job: &Job, attempt: u32, stop: Stop) -> Verdict {
+        let mut verdict = self.carry_out(job, attempt, stop).await;
+        // A forge job's record names its issue's web address.
+        if let (Some(event), Verdict::Done(r) | Verdict::Retry(r)) = (&job.event, &mut verdict) {
+            r.url = self.forges.item_url(event).ok();
+        }
+        verdict
+    }
+
+    async fn carry_out(&self, job: &Job, attempt: u32, mut stop: Stop) -> Verdict {
         // 1. The admission: every check that costs nothing.
         let admitted = match Deployment::new(&self.settings, &self.env).decide(job) {
             Decision::Admit(a) => a,

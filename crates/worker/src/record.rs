@@ -96,11 +96,36 @@ impl Activity {
     }
 }
 
+/// The most of a local job's task a record keeps, in characters.
+pub const MAX_TASK_CHARS: usize = 1000;
+
+/// `text`'s first `max` characters, with `…` when something was left out.
+fn cut_chars(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
 /// One job's record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Record {
     pub job_id: String,
+    /// What the job was for: a local job's task (its first [`MAX_TASK_CHARS`] characters), or
+    /// the title of a forge job's issue or pull (merge) request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// A local job's repository folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folder: Option<String>,
+    /// A forge job's issue or pull (merge) request: `owner/name#N`, `group/project!N` for a GitLab
+    /// merge request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<String>,
+    /// Its web address on the forge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
     pub outcome: Outcome,
     /// `None` for a completed job.
     pub reason: Option<Reason>,
@@ -188,8 +213,22 @@ impl Record {
         attempt: u32,
         now_ms: u64,
     ) -> Record {
+        let event = job.event.as_ref();
         Record {
             job_id: job.id.clone(),
+            task: match event {
+                Some(e) => Some(cut_chars(&e.title, MAX_TASK_CHARS)),
+                None => job.task.as_deref().map(|t| cut_chars(t, MAX_TASK_CHARS)),
+            },
+            folder: job.folder.clone(),
+            item: event.map(|e| {
+                let mark = match (e.forge, e.pull_request) {
+                    (protocol::forge_event::Forge::Gitlab, true) => '!',
+                    _ => '#',
+                };
+                format!("{}{mark}{}", e.repository, e.number)
+            }),
+            url: None,
             outcome,
             reason,
             detail: None,

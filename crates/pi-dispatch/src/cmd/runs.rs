@@ -115,7 +115,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         let calls: u64 = r.mcp.tool_calls.iter().map(|c| c.calls).sum();
         let _ = writeln!(
             text,
-            "{}  {:<9}  {:<26}  attempt {}  {} turns  {} MCP calls  {}",
+            "{}  {:<9}  {:<26}  attempt {}  {} turns  {} MCP calls  {}  {}",
             r.job_id,
             r.outcome.as_str(),
             r.reason.map_or("-", |r| r.as_str()),
@@ -123,6 +123,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             r.turns.map_or("-".to_owned(), |t| t.to_string()),
             calls,
             r.trigger_type,
+            purpose(r),
         );
     }
     crate::output::print(&text)?;
@@ -159,10 +160,49 @@ fn show_transcript(ctx: &Context, record: &Record, raw: bool) -> anyhow::Result<
     Ok(Exit::Success)
 }
 
+/// What a job was for, on one line: its issue or folder, and the start of its task.
+fn purpose(r: &Record) -> String {
+    let place = r.item.as_deref().or(r.folder.as_deref()).unwrap_or("-");
+    let task: String = r
+        .task
+        .as_deref()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut short: String = task.chars().take(60).collect();
+    if short.len() < task.len() {
+        short.push('…');
+    }
+    match short.is_empty() {
+        true => place.to_owned(),
+        false => format!("{place}  {short}"),
+    }
+}
+
 /// A record for a person: how it ended and why, then what it used.
 fn human(r: &Record) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "job {}  {}", r.job_id, r.outcome);
+    match (&r.item, &r.url) {
+        (Some(item), Some(url)) => {
+            let _ = writeln!(out, "for: {item} ({url})");
+        }
+        (Some(item), None) => {
+            let _ = writeln!(out, "for: {item}");
+        }
+        _ => {}
+    }
+    if let Some(folder) = &r.folder {
+        let _ = writeln!(out, "folder: {folder}");
+    }
+    if let Some(task) = &r.task {
+        let _ = writeln!(
+            out,
+            "task: {}",
+            task.lines().collect::<Vec<_>>().join("\n      ")
+        );
+    }
     if let Some(reason) = r.reason {
         let _ = writeln!(out, "reason: {reason}: {}", reason.sentence());
     }

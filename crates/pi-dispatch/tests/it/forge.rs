@@ -423,6 +423,31 @@ fn forge_jobs_run_from_a_webhook_to_their_comment(kind: Kind) {
     // The prompt held the issue.
     let prompt = site.s.model.requests()[0].body.to_string();
     assert!(prompt.contains("The docs say the wrong port"), "{prompt}");
+    // The record says what the job was for: the issue, its address, its title.
+    let item = format!("{}#2", kind.repository());
+    assert_eq!(record["item"], item.as_str(), "{record:#}");
+    assert_eq!(record["task"], "The docs say the wrong port", "{record:#}");
+    let url = match kind {
+        Kind::Github => format!("{}/{item}", site.fake.github_git_url()).replace("#2", "/issues/2"),
+        Kind::Gitlab => format!("{}/{item}", site.fake.gitlab_url()).replace("#2", "/-/issues/2"),
+    };
+    assert_eq!(record["url"], url.as_str(), "{record:#}");
+    let shown = site.s.d.run(&["runs", "show", &answer_id]);
+    assert!(
+        shown.stdout.contains(&format!("for: {item} ({url})")),
+        "{}",
+        shown.stdout
+    );
+    assert!(shown.stdout.contains("task: The docs say the wrong port"));
+    let listed = site.s.d.run(&["runs"]);
+    assert!(
+        listed
+            .stdout
+            .lines()
+            .any(|l| l.starts_with(&answer_id) && l.contains(&item)),
+        "{}",
+        listed.stdout
+    );
 
     // 3. The fix flow: a branch and a pull (merge) request into main, never merged.
     let a = site.label(kind, 3, "pi-fix", "d-fix-3");

@@ -1,5 +1,5 @@
-//! What the CLI prints from a job's data is inert: a record whose final message, tool names and
-//! detail, and a transcript, are full of terminal escapes (a title, a screen clear, OSC 52 to the
+//! What the CLI prints from a job's data is inert: a record whose final message, tool names,
+//! detail, task and issue, and a transcript, are full of terminal escapes (a title, a screen clear, OSC 52 to the
 //! clipboard, an 8-bit CSI) print none of them raw, in any form; `--transcript --raw` prints the
 //! bytes as the job wrote them (the control: the escapes are really there).
 
@@ -33,6 +33,8 @@ fn nothing_a_job_wrote_drives_the_terminal() {
     let mut record: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     record["finalMessage"] = json!(format!("all tests pass{ESCAPES}"));
     record["detail"] = json!({"why": format!("why{ESCAPES}")});
+    record["task"] = json!(format!("the task{ESCAPES}"));
+    record["item"] = json!(format!("o/r#1{ESCAPES}"));
     record["mcp"]["toolCalls"] = json!([{"server": format!("srv{ESCAPES}"), "tool": format!("tool{ESCAPES}"),
         "calls": 1, "ok": 1, "error": 0, "refused": 0, "totalMs": 1, "resultBytes": 1}]);
     std::fs::write(&path, serde_json::to_string(&record).unwrap()).unwrap();

@@ -243,6 +243,17 @@ fn a_job_runs_in_its_sandbox_and_pi_calls_mcp_tools_by_every_route() {
     assert_eq!(record["attempt"], 1);
     assert_eq!(record["turns"], 6);
     assert_eq!(record["provider"], "fake");
+    // What the job was for.
+    assert_eq!(record["task"], "Use the MCP tools.");
+    assert_eq!(record["folder"], s.repo.to_str().unwrap());
+    let listed = s.d.run(&["runs"]);
+    assert!(
+        listed
+            .stdout
+            .contains(&format!("{}  Use the MCP tools.", s.repo.to_str().unwrap())),
+        "{}",
+        listed.stdout
+    );
     assert!(
         results[1].contains("Echo: by a direct tool"),
         "{results:#?}"
