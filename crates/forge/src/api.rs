@@ -261,7 +261,8 @@ impl Forges {
                 break;
             }
         }
-        let body = format!("{text}\n\n{mark}");
+        // What the agent wrote is posted inert (no quick action, mass mention or mark of its own).
+        let body = format!("{}\n\n{mark}", crate::inert::markdown(text));
         self.send(
             "post the job's comment",
             self.request(event, token, reqwest::Method::POST, &path)?
@@ -331,6 +332,7 @@ impl Forges {
     ) -> Result<String, ForgeError> {
         let op = "open the pull request";
         let repo = Forges::repository_path(event);
+        let body = crate::inert::markdown(body);
         let (list_path, query, create_path, create, url_field) = match event.forge {
             Forge::Github => {
                 let owner = event.repository.split('/').next().unwrap_or_default();

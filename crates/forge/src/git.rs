@@ -261,8 +261,9 @@ pub async fn publish(
     branch: &str,
     message: &str,
     author: &Author,
-    limits: &Limits,
+    bounds: Bounds<'_>,
 ) -> Result<Option<String>, GitError> {
+    let Bounds { limits, needles } = bounds;
     let dir = checkout
         .origin
         .parent()
@@ -314,6 +315,7 @@ pub async fn publish(
         message: message.to_owned(),
         author: author.clone(),
         limits: *limits,
+        needles: needles.clone(),
         import: plain.std_command(&[
             os("--git-dir"),
             checkout.origin.as_os_str(),
@@ -358,6 +360,14 @@ pub async fn publish(
     Ok(Some(commit))
 }
 
+/// What a published tree must keep within: the operator's limits, and none of the values the job
+/// was given.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds<'a> {
+    pub limits: &'a Limits,
+    pub needles: &'a crate::scan::Needles,
+}
+
 /// What the blocking half of [`publish`] needs: the tree walked and streamed into fast-import.
 struct StreamInput {
     workspace: PathBuf,
@@ -366,6 +376,8 @@ struct StreamInput {
     message: String,
     author: Author,
     limits: Limits,
+    /// The values the job was given: a file, link or path holding one is not published.
+    needles: crate::scan::Needles,
     import: std::process::Command,
 }
 
@@ -414,9 +426,19 @@ impl StreamInput {
                     }
                     .into());
                 }
+                let holds = |found: Option<crate::scan::Found>| match found {
+                    Some(f) => Err(GitError::from(TreeError::Secret {
+                        path: tree::shown(&item.path),
+                        variable: f.variable,
+                        form: f.form,
+                    })),
+                    None => Ok(()),
+                };
+                holds(self.needles.find(&item.path))?;
                 write!(out, "blob\nmark :{}\n", n + 1).map_err(io)?;
                 match &item.kind {
                     Kind::Link { target } => {
+                        holds(self.needles.find(target))?;
                         writeln!(out, "data {}", target.len()).map_err(io)?;
                         out.write_all(target).map_err(io)?;
                     }
@@ -431,7 +453,20 @@ impl StreamInput {
                         }
                         writeln!(out, "data {size}").map_err(io)?;
                         let mut file = std::io::Read::take(std::fs::File::from(fd), *size);
-                        let copied = std::io::copy(&mut file, &mut out).map_err(io)?;
+                        // Every byte is searched as it goes by.
+                        let mut search = self.needles.stream();
+                        let mut buf = vec![0u8; 1 << 16];
+                        let mut copied = 0u64;
+                        loop {
+                            let n = std::io::Read::read(&mut file, &mut buf).map_err(io)?;
+                            if n == 0 {
+                                break;
+                            }
+                            search.feed(&buf[..n]);
+                            holds(search.found().cloned())?;
+                            out.write_all(&buf[..n]).map_err(io)?;
+                            copied += n as u64;
+                        }
                         if copied != *size {
                             return Err(unreadable(std::io::ErrorKind::UnexpectedEof).into());
                         }

@@ -4,6 +4,8 @@
 
 pub mod api;
 pub mod git;
+pub mod inert;
+pub mod scan;
 pub mod token;
 pub mod tree;
 

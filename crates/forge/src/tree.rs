@@ -66,6 +66,13 @@ pub enum TreeError {
     Refused { path: String, why: &'static str },
     #[error("the job's tree is too large to publish: {limit}{}", at(.path))]
     TooLarge { path: Option<String>, limit: Limit },
+    /// A file, a link or a path holds a value the job was given ([`crate::scan`]).
+    #[error("{path} holds the value of {variable} ({form}), which pi-dispatch never publishes")]
+    Secret {
+        path: String,
+        variable: String,
+        form: &'static str,
+    },
     #[error("{path} cannot be read ({kind})")]
     Unreadable {
         path: String,

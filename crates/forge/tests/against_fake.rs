@@ -157,6 +157,7 @@ async fn a_clone_and_a_push_carry_the_token_only_in_a_header_and_nothing_is_merg
             assert_no_token(root, token.expose());
         }
         // Nothing changed: nothing is pushed.
+        let needles = forge::scan::Needles::new([("GH_TOKEN", token.expose())]);
         let author = Author {
             name: "pi-dispatch".into(),
             email: "pi-dispatch@example.invalid".into(),
@@ -169,12 +170,74 @@ async fn a_clone_and_a_push_carry_the_token_only_in_a_header_and_nothing_is_merg
                 "pi-dispatch/job-1",
                 "Fix",
                 &author,
-                &limits()
+                git::Bounds {
+                    limits: &limits(),
+                    needles: &needles,
+                },
             )
             .await
             .unwrap(),
             None
         );
+        // The job's token planted in a changed file, as it is or encoded: nothing is pushed, and
+        // the refusal names the file and the variable, never the value.
+        {
+            use base64::Engine as _;
+            let value = token.expose();
+            let planted = [
+                ("as it is", value.to_owned()),
+                (
+                    "base64",
+                    base64::engine::general_purpose::STANDARD.encode(format!("token: {value}")),
+                ),
+                (
+                    "URL-encoded",
+                    value.bytes().map(|b| format!("%{b:02X}")).collect(),
+                ),
+            ];
+            std::fs::write(checkout.workspace.join("README.md"), "port 8780\n").unwrap();
+            for (form, text) in planted {
+                std::fs::write(
+                    checkout.workspace.join("notes.txt"),
+                    format!("see {text}\n"),
+                )
+                .unwrap();
+                let refused = git::publish(
+                    &checkout,
+                    &url,
+                    &auth,
+                    "pi-dispatch/job-1",
+                    "Fix",
+                    &author,
+                    git::Bounds {
+                        limits: &limits(),
+                        needles: &needles,
+                    },
+                )
+                .await
+                .unwrap_err();
+                let shown = refused.to_string();
+                assert!(
+                    matches!(
+                        &refused,
+                        git::GitError::Tree(forge::tree::TreeError::Secret { form: f, .. }) if *f == form
+                    ),
+                    "{form}: {shown}"
+                );
+                assert!(
+                    shown.contains("notes.txt") && shown.contains("GH_TOKEN"),
+                    "{shown}"
+                );
+                assert!(!shown.contains(value));
+                assert!(
+                    !fake
+                        .branches(name, &e.repository)
+                        .contains(&"pi-dispatch/job-1".to_owned()),
+                    "pushed with the token in it"
+                );
+            }
+            std::fs::remove_file(checkout.workspace.join("notes.txt")).unwrap();
+        }
         // The job changes a file and adds one; its own .git is not what is pushed.
         std::fs::write(checkout.workspace.join("README.md"), "port 8780\n").unwrap();
         std::fs::write(checkout.workspace.join("NEW.md"), "new\n").unwrap();
@@ -190,7 +253,10 @@ async fn a_clone_and_a_push_carry_the_token_only_in_a_header_and_nothing_is_merg
             "pi-dispatch/job-1",
             "Fix the port",
             &author,
-            &limits(),
+            git::Bounds {
+                limits: &limits(),
+                needles: &needles,
+            },
         )
         .await
         .unwrap();
@@ -317,6 +383,7 @@ async fn a_hostile_tree_is_read_as_data_and_refused_without_waiting() {
         email: "pi-dispatch@example.invalid".into(),
     };
     let limits = limits();
+    let none = forge::scan::Needles::new([]);
     let publish = || {
         git::publish(
             &checkout,
@@ -325,7 +392,10 @@ async fn a_hostile_tree_is_read_as_data_and_refused_without_waiting() {
             "pi-dispatch/job-2",
             "Fix",
             &author,
-            &limits,
+            git::Bounds {
+                limits: &limits,
+                needles: &none,
+            },
         )
     };
     // The control: this tree is published, as git would have committed it.

@@ -256,6 +256,8 @@ reasons! {
         "The job left something in its repository that pi-dispatch does not publish: a special file, a nested repository, or a link out of it.";
     JobOutputTooLarge = "job-output-too-large", Worker, Policy, None, false,
         "What the job left in its repository is larger than pi-dispatch publishes.";
+    JobOutputSecret = "job-output-secret", Worker, Policy, None, false,
+        "What the job left in its repository holds a secret the job was given (as it is or encoded), so nothing was pushed.";
 }
 
 impl Reason {
@@ -412,6 +414,9 @@ impl Reason {
             }
             Reason::JobOutputTooLarge => {
                 "the record names the limit: have the job ignore its build output in .gitignore, or raise PI_JOB_PUBLISH_FILE_MB or PI_JOB_PUBLISH_MB"
+            }
+            Reason::JobOutputSecret => {
+                "the record names the file and the variable: read the job's transcript for how the value got there, and rotate it if the job's clone left the host"
             }
             Reason::JobImageMissing => "install the job image: `pi-dispatch image install`",
             Reason::WorkspaceMissing => "point the job at an existing repository folder",

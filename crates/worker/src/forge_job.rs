@@ -183,6 +183,7 @@ pub async fn deliver_fix(
     event: &ForgeEvent,
     prepared: &Prepared,
     limits: &forge::tree::Limits,
+    needles: &forge::scan::Needles,
     record: &mut Record,
 ) {
     let branch = work_branch(&job.id);
@@ -203,13 +204,14 @@ pub async fn deliver_fix(
         &branch,
         &title,
         &author(),
-        limits,
+        git::Bounds { limits, needles },
     )
     .await;
     match pushed {
         Err(git::GitError::Tree(e)) => {
             let reason = match e {
                 forge::tree::TreeError::TooLarge { .. } => Reason::JobOutputTooLarge,
+                forge::tree::TreeError::Secret { .. } => Reason::JobOutputSecret,
                 _ => Reason::JobOutputRefused,
             };
             ended(record, reason, e.to_string());

@@ -469,13 +469,18 @@ impl Worker {
                 &mut stop,
             )
             .await;
-        // 6b. A completed fix job's changes, pushed and proposed.
+        // 6b. A completed fix job's changes, pushed and proposed, none holding a value the job
+        // was given.
         if let (Some(event), Some(p), Verdict::Done(record)) = (&job.event, &prepared, &mut verdict)
             && record.outcome == protocol::reason::Outcome::Completed
             && job.flow.as_deref() == Some("fix")
         {
             let limits = crate::forge_job::publish_limits(&self.settings);
-            crate::forge_job::deliver_fix(&self.forges, job, event, p, &limits, record).await;
+            let given = self.given_values(&admitted, &secrets, Some(p));
+            let needles =
+                forge::scan::Needles::new(given.iter().map(|(n, v)| (n.as_str(), v.expose())));
+            crate::forge_job::deliver_fix(&self.forges, job, event, p, &limits, &needles, record)
+                .await;
         }
         // 7. However the job ended: its socket closed, and what the proxy refused it recorded.
         if egress {
@@ -632,6 +637,35 @@ impl Worker {
         })
     }
 
+    /// Every value the job is given that the worker resolved, forwarded or minted, by its
+    /// variable: the provider's key, the trigger's secrets, what `PI_FORWARD_ENV` forwards, the
+    /// forge token. The transcript and the final message never hold one, and a `fix` job's
+    /// change holding one is not pushed.
+    fn given_values(
+        &self,
+        admitted: &Admitted,
+        secrets: &[(String, Secret)],
+        prepared: Option<&crate::forge_job::Prepared>,
+    ) -> Vec<(String, Secret)> {
+        let key = admitted
+            .model
+            .key_variable
+            .as_ref()
+            .and_then(|name| self.env.get(name).map(|v| (name.clone(), Secret::new(v))));
+        let forwarded = self
+            .settings
+            .forward_env
+            .iter()
+            .filter_map(|n| self.env.get(n).map(|v| (n.clone(), Secret::new(v))));
+        secrets
+            .iter()
+            .map(|(n, v)| (n.clone(), Secret::new(v.expose())))
+            .chain(key)
+            .chain(forwarded)
+            .chain(prepared.map(|p| ("GH_TOKEN".to_owned(), Secret::new(p.token.expose()))))
+            .collect()
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn run_sandbox(
         &self,
@@ -730,21 +764,10 @@ impl Worker {
                 ));
             }
         };
-        // Every value the job is given that the worker resolved or forwarded: the transcript and
-        // the final message never hold one.
-        let forwarded: Vec<(String, String)> = settings
-            .forward_env
-            .iter()
-            .filter_map(|n| self.env.get(n).map(|v| (n.clone(), v)))
-            .collect();
-        let redactor = Redactor::new(
-            secrets
-                .iter()
-                .map(|(n, v)| (n.as_str(), v.expose()))
-                .chain(key.iter().map(|(n, v)| (n.as_str(), v.expose())))
-                .chain(forwarded.iter().map(|(n, v)| (n.as_str(), v.as_str())))
-                .chain(prepared.map(|p| ("GH_TOKEN", p.token.expose()))),
-        );
+        // Every value the job is given that the worker resolved, forwarded or minted: the
+        // transcript and the final message never hold one.
+        let given = self.given_values(admitted, secrets, prepared);
+        let redactor = Redactor::new(given.iter().map(|(n, v)| (n.as_str(), v.expose())));
         let spec = JobSpec {
             job_dir: job_dir.to_owned(),
             overlay_dir: settings.overlay_dir.clone(),

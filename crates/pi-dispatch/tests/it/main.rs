@@ -18,6 +18,7 @@ mod hostile;
 mod hostile_bounds;
 mod hostile_host;
 mod hostile_pi;
+mod hostile_post;
 mod hostile_publish;
 mod hostile_report;
 mod import_pi;

@@ -1,0 +1,118 @@
+//! What the bot posts and pushes is checked, in real forge jobs through the receiver and the worker
+//! with real pi and the fake forge: a GitLab answer whose final message holds quick actions and a
+//! mass mention is posted inert; a fix job that writes its own token into a file (as it is, in
+//! base64, percent-encoded) pushes nothing, ends `job-output-secret` and gets the fixed comment,
+//! which names no value. The control: the token is really in the file the job left in its clone.
+
+use serde_json::json;
+use testkit::fake_forge::FakeForge;
+use testkit::fake_model::Step;
+
+use crate::forge::{INSTALLATION_TOKEN, Kind, Site, triggers};
+
+/// Each way the job writes its token, and the file it leaves.
+const PLANTS: [(&str, &str); 3] = [
+    (
+        "printf 'token=%s\\n' \"$GH_TOKEN\" > notes.txt",
+        "notes.txt",
+    ),
+    (
+        "printf 'token: %s' \"$GH_TOKEN\" | base64 -w0 > notes.b64",
+        "notes.b64",
+    ),
+    (
+        "printf %s \"$GH_TOKEN\" | od -An -tx1 | tr -d ' \\n' | sed 's/../%&/g' > notes.url",
+        "notes.url",
+    ),
+];
+
+#[test]
+fn a_fix_job_that_writes_its_token_pushes_nothing() {
+    let script = PLANTS
+        .iter()
+        .flat_map(|(plant, _)| {
+            [
+                Step::call("bash", json!({ "command": plant })),
+                Step::text("Fixed it."),
+            ]
+        })
+        .collect();
+    let site = Site::start(FakeForge::start, script, triggers(), &[]);
+    for (n, (_, file)) in PLANTS.iter().enumerate() {
+        let number = 40 + n as u64;
+        let a = site.label(Kind::Github, number, "pi-fix", &format!("d-plant-{number}"));
+        assert_eq!(a["status"], 202, "{a}");
+        let id = a["answer"]["jobs"][0].as_str().unwrap().to_owned();
+        let worked = site.work();
+        // The control: the job left its token in the file, in its form.
+        let left = std::fs::read_to_string(
+            site.s
+                .d
+                .path()
+                .join(format!("state/jobs/{id}/workspace/{file}")),
+        )
+        .unwrap_or_else(|e| panic!("{file}: {e}\n{}", worked.stderr));
+        assert!(!left.is_empty(), "{file}");
+        assert!(
+            (*file == "notes.txt") == left.contains(INSTALLATION_TOKEN),
+            "{file}: {left}"
+        );
+        let record = site.s.record(&id);
+        assert_eq!(record["outcome"], "policy", "{record:#}\n{}", worked.stderr);
+        assert_eq!(record["reason"], "job-output-secret", "{record:#}");
+        let why = record["detail"]["why"].as_str().unwrap_or_default();
+        assert!(why.contains(file) && why.contains("GH_TOKEN"), "{why}");
+        let comments = site.fake.comments(&Kind::Github.issue_key(number));
+        assert_eq!(comments.len(), 1, "{comments:#?}");
+        assert!(
+            comments[0].contains("rule job-output-secret"),
+            "{comments:#?}"
+        );
+        for text in [
+            record.to_string(),
+            comments[0].clone(),
+            worked.stderr.clone(),
+        ] {
+            assert!(
+                !text.contains(INSTALLATION_TOKEN),
+                "the token is out: {text}"
+            );
+        }
+        assert!(
+            !site
+                .fake
+                .branches("github", Kind::Github.repository())
+                .contains(&format!("pi-dispatch/{id}")),
+            "{file}: pushed"
+        );
+    }
+    assert_eq!(site.fake.pulls().len(), 0, "nothing is proposed");
+}
+
+#[test]
+fn what_the_bot_posts_runs_no_quick_action() {
+    let answer = "The port is 8780.\n/label ~pi-fix\n/merge\n  /approve\ncc @all";
+    let site = Site::start(FakeForge::start, vec![Step::text(answer)], triggers(), &[]);
+    let a = site.label(Kind::Gitlab, 50, "pi-answer", "d-quick-50");
+    assert_eq!(a["status"], 202, "{a}");
+    let id = a["answer"]["jobs"][0].as_str().unwrap().to_owned();
+    site.work();
+    let record = site.s.record(&id);
+    assert_eq!(record["outcome"], "completed", "{record:#}");
+    // The control: the model's answer held the commands.
+    assert_eq!(record["finalMessage"], answer, "{record:#}");
+    let comments = site.fake.comments(&Kind::Gitlab.issue_key(50));
+    assert_eq!(comments.len(), 1, "{comments:#?}");
+    let posted = &comments[0];
+    assert!(
+        posted.lines().all(|l| !l.trim_start().starts_with('/')),
+        "{posted}"
+    );
+    // It still reads as written: a backslash before each command, a space no one sees.
+    assert!(
+        posted.starts_with(
+            "The port is 8780.\n\\/label ~pi-fix\n\\/merge\n  \\/approve\ncc @\u{200B}all"
+        ),
+        "{posted:?}"
+    );
+}
