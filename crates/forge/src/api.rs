@@ -150,6 +150,69 @@ impl Forges {
         }
     }
 
+    /// Ends a token minted for a job before its hour is out: GitHub's `DELETE
+    /// /installation/token`, authorized by the token itself (one already expired or revoked is
+    /// ended too). GitLab's token is the deployment's own, which stays.
+    pub async fn revoke(&self, event: &ForgeEvent, token: &Token) -> Result<(), ForgeError> {
+        if event.forge == Forge::Gitlab {
+            return Ok(());
+        }
+        let op = "revoke the job's installation token";
+        let url = format!("{}/installation/token", self.github()?.api_url);
+        let response = self
+            .github_request(
+                reqwest::Method::DELETE,
+                &url,
+                &format!("Bearer {}", token.expose()),
+            )
+            .send()
+            .await
+            .map_err(|e| ForgeError::Unreachable {
+                op,
+                why: e.without_url().to_string(),
+            })?;
+        match response.status().as_u16() {
+            200..=299 | 401 => Ok(()),
+            status => Err(ForgeError::Status { op, status }),
+        }
+    }
+
+    /// Posts the job's one comment ([`Forges::comment_once`]) with a token minted for it and
+    /// revoked after, trying again after each wait of `waits` while the forge's answer may pass
+    /// (a 5xx, a 429, no connection). The comment's mark keeps a post that went through unseen
+    /// from being posted twice.
+    pub async fn post_comment(
+        &self,
+        event: &ForgeEvent,
+        job_id: &str,
+        text: &str,
+        waits: &[std::time::Duration],
+    ) -> Result<Posted, ForgeError> {
+        let mut waits = waits.iter();
+        loop {
+            let tried = async {
+                let token = self.mint(event).await?;
+                let posted = self.comment_once(&token, event, job_id, text).await;
+                if let Err(e) = self.revoke(event, &token).await {
+                    tracing::warn!(event = "forge_revoke_failed", job_id, detail = %e);
+                }
+                posted
+            }
+            .await;
+            match tried {
+                Err(e) if e.may_pass() => match waits.next() {
+                    Some(wait) => {
+                        tracing::warn!(event = "forge_comment_retry", job_id, detail = %e,
+                            wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+                        tokio::time::sleep(*wait).await;
+                    }
+                    None => return Err(e),
+                },
+                done => return done,
+            }
+        }
+    }
+
     fn github_request(
         &self,
         method: reqwest::Method,

@@ -66,7 +66,8 @@ async fn the_app_key_mints_the_token_and_another_key_does_not() {
     let (fake, forges) = setup();
     let e = event(Forge::Github);
     let token = forges.mint(&e).await.unwrap();
-    assert_eq!(token.expose(), INSTALLATION_TOKEN);
+    // Each mint is a token of its own.
+    assert_eq!(token.expose(), format!("{INSTALLATION_TOKEN}-1"));
     assert_eq!(format!("{token:?}"), "Token(***)");
     // The request narrows the token to the event's repository.
     let mint = &fake.requests()[0];
@@ -87,6 +88,68 @@ async fn the_app_key_mints_the_token_and_another_key_does_not() {
             .is_err()
     );
     assert!(AppKey::from_pem("hello").is_err());
+}
+
+/// A token minted for a job is revoked, and then opens nothing; a comment the forge answers with
+/// 502 twice is posted once, on the third try, each try's token revoked after it.
+#[tokio::test]
+async fn tokens_are_revoked_and_a_comment_is_tried_again_until_it_is_taken() {
+    let (fake, forges) = setup();
+    let e = event(Forge::Github);
+    let token = forges.mint(&e).await.unwrap();
+    // The control: the token opens the comments until it is revoked.
+    let path = "github:octo-org/hello#42";
+    assert_eq!(
+        forges
+            .comment_once(&token, &e, "job-0", "Before.")
+            .await
+            .unwrap(),
+        Posted::Posted
+    );
+    forges.revoke(&e, &token).await.unwrap();
+    let refused = forges.comment_once(&token, &e, "job-1", "After.").await;
+    assert!(
+        matches!(refused, Err(forge::ForgeError::Status { status: 401, .. })),
+        "{refused:?}"
+    );
+    // Revoking again (or an expired token) is no fault.
+    forges.revoke(&e, &token).await.unwrap();
+    // GitLab's token is the deployment's: nothing to revoke.
+    forges
+        .revoke(&event(Forge::Gitlab), &Token::new(GITLAB_TOKEN))
+        .await
+        .unwrap();
+
+    fake.fail_comment_posts(&[502, 502]);
+    let waits = [std::time::Duration::from_millis(20); 3];
+    let posted = forges
+        .post_comment(&e, "job-2", "The answer.", &waits)
+        .await
+        .unwrap();
+    assert_eq!(posted, Posted::Posted);
+    let comments = fake.comments(path);
+    assert_eq!(
+        comments
+            .iter()
+            .filter(|c| c.starts_with("The answer."))
+            .count(),
+        1,
+        "{comments:#?}"
+    );
+    // One token a try (the first one above, then three), every one revoked.
+    let minted = fake.minted();
+    assert_eq!(minted.len(), 4, "{minted:#?}");
+    assert!(minted.iter().all(|m| m.revocations >= 1), "{minted:#?}");
+    // Past its tries, a forge that keeps failing is an error, and the comment is not posted.
+    fake.fail_comment_posts(&[503, 503, 503]);
+    let given_up = forges
+        .post_comment(&e, "job-3", "Never.", &waits[..2])
+        .await;
+    assert!(
+        matches!(given_up, Err(forge::ForgeError::Status { status: 503, .. })),
+        "{given_up:?}"
+    );
+    assert!(!fake.comments(path).iter().any(|c| c.starts_with("Never.")));
 }
 
 #[tokio::test]

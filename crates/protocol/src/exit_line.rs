@@ -42,6 +42,22 @@ pub struct ExitLine {
 /// The most of the agent's last answer an exit line carries.
 pub const MAX_FINAL_MESSAGE: usize = 16 * 1024;
 
+/// Adds `piece` to `text`, keeping it within [`MAX_FINAL_MESSAGE`] bytes on a character
+/// boundary; `cut` says when something was left out.
+pub fn push_bounded(text: &mut String, cut: &mut bool, piece: &str) {
+    let room = MAX_FINAL_MESSAGE.saturating_sub(text.len());
+    if piece.len() <= room {
+        text.push_str(piece);
+        return;
+    }
+    let mut end = room;
+    while !piece.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.push_str(&piece[..end]);
+    *cut = true;
+}
+
 /// The longest line [`read`] holds in memory; a longer one cannot be an exit line and is skipped.
 pub const MAX_LINE: usize = 1024 * 1024;
 

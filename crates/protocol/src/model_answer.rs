@@ -7,7 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::exit_line::MAX_FINAL_MESSAGE;
+#[cfg(test)]
+use crate::exit_line::{MAX_FINAL_MESSAGE, push_bounded};
 use crate::pi_events::PiEvents;
 use crate::reason::Reason;
 
@@ -35,28 +36,12 @@ pub enum Ending {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Answer {
     pub ending: Option<Ending>,
-    /// The answer's text parts, joined by line ends, at most [`MAX_FINAL_MESSAGE`] bytes.
+    /// The answer's text parts, joined by line ends, at most [`crate::exit_line::MAX_FINAL_MESSAGE`] bytes.
     pub text: String,
-    /// Whether `text` was cut at [`MAX_FINAL_MESSAGE`].
+    /// Whether `text` was cut at [`crate::exit_line::MAX_FINAL_MESSAGE`].
     pub cut: bool,
     /// The provider's host (its base URL's), for the record's detail.
     pub host: String,
-}
-
-/// Adds `piece` to `text`, keeping it within [`MAX_FINAL_MESSAGE`] bytes on a character
-/// boundary; `cut` says when something was left out.
-pub fn push_bounded(text: &mut String, cut: &mut bool, piece: &str) {
-    let room = MAX_FINAL_MESSAGE.saturating_sub(text.len());
-    if piece.len() <= room {
-        text.push_str(piece);
-        return;
-    }
-    let mut end = room;
-    while !piece.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.push_str(&piece[..end]);
-    *cut = true;
 }
 
 /// Whether two texts of the same answer agree: the same characters but for whitespace (pi and

@@ -7,7 +7,7 @@
 
 #[cfg(test)]
 use crate::exit_line::MAX_FINAL_MESSAGE;
-use crate::model_answer::push_bounded;
+use crate::exit_line::push_bounded;
 use crate::reason::Reason;
 use crate::usage::Usage;
 

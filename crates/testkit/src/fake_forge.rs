@@ -4,9 +4,10 @@
 //! are real. Every API request is kept for the test to read.
 //!
 //! - GitHub: the API under `/github-api` (and `/api/v3`, where a GitHub Enterprise client looks),
-//!   repositories under `/git/OWNER/NAME.git`. The App's installation token is minted only for a
-//!   JWT signed by the App's key (checked with its public half), and every other call needs that
-//!   token.
+//!   repositories under `/git/OWNER/NAME.git`. An installation token is minted only for a JWT
+//!   signed by the App's key (checked with its public half), a new one each time (the setup's
+//!   token with `-N` after it), living [`FakeForge::set_token_lifetime`] (an hour by default)
+//!   until `DELETE /installation/token` revokes it; every other call needs a live one.
 //! - GitLab: `GITLAB_URL` is `/gitlab`, the API under `/gitlab/api/v4`, repositories under
 //!   `/gitlab/PATH.git`; every call needs the deployment's token.
 //!
@@ -45,15 +46,41 @@ pub struct Seen {
     pub body: Value,
 }
 
+/// An installation token the fake minted.
+#[derive(Debug, Clone)]
+pub struct Minted {
+    pub token: String,
+    pub expires: std::time::Instant,
+    /// How many times `DELETE /installation/token` named it.
+    pub revocations: u32,
+}
+
+impl Minted {
+    fn live(&self) -> bool {
+        self.revocations == 0 && std::time::Instant::now() < self.expires
+    }
+}
+
 #[derive(Default)]
 struct Forge {
     seen: Vec<Seen>,
+    minted: Vec<Minted>,
+    lifetime: Option<std::time::Duration>,
+    /// Statuses the next comment posts are answered with, in order, before one is taken.
+    comment_faults: std::collections::VecDeque<u16>,
     /// Comments by issue key (`github:o/r#42`, `gitlab:15#23`, `gitlab:15!4`).
     comments: HashMap<String, Vec<Value>>,
     pulls: Vec<Value>,
     merges: u32,
     issues: HashMap<String, Vec<Value>>,
     next_id: u64,
+}
+
+impl Forge {
+    /// Whether `token` is a minted installation token still alive.
+    fn live_token(&self, token: &str) -> bool {
+        self.minted.iter().any(|m| m.token == token && m.live())
+    }
 }
 
 struct Shared {
@@ -303,6 +330,27 @@ impl FakeForge {
             .unwrap_or_default()
     }
 
+    /// Every installation token minted so far, oldest first.
+    pub fn minted(&self) -> Vec<Minted> {
+        self.shared.forge.lock().unwrap().minted.clone()
+    }
+
+    /// How long the installation tokens minted from now on live.
+    pub fn set_token_lifetime(&self, lifetime: std::time::Duration) {
+        self.shared.forge.lock().unwrap().lifetime = Some(lifetime);
+    }
+
+    /// Answers the next comment posts (either forge) with these statuses, one each, before a post
+    /// is taken again.
+    pub fn fail_comment_posts(&self, statuses: &[u16]) {
+        self.shared
+            .forge
+            .lock()
+            .unwrap()
+            .comment_faults
+            .extend(statuses.iter().copied());
+    }
+
     /// The pull (merge) requests opened.
     pub fn pulls(&self) -> Vec<Value> {
         self.shared.forge.lock().unwrap().pulls.clone()
@@ -481,22 +529,49 @@ fn github(
             .and_then(|jwt| forge::token::verify_jwt(jwt, &shared.app_public_key));
         return match signed {
             Some(claims) if claims["iss"].as_str() == Some(shared.app_id.to_string().as_str()) => {
+                let mut forge = shared.forge.lock().unwrap();
+                let lifetime = forge
+                    .lifetime
+                    .unwrap_or(std::time::Duration::from_secs(3600));
+                let token = format!("{}-{}", shared.installation_token, forge.minted.len() + 1);
+                forge.minted.push(Minted {
+                    token: token.clone(),
+                    expires: std::time::Instant::now() + lifetime,
+                    revocations: 0,
+                });
                 reply(
                     StatusCode::CREATED,
-                    json!({"token": shared.installation_token, "expires_at": "2099-01-01T00:00:00Z"}),
+                    json!({"token": token, "expires_at": "2099-01-01T00:00:00Z"}),
                 )
             }
             _ => unauthorized(),
         };
     }
-    let token_ok = credential.is_some_and(|c| {
-        c == format!("Bearer {}", shared.installation_token)
-            || c == format!("token {}", shared.installation_token)
+    let given = credential.and_then(|c| {
+        c.strip_prefix("Bearer ")
+            .or_else(|| c.strip_prefix("token "))
     });
-    if !token_ok {
+    let mut forge = shared.forge.lock().unwrap();
+    if let (&Method::DELETE, ["installation", "token"]) = (method, &parts[..]) {
+        return match forge
+            .minted
+            .iter_mut()
+            .find(|m| Some(m.token.as_str()) == given)
+        {
+            Some(m) => {
+                let was_live = m.live();
+                m.revocations += 1;
+                match was_live {
+                    true => StatusCode::NO_CONTENT.into_response(),
+                    false => unauthorized(),
+                }
+            }
+            None => unauthorized(),
+        };
+    }
+    if !given.is_some_and(|t| forge.live_token(t)) {
         return unauthorized();
     }
-    let mut forge = shared.forge.lock().unwrap();
     match (method, &parts[..]) {
         (&Method::GET, ["repos", o, r, "issues"]) => {
             let key = format!("github:{o}/{r}");
@@ -507,6 +582,12 @@ fn github(
             listed(&forge.comments, &key, params)
         }
         (&Method::POST, ["repos", o, r, "issues", n, "comments"]) => {
+            if let Some(code) = forge.comment_faults.pop_front() {
+                return reply(
+                    StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY),
+                    json!({"message": "a fault the test asked for"}),
+                );
+            }
             forge.next_id += 1;
             let comment = json!({"id": forge.next_id, "body": body["body"],
                 "user": {"login": "pi-dispatch[bot]", "type": "Bot"}});
@@ -565,7 +646,8 @@ fn github(
 /// GitHub's GraphQL API, for the one query github-mcp-server's `list_issues` makes: a
 /// repository's issues, from [`FakeForge::set_issues`] (REST-shaped, turned into GraphQL nodes).
 fn github_graphql(shared: &Shared, credential: Option<&str>, body: &Value) -> Response {
-    if credential != Some(format!("Bearer {}", shared.installation_token).as_str()) {
+    let given = credential.and_then(|c| c.strip_prefix("Bearer "));
+    if !given.is_some_and(|t| shared.forge.lock().unwrap().live_token(t)) {
         return unauthorized();
     }
     let query = body["query"].as_str().unwrap_or_default();
@@ -650,6 +732,12 @@ fn gitlab(
                 "notes",
             ],
         ) => {
+            if let Some(code) = forge.comment_faults.pop_front() {
+                return reply(
+                    StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY),
+                    json!({"message": "a fault the test asked for"}),
+                );
+            }
             forge.next_id += 1;
             let note = json!({"id": forge.next_id, "body": body["body"],
                 "author": {"username": "pi-dispatch-bot"}, "system": false});
@@ -708,16 +796,20 @@ async fn git_http(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Response {
-    let expected = match forge {
-        "github" => format!("x-access-token:{}", shared.installation_token),
-        _ => format!("oauth2:{}", shared.gitlab_token),
-    };
     let given = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Basic "))
-        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok());
-    if given.as_deref() != Some(expected.as_bytes()) {
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        .and_then(|b| String::from_utf8(b).ok());
+    let allowed = match (forge, given.as_deref().and_then(|g| g.split_once(':'))) {
+        ("github", Some(("x-access-token", token))) => {
+            shared.forge.lock().unwrap().live_token(token)
+        }
+        ("gitlab", Some(("oauth2", token))) => token == shared.gitlab_token,
+        _ => false,
+    };
+    if !allowed {
         return Response::builder()
             .status(StatusCode::UNAUTHORIZED)
             .header("WWW-Authenticate", "Basic realm=\"fake forge\"")

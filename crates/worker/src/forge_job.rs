@@ -182,12 +182,41 @@ pub async fn deliver_fix(
     job: &Job,
     event: &ForgeEvent,
     prepared: &Prepared,
-    limits: &forge::tree::Limits,
-    needles: &forge::scan::Needles,
+    bounds: git::Bounds<'_>,
+    record: &mut Record,
+) {
+    let ended = |record: &mut Record, reason: Reason, why: String| {
+        tracing::warn!(event = reason.log_event(), job_id = %job.id, reason = %reason, detail = %why);
+        record.outcome = reason.outcome();
+        record.reason = Some(reason);
+        record.detail = Some(Detail::new(why));
+        record.fix = Some(reason.fix().to_owned());
+    };
+    let failed = |record: &mut Record, why: String| ended(record, Reason::ForgeDeliveryFailed, why);
+    // The delivery's own token, minted now: the job's may have run out with a long job (a GitHub
+    // token lives an hour), and it is revoked once the delivery is done.
+    let token = match forges.mint(event).await {
+        Ok(t) => t,
+        Err(e) => return failed(record, e.to_string()),
+    };
+    deliver_with(forges, job, event, prepared, bounds, &token, record).await;
+    if let Err(e) = forges.revoke(event, &token).await {
+        tracing::warn!(event = "forge_revoke_failed", job_id = %job.id, detail = %e);
+    }
+}
+
+/// [`deliver_fix`] with the delivery's token.
+async fn deliver_with(
+    forges: &Forges,
+    job: &Job,
+    event: &ForgeEvent,
+    prepared: &Prepared,
+    bounds: git::Bounds<'_>,
+    token: &Token,
     record: &mut Record,
 ) {
     let branch = work_branch(&job.id);
-    let authorization = Forges::git_authorization(event, &prepared.token);
+    let authorization = Forges::git_authorization(event, token);
     let title = format!("{} (#{})", event.title, event.number);
     let ended = |record: &mut Record, reason: Reason, why: String| {
         tracing::warn!(event = reason.log_event(), job_id = %job.id, reason = %reason, detail = %why);
@@ -204,7 +233,7 @@ pub async fn deliver_fix(
         &branch,
         &title,
         &author(),
-        git::Bounds { limits, needles },
+        bounds,
     )
     .await;
     match pushed {
@@ -226,14 +255,7 @@ pub async fn deliver_fix(
                 event.number, job.id
             );
             match forges
-                .open_change_request(
-                    &prepared.token,
-                    event,
-                    &branch,
-                    &prepared.base,
-                    &title,
-                    &body,
-                )
+                .open_change_request(token, event, &branch, &prepared.base, &title, &body)
                 .await
             {
                 Ok(url) => {
@@ -269,20 +291,36 @@ pub fn comment_for(job: &Job, record: &Record) -> Option<String> {
     }
 }
 
-/// Posts the job's comment on its issue, once: a token is minted for it (a refusal's job has none
-/// yet). A comment that cannot be posted is logged, never retried by running the job again.
+/// How long the worker waits before each new try of a comment the forge did not take (a 5xx, a
+/// 429, no connection): four tries in about 20 seconds.
+pub const COMMENT_WAITS: [std::time::Duration; 3] = [
+    std::time::Duration::from_secs(1),
+    std::time::Duration::from_secs(4),
+    std::time::Duration::from_secs(15),
+];
+
+/// Posts the job's comment on its issue, once: a token is minted for each try and revoked after
+/// it (a refusal's job has none yet), and a try the forge may take later is made again
+/// ([`COMMENT_WAITS`]). A comment that still cannot be posted is logged, never retried by running
+/// the job again.
 pub async fn post_comment(forges: &Arc<Forges>, job: &Job, record: &Record) {
+    post_comment_waiting(forges, job, record, &COMMENT_WAITS).await;
+}
+
+/// [`post_comment`], with its waits between tries.
+pub async fn post_comment_waiting(
+    forges: &Arc<Forges>,
+    job: &Job,
+    record: &Record,
+    waits: &[std::time::Duration],
+) {
     let Some(event) = &job.event else {
         return;
     };
     let Some(text) = comment_for(job, record) else {
         return;
     };
-    let posted = async {
-        let token = forges.mint(event).await?;
-        forges.comment_once(&token, event, &job.id, &text).await
-    }
-    .await;
+    let posted = forges.post_comment(event, &job.id, &text, waits).await;
     match posted {
         Ok(p) => tracing::info!(event = "forge_comment", job_id = %job.id,
             posted = matches!(p, forge::Posted::Posted)),

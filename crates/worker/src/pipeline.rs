@@ -429,14 +429,51 @@ impl Worker {
             }
             _ => None,
         };
-        let prompt = match (&job.event, &prepared) {
+        let mut verdict = self
+            .run_prepared(
+                job,
+                attempt,
+                &admitted,
+                &secrets,
+                &dir,
+                prepared.as_ref(),
+                &mut stop,
+            )
+            .await;
+        // Every token minted for the job ends with it: the job's processes are gone, and its
+        // delivery had a token of its own.
+        if let (Some(event), Some(p)) = (&job.event, &prepared)
+            && let Err(e) = self.forges.revoke(event, &p.token).await
+        {
+            tracing::warn!(event = "forge_revoke_failed", job_id = %job.id, detail = %e);
+        }
+        if let Verdict::Done(r) | Verdict::Retry(r) = &mut verdict {
+            r.admitted_at_ms = Some(admitted_at);
+        }
+        drop(lock);
+        verdict
+    }
+
+    /// The job's folder, its way out, its sandbox and, for a completed `fix` job, its delivery.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_prepared(
+        &self,
+        job: &Job,
+        attempt: u32,
+        admitted: &Admitted,
+        secrets: &[(String, Secret)],
+        dir: &Path,
+        prepared: Option<&crate::forge_job::Prepared>,
+        stop: &mut Stop,
+    ) -> Verdict {
+        let prompt = match (&job.event, prepared) {
             (Some(event), Some(p)) => {
                 crate::forge_job::prompt(event, job.flow.as_deref().unwrap_or_default(), &p.base)
             }
             _ => job.task.clone().unwrap_or_default(),
         };
         // 4. The job's folder.
-        let job_dir = match write_job_folder(&dir, job, &admitted, prompt) {
+        let job_dir = match write_job_folder(dir, job, admitted, prompt) {
             Ok(d) => d,
             Err(e) => {
                 let record = ended(
@@ -459,28 +496,24 @@ impl Worker {
         // 6. The sandbox.
         let mut verdict = self
             .run_sandbox(
-                job,
-                attempt,
-                &admitted,
-                &dir,
-                &job_dir,
-                &secrets,
-                prepared.as_ref(),
-                &mut stop,
+                job, attempt, admitted, dir, &job_dir, secrets, prepared, stop,
             )
             .await;
         // 6b. A completed fix job's changes, pushed and proposed, none holding a value the job
         // was given.
-        if let (Some(event), Some(p), Verdict::Done(record)) = (&job.event, &prepared, &mut verdict)
+        if let (Some(event), Some(p), Verdict::Done(record)) = (&job.event, prepared, &mut verdict)
             && record.outcome == protocol::reason::Outcome::Completed
             && job.flow.as_deref() == Some("fix")
         {
             let limits = crate::forge_job::publish_limits(&self.settings);
-            let given = self.given_values(&admitted, &secrets, Some(p));
+            let given = self.given_values(admitted, secrets, Some(p));
             let needles =
                 forge::scan::Needles::new(given.iter().map(|(n, v)| (n.as_str(), v.expose())));
-            crate::forge_job::deliver_fix(&self.forges, job, event, p, &limits, &needles, record)
-                .await;
+            let bounds = forge::git::Bounds {
+                limits: &limits,
+                needles: &needles,
+            };
+            crate::forge_job::deliver_fix(&self.forges, job, event, p, bounds, record).await;
         }
         // 7. However the job ended: its socket closed, and what the proxy refused it recorded.
         if egress {
@@ -489,10 +522,6 @@ impl Worker {
                 r.egress_denied = denied;
             }
         }
-        if let Verdict::Done(r) | Verdict::Retry(r) = &mut verdict {
-            r.admitted_at_ms = Some(admitted_at);
-        }
-        drop(lock);
         verdict
     }
 

@@ -15,7 +15,8 @@
 //!   `message_delta`, whose counts replace the earlier ones; input and the cache are apart.
 //! - The classifier APIs: `usage` of the body, `input_tokens` and `output_tokens`.
 
-use protocol::model_answer::{Ending, push_bounded};
+use protocol::exit_line::push_bounded;
+use protocol::model_answer::Ending;
 use serde_json::Value;
 
 use super::rules::{Api, Tokens};

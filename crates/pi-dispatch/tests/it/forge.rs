@@ -615,7 +615,8 @@ fn the_agent_lists_issues_through_the_forge_server(kind: Kind) {
     );
     // The server asked the forge with the job's token, in a header.
     let (path, expected) = match kind {
-        Kind::Github => ("/api/graphql", format!("Bearer {INSTALLATION_TOKEN}")),
+        // The job's own token: the first minted for it.
+        Kind::Github => ("/api/graphql", format!("Bearer {INSTALLATION_TOKEN}-1")),
         Kind::Gitlab => (
             "/gitlab/api/v4/projects/15/issues",
             format!("Bearer {GITLAB_TOKEN}"),

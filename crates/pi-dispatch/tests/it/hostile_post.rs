@@ -116,3 +116,51 @@ fn what_the_bot_posts_runs_no_quick_action() {
         "{posted:?}"
     );
 }
+
+/// The forge's tokens live 3 seconds and the fix job takes longer: its own token has run out when
+/// it is delivered, and the delivery, with a token minted for it, still pushes and proposes. Every
+/// token minted for the job (its own, the delivery's, the comment's) is revoked by the end. The
+/// forge then answers the comment's first two posts with 502: it is posted once, on the third try.
+#[test]
+fn a_fix_job_outliving_its_token_is_delivered_and_every_token_is_revoked() {
+    let script = vec![
+        Step::call(
+            "bash",
+            json!({"command": "sleep 4; echo 'The service listens on port 8780.' > README.md"}),
+        ),
+        Step::text("Fixed the port."),
+    ];
+    let site = Site::start(FakeForge::start, script, triggers(), &[]);
+    site.fake
+        .set_token_lifetime(std::time::Duration::from_secs(3));
+    site.fake.fail_comment_posts(&[502, 502]);
+    let a = site.label(Kind::Github, 60, "pi-fix", "d-long-60");
+    assert_eq!(a["status"], 202, "{a}");
+    let id = a["answer"]["jobs"][0].as_str().unwrap().to_owned();
+    let worked = site.work();
+    let record = site.s.record(&id);
+    assert_eq!(
+        record["outcome"], "completed",
+        "{record:#}\n{}",
+        worked.stderr
+    );
+    assert!(record["pullRequest"].is_string(), "{record:#}");
+    let minted = site.fake.minted();
+    // The job's token, the delivery's, and one for each of the comment's three tries.
+    assert_eq!(minted.len(), 5, "{minted:#?}");
+    // The control: the job's own token had run out before the delivery's was minted.
+    assert!(minted[0].expires < minted[1].expires - std::time::Duration::from_secs(3));
+    assert!(
+        minted.iter().all(|m| m.revocations >= 1),
+        "a token was left alive: {minted:#?}"
+    );
+    let comments = site.fake.comments(&Kind::Github.issue_key(60));
+    assert_eq!(comments.len(), 1, "{comments:#?}");
+    assert!(comments[0].contains("proposed a change"), "{comments:#?}");
+    assert_eq!(
+        worked.stderr.matches("forge_comment_retry").count(),
+        2,
+        "{}",
+        worked.stderr
+    );
+}
