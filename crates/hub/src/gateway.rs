@@ -240,7 +240,7 @@ impl Gateway {
         self.finish().await;
     }
 
-    /// Stops listening, lets the answers still being read end (for at most [`SETTLE`]), ends the
+    /// Stops listening, lets the answers still being read end (for at most two seconds), ends the
     /// rest, and gives what every call used and the last answer to pi.
     pub async fn finish(mut self) -> Seen {
         self.ct.cancel();

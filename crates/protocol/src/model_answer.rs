@@ -36,7 +36,8 @@ pub enum Ending {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Answer {
     pub ending: Option<Ending>,
-    /// The answer's text parts, joined by line ends, at most [`crate::exit_line::MAX_FINAL_MESSAGE`] bytes.
+    /// The answer's text parts, joined by line ends, at most
+    /// [`crate::exit_line::MAX_FINAL_MESSAGE`] bytes.
     pub text: String,
     /// Whether `text` was cut at [`crate::exit_line::MAX_FINAL_MESSAGE`].
     pub cut: bool,

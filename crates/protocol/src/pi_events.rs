@@ -21,7 +21,7 @@ pub struct PiEvents {
     answers: u64,
     /// How the last assistant message ended.
     last: Option<Ending>,
-    /// The text of the last assistant message (at most [`MAX_FINAL_MESSAGE`] bytes).
+    /// The text of the last assistant message (at most [`crate::exit_line::MAX_FINAL_MESSAGE`] bytes).
     last_text: String,
     /// Whether `last_text` was cut.
     last_cut: bool,
@@ -214,7 +214,7 @@ impl PiEvents {
     }
 }
 
-/// The text parts of an assistant message, joined, at most [`MAX_FINAL_MESSAGE`] bytes, and
+/// The text parts of an assistant message, joined, at most [`crate::exit_line::MAX_FINAL_MESSAGE`] bytes, and
 /// whether it was cut.
 fn answer_text(message: &serde_json::Value) -> (String, bool) {
     let mut text = String::new();
