@@ -225,7 +225,12 @@ async fn a_clone_and_a_push_carry_the_token_only_in_a_header_and_nothing_is_merg
             name: "pi-dispatch".into(),
             email: "pi-dispatch@example.invalid".into(),
         };
-        assert_eq!(
+        let limits = limits();
+        let bounds = git::Bounds {
+            limits: &limits,
+            needles: &needles,
+        };
+        let publish = || {
             git::publish(
                 &checkout,
                 &url,
@@ -233,15 +238,10 @@ async fn a_clone_and_a_push_carry_the_token_only_in_a_header_and_nothing_is_merg
                 "pi-dispatch/job-1",
                 "Fix",
                 &author,
-                git::Bounds {
-                    limits: &limits(),
-                    needles: &needles,
-                },
+                bounds,
             )
-            .await
-            .unwrap(),
-            None
-        );
+        };
+        assert_eq!(publish().await.unwrap(), None);
         // The job's token planted in a changed file, as it is or encoded: nothing is pushed, and
         // the refusal names the file and the variable, never the value.
         {
@@ -265,20 +265,7 @@ async fn a_clone_and_a_push_carry_the_token_only_in_a_header_and_nothing_is_merg
                     format!("see {text}\n"),
                 )
                 .unwrap();
-                let refused = git::publish(
-                    &checkout,
-                    &url,
-                    &auth,
-                    "pi-dispatch/job-1",
-                    "Fix",
-                    &author,
-                    git::Bounds {
-                        limits: &limits(),
-                        needles: &needles,
-                    },
-                )
-                .await
-                .unwrap_err();
+                let refused = publish().await.unwrap_err();
                 let shown = refused.to_string();
                 assert!(
                     matches!(
@@ -316,10 +303,7 @@ async fn a_clone_and_a_push_carry_the_token_only_in_a_header_and_nothing_is_merg
             "pi-dispatch/job-1",
             "Fix the port",
             &author,
-            git::Bounds {
-                limits: &limits(),
-                needles: &needles,
-            },
+            bounds,
         )
         .await
         .unwrap();

@@ -185,14 +185,9 @@ pub async fn deliver_fix(
     bounds: git::Bounds<'_>,
     record: &mut Record,
 ) {
-    let ended = |record: &mut Record, reason: Reason, why: String| {
-        tracing::warn!(event = reason.log_event(), job_id = %job.id, reason = %reason, detail = %why);
-        record.outcome = reason.outcome();
-        record.reason = Some(reason);
-        record.detail = Some(Detail::new(why));
-        record.fix = Some(reason.fix().to_owned());
+    let failed = |record: &mut Record, why: String| {
+        delivery_ended(job, record, Reason::ForgeDeliveryFailed, why);
     };
-    let failed = |record: &mut Record, why: String| ended(record, Reason::ForgeDeliveryFailed, why);
     // The delivery's own token, minted now: the job's may have run out with a long job (a GitHub
     // token lives an hour), and it is revoked once the delivery is done.
     let token = match forges.mint(event).await {
@@ -203,6 +198,15 @@ pub async fn deliver_fix(
     if let Err(e) = forges.revoke(event, &token).await {
         tracing::warn!(event = "forge_revoke_failed", job_id = %job.id, detail = %e);
     }
+}
+
+/// A completed job's record turned into why its delivery did not happen.
+fn delivery_ended(job: &Job, record: &mut Record, reason: Reason, why: String) {
+    tracing::warn!(event = reason.log_event(), job_id = %job.id, reason = %reason, detail = %why);
+    record.outcome = reason.outcome();
+    record.reason = Some(reason);
+    record.detail = Some(Detail::new(why));
+    record.fix = Some(reason.fix().to_owned());
 }
 
 /// [`deliver_fix`] with the delivery's token.
@@ -219,11 +223,7 @@ async fn deliver_with(
     let authorization = Forges::git_authorization(event, token);
     let title = format!("{} (#{})", event.title, event.number);
     let ended = |record: &mut Record, reason: Reason, why: String| {
-        tracing::warn!(event = reason.log_event(), job_id = %job.id, reason = %reason, detail = %why);
-        record.outcome = reason.outcome();
-        record.reason = Some(reason);
-        record.detail = Some(Detail::new(why));
-        record.fix = Some(reason.fix().to_owned());
+        delivery_ended(job, record, reason, why);
     };
     let failed = |record: &mut Record, why: String| ended(record, Reason::ForgeDeliveryFailed, why);
     let pushed = git::publish(

@@ -141,6 +141,18 @@ impl AnswerReader {
         }
     }
 
+    /// The text of each part of `parts` (a list) whose `type` is `kind`, each a part of its own.
+    fn text_parts(&mut self, parts: Option<&Value>, kind: &str) {
+        for part in parts.and_then(Value::as_array).into_iter().flatten() {
+            if part.get("type").and_then(Value::as_str) == Some(kind)
+                && let Some(t) = part.get("text").and_then(Value::as_str)
+            {
+                self.new_part();
+                self.push_text(t);
+            }
+        }
+    }
+
     /// `ending`, or `ToolUse` when the answer called a tool and `ending` is a normal stop.
     fn tool_or(&self, ending: Ending) -> Ending {
         match ending {
@@ -164,19 +176,7 @@ impl AnswerReader {
                 ));
             }
             Api::AnthropicMessages => {
-                for part in body
-                    .get("content")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    if part.get("type").and_then(Value::as_str) == Some("text")
-                        && let Some(t) = part.get("text").and_then(Value::as_str)
-                    {
-                        self.new_part();
-                        self.push_text(t);
-                    }
-                }
+                self.text_parts(body.get("content"), "text");
                 self.ending = anthropic_ending(body.get("stop_reason").and_then(Value::as_str));
             }
             Api::OpenAiResponses => {
@@ -187,21 +187,7 @@ impl AnswerReader {
                     .flatten()
                 {
                     match item.get("type").and_then(Value::as_str) {
-                        Some("message") => {
-                            for part in item
-                                .get("content")
-                                .and_then(Value::as_array)
-                                .into_iter()
-                                .flatten()
-                            {
-                                if part.get("type").and_then(Value::as_str) == Some("output_text")
-                                    && let Some(t) = part.get("text").and_then(Value::as_str)
-                                {
-                                    self.new_part();
-                                    self.push_text(t);
-                                }
-                            }
-                        }
+                        Some("message") => self.text_parts(item.get("content"), "output_text"),
                         Some("function_call" | "custom_tool_call") => self.tool_call = true,
                         _ => {}
                     }

@@ -229,6 +229,32 @@ fn repository(d: &Deployment) -> PathBuf {
     repo
 }
 
+/// Queues a job ("Anything.") on a repository of its own and runs the worker until the queue is
+/// empty: the job's id and the worker's run.
+fn run_one_job(d: &Deployment) -> (String, Run) {
+    let repo = repository(d);
+    let queued = Run::from(
+        d.command(&["run", repo.to_str().unwrap(), "--task", "Anything."])
+            .env("FAKE_API_KEY", MODEL_KEY)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(queued.code, 0, "{}", queued.stderr);
+    (queued_id(&queued), work_until_empty(d))
+}
+
+/// Runs the worker with the provider's key until the queue is empty; it must exit well.
+fn work_until_empty(d: &Deployment) -> Run {
+    let worked = Run::from(
+        d.command(&["worker", "--until-empty", "--poll-ms", "100"])
+            .env("FAKE_API_KEY", MODEL_KEY)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(worked.code, 0, "{}", worked.stderr);
+    worked
+}
+
 #[test]
 fn a_job_whose_socket_the_proxy_will_not_open_never_runs_and_is_retried() {
     let d = Deployment::with_image(&[]);
@@ -243,22 +269,7 @@ fn a_job_whose_socket_the_proxy_will_not_open_never_runs_and_is_retried() {
             proxy_dir.display()
         ),
     );
-    let repo = repository(&d);
-    let queued = Run::from(
-        d.command(&["run", repo.to_str().unwrap(), "--task", "Anything."])
-            .env("FAKE_API_KEY", MODEL_KEY)
-            .output()
-            .unwrap(),
-    );
-    assert_eq!(queued.code, 0, "{}", queued.stderr);
-    let id = queued_id(&queued);
-    let run = Run::from(
-        d.command(&["worker", "--until-empty", "--poll-ms", "100"])
-            .env("FAKE_API_KEY", MODEL_KEY)
-            .output()
-            .unwrap(),
-    );
-    assert_eq!(run.code, 0, "{}", run.stderr);
+    let (id, run) = run_one_job(&d);
     // Tried on every attempt, each an infrastructure fault said in the log; no sandbox started.
     assert!(run.stderr.contains("egress_open_failed"), "{}", run.stderr);
     assert!(run.stderr.contains("job_retried"), "{}", run.stderr);
@@ -388,13 +399,7 @@ fn egress_on_reaches_through_the_proxy_and_nothing_directly(settings: &str) {
     );
     assert_eq!(queued.code, 0, "{}", queued.stderr);
     let id = queued_id(&queued);
-    let worked = Run::from(
-        d.command(&["worker", "--until-empty", "--poll-ms", "100"])
-            .env("FAKE_API_KEY", MODEL_KEY)
-            .output()
-            .unwrap(),
-    );
-    assert_eq!(worked.code, 0, "{}", worked.stderr);
+    let worked = work_until_empty(&d);
     let text = std::fs::read_to_string(d.path().join(format!("state/runs/{id}.json")))
         .unwrap_or_else(|_| panic!("no record: {}", worked.stderr));
     let record: Value = serde_json::from_str(&text).unwrap();
@@ -518,22 +523,7 @@ fn a_model_that_is_down_behind_the_proxy_is_unreachable_and_tried_again() {
             .to_string(),
     );
     d.write(".env", "PI_PROVIDER=fake\nPI_MODEL=fake-model\n");
-    let repo = repository(&d);
-    let queued = Run::from(
-        d.command(&["run", repo.to_str().unwrap(), "--task", "Anything."])
-            .env("FAKE_API_KEY", MODEL_KEY)
-            .output()
-            .unwrap(),
-    );
-    assert_eq!(queued.code, 0, "{}", queued.stderr);
-    let id = queued_id(&queued);
-    let worked = Run::from(
-        d.command(&["worker", "--until-empty", "--poll-ms", "100"])
-            .env("FAKE_API_KEY", MODEL_KEY)
-            .output()
-            .unwrap(),
-    );
-    assert_eq!(worked.code, 0, "{}", worked.stderr);
+    let (id, worked) = run_one_job(&d);
     assert!(
         worked.stderr.lines().any(|l| l.contains("egress_decision")
             && l.contains("endpoint:model")
