@@ -7,7 +7,8 @@
 //!   repositories under `/git/OWNER/NAME.git`. An installation token is minted only for a JWT
 //!   signed by the App's key (checked with its public half), a new one each time (the setup's
 //!   token with `-N` after it), living [`FakeForge::set_token_lifetime`] (an hour by default)
-//!   until `DELETE /installation/token` revokes it; every other call needs a live one.
+//!   until `DELETE /installation/token` revokes it; every other call needs a live one, or the
+//!   setup's own token (which a test may hand a server itself).
 //! - GitLab: `GITLAB_URL` is `/gitlab`, the API under `/gitlab/api/v4`, repositories under
 //!   `/gitlab/PATH.git`; every call needs the deployment's token.
 //!
@@ -77,9 +78,10 @@ struct Forge {
 }
 
 impl Forge {
-    /// Whether `token` is a minted installation token still alive.
-    fn live_token(&self, token: &str) -> bool {
-        self.minted.iter().any(|m| m.token == token && m.live())
+    /// Whether `token` is a minted installation token still alive, or the setup's own token (which
+    /// tests that hand a server a token themselves use, and which never ends).
+    fn live_token(&self, token: &str, setup: &str) -> bool {
+        token == setup || self.minted.iter().any(|m| m.token == token && m.live())
     }
 }
 
@@ -569,7 +571,7 @@ fn github(
             None => unauthorized(),
         };
     }
-    if !given.is_some_and(|t| forge.live_token(t)) {
+    if !given.is_some_and(|t| forge.live_token(t, &shared.installation_token)) {
         return unauthorized();
     }
     match (method, &parts[..]) {
@@ -647,7 +649,13 @@ fn github(
 /// repository's issues, from [`FakeForge::set_issues`] (REST-shaped, turned into GraphQL nodes).
 fn github_graphql(shared: &Shared, credential: Option<&str>, body: &Value) -> Response {
     let given = credential.and_then(|c| c.strip_prefix("Bearer "));
-    if !given.is_some_and(|t| shared.forge.lock().unwrap().live_token(t)) {
+    if !given.is_some_and(|t| {
+        shared
+            .forge
+            .lock()
+            .unwrap()
+            .live_token(t, &shared.installation_token)
+    }) {
         return unauthorized();
     }
     let query = body["query"].as_str().unwrap_or_default();
@@ -803,9 +811,11 @@ async fn git_http(
         .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
         .and_then(|b| String::from_utf8(b).ok());
     let allowed = match (forge, given.as_deref().and_then(|g| g.split_once(':'))) {
-        ("github", Some(("x-access-token", token))) => {
-            shared.forge.lock().unwrap().live_token(token)
-        }
+        ("github", Some(("x-access-token", token))) => shared
+            .forge
+            .lock()
+            .unwrap()
+            .live_token(token, &shared.installation_token),
         ("gitlab", Some(("oauth2", token))) => token == shared.gitlab_token,
         _ => false,
     };
