@@ -977,3 +977,131 @@ mod tests {
         }
     }
 }
+
+/// Every `PI_` name pi-dispatch reads from the environment or `.env`: the settings above, those of
+/// the panel and the receiver, and `PI_DIR`.
+pub const KNOWN_NAMES: &[&str] = &[
+    OVERLAY_SETTING,
+    TRIGGERS_SETTING,
+    EGRESS_SETTING,
+    FORWARD_ENV_SETTING,
+    ALLOWLIST_SETTING,
+    ENDPOINTS_SETTING,
+    REGISTRIES_SETTING,
+    JOB_IMAGE_SETTING,
+    PROVIDER_SETTING,
+    MODEL_SETTING,
+    ON_FAILURE_SETTING,
+    CONCURRENCY_SETTING,
+    TIME_LIMIT_SETTING,
+    DRAIN_LIMIT_SETTING,
+    TRANSCRIPTS_SETTING,
+    NAMESERVER_SETTING,
+    PROXY_DIR_SETTING,
+    GITHUB_API_URL_SETTING,
+    GITHUB_URL_SETTING,
+    GITHUB_APP_ID_SETTING,
+    GITHUB_APP_KEY_SETTING,
+    GITLAB_TOKEN_SETTING,
+    FORGE_JOB_USER_SETTING,
+    QUEUE_SETTING,
+    QUEUE_PASSWORD_SETTING,
+    SANDBOX_SETTING,
+    PODMAN_IMAGE_SETTING,
+    PODMAN_RUNTIME_SETTING,
+    PUBLISH_FILE_MB_SETTING,
+    PUBLISH_MB_SETTING,
+    JOB_PIDS_SETTING,
+    JOB_MEMORY_SETTING,
+    JOB_CPU_SETTING,
+    JOB_DISK_SETTING,
+    JOB_UIDS_SETTING,
+    RUN_CHECK_SETTING,
+    "PI_PANEL_TOKEN",
+    "PI_PANEL_LISTEN",
+    "PI_GITHUB_WEBHOOK_SECRET",
+    "PI_GITLAB_WEBHOOK_TOKEN",
+    "PI_RECEIVER_LISTEN",
+    "PI_DIR",
+];
+
+/// pi's own `PI_` variables (its documentation's list), which an operator's shell may hold for
+/// pi run by hand: none of them is a misspelled setting.
+const PI_OWN_NAMES: &[&str] = &[
+    "PI_CACHE_RETENTION",
+    "PI_CLEAR_ON_SHRINK",
+    "PI_CLIPBOARD_OSC52",
+    "PI_CODEMODE_MAX_WORKERS",
+    "PI_CODING_AGENT_DIR",
+    "PI_CODING_AGENT_SESSION_DIR",
+    "PI_HARDWARE_CURSOR",
+    "PI_HYPERLINKS",
+    "PI_IMAGE_PROTOCOL",
+    "PI_OFFLINE",
+    "PI_PACKAGE_DIR",
+    "PI_PROGRAM_STATUS",
+    "PI_RADIUS_GATEWAY",
+    "PI_REASONING_LEVEL",
+    "PI_SELF_UPDATE_COMMAND",
+    "PI_SESSION_FILE",
+    "PI_SESSION_ID",
+    "PI_SHARE_VIEWER_URL",
+    "PI_SKIP_VERSION_CHECK",
+    "PI_TELEMETRY",
+    "PI_TRUE_COLOR",
+    "PI_TUI_ESC_TIMEOUT",
+];
+
+/// The names among `names` that look like pi-dispatch's (`PI_`) and are none of the names it or pi
+/// reads (the runner's own `PI_DISPATCH_` variables aside), each with the known name it probably
+/// meant. Sorted, each once.
+pub fn unknown_names<I, S>(names: I) -> Vec<(String, Option<&'static str>)>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let mut out: Vec<(String, Option<&'static str>)> = names
+        .into_iter()
+        .map(|n| n.as_ref().to_owned())
+        .filter(|n| {
+            n.starts_with("PI_")
+                && !n.starts_with("PI_DISPATCH_")
+                && !KNOWN_NAMES.contains(&n.as_str())
+                && !PI_OWN_NAMES.contains(&n.as_str())
+        })
+        .map(|n| {
+            let meant = crate::triggers::near_miss(&n, KNOWN_NAMES);
+            (n, meant)
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod unknown_tests {
+    use super::*;
+
+    #[test]
+    fn a_misspelled_setting_is_named_with_the_one_it_meant() {
+        let found = unknown_names([
+            "PI_WORKER_CONCURENCY",
+            "PI_JOB_TIMELIMIT",
+            "PI_WORKER_CONCURRENCY",
+            "PI_CODING_AGENT_DIR",
+            "PI_DISPATCH_MODELS",
+            "PATH",
+            "PI_SOMETHING_ELSE_ENTIRELY",
+            "PI_WORKER_CONCURENCY",
+        ]);
+        assert_eq!(
+            found,
+            [
+                ("PI_JOB_TIMELIMIT".to_owned(), Some(TIME_LIMIT_SETTING)),
+                ("PI_SOMETHING_ELSE_ENTIRELY".to_owned(), None),
+                ("PI_WORKER_CONCURENCY".to_owned(), Some(CONCURRENCY_SETTING)),
+            ]
+        );
+    }
+}

@@ -199,8 +199,8 @@ pub struct Trigger {
 /// What starts a trigger.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum On {
-    /// `id` is unique among the file's cron triggers; `pattern` passed a light syntax check only
-    /// (5 or 6 fields), the scheduler validates it fully.
+    /// `id` is unique among the file's cron triggers; `pattern` is one the worker's scheduler
+    /// takes ([`cron_schedule`]).
     Cron {
         id: String,
         pattern: String,
@@ -691,6 +691,13 @@ impl Check {
                 self.err(
                     p,
                     "a cron pattern is 5 or 6 fields separated by single spaces, each of digits, letters and * / , - ? # only",
+                );
+                return None;
+            }
+            if cron_schedule(pattern).is_err() {
+                self.err(
+                    p,
+                    "the cron pattern names a time that does not exist (minutes 0-59, hours 0-23, days 1-31, months 1-12, weekdays 0-7, a step of at least 1)",
                 );
                 return None;
             }
@@ -1318,8 +1325,17 @@ fn is_tool_pattern(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"_.*-".contains(&b))
 }
 
-/// A light check: 5 or 6 fields separated by single spaces, each of digits, letters and
-/// `* / , - ? #` (`L` and `W` are letters). The scheduler validates the expression fully.
+/// A cron pattern as the worker schedules it (UTC; an optional leading seconds field), or why
+/// not: the one parser the loader and the worker share.
+pub fn cron_schedule(pattern: &str) -> Result<croner::Cron, croner::errors::CronError> {
+    croner::parser::CronParser::builder()
+        .seconds(croner::parser::Seconds::Optional)
+        .build()
+        .parse(pattern)
+}
+
+/// The shape of a pattern: 5 or 6 fields separated by single spaces, each of digits, letters and
+/// `* / , - ? #` (`L` and `W` are letters); [`cron_schedule`] checks the rest.
 fn is_cron_pattern(s: &str) -> bool {
     let fields: Vec<&str> = s.split(' ').collect();
     (5..=6).contains(&fields.len())
@@ -1333,8 +1349,8 @@ fn is_cron_pattern(s: &str) -> bool {
 /// The known key `key` probably meant: the same once lowercased without `_` and `-`, a prefix of
 /// one (at least 4 characters), or within edit distance 2 (1 for names of 3 or 4 characters, none
 /// for shorter ones). The closest wins; none when nothing is near.
-fn near_miss<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
-    // No known key is longer than 16 characters: a much longer key is near none of them.
+pub(crate) fn near_miss<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
+    // No known key or setting name is longer than 32 characters: a much longer key is near none.
     if key.chars().count() > 64 {
         return None;
     }

@@ -362,7 +362,7 @@ fn cron_ids_are_unique_in_the_file() {
 }
 
 #[test]
-fn cron_patterns_get_a_light_check() {
+fn cron_patterns_are_checked_as_the_worker_schedules_them() {
     for good in [
         "* * * * *",
         "0 3 * * *",
@@ -385,6 +385,13 @@ fn cron_patterns_get_a_light_check() {
         "* * * * $",
         "@daily",
         "* * * * *\n",
+        // The right shape, and no time the worker could schedule.
+        "61 * * * *",
+        "*/0 * * * *",
+        "0 25 * * *",
+        "1-70 * * * *",
+        "0 0 32 * *",
+        "0 0 * 13 *",
     ] {
         let on = format!(r#""type": "cron", "id": "n", "pattern": {}"#, json_str(bad));
         refused_only(&file(&on, LOCAL), "triggers[0].on.pattern");
@@ -1762,6 +1769,7 @@ fn a_canary_in_every_string_field_stays_out_of_every_message() {
     assert_eq!(
         paths,
         [
+            "triggers[0].on.pattern",
             "triggers[0].run.maxCostUsd",
             "triggers[1].run.image",
             "triggers[2].run.mcp"
@@ -1771,6 +1779,7 @@ fn a_canary_in_every_string_field_stays_out_of_every_message() {
     assert!(!shown.contains(CANARY), "{shown}");
     // And the same file with the errors mended is accepted, canaries and all.
     let mended = text
+        .replace(&format!(r#""{c} * * * *""#), r#""* * * * *""#)
         .replace(r#""maxCostUsd": 0"#, r#""maxCostUsd": 1"#)
         .replace(&format!(r#""{c}!""#), &format!(r#""{c}""#))
         .replace(r#""mcp": []"#, r#""mcp": ["forge"]"#);

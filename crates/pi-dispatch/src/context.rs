@@ -8,9 +8,12 @@ use std::path::{Path, PathBuf};
 use config::dotenv::{self, Dotenv};
 use config::settings::{self, SettingError, Settings};
 
+/// The variable that names the deployment folder when `--dir` does not.
+pub const DIR_VARIABLE: &str = "PI_DIR";
+
 pub struct Context {
     pub cwd: PathBuf,
-    /// The deployment folder: `--dir`, else the current folder.
+    /// The deployment folder: `--dir`, else `PI_DIR`, else the current folder.
     pub dir: PathBuf,
     env: fn(&str) -> Option<String>,
     dotenv: OnceCell<Result<Dotenv, String>>,
@@ -43,6 +46,19 @@ impl Context {
             dotenv: OnceCell::new(),
             log_format: "text",
         })
+    }
+
+    /// For a command that reads a deployment: an error naming the folder when it is none (it has
+    /// neither a `.env` nor a `state/`), rather than an empty answer from a folder that was never
+    /// one.
+    pub fn deployment(&self) -> anyhow::Result<()> {
+        if self.dir.join(".env").exists() || self.dir.join("state").is_dir() {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "{} is not a pi-dispatch deployment (it has no .env and no state/): run `pi-dispatch init` there, or name the deployment with --dir DIR (or {DIR_VARIABLE})",
+            self.dir.display()
+        )
     }
 
     /// A variable of the process environment, empty counting as unset.

@@ -17,8 +17,15 @@ use crate::exit::Exit;
 #[derive(Debug, Parser)]
 #[command(name = "pi-dispatch", version, about, propagate_version = true)]
 struct Cli {
-    /// The deployment folder, where .env and the other files are [default: the current folder]
-    #[arg(long, global = true, value_name = "DIR")]
+    /// The deployment folder, where .env and the other files are [default: PI_DIR, else the
+    /// current folder]
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        env = "PI_DIR",
+        hide_env = true
+    )]
     dir: Option<std::path::PathBuf>,
     /// How log lines are written to standard error (each with an RFC 3339 timestamp).
     #[arg(long, global = true, value_name = "FORMAT", default_value = "text")]

@@ -144,6 +144,10 @@ pub struct Inputs {
     /// How jobs are kept apart and bounded on this host (bubblewrap backend). The caller fills it
     /// in from what the worker would find (see [`Isolation`]).
     pub isolation: Isolation,
+    /// `PI_` names of the environment and `.env` that no part of pi-dispatch (or pi) reads, each
+    /// with the setting it probably meant ([`config::settings::unknown_names`]). The caller fills
+    /// it in.
+    pub unknown_settings: Vec<(String, Option<&'static str>)>,
 }
 
 /// How the worker would keep its jobs apart and bounded here.
@@ -374,6 +378,7 @@ pub fn gather(settings: Settings) -> Inputs {
         },
         sandbox: None,
         isolation: Isolation::default(),
+        unknown_settings: Vec::new(),
         auth_json: present("auth.json"),
         mcp_auth_json: present("mcp-auth.json"),
         settings,
@@ -441,7 +446,17 @@ pub fn settings_failed(errors: &[String], dir: &Path) -> Vec<Check> {
 /// Every check, in the order doctor prints them.
 pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
     let s = &inputs.settings;
-    let mut out = vec![Check::ok("settings: the environment and .env read cleanly")];
+    let mut out = Vec::new();
+    if inputs.unknown_settings.is_empty() {
+        out.push(Check::ok("settings: the environment and .env read cleanly"));
+    }
+    for (name, meant) in &inputs.unknown_settings {
+        let meant = meant.map_or(String::new(), |m| format!(" (did you mean {m}?)"));
+        out.push(Check::warn(
+            format!("settings: {name} is not a setting pi-dispatch reads{meant}; it is ignored"),
+            "rename or remove it in .env or the environment",
+        ));
+    }
     if !deployment_checks(inputs, &mut out) {
         return out;
     }

@@ -72,7 +72,30 @@ fn healthy() -> Inputs {
             cgroups: true,
             no_disk: None,
         },
+        unknown_settings: Vec::new(),
     }
+}
+
+#[test]
+fn a_misspelled_setting_is_a_warning_naming_the_one_meant() {
+    let inputs = Inputs {
+        unknown_settings: config::settings::unknown_names(["PI_WORKER_CONCURENCY"]),
+        ..healthy()
+    };
+    let checks = run(&inputs, &Proving::default());
+    assert!(
+        !checks.iter().any(|c| c.label.contains("read cleanly")),
+        "{checks:#?}"
+    );
+    let warned = checks
+        .iter()
+        .find(|c| c.label.contains("PI_WORKER_CONCURENCY"))
+        .unwrap();
+    assert_eq!(warned.level, Level::Warn);
+    assert!(
+        warned.label.contains("did you mean PI_WORKER_CONCURRENCY?"),
+        "{warned:?}"
+    );
 }
 
 #[test]

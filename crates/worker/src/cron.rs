@@ -6,7 +6,6 @@
 use chrono::{DateTime, Utc};
 use config::triggers::{On, Trigger};
 use croner::Cron;
-use croner::parser::{CronParser, Seconds};
 
 /// A cron trigger, parsed.
 #[derive(Debug, Clone)]
@@ -17,14 +16,14 @@ pub struct Schedule {
 }
 
 /// The cron triggers of a triggers file, each with its schedule; a pattern the cron parser
-/// refuses is left out and named in the second list (by trigger index and id).
+/// refuses is left out and named in the second list (by trigger index and id). The loader refuses
+/// such a file already ([`config::triggers::cron_schedule`]): this is for a file read otherwise.
 pub fn schedules(triggers: &[Trigger]) -> (Vec<Schedule>, Vec<(usize, String)>) {
-    let parser = CronParser::builder().seconds(Seconds::Optional).build();
     let mut ok = Vec::new();
     let mut refused = Vec::new();
     for t in triggers {
         if let On::Cron { id, pattern } = &t.on {
-            match parser.parse(pattern) {
+            match config::triggers::cron_schedule(pattern) {
                 Ok(cron) => ok.push(Schedule {
                     trigger: t.clone(),
                     id: id.clone(),
@@ -108,7 +107,12 @@ mod tests {
 
     #[test]
     fn a_pattern_the_parser_refuses_is_named() {
-        let (s, refused) = schedules(&triggers("61 * * * *"));
+        // The loader refuses such a pattern; a trigger made otherwise is still not scheduled.
+        let mut t = triggers("0 3 * * *");
+        if let On::Cron { pattern, .. } = &mut t[0].on {
+            *pattern = "61 * * * *".to_owned();
+        }
+        let (s, refused) = schedules(&t);
         assert!(s.is_empty());
         assert_eq!(refused, [(0, "nightly".to_owned())]);
     }

@@ -284,7 +284,10 @@ pub fn comment_for(job: &Job, record: &Record) -> Option<String> {
                 .unwrap_or_else(|| "pi-dispatch's agent finished without an answer.".to_owned()),
         }),
         (Outcome::Cancelled, _) | (_, None) => None,
-        (_, Some(reason)) if reason.stage() == Stage::Admission => {
+        // A refusal before anything was spent says so; the same reason found in the job (the
+        // job's copy of mcp.json unreadable, `mcp-config-invalid`) came after the job started,
+        // and is a stop.
+        (_, Some(reason)) if reason.stage() == Stage::Admission && !record.budget_reserved => {
             Some(reason.comment(record.detail.as_ref().and_then(|d| d.server.as_deref())))
         }
         (_, Some(reason)) => Some(reason.stop_comment()),
@@ -376,6 +379,22 @@ mod tests {
             .with_detail(Detail::new("x").server("wiki"), "f");
         let comment = comment_for(&job, &refused).unwrap();
         assert!(comment.contains("`wiki`") && comment.contains("mcp-server-unknown"));
+        // The same reason before the job and in it: a refusal, then a stop that spent.
+        let before = Record::ended(&job, Reason::McpConfigInvalid, 1, 0);
+        assert!(
+            comment_for(&job, &before)
+                .unwrap()
+                .contains("Nothing was spent")
+        );
+        let mut within = Record::ended(&job, Reason::McpConfigInvalid, 1, 0);
+        within.budget_reserved = true;
+        within.exit_code = Some(2);
+        let stopped = comment_for(&job, &within).unwrap();
+        assert!(
+            stopped.starts_with("pi-dispatch stopped this job")
+                && !stopped.contains("Nothing was spent"),
+            "{stopped}"
+        );
         let mut done = Record::ended(&job, Reason::Cancelled, 1, 0);
         assert_eq!(comment_for(&job, &done), None);
         done.outcome = Outcome::Completed;

@@ -20,6 +20,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    ctx.deployment()?;
     let settings = ctx.settings()?;
     let id = crate::output::display_name(&args.id);
     if !queue::exists(&settings) {

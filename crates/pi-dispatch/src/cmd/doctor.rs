@@ -82,6 +82,10 @@ pub fn checks(ctx: &Context, fix: bool) -> anyhow::Result<Vec<Check>> {
                     ));
                 }
             }
+            let names = std::env::vars_os()
+                .filter_map(|(k, _)| k.into_string().ok())
+                .chain(ctx.dotenv()?.keys().cloned());
+            inputs.unknown_settings = config::settings::unknown_names(names);
             let bubblewrap = settings.sandbox == config::settings::SandboxBackend::Bubblewrap;
             if bubblewrap {
                 let root = rustix::process::geteuid().is_root();

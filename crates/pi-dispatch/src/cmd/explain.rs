@@ -61,6 +61,7 @@ fn value<T: serde::Serialize>(v: &T) -> anyhow::Result<Json> {
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    ctx.deployment()?;
     let settings = ctx.settings()?;
     let file = settings.triggers_file.display().to_string();
     let all = match files::read_file(&settings.triggers_file, triggers::MAX_FILE_BYTES) {

@@ -26,6 +26,7 @@ pub struct Args {
 const HEALTH_FOR: Duration = Duration::from_secs(30);
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    ctx.deployment()?;
     let settings = ctx.settings()?;
     let token = ctx
         .environment()?

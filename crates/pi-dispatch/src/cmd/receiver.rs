@@ -28,6 +28,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    ctx.deployment()?;
     let settings = ctx.settings()?;
     let env = ctx.environment()?;
     let addr = http_service::address(

@@ -192,6 +192,7 @@ pub fn refusal_text(r: &pickup::admission::Refusal) -> String {
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    ctx.deployment()?;
     let check_limit = std::time::Duration::from_secs(ctx.settings()?.run_check_secs);
     if let Some(index) = args.trigger {
         let job = trigger_job(ctx, index)?;

@@ -61,6 +61,7 @@ pub fn records(ctx: &Context) -> anyhow::Result<Records> {
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    ctx.deployment()?;
     let records = records(ctx)?;
     if let Some(RunsCommand::Show {
         id,

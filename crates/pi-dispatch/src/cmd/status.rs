@@ -59,6 +59,7 @@ fn end_word(end: End) -> &'static str {
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    ctx.deployment()?;
     let settings = ctx.settings()?;
     let now = SystemTime::now();
     let report = if queue::exists(&settings) {

@@ -100,6 +100,7 @@ pub fn forges(
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    ctx.deployment()?;
     // The worker holds the provider's key and every job's secrets: neither it nor anything it
     // starts (each job's sandbox and runner) leaves a core file.
     crate::cmd::job::no_core_files()?;

@@ -88,6 +88,51 @@ fn dir_is_taken_before_and_after_the_subcommand() {
     }
 }
 
+/// A folder that is no deployment is said to be one by every command that reads a deployment
+/// (exit 2, the folder and `--dir` named), never answered as an empty one; `PI_DIR` names the
+/// deployment for a shell.
+#[test]
+fn a_folder_that_is_no_deployment_is_said_to_be_none() {
+    let d = deployment();
+    let nowhere = Deployment::new();
+    for args in [
+        &["status"][..],
+        &["runs"][..],
+        &["runs", "show", "x"][..],
+        &["cancel", "x"][..],
+        &["worker", "--until-empty"][..],
+        &["explain", "--trigger", "0"][..],
+    ] {
+        let run = nowhere.run(args);
+        assert_eq!(run.code, 2, "{args:?}: {}{}", run.stdout, run.stderr);
+        assert!(
+            run.stderr.contains("is not a pi-dispatch deployment")
+                && run.stderr.contains("--dir")
+                && run.stderr.contains(&nowhere.path().display().to_string()),
+            "{args:?}: {}",
+            run.stderr
+        );
+        assert_eq!(run.stdout, "", "{args:?}");
+    }
+    // PI_DIR names the deployment; --dir still wins over it.
+    let run = Run::from(
+        nowhere
+            .command(&["status"])
+            .env("PI_DIR", d.path())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("The queue is empty"), "{}", run.stdout);
+    let run = Run::from(
+        d.command(&["status", "--dir", nowhere.path().to_str().unwrap()])
+            .env("PI_DIR", d.path())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(run.code, 2, "{}", run.stderr);
+}
+
 #[test]
 fn log_format_is_taken_before_and_after_the_subcommand() {
     let d = deployment();

@@ -57,6 +57,7 @@ impl Deployment {
             "PI_EGRESS_PROXY_DIR",
             "PI_CODING_AGENT_DIR",
             "PI_DISPATCH_TEST_CRASH",
+            "PI_DIR",
         ] {
             cmd.env_remove(name);
         }

@@ -624,3 +624,26 @@ fn an_overlay_that_cannot_be_read_is_said_once() {
     let run = d.run(&["triggers", "check"]);
     assert!(!run.stdout.contains('⚠'), "{}", run.stdout);
 }
+
+/// A pattern of the right shape that names no time is refused by `triggers check`, as the worker
+/// would refuse to schedule it, naming the field (never the value).
+#[test]
+fn a_cron_pattern_the_worker_could_not_schedule_is_refused() {
+    let d = Deployment::new();
+    for pattern in ["61 * * * *", "*/0 * * * *", "0 25 * * *", "1-70 * * * *"] {
+        d.write(
+            "triggers.json",
+            &json!({"triggers": [{"on": {"type": "cron", "id": "nightly", "pattern": pattern},
+                "run": {"kind": "local", "folder": "/srv/repo", "task": "Tidy up", "flow": "task"}}]})
+            .to_string(),
+        );
+        let run = d.run(&["triggers", "check", "--json"]);
+        assert_eq!(run.code, 1, "{pattern}: {}{}", run.stdout, run.stderr);
+        let report = json_of(&run.stdout);
+        assert_eq!(
+            report["errors"][0]["path"], "triggers[0].on.pattern",
+            "{report}"
+        );
+        assert!(!run.stdout.contains(pattern), "{}", run.stdout);
+    }
+}
