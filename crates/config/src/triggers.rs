@@ -458,6 +458,14 @@ fn joined(errors: &[TriggerError]) -> String {
 }
 
 impl TriggersError {
+    /// What is wrong, after the file's name (`is refused: ...`, `is not UTF-8 text`), for a message
+    /// that names the file by its own path.
+    pub fn what(&self) -> String {
+        let text = self.to_string();
+        text.strip_prefix("triggers.json ")
+            .map_or_else(|| text.clone(), str::to_owned)
+    }
+
     /// A stable token for the kind of refusal.
     pub fn code(&self) -> &'static str {
         match self {

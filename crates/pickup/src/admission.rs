@@ -646,14 +646,16 @@ fn offered<'o>(overlay: &'o Overlay, name: &str) -> Step<&'o McpServer> {
         None => (
             "the overlay's mcp.json does not offer it".to_owned(),
             format!(
-                "offer {name} in the overlay's mcp.json, or remove it from the trigger's run.mcp"
+                "offer {name} in the overlay's mcp.json, or leave it out of the job's servers (its trigger's run.mcp, or --mcp of `pi-dispatch run`)"
             ),
         ),
         Some(e) => match &e.verdict {
             Ok(s) if s.enabled => return Ok(s),
             Ok(_) => (
                 "it is turned off (\"enabled\": false)".to_owned(),
-                format!("turn {name} on in the overlay's mcp.json, or remove it from run.mcp"),
+                format!(
+                    "turn {name} on in the overlay's mcp.json, or leave it out of the job's servers (run.mcp, or --mcp)"
+                ),
             ),
             Err(problems) => {
                 let codes: Vec<&str> = problems.iter().map(|p| p.code.as_str()).collect();

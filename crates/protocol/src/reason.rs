@@ -364,7 +364,7 @@ impl Reason {
                 "fix the overlay's mcp.json (`pi-dispatch mcp check` shows what is wrong)"
             }
             Reason::McpServerUnknown => {
-                "offer the server in the overlay's mcp.json (`pi-dispatch mcp check` says why it is refused), or remove it from the trigger's run.mcp"
+                "offer the server in the overlay's mcp.json (`pi-dispatch mcp check` says why it is refused), or leave it out of the job's servers (its trigger's run.mcp, or --mcp of `pi-dispatch run`)"
             }
             Reason::McpSecretReserved => {
                 "give the server its own variable, or give the trigger a model list without that provider"

@@ -68,7 +68,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         Err(e) => return unusable(args, &file, &format!("{file} {e}")),
         Ok(bytes) => match triggers::parse_triggers(&bytes) {
             Ok(all) => all,
-            Err(e) => return unusable(args, &file, &format!("{file} is refused: {e}")),
+            Err(e) => return unusable(args, &file, &format!("{file} {}", e.what())),
         },
     };
     let Some(trigger) = all.triggers.get(args.trigger) else {

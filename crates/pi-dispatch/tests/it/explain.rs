@@ -181,7 +181,16 @@ fn bad_input_exits_2() {
     d.write("triggers.json", r#"{"triggers": [{"on": {}, "run": {}}]}"#);
     let run = d.run(&["explain", "--trigger", "0"]);
     assert_eq!(run.code, 2);
-    assert!(run.stderr.contains("refused"), "{}", run.stderr);
+    // Said once, with the file's own path.
+    assert_eq!(run.stderr.matches("refused").count(), 1, "{}", run.stderr);
+    assert!(
+        run.stderr.starts_with(&format!(
+            "pi-dispatch: {}",
+            d.path().join("triggers.json").display()
+        )),
+        "{}",
+        run.stderr
+    );
     // With --json, the refusal is JSON on stdout too.
     let run = d.run(&["explain", "--trigger", "0", "--json"]);
     assert_eq!(run.code, 2);

@@ -352,7 +352,7 @@ fn a_job_naming_an_unknown_server_is_refused_with_its_record_and_no_sandbox() {
     );
     let shown = s.d.run(&["runs", "show", &id]);
     assert!(
-        shown.stdout.contains("fix: offer nosuch"),
+        shown.stdout.contains("fix: offer nosuch") && shown.stdout.contains("--mcp"),
         "{}",
         shown.stdout
     );
