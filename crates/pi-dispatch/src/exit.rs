@@ -22,7 +22,11 @@ impl From<Exit> for ExitCode {
 impl Exit {
     /// Prints an error that stopped a command before it could check anything, and exits 2.
     pub fn from_error(e: &anyhow::Error) -> ExitCode {
-        eprintln!("pi-dispatch: {e:#}");
+        // Written if it can be: a closed or full standard error must not turn exit 2 into a panic.
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("pi-dispatch: {e:#}\n").as_bytes(),
+        );
         Exit::Unusable.into()
     }
 }

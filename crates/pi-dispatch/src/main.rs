@@ -163,8 +163,12 @@ fn main() -> ExitCode {
 
 /// Log lines go to standard error, one per event, each with its RFC 3339 time (UTC) and level.
 fn init_logs(format: LogFormat) {
+    // A log line that cannot be written (standard error full or closed) is dropped: the
+    // subscriber's own report of it would be written to standard error with `eprintln!`, which
+    // panics there, and a worker must go on (and still stop when told).
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_target(false)
         .with_ansi(false);
     let _ = match format {

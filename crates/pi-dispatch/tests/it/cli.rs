@@ -133,6 +133,54 @@ fn a_folder_that_is_no_deployment_is_said_to_be_none() {
     assert_eq!(run.code, 2, "{}", run.stderr);
 }
 
+/// A worker whose standard error is full, or a pipe nobody reads any more, goes on, and still
+/// stops when told (SIGTERM).
+#[test]
+fn a_worker_whose_standard_error_is_gone_goes_on_and_stops_when_told() {
+    let d = deployment();
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let run = Run::from(
+        d.command(&["worker", "--until-empty", "--poll-ms", "50"])
+            .stderr(full)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(run.code, 0, "a full standard error: {}", run.stdout);
+    // A pipe whose reader went away, then SIGTERM.
+    let mut child = d
+        .command(&["worker", "--poll-ms", "50"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(&mut stderr, &mut first).unwrap();
+    drop(stderr);
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = child.id().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            panic!("the worker did not stop on SIGTERM with its standard error closed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
 #[test]
 fn log_format_is_taken_before_and_after_the_subcommand() {
     let d = deployment();
