@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use protocol::job_mcp::{DIGEST_VARIABLE, EXCLUDE_TOOLS_VARIABLE};
+use protocol::job_mcp::{CODEMODE_MODELS_VARIABLE, DIGEST_VARIABLE, EXCLUDE_TOOLS_VARIABLE};
 use protocol::reason::Reason;
 use tokio::process::Command;
 
@@ -269,7 +269,9 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         },
     };
     let Some(plan) = plan else {
-        return run_agent(&job, None, &[], true, gateway, &mut term).await;
+        // No server: the overlay's codemodeModels comes as the worker's variable.
+        let codemode_models = lookup(CODEMODE_MODELS_VARIABLE).as_deref() != Some("0");
+        return run_agent(&job, None, &[], codemode_models, gateway, &mut term).await;
     };
     let job_plan = JobPlan::of(&plan);
     if let (Agent::Pi(_), Some(relay)) = (&job.agent, job.relay.clone()) {
@@ -759,6 +761,7 @@ async fn agent(
         !secrets.contains(k)
             && k != DIGEST_VARIABLE
             && k != EXCLUDE_TOOLS_VARIABLE
+            && k != CODEMODE_MODELS_VARIABLE
             && k != egress::forward::LOOPBACK_VARIABLE
             && !crate::gateway::RUNNER_ONLY.contains(&k.as_str())
             && !crate::gateway::SERVERS_ONLY.contains(&k.as_str())

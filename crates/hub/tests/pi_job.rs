@@ -250,6 +250,43 @@ async fn codemode_models_follow_the_overlay() {
     }
 }
 
+/// A job that names no server gets the overlay's codemodeModels too, as the worker's variable:
+/// pi's settings then leave its own codemode out (pi offers codemode to such a job only once an
+/// extension turns it on, and then without `models`). The control: without the variable they stay.
+#[tokio::test(flavor = "multi_thread")]
+async fn codemode_models_follow_the_overlay_in_a_job_with_no_server() {
+    let none = JobMcpFile {
+        text: String::new(),
+        digest: String::new(),
+    };
+    for (vars, off) in [
+        (&[][..], false),
+        (&[(protocol::job_mcp::CODEMODE_MODELS_VARIABLE, "0")][..], true),
+    ] {
+        let f = folders();
+        let model = FakeModel::start(vec![Step::text("done")]);
+        let line = run_pi_job(
+            &f,
+            PiJob {
+                id: "job-none",
+                file: &none,
+                prompt: "Do it.\n",
+                models_json: &model.models_json("FAKE_API_KEY"),
+                model: &format!("{PROVIDER}/{MODEL}"),
+                vars: &[&[("FAKE_API_KEY", MODEL_KEY)][..], vars].concat(),
+            },
+        )
+        .await;
+        assert_eq!(line.code, 0, "{line:?}");
+        let settings = std::fs::read_to_string(f.agent.join("settings.json")).unwrap();
+        assert_eq!(
+            settings.contains("-builtin:codemode"),
+            off,
+            "{vars:?}: {settings}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pi_the_job_starts_connects_no_mcp_server() {
     let f = folders();

@@ -207,6 +207,10 @@ fn decide_steps(i: &Inputs) -> Step<Admitted> {
         Some(names) => Some(mcp_gates(i, names)?),
         None => None,
     };
+    let codemode_models = match &mcp {
+        Some(m) => m.codemode_models,
+        None => overlay_codemode_models(i)?,
+    };
     let models = read_models(i)?;
     let model = model(i, models.as_ref())?;
     let egress = if i.settings.egress {
@@ -234,6 +238,7 @@ fn decide_steps(i: &Inputs) -> Step<Admitted> {
         workspace,
         servers,
         mcp: file,
+        codemode_models,
         secrets,
         secrets_profile: (!job.secrets.is_empty()).then(|| {
             job.secrets_profile
@@ -446,6 +451,7 @@ struct McpAdmitted {
     servers: Vec<String>,
     file: JobMcpFile,
     routes: Vec<Route>,
+    codemode_models: bool,
 }
 
 /// The spec's pickup gates for a job that names servers.
@@ -461,7 +467,8 @@ fn mcp_gates(i: &Inputs, names: &[String]) -> Step<McpAdmitted> {
         .map(String::as_str)
         .filter(|n| *n != mcp::FORGE)
         .collect();
-    // The overlay is read only when a server of it is named: forge alone needs none.
+    // The overlay's servers are judged only when one is named: forge alone needs none (the file
+    // is still read for `codemodeModels`).
     let overlay = if overlay_names.is_empty() {
         None
     } else {
@@ -511,12 +518,39 @@ fn mcp_gates(i: &Inputs, names: &[String]) -> Step<McpAdmitted> {
             Some((name.to_string(), entry.raw.clone()))
         })
         .collect();
-    let codemode_models = overlay.as_ref().is_none_or(|o| o.codemode_models);
+    let codemode_models = match &overlay {
+        Some(o) => o.codemode_models,
+        None => overlay_codemode_models(i)?,
+    };
     Ok(McpAdmitted {
         servers: names.to_vec(),
         file: JobMcpFile::new(&entries, forge.as_ref(), codemode_models),
         routes,
+        codemode_models,
     })
+}
+
+/// The overlay's `codemodeModels` for a job that names none of its servers (only `forge`, or
+/// none): the operator's switch holds for every job, so the file is read for it. A missing file
+/// leaves them on; one that cannot be read whole refuses the job (`mcp-config-invalid`), as it
+/// would a job naming a server, since what the operator chose cannot be told.
+fn overlay_codemode_models(i: &Inputs) -> Step<bool> {
+    let path = overlay_file(i, "mcp.json");
+    let invalid = |why: String| {
+        refuse(
+            Reason::McpConfigInvalid,
+            Detail::new(why).path(path.clone()),
+            Reason::McpConfigInvalid.fix(),
+        )
+    };
+    match i.files.overlay_mcp() {
+        Read::Missing => Ok(true),
+        Read::Bytes(bytes) => mcp::parse_overlay(&bytes)
+            .map(|o| o.codemode_models)
+            .map_err(|e| invalid(format!("overlay mcp.json: {} [{}]", e, e.code()))),
+        Read::Failed(why) => Err(invalid(format!("overlay mcp.json {why}"))),
+        Read::Transient(why) => Err(retry(format!("overlay mcp.json: {why}"))),
+    }
 }
 
 /// The forge entry of a github or gitlab job; any other job naming `forge` is refused.

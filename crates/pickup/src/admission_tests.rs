@@ -413,6 +413,55 @@ fn mcp_config_invalid() {
     w.files.mcp = Read::Missing;
     assert!(mcp_of(&w).is_ok());
     assert!(matches!(decide_in(&w), Decision::Admit(_)));
+    // ... and only missing: a file there that cannot be read whole refuses a forge-only job, and a
+    // job that names no server, as it would any other.
+    for read in [Read::Failed("is a link".into()), bytes("{,}")] {
+        github_refused_by(Reason::McpConfigInvalid, None, |w| {
+            set_mcp(w, &["forge"]);
+            w.files.mcp = read.clone();
+        });
+        refused_by(Reason::McpConfigInvalid, None, |w| {
+            loosen(w);
+            w.job.mcp = None;
+            w.files.mcp = read;
+        });
+    }
+}
+
+#[test]
+fn codemode_models_off_reaches_every_job() {
+    let off = |w: &mut World| {
+        let Read::Bytes(b) = &w.files.mcp else {
+            panic!("the world has an overlay mcp.json")
+        };
+        let text = String::from_utf8(b.clone()).unwrap();
+        let text = text.replacen('{', r#"{"codemodeModels": false, "#, 1);
+        w.files.mcp = bytes(&text);
+    };
+    // A job with the overlay's servers, one naming only forge, and one naming none.
+    let mut named = world();
+    off(&mut named);
+    assert!(!admitted(&named).codemode_models);
+    let mut forge = github();
+    set_mcp(&mut forge, &["forge"]);
+    loosen(&mut forge);
+    off(&mut forge);
+    let a = mcp_of(&forge).unwrap();
+    assert!(!a.codemode_models);
+    assert!(
+        a.file.text.contains(r#""codemodeModels": false"#),
+        "{}",
+        a.file.text
+    );
+    let mut none = world();
+    loosen(&mut none);
+    none.job.mcp = None;
+    off(&mut none);
+    let a = admitted(&none);
+    assert!(a.mcp.is_none() && !a.codemode_models);
+    // The control: without the switch they are on.
+    none.files.mcp = Read::Missing;
+    assert!(admitted(&none).codemode_models);
 }
 
 #[test]

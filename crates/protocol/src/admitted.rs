@@ -17,6 +17,9 @@ pub struct Admitted {
     /// Its `/job/mcp.json`, when it names servers.
     #[serde(skip)]
     pub mcp: Option<JobMcpFile>,
+    /// Whether a codemode script's `models` are on: the overlay's `codemodeModels`, for every job
+    /// (whatever servers it names, none included).
+    pub codemode_models: bool,
     /// The `run.secrets` to resolve on the host: each variable with its reference (a reference
     /// names where a secret is, not the secret).
     pub secrets: Vec<SecretRef>,

@@ -11,6 +11,10 @@ pub const DIGEST_VARIABLE: &str = "PI_DISPATCH_MCP_DIGEST";
 /// holds no comma). The runner passes it to pi and withholds the MCP tools it matches.
 pub const EXCLUDE_TOOLS_VARIABLE: &str = "PI_DISPATCH_EXCLUDE_TOOLS";
 
+/// The runner's variable that carries the overlay's `codemodeModels` to a job that names no server
+/// (`0` turns codemode's models off; a job with servers has it in its `mcp.json`).
+pub const CODEMODE_MODELS_VARIABLE: &str = "PI_DISPATCH_CODEMODE_MODELS";
+
 /// Where the image keeps the forge servers' wrappers.
 pub const FORGE_GITHUB_COMMAND: &str = "/usr/local/bin/forge-mcp-github";
 pub const FORGE_GITLAB_COMMAND: &str = "/usr/local/bin/forge-mcp-gitlab";

@@ -746,6 +746,13 @@ impl Worker {
                 job.exclude_tools.join(","),
             ));
         }
+        // A job with servers has codemodeModels in its mcp.json; one without gets it here.
+        if admitted.mcp.is_none() && !admitted.codemode_models {
+            computed.push((
+                protocol::job_mcp::CODEMODE_MODELS_VARIABLE.to_owned(),
+                "0".to_owned(),
+            ));
+        }
         // The job's model list and cost cap, for the runner's model gateway.
         computed.extend(job.model_rules_env());
         // With egress on: every client of the job goes through the forwarder on its loopback, but

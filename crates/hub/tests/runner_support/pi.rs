@@ -77,7 +77,11 @@ pub async fn run_pi_job(f: &Folders, job: PiJob<'_>) -> ExitLine {
 
 /// [`run_pi_job`], with pi reaching the hub over `transport`.
 pub async fn run_pi_job_over(f: &Folders, job: PiJob<'_>, transport: Transport) -> ExitLine {
-    write(&f.job.join("mcp.json"), &job.file.text);
+    // A file with no text: a job that names no server (no mcp.json, no digest).
+    let servers = !job.file.text.is_empty();
+    if servers {
+        write(&f.job.join("mcp.json"), &job.file.text);
+    }
     write(&f.job.join("prompt.md"), job.prompt);
     write(&f.overlay.join("models.json"), job.models_json);
     let node_dir = testkit::node()
@@ -91,8 +95,10 @@ pub async fn run_pi_job_over(f: &Folders, job: PiJob<'_>, transport: Transport) 
         ("PATH", path.as_str()),
         ("PI_OFFLINE", "1"),
         ("PI_SKIP_VERSION_CHECK", "1"),
-        (DIGEST_VARIABLE, job.file.digest.as_str()),
     ];
+    if servers {
+        vars.push((DIGEST_VARIABLE, job.file.digest.as_str()));
+    }
     vars.extend_from_slice(job.vars);
     let env = super::runner_env(&f.home, &vars);
     let options = JobOptions {
