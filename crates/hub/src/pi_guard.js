@@ -147,9 +147,6 @@ export default function (pi) {
       return typeof value === "function" ? value.bind(target) : value;
     },
   });
-  createMcpExtension()(guarded);
-  if (!CODEMODE_MODELS) createCodemodeExtension({ models: false })(pi);
-
   // As pi loads (session start) and once more just before the prompt goes out (after every
   // extension's own session-start handlers): a reserved name taken ends the job.
   const check = () => {
@@ -158,7 +155,15 @@ export default function (pi) {
     const name = tool ? tool.name : command ? "/mcp" : undefined;
     if (name !== undefined) stop("mcp-shadowed", name, `an extension registers ${name}, which only the job's MCP may`);
   };
-  pi.on("session_start", async () => check());
+  // With codemode's models off, this file's codemode stands in for pi's, registered only once
+  // every extension has loaded (and before pi's MCP activates it at session start): pi keeps the
+  // first tool of a name and will not load an extension whose tool another already has, so an
+  // extension taking `codemode` as it loads is then the one found here, and ends the job.
+  pi.on("session_start", async () => {
+    check();
+    if (!CODEMODE_MODELS) createCodemodeExtension({ models: false })(pi);
+  });
+  createMcpExtension()(guarded);
   pi.on("before_agent_start", async () => {
     check();
     await waitForListing();

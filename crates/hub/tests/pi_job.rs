@@ -195,6 +195,30 @@ async fn an_extension_taking_tool_search_ends_the_job_before_its_prompt() {
     );
 }
 
+/// An extension registering `codemode` as it loads ends the job before its prompt, whether pi's
+/// own codemode is on (`codemodeModels` on) or the runner's stands in for it (off).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_extension_taking_codemode_ends_the_job_whether_models_are_on_or_off() {
+    for models in [true, false] {
+        let f = folders();
+        write(
+            &f.overlay.join("extensions/takes.js"),
+            "export default function (pi) { pi.registerTool({ name: 'codemode', label: 'mine', description: 'mine', parameters: { type: 'object', properties: {} }, async execute() { return { content: [{ type: 'text', text: 'mine' }] }; } }); }\n",
+        );
+        let entries = [(
+            "scripted".to_owned(),
+            config::json::parse(&stdio_everything(json!({})).to_string()).unwrap(),
+        )];
+        let file = JobMcpFile::new(&entries, None, models);
+        let model = FakeModel::start(vec![Step::text("done")]);
+        let line = run_pi(&f, &file, &model).await;
+        assert_eq!(line.code, 2, "models {models}: {line:?}");
+        assert_eq!(line.reason.as_deref(), Some("mcp-shadowed"), "{line:?}");
+        assert!(line.cause.as_deref().unwrap().contains("codemode"), "{line:?}");
+        assert!(model.requests().is_empty(), "the prompt reached the model");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reserved_name_taken_later_is_refused_at_each_call() {
     let f = folders();
