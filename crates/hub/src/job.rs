@@ -293,7 +293,7 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
     };
     run_agent(
         &job,
-        Some((connected, job_plan.servers)),
+        Some((connected, job_plan.servers, job_plan.began)),
         &job_plan.secrets,
         job_plan.codemode_models,
         gateway,
@@ -317,8 +317,10 @@ struct JobPlan {
     /// Every variable an overlay server references: kept from pi.
     secrets: Vec<String>,
     codemode_models: bool,
-    /// How long the servers may take to connect.
+    /// How long the servers may take to connect and pi to list their tools, in all.
     wait: std::time::Duration,
+    /// When that wait began: as the runner started connecting.
+    began: std::time::SystemTime,
 }
 
 impl JobPlan {
@@ -337,6 +339,7 @@ impl JobPlan {
                 .collect(),
             codemode_models: plan.codemode_models,
             wait: wait::budget(plan.servers.iter().map(|s| s.server.timeout())),
+            began: std::time::SystemTime::now(),
         }
     }
 }
@@ -447,7 +450,8 @@ async fn run_alongside(
         };
         keep(&states, connected.clone());
         withhold_excluded(&mut upstreams, &exclude_tools(&job.env));
-        let expected = crate::pi_agent::expected_json(&listing(&upstreams), job_plan.wait);
+        let expected =
+            crate::pi_agent::expected_json(&listing(&upstreams), job_plan.began, job_plan.wait);
         if let Err(e) = write_private(&own, "listed.json", expected.as_bytes()) {
             return Err(unwritten(&e));
         }
@@ -559,7 +563,7 @@ enum AgentEnd {
 
 async fn run_agent(
     job: &JobOptions,
-    connected: Option<(Connected, Vec<JobServer>)>,
+    connected: Option<(Connected, Vec<JobServer>, std::time::SystemTime)>,
     secrets: &[String],
     codemode_models: bool,
     gateway: Option<PiGateway>,
@@ -575,14 +579,18 @@ async fn run_agent(
     let (hub, monitors, states, token) = match connected {
         None => {
             // No server: pi's prompt need wait for none.
-            let none = crate::pi_agent::expected_json(&[], std::time::Duration::ZERO);
+            let none = crate::pi_agent::expected_json(
+                &[],
+                std::time::UNIX_EPOCH,
+                std::time::Duration::ZERO,
+            );
             if is_pi && let Err(e) = write_private(&folder.own(), "listed.json", none.as_bytes()) {
                 let stop = unwritten(&e);
                 return stopped(job, &stop, Vec::new());
             }
             (None, Vec::new(), Vec::new(), None)
         }
-        Some((c, servers)) => {
+        Some((c, servers, began)) => {
             let token = new_token();
             let Connected {
                 mut upstreams,
@@ -618,7 +626,7 @@ async fn run_agent(
                 },
             );
             let wait = wait::budget(servers.iter().map(JobServer::timeout));
-            let expected = crate::pi_agent::expected_json(&listing, wait);
+            let expected = crate::pi_agent::expected_json(&listing, began, wait);
             let written = write_private(&job.agent_dir, "mcp.json", text.as_bytes()).and_then(
                 |()| match is_pi {
                     true => write_private(&folder.own(), "listed.json", expected.as_bytes()),

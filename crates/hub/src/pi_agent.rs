@@ -313,16 +313,24 @@ pub fn read_report(folder: &AgentFolder) -> Option<GuardReport> {
     (known && plain).then_some(report)
 }
 
-/// `listed.json`: each server with the number of tools the hub lists of it, and the wait.
-pub fn expected_json(servers: &[(String, usize)], wait: std::time::Duration) -> String {
+/// `listed.json`: each server with the number of tools the hub lists of it, and when pi's wait
+/// for their tools ends (Unix milliseconds): the job's one wait, which began as the runner started
+/// connecting (`wait_began`) and lasts `wait` in all, the runner's part and pi's together.
+pub fn expected_json(
+    servers: &[(String, usize)],
+    wait_began: std::time::SystemTime,
+    wait: std::time::Duration,
+) -> String {
     let servers: serde_json::Map<String, serde_json::Value> = servers
         .iter()
         .map(|(name, count)| (name.clone(), (*count).into()))
         .collect();
-    let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+    let deadline_ms = (wait_began + wait)
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     format!(
         "{}\n",
-        serde_json::json!({"waitMs": wait_ms, "servers": servers})
+        serde_json::json!({"deadlineMs": deadline_ms, "servers": servers})
     )
 }
 
@@ -440,5 +448,20 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn pis_wait_ends_with_the_jobs_one_wait() {
+        let began = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_000_000);
+        let text = expected_json(
+            &[("docs".to_owned(), 3)],
+            began,
+            std::time::Duration::from_secs(15),
+        );
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        // The deadline is when the runner began plus the whole wait, not a wait of its own.
+        assert_eq!(v["deadlineMs"], 1_015_000);
+        assert_eq!(v["servers"]["docs"], 3);
+        assert!(v.get("waitMs").is_none());
     }
 }

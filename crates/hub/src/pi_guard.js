@@ -113,8 +113,9 @@ async function waitForListing() {
     await new Promise((resolve) => setTimeout(resolve, 5));
     known = expected();
   }
-  const { waitMs, servers } = known;
-  const deadline = Date.now() + (waitMs || 0);
+  // The deadline is the job's one wait, begun when the runner started connecting.
+  const { deadlineMs, servers } = known;
+  const deadline = deadlineMs || 0;
   for (;;) {
     const missing = Object.entries(servers).find(([name, count]) => (listed.get(name)?.size ?? 0) < count);
     if (!missing) return;

@@ -214,7 +214,10 @@ async fn an_extension_taking_codemode_ends_the_job_whether_models_are_on_or_off(
         let line = run_pi(&f, &file, &model).await;
         assert_eq!(line.code, 2, "models {models}: {line:?}");
         assert_eq!(line.reason.as_deref(), Some("mcp-shadowed"), "{line:?}");
-        assert!(line.cause.as_deref().unwrap().contains("codemode"), "{line:?}");
+        assert!(
+            line.cause.as_deref().unwrap().contains("codemode"),
+            "{line:?}"
+        );
         assert!(model.requests().is_empty(), "the prompt reached the model");
     }
 }
@@ -285,7 +288,10 @@ async fn codemode_models_follow_the_overlay_in_a_job_with_no_server() {
     };
     for (vars, off) in [
         (&[][..], false),
-        (&[(protocol::job_mcp::CODEMODE_MODELS_VARIABLE, "0")][..], true),
+        (
+            &[(protocol::job_mcp::CODEMODE_MODELS_VARIABLE, "0")][..],
+            true,
+        ),
     ] {
         let f = folders();
         let model = FakeModel::start(vec![Step::text("done")]);
