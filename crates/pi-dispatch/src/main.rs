@@ -172,9 +172,31 @@ fn init_logs(format: LogFormat) {
         .with_target(false)
         .with_ansi(false);
     let _ = match format {
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder.fmt_fields(logfmt_fields()).try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
+}
+
+/// The text format's fields as `key=value`, each value bare when it is one plain word and
+/// otherwise quoted with its quotes, backslashes and control characters escaped, so that a line
+/// reads back as logfmt whatever a value holds (an error with spaces, a path with `=`).
+fn logfmt_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> {
+    use tracing_subscriber::field::MakeExt as _;
+    tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
+        let text = format!("{value:?}");
+        // A string field is written with Debug's quotes and escapes already.
+        let quoted = text.len() >= 2 && text.starts_with('"') && text.ends_with('"');
+        let plain = !text.is_empty()
+            && text
+                .chars()
+                .all(|c| !c.is_whitespace() && !c.is_control() && !"\"=\\".contains(c));
+        if quoted || plain {
+            write!(w, "{field}={text}")
+        } else {
+            write!(w, "{field}={text:?}")
+        }
+    })
+    .delimited(" ")
 }
 
 /// Prints a usage error (or help, or the version) and exits: 2 for misuse, except that `import-pi`

@@ -393,6 +393,92 @@ fn a_refused_triggers_file_is_logged_once_with_why() {
     assert_eq!(refused[0]["level"], "ERROR");
 }
 
+/// The `key=value` pairs of a text log line after its time and level, or why it is not logfmt:
+/// each value a bare word, or a quoted string with `\"` and `\\` escaped.
+fn logfmt(rest: &str) -> Result<Vec<(String, String)>, String> {
+    let mut pairs = Vec::new();
+    let mut chars = rest.chars().peekable();
+    loop {
+        while chars.peek() == Some(&' ') {
+            chars.next();
+        }
+        if chars.peek().is_none() {
+            return Ok(pairs);
+        }
+        let key: String =
+            std::iter::from_fn(|| chars.next_if(|c| *c != '=' && *c != ' ')).collect();
+        if chars.next() != Some('=') || key.is_empty() {
+            return Err(format!("no key=value at {key:?}"));
+        }
+        let mut value = String::new();
+        if chars.peek() == Some(&'"') {
+            chars.next();
+            loop {
+                match chars.next() {
+                    Some('"') => break,
+                    Some('\\') => value.push(chars.next().ok_or("a lone backslash")?),
+                    Some(c) => value.push(c),
+                    None => return Err(format!("{key}: an unclosed quote")),
+                }
+            }
+            if chars.peek().is_some_and(|c| *c != ' ') {
+                return Err(format!("{key}: text after the closing quote"));
+            }
+        } else {
+            value = std::iter::from_fn(|| chars.next_if(|c| *c != ' ')).collect();
+            if value.contains('"') || value.contains('=') {
+                return Err(format!("{key}: a bare value holding a quote or '='"));
+            }
+        }
+        pairs.push((key, value));
+    }
+}
+
+/// Text log lines read back as logfmt, a value with spaces and quotes included.
+#[test]
+fn text_log_lines_are_logfmt() {
+    let d = deployment();
+    d.write(
+        "triggers.json",
+        r#"{"triggers": [{"on": {"type": "cron", "id": "nightly", "pattern": "0 3 * * *"},
+            "run": {"kind": "local", "folder": "/srv/repo", "task": "t", "flaw": "task"}}]}"#,
+    );
+    let child = d
+        .command(&["worker"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let run = Run::from(child.wait_with_output().unwrap());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let mut why = None;
+    for line in run.stderr.lines() {
+        let (time, rest) = line.split_once(' ').unwrap_or((line, ""));
+        assert!(is_utc_timestamp(time), "{line}");
+        let (level, fields) = rest.trim_start().split_once(' ').unwrap_or((rest, ""));
+        assert!(
+            ["INFO", "WARN", "ERROR", "DEBUG", "TRACE"].contains(&level),
+            "{line}"
+        );
+        let pairs = logfmt(fields).unwrap_or_else(|e| panic!("{e}: {line}"));
+        if let Some((_, v)) = pairs.iter().find(|(k, _)| k == "why") {
+            why = Some(v.clone());
+        }
+    }
+    // The control: a value with spaces and quotes was logged, and reads back whole.
+    let why = why.unwrap_or_else(|| panic!("no why= in {}", run.stderr));
+    assert!(
+        why.contains("triggers[0].run.flaw") && why.contains(' '),
+        "{why}"
+    );
+}
+
 #[test]
 fn run_names_the_folder_it_cannot_use() {
     let d = deployment();
