@@ -40,6 +40,10 @@ pub const PREFIX: &str = "pi-dispatch:";
 /// How long an operation waits for Redis to come back before it fails.
 pub const DEFAULT_OUTAGE_LIMIT: Duration = Duration::from_secs(60);
 
+/// How long opening the queue waits for a Redis that does not answer: a command (or a worker
+/// starting) is told at once where Redis was looked for, rather than after a whole outage's wait.
+pub const FIRST_CONTACT_LIMIT: Duration = Duration::from_secs(6);
+
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -323,6 +327,8 @@ pub struct RedisQueue {
     config: Config,
     scripts: Scripts,
     outage_limit: Duration,
+    /// Where Redis is (host and port, or its socket), for logs and errors: never a password.
+    address: String,
 }
 
 impl std::fmt::Debug for RedisQueue {
@@ -383,8 +389,14 @@ impl RedisQueue {
             let settings = info.redis_settings().clone().set_password(password);
             info = info.set_redis_settings(settings);
         }
+        let address = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port)
+            | redis::ConnectionAddr::TcpTls { host, port, .. } => format!("{host}:{port}"),
+            redis::ConnectionAddr::Unix(path) => path.display().to_string(),
+            _ => "an address of another kind".to_owned(),
+        };
         let client = redis::Client::open(info).map_err(bad)?;
-        let queue = RedisQueue {
+        let mut queue = RedisQueue {
             client,
             conn: Mutex::new(None),
             config: Config {
@@ -392,9 +404,11 @@ impl RedisQueue {
                 ..config
             },
             scripts: Scripts::new(),
-            outage_limit,
+            outage_limit: outage_limit.min(FIRST_CONTACT_LIMIT),
+            address,
         };
         queue.call("reach Redis", |c| redis::cmd("PING").query::<String>(c))?;
+        queue.outage_limit = outage_limit;
         Ok(queue)
     }
 
@@ -441,7 +455,8 @@ impl RedisQueue {
                 }
                 Err(e) if may_pass(&e) && Instant::now() < deadline => {
                     if !said {
-                        tracing::warn!(event = "queue_unreachable", op, why = e.category());
+                        tracing::warn!(event = "queue_unreachable", op, address = %self.address,
+                            why = e.category());
                         said = true;
                     }
                     std::thread::sleep(pause);
@@ -450,7 +465,7 @@ impl RedisQueue {
                 Err(e) => {
                     return Err(QueueError::Redis {
                         op,
-                        detail: describe(&e),
+                        detail: format!("{} at {}", describe(&e), self.address),
                     });
                 }
             }

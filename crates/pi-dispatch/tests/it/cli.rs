@@ -479,6 +479,30 @@ fn text_log_lines_are_logfmt() {
     );
 }
 
+/// A Redis that does not answer is said at once, where it was looked for (never the password),
+/// not after a whole outage's wait.
+#[test]
+fn a_redis_that_does_not_answer_is_named_at_once() {
+    let d = deployment();
+    // Port 1 of loopback: nothing listens, so every connection is refused.
+    d.write(
+        ".env",
+        "PI_QUEUE=redis://127.0.0.1:1\nPI_QUEUE_PASSWORD=CNRY-redis-password-77\n",
+    );
+    let started = std::time::Instant::now();
+    let run = d.run(&["status"]);
+    let took = started.elapsed();
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("127.0.0.1:1"), "{}", run.stderr);
+    assert!(
+        !run.stderr.contains("CNRY-redis-password"),
+        "{}",
+        run.stderr
+    );
+    // The first contact's bound (6 s), not the outage limit (60 s).
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
+
 #[test]
 fn run_names_the_folder_it_cannot_use() {
     let d = deployment();
