@@ -304,13 +304,61 @@ pub enum SandboxBackend {
 }
 
 impl SandboxBackend {
-    /// The container engine's program, for a container backend.
+    /// The container engine's program, for a container backend: the first of `/usr/bin`,
+    /// `/usr/local/bin`, `/bin` and `/snap/bin` that holds it (the system's folders only, never
+    /// the caller's `PATH`, as a root worker runs it); the first when none does, for the error
+    /// that follows.
     pub fn engine(&self) -> Option<&'static str> {
-        match self {
-            SandboxBackend::Bubblewrap => None,
-            SandboxBackend::Podman { docker: true, .. } => Some("/usr/bin/docker"),
-            SandboxBackend::Podman { docker: false, .. } => Some("/usr/bin/podman"),
-        }
+        self.engine_where(&|p| std::path::Path::new(p).is_file())
+    }
+
+    /// [`SandboxBackend::engine`], with `exists` saying which programs are there.
+    fn engine_where(&self, exists: &dyn Fn(&str) -> bool) -> Option<&'static str> {
+        let candidates: [&'static str; 4] = match self {
+            SandboxBackend::Bubblewrap => return None,
+            SandboxBackend::Podman { docker: true, .. } => [
+                "/usr/bin/docker",
+                "/usr/local/bin/docker",
+                "/bin/docker",
+                "/snap/bin/docker",
+            ],
+            SandboxBackend::Podman { docker: false, .. } => [
+                "/usr/bin/podman",
+                "/usr/local/bin/podman",
+                "/bin/podman",
+                "/snap/bin/podman",
+            ],
+        };
+        Some(
+            candidates
+                .into_iter()
+                .find(|p| exists(p))
+                .unwrap_or(candidates[0]),
+        )
+    }
+}
+
+#[cfg(test)]
+mod engine_tests {
+    use super::*;
+
+    #[test]
+    fn the_engine_is_found_in_the_systems_folders() {
+        let docker = SandboxBackend::Podman {
+            base: None,
+            runtime: None,
+            docker: true,
+        };
+        assert_eq!(
+            docker.engine_where(&|p| p == "/usr/local/bin/docker"),
+            Some("/usr/local/bin/docker")
+        );
+        assert_eq!(
+            docker.engine_where(&|p| p == "/snap/bin/docker" || p == "/usr/bin/docker"),
+            Some("/usr/bin/docker")
+        );
+        assert_eq!(docker.engine_where(&|_| false), Some("/usr/bin/docker"));
+        assert_eq!(SandboxBackend::Bubblewrap.engine_where(&|_| true), None);
     }
 }
 
