@@ -1058,6 +1058,7 @@ impl PickupFixture {
                 },
                 passwd: None,
                 egress_proxy: true,
+                github_key: None,
             },
             job,
             settings,

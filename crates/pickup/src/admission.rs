@@ -94,6 +94,9 @@ pub struct Host {
     pub passwd: Option<String>,
     /// An egress proxy is there for jobs with egress on.
     pub egress_proxy: bool,
+    /// Whether the GitHub App's key (`PI_GITHUB_APP_KEY_FILE`) can sign, as the worker reads it:
+    /// `None` when the caller did not read it (no key file set, or a caller that does not mint).
+    pub github_key: Option<bool>,
 }
 
 pub struct Inputs<'a> {
@@ -1200,6 +1203,12 @@ fn forge_workspace(i: &Inputs) -> Step<Workspace> {
                 return Err(unconfigured(
                     "no GitHub App is set up to mint the job's token",
                     &[s::GITHUB_APP_ID_SETTING, s::GITHUB_APP_KEY_SETTING],
+                ));
+            }
+            if i.host.github_key == Some(false) {
+                return Err(unconfigured(
+                    "the GitHub App's key cannot be read or cannot sign, so no token can be minted for the job",
+                    &[s::GITHUB_APP_KEY_SETTING],
                 ));
             }
             if event.installation.is_none() {

@@ -153,6 +153,7 @@ fn world_of(triggers: &str, id: &str) -> World {
                 "root:x:0:0::/root:/bin/sh\nmaint:x:1000:1000::/home/maint:/bin/sh\n".into(),
             ),
             egress_proxy: true,
+            github_key: None,
         },
     }
 }
@@ -1093,6 +1094,19 @@ fn a_forge_job_needs_its_event_a_forge_flow_and_the_forge_set_up() {
     github_refused_by(Reason::ForgeUnconfigured, None, |w| {
         w.job.event.as_mut().unwrap().installation = None;
     });
+    // A key file set that cannot sign (as the worker read it): refused here, as the worker's
+    // mint would fail; a key that signs, or none read, is no refusal.
+    let r = github_refused_by(Reason::ForgeUnconfigured, None, |w| {
+        w.host.github_key = Some(false);
+    });
+    assert!(
+        r.detail
+            .variables
+            .contains(&"PI_GITHUB_APP_KEY_FILE".to_owned())
+    );
+    let mut signing = github();
+    signing.host.github_key = Some(true);
+    assert!(matches!(decide_in(&signing), Decision::Admit(_)));
     // GitLab: its URL and the worker's token.
     let gitlab = |w: &mut World| {
         w.job.kind = "gitlab".into();

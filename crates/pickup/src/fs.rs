@@ -231,6 +231,13 @@ impl Images for EngineImages {
 }
 
 impl<'a> Deployment<'a> {
+    /// With whether the GitHub App's key can sign (`None`: no key file is set), as the worker that
+    /// would mint the job's token reads it: a github job is refused when it cannot.
+    pub fn with_github_key(mut self, usable: Option<bool>) -> Deployment<'a> {
+        self.host.github_key = usable;
+        self
+    }
+
     /// The deployment of `settings` on this host (the worker's own user decides whether it runs
     /// as root).
     pub fn new(settings: &'a Settings, env: &'a Environment) -> Deployment<'a> {
@@ -258,6 +265,8 @@ impl<'a> Deployment<'a> {
                 passwd: std::fs::read_to_string("/etc/passwd").ok(),
                 // This version has an egress proxy: the worker makes sure one serves its jobs.
                 egress_proxy: true,
+                // Told by the caller ([`Deployment::with_github_key`]), which reads the key.
+                github_key: None,
             },
         }
     }

@@ -358,7 +358,17 @@ impl Worker {
 
     async fn carry_out(&self, job: &Job, attempt: u32, mut stop: Stop) -> Verdict {
         // 1. The admission: every check that costs nothing.
-        let admitted = match Deployment::new(&self.settings, &self.env).decide(job) {
+        // The App's key as this worker read it: a github job it cannot mint for is refused here,
+        // as explain and doctor say.
+        let github_key = self
+            .settings
+            .github_app_key_file
+            .as_ref()
+            .map(|_| self.forges.github.is_some());
+        let admitted = match Deployment::new(&self.settings, &self.env)
+            .with_github_key(github_key)
+            .decide(job)
+        {
             Decision::Admit(a) => a,
             Decision::Refuse(refusal) => return refused(job, &refusal, attempt),
             Decision::Retry { detail } => {

@@ -275,7 +275,8 @@ fn admission_checks(
     env: &pickup::fs::Environment,
 ) -> Vec<Check> {
     use pickup::admission::Decision;
-    let deployment = pickup::fs::Deployment::new(settings, env);
+    let deployment = pickup::fs::Deployment::new(settings, env)
+        .with_github_key(crate::cmd::worker::github_key_usable(settings));
     let mut out = Vec::new();
     let refused = |label: String, decision: &Decision| -> Check {
         match decision {

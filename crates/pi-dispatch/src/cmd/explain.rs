@@ -94,7 +94,9 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     }
     let job = trigger_job(trigger);
     let env = ctx.environment()?;
-    let decision = pickup::fs::Deployment::new(&settings, &env).decide(&job);
+    let decision = pickup::fs::Deployment::new(&settings, &env)
+        .with_github_key(crate::cmd::worker::github_key_usable(&settings))
+        .decide(&job);
     let needs = match &decision {
         Decision::Admit(a) => egress_needs(a, &settings),
         _ => Vec::new(),

@@ -61,6 +61,12 @@ pub fn github_app_key(
     )
 }
 
+/// Whether the GitHub App's key can sign, as the worker reads it (`None`: no key file is set): the
+/// admission of `explain`, `doctor` and `run` is told the same as the worker's.
+pub fn github_key_usable(settings: &config::settings::Settings) -> Option<bool> {
+    github_app_key(settings).map(|key| key.is_ok())
+}
+
 /// The forges the worker acts on, from the settings: a GitHub App whose key file can be read, and
 /// a GitLab with its token. What cannot be used is said once here; its jobs then fail to mint.
 pub fn forges(

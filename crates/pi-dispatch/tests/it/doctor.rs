@@ -422,7 +422,19 @@ fn the_forges_keys_and_settings_are_checked_as_the_worker_reads_them() {
         |extra: &str| std::fs::write(d.path().join(".env"), format!("{env}{extra}")).unwrap();
     // A key file that is not a key: failed, naming the setting, and nothing of the file.
     d.write("app-key.pem", "CNRY-not-a-key-91aa\n");
-    with("PI_GITHUB_APP_ID=4242\nPI_GITHUB_APP_KEY_FILE=app-key.pem\n");
+    d.write(
+        "triggers.json",
+        r#"{"triggers": [{"on": {"type": "label", "any": ["pi-answer"]}, "run": {"kind": "github", "flow": "answer"}}]}"#,
+    );
+    // An image as far as the admission looks (its runner and labels), so that it gets to the forge.
+    d.write("images/pi-job/bin/pi-dispatch", "");
+    d.write(
+        "images/pi-job/image.json",
+        r#"{"labels": {"dev.pi-dispatch.capabilities": "mcp,forgeMcp"}}"#,
+    );
+    with(
+        "PI_GITHUB_APP_ID=4242\nPI_GITHUB_APP_KEY_FILE=app-key.pem\nPI_PROVIDER=openai\nPI_MODEL=gpt-4o-mini\nOPENAI_API_KEY=k\n",
+    );
     let run = d.run(&["doctor"]);
     assert_eq!(run.code, 1);
     let failed = failures(&run).join("\n");
@@ -437,6 +449,17 @@ fn the_forges_keys_and_settings_are_checked_as_the_worker_reads_them() {
         run.stdout
     );
     assert!(!run.stdout.contains("CNRY") && !run.stderr.contains("CNRY"));
+    // ... and no github trigger is said to be admitted while the key cannot sign: doctor and
+    // explain answer as the worker will.
+    let trigger = run
+        .stdout
+        .lines()
+        .find(|l| l.contains("trigger 0 (label -> github)"))
+        .unwrap_or_else(|| panic!("no line for the github trigger: {}", run.stdout));
+    assert!(
+        !trigger.contains("would be admitted") && trigger.contains("forge-unconfigured"),
+        "{trigger}"
+    );
     // A real key, readable by others: it signs, with a warning to keep it private.
     let key = testkit::fake_forge::app_key_pem();
     let path = d.write("app-key.pem", &key);
