@@ -1026,45 +1026,9 @@ mod tests {
     }
 }
 
-/// Every `PI_` name pi-dispatch reads from the environment or `.env`: the settings above, those of
-/// the panel and the receiver, and `PI_DIR`.
-pub const KNOWN_NAMES: &[&str] = &[
-    OVERLAY_SETTING,
-    TRIGGERS_SETTING,
-    EGRESS_SETTING,
-    FORWARD_ENV_SETTING,
-    ALLOWLIST_SETTING,
-    ENDPOINTS_SETTING,
-    REGISTRIES_SETTING,
-    JOB_IMAGE_SETTING,
-    PROVIDER_SETTING,
-    MODEL_SETTING,
-    ON_FAILURE_SETTING,
-    CONCURRENCY_SETTING,
-    TIME_LIMIT_SETTING,
-    DRAIN_LIMIT_SETTING,
-    TRANSCRIPTS_SETTING,
-    NAMESERVER_SETTING,
-    PROXY_DIR_SETTING,
-    GITHUB_API_URL_SETTING,
-    GITHUB_URL_SETTING,
-    GITHUB_APP_ID_SETTING,
-    GITHUB_APP_KEY_SETTING,
-    GITLAB_TOKEN_SETTING,
-    FORGE_JOB_USER_SETTING,
-    QUEUE_SETTING,
-    QUEUE_PASSWORD_SETTING,
-    SANDBOX_SETTING,
-    PODMAN_IMAGE_SETTING,
-    PODMAN_RUNTIME_SETTING,
-    PUBLISH_FILE_MB_SETTING,
-    PUBLISH_MB_SETTING,
-    JOB_PIDS_SETTING,
-    JOB_MEMORY_SETTING,
-    JOB_CPU_SETTING,
-    JOB_DISK_SETTING,
-    JOB_UIDS_SETTING,
-    RUN_CHECK_SETTING,
+/// The `PI_` names pi-dispatch reads besides the settings of [`ALL`]: the panel's and the
+/// receiver's, and `PI_DIR`.
+const OTHER_NAMES: &[&str] = &[
     "PI_PANEL_TOKEN",
     "PI_PANEL_LISTEN",
     "PI_GITHUB_WEBHOOK_SECRET",
@@ -1108,17 +1072,18 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
+    let known: Vec<&'static str> = ALL.iter().chain(OTHER_NAMES).copied().collect();
     let mut out: Vec<(String, Option<&'static str>)> = names
         .into_iter()
         .map(|n| n.as_ref().to_owned())
         .filter(|n| {
             n.starts_with("PI_")
                 && !n.starts_with("PI_DISPATCH_")
-                && !KNOWN_NAMES.contains(&n.as_str())
+                && !known.contains(&n.as_str())
                 && !PI_OWN_NAMES.contains(&n.as_str())
         })
         .map(|n| {
-            let meant = crate::triggers::near_miss(&n, KNOWN_NAMES);
+            let meant = crate::triggers::near_miss(&n, &known);
             (n, meant)
         })
         .collect();

@@ -538,14 +538,7 @@ fn mcp_gates(i: &Inputs, names: &[String]) -> Step<McpAdmitted> {
 /// leaves them on; one that cannot be read whole refuses the job (`mcp-config-invalid`), as it
 /// would a job naming a server, since what the operator chose cannot be told.
 fn overlay_codemode_models(i: &Inputs) -> Step<bool> {
-    let path = overlay_file(i, "mcp.json");
-    let invalid = |why: String| {
-        refuse(
-            Reason::McpConfigInvalid,
-            Detail::new(why).path(path.clone()),
-            Reason::McpConfigInvalid.fix(),
-        )
-    };
+    let invalid = |why: String| overlay_mcp_invalid(i, why);
     match i.files.overlay_mcp() {
         Read::Missing => Ok(true),
         Read::Bytes(bytes) => mcp::parse_overlay(&bytes)
@@ -634,15 +627,18 @@ fn overlay_file(i: &Inputs, name: &str) -> String {
     i.settings.overlay_dir.join(name).display().to_string()
 }
 
+/// The overlay's `mcp.json` refused for `why` (`mcp-config-invalid`), naming the file.
+fn overlay_mcp_invalid(i: &Inputs, why: String) -> Box<Decision> {
+    refuse(
+        Reason::McpConfigInvalid,
+        Detail::new(why).path(overlay_file(i, "mcp.json")),
+        Reason::McpConfigInvalid.fix(),
+    )
+}
+
 fn read_overlay(i: &Inputs, names: &[&str]) -> Step<Overlay> {
     let path = overlay_file(i, "mcp.json");
-    let invalid = |why: String| {
-        refuse(
-            Reason::McpConfigInvalid,
-            Detail::new(why).path(path.clone()),
-            Reason::McpConfigInvalid.fix(),
-        )
-    };
+    let invalid = |why: String| overlay_mcp_invalid(i, why);
     match i.files.overlay_mcp() {
         Read::Bytes(bytes) => mcp::parse_overlay_named(&bytes, names)
             .map_err(|e| invalid(format!("overlay mcp.json: {} [{}]", e, e.code()))),

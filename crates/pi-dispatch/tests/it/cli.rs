@@ -360,6 +360,27 @@ fn worker_log_lines_carry_a_timestamp_and_a_level() {
     assert!(run.stderr.contains("worker_started") && run.stderr.contains("worker_stopped"));
 }
 
+/// Runs a worker of `d` (with `args`) for `run`, then tells it to stop (SIGTERM): it must exit 0.
+fn worker_for(d: &Deployment, args: &[&str], run: Duration) -> Run {
+    let mut all = vec!["worker"];
+    all.extend_from_slice(args);
+    let child = d
+        .command(&all)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(run);
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let run = Run::from(child.wait_with_output().unwrap());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    run
+}
+
 #[test]
 fn a_refused_triggers_file_is_logged_once_with_why() {
     let d = deployment();
@@ -369,20 +390,7 @@ fn a_refused_triggers_file_is_logged_once_with_why() {
             "run": {"kind": "local", "folder": "/srv/repo", "task": "t", "flaw": "task"}}]}"#,
     );
     // A worker that runs cron triggers: it reads the file once a second.
-    let child = d
-        .command(&["worker", "--log-format", "json"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(3500));
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let run = Run::from(child.wait_with_output().unwrap());
-    assert_eq!(run.code, 0, "{}", run.stderr);
+    let run = worker_for(&d, &["--log-format", "json"], Duration::from_millis(3500));
     let refused: Vec<Value> = json_events(&run.stderr)
         .into_iter()
         .filter(|e| e["event"] == "cron_triggers_refused")
@@ -443,20 +451,7 @@ fn text_log_lines_are_logfmt() {
         r#"{"triggers": [{"on": {"type": "cron", "id": "nightly", "pattern": "0 3 * * *"},
             "run": {"kind": "local", "folder": "/srv/repo", "task": "t", "flaw": "task"}}]}"#,
     );
-    let child = d
-        .command(&["worker"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(2500));
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let run = Run::from(child.wait_with_output().unwrap());
-    assert_eq!(run.code, 0, "{}", run.stderr);
+    let run = worker_for(&d, &[], Duration::from_millis(2500));
     let mut why = None;
     for line in run.stderr.lines() {
         let (time, rest) = line.split_once(' ').unwrap_or((line, ""));
