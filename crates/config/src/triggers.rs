@@ -1400,6 +1400,98 @@ fn edit_distance(a: &[char], b: &[char]) -> usize {
     previous[b.len()]
 }
 
+/// `triggers.json` as every reader takes it: the worker, the receiver, the admission, doctor,
+/// explain, `run --trigger` and `triggers check`. A file that is not there holds no trigger (a
+/// deployment may have none); one that cannot be read, or is refused, gives no trigger either,
+/// and says why by its own path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TriggersFile {
+    pub path: std::path::PathBuf,
+    /// Whether the file is there (a missing one is read as holding no trigger).
+    pub exists: bool,
+    pub triggers: Triggers,
+}
+
+/// Why `triggers.json` gives no triggers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FileRefusal {
+    #[error("{} {error}", .path.display())]
+    Unreadable {
+        path: std::path::PathBuf,
+        error: crate::files::ReadError,
+    },
+    #[error("{} {}", .path.display(), .error.what())]
+    Refused {
+        path: std::path::PathBuf,
+        error: TriggersError,
+    },
+}
+
+impl FileRefusal {
+    /// Whether reading again may succeed (a transient I/O error), rather than needing a fix.
+    pub fn may_pass_on_retry(&self) -> bool {
+        matches!(self, FileRefusal::Unreadable { error, .. } if error.may_pass_on_retry())
+    }
+
+    /// A stable token for the kind of refusal.
+    pub fn code(&self) -> &'static str {
+        match self {
+            FileRefusal::Unreadable { error, .. } => error.code(),
+            FileRefusal::Refused { error, .. } => error.code(),
+        }
+    }
+}
+
+impl TriggersFile {
+    /// Reads and checks the file at `path` (links are not followed, the size is bounded).
+    pub fn read(path: &std::path::Path) -> Result<TriggersFile, FileRefusal> {
+        TriggersFile::from_read(path, crate::files::read_file(path, MAX_FILE_BYTES))
+    }
+
+    /// The file at `path` from the outcome of reading it, for a caller that read it itself.
+    pub fn from_read(
+        path: &std::path::Path,
+        read: Result<Vec<u8>, crate::files::ReadError>,
+    ) -> Result<TriggersFile, FileRefusal> {
+        let path = path.to_path_buf();
+        let bytes = match read {
+            Ok(bytes) => bytes,
+            Err(crate::files::ReadError::Missing) => {
+                return Ok(TriggersFile {
+                    path,
+                    exists: false,
+                    triggers: Triggers::default(),
+                });
+            }
+            Err(error) => return Err(FileRefusal::Unreadable { path, error }),
+        };
+        match parse_triggers(&bytes) {
+            Ok(triggers) => Ok(TriggersFile {
+                path,
+                exists: true,
+                triggers,
+            }),
+            Err(error) => Err(FileRefusal::Refused { path, error }),
+        }
+    }
+
+    /// Trigger `index`, or why there is none, naming the file.
+    pub fn trigger(&self, index: usize) -> Result<&Trigger, String> {
+        let path = self.path.display();
+        if !self.exists {
+            return Err(format!(
+                "{path} does not exist, so it has no trigger {index}"
+            ));
+        }
+        self.triggers.triggers.get(index).ok_or_else(|| {
+            format!(
+                "{path} has no trigger {index} (it has {})",
+                self.triggers.triggers.len()
+            )
+        })
+    }
+}
+
 #[cfg(test)]
 #[path = "triggers_tests.rs"]
 mod tests;

@@ -1851,3 +1851,42 @@ fn names_the_overlay_does_not_offer_are_found_by_trigger_and_place() {
     let empty = crate::mcp::parse_overlay(br#"{"mcpServers": {}}"#).unwrap();
     assert_eq!(forge_only.unoffered(&empty), []);
 }
+
+#[test]
+fn the_triggers_file_reader_says_each_outcome_by_the_files_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("triggers.json");
+
+    let missing = TriggersFile::read(&path).unwrap();
+    assert!(!missing.exists);
+    assert!(missing.triggers.triggers.is_empty());
+    assert_eq!(
+        missing.trigger(0).unwrap_err(),
+        format!("{} does not exist, so it has no trigger 0", path.display())
+    );
+
+    std::fs::write(&path, r#"{"triggers": []}"#).unwrap();
+    let empty = TriggersFile::read(&path).unwrap();
+    assert!(empty.exists);
+    assert_eq!(
+        empty.trigger(2).unwrap_err(),
+        format!("{} has no trigger 2 (it has 0)", path.display())
+    );
+
+    std::fs::write(&path, r#"{"triggers": 1}"#).unwrap();
+    let refused = TriggersFile::read(&path).unwrap_err();
+    assert_eq!(refused.code(), "triggers-invalid");
+    let text = refused.to_string();
+    assert!(
+        text.starts_with(&format!("{} is refused: ", path.display())),
+        "{text}"
+    );
+    assert_eq!(text.matches("refused").count(), 1, "{text}");
+    assert!(!refused.may_pass_on_retry());
+
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("elsewhere"), &path).unwrap();
+    let link = TriggersFile::read(&path).unwrap_err();
+    assert_eq!(link.code(), "file-link");
+    assert!(link.to_string().starts_with(&path.display().to_string()));
+}

@@ -259,18 +259,18 @@ fn trigger_now(i: &Inputs) -> Step<Option<Trigger>> {
     let Some(index) = i.job.trigger_index else {
         return Ok(None);
     };
-    let file = i.settings.triggers_file.display().to_string();
-    let bytes = match i.files.triggers() {
-        Read::Bytes(b) => b,
-        Read::Missing => return Ok(None),
+    let file = &i.settings.triggers_file;
+    let read = match i.files.triggers() {
+        Read::Bytes(b) => Ok(b),
+        Read::Missing => Err(config::files::ReadError::Missing),
         Read::Failed(why) | Read::Transient(why) => {
-            return Err(retry(format!("{file} {why}")));
+            return Err(retry(format!("{} {why}", file.display())));
         }
     };
-    match triggers::parse_triggers(&bytes) {
-        Ok(all) => Ok(all.triggers.into_iter().nth(index)),
+    match triggers::TriggersFile::from_read(file, read) {
+        Ok(all) => Ok(all.triggers.triggers.into_iter().nth(index)),
         // The job's trigger cannot be told now: an operator fixing the file lets it through.
-        Err(e) => Err(retry(format!("{file} is refused: {e}"))),
+        Err(e) => Err(retry(e.to_string())),
     }
 }
 

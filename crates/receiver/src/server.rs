@@ -355,11 +355,7 @@ async fn queue_parsed(
 
 /// `triggers.json` as the worker reads it; a file that is missing holds no trigger.
 fn read_triggers(file: &std::path::Path) -> Result<config::triggers::Triggers, Answer> {
-    let bytes = match config::files::read_file(file, config::triggers::MAX_FILE_BYTES) {
-        Ok(b) => b,
-        Err(config::files::ReadError::Missing) => return Ok(Default::default()),
-        Err(e) => return Err(unavailable(format!("triggers.json {e}"))),
-    };
-    config::triggers::parse_triggers(&bytes)
-        .map_err(|e| unavailable(format!("triggers.json is refused: {e}")))
+    config::triggers::TriggersFile::read(file)
+        .map(|all| all.triggers)
+        .map_err(|e| unavailable(e.to_string()))
 }

@@ -474,27 +474,10 @@ pub fn run_cron(
         let window = (from, to);
         // The next window starts here whatever happens to this one: missed firings are not made up.
         from = to;
-        let bytes = match config::files::read_file(
-            &settings.triggers_file,
-            config::triggers::MAX_FILE_BYTES,
-        ) {
-            Ok(b) => b,
-            // No triggers file: nothing to fire.
-            Err(config::files::ReadError::Missing) => {
-                say(None);
-                continue;
-            }
+        let all = match config::triggers::TriggersFile::read(&settings.triggers_file) {
+            Ok(all) => all.triggers,
             Err(e) => {
-                say(Some(format!("it {e}")));
-                continue;
-            }
-        };
-        let all = match config::triggers::parse_triggers(&bytes) {
-            Ok(all) => all,
-            Err(e) => {
-                say(Some(format!(
-                    "it is refused, so no cron trigger fires: {e}"
-                )));
+                say(Some(format!("{e}, so no cron trigger fires")));
                 continue;
             }
         };

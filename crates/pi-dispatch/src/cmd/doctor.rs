@@ -327,22 +327,17 @@ fn admission_checks(
             &d,
         )),
     }
-    let Ok(bytes) =
-        config::files::read_file(&settings.triggers_file, config::triggers::MAX_FILE_BYTES)
-    else {
-        return out;
+    let all = match config::triggers::TriggersFile::read(&settings.triggers_file) {
+        Ok(all) => all,
+        Err(e) => {
+            out.push(Check::fail(
+                format!("{e}: no trigger can queue a job"),
+                "`pi-dispatch triggers check` lists every error",
+            ));
+            return out;
+        }
     };
-    let Ok(all) = config::triggers::parse_triggers(&bytes) else {
-        out.push(Check::fail(
-            format!(
-                "{} is refused: no trigger can queue a job",
-                settings.triggers_file.display()
-            ),
-            "`pi-dispatch triggers check` lists every error",
-        ));
-        return out;
-    };
-    for trigger in &all.triggers {
+    for trigger in &all.triggers.triggers {
         let job = crate::cmd::explain::trigger_job(trigger);
         let label = format!(
             "trigger {} ({} -> {}): its job would be admitted",

@@ -64,23 +64,13 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     ctx.deployment()?;
     let settings = ctx.settings()?;
     let file = settings.triggers_file.display().to_string();
-    let all = match files::read_file(&settings.triggers_file, triggers::MAX_FILE_BYTES) {
-        Err(e) => return unusable(args, &file, &format!("{file} {e}")),
-        Ok(bytes) => match triggers::parse_triggers(&bytes) {
-            Ok(all) => all,
-            Err(e) => return unusable(args, &file, &format!("{file} {}", e.what())),
-        },
+    let all = match triggers::TriggersFile::read(&settings.triggers_file) {
+        Ok(all) => all,
+        Err(e) => return unusable(args, &file, &e.to_string()),
     };
-    let Some(trigger) = all.triggers.get(args.trigger) else {
-        return unusable(
-            args,
-            &file,
-            &format!(
-                "{file} has no trigger {} (it has {})",
-                args.trigger,
-                all.triggers.len()
-            ),
-        );
+    let trigger = match all.trigger(args.trigger) {
+        Ok(trigger) => trigger,
+        Err(why) => return unusable(args, &file, &why),
     };
     if let Some(event) = &args.event {
         let path = ctx.absolute(event);

@@ -140,13 +140,10 @@ fn dirty(folder: &Path, limit: std::time::Duration) -> anyhow::Result<bool> {
 /// The job cron trigger `index` queues, with a fresh id.
 fn trigger_job(ctx: &Context, index: usize) -> anyhow::Result<Job> {
     let settings = ctx.settings()?;
-    let bytes = config::files::read_file(&settings.triggers_file, config::triggers::MAX_FILE_BYTES)
-        .map_err(|e| anyhow::anyhow!("{} {e}", settings.triggers_file.display()))?;
-    let all = config::triggers::parse_triggers(&bytes)
-        .map_err(|e| anyhow::anyhow!("{} is refused: {e}", settings.triggers_file.display()))?;
-    let Some(trigger) = all.triggers.get(index) else {
-        anyhow::bail!("--trigger: triggers.json has no trigger {index}");
-    };
+    let all = config::triggers::TriggersFile::read(&settings.triggers_file)?;
+    let trigger = all
+        .trigger(index)
+        .map_err(|why| anyhow::anyhow!("--trigger: {why}"))?;
     let config::triggers::On::Cron { id, .. } = &trigger.on else {
         anyhow::bail!("--trigger: trigger {index} is not a cron trigger");
     };

@@ -12,9 +12,10 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use config::files::ReadError;
 use config::mcp;
 use config::settings;
-use config::triggers::{self, Action, Trigger, Triggers, TriggersError};
+use config::triggers::{Action, FileRefusal, Trigger, Triggers, TriggersError, TriggersFile};
 use serde::Serialize;
 
 use crate::context::Context;
@@ -40,7 +41,15 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             None => ctx.dir.join(settings::TRIGGERS_FILE),
         },
     };
-    let verdict = read_and_parse(&file, triggers::MAX_FILE_BYTES, triggers::parse_triggers);
+    // The file is read as the worker reads it, except that a missing one is an error here: there
+    // is nothing to check.
+    let verdict = TriggersFile::read(&file).and_then(|read| match read.exists {
+        true => Ok(read.triggers),
+        false => Err(FileRefusal::Unreadable {
+            path: read.path,
+            error: ReadError::Missing,
+        }),
+    });
     let mut report = Report::new(file.display().to_string(), &verdict);
     if let Ok(triggers) = &verdict
         && triggers.names_overlay_servers()
@@ -51,27 +60,41 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     Ok(report.exit())
 }
 
-/// Why the file is not used: it cannot be read, or it is read and refused.
-type Refusal = FileError<TriggersError>;
+/// What the report says of a file that is not used: it cannot be read, or it is read and refused.
+trait Refusal {
+    fn is_invalid(&self) -> bool;
+    fn errors(&self) -> Vec<ErrorReport>;
+}
 
-impl Refusal {
+impl Refusal for FileRefusal {
     /// Whether the file was read as JSON and refused for its triggers, rather than unreadable.
     fn is_invalid(&self) -> bool {
-        matches!(self, FileError::Parse(TriggersError::Invalid(_)))
+        matches!(
+            self,
+            FileRefusal::Refused {
+                error: TriggersError::Invalid(_),
+                ..
+            }
+        )
     }
 
     /// Every error: the file's, by trigger and field; or one for the file as a whole (empty path).
     fn errors(&self) -> Vec<ErrorReport> {
         match self {
-            FileError::Read(e) => vec![ErrorReport::whole(format!("triggers.json {e}"))],
-            FileError::Parse(TriggersError::Invalid(errors)) => errors
+            FileRefusal::Unreadable { error, .. } => {
+                vec![ErrorReport::whole(format!("triggers.json {error}"))]
+            }
+            FileRefusal::Refused {
+                error: TriggersError::Invalid(errors),
+                ..
+            } => errors
                 .iter()
                 .map(|e| ErrorReport {
                     path: e.path.clone(),
                     message: e.message.clone(),
                 })
                 .collect(),
-            FileError::Parse(e) => vec![ErrorReport::whole(e.to_string())],
+            FileRefusal::Refused { error, .. } => vec![ErrorReport::whole(error.to_string())],
         }
     }
 }
@@ -122,7 +145,7 @@ struct TriggerReport {
 }
 
 impl Report {
-    fn new(file: String, verdict: &Result<Triggers, Refusal>) -> Report {
+    fn new(file: String, verdict: &Result<Triggers, FileRefusal>) -> Report {
         match verdict {
             Ok(triggers) => Report {
                 file,

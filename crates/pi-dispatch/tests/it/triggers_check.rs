@@ -647,3 +647,77 @@ fn a_cron_pattern_the_worker_could_not_schedule_is_refused() {
         assert!(!run.stdout.contains(pattern), "{}", run.stdout);
     }
 }
+
+/// Every command that reads the deployment's triggers file reads it the same way (one reader): a
+/// file that is a link is refused by each, and each says so by the file's path once.
+#[test]
+fn every_command_reads_the_triggers_file_alike() {
+    let d = Deployment::new();
+    assert_eq!(d.run(&["init"]).code, 0);
+    let real = d.write(
+        "elsewhere/triggers.json",
+        r#"{"triggers": [{"on": {"type": "cron", "id": "nightly", "pattern": "0 3 * * *"},
+            "run": {"kind": "local", "folder": "/srv/repo", "task": "t", "flow": "task"}}]}"#,
+    );
+    let file = d.path().join("triggers.json");
+    std::fs::remove_file(&file).unwrap();
+    std::os::unix::fs::symlink(&real, &file).unwrap();
+    let said = format!(
+        "{} is a link; pi-dispatch does not follow links in configuration",
+        file.display()
+    );
+
+    let check = d.run(&["triggers", "check"]);
+    assert_eq!(check.code, 2, "{}", check.stdout);
+    assert!(check.stdout.contains("is a link"), "{}", check.stdout);
+
+    let explain = d.run(&["explain", "--trigger", "0"]);
+    assert_eq!(explain.code, 2, "{}", explain.stdout);
+    assert_eq!(
+        explain.stderr.matches(&said).count(),
+        1,
+        "{}",
+        explain.stderr
+    );
+
+    let run = d.run(&["run", "--trigger", "0"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert_eq!(run.stderr.matches(&said).count(), 1, "{}", run.stderr);
+
+    // doctor used to pass over a triggers file it could not read; it fails it like the others.
+    let doctor = d.run(&["doctor"]);
+    assert!(
+        doctor
+            .stdout
+            .lines()
+            .any(|l| l.starts_with('✗') && l.contains(&said)),
+        "{}",
+        doctor.stdout
+    );
+
+    // The control: the same file, not linked, is read by each.
+    std::fs::remove_file(&file).unwrap();
+    std::fs::copy(&real, &file).unwrap();
+    let check = d.run(&["triggers", "check"]);
+    assert_eq!(check.code, 0, "{}", check.stdout);
+    let explain = d.run(&["explain", "--trigger", "0"]);
+    assert!(!explain.stderr.contains("is a link"), "{}", explain.stderr);
+    assert!(!d.run(&["doctor"]).stdout.contains("is a link"));
+}
+
+/// A deployment without a triggers file has no trigger, and the commands that take one by its
+/// index say that the file is not there.
+#[test]
+fn a_missing_triggers_file_has_no_trigger() {
+    let d = Deployment::new();
+    assert_eq!(d.run(&["init"]).code, 0);
+    let file = d.path().join("triggers.json");
+    std::fs::remove_file(&file).unwrap();
+    let said = format!("{} does not exist, so it has no trigger 0", file.display());
+    let explain = d.run(&["explain", "--trigger", "0"]);
+    assert_eq!(explain.code, 2);
+    assert!(explain.stderr.contains(&said), "{}", explain.stderr);
+    let run = d.run(&["run", "--trigger", "0"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains(&said), "{}", run.stderr);
+}
