@@ -27,6 +27,10 @@ pub enum Level {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Check {
+    /// What is checked, the same from run to run whatever the outcome, so that scripts and the
+    /// panel can refer to it: `area.check`, and `:subject` when the check is made once per server,
+    /// trigger, endpoint or setting (`mcp.server-refused:docs`, `admission.trigger:2`).
+    pub id: String,
     pub level: Level,
     pub label: String,
     /// What to do about it; every check that is not ok has one.
@@ -37,8 +41,9 @@ pub struct Check {
 }
 
 impl Check {
-    pub fn ok(label: impl Into<String>) -> Check {
+    pub fn ok(id: impl Into<String>, label: impl Into<String>) -> Check {
         Check {
+            id: id.into(),
             level: Level::Ok,
             label: label.into(),
             fix: None,
@@ -46,8 +51,9 @@ impl Check {
         }
     }
 
-    pub fn warn(label: impl Into<String>, fix: impl Into<String>) -> Check {
+    pub fn warn(id: impl Into<String>, label: impl Into<String>, fix: impl Into<String>) -> Check {
         Check {
+            id: id.into(),
             level: Level::Warn,
             label: label.into(),
             fix: Some(fix.into()),
@@ -55,8 +61,9 @@ impl Check {
         }
     }
 
-    pub fn fail(label: impl Into<String>, fix: impl Into<String>) -> Check {
+    pub fn fail(id: impl Into<String>, label: impl Into<String>, fix: impl Into<String>) -> Check {
         Check {
+            id: id.into(),
             level: Level::Fail,
             label: label.into(),
             fix: Some(fix.into()),
@@ -202,7 +209,7 @@ fn isolation_checks(inputs: &Inputs, out: &mut Vec<Check>) {
     let s = &inputs.settings;
     let i = &inputs.isolation;
     if !i.root {
-        out.push(Check::warn(
+        out.push(Check::warn("isolation.root", 
             "the worker is not root: its jobs run as its own user, without ids of their own or bounds, so its other processes can reach them",
             "run the worker as root (the example unit does; docs/sandbox.md)",
         ));
@@ -210,11 +217,11 @@ fn isolation_checks(inputs: &Inputs, out: &mut Vec<Check>) {
     }
     let (first, last) = s.job_uids;
     out.push(if i.ids_claimed.is_empty() {
-        Check::ok(format!(
+        Check::ok("isolation.job-ids", format!(
             "job ids: each job runs as an id of {first}-{last} (PI_JOB_UIDS), which no user or group of this host has"
         ))
     } else {
-        Check::fail(
+        Check::fail("isolation.job-ids", 
             format!(
                 "PI_JOB_UIDS ({first}-{last}) holds ids this host gives to others: {}",
                 i.ids_claimed.join(", ")
@@ -223,24 +230,24 @@ fn isolation_checks(inputs: &Inputs, out: &mut Vec<Check>) {
         )
     });
     out.push(if i.cgroups {
-        Check::ok(format!(
+        Check::ok("isolation.job-bounds", format!(
             "job bounds: {} processes, {} MiB of memory, {} s of CPU time (PI_JOB_PIDS, PI_JOB_MEMORY_MB, PI_JOB_CPU_SECS)",
             s.job_pids,
             s.job_memory_bytes >> 20,
             s.job_cpu_secs
         ))
     } else {
-        Check::warn(
+        Check::warn("isolation.job-bounds", 
             "no control groups the worker can make: jobs run without PI_JOB_PIDS, PI_JOB_MEMORY_MB and PI_JOB_CPU_SECS",
             "give the worker cgroup v1's pids and memory hierarchies, or a delegated cgroup v2 group (Delegate=yes; docs/sandbox.md)",
         )
     });
     out.push(match &i.no_disk {
-        None => Check::ok(format!(
+        None => Check::ok("isolation.job-disk", format!(
             "job disk: each job writes at most {} MiB, on a disk of its own (PI_JOB_DISK_MB)",
             s.job_disk_bytes >> 20
         )),
-        Some(why) => Check::warn(
+        Some(why) => Check::warn("isolation.job-disk", 
             format!("{why}: jobs write to their workspace without PI_JOB_DISK_MB"),
             "install e2fsprogs and give the worker loop devices (/dev/loop-control; docs/sandbox.md)",
         ),
@@ -256,9 +263,9 @@ fn podman_checks(inputs: &Inputs, base: Option<&str>, out: &mut Vec<Check>) {
         .unwrap_or(config::settings::DEFAULT_JOB_IMAGE);
     let engine = inputs.settings.sandbox.engine().unwrap_or(PODMAN);
     out.push(if is_executable(Path::new(engine)) {
-        Check::ok(format!("container engine: {engine} (PI_SANDBOX)"))
+        Check::ok("sandbox.engine", format!("container engine: {engine} (PI_SANDBOX)"))
     } else {
-        Check::fail(
+        Check::fail("sandbox.engine", 
             format!("PI_SANDBOX names a container engine, and {engine} is not installed: no job can start"),
             "install Debian's podman and runc packages (or Docker, for PI_SANDBOX=docker)",
         )
@@ -279,14 +286,14 @@ fn podman_checks(inputs: &Inputs, base: Option<&str>, out: &mut Vec<Check>) {
         ),
     };
     out.push(match (installed, &inputs.image_pi_version) {
-        (true, Some(v)) => Check::ok(format!("job image {image}: pi {v}")),
-        (true, None) => Check::warn(
+        (true, Some(v)) => Check::ok("image", format!("job image {image}: pi {v}")),
+        (true, None) => Check::warn("image", 
             format!("job image {image} declares no pi version"),
             format!("make it again: {how}"),
         ),
         (false, _) => Check {
             reason: Some("job-image-missing".to_owned()),
-            ..Check::fail(
+            ..Check::fail("image", 
                 format!(
                     "job image {image} is not there: jobs that use it are refused (job-image-missing)"
                 ),
@@ -431,8 +438,10 @@ pub fn mcp_auth_path(settings: &Settings) -> PathBuf {
 pub fn settings_failed(errors: &[String], dir: &Path) -> Vec<Check> {
     errors
         .iter()
-        .map(|e| {
+        .enumerate()
+        .map(|(i, e)| {
             Check::fail(
+                format!("settings.error:{i}"),
                 format!("settings: {e}"),
                 format!(
                     "correct it in {}/.env or in the environment; nothing else is checked until the settings read",
@@ -448,11 +457,15 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
     let s = &inputs.settings;
     let mut out = Vec::new();
     if inputs.unknown_settings.is_empty() {
-        out.push(Check::ok("settings: the environment and .env read cleanly"));
+        out.push(Check::ok(
+            "settings",
+            "settings: the environment and .env read cleanly",
+        ));
     }
     for (name, meant) in &inputs.unknown_settings {
         let meant = meant.map_or(String::new(), |m| format!(" (did you mean {m}?)"));
         out.push(Check::warn(
+            format!("settings.unknown:{name}"),
             format!("settings: {name} is not a setting pi-dispatch reads{meant}; it is ignored"),
             "rename or remove it in .env or the environment",
         ));
@@ -462,9 +475,12 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
     }
     let overlay = s.overlay_dir.display();
     match inputs.overlay_kind {
-        Ok(Kind::Dir) => out.push(Check::ok(format!("overlay folder: {overlay}"))),
+        Ok(Kind::Dir) => out.push(Check::ok(
+            "overlay.folder",
+            format!("overlay folder: {overlay}"),
+        )),
         Ok(Kind::Missing) => {
-            out.push(Check::warn(
+            out.push(Check::warn("overlay.folder", 
                 format!(
                     "overlay folder {overlay} does not exist: only jobs that name no server but forge can run"
                 ),
@@ -474,13 +490,14 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
         }
         Err(kind) => {
             out.push(Check::fail(
+                "overlay.folder",
                 format!("overlay folder {overlay} cannot be checked ({kind})"),
                 "make the overlay folder readable by the user that runs pi-dispatch",
             ));
             return out;
         }
         Ok(Kind::Link) => {
-            out.push(Check::fail(
+            out.push(Check::fail("overlay.folder", 
                 format!("overlay folder {overlay} is a link"),
                 "set PI_GLOBAL_PI_DIR to the real folder: the overlay is mounted into jobs, and a link could point anywhere",
             ));
@@ -488,6 +505,7 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
         }
         Ok(Kind::File | Kind::Other) => {
             out.push(Check::fail(
+                "overlay.folder",
                 format!("overlay folder {overlay} is not a folder"),
                 "set PI_GLOBAL_PI_DIR to a folder (`pi-dispatch init` makes one)",
             ));
@@ -496,21 +514,22 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
     }
     out.push(if inputs.auth_json {
         Check::fail(
+            "overlay.auth-json",
             "auth.json is in the overlay: every job could read pi's stored credentials",
             format!("delete {overlay}/auth.json; jobs get their provider key from the worker"),
         )
     } else {
-        Check::ok("no auth.json in the overlay")
+        Check::ok("overlay.auth-json", "no auth.json in the overlay")
     });
     out.push(if inputs.mcp_auth_json {
-        Check::fail(
+        Check::fail("overlay.mcp-auth-json", 
             "mcp-auth.json is in the overlay: every job could read pi's MCP sign-in tokens",
             format!(
                 "delete {overlay}/mcp-auth.json (`pi-dispatch doctor --fix` asks before deleting it); give servers a token in a header instead"
             ),
         )
     } else {
-        Check::ok("no mcp-auth.json in the overlay")
+        Check::ok("overlay.mcp-auth-json", "no mcp-auth.json in the overlay")
     });
     mcp_checks(inputs, &mut out);
     models_check(inputs, &mut out);
@@ -534,7 +553,7 @@ fn deployment_checks(inputs: &Inputs, out: &mut Vec<Check>) -> bool {
     let triggers = s.triggers_file.display();
     let init = format!("`pi-dispatch init {dir}`");
     if !is_deployment(inputs) {
-        out.push(Check::fail(
+        out.push(Check::fail("deployment", 
             format!(
                 "{dir} is not a pi-dispatch deployment: it has no .env, no triggers file ({triggers}) and no overlay folder ({})",
                 s.overlay_dir.display()
@@ -547,6 +566,7 @@ fn deployment_checks(inputs: &Inputs, out: &mut Vec<Check>) -> bool {
     }
     if !inputs.dotenv {
         out.push(Check::warn(
+            "deployment.env-file",
             format!("no .env in {dir}: every setting is the environment's or its default"),
             format!(
                 "{init} writes one with every setting explained (it only adds what is missing)"
@@ -554,7 +574,7 @@ fn deployment_checks(inputs: &Inputs, out: &mut Vec<Check>) -> bool {
         ));
     }
     if !inputs.triggers_file {
-        out.push(Check::warn(
+        out.push(Check::warn("deployment.triggers-file", 
             format!("the triggers file {triggers} does not exist: the worker has no trigger to run"),
             format!(
                 "{init} writes an empty one (or set PI_TRIGGERS_FILE); add triggers and check them with `pi-dispatch triggers check`"
@@ -573,13 +593,13 @@ fn runtime_checks(inputs: &Inputs, out: &mut Vec<Check>) {
     }
     out.push(if inputs.bwrap {
         match &inputs.sandbox {
-            None => Check::ok(format!("bubblewrap: {BWRAP}")),
-            Some(Ok(())) => Check::ok(format!(
+            None => Check::ok("sandbox.bubblewrap", format!("bubblewrap: {BWRAP}")),
+            Some(Ok(())) => Check::ok("sandbox.bubblewrap", format!(
                 "bubblewrap: {BWRAP}, a job's sandbox starts and confines its processes"
             )),
             Some(Err(why)) => Check {
                 reason: Some("container-never-started".to_owned()),
-                ..Check::fail(
+                ..Check::fail("sandbox.bubblewrap", 
                     format!(
                         "bubblewrap is installed but a job's sandbox does not start: {why} (every job would end container-never-started)"
                     ),
@@ -588,7 +608,7 @@ fn runtime_checks(inputs: &Inputs, out: &mut Vec<Check>) {
             },
         }
     } else {
-        Check::fail(
+        Check::fail("sandbox.bubblewrap", 
             format!("bubblewrap is not installed ({BWRAP}): no job can start"),
             "install Debian's bubblewrap package (scripts/install does)",
         )
@@ -596,6 +616,7 @@ fn runtime_checks(inputs: &Inputs, out: &mut Vec<Check>) {
     isolation_checks(inputs, out);
     if inputs.setpriv == Some(false) {
         out.push(Check::fail(
+            "sandbox.setpriv",
             format!("setpriv is not installed ({SETPRIV}): a root worker starts no job"),
             "install Debian's util-linux package",
         ));
@@ -605,14 +626,14 @@ fn runtime_checks(inputs: &Inputs, out: &mut Vec<Check>) {
         .as_deref()
         .unwrap_or(config::settings::DEFAULT_JOB_IMAGE);
     out.push(match (inputs.image_runner, &inputs.image_pi_version) {
-        (true, Some(v)) => Check::ok(format!("job image {image}: pi {v}")),
-        (true, None) => Check::warn(
+        (true, Some(v)) => Check::ok("image", format!("job image {image}: pi {v}")),
+        (true, None) => Check::warn("image", 
             format!("job image {image} has no pi version in its image.json"),
             format!("rebuild it: `pi-dispatch image install {image}`"),
         ),
         (false, _) => Check {
             reason: Some("job-image-missing".to_owned()),
-            ..Check::fail(
+            ..Check::fail("image", 
                 format!(
                     "job image {image} is not installed: jobs that use it are refused (job-image-missing)"
                 ),
@@ -626,12 +647,13 @@ fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
     let overlay = match &inputs.mcp {
         Read::Missing => {
             out.push(Check::ok(
+                "mcp.file",
                 "mcp.json: none in the overlay, so jobs connect no MCP server (forge needs none)",
             ));
             return;
         }
         Read::Failed(why) => {
-            out.push(Check::fail(
+            out.push(Check::fail("mcp.file", 
                 format!("mcp.json cannot be read: {why}"),
                 "fix the file (`pi-dispatch mcp check` shows details) or run `pi-dispatch import-pi` again; until then every job that names a server is refused",
             ));
@@ -645,11 +667,14 @@ fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
         .filter(|s| s.offered().is_some())
         .map(|s| s.name.as_str())
         .collect();
-    out.push(Check::ok(format!(
-        "mcp.json reads: {} offered{}",
-        plural(offered.len(), "server"),
-        list(&offered)
-    )));
+    out.push(Check::ok(
+        "mcp.file",
+        format!(
+            "mcp.json reads: {} offered{}",
+            plural(offered.len(), "server"),
+            list(&offered)
+        ),
+    ));
     let off: Vec<&str> = overlay
         .servers
         .iter()
@@ -657,13 +682,14 @@ fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
         .map(|s| s.name.as_str())
         .collect();
     if !off.is_empty() {
-        out.push(Check::ok(format!(
-            "turned off (not offered): {}",
-            off.join(", ")
-        )));
+        out.push(Check::ok(
+            "mcp.turned-off",
+            format!("turned off (not offered): {}", off.join(", ")),
+        ));
     }
     if !overlay.codemode_models {
         out.push(Check::ok(
+            "mcp.codemode-models",
             "codemodeModels is false: codemode scripts cannot call models in any job",
         ));
     }
@@ -673,6 +699,7 @@ fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
         }
         let fix: Vec<String> = entry.problems().iter().map(ToString::to_string).collect();
         out.push(Check::warn(
+            format!("mcp.server-refused:{}", shown(&entry.name)),
             format!(
                 "server {} is refused: a job that names it is refused",
                 shown(&entry.name)
@@ -682,7 +709,7 @@ fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
     }
     for server in overlay.servers.iter().filter_map(|s| s.offered()) {
         if let Some(runner) = server.package_runner() {
-            out.push(Check::warn(
+            out.push(Check::warn(format!("mcp.package-runner:{}", server.name), 
                 format!(
                     "server {} uses the package runner {runner}: it downloads the server at every job start, at whatever version the registry serves",
                     server.name
@@ -692,6 +719,7 @@ fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
         }
         for w in server.warnings() {
             out.push(Check::warn(
+                format!("mcp.server-warning:{}:{}", server.name, w.code),
                 format!("server {}: {} [{}]", server.name, w.message, w.code),
                 w.fix,
             ));
@@ -702,12 +730,12 @@ fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
 fn models_check(inputs: &Inputs, out: &mut Vec<Check>) {
     match &inputs.models {
         Read::Missing => {}
-        Read::Parsed(_) => out.push(Check::ok("models.json in the overlay holds no credential")),
-        Read::Failed(why) if inputs.models_refused => out.push(Check::fail(
+        Read::Parsed(_) => out.push(Check::ok("models.file", "models.json in the overlay holds no credential")),
+        Read::Failed(why) if inputs.models_refused => out.push(Check::fail("models.file", 
             format!("models.json in the overlay: {why}"),
             "write each key as $NAME (a variable the job is given), or run `pi-dispatch import-pi` from a host file that does",
         )),
-        Read::Failed(why) => out.push(Check::fail(
+        Read::Failed(why) => out.push(Check::fail("models.file", 
             format!("models.json in the overlay cannot be read: {why}"),
             "make it plain JSON, not a link (pi-dispatch reads it strictly), or run `pi-dispatch import-pi` again",
         )),
@@ -718,15 +746,15 @@ fn models_check(inputs: &Inputs, out: &mut Vec<Check>) {
 fn proxy_checks(proof: &dyn RouteProof, out: &mut Vec<Check>) {
     match proof.proxy() {
         ProxyFound::NotAsked => return,
-        ProxyFound::Running { pid, jobs } => out.push(Check::ok(format!(
+        ProxyFound::Running { pid, jobs } => out.push(Check::ok("egress.proxy", format!(
             "egress proxy: running (pid {pid}, {} open)",
             plural(jobs, "job")
         ))),
-        ProxyFound::StartedForDoctor => out.push(Check::ok(
+        ProxyFound::StartedForDoctor => out.push(Check::ok("egress.proxy", 
             "egress proxy: none running (the worker starts its own); doctor checked with one of its own on the same files",
         )),
         ProxyFound::Unavailable(why) => {
-            out.push(Check::fail(
+            out.push(Check::fail("egress.proxy", 
                 format!("egress proxy: none answers and none can be started ({why}): jobs with egress on cannot run"),
                 "run `pi-dispatch egress-proxy` in the foreground to see why it stops, or set PI_EGRESS=0",
             ));
@@ -734,8 +762,8 @@ fn proxy_checks(proof: &dyn RouteProof, out: &mut Vec<Check>) {
         }
     }
     out.push(match proof.canary() {
-        Ok(()) => Check::ok("egress proxy: a host on no list is refused"),
-        Err(why) => Check::fail(
+        Ok(()) => Check::ok("egress.proxy-refuses", "egress proxy: a host on no list is refused"),
+        Err(why) => Check::fail("egress.proxy-refuses", 
             format!("egress proxy: a host on no list was not refused ({why})"),
             "stop the process that answers on the egress control socket: it is not pi-dispatch's proxy, or not this version's",
         ),
@@ -748,15 +776,19 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
     let endpoints_file = s.model_endpoints.display();
     let allowlist = match &inputs.allowlist {
         Read::Parsed(a) => {
-            out.push(Check::ok(format!(
-                "{} reads: {}",
-                file_name(&s.egress_allowlist),
-                plural(a.len(), "host")
-            )));
+            out.push(Check::ok(
+                "egress.allowlist",
+                format!(
+                    "{} reads: {}",
+                    file_name(&s.egress_allowlist),
+                    plural(a.len(), "host")
+                ),
+            ));
             Some(a)
         }
         Read::Missing if s.egress => {
             out.push(Check::fail(
+                "egress.allowlist",
                 format!("{allow_file} does not exist, and the egress policy is on"),
                 "run `pi-dispatch init` to write it, then add one host a line",
             ));
@@ -764,7 +796,7 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
         }
         Read::Missing => None,
         Read::Failed(why) => {
-            out.push(Check::fail(
+            out.push(Check::fail("egress.allowlist", 
                 format!("{} cannot be read: {why}", file_name(&s.egress_allowlist)),
                 format!("fix {allow_file}: one bare host a line, '#' comments, a leading '.' for subdomains"),
             ));
@@ -773,22 +805,29 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
     };
     let declared = match &inputs.endpoints {
         Read::Parsed(e) => {
-            out.push(Check::ok(format!(
-                "{} reads: {} declared",
-                file_name(&s.model_endpoints),
-                plural(e.endpoints.len(), "endpoint")
-            )));
+            out.push(Check::ok(
+                "egress.endpoints",
+                format!(
+                    "{} reads: {} declared",
+                    file_name(&s.model_endpoints),
+                    plural(e.endpoints.len(), "endpoint")
+                ),
+            ));
             Some(e)
         }
         Read::Missing => {
-            out.push(Check::ok(format!(
-                "{}: none, so no model endpoints are declared",
-                file_name(&s.model_endpoints)
-            )));
+            out.push(Check::ok(
+                "egress.endpoints",
+                format!(
+                    "{}: none, so no model endpoints are declared",
+                    file_name(&s.model_endpoints)
+                ),
+            ));
             Some(&EMPTY)
         }
         Read::Failed(why) => {
             out.push(Check::fail(
+                "egress.endpoints",
                 format!("{} cannot be read: {why}", file_name(&s.model_endpoints)),
                 format!("fix {endpoints_file} (`pi-dispatch init` writes an empty one)"),
             ));
@@ -796,7 +835,7 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
         }
     };
     if !s.egress {
-        out.push(Check::warn(
+        out.push(Check::warn("egress.policy", 
             "egress policy off (PI_EGRESS=0): jobs can reach any host",
             "set PI_EGRESS=1 (or leave it empty) so that jobs reach only the allowlisted hosts and declared endpoints, through the egress proxy",
         ));
@@ -806,7 +845,7 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
     if let Some(declared) = declared {
         for e in &declared.endpoints {
             if config::url::is_loopback(&e.host) {
-                out.push(Check::ok(format!(
+                out.push(Check::ok(format!("egress.local-endpoint:{}", e.id), format!(
                     "declared endpoint {} is on this machine ({}:{}): jobs reach that port of it and nothing else here",
                     e.id, e.host, e.port
                 )));
@@ -842,11 +881,11 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
                     }
                 };
                 match proven {
-                    Ok(()) => out.push(Check::ok(format!(
+                    Ok(()) => out.push(Check::ok(format!("egress.server-route:{}", server.name), format!(
                         "server {}: the route to declared endpoint {id} ({host}:{port}) is proven",
                         server.name
                     ))),
-                    Err(why) => out.push(Check::warn(
+                    Err(why) => out.push(Check::warn(format!("egress.server-route:{}", server.name), 
                         format!(
                             "server {} is on declared endpoint {id} ({host}:{port}), which no overlay model uses: {why}",
                             server.name
@@ -873,6 +912,7 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
                     )
                 };
                 out.push(Check::warn(
+                    format!("egress.server-route:{}", server.name),
                     format!(
                         "server {} is out of the egress proxy's reach ({host} on port {port}): {}",
                         server.name,

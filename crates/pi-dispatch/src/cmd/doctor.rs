@@ -119,7 +119,12 @@ pub fn checks(ctx: &Context, fix: bool) -> anyhow::Result<Vec<Check>> {
                 checks.extend(forge_checks(&settings, &env));
                 checks.extend(admission_checks(&settings, &env));
             }
-            checks.extend(notes.into_iter().map(Check::ok));
+            checks.extend(
+                notes
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, note)| Check::ok(format!("fix:{i}"), note)),
+            );
             checks
         }
     })
@@ -149,6 +154,7 @@ fn queue_checks(
         Ok(info) => info,
         Err(e) => {
             return vec![Check::fail(
+                "queue.redis",
                 format!("the queue's Redis ({url}) cannot be used: {e}"),
                 format!(
                     "start it, or correct {} (and {} if it has a password); every command that queues or runs jobs needs it",
@@ -170,17 +176,21 @@ fn queue_checks(
         .and_then(|m| m.parse().ok())
         .unwrap_or(0);
     let mut out = vec![if major >= 6 {
-        Check::ok(format!("queue: Redis {version} at {url} answers"))
+        Check::ok(
+            "queue.redis",
+            format!("queue: Redis {version} at {url} answers"),
+        )
     } else {
         Check::fail(
+            "queue.redis",
             format!("queue: Redis {version} at {url} is older than 6"),
             "use Redis 6 or later (or Valkey)".to_owned(),
         )
     }];
     out.push(if field("aof_enabled") == Some("1") {
-        Check::ok("queue: Redis keeps an append-only file (jobs survive its restart)".to_owned())
+        Check::ok("queue.redis-aof", "queue: Redis keeps an append-only file (jobs survive its restart)".to_owned())
     } else {
-        Check::warn(
+        Check::warn("queue.redis-aof", 
             "queue: Redis has no append-only file: a restart of Redis can lose queued jobs, or run a finished one again".to_owned(),
             "set appendonly yes in redis.conf (appendfsync always keeps every acknowledged change; everysec may lose the last second)".to_owned(),
         )
@@ -201,13 +211,13 @@ fn forge_checks(
         (None, None) => {}
         (Some(id), Some(file)) => match crate::cmd::worker::github_app_key(settings) {
             Some(Ok(_)) => {
-                out.push(Check::ok(format!(
+                out.push(Check::ok("forge.github", format!(
                     "GitHub App {id}: its key ({}) reads and can sign",
                     file.display()
                 )));
                 use std::os::unix::fs::PermissionsExt as _;
                 if std::fs::metadata(file).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
-                    out.push(Check::warn(
+                    out.push(Check::warn("forge.github-key-mode", 
                         format!(
                             "the GitHub App's key ({}) can be read by others than its owner",
                             file.display()
@@ -216,7 +226,7 @@ fn forge_checks(
                     ));
                 }
             }
-            Some(Err(why)) => out.push(Check::fail(
+            Some(Err(why)) => out.push(Check::fail("forge.github", 
                 format!(
                     "the GitHub App's key ({}) {why}: github jobs would end forge-token-failed",
                     file.display()
@@ -228,7 +238,7 @@ fn forge_checks(
             )),
             None => {}
         },
-        _ => out.push(Check::fail(
+        _ => out.push(Check::fail("forge.github", 
             "a GitHub App is half set up: github jobs are refused (forge-unconfigured)".to_owned(),
             format!(
                 "set both {} and {}",
@@ -243,12 +253,12 @@ fn forge_checks(
     ) {
         (None, false) => {}
         (Some(url), true) => out.push(match pickup::admission::gitlab_api_url(url) {
-            Some(_) => Check::ok(format!(
+            Some(_) => Check::ok("forge.gitlab", format!(
                 "GitLab: {} and {} are set",
                 s::GITLAB_URL_SETTING,
                 s::GITLAB_TOKEN_SETTING
             )),
-            None => Check::fail(
+            None => Check::fail("forge.gitlab", 
                 format!(
                     "{} is not a plain http(s) URL: gitlab jobs are refused (forge-unconfigured)",
                     s::GITLAB_URL_SETTING
@@ -256,7 +266,7 @@ fn forge_checks(
                 "write GitLab's address as a browser shows it, such as https://gitlab.example.com, with no user, password, query or fragment".to_owned(),
             ),
         }),
-        _ => out.push(Check::fail(
+        _ => out.push(Check::fail("forge.gitlab", 
             "GitLab is half set up: gitlab jobs are refused (forge-unconfigured)".to_owned(),
             format!(
                 "set both {} and {} (a bot's token with the Developer role, in the worker's environment file)",
@@ -278,44 +288,49 @@ fn admission_checks(
     let deployment = pickup::fs::Deployment::new(settings, env)
         .with_github_key(crate::cmd::worker::github_key_usable(settings));
     let mut out = Vec::new();
-    let refused = |label: String, decision: &Decision| -> Check {
+    let refused = |id: String, label: String, decision: &Decision| -> Check {
         match decision {
             Decision::Refuse(r) => {
                 let label = format!("{label}: refused, {}: {}", r.reason, r.detail.why);
                 // A forge trigger is refused by this version whatever else holds: said, not failed.
                 let mut check = if r.reason == protocol::reason::Reason::JobKindUnsupported {
-                    Check::warn(label, r.fix.clone())
+                    Check::warn(id, label, r.fix.clone())
                 } else {
-                    Check::fail(label, r.fix.clone())
+                    Check::fail(id, label, r.fix.clone())
                 };
                 check.reason = Some(r.reason.as_str().to_owned());
                 check
             }
             Decision::Retry { detail } => Check::warn(
+                id,
                 format!("{label}: cannot be decided now ({detail})"),
                 "check that the deployment's files can be read; the worker tries again",
             ),
-            Decision::Admit(_) => Check::ok(label),
+            Decision::Admit(_) => Check::ok(id, label),
         }
     };
     match deployment.default_model() {
-        Ok(m) => out.push(Check::ok(format!(
-            "default model {}/{}: {}{}",
-            m.provider,
-            m.model,
-            if m.source == "builtin" {
-                "in pi's catalog"
-            } else {
-                "in the overlay's models.json"
-            },
-            match &m.key_variable {
-                Some(v) => format!(", its key in {v}"),
-                None => ", keyless".to_owned(),
-            }
-        ))),
+        Ok(m) => out.push(Check::ok(
+            "admission.default-model",
+            format!(
+                "default model {}/{}: {}{}",
+                m.provider,
+                m.model,
+                if m.source == "builtin" {
+                    "in pi's catalog"
+                } else {
+                    "in the overlay's models.json"
+                },
+                match &m.key_variable {
+                    Some(v) => format!(", its key in {v}"),
+                    None => ", keyless".to_owned(),
+                }
+            ),
+        )),
         // No default: a job must name its own model (the worker refuses one that does not).
         Err(Decision::Refuse(r)) if r.reason == protocol::reason::Reason::ModelUnset => {
             let mut check = Check::warn(
+                "admission.default-model",
                 "no default model (PI_PROVIDER, PI_MODEL): a job that names none is refused (model-unset)",
                 r.fix.clone(),
             );
@@ -323,6 +338,7 @@ fn admission_checks(
             out.push(check);
         }
         Err(d) => out.push(refused(
+            "admission.default-model".to_owned(),
             "default model (PI_PROVIDER, PI_MODEL)".to_owned(),
             &d,
         )),
@@ -331,6 +347,7 @@ fn admission_checks(
         Ok(all) => all,
         Err(e) => {
             out.push(Check::fail(
+                "admission.triggers-file",
                 format!("{e}: no trigger can queue a job"),
                 "`pi-dispatch triggers check` lists every error",
             ));
@@ -355,7 +372,11 @@ fn admission_checks(
                 trigger.run.kind.as_str()
             ),
         };
-        out.push(refused(label, &decision));
+        out.push(refused(
+            format!("admission.trigger:{}", trigger.index),
+            label,
+            &decision,
+        ));
     }
     out
 }

@@ -77,6 +77,63 @@ fn json_lists_every_check_with_level_label_and_fix() {
         && c["label"].as_str().unwrap().contains("mcp-auth.json")));
 }
 
+/// Each check has an id of its own, and keeps it whatever its outcome: scripts and the panel refer
+/// to checks by it.
+#[test]
+fn json_checks_carry_stable_ids() {
+    let ids = |run: &Run| -> Vec<(String, String)> {
+        json(run)["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let id = c["id"].as_str().unwrap_or_else(|| panic!("no id: {c}"));
+                (id.to_owned(), c["level"].as_str().unwrap().to_owned())
+            })
+            .collect()
+    };
+    let d = realistic();
+    let before = ids(&d.run(&["doctor", "--json"]));
+    assert!(before.len() >= 8);
+    let mut unique: Vec<&str> = before.iter().map(|(id, _)| id.as_str()).collect();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), before.len(), "{before:?}");
+    for (id, _) in &before {
+        let (area, rest) = id.split_once('.').unwrap_or((id, ""));
+        assert!(
+            !area.is_empty()
+                && area.chars().all(|c| c.is_ascii_lowercase() || c == '-')
+                && rest
+                    .split(':')
+                    .next()
+                    .unwrap()
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '-'),
+            "{id}"
+        );
+    }
+    let level = |all: &[(String, String)], id: &str| {
+        all.iter()
+            .find(|(i, _)| i == id)
+            .map(|(_, level)| level.clone())
+    };
+    assert_eq!(
+        level(&before, "overlay.mcp-auth-json").as_deref(),
+        Some("ok")
+    );
+
+    // The same check, failing, keeps its id; the others keep theirs.
+    std::fs::write(d.path().join("pi-global/mcp-auth.json"), "{}").unwrap();
+    let after = ids(&d.run(&["doctor", "--json"]));
+    assert_eq!(
+        level(&after, "overlay.mcp-auth-json").as_deref(),
+        Some("fail")
+    );
+    let names = |all: &[(String, String)]| all.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&before), names(&after));
+}
+
 #[test]
 fn fix_without_a_terminal_deletes_nothing() {
     let d = realistic();
