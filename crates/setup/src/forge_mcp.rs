@@ -249,13 +249,111 @@ mod tests {
         assert!(!GITLAB_LOCK.contains("\"resolved\""));
     }
 
+    /// Runs `wrapper` (reached through a link, as a job reaches it from /usr/local/bin) from a
+    /// folder laid out as the image's `forge-mcp/`, where `program` (relative to it) and `node` on
+    /// PATH are stand-ins that write what they were started with: their arguments, then their
+    /// environment, one entry a line.
+    fn started_by(
+        wrapper: &str,
+        program: &str,
+        env: &[(&str, &str)],
+    ) -> (Vec<String>, Vec<String>) {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let here = dir.path().join("forge-mcp");
+        let said = dir.path().join("said");
+        let stand_in = format!(
+            "#!/bin/sh\n{{ for a in \"$@\"; do echo \"arg $a\"; done; env | sed 's/^/env /'; }} > {}\n",
+            said.display()
+        );
+        let executable = |path: &Path, text: &str| {
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, text).unwrap();
+            fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        executable(&here.join("forge-mcp"), wrapper);
+        executable(&here.join(program), &stand_in);
+        executable(&dir.path().join("bin/node"), &stand_in);
+        fs::create_dir_all(here.join("github")).unwrap();
+        fs::write(here.join("github/toolsets"), "default\n").unwrap();
+        let link = dir.path().join("forge-mcp-link");
+        std::os::unix::fs::symlink(here.join("forge-mcp"), &link).unwrap();
+        let status = Command::new(&link)
+            .env_clear()
+            .env(
+                "PATH",
+                format!("{}:/usr/bin:/bin", dir.path().join("bin").display()),
+            )
+            .envs(env.iter().copied())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let said = fs::read_to_string(&said).unwrap();
+        let pick = |prefix: &str| {
+            said.lines()
+                .filter_map(|l| l.strip_prefix(prefix))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        let here = here.display().to_string();
+        let args = pick("arg ")
+            .into_iter()
+            .map(|a| a.replace(&here, "HERE"))
+            .collect();
+        (args, pick("env "))
+    }
+
     #[test]
     fn the_wrappers_set_what_the_spec_says_and_pass_on_no_cli_token() {
-        assert!(GITHUB_WRAPPER.contains("GITHUB_LOCKDOWN_MODE=1"));
-        assert!(GITHUB_WRAPPER.contains("github-mcp-server\" stdio"));
-        assert!(GITHUB_WRAPPER.contains("unset GH_TOKEN GITHUB_TOKEN"));
-        assert!(GITLAB_WRAPPER.contains("GITLAB_DISABLE_VERSION_CHECK=true"));
-        assert!(GITLAB_WRAPPER.contains("unset GITLAB_TOKEN GL_TOKEN"));
+        let tokens = [
+            ("GH_TOKEN", "cli-1"),
+            ("GITHUB_TOKEN", "cli-2"),
+            ("GITLAB_TOKEN", "cli-3"),
+            ("GL_TOKEN", "cli-4"),
+        ];
+        let (args, env) = started_by(
+            GITHUB_WRAPPER,
+            "github/github-mcp-server",
+            &[&tokens[..], &[("GITHUB_PERSONAL_ACCESS_TOKEN", "job")]].concat(),
+        );
+        assert_eq!(args, ["stdio"]);
+        for set in [
+            "GITHUB_TOOLSETS=default",
+            "GITHUB_LOCKDOWN_MODE=1",
+            "GITHUB_PERSONAL_ACCESS_TOKEN=job",
+        ] {
+            assert!(env.iter().any(|e| e == set), "{set}: {env:?}");
+        }
+        for gone in ["GH_TOKEN=", "GITHUB_TOKEN="] {
+            assert!(!env.iter().any(|e| e.starts_with(gone)), "{gone}: {env:?}");
+        }
+
+        let (args, env) = started_by(
+            GITLAB_WRAPPER,
+            "gitlab/node_modules/@zereight/mcp-gitlab/build/index.js",
+            &[
+                &tokens[..],
+                &[
+                    ("GITLAB_PERSONAL_ACCESS_TOKEN", "job"),
+                    ("GITLAB_API_URL", "https://gitlab.example.test/api/v4"),
+                ],
+            ]
+            .concat(),
+        );
+        assert_eq!(
+            args,
+            ["HERE/gitlab/node_modules/@zereight/mcp-gitlab/build/index.js"]
+        );
+        for set in [
+            "GITLAB_DISABLE_VERSION_CHECK=true",
+            "GITLAB_PERSONAL_ACCESS_TOKEN=job",
+            "GITLAB_API_URL=https://gitlab.example.test/api/v4",
+        ] {
+            assert!(env.iter().any(|e| e == set), "{set}: {env:?}");
+        }
+        for gone in ["GITLAB_TOKEN=", "GL_TOKEN="] {
+            assert!(!env.iter().any(|e| e.starts_with(gone)), "{gone}: {env:?}");
+        }
     }
 
     #[test]
