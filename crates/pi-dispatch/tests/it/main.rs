@@ -28,6 +28,7 @@ mod job_signals;
 mod layout;
 mod many_hosts;
 mod mcp_check;
+mod one_wait;
 mod outcomes;
 mod panel;
 mod run;
