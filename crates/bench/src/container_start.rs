@@ -5,7 +5,7 @@
 //! each backend's `Backend::start` as the worker starts a job, waited for, and ended, the two
 //! backends taking turns one run at a time after a few untimed runs each. A run is timed from just
 //! before `start` to the end of the wait (for Podman, the container removed too). The container's
-//! system is the test base image (`testkit::podman_base_image`, from `scripts/install`'s Debian root
+//! system is the test base image (`testkit::podman_base_image`, from `scripts/install-tests`'s Debian root
 //! filesystem), run with runc.
 
 use std::os::unix::fs::PermissionsExt as _;

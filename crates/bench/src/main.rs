@@ -174,7 +174,7 @@ struct Args {
     #[arg(long, default_value_t = 200)]
     pi_calls_warm_up: u32,
     /// Also set a job's start in a Podman container beside bubblewrap's (needs podman and the
-    /// tests' base image from scripts/install).
+    /// tests' base image from scripts/install-tests).
     #[arg(long)]
     containers: bool,
     /// Timed starts of each backend (after 3 warm-ups each).

@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The sandbox's contract, one suite run on both backends through the `Backend` trait: bubblewrap,
-//! and Podman (Debian's podman with runc, the test's base image from `scripts/install`). What a job
+//! and Podman (Debian's podman with runc, the test's base image from `scripts/install-tests`). What a job
 //! can see, write and reach, who it runs as, its exact environment, that no value of it is on a
 //! command line or in the engine's record of the container, and how it ends: at its time limit,
 //! when dropped, and with its worker.

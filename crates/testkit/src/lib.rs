@@ -27,7 +27,7 @@ pub fn node_modules() -> PathBuf {
 }
 
 /// The forge's own MCP servers as `image install --forge-mcp` takes them (`.tools/forge-mcp`, made
-/// by `scripts/install`).
+/// by `scripts/install-tests`).
 pub fn forge_mcp_source() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/forge-mcp");
     assert!(
@@ -35,7 +35,7 @@ pub fn forge_mcp_source() -> PathBuf {
             && dir
                 .join("gitlab/node_modules/@zereight/mcp-gitlab")
                 .is_dir(),
-        "{} is missing the forge's MCP servers: bash scripts/install",
+        "{} is missing the forge's MCP servers: bash scripts/install-tests",
         dir.display()
     );
     dir.canonicalize().unwrap()
@@ -164,14 +164,14 @@ pub fn processes_with(marker: &str) -> Vec<(u32, String)> {
 }
 
 /// The base image of the container backend's tests: a Debian root filesystem (`mmdebstrap
-/// --variant=essential`, made by `scripts/install` as `.tools/base-rootfs.tar`) imported into the
+/// --variant=essential`, made by `scripts/install-tests` as `.tools/base-rootfs.tar`) imported into the
 /// host's Podman once, under a tag named by the tarball's digest.
 pub fn podman_base_image() -> String {
     use std::hash::{Hash as _, Hasher as _};
     let tar = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/base-rootfs.tar");
     let meta = std::fs::metadata(&tar).unwrap_or_else(|e| {
         panic!(
-            "{} is missing ({e}): bash scripts/install makes it",
+            "{} is missing ({e}): bash scripts/install-tests makes it",
             tar.display()
         )
     });
@@ -181,7 +181,7 @@ pub fn podman_base_image() -> String {
     let exists = Command::new("podman")
         .args(["image", "exists", &image])
         .status()
-        .expect("podman runs (bash scripts/install installs it)");
+        .expect("podman runs (bash scripts/install-tests installs it)");
     if !exists.success() {
         let out = Command::new("podman")
             .arg("import")
@@ -204,7 +204,7 @@ pub fn podman_base_image() -> String {
     image
 }
 
-/// Removes the base images of earlier tarballs (each clone's `scripts/install` makes its own, and
+/// Removes the base images of earlier tarballs (each clone's `scripts/install-tests` makes its own, and
 /// each is a couple of hundred MB). One still in use by a container stays: Podman refuses it.
 fn remove_other_base_images(keep: &str) {
     let Ok(out) = Command::new("podman")

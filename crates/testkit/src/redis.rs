@@ -1,4 +1,4 @@
-//! A real Redis for a test: Debian's `redis-server` (installed by `scripts/install`), started on a
+//! A real Redis for a test: Debian's `redis-server` (installed by `scripts/install-tests`), started on a
 //! unix socket in a folder of its own (no port to race for), with its data in that folder. It can
 //! be stopped and started again on the same data (append-only file on, when asked), and is killed
 //! when dropped.
@@ -33,7 +33,7 @@ impl RedisServer {
     pub fn start_with(aof: bool) -> RedisServer {
         assert!(
             Path::new(REDIS_SERVER).is_file(),
-            "{REDIS_SERVER} is missing: install Debian's redis-server (bash scripts/install)"
+            "{REDIS_SERVER} is missing: install Debian's redis-server (bash scripts/install-tests)"
         );
         RedisServer::start_as(aof.then_some("always"), None)
     }
@@ -130,7 +130,7 @@ impl RedisServer {
     fn start_as(aof: Option<&'static str>, password: Option<String>) -> RedisServer {
         assert!(
             Path::new(REDIS_SERVER).is_file(),
-            "{REDIS_SERVER} is missing: install Debian's redis-server (bash scripts/install)"
+            "{REDIS_SERVER} is missing: install Debian's redis-server (bash scripts/install-tests)"
         );
         let mut server = RedisServer {
             dir: tempfile::tempdir().unwrap(),

@@ -40,7 +40,7 @@ impl Browser {
         for program in [CHROMIUM, CHROMEDRIVER] {
             assert!(
                 Path::new(program).is_file(),
-                "{program} is missing: bash scripts/install (Debian's chromium and chromium-driver)"
+                "{program} is missing: bash scripts/install-tests (Debian's chromium and chromium-driver)"
             );
         }
         let mut driver = Command::new(CHROMEDRIVER)

@@ -32,6 +32,7 @@ mod one_wait;
 mod outcomes;
 mod panel;
 mod run;
+mod scripts;
 mod service;
 mod terminal;
 mod triggers_check;

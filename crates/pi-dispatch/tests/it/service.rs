@@ -114,7 +114,9 @@ fn verify(text: &str, name: &str, env: &str) {
         .env_remove("SYSTEMD_LOG_LEVEL")
         .output()
         .unwrap_or_else(|e| {
-            panic!("systemd-analyze cannot run ({e}): scripts/install installs Debian's systemd")
+            panic!(
+                "systemd-analyze cannot run ({e}): scripts/install-tests installs Debian's systemd"
+            )
         });
     // verify exits 0 even for an unknown key or a value it cannot parse: any line it prints is a
     // complaint.
