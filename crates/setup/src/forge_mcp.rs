@@ -317,16 +317,15 @@ mod tests {
             &[&tokens[..], &[("GITHUB_PERSONAL_ACCESS_TOKEN", "job")]].concat(),
         );
         assert_eq!(args, ["stdio"]);
-        for set in [
-            "GITHUB_TOOLSETS=default",
-            "GITHUB_LOCKDOWN_MODE=1",
-            "GITHUB_PERSONAL_ACCESS_TOKEN=job",
-        ] {
-            assert!(env.iter().any(|e| e == set), "{set}: {env:?}");
-        }
-        for gone in ["GH_TOKEN=", "GITHUB_TOKEN="] {
-            assert!(!env.iter().any(|e| e.starts_with(gone)), "{gone}: {env:?}");
-        }
+        holds(
+            &env,
+            &[
+                "GITHUB_TOOLSETS=default",
+                "GITHUB_LOCKDOWN_MODE=1",
+                "GITHUB_PERSONAL_ACCESS_TOKEN=job",
+            ],
+            &["GH_TOKEN", "GITHUB_TOKEN"],
+        );
 
         let (args, env) = started_by(
             GITLAB_WRAPPER,
@@ -344,15 +343,25 @@ mod tests {
             args,
             ["HERE/gitlab/node_modules/@zereight/mcp-gitlab/build/index.js"]
         );
-        for set in [
-            "GITLAB_DISABLE_VERSION_CHECK=true",
-            "GITLAB_PERSONAL_ACCESS_TOKEN=job",
-            "GITLAB_API_URL=https://gitlab.example.test/api/v4",
-        ] {
+        holds(
+            &env,
+            &[
+                "GITLAB_DISABLE_VERSION_CHECK=true",
+                "GITLAB_PERSONAL_ACCESS_TOKEN=job",
+                "GITLAB_API_URL=https://gitlab.example.test/api/v4",
+            ],
+            &["GITLAB_TOKEN", "GL_TOKEN"],
+        );
+    }
+
+    /// That `env` (`NAME=VALUE` lines) has each of `set` and none of the names `gone`.
+    fn holds(env: &[String], set: &[&str], gone: &[&str]) {
+        for set in set {
             assert!(env.iter().any(|e| e == set), "{set}: {env:?}");
         }
-        for gone in ["GITLAB_TOKEN=", "GL_TOKEN="] {
-            assert!(!env.iter().any(|e| e.starts_with(gone)), "{gone}: {env:?}");
+        for gone in gone {
+            let gone = format!("{gone}=");
+            assert!(!env.iter().any(|e| e.starts_with(&gone)), "{gone}: {env:?}");
         }
     }
 

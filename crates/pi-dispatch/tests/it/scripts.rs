@@ -73,7 +73,13 @@ fn each_script_installs_what_the_readme_says_and_the_demo_only_what_it_needs() {
         );
     }
     // What only the tests use stays out of the demo's install and the demo itself.
-    for only_tests in [".tools", "mmdebstrap", "forge-mcp", "python3-pip", "pip download"] {
+    for only_tests in [
+        ".tools",
+        "mmdebstrap",
+        "forge-mcp",
+        "python3-pip",
+        "pip download",
+    ] {
         assert!(
             !install.contains(only_tests),
             "scripts/install mentions {only_tests}"
