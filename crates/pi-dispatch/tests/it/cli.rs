@@ -381,14 +381,20 @@ fn worker_for(d: &Deployment, args: &[&str], run: Duration) -> Run {
     run
 }
 
-#[test]
-fn a_refused_triggers_file_is_logged_once_with_why() {
+/// A deployment whose triggers file is refused (`triggers[0].run.flaw` is no field of a run).
+fn refused_triggers() -> Deployment {
     let d = deployment();
     d.write(
         "triggers.json",
         r#"{"triggers": [{"on": {"type": "cron", "id": "nightly", "pattern": "0 3 * * *"},
             "run": {"kind": "local", "folder": "/srv/repo", "task": "t", "flaw": "task"}}]}"#,
     );
+    d
+}
+
+#[test]
+fn a_refused_triggers_file_is_logged_once_with_why() {
+    let d = refused_triggers();
     // A worker that runs cron triggers: it reads the file once a second.
     let run = worker_for(&d, &["--log-format", "json"], Duration::from_millis(3500));
     let refused: Vec<Value> = json_events(&run.stderr)
@@ -445,12 +451,7 @@ fn logfmt(rest: &str) -> Result<Vec<(String, String)>, String> {
 /// Text log lines read back as logfmt, a value with spaces and quotes included.
 #[test]
 fn text_log_lines_are_logfmt() {
-    let d = deployment();
-    d.write(
-        "triggers.json",
-        r#"{"triggers": [{"on": {"type": "cron", "id": "nightly", "pattern": "0 3 * * *"},
-            "run": {"kind": "local", "folder": "/srv/repo", "task": "t", "flaw": "task"}}]}"#,
-    );
+    let d = refused_triggers();
     let run = worker_for(&d, &[], Duration::from_millis(2500));
     let mut why = None;
     for line in run.stderr.lines() {
