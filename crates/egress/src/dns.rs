@@ -72,9 +72,7 @@ async fn ask(server: SocketAddr, name: &str, qtype: u16) -> Vec<IpAddr> {
 /// A DNS query for `name` (`None` for a name DNS cannot carry) and its id.
 pub fn query(name: &str, qtype: u16) -> Option<(u16, Vec<u8>)> {
     // A random id: an answer must echo it.
-    let mut id = [0u8; 2];
-    getrandom::fill(&mut id).ok()?;
-    let id = u16::from_be_bytes(id);
+    let id = u16::from_be_bytes(protocol::ids::random::<2>().ok()?);
     let mut q = Vec::with_capacity(18 + name.len());
     q.extend_from_slice(&id.to_be_bytes());
     q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]); // RD; one question

@@ -133,8 +133,7 @@ impl Needles {
             for text in url_forms(bytes) {
                 any_case.add(v, "URL-encoded", text.into_bytes());
             }
-            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            any_case.add(v, "hex", hex.into_bytes());
+            any_case.add(v, "hex", protocol::ids::hex(bytes).into_bytes());
         }
         let longest = exact
             .patterns
@@ -251,7 +250,7 @@ mod tests {
         assert_eq!(found_in(&format!("?t={upper}")), Some("URL-encoded"));
         let all: String = TOKEN.bytes().map(|b| format!("%{b:02x}")).collect();
         assert_eq!(found_in(&all), Some("URL-encoded"));
-        let hex: String = TOKEN.bytes().map(|b| format!("{b:02x}")).collect();
+        let hex = protocol::ids::hex(TOKEN);
         assert_eq!(found_in(&hex), Some("hex"));
         assert_eq!(found_in(&hex.to_uppercase()), Some("hex"));
         // Nothing else, and a value too short is not searched for.

@@ -807,12 +807,7 @@ impl Drop for Detached {
 
 /// A fresh session id: 128 random bits, in hex.
 fn new_session_id() -> Option<String> {
-    use std::io::Read;
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .ok()?;
-    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    protocol::ids::random_hex::<16>().ok()
 }
 
 pub(crate) fn status(code: StatusCode) -> Response<HttpBody> {

@@ -64,9 +64,7 @@ impl HeldKey {
     /// A stand-in for `real`: random, and shaped like it where pi-ai reads the shape (an
     /// Anthropic OAuth token is sent as a bearer token, any other Anthropic key as `x-api-key`).
     pub fn new(provider: &str, real: String) -> std::io::Result<HeldKey> {
-        let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes).map_err(|_| std::io::Error::other("no random bytes"))?;
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = protocol::ids::random_hex::<16>()?;
         let marker = if real.contains("sk-ant-oat") {
             "sk-ant-oat01-"
         } else {

@@ -36,13 +36,9 @@ struct Session {
     since: Instant,
 }
 
-fn random_hex() -> String {
-    let mut bytes = [0u8; 32];
-    // Without randomness there is no session to hand out: an empty id matches none.
-    if getrandom::fill(&mut bytes).is_err() {
-        return String::new();
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// 32 random bytes as hex; without randomness there is no session to hand out.
+fn random_hex() -> Option<String> {
+    protocol::ids::random_hex::<32>().ok()
 }
 
 impl Sessions {
@@ -82,10 +78,7 @@ impl Sessions {
 
     /// A new session: its id and its CSRF token.
     fn open(&self) -> Option<(String, String)> {
-        let (id, csrf) = (random_hex(), random_hex());
-        if id.is_empty() || csrf.is_empty() {
-            return None;
-        }
+        let (id, csrf) = (random_hex()?, random_hex()?);
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         open.retain(|_, s| s.since.elapsed() < SESSION_FOR);
         open.insert(

@@ -139,13 +139,7 @@ struct Signed {
 fn mac(key: &[u8], body: &str) -> Option<String> {
     let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(key).ok()?;
     m.update(body.as_bytes());
-    Some(
-        m.finalize()
-            .into_bytes()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
-    )
+    Some(crate::ids::hex(m.finalize().into_bytes()))
 }
 
 /// The line to print: the content, made to fit [`MAX_LINE`] ([`ExitLine::fit`]), with an `hmac`

@@ -63,10 +63,7 @@ impl JobMcpFile {
 
 /// The digest a runner compares with [`DIGEST_VARIABLE`].
 pub fn digest(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::ids::hex(Sha256::digest(bytes))
 }
 
 fn string(s: &str) -> Json {

@@ -7,6 +7,7 @@ pub mod admitted;
 pub mod detail;
 pub mod exit_line;
 pub mod forge_event;
+pub mod ids;
 pub mod image;
 pub mod job;
 pub mod job_mcp;

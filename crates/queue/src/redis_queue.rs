@@ -573,17 +573,12 @@ fn describe(e: &RedisError) -> String {
     }
 }
 
-fn new_token() -> String {
-    let mut bytes = [0u8; 16];
-    // A token need only be unique, not secret: without randomness, the time and a counter.
-    if getrandom::fill(&mut bytes).is_err() {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        bytes[..8].copy_from_slice(&n.to_le_bytes());
-        bytes[8..].copy_from_slice(&(millis::of(SystemTime::now()) as u64).to_le_bytes());
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// A lease's token: 16 random bytes as hex.
+fn new_token(op: &'static str) -> Result<String, QueueError> {
+    protocol::ids::random_hex::<16>().map_err(|e| QueueError::Redis {
+        op,
+        detail: e.to_string(),
+    })
 }
 
 /// Reads a script's answer: what the scripts return is a fixed shape, so one that is not is a
@@ -644,7 +639,7 @@ impl Queue for RedisQueue {
     ) -> Result<Option<Lease>, QueueError> {
         const OP: &str = "lease a job";
         // One token for every try of this call: a try whose answer was lost is found again.
-        let token = new_token();
+        let token = new_token(OP)?;
         let until = millis::later(millis::of(now), lease_for);
         let lease_ms = i64::try_from(lease_for.as_millis())
             .unwrap_or(i64::MAX)

@@ -32,13 +32,10 @@ pub fn github_signature(secret: &[u8], body: &[u8]) -> String {
         return String::new();
     };
     mac.update(body);
-    let bytes = mac.finalize().into_bytes();
-    let mut text = String::with_capacity(SHA256_PREFIX.len() + 64);
-    text.push_str(SHA256_PREFIX);
-    for b in bytes {
-        text.push_str(&format!("{b:02x}"));
-    }
-    text
+    format!(
+        "{SHA256_PREFIX}{}",
+        protocol::ids::hex(mac.finalize().into_bytes())
+    )
 }
 
 /// Whether `given` (the value of `X-Gitlab-Token`) is `secret`. Both are hashed first, so the

@@ -200,11 +200,8 @@ pub fn create_args(podman: &Podman, spec: &JobSpec, job_id: &str, name: &str) ->
 }
 
 /// A fresh container name.
-fn container_name() -> String {
-    let mut bytes = [0u8; 8];
-    let _ = getrandom::fill(&mut bytes);
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("pi-dispatch-{hex}")
+fn container_name() -> std::io::Result<String> {
+    Ok(format!("pi-dispatch-{}", protocol::ids::random_hex::<8>()?))
 }
 
 impl Podman {
@@ -232,7 +229,8 @@ impl Podman {
             .get(crate::env::JOB_ID)
             .map(|v| v.expose().to_owned())
             .unwrap_or_default();
-        let name = container_name();
+        let name = container_name()
+            .map_err(|e| StartError::Container(format!("no container name: {e}")))?;
         let mut create = self.command();
         create
             .args(create_args(self, spec, &job_id, &name))

@@ -117,10 +117,7 @@ pub fn operator_pin(text: &str) -> Result<String, ForgeMcpError> {
 
 /// The sha256 of a file, in lowercase hex.
 fn sha256_of(path: &Path) -> io::Result<String> {
-    Ok(Sha256::digest(fs::read(path)?)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(protocol::ids::hex(Sha256::digest(fs::read(path)?)))
 }
 
 /// Lays the forge servers from `source` out in `image` (a staging image folder), checked against

@@ -169,9 +169,7 @@ pub fn log_refusal(job: &Job, refusal: &Refusal) {
 
 /// A fresh job key: 32 random bytes, as hex.
 fn job_key() -> std::io::Result<String> {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|_| std::io::Error::other("no random bytes"))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    protocol::ids::random_hex::<32>()
 }
 
 /// Writes the job's folder: `prompt.md`, `event.json` and (when the job names servers)
@@ -246,10 +244,7 @@ pub struct FolderLock(#[allow(dead_code)] std::fs::File);
 pub fn try_lock_folder(locks: &Path, folder: &str) -> std::io::Result<Option<FolderLock>> {
     use sha2::Digest as _;
     std::fs::create_dir_all(locks)?;
-    let name: String = sha2::Sha256::digest(folder.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let name = protocol::ids::hex(sha2::Sha256::digest(folder.as_bytes()));
     Ok(sandbox::identity::try_lock(&locks.join(format!("{name}.lock")))?.map(FolderLock))
 }
 

@@ -43,12 +43,11 @@ pub struct Args {
 
 /// A new job id: the time and 6 random bytes.
 pub fn new_job_id(prefix: &str) -> anyhow::Result<String> {
-    let mut bytes = [0u8; 6];
-    getrandom::fill(&mut bytes).map_err(|_| anyhow::anyhow!("no random bytes for a job id"))?;
+    let random = protocol::ids::random_hex::<6>()
+        .map_err(|e| anyhow::anyhow!("a job id cannot be made: {e}"))?;
     let ms = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
-    let random: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     Ok(format!("{prefix}-{ms}-{random}"))
 }
 
