@@ -32,6 +32,7 @@ mod outcomes;
 mod panel;
 mod run;
 mod service;
+mod spec_in_job;
 mod terminal;
 mod triggers_check;
 mod worker;
