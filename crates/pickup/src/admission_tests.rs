@@ -491,6 +491,7 @@ fn mcp_server_unknown() {
         Some("https://u:p@gitlab.example.com"),
         Some("https://gitlab.example.com/?a=${B}"),
         Some("https://gitlab.example.com/a,b"),
+        Some("https://gitlab.example.com/#x"),
     ] {
         github_refused_by(Reason::McpServerUnknown, Some("forge"), |w| {
             w.job.kind = "gitlab".into();

@@ -143,6 +143,18 @@ impl FakeForge {
         panic!("no loopback address had port 80 free (binding it takes root)");
     }
 
+    /// On a test host ([`crate::netns::TestHost::tcp`]'s listener), reached at the host's `address`.
+    pub fn serve_on(
+        listener: std::net::TcpListener,
+        address: std::net::IpAddr,
+        setup: FakeForgeSetup,
+    ) -> FakeForge {
+        let port = listener.local_addr().unwrap().port();
+        let mut forge = FakeForge::serve(listener, setup);
+        forge.addr = SocketAddr::new(address, port);
+        forge
+    }
+
     fn serve(listener: std::net::TcpListener, setup: FakeForgeSetup) -> FakeForge {
         let repos = tempfile::tempdir().unwrap();
         let shared = Arc::new(Shared {

@@ -34,6 +34,7 @@ mod panel;
 mod run;
 mod scripts;
 mod service;
+mod spec_in_job;
 mod terminal;
 mod triggers_check;
 mod worker;
