@@ -44,6 +44,7 @@ ol.transcript .kind { font-weight: 600; margin-right: 8px; }
 .login { max-width: 360px; margin: 80px auto; background: #fff; border: 1px solid var(--line); padding: 24px; }
 .login input { width: 100%; padding: 6px; margin: 8px 0 12px; font: inherit; }
 nav.pages { margin-top: 10px; display: flex; gap: 16px; }
+p.reload { display: flex; justify-content: flex-end; align-items: center; gap: 12px; margin: 0; font-size: 13px; }
 svg { background: #fff; border: 1px solid var(--line); display: block; margin: 4px 0 12px; }
 "#;
 
@@ -55,8 +56,14 @@ pub enum Section {
     Health,
 }
 
+/// The panel's one script, served at `/panel.js`: it reloads a page that asks for it (`refresh`
+/// in [`frame`]) until the reader pauses it.
+pub const JS: &str = include_str!("panel.js");
+
 /// A page in the panel's frame, with the header's links and the logout form (which carries the
-/// session's CSRF token). `refresh` reloads the page every so many seconds, without script.
+/// session's CSRF token). With `refresh`, the page reloads itself every so many seconds through
+/// the panel's script, under a bar whose button pauses and resumes that; without script it never
+/// reloads by itself, and the bar's "Refresh" link is there instead.
 pub fn frame(
     title: &str,
     here: Option<Section>,
@@ -72,12 +79,12 @@ pub fn frame(
         html lang="en" {
             head {
                 meta charset="utf-8";
-                @if let Some(secs) = refresh {
-                    meta http-equiv="refresh" content=(secs);
-                }
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · pi-dispatch" }
                 link rel="stylesheet" href="/panel.css";
+                @if refresh.is_some() {
+                    script src="/panel.js" defer {}
+                }
             }
             body {
                 header {
@@ -90,7 +97,17 @@ pub fn frame(
                         button type="submit" { "Log out" }
                     }
                 }
-                main { (body) }
+                main {
+                    @if let Some(secs) = refresh {
+                        // The script shows the state and the button; a plain reload is the link.
+                        p.reload #reload data-every=(secs) {
+                            span.reload-state hidden {}
+                            button type="button" hidden { "Pause refresh" }
+                            a href="" { "Refresh" }
+                        }
+                    }
+                    (body)
+                }
             }
         }
     }
