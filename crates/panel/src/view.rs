@@ -5,8 +5,9 @@ use maud::{DOCTYPE, Markup, html};
 
 /// The panel's one style sheet, served at `/panel.css`: nothing is fetched from elsewhere.
 pub const CSS: &str = r#"
+/* Text on each colour reads at 4.5:1 or more (WCAG AA): white on the badges, ink on amber. */
 :root { color-scheme: light; --ink: #1f2933; --muted: #616e7c; --line: #d9dee4; --bg: #f6f7f9;
-  --ok: #2e9e5b; --fail: #d64545; --policy: #b7791f; --cancel: #7b8794; --accent: #2f6fd0; }
+  --ok: #1f7a4a; --fail: #c53030; --policy: #f0b429; --cancel: #616e7c; --accent: #2f6fd0; }
 * { box-sizing: border-box; }
 body { margin: 0; font: 14px/1.45 system-ui, sans-serif; color: var(--ink); background: var(--bg); }
 header { display: flex; align-items: center; gap: 20px; padding: 10px 24px; background: #1f2933; color: #fff; }
@@ -25,7 +26,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .pill { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; color: #fff; background: var(--cancel); }
 .pill.completed, .pill.ok, .pill.ready, .pill.running { background: var(--ok); }
 .pill.failed, .pill.fail, .pill.lost { background: var(--fail); }
-.pill.policy, .pill.warn, .pill.cancelling, .pill.waiting { background: var(--policy); }
+.pill.policy, .pill.warn, .pill.cancelling, .pill.waiting { background: var(--policy); color: var(--ink); }
 .pill.queued { background: var(--accent); }
 .notice { padding: 8px 12px; background: #e6f0ff; border: 1px solid #b3cdf5; margin-bottom: 12px; }
 .error { padding: 8px 12px; background: #fde8e8; border: 1px solid #f5b3b3; margin-bottom: 12px; }
