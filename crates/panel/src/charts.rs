@@ -62,8 +62,17 @@ fn colour(label: &str) -> &'static str {
         "queued" => "#9aa5b1",
         "preparing" => "#b8c2cc",
         "sandbox starting" => "#7b61c4",
-        "servers connecting" => "#4c8bf5",
-        _ => "#2e9e5b",
+        "servers connecting" => "#2f6fd0",
+        _ => "#1f7a4a",
+    }
+}
+
+/// The colour of a label written on a stretch: ink on the light greys, white on the rest, each
+/// at 4.5:1 or more.
+fn ink_on(label: &str) -> &'static str {
+    match label {
+        "queued" | "preparing" => "#1f2933",
+        _ => "#fff",
     }
 }
 
@@ -87,14 +96,14 @@ pub fn timeline(r: &Record) -> Markup {
                     title { (p.label) ": " (p.to_ms - p.from_ms) " ms" }
                 }
                 @if w > 110.0 {
-                    text x=(format!("{:.1}", x + 4.0)) y="24" font-size="12" fill="#fff" {
+                    text x=(format!("{:.1}", x + 4.0)) y="24" font-size="12" fill=(ink_on(p.label)) {
                         (p.label) " " (p.to_ms - p.from_ms) " ms"
                     }
                 }
             }
             @for a in r.activity.iter().filter(|a| a.at_ms >= start) {
                 @let x = x_of(a.at_ms);
-                @let (top, colour) = if a.kind == "turn" { (2.0, "#1f2933") } else { (30.0, "#d64545") };
+                @let (top, colour) = if a.kind == "turn" { (2.0, "#1f2933") } else { (30.0, "#c53030") };
                 line x1=(format!("{x:.1}")) x2=(format!("{x:.1}")) y1=(top) y2="38"
                     stroke=(colour) stroke-width="1.5" {
                     title {
@@ -117,9 +126,9 @@ pub fn timeline(r: &Record) -> Markup {
 
 fn outcome_colour(o: Outcome) -> &'static str {
     match o {
-        Outcome::Completed => "#2e9e5b",
-        Outcome::Failed => "#d64545",
-        Outcome::Policy => "#e8a33d",
+        Outcome::Completed => "#1f7a4a",
+        Outcome::Failed => "#c53030",
+        Outcome::Policy => "#f0b429",
         _ => "#9aa5b1",
     }
 }

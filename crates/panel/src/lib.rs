@@ -1,6 +1,8 @@
 //! The panel: a web page for the queue, the runs and why each ended, the deployment's health, and
 //! Prometheus metrics. Pages are rendered on the server (maud, which escapes every value it is
-//! given), with no script and nothing fetched from elsewhere. Everything but the login page needs
+//! given), with nothing fetched from elsewhere and one small script of the panel's own: it reloads
+//! the queue page every few seconds until the reader pauses it (without it, the page has a
+//! "Refresh" link and never reloads by itself). Everything but the login page needs
 //! the operator's token (`PI_PANEL_TOKEN`): it is posted once to `/login`, compared in constant
 //! time with its digest (the panel keeps no copy of the token), and a session cookie (HttpOnly,
 //! SameSite=Strict) stands for it afterwards. The one action, cancelling a job, also needs the
@@ -74,14 +76,24 @@ async fn css() -> Response {
         .into_response()
 }
 
-/// Every answer: nothing runs in the page but what it is (no script at all, styles and images
-/// from the panel only, forms only to it), it is never framed, sniffed, cached or referred.
+/// The one script.
+async fn js() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        view::JS,
+    )
+        .into_response()
+}
+
+/// Every answer: nothing runs in the page but what it is (the panel's own script file and style
+/// sheet, nothing inline, images from the panel only, forms only to it), it is never framed,
+/// sniffed, cached or referred.
 async fn guard(mut response: Response) -> Response {
     let headers = response.headers_mut();
     for (name, value) in [
         (
             header::CONTENT_SECURITY_POLICY,
-            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
         ),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::X_FRAME_OPTIONS, "DENY"),
@@ -126,6 +138,7 @@ fn router(panel: Arc<Panel>) -> Router {
         .route("/runs/{id}", get(pages::run))
         .route("/runs/{id}/transcript", get(pages::transcript))
         .route("/panel.css", get(css))
+        .route("/panel.js", get(js))
         .route("/health", get(pages::health))
         .route("/jobs/{id}/cancel", post(pages::cancel))
         .route("/metrics", get(metrics::metrics))

@@ -21,7 +21,7 @@ use crate::{Panel, charts, transcript_view};
 
 /// Runs on one page of the list.
 pub const PAGE: usize = 100;
-/// Seconds between the queue page's reloads.
+/// Seconds between the queue page's reloads, while the reader lets it reload.
 const QUEUE_REFRESH: u32 = 5;
 
 fn page(status: StatusCode, markup: Markup) -> Response {
@@ -88,7 +88,7 @@ pub async fn queue(
                 @let running = jobs.iter().filter(|j| matches!(j.state, "running" | "cancelling")).count();
                 p.muted {
                     (running) " running, " (jobs.len() - running) " waiting or lost, "
-                    (done) " done · reloads every " (QUEUE_REFRESH) " s"
+                    (done) " done"
                 }
                 @if jobs.is_empty() {
                     p { "Nothing is queued or running." }

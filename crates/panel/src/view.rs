@@ -5,8 +5,9 @@ use maud::{DOCTYPE, Markup, html};
 
 /// The panel's one style sheet, served at `/panel.css`: nothing is fetched from elsewhere.
 pub const CSS: &str = r#"
+/* Text on each colour reads at 4.5:1 or more (WCAG AA): white on the badges, ink on amber. */
 :root { color-scheme: light; --ink: #1f2933; --muted: #616e7c; --line: #d9dee4; --bg: #f6f7f9;
-  --ok: #2e9e5b; --fail: #d64545; --policy: #b7791f; --cancel: #7b8794; --accent: #2f6fd0; }
+  --ok: #1f7a4a; --fail: #c53030; --policy: #f0b429; --cancel: #616e7c; --accent: #2f6fd0; }
 * { box-sizing: border-box; }
 body { margin: 0; font: 14px/1.45 system-ui, sans-serif; color: var(--ink); background: var(--bg); }
 header { display: flex; align-items: center; gap: 20px; padding: 10px 24px; background: #1f2933; color: #fff; }
@@ -25,7 +26,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .pill { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; color: #fff; background: var(--cancel); }
 .pill.completed, .pill.ok, .pill.ready, .pill.running { background: var(--ok); }
 .pill.failed, .pill.fail, .pill.lost { background: var(--fail); }
-.pill.policy, .pill.warn, .pill.cancelling, .pill.waiting { background: var(--policy); }
+.pill.policy, .pill.warn, .pill.cancelling, .pill.waiting { background: var(--policy); color: var(--ink); }
 .pill.queued { background: var(--accent); }
 .notice { padding: 8px 12px; background: #e6f0ff; border: 1px solid #b3cdf5; margin-bottom: 12px; }
 .error { padding: 8px 12px; background: #fde8e8; border: 1px solid #f5b3b3; margin-bottom: 12px; }
@@ -44,6 +45,7 @@ ol.transcript .kind { font-weight: 600; margin-right: 8px; }
 .login { max-width: 360px; margin: 80px auto; background: #fff; border: 1px solid var(--line); padding: 24px; }
 .login input { width: 100%; padding: 6px; margin: 8px 0 12px; font: inherit; }
 nav.pages { margin-top: 10px; display: flex; gap: 16px; }
+p.reload { display: flex; justify-content: flex-end; align-items: center; gap: 12px; margin: 0; font-size: 13px; }
 svg { background: #fff; border: 1px solid var(--line); display: block; margin: 4px 0 12px; }
 "#;
 
@@ -55,8 +57,14 @@ pub enum Section {
     Health,
 }
 
+/// The panel's one script, served at `/panel.js`: it reloads a page that asks for it (`refresh`
+/// in [`frame`]) until the reader pauses it.
+pub const JS: &str = include_str!("panel.js");
+
 /// A page in the panel's frame, with the header's links and the logout form (which carries the
-/// session's CSRF token). `refresh` reloads the page every so many seconds, without script.
+/// session's CSRF token). With `refresh`, the page reloads itself every so many seconds through
+/// the panel's script, under a bar whose button pauses and resumes that; without script it never
+/// reloads by itself, and the bar's "Refresh" link is there instead.
 pub fn frame(
     title: &str,
     here: Option<Section>,
@@ -72,12 +80,12 @@ pub fn frame(
         html lang="en" {
             head {
                 meta charset="utf-8";
-                @if let Some(secs) = refresh {
-                    meta http-equiv="refresh" content=(secs);
-                }
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · pi-dispatch" }
                 link rel="stylesheet" href="/panel.css";
+                @if refresh.is_some() {
+                    script src="/panel.js" defer {}
+                }
             }
             body {
                 header {
@@ -90,7 +98,17 @@ pub fn frame(
                         button type="submit" { "Log out" }
                     }
                 }
-                main { (body) }
+                main {
+                    @if let Some(secs) = refresh {
+                        // The script shows the state and the button; a plain reload is the link.
+                        p.reload #reload data-every=(secs) {
+                            span.reload-state hidden {}
+                            button type="button" hidden { "Pause refresh" }
+                            a href="" { "Refresh" }
+                        }
+                    }
+                    (body)
+                }
             }
         }
     }

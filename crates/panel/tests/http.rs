@@ -262,9 +262,9 @@ async fn the_queue_shows_a_running_job_with_its_host_and_a_waiting_one_with_its_
     for shown in ["queued", "update the docs", "/srv/docs", "waiting "] {
         assert!(waiting.contains(shown), "{shown} not in {waiting}");
     }
-    // The page refreshes itself.
+    // The page asks the panel's script to reload it every 5 s.
     assert!(
-        page.contains(r#"<meta http-equiv="refresh" content="5">"#),
+        page.contains(r#"<p class="reload" id="reload" data-every="5">"#),
         "{page}"
     );
 }
@@ -408,7 +408,8 @@ async fn hostile_tasks_names_and_transcripts_are_shown_as_text() {
         );
     }
     for page in [&queue_page, &run_page, &runs_page, &health] {
-        let lower = page.to_lowercase();
+        // The queue page's one script is the panel's own file.
+        let lower = page.replace(PANEL_SCRIPT, "").to_lowercase();
         for markup in ["<script", "<img", "<iframe", "<b>", "<i>", "javascript:"] {
             assert!(!lower.contains(markup), "{markup} in:\n{page}");
         }
@@ -419,6 +420,43 @@ async fn hostile_tasks_names_and_transcripts_are_shown_as_text() {
     assert!(headers["content-type"].starts_with("text/plain"));
     assert_eq!(headers["x-content-type-options"], "nosniff");
     assert!(body.contains("alert('line')"));
+}
+
+/// How a page that reloads itself loads the panel's script.
+const PANEL_SCRIPT: &str = r#"<script src="/panel.js" defer></script>"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_page_reloads_only_through_the_panels_own_script() {
+    let s = serve().await;
+    let cookie = s.login().await;
+    let (status, headers, queue_page) = s.get("/", Some(&cookie)).await;
+    assert_eq!(status, StatusCode::OK);
+    // No reload the reader cannot stop: no meta refresh, and without script a link instead.
+    assert!(
+        !queue_page.to_lowercase().contains("http-equiv"),
+        "{queue_page}"
+    );
+    assert!(
+        queue_page.contains(r#"<a href="">Refresh</a>"#),
+        "{queue_page}"
+    );
+    assert!(queue_page.contains(r#"data-every="5""#), "{queue_page}");
+    assert_eq!(queue_page.matches("<script").count(), 1, "{queue_page}");
+    assert!(queue_page.contains(PANEL_SCRIPT), "{queue_page}");
+    // Script from the panel only, none inline, none evaluated.
+    let csp = &headers["content-security-policy"];
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    assert!(!csp.contains("unsafe"), "{csp}");
+    // Pages that do not reload have no script.
+    for path in ["/runs", "/health"] {
+        let (_, _, page) = s.get(path, Some(&cookie)).await;
+        assert!(!page.contains("<script"), "{path}: {page}");
+        assert!(!page.contains("id=\"reload\""), "{path}: {page}");
+    }
+    let (status, headers, script) = s.get("/panel.js", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers["content-type"].starts_with("text/javascript"));
+    assert!(script.contains("sessionStorage") && script.contains("location.reload()"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

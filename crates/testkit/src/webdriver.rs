@@ -29,6 +29,9 @@ pub struct Element<'a> {
     id: String,
 }
 
+/// The key WebDriver's "type" sends for Enter.
+pub const ENTER: &str = "\u{E007}";
+
 /// Where Debian puts the browser and its driver.
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -94,6 +97,8 @@ impl Browser {
             &json!({"capabilities": {"alwaysMatch": {
                 "browserName": "chrome",
                 "goog:chromeOptions": {"binary": CHROMIUM, "args": args},
+                // A script may wait on the page (axe-core's checks, a reload) for a while.
+                "timeouts": {"script": 120_000},
             }}}),
         );
         let session = created["sessionId"]
@@ -118,6 +123,46 @@ impl Browser {
             answer["value"]["message"]
         );
         answer["value"].clone()
+    }
+
+    /// Runs `script` (a function body, given `args` as `arguments`) in the page; what it returns.
+    pub fn execute(&self, script: &str, args: &[Value]) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            &json!({"script": script, "args": args}),
+        )
+    }
+
+    /// [`Browser::execute`], with WebDriver's error handed back instead of a panic: a page being
+    /// replaced by another (a reload) can end a script.
+    pub fn try_execute(&self, script: &str, args: &[Value]) -> Result<Value, String> {
+        let response = self
+            .http
+            .post(format!("{}/execute/sync", self.base))
+            .json(&json!({"script": script, "args": args}))
+            .send()
+            .map_err(|e| e.to_string())?;
+        let ok = response.status().is_success();
+        let answer: Value = response.json().map_err(|e| e.to_string())?;
+        if ok {
+            Ok(answer["value"].clone())
+        } else {
+            Err(format!(
+                "{}: {}",
+                answer["value"]["error"], answer["value"]["message"]
+            ))
+        }
+    }
+
+    /// Runs `script` in the page until it calls its last argument (the callback WebDriver adds
+    /// after `args`) with what it returns; at most two minutes.
+    pub fn execute_async(&self, script: &str, args: &[Value]) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/async",
+            &json!({"script": script, "args": args}),
+        )
     }
 
     /// Opens `url` and waits for it to load.

@@ -12,6 +12,8 @@ use testkit::fake_model::Step;
 use testkit::webdriver::Browser;
 
 use crate::common::{Listening, processes_with};
+
+mod a11y;
 use crate::worker::{MODEL_KEY, Service, stdio};
 
 const TOKEN: &str = "CNRY-panel-9d2f61b0c4e87a13";
