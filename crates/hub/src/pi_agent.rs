@@ -337,22 +337,12 @@ pub fn expected_json(
 /// Writes a file only the job's user can read, in a folder made for it: whole, then renamed into
 /// place, so that pi (which may be reading it already) sees either the old file or the new one.
 pub(crate) fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)?;
-    let temporary = dir.join(format!(".{name}.tmp"));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&temporary)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&temporary, dir.join(name))
+    config::files::write_atomic(&dir.join(name), bytes, 0o600)
 }
 
 #[cfg(test)]

@@ -297,22 +297,12 @@ impl<'a> Deployment<'a> {
 /// Writes the job's `mcp.json` into the job folder `dir`, read-only (0444), whole or not at all:
 /// written under a temporary name, flushed, then linked into place (never over an existing file).
 pub fn write_job_mcp(dir: &Path, file: &protocol::job_mcp::JobMcpFile) -> std::io::Result<PathBuf> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt;
     let target = dir.join("mcp.json");
-    let tmp = dir.join(format!(".mcp.json.{}.tmp", std::process::id()));
-    let mut out = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o444)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    let written = out
-        .write_all(file.text.as_bytes())
-        .and_then(|()| out.sync_all())
-        .and_then(|()| std::fs::hard_link(&tmp, &target));
-    let _ = std::fs::remove_file(&tmp);
-    written.map(|()| target)
+    if files::create_new(&target, file.text.as_bytes(), 0o444)? {
+        Ok(target)
+    } else {
+        Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists))
+    }
 }
 
 #[cfg(test)]

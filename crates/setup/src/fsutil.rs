@@ -7,111 +7,9 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 
-/// Temporary files start with this, so a later run can recognise leftovers of a crash.
-pub const TEMP_PREFIX: &str = ".pi-dispatch-tmp.";
-
-fn temp_path(target: &Path) -> io::Result<PathBuf> {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let dir = target
-        .parent()
-        .ok_or_else(|| io::Error::other("a file needs a folder"))?;
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    Ok(dir.join(format!("{TEMP_PREFIX}{}.{n}", std::process::id())))
-}
-
-/// The variable of the crash hook: set to `mid-write` or `before-rename`, the process aborts at that
-/// point of every file write, as a crash would, so that tests can see what a crash leaves behind.
-pub const CRASH_HOOK: &str = "PI_DISPATCH_TEST_CRASH";
-
-fn crash_point(point: &str) {
-    if std::env::var(CRASH_HOOK).is_ok_and(|v| v == point) {
-        std::process::abort();
-    }
-}
-
-fn write_temp(target: &Path, bytes: &[u8], mode: u32) -> io::Result<PathBuf> {
-    let tmp = temp_path(target)?;
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    let (first, second) = bytes.split_at(bytes.len() / 2);
-    let written = file
-        .write_all(first)
-        .and_then(|()| file.flush())
-        .map(|()| crash_point("mid-write"))
-        .and_then(|()| file.write_all(second))
-        .and_then(|()| file.sync_all());
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    Ok(tmp)
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-/// A file written in full beside its target, not yet in place.
-#[derive(Debug)]
-pub struct StagedFile {
-    tmp: PathBuf,
-    target: PathBuf,
-}
-
-impl StagedFile {
-    /// Writes `bytes` to a temporary file beside `target` and flushes it to disk.
-    pub fn write(target: &Path, bytes: &[u8], mode: u32) -> io::Result<StagedFile> {
-        Ok(StagedFile {
-            tmp: write_temp(target, bytes, mode)?,
-            target: target.to_owned(),
-        })
-    }
-
-    /// Renames the file into place (replacing what was there) and flushes the folder.
-    pub fn commit(self) -> io::Result<()> {
-        crash_point("before-rename");
-        fs::rename(&self.tmp, &self.target)?;
-        sync_dir(self.target.parent().unwrap_or(Path::new(".")))
-    }
-
-    /// Removes the temporary file: the target is left as it was.
-    pub fn discard(self) {
-        let _ = fs::remove_file(&self.tmp);
-    }
-}
-
-/// Replaces `target` with `bytes` atomically (temp file, fsync, rename, fsync of the folder).
-pub fn write_atomic(target: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let staged = StagedFile::write(target, bytes, mode)?;
-    let tmp = staged.tmp.clone();
-    staged.commit().inspect_err(|_| {
-        let _ = fs::remove_file(&tmp);
-    })
-}
-
-/// Writes `bytes` at `target` only if nothing is there: returns false, writing nothing, when the
-/// path exists (as a file, folder or link). Never a half file: the content is complete before the
-/// name appears.
-pub fn create_new(target: &Path, bytes: &[u8], mode: u32) -> io::Result<bool> {
-    let tmp = write_temp(target, bytes, mode)?;
-    // A hard link fails if the name exists, unlike a rename, which would replace it.
-    let linked = fs::hard_link(&tmp, target);
-    let _ = fs::remove_file(&tmp);
-    match linked {
-        Ok(()) => {
-            sync_dir(target.parent().unwrap_or(Path::new(".")))?;
-            Ok(true)
-        }
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(e),
-    }
-}
+pub use config::files::{CRASH_HOOK, StagedFile, TEMP_PREFIX, create_new, write_atomic};
+use config::files::{sync_dir, temp_path};
 
 /// Removes `path` if it is there; true when something was removed.
 pub fn remove_file_if_present(path: &Path) -> io::Result<bool> {
@@ -330,31 +228,6 @@ pub fn copy_image_tree(src: &Path, dst: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn write_atomic_replaces_and_leaves_no_temp() {
-        let dir = tempfile::tempdir().unwrap();
-        let target = dir.path().join("mcp.json");
-        fs::write(&target, b"old").unwrap();
-        write_atomic(&target, b"new", 0o644).unwrap();
-        assert_eq!(fs::read(&target).unwrap(), b"new");
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
-    }
-
-    #[test]
-    fn create_new_never_overwrites() {
-        let dir = tempfile::tempdir().unwrap();
-        let target = dir.path().join(".env");
-        assert!(create_new(&target, b"first", 0o600).unwrap());
-        assert!(!create_new(&target, b"second", 0o600).unwrap());
-        assert_eq!(fs::read(&target).unwrap(), b"first");
-        // Not through a link either: the link stays, its target is untouched.
-        let other = dir.path().join("other");
-        std::os::unix::fs::symlink(dir.path().join("nowhere"), &other).unwrap();
-        assert!(!create_new(&other, b"x", 0o600).unwrap());
-        assert!(!dir.path().join("nowhere").exists());
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
-    }
 
     #[test]
     fn copy_tree_skips_links_and_replace_dir_swaps() {

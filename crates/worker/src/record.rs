@@ -461,23 +461,12 @@ impl Records {
                     .map_err(|e| RecordError::Redis(e.to_string()));
             }
         };
-        use std::io::Write as _;
         let path = self.path(dir, &record.job_id).ok_or(RecordError::Invalid)?;
         std::fs::create_dir_all(dir).map_err(|e| RecordError::Write(e.kind()))?;
         let text = serde_json::to_string_pretty(record).map_err(|_| RecordError::Invalid)? + "\n";
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".record-")
-            .tempfile_in(dir)
-            .map_err(|e| RecordError::Write(e.kind()))?;
-        tmp.write_all(text.as_bytes())
-            .and_then(|()| tmp.as_file().sync_all())
-            .map_err(|e| RecordError::Write(e.kind()))?;
         // Never replaces: a record that exists stays as it is.
-        match tmp.persist_noclobber(&path) {
-            Ok(_) => Ok(true),
-            Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-            Err(e) => Err(RecordError::Write(e.error.kind())),
-        }
+        config::files::create_new(&path, text.as_bytes(), 0o600)
+            .map_err(|e| RecordError::Write(e.kind()))
     }
 
     pub fn read(&self, id: &str) -> Result<Record, RecordError> {
