@@ -5,32 +5,8 @@ use std::fmt;
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 
-/// A value that must never be shown: `Debug` and `Display` print `***`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Token(String);
-
-impl Token {
-    pub fn new(value: impl Into<String>) -> Token {
-        Token(value.into())
-    }
-
-    /// The value, for the one place that hands it on (a header, the job's environment).
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("Token(***)")
-    }
-}
-
-impl fmt::Display for Token {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("***")
-    }
-}
+/// The job's token: a [`Secret`](protocol::secret::Secret), never shown.
+pub use protocol::secret::Secret as Token;
 
 /// A GitHub App's private key (the PEM file GitHub hands out: PKCS#1, or PKCS#8).
 pub struct AppKey(ring::signature::RsaKeyPair);

@@ -68,7 +68,7 @@ async fn the_app_key_mints_the_token_and_another_key_does_not() {
     let token = forges.mint(&e).await.unwrap();
     // Each mint is a token of its own.
     assert_eq!(token.expose(), format!("{INSTALLATION_TOKEN}-1"));
-    assert_eq!(format!("{token:?}"), "Token(***)");
+    assert_eq!(format!("{token:?}"), "Secret(***)");
     // The request narrows the token to the event's repository.
     let mint = &fake.requests()[0];
     assert_eq!(mint.body["repository_ids"], serde_json::json!([15]));

@@ -1002,7 +1002,7 @@ mod tests {
     use super::*;
 
     fn secret(v: &str) -> Secret {
-        Secret::for_tests(v)
+        Secret::new(v)
     }
 
     #[tokio::test]

@@ -3,7 +3,6 @@
 //! shows them.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use config::mcp::{McpServer, Transport};
 use config::reference::{Part, Template};
@@ -11,26 +10,7 @@ use protocol::reason::Reason;
 
 use crate::job_file::{ForgeServer, JobServer, Stop};
 
-/// A resolved value: never printed, never logged.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    #[cfg(test)]
-    pub fn for_tests(v: &str) -> Secret {
-        Secret(v.to_owned())
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("Secret(…)")
-    }
-}
+pub use protocol::secret::Secret;
 
 /// A server with every reference filled in.
 #[derive(Debug, Clone, PartialEq)]
@@ -118,7 +98,7 @@ fn header_value(server: &str, header: &str, v: String) -> Result<Secret, Stop> {
             format!("the value for header {header} holds a line break"),
         ));
     }
-    Ok(Secret(v))
+    Ok(Secret::new(v))
 }
 
 fn resolve_overlay(
@@ -149,7 +129,7 @@ fn resolve_overlay(
                 headers.push((header.name.clone(), header_value(name, &header.name, v)?));
             }
             Ok(Resolved::Http {
-                url: Secret(text),
+                url: Secret::new(text),
                 headers,
             })
         }
@@ -157,12 +137,12 @@ fn resolve_overlay(
             let args = st
                 .args
                 .iter()
-                .map(|a| fill(a, lookup, false).map(Secret))
+                .map(|a| fill(a, lookup, false).map(Secret::new))
                 .collect::<Result<_, _>>()?;
             let env = st
                 .env
                 .iter()
-                .map(|(k, r)| lookup(r.name().as_str()).map(|v| (k.clone(), Secret(v))))
+                .map(|(k, r)| lookup(r.name().as_str()).map(|v| (k.clone(), Secret::new(v))))
                 .collect::<Result<_, _>>()?;
             Ok(Resolved::Stdio {
                 command: st.command.as_str().to_owned(),
@@ -182,8 +162,8 @@ fn resolve_forge(
         .iter()
         .map(
             |(k, v)| match config::reference::Reference::parse_whole(v) {
-                Some(r) => lookup(r.name().as_str()).map(|v| (k.clone(), Secret(v))),
-                None => Ok((k.clone(), Secret(v.clone()))),
+                Some(r) => lookup(r.name().as_str()).map(|v| (k.clone(), Secret::new(v))),
+                None => Ok((k.clone(), Secret::new(v.clone()))),
             },
         )
         .collect::<Result<_, _>>()?;
@@ -299,7 +279,7 @@ mod tests {
 
     #[test]
     fn secrets_never_show_in_debug() {
-        let text = format!("{:?}", Secret("cnry-value".into()));
+        let text = format!("{:?}", Secret::new("cnry-value"));
         assert!(!text.contains("cnry"));
     }
 }

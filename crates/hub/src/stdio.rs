@@ -98,9 +98,9 @@ mod tests {
             ("PI_DISPATCH_EGRESS_LOOPBACK", "127.0.0.1:8000"),
         ]);
         let own = vec![
-            ("FILES_TOKEN".to_owned(), Secret::for_tests("f")),
-            ("HOME".to_owned(), Secret::for_tests("/srv")),
-            ("NODE_OPTIONS".to_owned(), Secret::for_tests("--inspect")),
+            ("FILES_TOKEN".to_owned(), Secret::new("f")),
+            ("HOME".to_owned(), Secret::new("/srv")),
+            ("NODE_OPTIONS".to_owned(), Secret::new("--inspect")),
         ];
         let env = environment(&runner, &own);
         let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();

@@ -15,6 +15,7 @@ pub mod model_answer;
 pub mod model_rules;
 pub mod pi_events;
 pub mod reason;
+pub mod secret;
 pub mod usage;
 
 pub use job::Job;

@@ -41,25 +41,7 @@ pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
 /// How long one request may take, body included, by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A webhook secret; never shown.
-#[derive(Clone)]
-pub struct Secret(Arc<[u8]>);
-
-impl Secret {
-    pub fn new(value: &str) -> Secret {
-        Secret(Arc::from(value.as_bytes()))
-    }
-
-    fn bytes(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(..)")
-    }
-}
+pub use protocol::secret::Secret;
 
 /// What the receiver runs with.
 #[derive(Clone)]
@@ -236,7 +218,7 @@ async fn github_answer(
     let signed = headers
         .get(github::SIGNATURE_HEADER)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|sig| signature::github_signature_ok(secret.bytes(), body, sig));
+        .is_some_and(|sig| signature::github_signature_ok(secret.expose().as_bytes(), body, sig));
     if !signed {
         return Err(Answer::new(
             StatusCode::UNAUTHORIZED,
@@ -275,9 +257,9 @@ async fn gitlab_answer(
         .gitlab_token
         .as_ref()
         .ok_or_else(|| not_configured(Forge::Gitlab, crate::GITLAB_TOKEN_SETTING))?;
-    let token_ok = headers
-        .get(gitlab::TOKEN_HEADER)
-        .is_some_and(|given| signature::gitlab_token_ok(secret.bytes(), given.as_bytes()));
+    let token_ok = headers.get(gitlab::TOKEN_HEADER).is_some_and(|given| {
+        signature::gitlab_token_ok(secret.expose().as_bytes(), given.as_bytes())
+    });
     if !token_ok {
         return Err(Answer::new(
             StatusCode::UNAUTHORIZED,

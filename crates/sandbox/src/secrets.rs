@@ -31,36 +31,7 @@ pub const DEFAULT_LIMIT: Duration = Duration::from_secs(30);
 /// The largest value a resolver may print.
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;
 
-/// A value that must not be seen: `Debug` and `Display` print `***`, whatever it holds.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Secret {
-        Secret(value.into())
-    }
-
-    /// The value itself, for the one place that hands it on.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("***")
-    }
-}
+pub use protocol::secret::Secret;
 
 /// Why a resolver's answer was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,7 +175,7 @@ pub fn judge(ending: Ending, stdout: &[u8]) -> Result<Secret, Judged> {
                 return Err(Judged::Refused(Unusable::NotText));
             }
             match String::from_utf8(value.to_vec()) {
-                Ok(text) => Ok(Secret(text)),
+                Ok(text) => Ok(Secret::new(text)),
                 Err(_) => Err(Judged::Refused(Unusable::NotText)),
             }
         }
