@@ -15,11 +15,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
+use spawn::signal::{self, End};
 use tokio::io::AsyncReadExt;
 
 use crate::http::{Failure, HttpTransport, Monitor, Refusal};
@@ -152,8 +151,8 @@ impl Upstream {
                 core.close_stdin().await;
                 let wait = POLITE_SHUTDOWN / 2;
                 if tokio::time::timeout(wait, child.wait()).await.is_err() {
-                    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-                        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGTERM);
+                    if let Some(pid) = child.id() {
+                        signal::process(pid, End::Term);
                     }
                     if tokio::time::timeout(wait, child.wait()).await.is_err() {
                         let _ = child.kill().await;
@@ -597,6 +596,11 @@ fn failed_tools(name: &str, e: ToolsError) -> ConnectError {
 #[derive(Debug)]
 struct ProcessGroup(i32);
 
+/// Kills the group `pgid`; false when it had no process left.
+fn kill_group(pgid: i32) -> bool {
+    u32::try_from(pgid).is_ok_and(|pgid| signal::group(pgid, End::Kill))
+}
+
 /// How long ending a group waits for its killed members to be gone.
 const GROUP_GONE_WAIT: Duration = Duration::from_millis(500);
 
@@ -607,7 +611,7 @@ impl ProcessGroup {
         let pgid = self.0;
         std::mem::forget(self);
         // ESRCH (nobody left) is the usual answer once the server has exited by itself.
-        if killpg(Pid::from_raw(pgid), Signal::SIGKILL).is_err() {
+        if !kill_group(pgid) {
             return;
         }
         // SIGKILL takes effect when each process next runs.
@@ -620,7 +624,7 @@ impl ProcessGroup {
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
-        if killpg(Pid::from_raw(self.0), Signal::SIGKILL).is_err() {
+        if !kill_group(self.0) {
             return;
         }
         // Dropped with its connection (a connection given up on, a panic unwinding): wait as

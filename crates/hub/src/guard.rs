@@ -49,12 +49,7 @@ pub fn watch(runner_pid: u32) {
             return;
         }
         for pid in marked {
-            if let Ok(pid) = i32::try_from(pid) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
+            spawn::signal::process(pid, spawn::signal::End::Kill);
         }
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -991,9 +991,7 @@ async fn read_events(stdout: tokio::process::ChildStdout) -> PiEvents {
 
 /// Kills a whole process group (the agent's, with everything it started).
 fn kill_group(pgid: i32) {
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", "--", &format!("-{pgid}")])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status();
+    if let Ok(pgid) = u32::try_from(pgid) {
+        spawn::signal::group(pgid, spawn::signal::End::Kill);
+    }
 }

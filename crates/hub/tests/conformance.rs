@@ -36,8 +36,6 @@ use hub::http::{HttpPolicy, transport};
 use hub::relay::{UpstreamEvents, Withheld, serve};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use relay_support::{node, node_modules};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -88,7 +86,7 @@ impl Group {
 impl Drop for Group {
     fn drop(&mut self) {
         if let Some(pgid) = self.pgid {
-            let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+            spawn::signal::group(pgid.cast_unsigned(), spawn::signal::End::Kill);
         }
         let _ = self.child.start_kill();
     }

@@ -809,13 +809,8 @@ impl Sandbox {
     }
 
     fn kill_group(&mut self) {
-        if let Some(pid) = self
-            .child
-            .id()
-            .and_then(|p| i32::try_from(p).ok())
-            .and_then(rustix::process::Pid::from_raw)
-        {
-            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        if let Some(pid) = self.child.id() {
+            spawn::signal::group(pid, spawn::signal::End::Kill);
         }
         let _ = self.child.start_kill();
     }

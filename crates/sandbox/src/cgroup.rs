@@ -388,10 +388,8 @@ fn kill_members(dir: &Path) {
     let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
         return;
     };
-    for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-        }
+    for pid in text.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+        spawn::signal::process(pid, spawn::signal::End::Kill);
     }
 }
 

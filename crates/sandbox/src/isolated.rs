@@ -222,9 +222,7 @@ pub fn run(step: Step<'_>) -> Result<Output, StepError> {
     let Some(status) = status else {
         // bubblewrap leads its process group; the sandbox's first process dies with it
         // (--die-with-parent), and everything in the sandbox with that.
-        if let Some(pid) = rustix::process::Pid::from_raw(child.id().cast_signed()) {
-            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-        }
+        spawn::signal::group(child.id(), spawn::signal::End::Kill);
         let _ = child.kill();
         let _ = child.wait();
         return Err(StepError::TimedOut(step.time));

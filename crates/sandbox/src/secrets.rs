@@ -358,13 +358,9 @@ fn is_configuration(kind: io::ErrorKind) -> bool {
 }
 
 fn kill_group(group: Option<u32>) {
-    let Some(pid) = group
-        .and_then(|g| i32::try_from(g).ok())
-        .and_then(rustix::process::Pid::from_raw)
-    else {
-        return;
-    };
-    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    if let Some(group) = group {
+        spawn::signal::group(group, spawn::signal::End::Kill);
+    }
 }
 
 #[cfg(test)]

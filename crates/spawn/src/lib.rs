@@ -5,6 +5,8 @@
 //! forked by another thread in the instant before that child's `exec` closes it. The window is
 //! short, so a start that fails this way is tried again a few times before the failure counts.
 
+pub mod signal;
+
 use std::io;
 use std::time::Duration;
 

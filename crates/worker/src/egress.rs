@@ -166,12 +166,7 @@ fn stop_child(child: &mut Child) {
     if matches!(child.try_wait(), Ok(Some(_))) {
         return;
     }
-    if let Some(pid) = i32::try_from(child.id())
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    {
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-    }
+    spawn::signal::process(child.id(), spawn::signal::End::Term);
     let deadline = Instant::now() + STOP_GRACE;
     while Instant::now() < deadline {
         if matches!(child.try_wait(), Ok(Some(_)) | Err(_)) {
