@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -478,12 +478,19 @@ impl Drop for Count<'_> {
     }
 }
 
+/// This machine's name (the kernel's node name), as the worker names itself and the proxy knows
+/// its own machine: the one place it is read.
+pub fn host_name() -> String {
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// This machine's name and interface addresses.
 pub fn own_machine() -> OwnMachine {
-    let names = nix::unistd::gethostname()
-        .ok()
-        .and_then(|n| n.into_string().ok())
-        .map(|n| n.to_ascii_lowercase())
+    let names = Some(host_name().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
         .into_iter()
         .collect();
     let addresses = nix::ifaddrs::getifaddrs()
@@ -809,8 +816,7 @@ impl<'a> End<'a> {
     /// Ends what this side sends (the peer reads its end), as a copy does when the other side
     /// ended.
     fn shutdown_write(self) {
-        let _ =
-            nix::sys::socket::shutdown(self.fd().as_raw_fd(), nix::sys::socket::Shutdown::Write);
+        let _ = rustix::net::shutdown(self.fd(), rustix::net::Shutdown::Write);
     }
 }
 
@@ -840,37 +846,29 @@ struct Pipe {
 
 impl Pipe {
     fn new(size: usize) -> io::Result<Pipe> {
-        use nix::fcntl::{FcntlArg, OFlag, fcntl};
-        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+        use rustix::pipe::{PipeFlags, fcntl_setpipe_size, pipe_with};
+        let (read, write) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
         if size > PIPE_DEFAULT {
             // A bigger pipe if the system grants one; the default one works too.
-            let _ = fcntl(
-                &write,
-                FcntlArg::F_SETPIPE_SZ(i32::try_from(size).unwrap_or(i32::MAX)),
-            );
+            let _ = fcntl_setpipe_size(&write, size);
         }
         Ok(Pipe { read, write })
     }
 }
 
 fn splice(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
-    use nix::fcntl::SpliceFFlags;
-    let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
-    Ok(nix::fcntl::splice(from, None, to, None, len, flags)?)
+    use rustix::pipe::SpliceFlags;
+    let flags = SpliceFlags::MOVE | SpliceFlags::NONBLOCK;
+    Ok(rustix::pipe::splice(from, None, to, None, len, flags)?)
 }
 
 /// Whether `splice` is refused for these sockets (a kernel without it, or a filter), so the way
 /// must copy instead.
 fn cannot_splice(e: &io::Error) -> bool {
-    use nix::errno::Errno;
-    [
-        Errno::EINVAL,
-        Errno::ENOSYS,
-        Errno::EPERM,
-        Errno::EOPNOTSUPP,
-    ]
-    .iter()
-    .any(|&no| e.raw_os_error() == Some(no as i32))
+    use rustix::io::Errno;
+    [Errno::INVAL, Errno::NOSYS, Errno::PERM, Errno::OPNOTSUPP]
+        .iter()
+        .any(|no| e.raw_os_error() == Some(no.raw_os_error()))
 }
 
 /// Moves what `from` sends to `to` until `from` ends, then ends what `to` is sent. The bytes go
@@ -991,15 +989,15 @@ mod tests {
     /// A unix socket pair and a TCP connection, near end first. The near ends take little at a
     /// time (a small send buffer), so that writes to them are cut short.
     async fn ends() -> ((UnixStream, UnixStream), (TcpStream, TcpStream)) {
-        use nix::sys::socket::{setsockopt, sockopt::SndBuf};
+        use rustix::net::sockopt::set_socket_send_buffer_size;
         let unix = UnixStream::pair().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let far = TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
         let (near, _) = listener.accept().await.unwrap();
-        setsockopt(&unix.0, SndBuf, &8192).unwrap();
-        setsockopt(&near, SndBuf, &8192).unwrap();
+        set_socket_send_buffer_size(&unix.0, 8192).unwrap();
+        set_socket_send_buffer_size(&near, 8192).unwrap();
         (unix, (near, far))
     }
 

@@ -37,7 +37,8 @@ pub enum StartError {
 pub struct Started {
     pub proxy: Proxy,
     pub socket: PathBuf,
-    _lock: nix::fcntl::Flock<std::fs::File>,
+    /// The service's lock file, held (flock) while the proxy runs.
+    _lock: std::fs::File,
     control: tokio::task::JoinHandle<()>,
 }
 
@@ -84,26 +85,36 @@ pub fn start(options: Options) -> Result<Started, StartError> {
     })
 }
 
-fn lock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StartError> {
+fn lock(path: &Path) -> Result<std::fs::File, StartError> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(path)
         .map_err(|e| StartError::Folder(e.kind()))?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-        .map_err(|_| StartError::Running)
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        .map_err(|_| StartError::Running)?;
+    Ok(file)
 }
 
 /// Raises the soft limit of open files to the hard one. A tunnel holds two and a lookup one more:
 /// at the soft limit a service gets by default (1024) the proxy would fail near 500 tunnels, far
 /// below its total. Says so when even the hard limit is short of the total.
 fn raise_open_files(limits: &Limits) {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-        return;
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let Rlimit {
+        current: Some(soft),
+        maximum,
+    } = getrlimit(Resource::Nofile)
+    else {
+        return; // no soft limit at all
     };
-    let now = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+    let hard = maximum.unwrap_or(u64::MAX);
+    let raised = Rlimit {
+        current: maximum,
+        maximum,
+    };
+    let now = if soft < hard && setrlimit(Resource::Nofile, raised).is_ok() {
         hard
     } else {
         soft

@@ -119,11 +119,7 @@ fn an_allowlisted_name_that_is_this_machine_is_refused() {
         allowlist.push_str(&format!("{name}\n"));
     }
     // This machine's own name, even where it resolves to a test host's address.
-    let hostname = nix::unistd::gethostname()
-        .unwrap()
-        .into_string()
-        .unwrap()
-        .to_ascii_lowercase();
+    let hostname = egress::proxy::host_name().to_ascii_lowercase();
     let by_name = config::egress::parse_allowlist(&format!("{hostname}\n")).is_ok();
     if by_name {
         dns.set(&hostname, &[v4(host.v4)]);

@@ -414,9 +414,7 @@ fn on_failure(program: &std::path::Path, record: &Record) {
         .reason
         .unwrap_or(Reason::RunnerReasonUnknown)
         .as_str();
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_default();
+    let host = egress::proxy::host_name();
     let mut command = std::process::Command::new(program);
     command
         .args([&record.job_id, record.outcome.as_str(), reason, &host])

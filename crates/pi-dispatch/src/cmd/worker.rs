@@ -125,13 +125,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let state = ctx.dir.join("state");
     let queue = ctx.queue(&settings)?;
     let options = LoopOptions {
-        worker_id: format!(
-            "{}:{}",
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_owned())
-                .unwrap_or_default(),
-            std::process::id()
-        ),
+        worker_id: format!("{}:{}", egress::proxy::host_name(), std::process::id()),
         lease_for: Duration::from_secs(args.lease),
         concurrency,
         until_empty: args.until_empty,
