@@ -203,31 +203,44 @@ impl Images for EngineImages {
         if !config::settings::is_image_name(name) {
             return Image::Missing;
         }
-        let out = std::process::Command::new(&self.podman)
-            .args(["image", "inspect", "--format", "{{json .Config.Labels}}"])
-            .arg(protocol::image::container_ref(name))
-            .stdin(std::process::Stdio::null())
-            .output();
-        let out = match out {
-            Ok(o) => o,
-            Err(e) => return Image::Transient(format!("podman cannot be run ({})", e.kind())),
-        };
-        if !out.status.success() {
-            // The engine says "image not known" for an image it does not have; anything else
-            // (its storage busy, say) may pass.
-            let said = String::from_utf8_lossy(&out.stderr).to_lowercase();
-            return if said.contains("image not known") || said.contains("no such image") {
-                Image::Missing
-            } else {
-                Image::Transient("podman could not read the image's labels".to_owned())
-            };
-        }
-        let labels: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        let file = serde_json::json!({ "labels": labels }).to_string();
-        Image::Installed {
-            capabilities: protocol::image::capabilities_of(file.as_bytes()),
+        match engine_labels(&self.podman, name) {
+            Ok(None) => Image::Missing,
+            Err(why) => Image::Transient(why),
+            Ok(Some(labels)) => {
+                let file = serde_json::json!({ "labels": labels }).to_string();
+                Image::Installed {
+                    capabilities: protocol::image::capabilities_of(file.as_bytes()),
+                }
+            }
         }
     }
+}
+
+/// The labels of the container engine's image `name` (as `image build` made it), the one way they
+/// are read: `Ok(None)` when the engine does not have the image; an error for anything that may
+/// pass (the engine cannot be run, or its storage is busy).
+pub fn engine_labels(engine: &Path, name: &str) -> Result<Option<serde_json::Value>, String> {
+    let out = std::process::Command::new(engine)
+        .args(["image", "inspect", "--format", "{{json .Config.Labels}}"])
+        .arg(protocol::image::container_ref(name))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("{} cannot be run ({})", engine.display(), e.kind()))?;
+    if !out.status.success() {
+        // The engine says "image not known" for an image it does not have.
+        let said = String::from_utf8_lossy(&out.stderr).to_lowercase();
+        return if said.contains("image not known") || said.contains("no such image") {
+            Ok(None)
+        } else {
+            Err(format!(
+                "{} could not read the image's labels",
+                engine.display()
+            ))
+        };
+    }
+    Ok(Some(
+        serde_json::from_slice(&out.stdout).unwrap_or_default(),
+    ))
 }
 
 impl<'a> Deployment<'a> {

@@ -363,7 +363,12 @@ pub fn gather(settings: Settings) -> Inputs {
         settings.sandbox,
         config::settings::SandboxBackend::Podman { base: None, .. }
     )
-    .then(|| engine_labels(settings.sandbox.engine().unwrap_or(PODMAN), &image_name));
+    .then(|| {
+        let engine = Path::new(settings.sandbox.engine().unwrap_or(PODMAN));
+        pickup::fs::engine_labels(engine, &image_name)
+            .ok()
+            .flatten()
+    });
     Inputs {
         dotenv: exists(&settings.dir.join(".env")),
         triggers_file: exists(&settings.triggers_file),
@@ -396,20 +401,6 @@ pub fn gather(settings: Settings) -> Inputs {
         allowlist,
         endpoints,
     }
-}
-
-/// The labels of the engine's image `name` (`image build`), when the engine has it.
-fn engine_labels(engine: &str, name: &str) -> Option<serde_json::Value> {
-    let out = std::process::Command::new(engine)
-        .args(["image", "inspect", "--format", "{{json .Config.Labels}}"])
-        .arg(protocol::image::container_ref(name))
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).unwrap_or_default())
 }
 
 fn is_executable(path: &Path) -> bool {
