@@ -17,8 +17,8 @@ use protocol::job::Job;
 use protocol::reason::Reason;
 use protocol::usage::ToolCallCount;
 use queue::Queue as _;
+use records::record::{Activity, EgressDenial, Outcome, Record, Records, Tokens};
 use serde_json::{Value, json};
-use worker::record::{Activity, EgressDenial, Outcome, Record, Records, Tokens};
 
 use crate::stats::{percentile, round3};
 

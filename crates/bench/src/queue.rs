@@ -162,12 +162,12 @@ impl worker::service::Runner for Trivial {
         attempt: u32,
         _stop: worker::pipeline::Stop,
     ) -> worker::pipeline::Verdict {
-        worker::pipeline::Verdict::Done(worker::record::Record::new(
+        worker::pipeline::Verdict::Done(records::record::Record::new(
             job,
-            worker::record::Outcome::Completed,
+            records::record::Outcome::Completed,
             None,
             attempt,
-            worker::record::now_ms(),
+            records::record::now_ms(),
         ))
     }
 }
@@ -183,7 +183,7 @@ pub fn measure_service(jobs: &[(String, String)], slots: u32) -> anyhow::Result<
         );
     }
     let runs = dir.path().join("state/runs");
-    let records = Arc::new(worker::record::Records::new(&runs));
+    let records = Arc::new(records::record::Records::new(&runs));
     let options = worker::service::LoopOptions {
         worker_id: "bench".to_owned(),
         lease_for: LEASE,

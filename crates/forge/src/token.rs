@@ -72,25 +72,6 @@ impl AppKey {
     }
 }
 
-/// Whether `jwt` is signed RS256 by the key whose public half is `public_der`, and its claims.
-pub fn verify_jwt(jwt: &str, public_der: &[u8]) -> Option<serde_json::Value> {
-    let (signing_input, signature) = jwt.rsplit_once('.')?;
-    let (header, claims) = signing_input.split_once('.')?;
-    let header: serde_json::Value =
-        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(header).ok()?).ok()?;
-    if header["alg"] != "RS256" {
-        return None;
-    }
-    let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
-    ring::signature::UnparsedPublicKey::new(
-        &ring::signature::RSA_PKCS1_2048_8192_SHA256,
-        public_der,
-    )
-    .verify(signing_input.as_bytes(), &signature)
-    .ok()?;
-    serde_json::from_slice(&URL_SAFE_NO_PAD.decode(claims).ok()?).ok()
-}
-
 /// The label and the bytes of the first PEM block.
 fn pem_body(text: &str) -> Option<(&str, Vec<u8>)> {
     let start = text.find("-----BEGIN ")?;

@@ -3,7 +3,7 @@
 
 use crate::view::count;
 use maud::{Markup, html};
-use worker::record::{Outcome, Record};
+use records::record::{Outcome, Record};
 
 const WIDTH: f64 = 720.0;
 
@@ -194,7 +194,7 @@ pub fn outcomes<'a>(
 mod tests {
     use super::*;
     use protocol::job::Job;
-    use worker::record::Record;
+    use records::record::Record;
 
     fn record() -> Record {
         let mut r = Record::new(
@@ -213,7 +213,7 @@ mod tests {
             state: "ready".into(),
             ready_ms: Some(400),
         });
-        r.activity.push(worker::record::Activity {
+        r.activity.push(records::record::Activity {
             at_ms: 3_000,
             kind: "tool".into(),
             tool: Some("<script>x</script>".into()),

@@ -48,7 +48,7 @@ pub struct Config {
     /// The operator's token (`PI_PANEL_TOKEN`): only its digest is kept.
     pub token: String,
     pub queue: Arc<dyn queue::Queue>,
-    pub records: Arc<worker::record::Records>,
+    pub records: Arc<records::record::Records>,
     /// `state/jobs`, where the jobs' transcripts are.
     pub jobs_dir: PathBuf,
     /// Doctor's checks, run when the health page is asked for.
@@ -61,7 +61,7 @@ pub struct Config {
 pub(crate) struct Panel {
     sessions: auth::Sessions,
     queue: Arc<dyn queue::Queue>,
-    records: Arc<worker::record::Records>,
+    records: Arc<records::record::Records>,
     jobs_dir: PathBuf,
     health: Arc<dyn Fn() -> Vec<Health> + Send + Sync>,
     snapshot: snapshot::Cache,

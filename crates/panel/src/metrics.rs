@@ -11,7 +11,7 @@ use std::time::SystemTime;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use worker::record::Record;
+use records::record::Record;
 
 use crate::Panel;
 use crate::auth::may_read_metrics;
@@ -342,7 +342,7 @@ fn queue_gauges(queue: &dyn queue::Queue) -> Option<QueueGauges> {
     let status = queue.status(now, 0).ok()?;
     let mut g = QueueGauges::default();
     for job in &status.open {
-        match worker::open_jobs::shown(job, now).state {
+        match records::open_jobs::shown(job, now).state {
             "queued" | "waiting" => g.depth += 1,
             "running" | "cancelling" => g.running += 1,
             _ => g.lost += 1,

@@ -11,9 +11,9 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use protocol::reason::Reason;
+use records::open_jobs::Shown;
+use records::record::{Outcome, Record, now_ms};
 use serde::Deserialize;
-use worker::open_jobs::Shown;
-use worker::record::{Outcome, Record, now_ms};
 
 use crate::auth::{Authed, CsrfForm, csrf_ok};
 use crate::view::{Section, count, dollars, frame, pill, took, when};
@@ -39,7 +39,7 @@ async fn open_jobs(panel: &Arc<Panel>) -> Result<(Vec<Shown>, usize), String> {
                 (
                     s.open
                         .iter()
-                        .map(|j| worker::open_jobs::shown(j, now))
+                        .map(|j| records::open_jobs::shown(j, now))
                         .collect(),
                     s.counts.done,
                 )
@@ -376,7 +376,7 @@ async fn record_of(panel: &Arc<Panel>, id: &str) -> Option<Record> {
     if let Some(r) = panel.snapshot.get().find(id) {
         return Some(r.clone());
     }
-    if !worker::record::is_plain_id(id) {
+    if !records::record::is_plain_id(id) {
         return None;
     }
     let (p, id) = (panel.clone(), id.to_owned());
@@ -403,7 +403,7 @@ pub async fn run(
         );
     };
     let transcript = if r.transcript {
-        let path = worker::transcript::path(&panel.jobs_dir, &r.job_id);
+        let path = records::transcripts::path(&panel.jobs_dir, &r.job_id);
         tokio::task::spawn_blocking(move || {
             std::fs::File::open(&path)
                 .map(|f| transcript_view::read(std::io::BufReader::new(f)))
@@ -579,7 +579,7 @@ pub async fn transcript(
     let Some(r) = record_of(&panel, &id).await.filter(|r| r.transcript) else {
         return (StatusCode::NOT_FOUND, "no transcript has that id\n").into_response();
     };
-    let path = worker::transcript::path(&panel.jobs_dir, &r.job_id);
+    let path = records::transcripts::path(&panel.jobs_dir, &r.job_id);
     match tokio::fs::read(&path).await {
         Ok(bytes) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], bytes).into_response(),
         Err(e) => (
@@ -638,7 +638,7 @@ pub async fn cancel(
     let p = panel.clone();
     let job = id.clone();
     let answer = tokio::task::spawn_blocking(move || {
-        worker::service::cancel(&*p.queue, &p.records, &job, SystemTime::now())
+        records::record::cancel(&*p.queue, &p.records, &job, SystemTime::now())
     })
     .await;
     let result = match answer {

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
-use worker::record::{Record, Records};
+use records::record::{Record, Records};
 
 use crate::Panel;
 use crate::metrics::Tally;
@@ -117,7 +117,7 @@ pub fn keep_fresh(panel: Arc<Panel>, every: Duration) {
 mod tests {
     use super::*;
     use protocol::job::Job;
-    use worker::record::Outcome;
+    use records::record::Outcome;
 
     #[test]
     fn a_refresh_adds_what_is_new_newest_first() {

@@ -15,8 +15,8 @@ use protocol::job::Job;
 use protocol::reason::Reason;
 use protocol::usage::ToolCallCount;
 use queue::Queue as _;
+use records::record::{EgressDenial, Outcome, Record, Records, Tokens};
 use reqwest::StatusCode;
-use worker::record::{EgressDenial, Outcome, Record, Records, Tokens};
 
 const TOKEN: &str = "CNRY-panel-token-5b1e7c0d9a";
 

@@ -540,7 +540,7 @@ fn github(
     if let ["app", "installations", _, "access_tokens"] = parts[..] {
         let signed = credential
             .and_then(|c| c.strip_prefix("Bearer "))
-            .and_then(|jwt| forge::token::verify_jwt(jwt, &shared.app_public_key));
+            .and_then(|jwt| verify_jwt(jwt, &shared.app_public_key));
         return match signed {
             Some(claims) if claims["iss"].as_str() == Some(shared.app_id.to_string().as_str()) => {
                 let mut forge = shared.forge.lock().unwrap();
@@ -910,4 +910,34 @@ async fn git_http(
         }
     }
     builder.body(Body::from(text[at + gap..].to_vec())).unwrap()
+}
+
+/// Whether `jwt` is signed RS256 (as GitHub checks an App's JWT) by the key whose public half is `public_der`, and its claims.
+fn verify_jwt(jwt: &str, public_der: &[u8]) -> Option<serde_json::Value> {
+    let (signing_input, signature) = jwt.rsplit_once('.')?;
+    let (header, claims) = signing_input.split_once('.')?;
+    let header: serde_json::Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(header)
+            .ok()?,
+    )
+    .ok()?;
+    if header["alg"] != "RS256" {
+        return None;
+    }
+    let signature = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(signature)
+        .ok()?;
+    ring::signature::UnparsedPublicKey::new(
+        &ring::signature::RSA_PKCS1_2048_8192_SHA256,
+        public_der,
+    )
+    .verify(signing_input.as_bytes(), &signature)
+    .ok()?;
+    serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(claims)
+            .ok()?,
+    )
+    .ok()
 }

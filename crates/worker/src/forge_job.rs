@@ -15,7 +15,7 @@ use protocol::forge_event::{Forge, ForgeEvent, Head};
 use protocol::job::Job;
 use protocol::reason::{Outcome, Reason, Stage};
 
-use crate::record::{Record, now_ms};
+use records::record::{Record, now_ms};
 
 /// The branch a job's changes are pushed to.
 pub fn work_branch(job_id: &str) -> String {

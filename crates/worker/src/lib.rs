@@ -5,8 +5,6 @@
 pub mod cron;
 pub mod egress;
 pub mod forge_job;
-pub mod open_jobs;
 pub mod pipeline;
-pub mod record;
 pub mod service;
 pub mod transcript;

@@ -29,8 +29,8 @@ use sandbox::secrets::{Resolver, Secret};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::record::{Activity, EgressDenial, MAX_ACTIVITY, Record, now_ms};
 use crate::transcript::{Redactor, Transcript};
+use records::record::{Activity, EgressDenial, MAX_ACTIVITY, Record, now_ms};
 
 /// Where, in the sandbox, the runner keeps pi's private agent folder, and the job's `HOME`.
 const AGENT_DIR: &str = "/tmp/pi-dispatch/agent";

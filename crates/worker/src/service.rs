@@ -16,7 +16,7 @@ use queue::{Lease, LeaseState, Queue, RetryDecision};
 use tokio::sync::watch;
 
 use crate::pipeline::{Stop, StopCause, Verdict, Worker};
-use crate::record::{Record, Records, now_ms, unix_ms};
+use records::record::{Record, Records, job_of, now_ms, stub, unix_ms};
 
 /// What runs a leased job: the real [`Worker`] (admission, secrets, sandbox), or, for measuring
 /// the loop itself, anything else that says what became of a job. `stop` says when the job must
@@ -103,18 +103,6 @@ impl Control {
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }
-}
-
-/// The queued job, when its payload is one (and for the id it was queued under).
-fn job_of(id: &str, payload: &str) -> Option<Job> {
-    serde_json::from_str::<Job>(payload)
-        .ok()
-        .filter(|j| j.id == id)
-}
-
-/// A job that holds only its id, for the record of a payload that is not a job.
-fn stub(id: &str) -> Job {
-    Job::new(id, "unknown", "unknown")
 }
 
 /// Runs the loop; returns when `until_empty` and nothing is open, or once `control` has drained
@@ -362,36 +350,12 @@ impl Slot<'_> {
     }
 }
 
-/// Cancels job `id` (`cancel` and the panel): a job that had not started is done at once and
-/// gets its record here; a running one is marked, and its worker stops it and records it.
-pub fn cancel(
-    queue: &dyn Queue,
-    records: &Records,
-    id: &str,
-    now: SystemTime,
-) -> Result<queue::Cancel, queue::QueueError> {
-    let answer = queue.cancel(id, now)?;
-    if let queue::Cancel::Removed { payload, attempt } = &answer {
-        let job = job_of(id, payload).unwrap_or_else(|| stub(id));
-        let record = Record::ended(&job, Reason::Cancelled, *attempt, now_ms());
-        write_record(records, &record, None);
-    }
-    Ok(answer)
-}
-
-/// Writes the record (once); a record that exists already is left as it is.
+/// Writes the record (once), counted in `summary` when it is written now.
 pub fn write_record(records: &Records, record: &Record, summary: Option<&Summary>) {
-    match records.write(record) {
-        Ok(true) => {
-            if let Some(summary) = summary {
-                summary.records.fetch_add(1, Ordering::Relaxed);
-            }
-            tracing::info!(event = "job_recorded", job_id = %record.job_id,
-                outcome = %record.outcome, reason = record.reason.map(Reason::as_str),
-                attempt = record.attempt);
-        }
-        Ok(false) => tracing::info!(event = "job_already_recorded", job_id = %record.job_id),
-        Err(e) => tracing::error!(event = "record_failed", job_id = %record.job_id, detail = %e),
+    if records::record::write_logged(records, record)
+        && let Some(summary) = summary
+    {
+        summary.records.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -8,13 +8,8 @@ use std::path::{Path, PathBuf};
 /// The most a transcript holds; what comes after is dropped, and a last line says so.
 pub const MAX_BYTES: u64 = 16 * 1024 * 1024;
 
-/// The transcript's file name in the job's folder.
-pub const FILE: &str = "transcript.jsonl";
-
-/// Where job `id`'s transcript is kept, under the jobs' folder (`state/jobs`).
-pub fn path(jobs_dir: &Path, id: &str) -> PathBuf {
-    jobs_dir.join(id).join(FILE)
-}
+/// Where a transcript is kept: the records' crate says, for the readers too.
+pub use records::transcripts::{FILE, path};
 
 /// The shortest value redacted: shorter ones would match all over the text (and no credential
 /// is that short).

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use worker::record::{Record, RecordError, Records};
+use records::record::{Record, RecordError, Records};
 
 use crate::context::Context;
 use crate::exit::Exit;
@@ -132,7 +132,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
 }
 
 fn show_transcript(ctx: &Context, record: &Record, raw: bool) -> anyhow::Result<Exit> {
-    let path = worker::transcript::path(&ctx.dir.join("state/jobs"), &record.job_id);
+    let path = records::transcripts::path(&ctx.dir.join("state/jobs"), &record.job_id);
     if !record.transcript {
         eprintln!(
             "pi-dispatch: job {} has no transcript (it did not start, transcripts are off, or it could not be kept)",
@@ -312,7 +312,7 @@ fn human(r: &Record) -> String {
 
 /// What the egress proxy refused the job, and the lines that would let each through (or why
 /// none would).
-fn denied(list: &[worker::record::EgressDenial]) -> String {
+fn denied(list: &[records::record::EgressDenial]) -> String {
     let mut out = String::from("egress denied (host:port, attempts, the proxy's reason):\n");
     for d in list {
         let _ = writeln!(out, "  {}:{}  {}x  {}", d.host, d.port, d.count, d.reason);
@@ -365,7 +365,7 @@ fn denied(list: &[worker::record::EgressDenial]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use worker::record::EgressDenial;
+    use records::record::EgressDenial;
 
     fn d(host: &str, port: u16, reason: &str, count: u64) -> EgressDenial {
         EgressDenial {

@@ -5,8 +5,8 @@
 use std::time::SystemTime;
 
 use queue::End;
+use records::open_jobs::{Shown, shown};
 use serde::Serialize;
-use worker::open_jobs::{Shown, shown};
 
 use crate::context::Context;
 use crate::exit::Exit;
@@ -46,7 +46,7 @@ struct Done {
 }
 
 fn ms(t: SystemTime) -> u64 {
-    worker::record::unix_ms(t)
+    records::record::unix_ms(t)
 }
 
 fn end_word(end: End) -> &'static str {

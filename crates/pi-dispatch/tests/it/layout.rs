@@ -94,6 +94,83 @@ fn the_configuration_starts_no_process() {
     }
 }
 
+/// Each workspace crate and the workspace crates it is built with (normal dependencies), as cargo
+/// has them, by short name (`pi-dispatch-worker` is `worker`).
+fn workspace_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let metadata: Value =
+        serde_json::from_str(&cargo(&["metadata", "--no-deps", "--format-version", "1"])).unwrap();
+    let short = |name: &str| name.strip_prefix("pi-dispatch-").unwrap_or(name).to_owned();
+    metadata["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let deps = p["dependencies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| d["kind"].is_null())
+                .filter_map(|d| d["name"].as_str())
+                .filter(|n| n.starts_with("pi-dispatch"))
+                .map(short)
+                .collect();
+            (short(p["name"].as_str().unwrap()), deps)
+        })
+        .collect()
+}
+
+/// The graph `crates/README.md` draws: a line `- \`name\`: \`dep\`, \`dep\`` (or `none`) a crate.
+fn documented_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let readme = std::fs::read_to_string(workspace_root().join("crates/README.md")).unwrap();
+    let section = readme
+        .split("## How they depend on each other")
+        .nth(1)
+        .expect("crates/README.md draws the crate graph");
+    section
+        .lines()
+        .filter_map(|l| l.strip_prefix("- `"))
+        .map(|l| {
+            let (name, deps) = l.split_once("`:").unwrap();
+            let deps = deps
+                .split(',')
+                .map(|d| d.trim().trim_matches('`').to_owned())
+                .filter(|d| !d.is_empty() && d != "none")
+                .collect();
+            (name.to_owned(), deps)
+        })
+        .collect()
+}
+
+#[test]
+fn the_crate_graph_is_the_one_the_readme_draws_and_keeps_its_shape() {
+    let graph = workspace_graph();
+    // The probe read the real graph: the worker is built with the queue.
+    assert!(graph["worker"].contains("queue"), "{graph:#?}");
+    assert_eq!(
+        documented_graph(),
+        graph,
+        "crates/README.md's graph is not cargo's"
+    );
+    let users_of = |name: &str| -> BTreeSet<&str> {
+        graph
+            .iter()
+            .filter(|(_, deps)| deps.contains(name))
+            .map(|(n, _)| n.as_str())
+            .collect()
+    };
+    // Only the binary and the benchmarks carry out jobs.
+    assert_eq!(users_of("worker"), BTreeSet::from(["pi-dispatch", "bench"]));
+    // What tests share is built without any product crate.
+    assert!(graph["testkit"].is_empty(), "{:?}", graph["testkit"]);
+    // The panel reads records, and never starts a job.
+    for absent in ["worker", "sandbox", "hub", "pickup", "forge", "egress"] {
+        assert!(
+            !graph["panel"].contains(absent),
+            "the panel depends on {absent}"
+        );
+    }
+}
+
 // ---- Modules inside each library crate ----
 
 /// Rust source with comments (doc comments too), string, byte-string and character literals

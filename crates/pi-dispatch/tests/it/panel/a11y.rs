@@ -14,9 +14,9 @@ use protocol::job::Job;
 use protocol::reason::{Outcome, Reason};
 use protocol::usage::ToolCallCount;
 use queue::Queue as _;
+use records::record::{Activity, EgressDenial, Record, Records, Tokens};
 use serde_json::{Value, json};
 use testkit::webdriver::{Browser, ENTER};
-use worker::record::{Activity, EgressDenial, Record, Records, Tokens};
 
 use crate::common::{Deployment, Listening};
 
@@ -41,7 +41,7 @@ fn filled() -> (Deployment, Runs) {
     let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
     d.write(".env", &format!("{env}\nPI_PANEL_TOKEN={TOKEN}\n"));
     let now = SystemTime::now();
-    let now_ms = worker::record::unix_ms(now);
+    let now_ms = records::record::unix_ms(now);
     let records = Records::new(d.path().join("state/runs"));
     let job = |id: &str, task: &str| {
         let mut job = Job::new(id, "cli", "local");

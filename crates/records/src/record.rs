@@ -562,6 +562,56 @@ fn sort(listing: &mut Listing) {
     listing.unreadable.sort();
 }
 
+/// The queued job, when its payload is one (and for the id it was queued under).
+pub fn job_of(id: &str, payload: &str) -> Option<Job> {
+    serde_json::from_str::<Job>(payload)
+        .ok()
+        .filter(|j| j.id == id)
+}
+
+/// A job that holds only its id, for the record of a payload that is not a job.
+pub fn stub(id: &str) -> Job {
+    Job::new(id, "unknown", "unknown")
+}
+
+/// Writes the record (once; a record that exists already is left as it is) and logs what became
+/// of it. True when it was written now.
+pub fn write_logged(records: &Records, record: &Record) -> bool {
+    match records.write(record) {
+        Ok(true) => {
+            tracing::info!(event = "job_recorded", job_id = %record.job_id,
+                outcome = %record.outcome, reason = record.reason.map(Reason::as_str),
+                attempt = record.attempt);
+            true
+        }
+        Ok(false) => {
+            tracing::info!(event = "job_already_recorded", job_id = %record.job_id);
+            false
+        }
+        Err(e) => {
+            tracing::error!(event = "record_failed", job_id = %record.job_id, detail = %e);
+            false
+        }
+    }
+}
+
+/// Cancels job `id` (`cancel` and the panel): a job that had not started is done at once and
+/// gets its record here; a running one is marked, and its worker stops it and records it.
+pub fn cancel(
+    queue: &dyn queue::Queue,
+    records: &Records,
+    id: &str,
+    now: std::time::SystemTime,
+) -> Result<queue::Cancel, queue::QueueError> {
+    let answer = queue.cancel(id, now)?;
+    if let queue::Cancel::Removed { payload, attempt } = &answer {
+        let job = job_of(id, payload).unwrap_or_else(|| stub(id));
+        let record = Record::ended(&job, Reason::Cancelled, *attempt, now_ms());
+        write_logged(records, &record);
+    }
+    Ok(answer)
+}
+
 #[cfg(test)]
 #[path = "record_tests.rs"]
 mod tests;

@@ -1,0 +1,11 @@
+//! What a job leaves for the operator once the worker is done with it, read by the commands and
+//! the panel without the worker: the run record (`record`: what the job was, how it ended, what it
+//! used, written once), where the records and transcripts are kept (files under `state/`, or
+//! beside the queue in Redis), and the queue's open jobs as they are shown (`open_jobs`).
+//!
+//! On the job's path it is the last stop: queue → worker → sandbox → runner → pi → exit line →
+//! **record** → `runs`, the panel, the metrics.
+
+pub mod open_jobs;
+pub mod record;
+pub mod transcripts;
