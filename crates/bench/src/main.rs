@@ -1026,7 +1026,7 @@ impl PickupFixture {
             .into_iter()
             .next()
             .context("the pickup triggers.json holds no trigger")?;
-        let job = Job::from_trigger("cron-bench-1", &trigger);
+        let job = trigger.job("cron-bench-1");
 
         let pairs = [("PI_EGRESS", "1"), ("PI_JOB_IMAGE", "pi-job")];
         let settings = config::settings::resolve(

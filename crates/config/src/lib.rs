@@ -10,8 +10,10 @@ pub mod egress;
 pub mod endpoints;
 pub mod files;
 pub mod import;
-pub mod json;
+/// The strict JSON reader: protocol's (a key written twice is refused), for every config file.
+pub use protocol::json;
 pub mod mcp;
+pub mod model_rules;
 pub mod models;
 pub mod prices;
 pub mod problem;

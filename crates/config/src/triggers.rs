@@ -196,6 +196,41 @@ pub struct Trigger {
     pub run: Run,
 }
 
+impl Trigger {
+    /// The job this trigger queues now.
+    pub fn job(&self, id: impl Into<String>) -> protocol::job::Job {
+        let trigger = self;
+        let run = &trigger.run;
+        let (flow, command) = match &run.action {
+            Action::Flow(f) => (Some(f.clone()), None),
+            Action::Command(c) => (None, Some(c.clone())),
+        };
+        protocol::job::Job {
+            id: id.into(),
+            trigger_index: Some(trigger.index),
+            trigger_type: trigger.on.type_name().to_owned(),
+            kind: run.kind.as_str().to_owned(),
+            flow,
+            command,
+            mcp: run
+                .mcp
+                .as_ref()
+                .map(|names| protocol::job::McpField::names(names.iter().map(|n| n.as_str()))),
+            secrets: run.secrets.iter().map(|(name, _)| name.clone()).collect(),
+            provider: run.provider.clone(),
+            model: run.model.clone(),
+            models: run.models.clone(),
+            max_cost_usd: run.max_cost_usd,
+            exclude_tools: run.exclude_tools.clone(),
+            image: run.image.clone(),
+            folder: run.folder.clone(),
+            task: run.task.clone(),
+            secrets_profile: run.secrets_profile.clone(),
+            event: None,
+        }
+    }
+}
+
 /// What starts a trigger.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum On {
@@ -289,51 +324,7 @@ const ON_KEYS: [&str; 8] = [
     "type", "id", "pattern", "any", "all", "none", "phrase", "action",
 ];
 
-/// Where a job runs and which forge it answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    /// On the worker's own host, started by cron only (a cron job holds no forge token).
-    Local,
-    Github,
-    Gitlab,
-    Forgejo,
-    Azure,
-}
-
-impl Kind {
-    pub const ALL: [Kind; 5] = [
-        Kind::Local,
-        Kind::Github,
-        Kind::Gitlab,
-        Kind::Forgejo,
-        Kind::Azure,
-    ];
-
-    pub fn parse(s: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Local => "local",
-            Kind::Github => "github",
-            Kind::Gitlab => "gitlab",
-            Kind::Forgejo => "forgejo",
-            Kind::Azure => "azure",
-        }
-    }
-
-    /// Whether a job of this kind may name the forge's own MCP server (github and gitlab only).
-    pub fn allows_forge_mcp(self) -> bool {
-        matches!(self, Kind::Github | Kind::Gitlab)
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use protocol::job::Kind;
 
 /// What the job does: a named flow, or a command.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,7 +14,7 @@
 //! agent's turn offers the model tools; a call that offers none (pi's summary of a long
 //! conversation) is kept apart, and counts only when no call offered tools.
 
-pub use protocol::model_rules as rules;
+pub use config::model_rules as rules;
 pub mod wire;
 
 use std::convert::Infallible;

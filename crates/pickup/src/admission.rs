@@ -1050,7 +1050,7 @@ fn model(i: &Inputs, models: Option<&Models>) -> Step<(ModelChoice, Option<Route
     }
     // The job's model gateway must be able to check and meter its calls.
     if let Some(own) =
-        protocol::model_rules::uncarried_chat_model(catalog::builtin(), models, &provider, &model)
+        config::model_rules::uncarried_chat_model(catalog::builtin(), models, &provider, &model)
     {
         return Err(refuse(
             Reason::ModelUnsupported,

@@ -117,7 +117,7 @@ fn world_of(triggers: &str, id: &str) -> World {
         .triggers
         .remove(0);
     World {
-        job: Job::from_trigger(id, &trigger),
+        job: trigger.job(id),
         settings: settings(&[
             ("PI_FORWARD_ENV", "FILES_TOKEN"),
             ("PI_PACKAGE_REGISTRIES", "npx=registry.example.org"),
@@ -1170,13 +1170,13 @@ fn a_model_the_gateway_cannot_meter_is_refused_before_anything_is_spent() {
     // exactly the models the runner would stop.
     for provider in &config::catalog::builtin().providers {
         for entry in &provider.entries {
-            let uncarried = protocol::model_rules::uncarried_chat_model(
+            let uncarried = config::model_rules::uncarried_chat_model(
                 config::catalog::builtin(),
                 None,
                 &provider.id,
                 &entry.id,
             );
-            let table = protocol::model_rules::Table::build(config::catalog::builtin(), None);
+            let table = config::model_rules::Table::build(config::catalog::builtin(), None);
             let runner = table
                 .chat_model(&provider.id, &entry.id)
                 .filter(|m| m.wire().is_none());

@@ -172,12 +172,15 @@ pub enum Line<'a> {
     Overlong,
 }
 
-/// Lines of a stream, none longer than [`MAX_LINE`] held in memory.
+/// Lines of a stream, none longer than [`MAX_LINE`] held in memory (with the `stream` feature:
+/// the readers of the runner's output, the worker and the runner itself).
+#[cfg(feature = "stream")]
 pub struct Lines<R> {
     input: tokio::io::BufReader<R>,
     line: Vec<u8>,
 }
 
+#[cfg(feature = "stream")]
 impl<R: tokio::io::AsyncRead + Unpin> Lines<R> {
     pub fn new(input: R) -> Lines<R> {
         Lines {
@@ -216,6 +219,7 @@ impl<R: tokio::io::AsyncRead + Unpin> Lines<R> {
 
 /// Reads the runner's standard output to its end: the exit line is the last line that verifies
 /// with `key`; every other line goes to `other` as it comes.
+#[cfg(feature = "stream")]
 pub async fn read<R>(input: R, key: &[u8], mut other: impl FnMut(Line<'_>)) -> Option<ExitLine>
 where
     R: tokio::io::AsyncRead + Unpin,
@@ -348,6 +352,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "stream")]
     #[tokio::test]
     async fn the_reader_finds_the_line_and_hands_on_the_rest() {
         let signed = sign(&line(), b"job-key").unwrap();

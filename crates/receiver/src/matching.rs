@@ -66,7 +66,7 @@ pub fn jobs_for(triggers: &Triggers, event: &ForgeEvent) -> Vec<Job> {
         .filter(|t| matches(t, event))
         .map(|t| Job {
             event: Some(event.clone()),
-            ..Job::from_trigger(job_id(event, t.index), t)
+            ..t.job(job_id(event, t.index))
         })
         .collect()
 }

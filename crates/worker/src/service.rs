@@ -452,7 +452,7 @@ pub fn run_cron(
             // At most one firing per tick and trigger: a clock jump does not queue a burst.
             for at in schedule.firings(window.0, window.1, 1) {
                 let id = crate::cron::job_id(&schedule.id, at);
-                let job = Job::from_trigger(id.clone(), &schedule.trigger);
+                let job = schedule.trigger.job(id.clone());
                 let Ok(payload) = serde_json::to_string(&job) else {
                     continue;
                 };

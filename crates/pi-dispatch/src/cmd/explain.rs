@@ -35,7 +35,7 @@ pub fn trigger_job(trigger: &triggers::Trigger) -> Job {
         On::Cron { id, .. } => format!("cron-{id}-explain"),
         _ => "explain".to_owned(),
     };
-    let mut job = Job::from_trigger(id, trigger);
+    let mut job = trigger.job(id);
     // A forge trigger's job carries the event that queued it; the decision does not depend on
     // what the event says, only that there is one, so an example stands in for it.
     job.event = protocol::forge_event::Forge::of_kind(&job.kind)

@@ -146,10 +146,7 @@ fn trigger_job(ctx: &Context, index: usize) -> anyhow::Result<Job> {
     let config::triggers::On::Cron { id, .. } = &trigger.on else {
         anyhow::bail!("--trigger: trigger {index} is not a cron trigger");
     };
-    Ok(Job::from_trigger(
-        new_job_id(&format!("cron-{id}-now"))?,
-        trigger,
-    ))
+    Ok(trigger.job(new_job_id(&format!("cron-{id}-now"))?))
 }
 
 /// Queues `job` unless the admission refuses it now: then nothing is queued, and the refusal is

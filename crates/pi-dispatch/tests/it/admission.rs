@@ -92,7 +92,7 @@ fn said(s: &Service, index: usize, round: &str) -> Said {
         panic!("the table's triggers are cron triggers")
     };
     let job_id = format!("cron-{id}-table-{round}");
-    let job = protocol::job::Job::from_trigger(job_id.clone(), &trigger);
+    let job = trigger.job(job_id.clone());
     enqueue(s, &job_id, &serde_json::to_string(&job).unwrap());
     s.work();
     let record = s.record(&job_id);

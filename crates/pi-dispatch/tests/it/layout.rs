@@ -160,6 +160,9 @@ fn the_crate_graph_is_the_one_the_readme_draws_and_keeps_its_shape() {
     };
     // Only the binary and the benchmarks carry out jobs.
     assert_eq!(users_of("worker"), BTreeSet::from(["pi-dispatch", "bench"]));
+    // What crosses a process boundary is built without any other crate of the workspace (no
+    // file reader among them).
+    assert!(graph["protocol"].is_empty(), "{:?}", graph["protocol"]);
     // What tests share is built without any product crate.
     assert!(graph["testkit"].is_empty(), "{:?}", graph["testkit"]);
     // The panel reads records, and never starts a job.

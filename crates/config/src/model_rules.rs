@@ -9,9 +9,9 @@
 //! request's size, and its largest output (the request's own limit, else the model's), each at the
 //! model's highest price.
 
-use crate::reason::Reason;
-use config::catalog::{Catalog, ModelKind, Prices, Tier};
-use config::models::Models;
+use crate::catalog::{Catalog, ModelKind, Prices, Tier};
+use crate::models::Models;
+use protocol::reason::Reason;
 
 /// The largest output pi gives a model the overlay defines without `maxTokens` (pi-ai's default).
 pub const OVERLAY_MAX_TOKENS: u64 = 16_384;
@@ -231,7 +231,7 @@ pub fn uncarried_chat_model(
 
 /// The overlay's `models` entries (chat models, added or replacing one of the same id) and then its
 /// `modelOverrides` (chat models' prices and limits), as pi-ai composes them.
-fn apply_overlay(provider: &str, models: &mut Vec<Model>, entry: &config::models::ProviderEntry) {
+fn apply_overlay(provider: &str, models: &mut Vec<Model>, entry: &crate::models::ProviderEntry) {
     for def in &entry.models {
         let api = def.api.clone().or_else(|| entry.api.clone());
         let defaults = defaults_for(models, &def.id, api.as_deref());
@@ -351,7 +351,7 @@ pub struct Rules {
     pub cap: Option<f64>,
 }
 
-pub use crate::job::{MAX_COST_VARIABLE, MODELS_VARIABLE};
+pub use protocol::job::{MAX_COST_VARIABLE, MODELS_VARIABLE};
 
 impl Rules {
     /// Reads the worker's variables; a value that is not what the worker writes is refused, naming
@@ -540,7 +540,7 @@ impl Meter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use config::catalog;
+    use crate::catalog;
 
     fn model(kind: ModelKind, cost: [f64; 4], max: Option<u64>) -> Model {
         Model {
@@ -591,7 +591,7 @@ mod tests {
 
     fn table(overlay: Option<&str>) -> Table {
         let catalog = catalog::parse(SMALL).unwrap();
-        let models = overlay.map(|t| config::models::check(t.as_bytes()).unwrap());
+        let models = overlay.map(|t| crate::models::check(t.as_bytes()).unwrap());
         Table::build(&catalog, models.as_ref())
     }
 
