@@ -1,6 +1,6 @@
 //! `--hub`: the job's MCP hub against real servers (`@modelcontextprotocol/server-everything` from
 //! the workspace's `node_modules`), connected the runner's way (a job `mcp.json`, `plan::plan`,
-//! `runner::connect_all`, `relay::serve`).
+//! `connect_all::connect_all`, `relay::serve`).
 //!
 //! - **calls**: `echo` through the hub (an rmcp client over streamable HTTP with the hub's bearer
 //!   token, and a bare HTTP/1.1 client on one kept-alive connection) against the same upstream
@@ -9,7 +9,7 @@
 //!   process of its own; the hub and its upstreams run on a multi-thread runtime as `pi-dispatch
 //!   job` builds it.
 //! - **ready**: 8 server-everything over stdio started together until every tool list is in, by
-//!   `runner::connect_all` and by the official TypeScript SDK client (a Node script,
+//!   `connect_all::connect_all` and by the official TypeScript SDK client (a Node script,
 //!   `ts_ready.mjs`), alternating.
 //! - **memory**: the peak resident memory of a fresh copy of this program (`--hub-memory-runner`)
 //!   holding 8 stdio upstreams and the hub serving them, while this process, as pi, has a session
@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail, ensure};
 use hub::connect::Upstream;
+use hub::connect_all::Connected;
 use hub::relay::Withheld;
-use hub::runner::Connected;
 use protocol::job_mcp::JobMcpFile;
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
 use rmcp::service::RunningService;
@@ -385,7 +385,7 @@ pub(crate) async fn connect(
     let plan = hub::plan::plan(file.text.as_bytes(), Some(&file.digest), &lookup)
         .map_err(|stop| anyhow!("the runner refuses the bench's mcp.json: {stop}"))?;
     let started = Instant::now();
-    let connected = hub::runner::connect_all(plan, &env, dir, WAIT)
+    let connected = hub::connect_all::connect_all(plan, &env, dir, WAIT)
         .await
         .map_err(|(stop, _)| anyhow!("the runner did not connect every server: {stop}"))?;
     let took = started.elapsed();
@@ -826,7 +826,7 @@ fn ready_servers(peers: &Peers) -> anyhow::Result<Vec<(String, Value)>> {
         .collect())
 }
 
-/// `runner::connect_all` of the 8 servers: from the start to the last tool list, ms.
+/// `connect_all::connect_all` of the 8 servers: from the start to the last tool list, ms.
 async fn runner_ready(peers: &Peers) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir().context("cannot make a temporary folder")?;
     let (connected, took) = connect(peers, &ready_servers(peers)?, dir.path()).await?;

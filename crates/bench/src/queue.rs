@@ -160,7 +160,7 @@ impl worker::service::Runner for Trivial {
         &self,
         job: &protocol::job::Job,
         attempt: u32,
-        _stop: worker::pipeline::Stop,
+        _stop: worker::pipeline::StopSignal,
     ) -> worker::pipeline::Verdict {
         worker::pipeline::Verdict::Done(records::record::Record::new(
             job,

@@ -63,7 +63,7 @@ impl Withheld {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Outcome {
+pub(crate) enum CallOutcome {
     Ok,
     Error,
     Refused,
@@ -81,7 +81,7 @@ impl ToolCalls {
         server: &str,
         tool: &str,
         listed: bool,
-        outcome: Outcome,
+        outcome: CallOutcome,
         took: Duration,
         bytes: usize,
     ) {
@@ -100,9 +100,9 @@ impl ToolCalls {
             });
         count.calls += 1;
         match outcome {
-            Outcome::Ok => count.ok += 1,
-            Outcome::Error => count.error += 1,
-            Outcome::Refused => count.refused += 1,
+            CallOutcome::Ok => count.ok += 1,
+            CallOutcome::Error => count.error += 1,
+            CallOutcome::Refused => count.refused += 1,
         }
         count.total_ms += u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
         count.result_bytes += u64::try_from(bytes).unwrap_or(u64::MAX);
@@ -122,7 +122,14 @@ mod tests {
     fn what_pi_sends_never_decides_how_large_the_counts_grow() {
         let calls = ToolCalls::default();
         let record = |tool: &str, listed| {
-            calls.record("docs", tool, listed, Outcome::Refused, Duration::ZERO, 0);
+            calls.record(
+                "docs",
+                tool,
+                listed,
+                CallOutcome::Refused,
+                Duration::ZERO,
+                0,
+            );
         };
         for i in 0..400 {
             record(&format!("{}{i}", "x".repeat(3000)), false);

@@ -27,7 +27,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::calls::{Outcome, ToolCalls, Withheld};
+use crate::calls::{CallOutcome, ToolCalls, Withheld};
 use crate::http::Refusal;
 use crate::raw::{self, Edit, Message, RequestParams, event};
 use crate::rpc::{Core, ProgressRoute, RpcError, error_bytes};
@@ -658,7 +658,7 @@ impl Served {
                 &self.name,
                 tool,
                 known(tool),
-                Outcome::Refused,
+                CallOutcome::Refused,
                 Duration::ZERO,
                 0,
             );
@@ -696,16 +696,16 @@ impl Served {
             Err(e) => {
                 if let Some(tool) = &tool {
                     self.calls
-                        .record(&self.name, tool, true, Outcome::Error, took, 0);
+                        .record(&self.name, tool, true, CallOutcome::Error, took, 0);
                 }
                 return error_bytes(id, INTERNAL_ERROR, relay_error(&e));
             }
         };
         if let Some(tool) = &tool {
             let (outcome, bytes) = match answer.result() {
-                Some(result) if raw::is_error_result(result) => (Outcome::Error, result.len()),
-                Some(result) => (Outcome::Ok, result.len()),
-                None => (Outcome::Error, 0),
+                Some(result) if raw::is_error_result(result) => (CallOutcome::Error, result.len()),
+                Some(result) => (CallOutcome::Ok, result.len()),
+                None => (CallOutcome::Error, 0),
             };
             self.calls
                 .record(&self.name, tool, true, outcome, took, bytes);

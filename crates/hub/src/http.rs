@@ -324,7 +324,7 @@ impl From<Refusal> for HttpFault {
 }
 
 /// A connection to one HTTP server, not yet started.
-pub struct Upstream {
+pub struct HttpServer {
     /// What [`crate::connect::connect_transport`] connects.
     pub transport: HttpTransport,
     pub monitor: Monitor,
@@ -336,10 +336,10 @@ pub fn transport(
     url: &Secret,
     headers: &[(String, Secret)],
     policy: &HttpPolicy,
-) -> Result<Upstream, HttpError> {
+) -> Result<HttpServer, HttpError> {
     let client = GuardedClient::new(url, headers, policy)?;
     let monitor = client.monitor.clone();
-    Ok(Upstream {
+    Ok(HttpServer {
         transport: HttpTransport {
             client,
             session: Arc::new(Mutex::new(Session::default())),

@@ -9,10 +9,10 @@ use protocol::job_mcp::{CODEMODE_MODELS_VARIABLE, DIGEST_VARIABLE, EXCLUDE_TOOLS
 use protocol::reason::Reason;
 use tokio::process::Command;
 
+use crate::connect_all::{self, Connected};
 use crate::gateway::PiGateway;
 use crate::job_file::{JobServer, Stop};
 use crate::pi_agent::{AgentFolder, write_private};
-use crate::runner::{self, Connected};
 use crate::{pi_config, plan, relay, wait};
 use protocol::exit_line::{ExitLine, ServerState};
 use protocol::pi_events::PiEvents;
@@ -277,7 +277,7 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
     if let (Agent::Pi(_), Some(relay)) = (&job.agent, job.relay.clone()) {
         return run_alongside(&job, plan, job_plan, &relay, gateway, &mut term).await;
     }
-    let connecting = runner::connect_all_confined(
+    let connecting = connect_all::connect_all_confined(
         plan,
         &job.env,
         &job.workspace,
@@ -429,7 +429,7 @@ async fn run_alongside(
     };
     // Every server connected and served, or why not.
     let connecting = async {
-        let connected = runner::connect_all_confined(
+        let connected = connect_all::connect_all_confined(
             plan,
             &job.env,
             &job.workspace,

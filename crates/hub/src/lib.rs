@@ -5,6 +5,7 @@
 mod calls;
 pub mod confine;
 pub mod connect;
+pub mod connect_all;
 mod endpoint;
 pub mod gateway;
 pub mod guard;
@@ -19,7 +20,6 @@ pub mod raw;
 pub mod relay;
 pub mod resolve;
 pub mod rpc;
-pub mod runner;
 mod session;
 pub mod stdio;
 pub mod tools;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use http_support::{FaultServer, GIB, connect, error_of, memory, resolved};
 use hub::connect::classify;
-use hub::http::{Failure, HttpError, HttpPolicy, MAX_BODY, Upstream, transport};
+use hub::http::{Failure, HttpError, HttpPolicy, HttpServer, MAX_BODY, transport};
 use serde_json::json;
 
 const TOKEN: &str = "tok-5b1d";
@@ -20,7 +20,7 @@ const KEY: &str = "key-9c2e";
 /// No test here waits on a server longer than this.
 const BOUND: Duration = Duration::from_secs(20);
 
-fn upstream(base: &str, kind: &str, policy: &HttpPolicy) -> Upstream {
+fn upstream(base: &str, kind: &str, policy: &HttpPolicy) -> HttpServer {
     let (url, headers) = resolved(
         &format!("{base}/mcp/{kind}"),
         &[("Authorization", "Bearer ${T}"), ("X-Api-Key", "${K}")],

@@ -382,7 +382,7 @@ async fn a_stdio_server_that_exits_at_once_is_unavailable() {
     .await;
 }
 
-/// `connect_all` aborts the connections still running when it stops (runner.rs, `tasks.abort_all()`)
+/// `connect_all` aborts the connections still running when it stops (connect_all.rs, `tasks.abort_all()`)
 /// and returns without waiting for them to end: a stdio server it was still connecting is killed only
 /// once the runtime drops the aborted task, after `connect_all` has returned (and in the job, after
 /// the exit line is made). Strictly, right after the return, its processes are sometimes still alive.

@@ -115,7 +115,7 @@ fn main() -> ExitCode {
         Some("job-confine") => return cmd::job::confine(&raw[2..]),
         Some("job-shell") => return cmd::job::shell(&raw[2..]),
         Some("job-relay") => return hub::pi_relay::main(&raw[2..]),
-        Some("job-env") => return sandbox::job_env::main(&raw[2..]),
+        Some("job-env") => return sandbox::launcher::main(&raw[2..]),
         Some("job-limits") => return sandbox::cgroup::limits_main(&raw[2..]),
         _ => {}
     }

@@ -16,6 +16,6 @@ pub mod disk;
 pub mod env;
 pub mod identity;
 pub mod isolated;
-pub mod job_env;
+pub mod launcher;
 pub mod podman;
 pub mod secrets;

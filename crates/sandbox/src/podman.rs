@@ -282,7 +282,7 @@ impl Podman {
         };
         // The environment before anything else on the job's input; the rest is the caller's.
         let written = match job.child.stdin.as_mut() {
-            Some(input) => input.write_all(&crate::job_env::block(env)).await,
+            Some(input) => input.write_all(&crate::launcher::block(env)).await,
             None => Err(io::Error::other("the job has no input")),
         };
         if let Err(e) = written {

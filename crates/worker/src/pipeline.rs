@@ -24,7 +24,7 @@ use protocol::reason::Reason;
 use sandbox::backend::{Backend, Bounds, JobSpec, Network, RunningJob};
 use sandbox::bwrap::{self, Ending};
 use sandbox::cgroup::{Breach, JobCgroup, Limits};
-use sandbox::env::{self as job_env, Parts};
+use sandbox::env::Parts;
 use sandbox::secrets::{Resolver, Secret};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
@@ -108,10 +108,10 @@ pub enum StopCause {
 }
 
 /// Tells a running job to stop: `None` until it must.
-pub type Stop = watch::Receiver<Option<StopCause>>;
+pub type StopSignal = watch::Receiver<Option<StopCause>>;
 
 /// Waits until `stop` says why the job must stop (never, if its sender goes away).
-pub async fn stopped(stop: &mut Stop) -> StopCause {
+pub async fn stopped(stop: &mut StopSignal) -> StopCause {
     loop {
         if let Some(cause) = *stop.borrow_and_update() {
             return cause;
@@ -342,7 +342,7 @@ fn breach_record(job: &Job, attempt: u32, breach: Breach) -> Record {
 
 impl Worker {
     /// Decides, then runs the job. Never panics on what the job holds.
-    pub async fn process(&self, job: &Job, attempt: u32, stop: Stop) -> Verdict {
+    pub async fn process(&self, job: &Job, attempt: u32, stop: StopSignal) -> Verdict {
         let mut verdict = self.carry_out(job, attempt, stop).await;
         // A forge job's record names its issue's web address.
         if let (Some(event), Verdict::Done(r) | Verdict::Retry(r)) = (&job.event, &mut verdict) {
@@ -351,7 +351,7 @@ impl Worker {
         verdict
     }
 
-    async fn carry_out(&self, job: &Job, attempt: u32, mut stop: Stop) -> Verdict {
+    async fn carry_out(&self, job: &Job, attempt: u32, mut stop: StopSignal) -> Verdict {
         // 1. The admission: every check that costs nothing.
         // The App's key as this worker read it: a github job it cannot mint for is refused here,
         // as explain and doctor say.
@@ -469,7 +469,7 @@ impl Worker {
         secrets: &[(String, Secret)],
         dir: &Path,
         prepared: Option<&crate::forge_job::Prepared>,
-        stop: &mut Stop,
+        stop: &mut StopSignal,
     ) -> Verdict {
         let prompt = match (&job.event, prepared) {
             (Some(event), Some(p)) => {
@@ -621,7 +621,7 @@ impl Worker {
         &self,
         job: &Job,
         folder: &str,
-        stop: &mut Stop,
+        stop: &mut StopSignal,
     ) -> Result<FolderLock, Result<StopCause, std::io::Error>> {
         let mut said = false;
         loop {
@@ -710,14 +710,16 @@ impl Worker {
         job_dir: &Path,
         secrets: &[(String, Secret)],
         prepared: Option<&crate::forge_job::Prepared>,
-        stop: &mut Stop,
+        stop: &mut StopSignal,
     ) -> Verdict {
         let settings = &self.settings;
         let forge_token = prepared.and_then(|p| {
             let token = Secret::new(p.token.expose());
             match job.event.as_ref()?.forge {
-                protocol::forge_event::Forge::Github => Some(job_env::ForgeToken::Github(token)),
-                protocol::forge_event::Forge::Gitlab => Some(job_env::ForgeToken::Gitlab {
+                protocol::forge_event::Forge::Github => {
+                    Some(sandbox::env::ForgeToken::Github(token))
+                }
+                protocol::forge_event::Forge::Gitlab => Some(sandbox::env::ForgeToken::Gitlab {
                     token,
                     host: gitlab_host(settings.gitlab_url.as_deref()?)?,
                 }),
@@ -770,7 +772,7 @@ impl Worker {
                 if !loopback.is_empty() {
                     computed.push((egress::forward::LOOPBACK_VARIABLE.to_owned(), loopback));
                 }
-                Some(job_env::Proxy {
+                Some(sandbox::env::Proxy {
                     https: egress::forward::proxy_url(),
                     http: egress::forward::proxy_url(),
                     no_proxy: egress::forward::NO_PROXY.to_owned(),
@@ -791,7 +793,7 @@ impl Worker {
             computed: &computed,
             forge: forge_token.as_ref(),
         };
-        let env = match job_env::build(&parts, &|name| self.env.get(name)) {
+        let env = match sandbox::env::build(&parts, &|name| self.env.get(name)) {
             Ok(e) => e,
             Err(e) => {
                 let reason = Reason::EnvironmentRefused;

@@ -15,7 +15,7 @@ use protocol::reason::{Outcome, Reason};
 use queue::{Lease, LeaseState, Queue, RetryDecision};
 use tokio::sync::watch;
 
-use crate::pipeline::{Stop, StopCause, Verdict, Worker};
+use crate::pipeline::{StopCause, StopSignal, Verdict, Worker};
 use records::record::{Record, Records, job_of, now_ms, stub, unix_ms};
 
 /// What runs a leased job: the real [`Worker`] (admission, secrets, sandbox), or, for measuring
@@ -26,7 +26,7 @@ pub trait Runner: Send + Sync + 'static {
         &self,
         job: &Job,
         attempt: u32,
-        stop: Stop,
+        stop: StopSignal,
     ) -> impl std::future::Future<Output = Verdict>;
 
     /// Once the job's record is final (written, and no attempt follows): a forge job's comment.
@@ -41,7 +41,7 @@ impl Runner for Worker {
         &self,
         job: &Job,
         attempt: u32,
-        stop: Stop,
+        stop: StopSignal,
     ) -> impl std::future::Future<Output = Verdict> {
         Worker::process(self, job, attempt, stop)
     }
@@ -59,7 +59,7 @@ pub struct LoopOptions {
     /// How long a lease lasts without renewal; it is renewed every third of that.
     pub lease_for: Duration,
     pub concurrency: u32,
-    /// Stop once the queue has nothing open (for `--until-empty` and tests); otherwise run until
+    /// StopSignal once the queue has nothing open (for `--until-empty` and tests); otherwise run until
     /// told to stop.
     pub until_empty: bool,
     /// How long an idle slot waits before asking the queue again.

@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hub::connect_all::{Connected, connect_all};
 use hub::job_file::Stop;
 use hub::plan::{Plan, plan};
-use hub::runner::{Connected, connect_all};
 use protocol::exit_line::ServerState;
 use protocol::job_mcp::JobMcpFile;
 use serde_json::{Value, json};

@@ -3,5 +3,5 @@
 
 fn main() -> std::process::ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    sandbox::job_env::main(&args)
+    sandbox::launcher::main(&args)
 }

@@ -32,7 +32,7 @@ pub struct Connected {
 const FIRST_RETRY: Duration = Duration::from_millis(250);
 const LAST_RETRY: Duration = Duration::from_secs(4);
 
-enum Outcome {
+enum ServerStart {
     Ready(Upstream, Option<Monitor>),
     Failed(Stop),
 }
@@ -64,7 +64,7 @@ pub async fn connect_all_confined(
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.clone())
     };
-    let mut tasks: JoinSet<(usize, Outcome, Duration)> = JoinSet::new();
+    let mut tasks: JoinSet<(usize, ServerStart, Duration)> = JoinSet::new();
     // The last failure each HTTP server gave before it was asked again, for the cause of a wait
     // that ran out (a 429 is not a slow start).
     let last_failure: std::sync::Arc<std::sync::Mutex<Vec<Option<String>>>> =
@@ -123,8 +123,8 @@ pub async fn connect_all_confined(
                     let outcome = with_own_timeout(&name, own_timeout, async {
                         attempt
                             .await
-                            .map(|u| Outcome::Ready(u, None))
-                            .unwrap_or_else(|e| Outcome::Failed(unavailable(&name, &e)))
+                            .map(|u| ServerStart::Ready(u, None))
+                            .unwrap_or_else(|e| ServerStart::Failed(unavailable(&name, &e)))
                     })
                     .await;
                     (index, outcome, started.elapsed())
@@ -154,7 +154,7 @@ pub async fn connect_all_confined(
                     Some(&name),
                     "the plan does not match the server's transport",
                 );
-                tasks.spawn(async move { (index, Outcome::Failed(stop), Duration::ZERO) });
+                tasks.spawn(async move { (index, ServerStart::Failed(stop), Duration::ZERO) });
             }
         }
     }
@@ -177,12 +177,12 @@ pub async fn connect_all_confined(
             joined = tasks.join_next() => {
                 let Some(Ok((index, outcome, after))) = joined else { continue };
                 match outcome {
-                    Outcome::Ready(upstream, monitor) => {
+                    ServerStart::Ready(upstream, monitor) => {
                         states[index].state = "ready".to_owned();
                         states[index].ready_ms = Some(after.as_millis().try_into().unwrap_or(u64::MAX));
                         ready[index] = Some((upstream, monitor, after));
                     }
-                    Outcome::Failed(stop) => {
+                    ServerStart::Failed(stop) => {
                         states[index].state = "failed".to_owned();
                         failure = Some(stop);
                         break;
@@ -243,13 +243,13 @@ pub async fn connect_all_confined(
 async fn with_own_timeout(
     name: &str,
     own: Option<Duration>,
-    attempt: impl std::future::Future<Output = Outcome>,
-) -> Outcome {
+    attempt: impl std::future::Future<Output = ServerStart>,
+) -> ServerStart {
     match own {
         None => attempt.await,
         Some(limit) => match tokio::time::timeout(limit, attempt).await {
             Ok(outcome) => outcome,
-            Err(_) => Outcome::Failed(Stop::new(
+            Err(_) => ServerStart::Failed(Stop::new(
                 Reason::McpUnavailable,
                 Some(name),
                 format!(
@@ -273,13 +273,13 @@ async fn connect_http(
     headers: &[(String, crate::resolve::Secret)],
     policy: &HttpPolicy,
     note_retry: impl Fn(String),
-) -> Outcome {
+) -> ServerStart {
     let mut pause = FIRST_RETRY;
     loop {
         let upstream = match http::transport(url, headers, policy) {
             Ok(u) => u,
             Err(e) => {
-                return Outcome::Failed(Stop::new(
+                return ServerStart::Failed(Stop::new(
                     Reason::McpUnavailable,
                     Some(name),
                     format!("its connection cannot be set up ({e})"),
@@ -288,19 +288,19 @@ async fn connect_http(
         };
         let monitor = upstream.monitor.clone();
         match connect::connect_transport(name, upstream.transport, UpstreamEvents::new()).await {
-            Ok(connected) => return Outcome::Ready(connected, Some(monitor)),
+            Ok(connected) => return ServerStart::Ready(connected, Some(monitor)),
             Err(error) => {
                 let failure = match error.transport_error() {
                     Some(e) => monitor.classify(e),
                     None => match monitor.last_refusal() {
                         Some(r) => r.failure(),
                         None => {
-                            return Outcome::Failed(unavailable(name, &error));
+                            return ServerStart::Failed(unavailable(name, &error));
                         }
                     },
                 };
                 if !failure.is_retryable() {
-                    return Outcome::Failed(failure.stop(name, monitor.origin()));
+                    return ServerStart::Failed(failure.stop(name, monitor.origin()));
                 }
                 note_retry(failure.message().to_owned());
                 tokio::time::sleep(pause).await;
