@@ -59,7 +59,7 @@ pub struct LoopOptions {
     /// How long a lease lasts without renewal; it is renewed every third of that.
     pub lease_for: Duration,
     pub concurrency: u32,
-    /// StopSignal once the queue has nothing open (for `--until-empty` and tests); otherwise run until
+    /// Stops once the queue has nothing open (for `--until-empty` and tests); otherwise run until
     /// told to stop.
     pub until_empty: bool,
     /// How long an idle slot waits before asking the queue again.
@@ -134,7 +134,7 @@ pub fn run<R: Runner>(
                     return;
                 };
                 let slot = Slot {
-                    queue: &*queue,
+                    queue,
                     records: &records,
                     options: &options,
                     summary: &summary,
@@ -152,7 +152,7 @@ pub fn run<R: Runner>(
 
 /// One slot of the loop: it leases a job, runs it, settles it, and again.
 struct Slot<'a> {
-    queue: &'a dyn Queue,
+    queue: Arc<dyn Queue>,
     records: &'a Records,
     options: &'a LoopOptions,
     summary: &'a Summary,
@@ -164,13 +164,28 @@ fn queue_error(e: &queue::QueueError) {
 }
 
 impl Slot<'_> {
+    /// Runs one call of the queue on a thread of the blocking pool, never on the slot's own loop:
+    /// that loop also reads the running job's output, renews its lease and watches for a cancel,
+    /// and a queue that answers slowly (a Redis reconnecting through an outage) must not hold them
+    /// up.
+    async fn queue_call<T: Send + 'static>(
+        &self,
+        call: impl FnOnce(&dyn Queue) -> T + Send + 'static,
+    ) -> T {
+        let queue = self.queue.clone();
+        match tokio::task::spawn_blocking(move || call(&*queue)).await {
+            Ok(answer) => answer,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+
     async fn run<R: Runner>(&self, worker: &R) {
         loop {
             if self.control.is_draining() {
                 return;
             }
             let now = SystemTime::now();
-            match self.queue.take_lost(now) {
+            match self.queue_call(move |q| q.take_lost(now)).await {
                 Ok(lost) => {
                     for l in lost {
                         let job = job_of(&l.job_id, &l.payload).unwrap_or_else(|| stub(&l.job_id));
@@ -186,9 +201,10 @@ impl Slot<'_> {
                 }
                 Err(e) => queue_error(&e),
             }
+            let (worker_id, lease_for) = (self.options.worker_id.clone(), self.options.lease_for);
             let lease = match self
-                .queue
-                .lease(&self.options.worker_id, self.options.lease_for, now)
+                .queue_call(move |q| q.lease(&worker_id, lease_for, now))
+                .await
             {
                 Ok(l) => l,
                 Err(e) => {
@@ -197,7 +213,7 @@ impl Slot<'_> {
                 }
             };
             let Some(lease) = lease else {
-                if self.options.until_empty && self.nothing_open() {
+                if self.options.until_empty && self.nothing_open().await {
                     return;
                 }
                 tokio::time::sleep(self.options.poll).await;
@@ -207,14 +223,19 @@ impl Slot<'_> {
         }
     }
 
-    fn nothing_open(&self) -> bool {
-        self.queue
-            .status(SystemTime::now(), 0)
+    async fn retry(&self, lease: &Lease) -> Result<RetryDecision, queue::QueueError> {
+        let l = lease.clone();
+        self.queue_call(move |q| q.retry(&l, SystemTime::now()))
+            .await
+    }
+
+    async fn nothing_open(&self) -> bool {
+        self.queue_call(|q| q.status(SystemTime::now(), 0))
+            .await
             .is_ok_and(|s| s.open.is_empty())
     }
 
     async fn run_one<R: Runner>(&self, worker: &R, lease: &Lease) {
-        let queue = self.queue;
         let options = self.options;
         let job = match job_of(&lease.job_id, &lease.payload) {
             Some(job) => job,
@@ -226,7 +247,10 @@ impl Slot<'_> {
                     now_ms(),
                 );
                 self.settle_record(&record);
-                let _ = queue.finish(lease, SystemTime::now());
+                let l = lease.clone();
+                let _ = self
+                    .queue_call(move |q| q.finish(&l, SystemTime::now()))
+                    .await;
                 return;
             }
         };
@@ -234,7 +258,11 @@ impl Slot<'_> {
         let renewing = async {
             loop {
                 tokio::time::sleep(options.lease_for / 3).await;
-                match queue.renew(lease, options.lease_for, SystemTime::now()) {
+                let (l, lease_for) = (lease.clone(), options.lease_for);
+                match self
+                    .queue_call(move |q| q.renew(&l, lease_for, SystemTime::now()))
+                    .await
+                {
                     Ok(true) => {}
                     Ok(false) => {
                         tracing::warn!(event = "lease_lost", job_id = %lease.job_id);
@@ -250,8 +278,12 @@ impl Slot<'_> {
             loop {
                 if self.control.is_stopping() {
                     let _ = tell.send(Some(StopCause::Shutdown));
-                } else if matches!(queue.lease_state(lease), Ok(LeaseState::CancelRequested)) {
-                    let _ = tell.send(Some(StopCause::Cancelled));
+                } else {
+                    let l = lease.clone();
+                    let state = self.queue_call(move |q| q.lease_state(&l)).await;
+                    if matches!(state, Ok(LeaseState::CancelRequested)) {
+                        let _ = tell.send(Some(StopCause::Cancelled));
+                    }
                 }
                 tokio::time::sleep(options.cancel_poll).await;
             }
@@ -266,7 +298,11 @@ impl Slot<'_> {
         let mut record = match verdict {
             Verdict::Done(record) => record,
             Verdict::HandBack => {
-                match queue.release(lease, SystemTime::now()) {
+                let l = lease.clone();
+                match self
+                    .queue_call(move |q| q.release(&l, SystemTime::now()))
+                    .await
+                {
                     Ok(_) => {
                         self.summary.handed_back.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(event = "job_handed_back", job_id = %job.id, attempt = lease.attempt);
@@ -275,7 +311,7 @@ impl Slot<'_> {
                 }
                 return;
             }
-            Verdict::Retry(record) => match queue.retry(lease, SystemTime::now()) {
+            Verdict::Retry(record) => match self.retry(lease).await {
                 Ok(RetryDecision::Requeued { .. }) => {
                     self.summary.retries.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(event = "job_retried", job_id = %job.id, attempt = lease.attempt,
@@ -310,7 +346,11 @@ impl Slot<'_> {
         // The record first (a crash after it runs the job again, and the second record is not
         // written), then the job done, and only then the page, which may take a while.
         self.write_record(&record);
-        if let Err(e) = queue.finish(lease, SystemTime::now()) {
+        let l = lease.clone();
+        if let Err(e) = self
+            .queue_call(move |q| q.finish(&l, SystemTime::now()))
+            .await
+        {
             queue_error(&e);
         }
         // The comment after the job is done: a worker that dies here loses the comment, never
@@ -466,3 +506,7 @@ pub fn run_cron(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "service_tests.rs"]
+mod tests;
