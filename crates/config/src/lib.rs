@@ -3,6 +3,9 @@
 //! Everything here is pure: functions take the text of a file (or the values of settings) and return
 //! validated values or problems. Nothing is repaired: what is not exactly right is refused, and every
 //! message names the field, never the value written there.
+//!
+//! On the job's path: before it: what the operator wrote (settings, triggers, the overlay, egress
+//! files), read for the admission, the worker and doctor.
 
 pub mod catalog;
 pub mod dotenv;

@@ -7,6 +7,8 @@
 //! - [`control`]: `open`/`close`/`ping` for the worker, one JSON line each way.
 //! - [`service`]: the proxy as a process (`pi-dispatch egress-proxy`).
 //! - [`forward`]: the job side: a loopback port that leads to the job's socket.
+//!
+//! On the job's path: beside the sandbox: the only way out of a job with egress on.
 
 pub mod control;
 pub mod dns;

@@ -1,6 +1,9 @@
 //! The job's runner and its MCP hub, inside the sandbox. Its decisions (is the job file the worker's,
 //! what each reference resolves to, what a stdio server may see, how long to wait, what the exit line
 //! says) are pure functions here; the connections are built on them.
+//!
+//! On the job's path: inside the sandbox: the runner connects the job's MCP servers, starts pi,
+//! holds every model call and signs the exit line.
 
 mod calls;
 pub mod confine;

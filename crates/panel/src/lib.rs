@@ -7,6 +7,8 @@
 //! time with its digest (the panel keeps no copy of the token), and a session cookie (HttpOnly,
 //! SameSite=Strict) stands for it afterwards. The one action, cancelling a job, also needs the
 //! session's CSRF token in its form. `/metrics` takes the session or the token as a bearer.
+//!
+//! On the job's path: after it: the operator watches the queue and reads the records.
 
 mod auth;
 mod charts;

@@ -2,6 +2,9 @@
 //! `mcp.json` and its digest, the one vocabulary of reasons, the runner's signed exit line with what
 //! the job used, and where the parts of a job image are. The queue, the worker, the runner and the
 //! command line all speak these types, so two versions meet on them or refuse each other clearly.
+//!
+//! On the job's path: the types each step hands to the next, from the queue through the worker, the
+//! sandbox, the runner and pi to the exit line and the record.
 
 pub mod admitted;
 pub mod detail;

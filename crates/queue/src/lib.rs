@@ -7,6 +7,9 @@
 //! its lease lapses, `lost` once a lapsed lease has used every attempt and until [`Queue::take_lost`]
 //! reports it, and `done`. A done job keeps its id, attempt and times (so that a repeated delivery
 //! is refused) but not its payload. Time is always passed in. See `docs/queue.md`.
+//!
+//! On the job's path: its first stop: cron, `run` and the receiver put the job here, and a worker
+//! leases it.
 
 use std::path::{Path, PathBuf};
 

@@ -3,6 +3,8 @@
 //! ([`github`], [`gitlab`]), matches it against `triggers.json` with the worker's own loader
 //! ([`matching`]), and queues one job per matching trigger, remembering the delivery in the same
 //! step, so a delivery sent again queues nothing. It never runs a job. See `docs/receiver.md`.
+//!
+//! On the job's path: a forge's event becomes a queued job.
 
 pub mod github;
 pub mod gitlab;

@@ -3,8 +3,7 @@
 //! used, written once), where the records and transcripts are kept (files under `state/`, or
 //! beside the queue in Redis), and the queue's open jobs as they are shown (`open_jobs`).
 //!
-//! On the job's path it is the last stop: queue → worker → sandbox → runner → pi → exit line →
-//! **record** → `runs`, the panel, the metrics.
+//! On the job's path: the last stop, after the exit line; `runs`, the panel and the metrics read it.
 
 pub mod open_jobs;
 pub mod record;

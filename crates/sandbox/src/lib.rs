@@ -8,6 +8,9 @@
 //! - [`podman`]: the same contract in a Podman (or Docker) container.
 //!
 //! `docs/sandbox.md` says what a job gets, for the operator.
+//!
+//! On the job's path: the walls the worker puts around the runner, and the job's environment that
+//! crosses them.
 
 pub mod backend;
 pub mod bwrap;

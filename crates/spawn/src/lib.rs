@@ -4,6 +4,8 @@
 //! writing. A file this process just wrote and closed can still be open for writing in a child
 //! forked by another thread in the instant before that child's `exec` closes it. The window is
 //! short, so a start that fails this way is tried again a few times before the failure counts.
+//!
+//! On the job's path: under the sandbox and the runner: starting programs and ending them.
 
 pub mod signal;
 

@@ -2,6 +2,8 @@
 //! `OPEN_TREE_CLONE`) given the id mapping of a user namespace, plus `nosuid` and `nodev`. rustix
 //! has `open_tree` and `move_mount` but not this call, so it is made here, the one `unsafe` block
 //! of the workspace.
+//!
+//! On the job's path: under the sandbox: the job's idmapped workspace.
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 

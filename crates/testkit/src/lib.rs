@@ -3,6 +3,8 @@
 //! loopback port or a test host, and a scripted OpenAI-compatible model provider for real pi.
 //!
 //! Test support only: it panics with a message saying what is missing instead of returning errors.
+//!
+//! On the job's path: not on it: what the tests share.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

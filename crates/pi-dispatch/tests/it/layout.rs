@@ -596,6 +596,23 @@ fn library_crates() -> Vec<(String, PathBuf)> {
     out
 }
 
+/// Each library crate says in its entry's documentation where it stands on the job's path (queue,
+/// worker, sandbox, runner, pi, exit line, record), so a reader knows where they are.
+#[test]
+fn each_library_crate_says_its_place_on_the_jobs_path() {
+    let crates = library_crates();
+    assert!(crates.len() >= 10, "{crates:?}");
+    for (name, lib) in crates {
+        let text = std::fs::read_to_string(&lib).unwrap();
+        let doc: Vec<&str> = text.lines().take_while(|l| l.starts_with("//!")).collect();
+        assert!(
+            doc.iter().any(|l| l.starts_with("//! On the job's path: ")),
+            "{name} ({}) does not say its place on the job's path",
+            lib.display()
+        );
+    }
+}
+
 #[test]
 fn no_library_crate_has_a_module_cycle() {
     let crates = library_crates();
