@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::job_file::Stop;
 use protocol::model_answer::{Answer, Ending};
-use rules::{Api, Found, Meter, Refusal, RequestFacts, Rules, Table};
+use rules::{Api, Found, Meter, Model, Refusal, RequestFacts, Rules, Table};
 use wire::AnswerReader;
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
@@ -498,29 +498,9 @@ impl State {
         }
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
         let facts = RequestFacts::read(&json, apis);
-        let found = match &facts.model {
-            None => Found::Unknown,
-            Some(id) => self.table.find(index, id, apis, facts.wants_image),
-        };
-        let (model, api) = match found {
-            Found::Model(m, api) => (m, api),
-            Found::Unsupported(m) => {
-                return Ok(self.refuse(Refusal::new(
-                    Reason::ModelCallUnsupported,
-                    format!(
-                        "{} speaks {}, which the gateway cannot check and meter",
-                        m.full_name(),
-                        m.api
-                    ),
-                )));
-            }
-            Found::Unknown => {
-                // The request's own text is never repeated: it could be anything.
-                return Ok(self.refuse(Refusal::new(
-                    Reason::ModelCallNotAllowed,
-                    format!("a call named a model {provider} does not have in pi's catalog or the overlay's models.json"),
-                )));
-            }
+        let (model, api) = match self.model_for(index, provider, apis, &facts) {
+            Ok(found) => found,
+            Err(refusal) => return Ok(self.refuse(refusal)),
         };
         if !self.rules.allows(model) {
             return Ok(self.refuse(Refusal::new(
@@ -560,40 +540,7 @@ impl State {
                     .and_then(|u| u.host_str().map(str::to_owned))
                     .unwrap_or_default(),
             });
-        let mut url = format!("{}{rest}", model.base_url.trim_end_matches('/'));
-        if let Some(q) = query {
-            url.push('?');
-            match key {
-                Some(k) => url.push_str(&q.replace(&k.stand_in, &k.real)),
-                None => url.push_str(&q),
-            }
-        }
-        let client = if url.starts_with("https:") {
-            &self.https
-        } else {
-            &self.http
-        };
-        let mut headers = HeaderMap::new();
-        for (name, value) in &parts.headers {
-            if !passed_on(name) {
-                continue;
-            }
-            let value = match key {
-                Some(k) if holds(value, &k.stand_in) => {
-                    let swapped =
-                        String::from_utf8_lossy(value.as_bytes()).replace(&k.stand_in, &k.real);
-                    match HeaderValue::from_str(&swapped) {
-                        Ok(mut v) => {
-                            v.set_sensitive(true);
-                            v
-                        }
-                        Err(_) => continue,
-                    }
-                }
-                _ => value.clone(),
-            };
-            headers.append(name.clone(), value);
-        }
+        let (client, url, headers) = self.to_provider(model, rest, query, key, &parts.headers);
         let sent = client.post(&url).headers(headers).body(body).send().await;
         let upstream = match sent {
             Ok(r) => r,
@@ -603,6 +550,20 @@ impl State {
                 return Err(Unreachable);
             }
         };
+        self.relay_answer(upstream, api, model, bound, kept)
+    }
+
+    /// The provider's answer, passed on to pi as it comes while it is read for the job: what it
+    /// used (metered, and the call's hold settled) and, for pi's chat calls, how it ended and its
+    /// text.
+    fn relay_answer(
+        self: &Arc<Self>,
+        upstream: reqwest::Response,
+        api: Api,
+        model: &Model,
+        bound: f64,
+        kept: Option<Kept>,
+    ) -> Result<Response<Body>, Unreachable> {
         let status = upstream.status();
         // The egress proxy's own answer names its decision (a short code, never a host).
         let proxy = upstream
@@ -671,6 +632,89 @@ impl State {
         response
             .body(BodyExt::boxed(StreamBody::new(rx)))
             .map_err(|_| Unreachable)
+    }
+
+    /// The model a call names, in pi's catalog or the overlay's models.json, with the wire format
+    /// the gateway reads it in; a refusal when it names none the gateway can check and meter.
+    fn model_for(
+        &self,
+        index: usize,
+        provider: &str,
+        apis: &[Api],
+        facts: &RequestFacts,
+    ) -> Result<(&Model, Api), Refusal> {
+        let found = match &facts.model {
+            None => Found::Unknown,
+            Some(id) => self.table.find(index, id, apis, facts.wants_image),
+        };
+        match found {
+            Found::Model(m, api) => Ok((m, api)),
+            Found::Unsupported(m) => Err(Refusal::new(
+                Reason::ModelCallUnsupported,
+                format!(
+                    "{} speaks {}, which the gateway cannot check and meter",
+                    m.full_name(),
+                    m.api
+                ),
+            )),
+            Found::Unknown => {
+                // The request's own text is never repeated: it could be anything.
+                Err(Refusal::new(
+                    Reason::ModelCallNotAllowed,
+                    format!(
+                        "a call named a model {provider} does not have in pi's catalog or the overlay's models.json"
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// The call as the provider gets it: its URL (the model's base and pi's path and query), and
+    /// pi's headers but the hop-by-hop ones, with the stand-in swapped for the real key where it is
+    /// the provider's own.
+    fn to_provider<'a>(
+        &'a self,
+        model: &Model,
+        rest: &str,
+        query: Option<String>,
+        key: Option<&HeldKey>,
+        from_pi: &HeaderMap,
+    ) -> (&'a reqwest::Client, String, HeaderMap) {
+        let mut url = format!("{}{rest}", model.base_url.trim_end_matches('/'));
+        if let Some(q) = query {
+            url.push('?');
+            match key {
+                Some(k) => url.push_str(&q.replace(&k.stand_in, &k.real)),
+                None => url.push_str(&q),
+            }
+        }
+        let client = if url.starts_with("https:") {
+            &self.https
+        } else {
+            &self.http
+        };
+        let mut headers = HeaderMap::new();
+        for (name, value) in from_pi {
+            if !passed_on(name) {
+                continue;
+            }
+            let value = match key {
+                Some(k) if holds(value, &k.stand_in) => {
+                    let swapped =
+                        String::from_utf8_lossy(value.as_bytes()).replace(&k.stand_in, &k.real);
+                    match HeaderValue::from_str(&swapped) {
+                        Ok(mut v) => {
+                            v.set_sensitive(true);
+                            v
+                        }
+                        Err(_) => continue,
+                    }
+                }
+                _ => value.clone(),
+            };
+            headers.append(name.clone(), value);
+        }
+        (client, url, headers)
     }
 
     /// Keeps how one of pi's chat calls ended.
