@@ -793,28 +793,7 @@ async fn agent(
                 true,
             ),
         };
-    let mut cmd = match &job.confine {
-        None => {
-            let mut cmd = Command::new(&program);
-            cmd.args(&args);
-            cmd
-        }
-        Some(runner) => {
-            let confinement = crate::confine::Confinement {
-                keep_marker: is_pi,
-                private_tmp: false,
-                pinned: if is_pi { folder.pinned() } else { Vec::new() },
-                read_only: if is_pi {
-                    folder.read_only()
-                } else {
-                    Vec::new()
-                },
-            };
-            let mut cmd = Command::new(runner);
-            cmd.args(confinement.command_line(&program, &args));
-            cmd
-        }
-    };
+    let mut cmd = agent_command(job, folder, &program, &args, is_pi);
     cmd.env_clear();
     match &job.agent {
         Agent::Command(_) => {
@@ -853,33 +832,10 @@ async fn agent(
     }
     // Confined, pi's tools run apart from pi: its shell asks the runner to start each command in
     // namespaces of its own (`crate::tools`), on a socket in the runner's part of the folder.
-    if let (Some(runner), true) = (&job.confine, is_pi) {
-        let socket = folder.own().join("tools.sock");
-        let _ = std::fs::remove_file(&socket);
-        match std::os::unix::net::UnixListener::bind(&socket) {
-            Ok(listener) => {
-                crate::tools::serve(
-                    listener,
-                    runner.clone(),
-                    crate::confine::Confinement {
-                        pinned: folder.pinned(),
-                        read_only: folder.read_only(),
-                        ..Default::default()
-                    },
-                );
-                cmd.env(crate::tools::SOCKET_VARIABLE, &socket);
-            }
-            Err(e) => {
-                return AgentEnd::Stopped(
-                    Stop::new(
-                        Reason::RunnerSetupFailed,
-                        None,
-                        format!("the socket of pi's tools could not be made ({})", e.kind()),
-                    ),
-                    None,
-                );
-            }
-        }
+    if let (Some(runner), true) = (&job.confine, is_pi)
+        && let Err(stop) = serve_tools(runner, folder, &mut cmd)
+    {
+        return AgentEnd::Stopped(stop, None);
     }
     cmd.env("PI_CODING_AGENT_DIR", &job.agent_dir)
         .current_dir(&job.workspace)
@@ -938,33 +894,101 @@ async fn agent(
         Err(None) => AgentEnd::Terminated,
         Err(Some(stop)) => AgentEnd::Stopped(stop, usage),
         Ok(status) => {
-            if let Some(report) = crate::pi_agent::read_report(folder) {
-                let server = (!report.name.is_empty()).then_some(report.name.as_str());
-                let stop = match report.reason.as_str() {
-                    "mcp-unavailable" => Stop::new(
-                        Reason::McpUnavailable,
-                        server,
-                        "pi refused it: its MCP client did not take the server's answer",
-                    ),
-                    "mcp-unreachable" => Stop::new(
-                        Reason::McpUnreachable,
-                        server,
-                        "pi had not listed its tools when the wait ran out",
-                    ),
-                    _ => Stop::new(
-                        Reason::McpShadowed,
-                        None,
-                        format!(
-                            "an extension registers {}, which only the job's MCP may",
-                            report.name
-                        ),
-                    ),
-                };
+            if let Some(stop) = reported_stop(folder) {
                 return AgentEnd::Stopped(stop, usage);
             }
             AgentEnd::Exited(status.is_some_and(|s| s.success()), usage)
         }
     }
+}
+
+/// The agent's command: the program itself, or, confined, `job-confine` starting it (pi keeps the
+/// one capability that keeps its tools out of its memory and environment, and its folder pinned).
+fn agent_command(
+    job: &JobOptions,
+    folder: &AgentFolder,
+    program: &std::ffi::OsString,
+    args: &[std::ffi::OsString],
+    is_pi: bool,
+) -> Command {
+    match &job.confine {
+        None => {
+            let mut cmd = Command::new(program);
+            cmd.args(args);
+            cmd
+        }
+        Some(runner) => {
+            let confinement = crate::confine::Confinement {
+                keep_marker: is_pi,
+                private_tmp: false,
+                pinned: if is_pi { folder.pinned() } else { Vec::new() },
+                read_only: if is_pi {
+                    folder.read_only()
+                } else {
+                    Vec::new()
+                },
+            };
+            let mut cmd = Command::new(runner);
+            cmd.args(confinement.command_line(program, args));
+            cmd
+        }
+    }
+}
+
+/// Serves pi's tools on a socket in the runner's part of the folder: confined, pi's shell asks the
+/// runner to start each command in namespaces of its own (`crate::tools`).
+fn serve_tools(
+    runner: &std::path::Path,
+    folder: &AgentFolder,
+    cmd: &mut Command,
+) -> Result<(), Stop> {
+    let socket = folder.own().join("tools.sock");
+    let _ = std::fs::remove_file(&socket);
+    let listener = std::os::unix::net::UnixListener::bind(&socket).map_err(|e| {
+        Stop::new(
+            Reason::RunnerSetupFailed,
+            None,
+            format!("the socket of pi's tools could not be made ({})", e.kind()),
+        )
+    })?;
+    crate::tools::serve(
+        listener,
+        runner.to_owned(),
+        crate::confine::Confinement {
+            pinned: folder.pinned(),
+            read_only: folder.read_only(),
+            ..Default::default()
+        },
+    );
+    cmd.env(crate::tools::SOCKET_VARIABLE, &socket);
+    Ok(())
+}
+
+/// What the runner's extension inside pi reported when it ended pi: a server pi refused or had not
+/// listed in time, or an extension that took a name only the job's MCP may have.
+fn reported_stop(folder: &AgentFolder) -> Option<Stop> {
+    let report = crate::pi_agent::read_report(folder)?;
+    let server = (!report.name.is_empty()).then_some(report.name.as_str());
+    Some(match report.reason.as_str() {
+        "mcp-unavailable" => Stop::new(
+            Reason::McpUnavailable,
+            server,
+            "pi refused it: its MCP client did not take the server's answer",
+        ),
+        "mcp-unreachable" => Stop::new(
+            Reason::McpUnreachable,
+            server,
+            "pi had not listed its tools when the wait ran out",
+        ),
+        _ => Stop::new(
+            Reason::McpShadowed,
+            None,
+            format!(
+                "an extension registers {}, which only the job's MCP may",
+                report.name
+            ),
+        ),
+    })
 }
 
 /// Reads pi's event stream to its end: each line is taken into account and written to the runner's
