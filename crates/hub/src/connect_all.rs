@@ -72,13 +72,7 @@ pub async fn connect_all_confined(
     let names: Vec<String> = plan.servers.iter().map(|p| p.name.clone()).collect();
     let mut withheld: Vec<Withheld> = Vec::new();
     for (index, planned) in plan.servers.into_iter().enumerate() {
-        withheld.push(match &planned.server {
-            JobServer::Forge(f) if f.command == FORGE_GITHUB_COMMAND => {
-                Withheld::new(GITHUB_WITHHELD)
-            }
-            JobServer::Forge(_) => Withheld::new(GITLAB_WITHHELD),
-            JobServer::Overlay(_) => Withheld::none(),
-        });
+        withheld.push(withheld_of(&planned.server));
         let own_timeout = planned
             .server
             .timeout()
@@ -93,22 +87,7 @@ pub async fn connect_all_confined(
                 let args: Vec<String> = args.iter().map(|a| a.expose().to_owned()).collect();
                 let (program, args) = match confine {
                     None => (program, args),
-                    Some(runner) => {
-                        let confinement = crate::confine::Confinement {
-                            private_tmp: true,
-                            ..Default::default()
-                        };
-                        let line = confinement.command_line(
-                            &program.clone().into_os_string(),
-                            &args.iter().map(Into::into).collect::<Vec<_>>(),
-                        );
-                        (
-                            runner.to_owned(),
-                            line.into_iter()
-                                .map(|a| a.to_string_lossy().into_owned())
-                                .collect(),
-                        )
-                    }
+                    Some(runner) => confined(runner, &program, &args),
                 };
                 let cwd = workspace.to_owned();
                 tasks.spawn(async move {
@@ -190,35 +169,13 @@ pub async fn connect_all_confined(
                 }
             }
             () = &mut deadline => {
-                let waiting = states.iter().position(|s| s.state == "waiting");
-                let last = waiting.and_then(|i| {
-                    last_failure.lock().ok().and_then(|l| l.get(i).cloned().flatten())
-                });
-                let mut cause = format!(
-                    "it had not listed its tools when the wait of {} s ran out",
-                    wait.as_secs()
-                );
-                if let Some(last) = last {
-                    cause.push_str(&format!(" (last: {last})"));
-                }
-                failure = Some(Stop::new(
-                    Reason::McpUnreachable,
-                    waiting.map(|i| states[i].name.as_str()),
-                    cause,
-                ));
+                failure = Some(ran_out(&states, &last_failure, wait));
                 break;
             }
         }
     }
     if let Some(stop) = failure {
-        tasks.abort_all();
-        // Wait for the aborted attempts to end: each kills its server's process group as it goes,
-        // so nothing the runner gave up on is still running when it reports.
-        while tasks.join_next().await.is_some() {}
-        // Dropping the upstreams kills what they started.
-        for (upstream, _, _) in ready.into_iter().flatten() {
-            upstream.shutdown().await;
-        }
+        give_up(tasks, ready).await;
         return Err((stop, states));
     }
     let mut upstreams = Vec::new();
@@ -236,6 +193,76 @@ pub async fn connect_all_confined(
         monitors,
         states,
     })
+}
+
+/// Ends every attempt still running and every server already connected, and waits until they are
+/// gone: each kills its server's process group as it goes, so nothing the runner gave up on is
+/// still running when it reports.
+async fn give_up(
+    mut tasks: JoinSet<(usize, ServerStart, Duration)>,
+    ready: Vec<Option<(Upstream, Option<Monitor>, Duration)>>,
+) {
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    for (upstream, _, _) in ready.into_iter().flatten() {
+        upstream.shutdown().await;
+    }
+}
+
+/// The tools of a server the job withholds: the forge's own servers' merge and approval tools.
+fn withheld_of(server: &JobServer) -> Withheld {
+    match server {
+        JobServer::Forge(f) if f.command == FORGE_GITHUB_COMMAND => Withheld::new(GITHUB_WITHHELD),
+        JobServer::Forge(_) => Withheld::new(GITLAB_WITHHELD),
+        JobServer::Overlay(_) => Withheld::none(),
+    }
+}
+
+/// A stdio server's command started through `job-confine`: in namespaces of its own, with a
+/// `/tmp` of its own.
+fn confined(runner: &Path, program: &Path, args: &[String]) -> (std::path::PathBuf, Vec<String>) {
+    let confinement = crate::confine::Confinement {
+        private_tmp: true,
+        ..Default::default()
+    };
+    let line = confinement.command_line(
+        &program.as_os_str().to_owned(),
+        &args.iter().map(Into::into).collect::<Vec<_>>(),
+    );
+    (
+        runner.to_owned(),
+        line.into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+    )
+}
+
+/// The wait ran out: the first server still waiting is unreachable, with the last failure it gave
+/// before it was asked again (a 429 is not a slow start).
+fn ran_out(
+    states: &[ServerState],
+    last_failure: &std::sync::Mutex<Vec<Option<String>>>,
+    wait: Duration,
+) -> Stop {
+    let waiting = states.iter().position(|s| s.state == "waiting");
+    let last = waiting.and_then(|i| {
+        last_failure
+            .lock()
+            .ok()
+            .and_then(|l| l.get(i).cloned().flatten())
+    });
+    let mut cause = format!(
+        "it had not listed its tools when the wait of {} s ran out",
+        wait.as_secs()
+    );
+    if let Some(last) = last {
+        cause.push_str(&format!(" (last: {last})"));
+    }
+    Stop::new(
+        Reason::McpUnreachable,
+        waiting.map(|i| states[i].name.as_str()),
+        cause,
+    )
 }
 
 /// Runs `attempt` under the server's own timeout, when it sets one: running out is
