@@ -21,7 +21,14 @@ const TOKEN: &str = "CNRY-panel-9d2f61b0c4e87a13";
 /// A running `pi-dispatch panel`, on a loopback port of its own, with the worker's environment
 /// (the provider's key) as its service has it: its health page is doctor's view of the worker.
 fn start_panel(s: &Service) -> Listening {
-    let mut cmd = s.d.command(&[
+    let mut cmd = panel_command(&s.d);
+    cmd.env("FAKE_API_KEY", MODEL_KEY);
+    Listening::start(cmd, "panel_listening")
+}
+
+/// `pi-dispatch panel` of deployment `d`, on a loopback port of its own, reading records each second.
+fn panel_command(d: &crate::common::Deployment) -> std::process::Command {
+    d.command(&[
         "panel",
         "--listen",
         "127.0.0.1:0",
@@ -29,9 +36,7 @@ fn start_panel(s: &Service) -> Listening {
         "1",
         "--log-format",
         "json",
-    ]);
-    cmd.env("FAKE_API_KEY", MODEL_KEY);
-    Listening::start(cmd, "panel_listening")
+    ])
 }
 
 fn screenshots() -> PathBuf {

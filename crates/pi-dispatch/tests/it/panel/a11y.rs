@@ -191,16 +191,7 @@ fn filled() -> (Deployment, Runs) {
 
 /// `pi-dispatch panel` on a loopback port of its own.
 fn start_panel(d: &Deployment) -> Listening {
-    let cmd = d.command(&[
-        "panel",
-        "--listen",
-        "127.0.0.1:0",
-        "--refresh",
-        "1",
-        "--log-format",
-        "json",
-    ]);
-    Listening::start(cmd, "panel_listening")
+    Listening::start(super::panel_command(d), "panel_listening")
 }
 
 /// Logs the browser in with the panel's token.
