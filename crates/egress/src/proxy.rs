@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 
 use config::egress::Route;
 use config::url::Host;
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio::task::JoinHandle;
@@ -62,15 +61,8 @@ impl Default for Limits {
     }
 }
 
-/// A host and port a job was refused, and how many times.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeniedHost {
-    pub host: String,
-    pub port: u16,
-    /// The denial's code ([`Denial::code`]) of the first refusal.
-    pub reason: String,
-    pub count: u64,
-}
+/// A host and port a job was refused, and how many times (protocol's, as the record keeps it).
+pub use protocol::egress::Denied as DeniedHost;
 
 /// One job's connections: its counters, and what it was denied.
 #[derive(Debug)]

@@ -8,6 +8,7 @@
 
 pub mod admitted;
 pub mod detail;
+pub mod egress;
 pub mod exit_line;
 pub mod forge_event;
 pub mod ids;

@@ -40,16 +40,8 @@ pub struct McpPart {
     pub tool_calls: Vec<ToolCallCount>,
 }
 
-/// A host and port the egress proxy refused the job, how many times, and why (the proxy's code of
-/// the first refusal: `not-allowed`, `loopback`, `special-address`, ...). Never a path or query.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct EgressDenial {
-    pub host: String,
-    pub port: u16,
-    pub reason: String,
-    pub count: u64,
-}
+/// A host and port the egress proxy refused the job (protocol's, as the proxy says it).
+pub use protocol::egress::Denied as EgressDenial;
 
 /// Something pi began while the job ran, and when (Unix ms), as its events said at the time: a
 /// turn, or a tool call (with the tool's name). A record keeps the first [`MAX_ACTIVITY`].

@@ -592,14 +592,6 @@ impl Worker {
                         hosts = denied.len(), refusals = denied.iter().map(|d| d.count).sum::<u64>());
                 }
                 denied
-                    .into_iter()
-                    .map(|d| EgressDenial {
-                        host: d.host,
-                        port: d.port,
-                        reason: d.reason,
-                        count: d.count,
-                    })
-                    .collect()
             }
             Ok(Err(e)) => {
                 tracing::warn!(event = "egress_close_failed", job_id = %job.id, detail = %e);
