@@ -396,29 +396,10 @@ async fn run_alongside(
     }
     let own = folder.own();
     let socket = own.join(HUB_SOCKET);
-    let _ = std::fs::remove_file(&socket);
-    let listener = match tokio::net::UnixListener::bind(&socket) {
+    let listener = match relay_socket(job, &job_plan, relay_program, &socket) {
         Ok(l) => l,
-        Err(e) => {
-            let stop = Stop::new(
-                Reason::RunnerSetupFailed,
-                None,
-                format!("the hub's socket could not be made ({})", e.kind()),
-            );
-            return stopped(job, &stop, Vec::new());
-        }
+        Err(stop) => return stopped(job, &stop, Vec::new()),
     };
-    let text = pi_config::mcp_json(
-        &job_plan.servers,
-        pi_config::Reach::Relay {
-            program: relay_program,
-            socket: &socket,
-        },
-    );
-    if let Err(e) = write_private(&job.agent_dir, "mcp.json", text.as_bytes()) {
-        let stop = unwritten(&e);
-        return stopped(job, &stop, Vec::new());
-    }
     let token = new_token();
     let hub: std::sync::Mutex<Option<relay::Hub>> = std::sync::Mutex::new(None);
     let states: std::sync::Mutex<Vec<ServerState>> = std::sync::Mutex::new(Vec::new());
@@ -526,6 +507,33 @@ async fn run_alongside(
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let _ = std::fs::remove_file(&socket);
     finish(job, result, hub, states, gateway).await
+}
+
+/// The hub's socket, where pi's relay for each server reaches it, and pi's `mcp.json` naming the
+/// relay for every server of the job.
+fn relay_socket(
+    job: &JobOptions,
+    job_plan: &JobPlan,
+    relay_program: &std::path::Path,
+    socket: &std::path::Path,
+) -> Result<tokio::net::UnixListener, Stop> {
+    let _ = std::fs::remove_file(socket);
+    let listener = tokio::net::UnixListener::bind(socket).map_err(|e| {
+        Stop::new(
+            Reason::RunnerSetupFailed,
+            None,
+            format!("the hub's socket could not be made ({})", e.kind()),
+        )
+    })?;
+    let text = pi_config::mcp_json(
+        &job_plan.servers,
+        pi_config::Reach::Relay {
+            program: relay_program,
+            socket,
+        },
+    );
+    write_private(&job.agent_dir, "mcp.json", text.as_bytes()).map_err(|e| unwritten(&e))?;
+    Ok(listener)
 }
 
 /// Resolves when one of the HTTP servers answers 401 (a job never signs in): the job stops.
