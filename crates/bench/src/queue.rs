@@ -159,14 +159,14 @@ impl worker::service::Runner for Trivial {
     async fn process(
         &self,
         job: &protocol::job::Job,
-        attempt: u32,
-        _stop: worker::pipeline::StopSignal,
-    ) -> worker::pipeline::Verdict {
-        worker::pipeline::Verdict::Done(records::record::Record::new(
+        draft: records::record::Draft,
+        _stop: worker::verdict::StopSignal,
+    ) -> worker::verdict::Verdict {
+        worker::verdict::Verdict::from(records::record::Record::new(
             job,
             records::record::Outcome::Completed,
             None,
-            attempt,
+            draft.attempt(),
             records::record::now_ms(),
         ))
     }

@@ -351,26 +351,12 @@ pub struct Rules {
     pub cap: Option<f64>,
 }
 
-pub use protocol::job::{MAX_COST_VARIABLE, MODELS_VARIABLE};
-
 impl Rules {
-    /// Reads the worker's variables; a value that is not what the worker writes is refused, naming
-    /// the variable.
-    pub fn read(models: Option<&str>, cap: Option<&str>) -> Result<Rules, String> {
-        let list = match models {
-            None => None,
-            Some(text) => match serde_json::from_str::<Vec<String>>(text) {
-                Ok(list) => Some(list),
-                Err(_) => return Err(format!("{MODELS_VARIABLE} is not a JSON list of names")),
-            },
-        };
-        let cap = match cap {
-            None => None,
-            Some(text) => match text.parse::<f64>() {
-                Ok(c) if c.is_finite() && c > 0.0 => Some(c),
-                _ => return Err(format!("{MAX_COST_VARIABLE} is not a cost above zero")),
-            },
-        };
+    /// The rules the runner's input carries; a cap that is not a cost above zero is refused.
+    pub fn new(list: Option<Vec<String>>, cap: Option<f64>) -> Result<Rules, String> {
+        if cap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+            return Err("the runner's maxCostUsd is not a cost above zero".to_owned());
+        }
         Ok(Rules { list, cap })
     }
 
@@ -910,17 +896,13 @@ mod tests {
     }
 
     #[test]
-    fn the_workers_variables_are_read_strictly() {
-        assert_eq!(Rules::read(None, None), Ok(Rules::default()));
-        let r = Rules::read(Some(r#"["openai/gpt-x","openrouter/a/b"]"#), Some("2.5")).unwrap();
-        assert_eq!(r.list.unwrap(), ["openai/gpt-x", "openrouter/a/b"]);
-        assert_eq!(r.cap, Some(2.5));
-        for bad in ["openai/gpt-x", "[1]", "{}"] {
-            let e = Rules::read(Some(bad), None).unwrap_err();
-            assert!(e.contains(MODELS_VARIABLE) && !e.contains("gpt"), "{e}");
-        }
-        for bad in ["0", "-1", "NaN", "inf", "", "1 USD"] {
-            assert!(Rules::read(None, Some(bad)).is_err(), "{bad}");
+    fn a_cap_must_be_a_cost_above_zero() {
+        assert_eq!(Rules::new(None, None), Ok(Rules::default()));
+        let list = vec!["openai/gpt-x".to_owned()];
+        let r = Rules::new(Some(list.clone()), Some(2.5)).unwrap();
+        assert_eq!((r.list, r.cap), (Some(list), Some(2.5)));
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(Rules::new(None, Some(bad)).is_err(), "{bad}");
         }
     }
 }

@@ -63,10 +63,6 @@ pub fn has_socket(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
 }
 
-/// The variable in which the worker names the job's endpoints on its own machine, as
-/// `host:port` separated by commas (`127.0.0.1:8000,localhost:9000`).
-pub const LOOPBACK_VARIABLE: &str = "PI_DISPATCH_EGRESS_LOOPBACK";
-
 /// A job's endpoint on the worker's own machine, as the runner serves it inside the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoopbackEndpoint {
@@ -76,12 +72,16 @@ pub struct LoopbackEndpoint {
     pub listen: Vec<SocketAddr>,
 }
 
-/// The endpoints [`LOOPBACK_VARIABLE`] names, each that is on the machine's loopback (a host that
-/// is not, or an entry that is not `host:port`, is left out: the proxy is reached for it through
-/// the proxy variables as for any other host).
-pub fn loopback_endpoints(value: &str) -> Vec<LoopbackEndpoint> {
+/// The endpoints the runner's input names (`host:port`, as `127.0.0.1:8000`), each that is on the
+/// machine's loopback (a host that is not, or an entry that is not `host:port`, is left out: the
+/// proxy is reached for it through the proxy variables as for any other host).
+pub fn loopback_endpoints(authorities: &[String]) -> Vec<LoopbackEndpoint> {
     let mut out: Vec<LoopbackEndpoint> = Vec::new();
-    for authority in value.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+    for authority in authorities
+        .iter()
+        .map(|a| a.trim())
+        .filter(|a| !a.is_empty())
+    {
         let Some((host, port)) = config::url::host_port(&format!("http://{authority}")) else {
             continue;
         };
@@ -187,10 +187,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_loopback_endpoints_of_the_variable() {
-        let got = loopback_endpoints(
-            "127.0.0.1:8000, localhost:9000,llm.example:8000,[::1]:7000,127.0.0.1:8000,bad,10.0.0.1:80,",
-        );
+    fn the_loopback_endpoints_of_the_runners_input() {
+        let named = "127.0.0.1:8000, localhost:9000,llm.example:8000,[::1]:7000,127.0.0.1:8000,bad,10.0.0.1:80,";
+        let got = loopback_endpoints(&named.split(',').map(str::to_owned).collect::<Vec<_>>());
         let v4 = |p| SocketAddr::new(Ipv4Addr::LOCALHOST.into(), p);
         let v6 = |p| SocketAddr::new(Ipv6Addr::LOCALHOST.into(), p);
         assert_eq!(
@@ -210,7 +209,7 @@ mod tests {
                 },
             ]
         );
-        assert!(loopback_endpoints("").is_empty());
+        assert!(loopback_endpoints(&[]).is_empty());
     }
 
     /// A stand-in for the proxy on a unix socket: it answers each CONNECT with `status`, then

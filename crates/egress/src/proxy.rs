@@ -333,35 +333,7 @@ impl Proxy {
             let _ = answer(&mut client, 503, "too-many-connections").await;
             return None;
         }
-        let head = match tokio::time::timeout(
-            limits.head_timeout,
-            read_head(&mut client, limits.max_head),
-        )
-        .await
-        {
-            Err(_) => {
-                tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "head-timeout");
-                let _ = answer(&mut client, 408, "head-timeout").await;
-                return None;
-            }
-            Ok(Err(HeadError::TooLarge)) => {
-                tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "head-too-large");
-                let _ = answer(&mut client, 431, "head-too-large").await;
-                return None;
-            }
-            Ok(Err(HeadError::Malformed)) => {
-                tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "bad-request");
-                let _ = answer(&mut client, 400, "bad-request").await;
-                return None;
-            }
-            Ok(Err(HeadError::Closed)) => return None,
-            Ok(Ok(head)) => head,
-        };
-        let Some(request) = parse_request(&head.bytes[..head.len]) else {
-            tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "bad-request");
-            let _ = answer(&mut client, 400, "bad-request").await;
-            return None;
-        };
+        let (head, request) = request_of(&mut client, job, limits).await?;
         let target = match &request.kind {
             Kind::Connect(t) | Kind::Plain(t, _) => t.clone(),
         };
@@ -402,24 +374,7 @@ impl Proxy {
         };
         let _ = upstream.set_nodelay(true);
         let rest = &head.bytes[head.len..];
-        let sent = match &request.kind {
-            Kind::Connect(_) => {
-                let ok = client
-                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                    .await;
-                match ok {
-                    Ok(()) if rest.is_empty() => Ok(()),
-                    Ok(()) => upstream.write_all(rest).await,
-                    Err(e) => Err(e),
-                }
-            }
-            Kind::Plain(_, rewritten) => {
-                let mut out = Vec::with_capacity(rewritten.len() + rest.len());
-                out.extend_from_slice(rewritten);
-                out.extend_from_slice(rest);
-                upstream.write_all(&out).await
-            }
-        };
+        let sent = send_start(&mut client, &mut upstream, &request.kind, rest).await;
         if sent.is_err() {
             return None;
         }
@@ -500,6 +455,73 @@ pub fn own_machine() -> OwnMachine {
         })
         .unwrap_or_default();
     OwnMachine { names, addresses }
+}
+
+/// What starts the exchange once the upstream is connected: for a tunnel, the client told it is
+/// established and what it sent past its head passed on; for a plain request, the request as
+/// rewritten, then what followed its head.
+async fn send_start<S>(
+    client: &mut S,
+    upstream: &mut TcpStream,
+    kind: &Kind,
+    rest: &[u8],
+) -> std::io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match kind {
+        Kind::Connect(_) => {
+            client
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .await?;
+            if rest.is_empty() {
+                Ok(())
+            } else {
+                upstream.write_all(rest).await
+            }
+        }
+        Kind::Plain(_, rewritten) => {
+            let mut out = Vec::with_capacity(rewritten.len() + rest.len());
+            out.extend_from_slice(rewritten);
+            out.extend_from_slice(rest);
+            upstream.write_all(&out).await
+        }
+    }
+}
+
+/// Reads the request's head, within its time and size, and parses it; `None` once the client had
+/// its answer (or went away).
+async fn request_of<S>(client: &mut S, job: &JobState, limits: &Limits) -> Option<(Head, Request)>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let head = match tokio::time::timeout(limits.head_timeout, read_head(client, limits.max_head))
+        .await
+    {
+        Err(_) => {
+            tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "head-timeout");
+            let _ = answer(client, 408, "head-timeout").await;
+            return None;
+        }
+        Ok(Err(HeadError::TooLarge)) => {
+            tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "head-too-large");
+            let _ = answer(client, 431, "head-too-large").await;
+            return None;
+        }
+        Ok(Err(HeadError::Malformed)) => {
+            tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "bad-request");
+            let _ = answer(client, 400, "bad-request").await;
+            return None;
+        }
+        Ok(Err(HeadError::Closed)) => return None,
+        Ok(Ok(head)) => head,
+    };
+    let Some(request) = parse_request(&head.bytes[..head.len]) else {
+        tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "bad-request");
+        let _ = answer(client, 400, "bad-request").await;
+        return None;
+    };
+    Some((head, request))
 }
 
 struct Head {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use protocol::forge_event::{Forge, ForgeEvent, Head, comment_mark};
 use serde_json::{Value, json};
 
-use crate::token::{AppKey, Token, basic_auth};
+use crate::token::{AppKey, Secret, basic_auth};
 
 /// GitHub's API version the requests ask for.
 const GITHUB_API_VERSION: &str = "2022-11-28";
@@ -36,7 +36,7 @@ pub struct GitlabDeployment {
     /// `GITLAB_URL` with `/api/v4`.
     pub api_url: String,
     /// `PI_GITLAB_TOKEN`: a project, group or bot user's token with the Developer role.
-    pub token: Token,
+    pub token: Secret,
 }
 
 /// Why a forge request failed: the step and what happened, never a token or a body.
@@ -113,7 +113,7 @@ impl Forges {
 
     /// The job's token: for GitHub an installation token of the event's installation, narrowed to
     /// the event's repository (it lives an hour); for GitLab the deployment's token.
-    pub async fn mint(&self, event: &ForgeEvent) -> Result<Token, ForgeError> {
+    pub async fn mint(&self, event: &ForgeEvent) -> Result<Secret, ForgeError> {
         match event.forge {
             Forge::Gitlab => Ok(self.gitlab()?.token.clone()),
             Forge::Github => {
@@ -145,7 +145,7 @@ impl Forges {
                 let token = answer["token"]
                     .as_str()
                     .ok_or(ForgeError::Unreadable { op, field: "token" })?;
-                Ok(Token::new(token))
+                Ok(Secret::new(token))
             }
         }
     }
@@ -153,7 +153,7 @@ impl Forges {
     /// Ends a token minted for a job before its hour is out: GitHub's `DELETE
     /// /installation/token`, authorized by the token itself (one already expired or revoked is
     /// ended too). GitLab's token is the deployment's own, which stays.
-    pub async fn revoke(&self, event: &ForgeEvent, token: &Token) -> Result<(), ForgeError> {
+    pub async fn revoke(&self, event: &ForgeEvent, token: &Secret) -> Result<(), ForgeError> {
         if event.forge == Forge::Gitlab {
             return Ok(());
         }
@@ -229,7 +229,7 @@ impl Forges {
     fn request(
         &self,
         event: &ForgeEvent,
-        token: &Token,
+        token: &Secret,
         method: reqwest::Method,
         path: &str,
     ) -> Result<reqwest::RequestBuilder, ForgeError> {
@@ -295,7 +295,7 @@ impl Forges {
     /// tried again, or a worker that died after posting, never posts twice.
     pub async fn comment_once(
         &self,
-        token: &Token,
+        token: &Secret,
         event: &ForgeEvent,
         job_id: &str,
         text: &str,
@@ -339,7 +339,7 @@ impl Forges {
     /// does not carry it).
     pub async fn pull_request_head(
         &self,
-        token: &Token,
+        token: &Secret,
         event: &ForgeEvent,
     ) -> Result<Head, ForgeError> {
         let op = "read the pull request";
@@ -386,7 +386,7 @@ impl Forges {
     /// `branch` (an earlier attempt's); its web address. It never merges.
     pub async fn open_change_request(
         &self,
-        token: &Token,
+        token: &Secret,
         event: &ForgeEvent,
         branch: &str,
         base: &str,
@@ -477,7 +477,7 @@ impl Forges {
     }
 
     /// The `Authorization` header git sends with the job's token.
-    pub fn git_authorization(event: &ForgeEvent, token: &Token) -> String {
+    pub fn git_authorization(event: &ForgeEvent, token: &Secret) -> String {
         match event.forge {
             Forge::Github => basic_auth("x-access-token", token),
             Forge::Gitlab => basic_auth("oauth2", token),

@@ -13,4 +13,4 @@ pub mod token;
 pub mod tree;
 
 pub use api::{ForgeError, Forges, GithubApp, GitlabDeployment, Posted};
-pub use token::{AppKey, Token};
+pub use token::{AppKey, Secret};

@@ -6,7 +6,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 
 /// The job's token: a [`Secret`](protocol::secret::Secret), never shown.
-pub use protocol::secret::Secret as Token;
+pub use protocol::secret::Secret;
 
 /// A GitHub App's private key (the PEM file GitHub hands out: PKCS#1, or PKCS#8).
 pub struct AppKey(ring::signature::RsaKeyPair);
@@ -83,7 +83,7 @@ fn pem_body(text: &str) -> Option<(&str, Vec<u8>)> {
 }
 
 /// `Basic` credentials for git over HTTPS: `user:token`, as the forges take a token.
-pub fn basic_auth(user: &str, token: &Token) -> String {
+pub fn basic_auth(user: &str, token: &Secret) -> String {
     format!(
         "Basic {}",
         STANDARD.encode(format!("{user}:{}", token.expose()))

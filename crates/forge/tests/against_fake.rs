@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use forge::git::{self, Author};
-use forge::{AppKey, Forges, GithubApp, GitlabDeployment, Posted, Token};
+use forge::{AppKey, Forges, GithubApp, GitlabDeployment, Posted, Secret};
 use protocol::forge_event::{Forge, ForgeEvent};
 use testkit::fake_forge::{FakeForge, FakeForgeSetup, app_key_pem};
 
@@ -55,7 +55,7 @@ fn setup() -> (FakeForge, Forges) {
         Some(GitlabDeployment {
             url: fake.gitlab_url(),
             api_url: format!("{}/api/v4", fake.gitlab_url()),
-            token: Token::new(GITLAB_TOKEN),
+            token: Secret::new(GITLAB_TOKEN),
         }),
     );
     (fake, forges)
@@ -116,7 +116,7 @@ async fn tokens_are_revoked_and_a_comment_is_tried_again_until_it_is_taken() {
     forges.revoke(&e, &token).await.unwrap();
     // GitLab's token is the deployment's: nothing to revoke.
     forges
-        .revoke(&event(Forge::Gitlab), &Token::new(GITLAB_TOKEN))
+        .revoke(&event(Forge::Gitlab), &Secret::new(GITLAB_TOKEN))
         .await
         .unwrap();
 
@@ -369,7 +369,7 @@ async fn a_wrong_token_cannot_clone() {
     fake.add_repo("github", &e.repository, &[("README.md", "x\n")]);
     let dir = tempfile::tempdir().unwrap();
     let url = forges.clone_url(&e).unwrap();
-    let wrong = Forges::git_authorization(&e, &Token::new("wrong"));
+    let wrong = Forges::git_authorization(&e, &Secret::new("wrong"));
     let err = git::clone(dir.path(), &url, "main", &wrong, "b", (0, 0))
         .await
         .unwrap_err();

@@ -135,6 +135,43 @@ pub fn init(c: &Confinement, program: &OsString, args: &[OsString]) -> Result<u8
         "parent death signal",
         rustix::process::set_parent_process_death_signal(Some(Signal::KILL)),
     )?;
+    own_mounts(c)?;
+    // No user namespace for anyone in the job from now on: one would give back capabilities.
+    std::fs::write("/proc/sys/user/max_user_namespaces", "0\n").map_err(|e| ConfineError {
+        step: "the limit on user namespaces",
+        source: e,
+    })?;
+    give_up_capabilities(c.keep_marker)?;
+    // No process of the namespace may trace its first process (a stopped one would hold the
+    // program's end, and the job, for ever): it is not dumpable, which only a capability it
+    // does not give them overrides.
+    step(
+        "not dumpable",
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable),
+    )?;
+    let mut child = Command::new(program);
+    child.args(args);
+    let child = child.spawn().map_err(|e| ConfineError {
+        step: "the program",
+        source: e,
+    })?;
+    let pid = child.id();
+    // Reap everything: the program, and whatever is orphaned in the namespace.
+    loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((p, status))) if p.as_raw_nonzero().get().unsigned_abs() == pid => {
+                return Ok(wait_code(status));
+            }
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return step("waiting", Err(e)),
+        }
+    }
+}
+
+/// The namespace's own mounts: private, its own `/proc`, a `/tmp` of its own when asked, the
+/// pinned folders bound over themselves, and the read-only ones made so.
+fn own_mounts(c: &Confinement) -> Result<(), ConfineError> {
     step(
         "private mounts",
         rustix::mount::mount_change(
@@ -179,37 +216,7 @@ pub fn init(c: &Confinement, program: &OsString, args: &[OsString]) -> Result<u8
             ),
         )?;
     }
-    // No user namespace for anyone in the job from now on: one would give back capabilities.
-    std::fs::write("/proc/sys/user/max_user_namespaces", "0\n").map_err(|e| ConfineError {
-        step: "the limit on user namespaces",
-        source: e,
-    })?;
-    give_up_capabilities(c.keep_marker)?;
-    // No process of the namespace may trace its first process (a stopped one would hold the
-    // program's end, and the job, for ever): it is not dumpable, which only a capability it
-    // does not give them overrides.
-    step(
-        "not dumpable",
-        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable),
-    )?;
-    let mut child = Command::new(program);
-    child.args(args);
-    let child = child.spawn().map_err(|e| ConfineError {
-        step: "the program",
-        source: e,
-    })?;
-    let pid = child.id();
-    // Reap everything: the program, and whatever is orphaned in the namespace.
-    loop {
-        match rustix::process::wait(WaitOptions::empty()) {
-            Ok(Some((p, status))) if p.as_raw_nonzero().get().unsigned_abs() == pid => {
-                return Ok(wait_code(status));
-            }
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return step("waiting", Err(e)),
-        }
-    }
+    Ok(())
 }
 
 fn wait_code(status: WaitStatus) -> u8 {

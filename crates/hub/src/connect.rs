@@ -389,12 +389,13 @@ enum Stage {
     Tools,
 }
 
-async fn handshake(
+/// Asks the server to `initialize` and reads its answer: its result as read and as it wrote it,
+/// and the protocol version it speaks, which must be one the job does.
+async fn initialize(
     name: &str,
-    core: Arc<Core>,
-    events: UpstreamEvents,
-    started: Instant,
-) -> Result<Upstream, ConnectError> {
+    core: &Arc<Core>,
+    events: &UpstreamEvents,
+) -> Result<(Value, Bytes, (String, std::ops::Range<usize>)), ConnectError> {
     let id = core.next_id();
     let initialize = json!({
         "jsonrpc": "2.0",
@@ -440,6 +441,19 @@ async fn handshake(
     if let Some(http) = core.http() {
         http.set_protocol_version(&version.0);
     }
+    Ok((info, info_raw, version))
+}
+
+/// The MCP handshake with a server its transport reached: `initialize`, then `initialized`, the
+/// session's stream opened (over HTTP), and the server's tools listed.
+async fn handshake(
+    name: &str,
+    core: Arc<Core>,
+    events: UpstreamEvents,
+    started: Instant,
+) -> Result<Upstream, ConnectError> {
+    let failed = |e: RpcError| failed(name, Stage::Initialize, e);
+    let (info, info_raw, version) = initialize(name, &core, &events).await?;
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     core.send(Bytes::from(initialized.to_string()))
         .await
@@ -597,7 +611,7 @@ fn failed_tools(name: &str, e: ToolsError) -> ConnectError {
 struct ProcessGroup(i32);
 
 /// Kills the group `pgid`; false when it had no process left.
-fn kill_group(pgid: i32) -> bool {
+pub(crate) fn kill_group(pgid: i32) -> bool {
     u32::try_from(pgid).is_ok_and(|pgid| signal::group(pgid, End::Kill))
 }
 

@@ -57,39 +57,78 @@ pub async fn connect_all_confined(
     wait: Duration,
     confine: Option<&Path>,
 ) -> Result<Connected, (Stop, Vec<ServerState>)> {
-    let started = Instant::now();
-    let env_lookup = |name: &str| {
-        runner_env
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-    };
-    let mut tasks: JoinSet<(usize, ServerStart, Duration)> = JoinSet::new();
-    // The last failure each HTTP server gave before it was asked again, for the cause of a wait
-    // that ran out (a 429 is not a slow start).
-    let last_failure: std::sync::Arc<std::sync::Mutex<Vec<Option<String>>>> =
-        std::sync::Arc::new(std::sync::Mutex::new(vec![None; plan.servers.len()]));
     let names: Vec<String> = plan.servers.iter().map(|p| p.name.clone()).collect();
+    let starting = Starting {
+        runner_env,
+        workspace,
+        confine,
+        started: Instant::now(),
+        last_failure: std::sync::Arc::new(std::sync::Mutex::new(vec![None; names.len()])),
+    };
+    let mut tasks: Attempts = JoinSet::new();
     let mut withheld: Vec<Withheld> = Vec::new();
     for (index, planned) in plan.servers.into_iter().enumerate() {
         withheld.push(withheld_of(&planned.server));
+        starting.start(&mut tasks, index, planned);
+    }
+    let (ready, states) = wait_for_all(tasks, &names, wait, &starting.last_failure).await?;
+    let mut upstreams = Vec::new();
+    let mut monitors = Vec::new();
+    for ((slot, withheld), name) in ready.into_iter().zip(withheld).zip(&names) {
+        if let Some((upstream, monitor, _)) = slot {
+            if let Some(m) = monitor {
+                monitors.push((name.clone(), m));
+            }
+            upstreams.push((upstream, withheld));
+        }
+    }
+    Ok(Connected {
+        upstreams,
+        monitors,
+        states,
+    })
+}
+
+/// The servers' connections under way: each says, by its index, how it started and after how long.
+type Attempts = JoinSet<(usize, ServerStart, Duration)>;
+
+/// The last failure each HTTP server gave before it was asked again, by index, for the cause of a
+/// wait that ran out (a 429 is not a slow start).
+type LastFailure = std::sync::Arc<std::sync::Mutex<Vec<Option<String>>>>;
+
+/// A server's connection as it is ready or failed, by index.
+type Ready = Vec<Option<(Upstream, Option<Monitor>, Duration)>>;
+
+/// What every server's connection starts from.
+struct Starting<'a> {
+    runner_env: &'a [(String, String)],
+    workspace: &'a Path,
+    confine: Option<&'a Path>,
+    started: Instant,
+    last_failure: LastFailure,
+}
+
+impl Starting<'_> {
+    /// Starts connecting `planned`, the server at `index`, under its own timeout.
+    fn start(&self, tasks: &mut Attempts, index: usize, planned: crate::plan::Planned) {
         let own_timeout = planned
             .server
             .timeout()
             .map(|t| Duration::from_secs(u64::from(t)));
-        let name = planned.name.clone();
+        let name = planned.name;
+        let started = self.started;
         match planned.connection {
             Connection::Stdio {
                 program,
                 resolved: Resolved::Stdio { args, env: own, .. },
             } => {
-                let env = stdio::environment(runner_env, &own);
+                let env = stdio::environment(self.runner_env, &own);
                 let args: Vec<String> = args.iter().map(|a| a.expose().to_owned()).collect();
-                let (program, args) = match confine {
+                let (program, args) = match self.confine {
                     None => (program, args),
                     Some(runner) => confined(runner, &program, &args),
                 };
-                let cwd = workspace.to_owned();
+                let cwd = self.workspace.to_owned();
                 tasks.spawn(async move {
                     let attempt = connect::connect_stdio(
                         &name,
@@ -110,8 +149,14 @@ pub async fn connect_all_confined(
                 });
             }
             Connection::Http(Resolved::Http { url, headers }) => {
+                let env_lookup = |name: &str| {
+                    self.runner_env
+                        .iter()
+                        .find(|(k, _)| k == name)
+                        .map(|(_, v)| v.clone())
+                };
                 let policy = HttpPolicy::for_url(&url, &env_lookup);
-                let last = last_failure.clone();
+                let last = self.last_failure.clone();
                 tasks.spawn(async move {
                     let outcome = with_own_timeout(&name, own_timeout, async {
                         connect_http(&name, &url, &headers, &policy, |why| {
@@ -137,9 +182,17 @@ pub async fn connect_all_confined(
             }
         }
     }
+}
 
-    let mut ready: Vec<Option<(Upstream, Option<Monitor>, Duration)>> =
-        names.iter().map(|_| None).collect();
+/// Waits, at most `wait`, until every server is ready; the first that fails, or the wait running
+/// out, ends every attempt and every server connected, and says why, with each server's state.
+async fn wait_for_all(
+    mut tasks: Attempts,
+    names: &[String],
+    wait: Duration,
+    last_failure: &LastFailure,
+) -> Result<(Ready, Vec<ServerState>), (Stop, Vec<ServerState>)> {
+    let mut ready: Ready = names.iter().map(|_| None).collect();
     let mut states: Vec<ServerState> = names
         .iter()
         .map(|n| ServerState {
@@ -169,39 +222,24 @@ pub async fn connect_all_confined(
                 }
             }
             () = &mut deadline => {
-                failure = Some(ran_out(&states, &last_failure, wait));
+                failure = Some(ran_out(&states, last_failure, wait));
                 break;
             }
         }
     }
-    if let Some(stop) = failure {
-        give_up(tasks, ready).await;
-        return Err((stop, states));
-    }
-    let mut upstreams = Vec::new();
-    let mut monitors = Vec::new();
-    for ((slot, withheld), name) in ready.into_iter().zip(withheld).zip(&names) {
-        if let Some((upstream, monitor, _)) = slot {
-            if let Some(m) = monitor {
-                monitors.push((name.clone(), m));
-            }
-            upstreams.push((upstream, withheld));
+    match failure {
+        Some(stop) => {
+            give_up(tasks, ready).await;
+            Err((stop, states))
         }
+        None => Ok((ready, states)),
     }
-    Ok(Connected {
-        upstreams,
-        monitors,
-        states,
-    })
 }
 
 /// Ends every attempt still running and every server already connected, and waits until they are
 /// gone: each kills its server's process group as it goes, so nothing the runner gave up on is
 /// still running when it reports.
-async fn give_up(
-    mut tasks: JoinSet<(usize, ServerStart, Duration)>,
-    ready: Vec<Option<(Upstream, Option<Monitor>, Duration)>>,
-) {
+async fn give_up(mut tasks: Attempts, ready: Ready) {
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     for (upstream, _, _) in ready.into_iter().flatten() {

@@ -31,7 +31,7 @@ use crate::calls::{CallOutcome, ToolCalls, Withheld};
 use crate::http::Refusal;
 use crate::raw::{self, Edit, Message, RequestParams, event};
 use crate::rpc::{Core, ProgressRoute, RpcError, error_bytes};
-use crate::session::{Call, PiSession, STREAM_QUEUE, lock};
+use crate::session::{PiSession, STREAM_QUEUE, lock};
 use crate::upstream::UpstreamEvents;
 
 pub(crate) type HttpBody = BoxBody<Bytes, Infallible>;
@@ -283,22 +283,7 @@ impl Endpoint {
     async fn request(&self, session: Arc<PiSession>, message: Message) -> Response<HttpBody> {
         let id = message.id().unwrap_or_default();
         let (stream, mut messages) = mpsc::channel(STREAM_QUEUE);
-        let cancel = session.ended.child_token();
-        {
-            // The order of `deliver_in_order`.
-            let standalone = lock(&session.standalone);
-            lock(&session.calls).push(Call {
-                id: id.clone(),
-                stream: stream.clone(),
-                cancel: cancel.clone(),
-            });
-            // What waited for a stream goes on this one while the session has none of its own.
-            if standalone.as_ref().is_none_or(mpsc::Sender::is_closed) {
-                for waiting in lock(&session.waiting).drain(..) {
-                    let _ = stream.try_send(waiting);
-                }
-            }
-        }
+        let cancel = session.begin_call(&id, &stream, true);
         let served = self.served.clone();
         let call_session = session.clone();
         let call_id = id.clone();
@@ -330,37 +315,7 @@ impl Endpoint {
             () = tokio::time::sleep(STREAM_AFTER) => None,
         };
         // The rest as it comes, then the answer; a pi that goes away stops only the sending.
-        let (out, sent) = mpsc::channel(STREAM_QUEUE);
-        tokio::spawn(async move {
-            if let Some(first) = first
-                && out.send(event(&first)).await.is_err()
-            {
-                return;
-            }
-            let mut beat = keep_alive();
-            loop {
-                tokio::select! {
-                    biased;
-                    Some(next) = messages.recv() => {
-                        if out.send(event(&next)).await.is_err() {
-                            return;
-                        }
-                    }
-                    answer = &mut answer => {
-                        while let Ok(next) = messages.try_recv() {
-                            let _ = out.send(event(&next)).await;
-                        }
-                        let _ = out.send(event(&answer)).await;
-                        return;
-                    }
-                    _ = beat.tick() => {
-                        if out.send(Bytes::from_static(KEEP_ALIVE_COMMENT)).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
+        let sent = stream_the_rest(first, messages, answer);
         event_stream_response(futures::stream::unfold(sent, |mut sent| async move {
             sent.recv().await.map(|bytes| (bytes, sent))
         }))
@@ -499,31 +454,11 @@ impl Endpoint {
         out: &mpsc::Sender<Bytes>,
         calls: &mut futures::stream::FuturesUnordered<LineCall>,
     ) -> Option<Bytes> {
-        let bytes = match line {
-            raw::Line::Whole(bytes) => bytes,
-            raw::Line::TooLong { id } => {
-                let id = id.unwrap_or_else(|| Bytes::from_static(b"null"));
-                return Some(error_bytes(
-                    &id,
-                    INVALID_REQUEST,
-                    "the message is too large",
-                ));
-            }
-        };
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return None;
-        }
-        let Some(message) = Message::parse(bytes) else {
-            return Some(error_bytes(b"null", PARSE_ERROR, "Parse error"));
+        let message = match line_message(line) {
+            Ok(message) => message,
+            Err(answer) => return answer,
         };
         let method = message.method().map(str::to_owned);
-        if message.id_is_null() || (method.as_deref() == Some("initialize") && !message.has_id()) {
-            return Some(error_bytes(
-                b"null",
-                INVALID_REQUEST,
-                "a request needs an id that is a string or a number",
-            ));
-        }
         let id = message.id().unwrap_or_default();
         match (method.as_deref(), message.has_id(), session.as_ref()) {
             (Some("initialize"), true, None) => {
@@ -545,24 +480,7 @@ impl Endpoint {
             // Before `initialize`, a notification or an answer has nothing to go to.
             (_, _, None) => None,
             (Some(_), true, Some(open)) => {
-                let cancel = open.ended.child_token();
-                {
-                    // The order of `deliver_in_order`.
-                    let _standalone = lock(&open.standalone);
-                    lock(&open.calls).push(Call {
-                        id: id.clone(),
-                        stream: out.clone(),
-                        cancel: cancel.clone(),
-                    });
-                }
-                let served = self.served.clone();
-                let open = open.clone();
-                let stream = out.clone();
-                calls.push(Box::pin(async move {
-                    let answer = served.answer(&id, message, stream, cancel).await;
-                    open.end_call(&id);
-                    answer
-                }));
+                self.start_call(open, id, message, out, calls);
                 None
             }
             (Some(method), false, Some(open)) => {
@@ -580,6 +498,58 @@ impl Endpoint {
             )),
         }
     }
+
+    /// Starts answering the request `message` (`id`) of the session `open`: in the session's
+    /// order, cancelled with it, its answer streamed on `out`.
+    fn start_call(
+        &self,
+        open: &Arc<PiSession>,
+        id: Bytes,
+        message: Message,
+        out: &mpsc::Sender<Bytes>,
+        calls: &mut futures::stream::FuturesUnordered<LineCall>,
+    ) {
+        let cancel = open.begin_call(&id, out, false);
+        let served = self.served.clone();
+        let open = open.clone();
+        let stream = out.clone();
+        calls.push(Box::pin(async move {
+            let answer = served.answer(&id, message, stream, cancel).await;
+            open.end_call(&id);
+            answer
+        }));
+    }
+}
+
+/// The message of one line pi's relay sent, or what to answer instead (`None`: nothing, for a
+/// blank line): a line too long, one that is not JSON-RPC, or a request whose id is null.
+fn line_message(line: raw::Line) -> Result<Message, Option<Bytes>> {
+    let bytes = match line {
+        raw::Line::Whole(bytes) => bytes,
+        raw::Line::TooLong { id } => {
+            let id = id.unwrap_or_else(|| Bytes::from_static(b"null"));
+            return Err(Some(error_bytes(
+                &id,
+                INVALID_REQUEST,
+                "the message is too large",
+            )));
+        }
+    };
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(None);
+    }
+    let Some(message) = Message::parse(bytes) else {
+        return Err(Some(error_bytes(b"null", PARSE_ERROR, "Parse error")));
+    };
+    let initialize = message.method() == Some("initialize");
+    if message.id_is_null() || (initialize && !message.has_id()) {
+        return Err(Some(error_bytes(
+            b"null",
+            INVALID_REQUEST,
+            "a request needs an id that is a string or a number",
+        )));
+    }
+    Ok(message)
 }
 
 /// Messages written one to a line. A message a server wrote over several lines has its line
@@ -643,49 +613,9 @@ impl Served {
         cancel: CancellationToken,
     ) -> Bytes {
         let method = message.method().unwrap_or_default();
-        let params = RequestParams::read(message.params());
-        let tool = (method == "tools/call").then(|| {
-            match &params {
-                Ok(p) => p.name.clone(),
-                Err(e) => e.name().map(str::to_owned),
-            }
-            .unwrap_or_default()
-        });
-        // Counted under its own name only when the server listed it (or the job withholds it).
-        let known = |tool: &str| self.withheld.contains(tool) || self.allowed.contains(tool);
-        let refuse = |tool: &str, code: i64, words: &str| {
-            self.calls.record(
-                &self.name,
-                tool,
-                known(tool),
-                CallOutcome::Refused,
-                Duration::ZERO,
-                0,
-            );
-            error_bytes(id, code, words)
-        };
-        if let Some(tool) = &tool {
-            if self.withheld.contains(tool) {
-                let words = format!("tool {tool} is withheld from this job");
-                return refuse(tool, INVALID_PARAMS, &words);
-            }
-            if !self.allowed.contains(tool) {
-                return refuse(
-                    tool,
-                    INVALID_PARAMS,
-                    "unknown tool: the server did not list it",
-                );
-            }
-        }
-        let params = match params {
-            Ok(params) => params,
-            Err(e) => {
-                let words = e.to_string();
-                return match &tool {
-                    Some(tool) => refuse(tool, INVALID_REQUEST, &words),
-                    None => error_bytes(id, INVALID_REQUEST, &words),
-                };
-            }
+        let (tool, params) = match self.gate(id, method, message.params()) {
+            Ok(gated) => gated,
+            Err(refused) => return refused,
         };
         let lists_tools = method == "tools/list";
         let started = Instant::now();
@@ -721,6 +651,61 @@ impl Served {
             edits.push(Edit::new(at.clone(), tools).shifted(start));
         }
         answer.edited(edits)
+    }
+
+    /// What a request may go on as: its tool, for a `tools/call`, and its parameters read. A call
+    /// of a tool the job withholds or the server did not list, and parameters that cannot be read,
+    /// are answered here (and a refused call counted).
+    fn gate(
+        &self,
+        id: &[u8],
+        method: &str,
+        params: Option<&[u8]>,
+    ) -> Result<(Option<String>, RequestParams), Bytes> {
+        let params = RequestParams::read(params);
+        let tool = (method == "tools/call").then(|| {
+            match &params {
+                Ok(p) => p.name.clone(),
+                Err(e) => e.name().map(str::to_owned),
+            }
+            .unwrap_or_default()
+        });
+        // Counted under its own name only when the server listed it (or the job withholds it).
+        let known = |tool: &str| self.withheld.contains(tool) || self.allowed.contains(tool);
+        let refuse = |tool: &str, code: i64, words: &str| {
+            self.calls.record(
+                &self.name,
+                tool,
+                known(tool),
+                CallOutcome::Refused,
+                Duration::ZERO,
+                0,
+            );
+            error_bytes(id, code, words)
+        };
+        if let Some(tool) = &tool {
+            if self.withheld.contains(tool) {
+                let words = format!("tool {tool} is withheld from this job");
+                return Err(refuse(tool, INVALID_PARAMS, &words));
+            }
+            if !self.allowed.contains(tool) {
+                return Err(refuse(
+                    tool,
+                    INVALID_PARAMS,
+                    "unknown tool: the server did not list it",
+                ));
+            }
+        }
+        match params {
+            Ok(params) => Ok((tool, params)),
+            Err(e) => {
+                let words = e.to_string();
+                Err(match &tool {
+                    Some(tool) => refuse(tool, INVALID_REQUEST, &words),
+                    None => error_bytes(id, INVALID_REQUEST, &words),
+                })
+            }
+        }
     }
 
     /// Sends pi's request to the server under an id of the hub's (and, when pi asked for
@@ -775,6 +760,48 @@ fn relay_error(e: &RpcError) -> &'static str {
         }
         _ => "the request could not be relayed",
     }
+}
+
+/// Sends, as server-sent events on a channel of its own, `first`, then the request's messages as
+/// they come with a comment now and then to keep the stream alive, then `answer`. A receiver that
+/// goes away stops only the sending.
+fn stream_the_rest(
+    first: Option<Bytes>,
+    mut messages: mpsc::Receiver<Bytes>,
+    mut answer: Detached,
+) -> mpsc::Receiver<Bytes> {
+    let (out, sent) = mpsc::channel(STREAM_QUEUE);
+    tokio::spawn(async move {
+        if let Some(first) = first
+            && out.send(event(&first)).await.is_err()
+        {
+            return;
+        }
+        let mut beat = keep_alive();
+        loop {
+            tokio::select! {
+                biased;
+                Some(next) = messages.recv() => {
+                    if out.send(event(&next)).await.is_err() {
+                        return;
+                    }
+                }
+                answer = &mut answer => {
+                    while let Ok(next) = messages.try_recv() {
+                        let _ = out.send(event(&next)).await;
+                    }
+                    let _ = out.send(event(&answer)).await;
+                    return;
+                }
+                _ = beat.tick() => {
+                    if out.send(Bytes::from_static(KEEP_ALIVE_COMMENT)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    sent
 }
 
 /// A call's answer, polled where pi waits for it. If pi goes away first (the future is dropped

@@ -425,80 +425,21 @@ impl State {
         self: &Arc<Self>,
         request: Request<Incoming>,
     ) -> Result<Response<Body>, Unreachable> {
-        if !loopback_host(request.headers()) {
-            return Ok(error_answer(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                "the Host or Origin is not loopback",
-            ));
-        }
-        let path = request.uri().path().to_owned();
-        let query = request.uri().query().map(str::to_owned);
-        let Some((caller, index, rest)) = route(&path) else {
-            return Ok(error_answer(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "no such route",
-            ));
+        let call = match self.take_call(request).await {
+            Ok(call) => call,
+            Err(answer) => return Ok(answer),
         };
-        let Some((provider, _)) = self.table.providers.get(index) else {
-            return Ok(error_answer(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "no such route",
-            ));
-        };
-        if request.method() != ::http::Method::POST {
-            // Listing models and the like: not a model call, and nothing the job needs.
-            return Ok(error_answer(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "only model calls pass",
-            ));
-        }
-        // With a key held, only what carries its stand-in is the job's (pi has keys for no other
-        // provider); anything else on loopback is turned away before it can stop the job.
-        if let Some(held) = &self.key {
-            let in_query = query.as_deref().is_some_and(|q| q.contains(&held.stand_in));
-            if !in_query && !request.headers().values().any(|v| holds(v, &held.stand_in)) {
-                return Ok(error_answer(
-                    StatusCode::UNAUTHORIZED,
-                    "authentication_error",
-                    "the request does not carry the job's key",
-                ));
-            }
-        }
-        // Once a call is refused the job is stopping: nothing more goes out while pi is ended.
-        if let Some(stop) = self.refusal.borrow().as_ref() {
-            return Ok(error_answer(
-                StatusCode::FORBIDDEN,
-                stop.reason.as_str(),
-                "pi-dispatch's model gateway refused a call, and the job is stopping",
-            ));
-        }
-        // The real key goes only to its own provider's models.
-        let key = self.key.as_ref().filter(|k| &k.provider == provider);
-        let (parts, body) = request.into_parts();
-        let body = match Limited::new(body, MAX_REQUEST).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(_) => {
-                return Ok(error_answer(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "request_too_large",
-                    "the request is larger than the gateway carries",
-                ));
-            }
-        };
-        let apis = Api::for_path(rest);
+        let provider = call.provider.as_str();
+        let apis = Api::for_path(&call.rest);
         if apis.is_empty() {
             return Ok(self.refuse(Refusal::new(
                 Reason::ModelCallUnsupported,
                 format!("a call to {provider} at a path of no wire format the gateway reads"),
             )));
         }
-        let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let json: serde_json::Value = serde_json::from_slice(&call.body).unwrap_or_default();
         let facts = RequestFacts::read(&json, apis);
-        let (model, api) = match self.model_for(index, provider, apis, &facts) {
+        let (model, api) = match self.model_for(call.index, provider, apis, &facts) {
             Ok(found) => found,
             Err(refusal) => return Ok(self.refuse(refusal)),
         };
@@ -512,7 +453,7 @@ impl State {
             let Ok(mut meter) = self.meter.lock() else {
                 return Err(Unreachable);
             };
-            let input = rules::input_estimate(body.len());
+            let input = rules::input_estimate(call.body.len());
             match self.rules.bound(model, &facts, input, meter.committed()) {
                 Ok(bound) => {
                     meter.hold(bound);
@@ -529,7 +470,7 @@ impl State {
             api,
             Api::OpenAiCompletions | Api::OpenAiResponses | Api::AnthropicMessages
         );
-        let kept = (caller == Caller::Pi && chat)
+        let kept = (call.caller == Caller::Pi && chat)
             .then(|| self.answers.lock().ok().map(|mut a| a.number()))
             .flatten()
             .map(|number| Kept {
@@ -540,8 +481,16 @@ impl State {
                     .and_then(|u| u.host_str().map(str::to_owned))
                     .unwrap_or_default(),
             });
-        let (client, url, headers) = self.to_provider(model, rest, query, key, &parts.headers);
-        let sent = client.post(&url).headers(headers).body(body).send().await;
+        // The real key goes only to its own provider's models.
+        let key = self.key.as_ref().filter(|k| k.provider == provider);
+        let (client, url, headers) =
+            self.to_provider(model, &call.rest, call.query, key, &call.headers);
+        let sent = client
+            .post(&url)
+            .headers(headers)
+            .body(call.body)
+            .send()
+            .await;
         let upstream = match sent {
             Ok(r) => r,
             Err(e) => {
@@ -551,6 +500,74 @@ impl State {
             }
         };
         self.relay_answer(upstream, api, model, bound, kept)
+    }
+
+    /// A request the gateway takes as one of the job's model calls: on loopback, to a provider's
+    /// route, a POST, carrying the job's stand-in when a key is held, while no call was refused,
+    /// and no larger than it carries. Anything else is answered here.
+    async fn take_call(&self, request: Request<Incoming>) -> Result<Call, Response<Body>> {
+        if !loopback_host(request.headers()) {
+            return Err(error_answer(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "the Host or Origin is not loopback",
+            ));
+        }
+        let no_route = || error_answer(StatusCode::NOT_FOUND, "not_found", "no such route");
+        let query = request.uri().query().map(str::to_owned);
+        let (caller, index, rest) = route(request.uri().path()).ok_or_else(no_route)?;
+        let rest = rest.to_owned();
+        let Some((provider, _)) = self.table.providers.get(index) else {
+            return Err(no_route());
+        };
+        if request.method() != ::http::Method::POST {
+            // Listing models and the like: not a model call, and nothing the job needs.
+            return Err(error_answer(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "only model calls pass",
+            ));
+        }
+        // With a key held, only what carries its stand-in is the job's (pi has keys for no other
+        // provider); anything else on loopback is turned away before it can stop the job.
+        if let Some(held) = &self.key {
+            let in_query = query.as_deref().is_some_and(|q| q.contains(&held.stand_in));
+            if !in_query && !request.headers().values().any(|v| holds(v, &held.stand_in)) {
+                return Err(error_answer(
+                    StatusCode::UNAUTHORIZED,
+                    "authentication_error",
+                    "the request does not carry the job's key",
+                ));
+            }
+        }
+        // Once a call is refused the job is stopping: nothing more goes out while pi is ended.
+        if let Some(stop) = self.refusal.borrow().as_ref() {
+            return Err(error_answer(
+                StatusCode::FORBIDDEN,
+                stop.reason.as_str(),
+                "pi-dispatch's model gateway refused a call, and the job is stopping",
+            ));
+        }
+        let (parts, body) = request.into_parts();
+        let body = match Limited::new(body, MAX_REQUEST).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return Err(error_answer(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "request_too_large",
+                    "the request is larger than the gateway carries",
+                ));
+            }
+        };
+        Ok(Call {
+            caller,
+            index,
+            provider: provider.clone(),
+            rest,
+            query,
+            headers: parts.headers,
+            body,
+        })
     }
 
     /// The provider's answer, passed on to pi as it comes while it is read for the job: what it
@@ -808,9 +825,6 @@ pub struct PiGateway {
     pub meter: Vec<(String, String)>,
 }
 
-/// The runner's own variables of the gateway: pi and the servers never get them.
-pub const RUNNER_ONLY: [&str; 2] = [rules::MODELS_VARIABLE, rules::MAX_COST_VARIABLE];
-
 /// The meter's variables that only the stdio servers get: pi has its own agent folder and stand-in.
 pub const SERVERS_ONLY: [&str; 2] = ["NODE_OPTIONS", CHILD_LEDGER];
 
@@ -832,11 +846,10 @@ fn child_folder(agent_dir: &std::path::Path) -> std::path::PathBuf {
 /// provider's key that the job has.
 pub async fn start_for_pi(
     pi: &crate::pi_agent::PiOptions,
+    input: &protocol::job_dir::RunnerInput,
     env: &[(String, String)],
     agent_dir: &std::path::Path,
 ) -> Result<PiGateway, Stop> {
-    let overlay = pi.overlay.as_deref();
-    let model = pi.model.as_deref();
     let lookup = |name: &str| {
         env.iter()
             .find(|(k, _)| k == name)
@@ -844,64 +857,10 @@ pub async fn start_for_pi(
             .filter(|v| !v.is_empty())
     };
     let invalid = |cause: String| Stop::new(Reason::ModelRulesInvalid, None, cause);
-    let text = match overlay.map(|o| std::fs::read(o.join("models.json"))) {
-        None => None,
-        Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Some(Err(e)) => {
-            return Err(invalid(format!(
-                "the overlay's models.json cannot be read ({})",
-                e.kind()
-            )));
-        }
-        Some(Ok(bytes)) => Some(bytes),
-    };
-    let models = match &text {
-        None => None,
-        Some(bytes) => Some(config::models::check(bytes).map_err(|_| {
-            invalid("the overlay's models.json is not one the admission accepts".to_owned())
-        })?),
-    };
-    let rules = Rules::read(
-        lookup(rules::MODELS_VARIABLE).as_deref(),
-        lookup(rules::MAX_COST_VARIABLE).as_deref(),
-    )
-    .map_err(invalid)?;
+    let (text, models) = overlay_models(pi.overlay.as_deref())?;
+    let rules = Rules::new(input.models.clone(), input.max_cost_usd).map_err(invalid)?;
     let table = Table::build(config::catalog::builtin(), models.as_ref());
-    let chosen = model.and_then(|m| m.split_once('/'));
-    if let Some((provider, id)) = chosen
-        && let Some(own) =
-            rules::uncarried_chat_model(config::catalog::builtin(), models.as_ref(), provider, id)
-    {
-        return Err(Stop::new(
-            Reason::ModelCallUnsupported,
-            None,
-            format!(
-                "{} speaks {}, which the gateway cannot check and meter",
-                own.full_name(),
-                own.api
-            ),
-        ));
-    }
-    let key = match chosen {
-        None => None,
-        Some((provider, id)) => config::catalog::find(models.as_ref(), provider, id)
-            .ok()
-            .and_then(|found| {
-                found
-                    .key_variables
-                    .into_iter()
-                    .find_map(|v| lookup(&v).map(|value| (v, value)))
-            })
-            .map(|(variable, value)| HeldKey::new(provider, value).map(|k| (variable, k)))
-            .transpose()
-            .map_err(|e| {
-                Stop::new(
-                    Reason::RunnerSetupFailed,
-                    None,
-                    format!("the gateway has no stand-in for the key ({})", e.kind()),
-                )
-            })?,
-    };
+    let key = held_key(pi.model.as_deref(), models.as_ref(), &lookup)?;
     let (https_proxy, http_proxy) = GatewayOptions::proxies(&lookup);
     let stand_in = key.as_ref().map(|(v, k)| (v.clone(), k.stand_in.clone()));
     let gateway = Gateway::start(GatewayOptions {
@@ -944,6 +903,75 @@ pub async fn start_for_pi(
         stand_in,
         meter,
     })
+}
+
+/// The overlay's `models.json`, as its text and as read (`None` without one); a file that cannot
+/// be read, or is not one the admission accepts, stops the job.
+fn overlay_models(
+    overlay: Option<&std::path::Path>,
+) -> Result<(Option<Vec<u8>>, Option<config::models::Models>), Stop> {
+    let invalid = |cause: &str| Stop::new(Reason::ModelRulesInvalid, None, cause.to_owned());
+    let text = match overlay.map(|o| std::fs::read(o.join("models.json"))) {
+        None => None,
+        Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Some(Err(e)) => {
+            return Err(invalid(&format!(
+                "the overlay's models.json cannot be read ({})",
+                e.kind()
+            )));
+        }
+        Some(Ok(bytes)) => Some(bytes),
+    };
+    let models =
+        match &text {
+            None => None,
+            Some(bytes) => Some(config::models::check(bytes).map_err(|_| {
+                invalid("the overlay's models.json is not one the admission accepts")
+            })?),
+        };
+    Ok((text, models))
+}
+
+/// The provider's key the gateway holds for pi's `model` (`provider/id`): the first of the
+/// variables pi reads for the provider's key that the job has, with its stand-in. A chat model the
+/// gateway cannot check and meter stops the job.
+fn held_key(
+    model: Option<&str>,
+    models: Option<&config::models::Models>,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<(String, HeldKey)>, Stop> {
+    let Some((provider, id)) = model.and_then(|m| m.split_once('/')) else {
+        return Ok(None);
+    };
+    if let Some(own) = rules::uncarried_chat_model(config::catalog::builtin(), models, provider, id)
+    {
+        return Err(Stop::new(
+            Reason::ModelCallUnsupported,
+            None,
+            format!(
+                "{} speaks {}, which the gateway cannot check and meter",
+                own.full_name(),
+                own.api
+            ),
+        ));
+    }
+    config::catalog::find(models, provider, id)
+        .ok()
+        .and_then(|found| {
+            found
+                .key_variables
+                .into_iter()
+                .find_map(|v| lookup(&v).map(|value| (v, value)))
+        })
+        .map(|(variable, value)| HeldKey::new(provider, value).map(|k| (variable, k)))
+        .transpose()
+        .map_err(|e| {
+            Stop::new(
+                Reason::RunnerSetupFailed,
+                None,
+                format!("the gateway has no stand-in for the key ({})", e.kind()),
+            )
+        })
 }
 
 /// Writes the child's agent folder (for a server that sees pi's folder) and gives the servers'
@@ -990,6 +1018,18 @@ pub fn meter_variables(
             child.to_string_lossy().into_owned(),
         ),
     ]
+}
+
+/// A model call the gateway took: who made it, to which provider (by index and name), the rest of
+/// its path and its query, its headers and body.
+struct Call {
+    caller: Caller,
+    index: usize,
+    provider: String,
+    rest: String,
+    query: Option<String>,
+    headers: HeaderMap,
+    body: Bytes,
 }
 
 /// `/p/<index><rest>` (pi's) or `/c/<index><rest>` (a child's): who calls, the provider's index

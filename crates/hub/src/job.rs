@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use protocol::job_mcp::{CODEMODE_MODELS_VARIABLE, DIGEST_VARIABLE, EXCLUDE_TOOLS_VARIABLE};
+use protocol::job_dir::{self, RunnerInput};
 use protocol::reason::Reason;
 use tokio::process::Command;
 
@@ -22,6 +22,8 @@ pub struct JobOptions {
     pub job_id: String,
     /// `/job`: `mcp.json` (read-only) and the rest of the job's files.
     pub job_dir: PathBuf,
+    /// What the worker told the runner about the job (`/job/runner.json`).
+    pub input: RunnerInput,
     /// `/workspace`: where stdio servers and the agent run.
     pub workspace: PathBuf,
     /// pi's private agent folder, where the runner writes pi's `mcp.json`.
@@ -56,10 +58,10 @@ pub enum Agent {
     Command(Vec<String>),
 }
 
-fn line(job: &JobOptions, code: u8, stop: Option<&Stop>, servers: Vec<ServerState>) -> ExitLine {
+fn line(job_id: &str, code: u8, stop: Option<&Stop>, servers: Vec<ServerState>) -> ExitLine {
     ExitLine {
         event: "exit".to_owned(),
-        job_id: job.job_id.clone(),
+        job_id: job_id.to_owned(),
         code,
         reason: stop.map(|s| s.reason.as_str().to_owned()),
         server: stop.and_then(|s| s.server.clone()),
@@ -71,21 +73,24 @@ fn line(job: &JobOptions, code: u8, stop: Option<&Stop>, servers: Vec<ServerStat
     }
 }
 
-fn stopped(job: &JobOptions, stop: &Stop, servers: Vec<ServerState>) -> ExitLine {
-    line(job, stop.reason.code().unwrap_or(2), Some(stop), servers)
+/// The exit line of a runner that cannot begin the job: its input from the worker unusable.
+pub fn setup_failed(job_id: &str, cause: String) -> ExitLine {
+    let stop = Stop::new(Reason::RunnerSetupFailed, None, cause);
+    line(
+        job_id,
+        stop.reason.code().unwrap_or(2),
+        Some(&stop),
+        Vec::new(),
+    )
 }
 
-/// `run.excludeTools`, as the worker hands it over.
-fn exclude_tools(env: &[(String, String)]) -> Vec<String> {
-    env.iter()
-        .find(|(k, _)| k == EXCLUDE_TOOLS_VARIABLE)
-        .map(|(_, v)| {
-            v.split(',')
-                .filter(|t| !t.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
+fn stopped(job: &JobOptions, stop: &Stop, servers: Vec<ServerState>) -> ExitLine {
+    line(
+        &job.job_id,
+        stop.reason.code().unwrap_or(2),
+        Some(stop),
+        servers,
+    )
 }
 
 /// Adds to what the hub withholds from each server the tools `exclude` takes away, so that they
@@ -105,22 +110,15 @@ fn withhold_excluded(
     }
 }
 
-/// A hub token safe in pi's header values: letters and digits only.
-fn new_token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    // 128 bits from the standard library's randomly keyed hasher, mixed with the time.
-    let mut out = String::new();
-    for i in 0..2u64 {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(i);
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        out.push_str(&format!("{:016x}", h.finish()));
-    }
-    out
+/// A hub token safe in pi's header values: 128 random bits as hex (letters and digits only).
+fn new_token() -> Result<String, Stop> {
+    protocol::ids::random_hex::<16>().map_err(|e| {
+        Stop::new(
+            Reason::RunnerSetupFailed,
+            None,
+            format!("the hub's token cannot be made ({e})"),
+        )
+    })
 }
 
 /// The exit line of a runner told to stop (SIGTERM): code 1, the worker decides what follows.
@@ -128,7 +126,7 @@ fn terminated(job: &JobOptions, servers: Vec<ServerState>) -> ExitLine {
     ExitLine {
         reason: Some(TERMINATED.to_owned()),
         cause: Some("the runner was told to stop (SIGTERM)".to_owned()),
-        ..line(job, 1, None, servers)
+        ..line(&job.job_id, 1, None, servers)
     }
 }
 
@@ -140,9 +138,6 @@ pub const TERMINATED: &str = "terminated";
 /// hops between two workers waits for the other to wake: on one thread a call through the hub
 /// adds about half as much (docs/benchmarks.md, "One worker thread").
 pub const RUNTIME_WORKERS: usize = 1;
-
-/// The job's socket to the egress proxy, in its folder, when egress is on.
-pub const EGRESS_SOCKET: &str = "egress.sock";
 
 /// The forwarder's tasks, ended with the job.
 struct Forwarding(Vec<tokio::task::JoinHandle<()>>);
@@ -160,7 +155,7 @@ impl Drop for Forwarding {
 /// carried to the proxy. Nothing else of the job starts until they listen; a port that cannot be
 /// had fails the job (it would reach nothing, its model included), which is tried again.
 async fn start_egress(job: &JobOptions) -> Result<Option<Forwarding>, Stop> {
-    let socket = job.job_dir.join(EGRESS_SOCKET);
+    let socket = job.job_dir.join(job_dir::EGRESS_SOCKET);
     if !egress::forward::has_socket(&socket) {
         return Ok(None);
     }
@@ -181,12 +176,7 @@ async fn start_egress(job: &JobOptions) -> Result<Option<Forwarding>, Stop> {
         listener,
         socket.clone(),
     ))];
-    let declared = job
-        .env
-        .iter()
-        .find(|(k, _)| k == egress::forward::LOOPBACK_VARIABLE)
-        .map(|(_, v)| egress::forward::loopback_endpoints(v))
-        .unwrap_or_default();
+    let declared = egress::forward::loopback_endpoints(&job.input.loopback);
     for endpoint in declared {
         let listeners = egress::forward::bind_endpoint(&endpoint)
             .await
@@ -202,48 +192,52 @@ async fn start_egress(job: &JobOptions) -> Result<Option<Forwarding>, Stop> {
     Ok(Some(Forwarding(tasks)))
 }
 
-/// Runs the job and says how it ended.
-pub async fn run(mut job: JobOptions) -> ExitLine {
-    // Before anything else: with egress on, the way out.
-    let _forwarding = match start_egress(&job).await {
-        Ok(f) => f,
-        Err(stop) => return stopped(&job, &stop, Vec::new()),
-    };
-    // Every process the runner starts carries the runner's pid (the meter's variable), so the
-    // guard can find them if the runner is killed outright.
+/// What the runner holds from its first moment to its last: the way out, the guard, the watch
+/// for SIGTERM.
+struct Held {
+    _forwarding: Option<Forwarding>,
+    _guard: Option<crate::guard::Guard>,
+    term: tokio::signal::unix::Signal,
+}
+
+/// The runner's first steps, before anything of the job starts: with egress on, the way out;
+/// the runner's pid on every process it starts (the meter's variable), so the guard can find them
+/// if the runner is killed outright; the guard; and, from the first moment, the watch for SIGTERM,
+/// which then ends everything in order and still says so on the exit line.
+async fn hold(job: &mut JobOptions) -> Result<Held, Stop> {
+    let forwarding = start_egress(job).await?;
     let me = std::process::id();
     job.env.retain(|(k, _)| k != crate::guard::MARK);
     job.env
         .push((crate::guard::MARK.to_owned(), me.to_string()));
-    let _guard = match job.guard.as_deref().map(|p| crate::guard::start(p, me)) {
+    let setup = |why: String| Stop::new(Reason::RunnerSetupFailed, None, why);
+    let guard = match job.guard.as_deref().map(|p| crate::guard::start(p, me)) {
         None => None,
         Some(Ok(g)) => Some(g),
         Some(Err(e)) => {
-            let stop = Stop::new(
-                Reason::RunnerSetupFailed,
-                None,
-                format!("the runner's guard did not start ({})", e.kind()),
-            );
-            return stopped(&job, &stop, Vec::new());
+            return Err(setup(format!(
+                "the runner's guard did not start ({})",
+                e.kind()
+            )));
         }
     };
-    // From the first moment: a SIGTERM while servers start or the agent runs ends everything in
-    // order and still says so on the exit line.
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(t) => t,
-        Err(e) => {
-            let stop = Stop::new(
-                Reason::RunnerSetupFailed,
-                None,
-                format!("the runner cannot watch for SIGTERM ({})", e.kind()),
-            );
-            return stopped(&job, &stop, Vec::new());
-        }
-    };
-    let gateway = match start_gateway(&mut job).await {
-        Ok(g) => g,
-        Err(stop) => return stopped(&job, &stop, Vec::new()),
-    };
+    let term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| {
+            setup(format!(
+                "the runner cannot watch for SIGTERM ({})",
+                e.kind()
+            ))
+        })?;
+    Ok(Held {
+        _forwarding: forwarding,
+        _guard: guard,
+        term,
+    })
+}
+
+/// The job's servers as `/job/mcp.json` and the runner's input say (`None`: the job names none),
+/// checked before anything connects.
+fn read_plan(job: &JobOptions) -> Result<Option<plan::Plan>, Stop> {
     let lookup = |name: &str| {
         job.env
             .iter()
@@ -251,39 +245,43 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
             .map(|(_, v)| v.clone())
             .filter(|v| !v.is_empty())
     };
-    let digest = lookup(DIGEST_VARIABLE);
-    let file = job.job_dir.join("mcp.json");
-    let plan = match std::fs::read(&file) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && digest.is_none() => None,
-        Err(_) => {
-            let stop = Stop::new(
-                Reason::McpConfigMismatch,
-                None,
-                "the job carries a digest but /job/mcp.json cannot be read",
-            );
-            return stopped(&job, &stop, Vec::new());
-        }
-        Ok(bytes) => match plan::plan(&bytes, digest.as_deref(), &lookup) {
-            Ok(p) => Some(p),
-            Err(stop) => return stopped(&job, &stop, Vec::new()),
-        },
+    let digest = job.input.mcp_digest.as_deref();
+    match std::fs::read(job.job_dir.join(job_dir::MCP)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && digest.is_none() => Ok(None),
+        Err(_) => Err(Stop::new(
+            Reason::McpConfigMismatch,
+            None,
+            "the job carries a digest but /job/mcp.json cannot be read",
+        )),
+        Ok(bytes) => plan::plan(&bytes, digest, &lookup).map(Some),
+    }
+}
+
+/// Runs the job and says how it ended.
+pub async fn run(mut job: JobOptions) -> ExitLine {
+    let mut held = match hold(&mut job).await {
+        Ok(h) => h,
+        Err(stop) => return stopped(&job, &stop, Vec::new()),
     };
-    let Some(plan) = plan else {
-        // No server: the overlay's codemodeModels comes as the worker's variable.
-        let codemode_models = lookup(CODEMODE_MODELS_VARIABLE).as_deref() != Some("0");
-        return run_agent(&job, None, &[], codemode_models, gateway, &mut term).await;
+    let term = &mut held.term;
+    let gateway = match start_gateway(&mut job).await {
+        Ok(g) => g,
+        Err(stop) => return stopped(&job, &stop, Vec::new()),
+    };
+    let plan = match read_plan(&job) {
+        Ok(Some(plan)) => plan,
+        // No server: the overlay's codemodeModels comes in the runner's input.
+        Ok(None) => {
+            let codemode_models = job.input.codemode_models;
+            return run_agent(&job, None, &[], codemode_models, gateway, term).await;
+        }
+        Err(stop) => return stopped(&job, &stop, Vec::new()),
     };
     let job_plan = JobPlan::of(&plan);
     if let (Agent::Pi(_), Some(relay)) = (&job.agent, job.relay.clone()) {
-        return run_alongside(&job, plan, job_plan, &relay, gateway, &mut term).await;
+        return run_alongside(&job, plan, job_plan, &relay, gateway, term).await;
     }
-    let connecting = connect_all::connect_all_confined(
-        plan,
-        &job.env,
-        &job.workspace,
-        job_plan.wait,
-        job.confine.as_deref(),
-    );
+    let connecting = connect_servers(&job, plan, job_plan.wait);
     let connected = tokio::select! {
         result = connecting => match result {
             Ok(c) => c,
@@ -291,15 +289,9 @@ pub async fn run(mut job: JobOptions) -> ExitLine {
         },
         _ = term.recv() => return terminated(&job, Vec::new()),
     };
-    run_agent(
-        &job,
-        Some((connected, job_plan.servers, job_plan.began)),
-        &job_plan.secrets,
-        job_plan.codemode_models,
-        gateway,
-        &mut term,
-    )
-    .await
+    let servers = Some((connected, job_plan.servers, job_plan.began));
+    let (secrets, codemode_models) = (&job_plan.secrets, job_plan.codemode_models);
+    run_agent(&job, servers, secrets, codemode_models, gateway, term).await
 }
 
 /// A file of pi's configuration that could not be written: the runner's own fault.
@@ -400,66 +392,18 @@ async fn run_alongside(
         Ok(l) => l,
         Err(stop) => return stopped(job, &stop, Vec::new()),
     };
-    let token = new_token();
-    let hub: std::sync::Mutex<Option<relay::Hub>> = std::sync::Mutex::new(None);
-    let states: std::sync::Mutex<Vec<ServerState>> = std::sync::Mutex::new(Vec::new());
-    let keep = |slot: &std::sync::Mutex<Vec<ServerState>>, value: Vec<ServerState>| {
-        *slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = value;
+    let token = match new_token() {
+        Ok(t) => t,
+        Err(stop) => return stopped(job, &stop, Vec::new()),
     };
+    let serving = Serving::default();
     // Every server connected and served, or why not.
-    let connecting = async {
-        let connected = connect_all::connect_all_confined(
-            plan,
-            &job.env,
-            &job.workspace,
-            job_plan.wait,
-            job.confine.as_deref(),
-        )
-        .await;
-        let Connected {
-            mut upstreams,
-            monitors,
-            states: connected,
-        } = match connected {
-            Ok(c) => c,
-            Err((stop, failed)) => {
-                keep(&states, failed);
-                return Err(stop);
-            }
-        };
-        keep(&states, connected.clone());
-        withhold_excluded(&mut upstreams, &exclude_tools(&job.env));
-        let expected =
-            crate::pi_agent::expected_json(&listing(&upstreams), job_plan.began, job_plan.wait);
-        if let Err(e) = write_private(&own, "listed.json", expected.as_bytes()) {
-            return Err(unwritten(&e));
-        }
-        let listeners = relay::Listeners {
-            loopback: false,
-            socket: Some(listener),
-        };
-        match relay::serve_on(upstreams, token.clone(), listeners).await {
-            Ok(h) => {
-                *hub.lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(h)
-            }
-            Err(e) => {
-                return Err(Stop::new(
-                    Reason::RunnerSetupFailed,
-                    None,
-                    format!("the hub could not start ({e})"),
-                ));
-            }
-        }
-        Ok(monitors)
-    };
+    let connecting = connect_and_serve(job, plan, &job_plan, &own, listener, &token, &serving);
     let timeouts: Vec<Option<u16>> = job_plan.servers.iter().map(JobServer::timeout).collect();
     let result = if wait::pi_may_start_alongside(&timeouts) {
         // Resolves only to stop the job: a server that did not connect, a hub that did not
         // start, or an HTTP server's 401 later on.
-        let serving = async {
+        let stop_when = async {
             match connecting.await {
                 Ok(monitors) => unauthorized(&monitors).await,
                 Err(stop) => stop,
@@ -469,7 +413,7 @@ async fn run_alongside(
             job,
             &folder,
             &job_plan.secrets,
-            serving,
+            stop_when,
             gateway.as_ref(),
             term,
             Some(&token),
@@ -499,14 +443,101 @@ async fn run_alongside(
             }
         }
     };
-    let hub = hub
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let states = states
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (hub, states) = serving.into_parts();
     let _ = std::fs::remove_file(&socket);
     finish(job, result, hub, states, gateway).await
+}
+
+/// Connects the plan's servers, all at once under the one `wait`, in the job's workspace with the
+/// runner's environment (each confined when the runner confines).
+async fn connect_servers(
+    job: &JobOptions,
+    plan: plan::Plan,
+    wait: std::time::Duration,
+) -> Result<Connected, (Stop, Vec<ServerState>)> {
+    connect_all::connect_all_confined(plan, &job.env, &job.workspace, wait, job.confine.as_deref())
+        .await
+}
+
+/// What the relayed hub holds as its servers connect, for the exit line: the hub once it serves,
+/// and the servers' states.
+#[derive(Default)]
+struct Serving {
+    hub: std::sync::Mutex<Option<relay::Hub>>,
+    states: std::sync::Mutex<Vec<ServerState>>,
+}
+
+impl Serving {
+    fn keep_states(&self, states: Vec<ServerState>) {
+        *self
+            .states
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = states;
+    }
+
+    fn keep_hub(&self, hub: relay::Hub) {
+        *self
+            .hub
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hub);
+    }
+
+    fn into_parts(self) -> (Option<relay::Hub>, Vec<ServerState>) {
+        let hub = self
+            .hub
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let states = self
+            .states
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (hub, states)
+    }
+}
+
+/// Connects every server of the plan, writes `listed.json` into pi's own folder `own`, and serves
+/// them on the relay's `listener` with `token`; the HTTP servers' monitors, or why not.
+async fn connect_and_serve(
+    job: &JobOptions,
+    plan: plan::Plan,
+    job_plan: &JobPlan,
+    own: &std::path::Path,
+    listener: tokio::net::UnixListener,
+    token: &str,
+    serving: &Serving,
+) -> Result<Vec<(String, crate::http::Monitor)>, Stop> {
+    let connected = connect_servers(job, plan, job_plan.wait).await;
+    let Connected {
+        mut upstreams,
+        monitors,
+        states,
+    } = match connected {
+        Ok(c) => c,
+        Err((stop, failed)) => {
+            serving.keep_states(failed);
+            return Err(stop);
+        }
+    };
+    serving.keep_states(states);
+    withhold_excluded(&mut upstreams, &job.input.exclude_tools);
+    let expected =
+        crate::pi_agent::expected_json(&listing(&upstreams), job_plan.began, job_plan.wait);
+    write_private(own, "listed.json", expected.as_bytes()).map_err(|e| unwritten(&e))?;
+    let listeners = relay::Listeners {
+        loopback: false,
+        socket: Some(listener),
+    };
+    let hub = relay::serve_on(upstreams, token.to_owned(), listeners)
+        .await
+        .map_err(|e| {
+            Stop::new(
+                Reason::RunnerSetupFailed,
+                None,
+                format!("the hub could not start ({e})"),
+            )
+        })?;
+    serving.keep_hub(hub);
+    Ok(monitors)
 }
 
 /// The hub's socket, where pi's relay for each server reaches it, and pi's `mcp.json` naming the
@@ -599,54 +630,10 @@ async fn run_agent(
             (None, Vec::new(), Vec::new(), None)
         }
         Some((c, servers, began)) => {
-            let token = new_token();
-            let Connected {
-                mut upstreams,
-                monitors,
-                states,
-            } = c;
-            withhold_excluded(&mut upstreams, &exclude_tools(&job.env));
-            let listing = listing(&upstreams);
-            let hub = match relay::serve(upstreams, token.clone()).await {
-                Ok(h) => h,
-                Err(e) => {
-                    let stop = Stop::new(
-                        Reason::RunnerSetupFailed,
-                        None,
-                        format!("the hub could not start ({e})"),
-                    );
-                    return stopped(job, &stop, states);
-                }
-            };
-            let base = hub
-                .addr()
-                .map(|addr| format!("http://{addr}"))
-                .unwrap_or_default();
-            let hub_token = match job.confine {
-                Some(_) => pi_config::HubToken::FromEnvironment,
-                None => pi_config::HubToken::Literal(&token),
-            };
-            let text = pi_config::mcp_json(
-                &servers,
-                pi_config::Reach::Http {
-                    base: &base,
-                    token: hub_token,
-                },
-            );
-            let wait = wait::budget(servers.iter().map(JobServer::timeout));
-            let expected = crate::pi_agent::expected_json(&listing, began, wait);
-            let written = write_private(&job.agent_dir, "mcp.json", text.as_bytes()).and_then(
-                |()| match is_pi {
-                    true => write_private(&folder.own(), "listed.json", expected.as_bytes()),
-                    false => Ok(()),
-                },
-            );
-            if let Err(e) = written {
-                hub.shutdown().await;
-                let stop = unwritten(&e);
-                return stopped(job, &stop, states);
+            match serve_over_http(job, &folder, c, &servers, began, is_pi).await {
+                Ok((hub, monitors, states, token)) => (Some(hub), monitors, states, Some(token)),
+                Err(line) => return *line,
             }
-            (Some(hub), monitors, states, Some(token))
         }
     };
     // Confined, pi's mcp.json names the token; only pi's environment holds it.
@@ -663,6 +650,78 @@ async fn run_agent(
     .await;
     finish(job, result, hub, states, gateway).await
 }
+
+/// The connected servers served over loopback HTTP (a runner with no relay to offer): the hub
+/// started with a fresh token, pi's `mcp.json` and `listed.json` written; the exit line when that
+/// cannot be done.
+async fn serve_over_http(
+    job: &JobOptions,
+    folder: &AgentFolder,
+    c: Connected,
+    servers: &[JobServer],
+    began: std::time::SystemTime,
+    is_pi: bool,
+) -> Result<Served, Box<ExitLine>> {
+    let token = match new_token() {
+        Ok(t) => t,
+        Err(stop) => return Err(Box::new(stopped(job, &stop, c.states.clone()))),
+    };
+    let Connected {
+        mut upstreams,
+        monitors,
+        states,
+    } = c;
+    withhold_excluded(&mut upstreams, &job.input.exclude_tools);
+    let listing = listing(&upstreams);
+    let hub = match relay::serve(upstreams, token.clone()).await {
+        Ok(h) => h,
+        Err(e) => {
+            let stop = Stop::new(
+                Reason::RunnerSetupFailed,
+                None,
+                format!("the hub could not start ({e})"),
+            );
+            return Err(Box::new(stopped(job, &stop, states)));
+        }
+    };
+    let base = hub
+        .addr()
+        .map(|addr| format!("http://{addr}"))
+        .unwrap_or_default();
+    let hub_token = match job.confine {
+        Some(_) => pi_config::HubToken::FromEnvironment,
+        None => pi_config::HubToken::Literal(&token),
+    };
+    let text = pi_config::mcp_json(
+        servers,
+        pi_config::Reach::Http {
+            base: &base,
+            token: hub_token,
+        },
+    );
+    let wait = wait::budget(servers.iter().map(JobServer::timeout));
+    let expected = crate::pi_agent::expected_json(&listing, began, wait);
+    let written =
+        write_private(&job.agent_dir, "mcp.json", text.as_bytes()).and_then(|()| match is_pi {
+            true => write_private(&folder.own(), "listed.json", expected.as_bytes()),
+            false => Ok(()),
+        });
+    if let Err(e) = written {
+        hub.shutdown().await;
+        let stop = unwritten(&e);
+        return Err(Box::new(stopped(job, &stop, states)));
+    }
+    Ok((hub, monitors, states, token))
+}
+
+/// What serves the agent: the hub, the HTTP servers' monitors, the servers' states and the hub's
+/// token.
+type Served = (
+    relay::Hub,
+    Vec<(String, crate::http::Monitor)>,
+    Vec<ServerState>,
+    String,
+);
 
 /// The exit line once the agent's part has ended: the hub's and the gateway's counts taken and
 /// both stopped, and the verdict on how the agent ended.
@@ -688,7 +747,7 @@ async fn finish(
         // and pi's account agrees.
         AgentEnd::Exited(ok, Some(events)) => {
             match protocol::model_answer::verdict(&events, ok, last_answer) {
-                Ok(_) => (line(job, 0, None, states), Some(events)),
+                Ok(_) => (line(&job.job_id, 0, None, states), Some(events)),
                 Err((reason, cause)) => {
                     let stop = Stop::new(reason, None, cause);
                     (stopped(job, &stop, states), Some(events))
@@ -696,7 +755,7 @@ async fn finish(
             }
         }
         // Another agent: its exit status says.
-        AgentEnd::Exited(true, None) => (line(job, 0, None, states), None),
+        AgentEnd::Exited(true, None) => (line(&job.job_id, 0, None, states), None),
         AgentEnd::Exited(false, None) => {
             let stop = Stop::new(Reason::AgentFailed, None, "the agent exited with a failure");
             (stopped(job, &stop, states), None)
@@ -724,7 +783,7 @@ async fn start_gateway(job: &mut JobOptions) -> Result<Option<PiGateway>, Stop> 
     let Agent::Pi(pi) = &job.agent else {
         return Ok(None);
     };
-    let gateway = crate::gateway::start_for_pi(pi, &job.env, &job.agent_dir).await?;
+    let gateway = crate::gateway::start_for_pi(pi, &job.input, &job.env, &job.agent_dir).await?;
     for (name, value) in &gateway.meter {
         job.env.retain(|(k, _)| k != name);
         job.env.push((name.clone(), value.clone()));
@@ -773,82 +832,11 @@ async fn agent(
     term: &mut tokio::signal::unix::Signal,
     hub_token: Option<&str>,
 ) -> AgentEnd {
-    let env = job.env.iter().filter(|(k, _)| {
-        !secrets.contains(k)
-            && k != DIGEST_VARIABLE
-            && k != EXCLUDE_TOOLS_VARIABLE
-            && k != CODEMODE_MODELS_VARIABLE
-            && k != egress::forward::LOOPBACK_VARIABLE
-            && !crate::gateway::RUNNER_ONLY.contains(&k.as_str())
-            && !crate::gateway::SERVERS_ONLY.contains(&k.as_str())
-    });
-    // What runs: the command, or pi on Node; confined, through `job-confine`, where pi keeps the
-    // one capability that keeps its tools out of its memory and environment.
-    let (program, args, is_pi): (std::ffi::OsString, Vec<std::ffi::OsString>, bool) =
-        match &job.agent {
-            Agent::Command(argv) => {
-                let Some((program, args)) = argv.split_first() else {
-                    return AgentEnd::Exited(true, None);
-                };
-                (program.into(), args.iter().map(Into::into).collect(), false)
-            }
-            Agent::Pi(pi) => (
-                pi.node.clone().into_os_string(),
-                crate::pi_agent::args(pi, &exclude_tools(&job.env))
-                    .into_iter()
-                    .map(Into::into)
-                    .collect(),
-                true,
-            ),
-        };
-    let mut cmd = agent_command(job, folder, &program, &args, is_pi);
-    cmd.env_clear();
-    match &job.agent {
-        Agent::Command(_) => {
-            cmd.envs(env.map(|(k, v)| (k, v)));
-        }
-        Agent::Pi(pi) => {
-            let prompt = match std::fs::File::open(&pi.prompt) {
-                Ok(f) => f,
-                Err(e) => {
-                    return AgentEnd::Stopped(
-                        Stop::new(
-                            Reason::JobPromptUnreadable,
-                            None,
-                            format!("the job's prompt cannot be read ({})", e.kind()),
-                        ),
-                        None,
-                    );
-                }
-            };
-            let path = job
-                .env
-                .iter()
-                .find(|(k, _)| k == "PATH")
-                .map_or("/usr/bin:/bin", |(_, v)| v.as_str());
-            cmd.envs(
-                env.filter(|(k, _)| k != "PATH")
-                    .map(|(k, v)| (k, for_pi(gateway, k, v))),
-            )
-            .env("PATH", format!("{}:{path}", folder.bin().display()))
-            .stdin(prompt)
-            .stdout(std::process::Stdio::piped());
-            if let Some(token) = hub_token {
-                cmd.env(pi_config::HUB_TOKEN_VARIABLE, token);
-            }
-        }
-    }
-    // Confined, pi's tools run apart from pi: its shell asks the runner to start each command in
-    // namespaces of its own (`crate::tools`), on a socket in the runner's part of the folder.
-    if let (Some(runner), true) = (&job.confine, is_pi)
-        && let Err(stop) = serve_tools(runner, folder, &mut cmd)
-    {
-        return AgentEnd::Stopped(stop, None);
-    }
-    cmd.env("PI_CODING_AGENT_DIR", &job.agent_dir)
-        .current_dir(&job.workspace)
-        .process_group(0)
-        .kill_on_drop(true);
+    let mut cmd = match agent_process(job, folder, secrets, gateway, hub_token) {
+        Ok(Some(cmd)) => cmd,
+        Ok(None) => return AgentEnd::Exited(true, None),
+        Err(stop) => return AgentEnd::Stopped(stop, None),
+    };
     let mut child = match spawn::retry_busy(|| cmd.spawn()) {
         Ok(c) => c,
         Err(e) => {
@@ -882,7 +870,8 @@ async fn agent(
         _ = term.recv() => Err(None),
     };
     if let Some(pgid) = group {
-        kill_group(pgid);
+        // The agent's whole group, with everything it started.
+        crate::connect::kill_group(pgid);
     }
     let _ = child.kill().await;
     let usage = match reader {
@@ -908,6 +897,81 @@ async fn agent(
             AgentEnd::Exited(status.is_some_and(|s| s.success()), usage)
         }
     }
+}
+
+/// The agent's process, ready to start (`None`: an empty command, nothing to start): the command,
+/// or pi on Node, confined through `job-confine` where pi keeps the one capability that keeps its
+/// tools out of its memory and environment; its environment less every variable a server
+/// references; for pi, its prompt on its standard input, its own `pi` first on `PATH`, and the
+/// hub's token when it is given.
+fn agent_process(
+    job: &JobOptions,
+    folder: &AgentFolder,
+    secrets: &[String],
+    gateway: Option<&PiGateway>,
+    hub_token: Option<&str>,
+) -> Result<Option<Command>, Stop> {
+    let env = job.env.iter().filter(|(k, _)| {
+        !secrets.contains(k) && !crate::gateway::SERVERS_ONLY.contains(&k.as_str())
+    });
+    let (program, args, is_pi): (std::ffi::OsString, Vec<std::ffi::OsString>, bool) =
+        match &job.agent {
+            Agent::Command(argv) => {
+                let Some((program, args)) = argv.split_first() else {
+                    return Ok(None);
+                };
+                (program.into(), args.iter().map(Into::into).collect(), false)
+            }
+            Agent::Pi(pi) => (
+                pi.node.clone().into_os_string(),
+                crate::pi_agent::args(pi, &job.input.exclude_tools)
+                    .into_iter()
+                    .map(Into::into)
+                    .collect(),
+                true,
+            ),
+        };
+    let mut cmd = agent_command(job, folder, &program, &args, is_pi);
+    cmd.env_clear();
+    match &job.agent {
+        Agent::Command(_) => {
+            cmd.envs(env.map(|(k, v)| (k, v)));
+        }
+        Agent::Pi(pi) => {
+            let prompt = std::fs::File::open(&pi.prompt).map_err(|e| {
+                Stop::new(
+                    Reason::JobPromptUnreadable,
+                    None,
+                    format!("the job's prompt cannot be read ({})", e.kind()),
+                )
+            })?;
+            let path = job
+                .env
+                .iter()
+                .find(|(k, _)| k == "PATH")
+                .map_or("/usr/bin:/bin", |(_, v)| v.as_str());
+            cmd.envs(
+                env.filter(|(k, _)| k != "PATH")
+                    .map(|(k, v)| (k, for_pi(gateway, k, v))),
+            )
+            .env("PATH", format!("{}:{path}", folder.bin().display()))
+            .stdin(prompt)
+            .stdout(std::process::Stdio::piped());
+            if let Some(token) = hub_token {
+                cmd.env(pi_config::HUB_TOKEN_VARIABLE, token);
+            }
+        }
+    }
+    // Confined, pi's tools run apart from pi: its shell asks the runner to start each command in
+    // namespaces of its own (`crate::tools`), on a socket in the runner's part of the folder.
+    if let (Some(runner), true) = (&job.confine, is_pi) {
+        serve_tools(runner, folder, &mut cmd)?;
+    }
+    cmd.env("PI_CODING_AGENT_DIR", &job.agent_dir)
+        .current_dir(&job.workspace)
+        .process_group(0)
+        .kill_on_drop(true);
+    Ok(Some(cmd))
 }
 
 /// The agent's command: the program itself, or, confined, `job-confine` starting it (pi keeps the
@@ -1019,11 +1083,4 @@ async fn read_events(stdout: tokio::process::ChildStdout) -> PiEvents {
     }
     let _ = out.flush().await;
     events
-}
-
-/// Kills a whole process group (the agent's, with everything it started).
-fn kill_group(pgid: i32) {
-    if let Ok(pgid) = u32::try_from(pgid) {
-        spawn::signal::group(pgid, spawn::signal::End::Kill);
-    }
 }

@@ -128,6 +128,30 @@ impl PiSession {
         }
     }
 
+    /// Takes pi's request `id` in flight, its messages to go on `stream`, in the order of
+    /// [`PiSession::deliver_in_order`]; with `takes_waiting`, what waited for a stream goes on this
+    /// one while the session has none of its own. Its cancel, a child of the session's.
+    pub(crate) fn begin_call(
+        &self,
+        id: &Bytes,
+        stream: &mpsc::Sender<Bytes>,
+        takes_waiting: bool,
+    ) -> CancellationToken {
+        let cancel = self.ended.child_token();
+        let standalone = lock(&self.standalone);
+        lock(&self.calls).push(Call {
+            id: id.clone(),
+            stream: stream.clone(),
+            cancel: cancel.clone(),
+        });
+        if takes_waiting && standalone.as_ref().is_none_or(mpsc::Sender::is_closed) {
+            for waiting in lock(&self.waiting).drain(..) {
+                let _ = stream.try_send(waiting);
+            }
+        }
+        cancel
+    }
+
     pub(crate) fn cancel_call(&self, id: &[u8]) {
         for call in lock(&self.calls).iter().filter(|c| c.id == *id) {
             call.cancel.cancel();

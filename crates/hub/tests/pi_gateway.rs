@@ -11,6 +11,7 @@ mod runner_support;
 
 use config::catalog::{self, ModelKind};
 use protocol::exit_line::ExitLine;
+use protocol::job_dir::RunnerInput;
 use protocol::job_mcp::JobMcpFile;
 use runner_support::job_file;
 use runner_support::pi::{Folders, PiJob, folders, run_pi_job, walk};
@@ -31,17 +32,16 @@ fn scripted() -> JobMcpFile {
 }
 
 /// A job of pi with `model` (`provider/id`), the overlay's `models_json`, the provider's key
-/// `CANARY` under `key_variable`, and the worker's variables `extra`.
+/// `CANARY` under `key_variable`, and the job's model rules: `models` (a JSON list) and `cap`.
 async fn run_pi(
     f: &Folders,
     model: &str,
     models_json: &str,
     key_variable: &str,
-    extra: &[(&str, &str)],
+    (models, cap): (Option<&str>, Option<f64>),
 ) -> ExitLine {
     let file = scripted();
-    let mut vars = vec![(key_variable, CANARY)];
-    vars.extend_from_slice(extra);
+    let vars = [(key_variable, CANARY)];
     run_pi_job(
         f,
         PiJob {
@@ -51,6 +51,11 @@ async fn run_pi(
             models_json,
             model,
             vars: &vars,
+            input: RunnerInput {
+                models: models.map(|m| serde_json::from_str(m).unwrap()),
+                max_cost_usd: cap,
+                ..RunnerInput::default()
+            },
         },
     )
     .await
@@ -74,7 +79,7 @@ async fn the_providers_key_never_reaches_pi_and_still_reaches_the_provider() {
         &format!("{PROVIDER}/{MODEL}"),
         &model.models_json("FAKE_API_KEY"),
         "FAKE_API_KEY",
-        &[],
+        (None, None),
     )
     .await;
     let requests = model.requests();
@@ -133,7 +138,7 @@ async fn an_anthropic_provider_gets_the_real_key_as_x_api_key() {
         &format!("{PROVIDER}/{MODEL}"),
         &model.anthropic_models_json("FAKE_API_KEY"),
         "FAKE_API_KEY",
-        &[],
+        (None, None),
     )
     .await;
     let requests = model.requests();
@@ -229,7 +234,7 @@ async fn codemode_models_are_metered_held_to_the_list_and_stop_the_job_when_refu
         &format!("openrouter/{chat}"),
         &openrouter(&model),
         "OPENROUTER_API_KEY",
-        &[("PI_DISPATCH_MODELS", &list.to_string())],
+        (Some(&list.to_string()), None),
     )
     .await;
     let requests = model.requests();
@@ -302,7 +307,7 @@ async fn under_a_cost_cap_an_image_call_is_refused_and_stops_the_job() {
         &format!("openrouter/{chat}"),
         &openrouter(&model),
         "OPENROUTER_API_KEY",
-        &[("PI_DISPATCH_MAX_COST_USD", &cap.to_string())],
+        (None, Some(cap)),
     )
     .await;
     let kinds: Vec<Kind> = model.requests().iter().map(|r| r.kind()).collect();
@@ -329,7 +334,7 @@ async fn a_chat_call_that_could_pass_the_cap_never_leaves() {
         &format!("openrouter/{chat}"),
         &openrouter(&model),
         "OPENROUTER_API_KEY",
-        &[("PI_DISPATCH_MAX_COST_USD", "0.000001")],
+        (None, Some(0.000001)),
     )
     .await;
     assert!(model.requests().is_empty());
@@ -355,7 +360,7 @@ async fn a_pi_that_pis_bash_starts_is_metered_through_the_same_gateway() {
         &format!("{PROVIDER}/{MODEL}"),
         &model.models_json("FAKE_API_KEY"),
         "FAKE_API_KEY",
-        &[],
+        (None, None),
     )
     .await;
     let requests = model.requests();
@@ -389,10 +394,7 @@ async fn the_workers_model_rules_never_reach_pi() {
         &format!("{PROVIDER}/{MODEL}"),
         &model.models_json("FAKE_API_KEY"),
         "FAKE_API_KEY",
-        &[
-            ("PI_DISPATCH_MODELS", &list),
-            ("PI_DISPATCH_MAX_COST_USD", "5"),
-        ],
+        (Some(&list), Some(5.0)),
     )
     .await;
     assert_eq!(line.code, 0, "{line:?}");
@@ -408,7 +410,7 @@ async fn the_workers_model_rules_never_reach_pi() {
         &format!("{PROVIDER}/{MODEL}"),
         &model.models_json("FAKE_API_KEY"),
         "FAKE_API_KEY",
-        &[("PI_DISPATCH_MAX_COST_USD", "lots")],
+        (None, Some(-1.0)),
     )
     .await;
     assert_eq!(
@@ -444,6 +446,7 @@ async fn a_pi_that_a_stdio_server_starts_is_metered_through_the_same_gateway() {
             models_json: &model.models_json("FAKE_API_KEY"),
             model: &format!("{PROVIDER}/{MODEL}"),
             vars: &[("FAKE_API_KEY", CANARY)],
+            input: RunnerInput::default(),
         },
     )
     .await;
@@ -488,7 +491,7 @@ async fn a_nested_pi_on_a_model_off_the_list_stops_the_job() {
         &format!("{PROVIDER}/{MODEL}"),
         &models.to_string(),
         "FAKE_API_KEY",
-        &[("PI_DISPATCH_MODELS", &list)],
+        (Some(&list), None),
     )
     .await;
     assert_eq!(

@@ -46,6 +46,7 @@ async fn run_pi(f: &Folders, file: &JobMcpFile, model: &FakeModel) -> ExitLine {
             models_json: &model.models_json("FAKE_API_KEY"),
             model: &format!("{PROVIDER}/{MODEL}"),
             vars: &[("FAKE_API_KEY", MODEL_KEY), ("SERVER_TOKEN", SERVER_TOKEN)],
+            input: Default::default(),
         },
     )
     .await
@@ -286,13 +287,7 @@ async fn codemode_models_follow_the_overlay_in_a_job_with_no_server() {
         text: String::new(),
         digest: String::new(),
     };
-    for (vars, off) in [
-        (&[][..], false),
-        (
-            &[(protocol::job_mcp::CODEMODE_MODELS_VARIABLE, "0")][..],
-            true,
-        ),
-    ] {
+    for off in [false, true] {
         let f = folders();
         let model = FakeModel::start(vec![Step::text("done")]);
         let line = run_pi_job(
@@ -303,7 +298,11 @@ async fn codemode_models_follow_the_overlay_in_a_job_with_no_server() {
                 prompt: "Do it.\n",
                 models_json: &model.models_json("FAKE_API_KEY"),
                 model: &format!("{PROVIDER}/{MODEL}"),
-                vars: &[&[("FAKE_API_KEY", MODEL_KEY)][..], vars].concat(),
+                vars: &[("FAKE_API_KEY", MODEL_KEY)],
+                input: protocol::job_dir::RunnerInput {
+                    codemode_models: !off,
+                    ..Default::default()
+                },
             },
         )
         .await;
@@ -312,7 +311,7 @@ async fn codemode_models_follow_the_overlay_in_a_job_with_no_server() {
         assert_eq!(
             settings.contains("-builtin:codemode"),
             off,
-            "{vars:?}: {settings}"
+            "codemode models off: {off}: {settings}"
         );
     }
 }

@@ -98,6 +98,7 @@ async fn run_ping_job(
             models_json: &model.models_json("FAKE_API_KEY"),
             model: &format!("{PROVIDER}/{MODEL}"),
             vars: &all,
+            input: Default::default(),
         },
         transport,
     )

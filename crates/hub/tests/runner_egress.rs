@@ -9,8 +9,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use hub::job::{Agent, EGRESS_SOCKET, JobOptions, run};
+use hub::job::{Agent, JobOptions, run};
 use protocol::exit_line::ExitLine;
+use protocol::job_dir::{EGRESS_SOCKET, RunnerInput};
 use testkit::netns::TestHost;
 
 /// A stand-in for the proxy on the job's socket: it reports each request head it reads and
@@ -49,23 +50,23 @@ fn fake_proxy(socket: &Path) -> std::sync::mpsc::Receiver<String> {
     rx
 }
 
-/// A job whose agent is `script` under bash, in a folder of `dir`.
-fn job(dir: &Path, script: &str, extra_env: &[(&str, &str)]) -> JobOptions {
+/// A job whose agent is `script` under bash, in a folder of `dir`, with its routes on the host
+/// `loopback` (`host:port`).
+fn job(dir: &Path, script: &str, loopback: &[&str]) -> JobOptions {
     let job_dir = dir.join("job");
     let workspace = dir.join("workspace");
     std::fs::create_dir_all(&job_dir).unwrap();
     std::fs::create_dir_all(&workspace).unwrap();
-    let mut env = vec![
+    let env = vec![
         ("PATH".to_owned(), "/usr/bin:/bin".to_owned()),
         ("HOME".to_owned(), dir.to_str().unwrap().to_owned()),
     ];
-    env.extend(
-        extra_env
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-    );
     JobOptions {
         job_id: "job-egress".to_owned(),
+        input: RunnerInput {
+            loopback: loopback.iter().map(|a| (*a).to_owned()).collect(),
+            ..RunnerInput::default()
+        },
         job_dir,
         workspace,
         agent_dir: dir.join("agent"),
@@ -115,11 +116,7 @@ fn with_its_socket_the_job_reaches_the_proxy_on_loopback_and_its_own_machines_en
         echo ping >&4
         head -n 1 <&4 > endpoint
     "#;
-    let options = job(
-        dir.path(),
-        script,
-        &[("PI_DISPATCH_EGRESS_LOOPBACK", "127.0.0.1:8000")],
-    );
+    let options = job(dir.path(), script, &["127.0.0.1:8000"]);
     let heads = fake_proxy(&options.job_dir.join(EGRESS_SOCKET));
     let line = run_in(&host, options, || ());
     assert_eq!(line.code, 0, "{line:?}");
@@ -163,7 +160,7 @@ fn a_forwarder_port_that_cannot_be_had_fails_the_job_before_it_starts() {
         let options = job(
             dir.path(),
             "echo started > started",
-            &[("PI_DISPATCH_EGRESS_LOOPBACK", loopback)],
+            &loopback.split(',').collect::<Vec<_>>(),
         );
         let _heads = fake_proxy(&options.job_dir.join(EGRESS_SOCKET));
         let line = run_in(&host, options, || {

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use http_support::{FaultServer, GIB, memory};
 use hub::job::{JobOptions, run};
-use protocol::job_mcp::DIGEST_VARIABLE;
 use protocol::reason::Reason;
 use runner_support::*;
 use serde_json::{Value, json};
@@ -614,13 +613,16 @@ async fn a_401_mid_job_ends_the_job_and_the_agents_group() {
             dir.path(),
             &[
                 ("TOKEN", TOKEN),
-                (DIGEST_VARIABLE, &file.digest),
                 ("AGENT_MARK", &agent_marker),
                 ("AGENT_REPORT", report.to_str().unwrap()),
             ],
         );
         let options = JobOptions {
             job_id: "job-401".to_owned(),
+            input: protocol::job_dir::RunnerInput {
+                mcp_digest: Some(file.digest.clone()),
+                ..Default::default()
+            },
             job_dir,
             workspace,
             agent_dir: dir.path().join("agent"),

@@ -207,38 +207,61 @@ impl Tally {
     /// The counts in the text format, with the number of files that could not be read.
     pub fn render(&self, unreadable: usize) -> String {
         let mut out = String::new();
-        counter(
+        self.render_jobs(&mut out);
+        self.render_use(&mut out);
+        gauge(
             &mut out,
+            "pi_dispatch_records",
+            "Records read.",
+            self.records as f64,
+        );
+        gauge(
+            &mut out,
+            "pi_dispatch_records_unreadable",
+            "Records that cannot be read as one.",
+            unreadable as f64,
+        );
+        out
+    }
+
+    /// The jobs: how they ended, how long they ran and waited, and their servers' connections.
+    fn render_jobs(&self, out: &mut String) {
+        counter(
+            out,
             "pi_dispatch_jobs_total",
             "Jobs ended, by outcome and reason (from the records).",
             &self.jobs,
         );
         self.durations.write(
-            &mut out,
+            out,
             "pi_dispatch_job_duration_seconds",
             "From the sandbox asked for to the end, by outcome.",
             &JOB_BUCKETS,
         );
         self.waits.write(
-            &mut out,
+            out,
             "pi_dispatch_job_wait_seconds",
             "From queued to the sandbox asked for.",
             &JOB_BUCKETS,
         );
         self.ready.write(
-            &mut out,
+            out,
             "pi_dispatch_mcp_server_ready_seconds",
             "From the start of a job's connections to a server's tool list, by server.",
             &READY_BUCKETS,
         );
         counter(
-            &mut out,
+            out,
             "pi_dispatch_mcp_server_connections_total",
             "Servers a job connected, by server and how it ended (ready, failed, waiting, skipped).",
             &self.connections,
         );
+    }
+
+    /// What the jobs used: tool calls, egress refused, model tokens and cost.
+    fn render_use(&self, out: &mut String) {
         counter(
-            &mut out,
+            out,
             "pi_dispatch_tool_calls_total",
             "MCP tool calls, by server, tool and result (ok, error, refused).",
             &self.calls,
@@ -254,42 +277,29 @@ impl Tally {
             );
         }
         counter(
-            &mut out,
+            out,
             "pi_dispatch_tool_result_bytes_total",
             "Bytes of the MCP tool calls' results, by server and tool.",
             &self.call_bytes,
         );
         counter(
-            &mut out,
+            out,
             "pi_dispatch_egress_denials_total",
             "Connections the egress proxy refused jobs, by host, port and the proxy's reason.",
             &self.denials,
         );
         counter(
-            &mut out,
+            out,
             "pi_dispatch_model_tokens_total",
             "Model tokens, by provider, model and direction.",
             &self.tokens,
         );
         counter(
-            &mut out,
+            out,
             "pi_dispatch_model_cost_usd_total",
             "Model cost in US dollars, by provider and model.",
             &self.cost,
         );
-        gauge(
-            &mut out,
-            "pi_dispatch_records",
-            "Records read.",
-            self.records as f64,
-        );
-        gauge(
-            &mut out,
-            "pi_dispatch_records_unreadable",
-            "Records that cannot be read as one.",
-            unreadable as f64,
-        );
-        out
     }
 }
 

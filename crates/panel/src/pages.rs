@@ -432,9 +432,37 @@ fn run_body(
     r: &Record,
     transcript: &Result<Option<transcript_view::View>, std::io::ErrorKind>,
 ) -> Markup {
-    let since = |at: Option<u64>| at.and_then(|a| r.queued_at_ms.map(|q| a.saturating_sub(q)));
     html! {
         h1 { "Run " code { (r.job_id) } " " (pill(r.outcome.as_str())) }
+        (run_facts(r))
+        h2 { "Timeline" }
+        (charts::timeline(r))
+        (run_mcp(r))
+        h2 { "Egress denied" }
+        @if r.egress_denied.is_empty() {
+            p.muted { "Nothing was denied (or egress was off)." }
+        } @else {
+            table #egress {
+                thead { tr { th { "Host" } th.num { "Port" } th { "Why" } th.num { "Attempts" } } }
+                tbody {
+                    @for d in &r.egress_denied {
+                        tr { td { (d.host) } td.num { (d.port) } td { (d.reason) } td.num { (d.count) } }
+                    }
+                }
+            }
+        }
+        @if let Some(m) = &r.final_message {
+            h2 { "The agent's last answer" }
+            pre.final { (m) }
+        }
+        (run_transcript(r, transcript))
+    }
+}
+
+/// What a run was for, when each step came, and what it spent.
+fn run_facts(r: &Record) -> Markup {
+    let since = |at: Option<u64>| at.and_then(|a| r.queued_at_ms.map(|q| a.saturating_sub(q)));
+    html! {
         dl.facts {
             dt { "Outcome" } dd { (r.outcome.as_str()) }
             @if let Some(reason) = r.reason {
@@ -489,8 +517,12 @@ fn run_body(
             }
             @if let Some(pr) = &r.pull_request { dt { "Proposed" } dd { (pr) } }
         }
-        h2 { "Timeline" }
-        (charts::timeline(r))
+    }
+}
+
+/// The run's MCP servers and their tool calls.
+fn run_mcp(r: &Record) -> Markup {
+    html! {
         h2 { "MCP servers" }
         @if r.mcp.servers.is_empty() {
             p.muted { "No server was connected." }
@@ -527,23 +559,15 @@ fn run_body(
                 }
             }
         }
-        h2 { "Egress denied" }
-        @if r.egress_denied.is_empty() {
-            p.muted { "Nothing was denied (or egress was off)." }
-        } @else {
-            table #egress {
-                thead { tr { th { "Host" } th.num { "Port" } th { "Why" } th.num { "Attempts" } } }
-                tbody {
-                    @for d in &r.egress_denied {
-                        tr { td { (d.host) } td.num { (d.port) } td { (d.reason) } td.num { (d.count) } }
-                    }
-                }
-            }
-        }
-        @if let Some(m) = &r.final_message {
-            h2 { "The agent's last answer" }
-            pre.final { (m) }
-        }
+    }
+}
+
+/// The run's transcript, as stored (redacted), or why there is none here.
+fn run_transcript(
+    r: &Record,
+    transcript: &Result<Option<transcript_view::View>, std::io::ErrorKind>,
+) -> Markup {
+    html! {
         h2 { "Transcript" }
         @match transcript {
             Ok(None) => p.muted { "No transcript was kept (the job did not start, transcripts are off, or it could not be written)." },

@@ -17,7 +17,9 @@ use config::models::Models;
 use config::settings::Settings;
 use config::triggers::{self, Kind, On, Trigger};
 use config::url::{Host as UrlHost, Scheme};
-use protocol::admitted::{Admitted, Egress, ModelChoice, Route, SecretRef, Workspace};
+use protocol::admitted::{
+    Admitted, Egress, Flow, ForgeTarget, ModelChoice, Route, SecretRef, Work, Workspace,
+};
 use protocol::detail::Detail;
 use protocol::job::{Job, McpField};
 use protocol::job_mcp::{Forge, JobMcpFile};
@@ -226,17 +228,25 @@ fn decide_steps(i: &Inputs) -> Step<Admitted> {
         }
         let mut routes = mcp.as_ref().map(|m| m.routes.clone()).unwrap_or_default();
         routes.extend(model.1);
-        Egress::On { routes }
+        let loopback = loopback_routes(&routes);
+        Egress::On { routes, loopback }
     } else {
         Egress::Off
     };
-    let workspace = workspace(i)?;
+    let (kind, workspace) = workspace(i)?;
+    let work = work(i, kind);
     let secrets = job_secrets(job, trigger.as_ref())?;
     let (servers, file) = match mcp {
         Some(m) => (m.servers, Some(m.file)),
         None => (Vec::new(), None),
     };
     Ok(Admitted {
+        job_id: job.id.clone(),
+        kind,
+        trigger_type: job.trigger_type.clone(),
+        work,
+        image_dir: i.settings.dir.join("images").join(&image),
+        state_dir: job_state_dir(&i.settings.dir, &job.id),
         image,
         workspace,
         servers,
@@ -249,7 +259,56 @@ fn decide_steps(i: &Inputs) -> Step<Admitted> {
                 .unwrap_or_else(|| triggers::DEFAULT_SECRETS_PROFILE.to_owned())
         }),
         model: model.0,
+        model_rules: protocol::admitted::ModelRules {
+            models: job.models.clone(),
+            max_cost_usd: job.max_cost_usd,
+        },
+        exclude_tools: job.exclude_tools.clone(),
         egress,
+    })
+}
+
+/// The job's routes to hosts on the worker's own machine (declared endpoints there), each once, as
+/// `host:port`.
+fn loopback_routes(routes: &[Route]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for r in routes {
+        let authority = format!("{}:{}", r.host, r.port);
+        let on_this_machine = config::url::host_port(&format!("http://{authority}"))
+            .is_some_and(|(host, _)| config::url::is_loopback(&host));
+        if on_this_machine && !out.contains(&authority) {
+            out.push(authority);
+        }
+    }
+    out
+}
+
+/// What the agent is asked to do: a local job's task, or a forge job's event and flow (both
+/// checked by [`workspace`] before).
+fn work(i: &Inputs, kind: Kind) -> Work {
+    let job = i.job;
+    let forge = job
+        .event
+        .as_ref()
+        .zip(job.flow.as_deref().and_then(Flow::parse));
+    match forge {
+        Some((event, flow)) if kind.allows_forge_mcp() => Work::Forge(Box::new(ForgeTarget {
+            event: event.clone(),
+            flow,
+            gitlab_host: i.settings.gitlab_url.as_deref().and_then(gitlab_host),
+        })),
+        _ => Work::Task(job.task.clone().unwrap_or_default()),
+    }
+}
+
+/// glab's `GITLAB_HOST`: the host of `GITLAB_URL`, with its port when that is not the scheme's.
+pub fn gitlab_host(gitlab_url: &str) -> Option<String> {
+    gitlab_api_url(gitlab_url)?;
+    let url = config::url::parse(gitlab_url).ok()?;
+    Some(if url.port() == url.scheme().default_port() {
+        url.host().to_string()
+    } else {
+        format!("{}:{}", url.host(), url.port())
     })
 }
 
@@ -1142,21 +1201,17 @@ fn model(i: &Inputs, models: Option<&Models>) -> Step<(ModelChoice, Option<Route
 }
 
 /// The folder the job works in, and the user it runs as.
-fn workspace(i: &Inputs) -> Step<Workspace> {
+fn workspace(i: &Inputs) -> Step<(Kind, Workspace)> {
     let job = i.job;
     match job.kind() {
-        Some(Kind::Local) => local_workspace(i),
-        Some(Kind::Github | Kind::Gitlab) => forge_workspace(i),
+        Some(Kind::Local) => Ok((Kind::Local, local_workspace(i)?)),
+        Some(kind @ (Kind::Github | Kind::Gitlab)) => Ok((kind, forge_workspace(i)?)),
         _ => Err(refuse_plain(
             Reason::JobKindUnsupported,
             Detail::new(format!("this version does not run {} jobs", job.kind)).field("run.kind"),
         )),
     }
 }
-
-/// The flows a forge job can follow: `answer` (the agent's final message is posted on the issue)
-/// and `fix` (its changes are pushed to a branch of their own and proposed as a pull request).
-pub const FORGE_FLOWS: [&str; 2] = ["answer", "fix"];
 
 /// A forge job's clone (made after admission, in the job's state folder) and its user: under a
 /// root worker `PI_FORGE_JOB_USER` (nobody by default), else the worker's own user. The job must
@@ -1170,7 +1225,7 @@ fn forge_workspace(i: &Inputs) -> Step<Workspace> {
         ));
     };
     match (&job.flow, &job.command) {
-        (Some(flow), None) if FORGE_FLOWS.contains(&flow.as_str()) => {}
+        (Some(flow), None) if Flow::parse(flow).is_some() => {}
         (_, Some(_)) => {
             return Err(refuse_plain(
                 Reason::JobFlowUnsupported,
@@ -1249,13 +1304,14 @@ fn forge_workspace(i: &Inputs) -> Step<Workspace> {
     })
 }
 
+/// A job's own folder on the host: `state/jobs/<id>`.
+pub fn job_state_dir(deployment: &std::path::Path, job_id: &str) -> std::path::PathBuf {
+    deployment.join("state").join("jobs").join(job_id)
+}
+
 /// Where a forge job's clone is made: `state/jobs/<id>/workspace`.
 pub fn forge_workspace_path(deployment: &std::path::Path, job_id: &str) -> std::path::PathBuf {
-    deployment
-        .join("state")
-        .join("jobs")
-        .join(job_id)
-        .join("workspace")
+    job_state_dir(deployment, job_id).join("workspace")
 }
 
 /// The folder a local job works in, and the user it runs as.

@@ -331,7 +331,7 @@ fn the_base_job_is_admitted_with_everything_it_runs_with() {
     assert_eq!(a.model.provider, "openai");
     assert_eq!(a.model.model, "gpt-4o");
     assert_eq!(a.model.key_variable.as_deref(), Some("OPENAI_API_KEY"));
-    let Egress::On { routes } = &a.egress else {
+    let Egress::On { routes, .. } = &a.egress else {
         panic!("{:?}", a.egress)
     };
     let routes: Vec<(&str, &str, u16)> = routes
@@ -959,7 +959,7 @@ fn a_provider_of_the_overlay_uses_its_own_key_and_a_keyless_endpoint_needs_none(
     let a = admitted(&w);
     assert_eq!(a.model.key_variable.as_deref(), Some("LOCAL_KEY"));
     assert_eq!(a.model.source, "overlay");
-    let Egress::On { routes } = &a.egress else {
+    let Egress::On { routes, .. } = &a.egress else {
         panic!()
     };
     assert!(

@@ -29,11 +29,6 @@ impl McpField {
     }
 }
 
-/// The job variable that carries `run.models` to the runner (a JSON list of `provider/model`).
-pub const MODELS_VARIABLE: &str = "PI_DISPATCH_MODELS";
-/// The job variable that carries `run.maxCostUsd` to the runner (a decimal number of US dollars).
-pub const MAX_COST_VARIABLE: &str = "PI_DISPATCH_MAX_COST_USD";
-
 /// A job as queued. Lists are kept as written into the queue (strings), so that a job written by
 /// another version or by hand is judged at pickup rather than trusted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -119,22 +114,6 @@ impl Job {
         self.mcp.as_ref().and_then(McpField::as_names)
     }
 
-    /// The job's model rules as the worker gives them to the runner, whose model gateway holds
-    /// every model call to them: `run.models` as a JSON list ([`MODELS_VARIABLE`]) and
-    /// `run.maxCostUsd` as a decimal number ([`MAX_COST_VARIABLE`]), each only when the job has it.
-    pub fn model_rules_env(&self) -> Vec<(String, String)> {
-        let mut env = Vec::new();
-        if let Some(list) = &self.models {
-            // A list of strings always serializes.
-            let text = serde_json::to_string(list).unwrap_or_else(|_| "[]".to_owned());
-            env.push((MODELS_VARIABLE.to_owned(), text));
-        }
-        if let Some(cap) = self.max_cost_usd {
-            env.push((MAX_COST_VARIABLE.to_owned(), cap.to_string()));
-        }
-        env
-    }
-
     /// The providers on the job's model list, with `provider` (the job's own, its trigger's or
     /// the deployment's default) (`None`: no list, so every provider pi knows).
     pub fn listed_providers(&self, provider: Option<&str>) -> Option<Vec<String>> {
@@ -198,34 +177,5 @@ impl Kind {
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_model_rules_reach_the_runner_only_when_the_job_has_them() {
-        let mut job = Job::new("j", "cli", "local");
-        assert!(job.model_rules_env().is_empty());
-        job.models = Some(vec!["openai/gpt-x".into(), "openrouter/a/b".into()]);
-        job.max_cost_usd = Some(2.5);
-        assert_eq!(
-            job.model_rules_env(),
-            [
-                (
-                    MODELS_VARIABLE.to_owned(),
-                    r#"["openai/gpt-x","openrouter/a/b"]"#.to_owned()
-                ),
-                (MAX_COST_VARIABLE.to_owned(), "2.5".to_owned()),
-            ]
-        );
-        job.models = None;
-        job.max_cost_usd = Some(0.1);
-        assert_eq!(
-            job.model_rules_env(),
-            [(MAX_COST_VARIABLE.to_owned(), "0.1".to_owned())]
-        );
     }
 }

@@ -4,17 +4,6 @@
 use crate::json::{self, Json, Object};
 use sha2::{Digest, Sha256};
 
-/// The job variable that carries the digest of `/job/mcp.json`.
-pub const DIGEST_VARIABLE: &str = "PI_DISPATCH_MCP_DIGEST";
-
-/// The job variable that carries `run.excludeTools`, comma-separated (a validated name or pattern
-/// holds no comma). The runner passes it to pi and withholds the MCP tools it matches.
-pub const EXCLUDE_TOOLS_VARIABLE: &str = "PI_DISPATCH_EXCLUDE_TOOLS";
-
-/// The runner's variable that carries the overlay's `codemodeModels` to a job that names no server
-/// (`0` turns codemode's models off; a job with servers has it in its `mcp.json`).
-pub const CODEMODE_MODELS_VARIABLE: &str = "PI_DISPATCH_CODEMODE_MODELS";
-
 /// Where the image keeps the forge servers' wrappers.
 pub const FORGE_GITHUB_COMMAND: &str = "/usr/local/bin/forge-mcp-github";
 pub const FORGE_GITLAB_COMMAND: &str = "/usr/local/bin/forge-mcp-gitlab";
@@ -61,7 +50,7 @@ impl JobMcpFile {
     }
 }
 
-/// The digest a runner compares with [`DIGEST_VARIABLE`].
+/// The digest a runner compares with its input's ([`crate::job_dir::RunnerInput::mcp_digest`]).
 pub fn digest(bytes: &[u8]) -> String {
     crate::ids::hex(Sha256::digest(bytes))
 }

@@ -14,6 +14,7 @@ pub mod forge_event;
 pub mod ids;
 pub mod image;
 pub mod job;
+pub mod job_dir;
 pub mod job_mcp;
 pub mod json;
 pub mod model_answer;

@@ -81,21 +81,68 @@ fn sort_failure(message: &str) -> ModelFailure {
     ModelFailure::Other
 }
 
+/// One of pi's events that pi-dispatch reads, parsed once from its line: the start of a turn or
+/// of a tool call, and the end of an assistant message (its usage, its ending, its text). Every
+/// other event is `None`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PiEvent {
+    TurnStart,
+    /// A tool call begins, with the tool's name (at most [`MAX_TOOL_NAME`] characters).
+    ToolStart {
+        tool: Option<String>,
+    },
+    /// An assistant message ended: the message as pi wrote it.
+    Answer(serde_json::Value),
+}
+
+/// The longest tool name an event keeps.
+pub const MAX_TOOL_NAME: usize = 128;
+
+/// The event types [`PiEvent`] reads. A line that names none of them is not parsed.
+const READ_TYPES: [&str; 3] = [
+    "\"turn_start\"",
+    "\"tool_execution_start\"",
+    "\"message_end\"",
+];
+
+impl PiEvent {
+    /// The event of one line of pi's `--mode json` output, when it is one pi-dispatch reads.
+    pub fn parse(line: &str) -> Option<PiEvent> {
+        if !READ_TYPES.iter().any(|t| line.contains(t)) {
+            return None;
+        }
+        let mut event = serde_json::from_str::<serde_json::Value>(line).ok()?;
+        match event.get("type")?.as_str()? {
+            "turn_start" => Some(PiEvent::TurnStart),
+            "tool_execution_start" => Some(PiEvent::ToolStart {
+                tool: event
+                    .get("toolName")
+                    .and_then(serde_json::Value::as_str)
+                    .map(|n| n.chars().take(MAX_TOOL_NAME).collect()),
+            }),
+            "message_end" => {
+                let message = event.get_mut("message")?.take();
+                (message.get("role").and_then(|r| r.as_str()) == Some("assistant"))
+                    .then_some(PiEvent::Answer(message))
+            }
+            _ => None,
+        }
+    }
+}
+
 impl PiEvents {
     /// Takes one line of pi's `--mode json` output into account (anything else is ignored).
     pub fn observe(&mut self, line: &str) {
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+        if let Some(event) = PiEvent::parse(line) {
+            self.observe_event(&event);
+        }
+    }
+
+    /// Takes one of pi's events into account: only an assistant's answer counts.
+    pub fn observe_event(&mut self, event: &PiEvent) {
+        let PiEvent::Answer(message) = event else {
             return;
         };
-        if event.get("type").and_then(|t| t.as_str()) != Some("message_end") {
-            return;
-        }
-        let Some(message) = event.get("message") else {
-            return;
-        };
-        if message.get("role").and_then(|r| r.as_str()) != Some("assistant") {
-            return;
-        }
         self.answers += 1;
         let ending = match message.get("stopReason").and_then(|r| r.as_str()) {
             Some("stop") => Ending::Stop,

@@ -55,7 +55,7 @@ pub enum Stage {
 }
 
 macro_rules! reasons {
-    ($( $variant:ident = $token:literal, $stage:ident, $outcome:ident, $code:expr, $retried:literal, $sentence:literal; )*) => {
+    ($( $variant:ident = $token:literal, $stage:ident, $outcome:ident, $code:expr, $retried:literal, $sentence:literal, $fix:literal; )*) => {
         /// Every reason a job can end with (but `completed`, which has none).
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum Reason { $( $variant, )* }
@@ -97,6 +97,12 @@ macro_rules! reasons {
             pub fn sentence(self) -> &'static str {
                 match self { $( Reason::$variant => $sentence, )* }
             }
+
+            /// What to do about it, in one line, when nothing more precise is known (a
+            /// refusal's own fix names the server, file or variable).
+            pub fn fix(self) -> &'static str {
+                match self { $( Reason::$variant => $fix, )* }
+            }
         }
     };
 }
@@ -104,160 +110,237 @@ macro_rules! reasons {
 reasons! {
     // The spec's pickup table.
     McpListInvalid = "mcp-list-invalid", Admission, Policy, None, false,
-        "The list of MCP servers the job carries is not one pi-dispatch writes.";
+        "The list of MCP servers the job carries is not one pi-dispatch writes.",
+        "queue the job again from its trigger or with `pi-dispatch run`; upgrade the receiver and the worker together";
     McpConfigInvalid = "mcp-config-invalid", Admission, Policy, Some(2), false,
-        "The MCP configuration (the overlay's mcp.json, or the job's copy of it) is missing or cannot be read.";
+        "The MCP configuration (the overlay's mcp.json, or the job's copy of it) is missing or cannot be read.",
+        "fix the overlay's mcp.json (`pi-dispatch mcp check` shows what is wrong)";
     McpServerUnknown = "mcp-server-unknown", Admission, Policy, None, false,
-        "An MCP server the job names is not offered to jobs.";
+        "An MCP server the job names is not offered to jobs.",
+        "offer the server in the overlay's mcp.json (`pi-dispatch mcp check` says why it is refused), or leave it out of the job's servers (its trigger's run.mcp, or --mcp of `pi-dispatch run`)";
     McpSecretReserved = "mcp-secret-reserved", Admission, Policy, None, false,
-        "An MCP server the job names references a credential reserved for the job itself.";
+        "An MCP server the job names references a credential reserved for the job itself.",
+        "give the server its own variable, or give the trigger a model list without that provider";
     McpSecretUnmapped = "mcp-secret-unmapped", Admission, Policy, None, false,
-        "An MCP server the job names references a variable the job will not have.";
+        "An MCP server the job names references a variable the job will not have.",
+        "map the variable in the trigger's run.secrets, or forward it with PI_FORWARD_ENV from the worker's environment";
     McpEgressUnreachable = "mcp-egress-unreachable", Admission, Policy, None, false,
-        "The egress policy would not let the job reach an MCP server it names.";
+        "The egress policy would not let the job reach an MCP server it names.",
+        "allowlist the server's host in egress-allowlist.conf (https on port 443), or declare its host and port in model-endpoints.json";
     McpPackageRunner = "mcp-package-runner", Admission, Policy, None, false,
-        "The egress policy would not let an MCP server's package runner reach its registry.";
+        "The egress policy would not let an MCP server's package runner reach its registry.",
+        "declare the runner's registry in PI_PACKAGE_REGISTRIES and allowlist it, or install the server in the job image";
     McpExcluded = "mcp-excluded", Admission, Policy, None, false,
-        "The trigger's excluded tools leave an MCP server it names no way in.";
+        "The trigger's excluded tools leave an MCP server it names no way in.",
+        "leave the server a way in: do not exclude codemode, tool_search or all of its tools in run.excludeTools";
     JobImageMcpUnsupported = "job-image-mcp-unsupported", Admission, Policy, None, false,
-        "The job image does not declare the mcp capability.";
+        "The job image does not declare the mcp capability.",
+        "use a job image that declares the mcp capability (`pi-dispatch image install`)";
     JobImageForgeMcpUnsupported = "job-image-forge-mcp-unsupported", Admission, Policy, None, false,
-        "The job image does not declare the forgeMcp capability.";
+        "The job image does not declare the forgeMcp capability.",
+        "use a job image that declares the forgeMcp capability";
     TriggerSkew = "trigger-skew", Admission, Policy, None, false,
-        "The trigger narrows what its jobs may do in a way the queued job does not carry.";
+        "The trigger narrows what its jobs may do in a way the queued job does not carry.",
+        "queue the job again from the trigger as it is now; upgrade the receiver and the worker together";
     // The product's own admission checks.
     JobUnreadable = "job-unreadable", Admission, Policy, None, false,
-        "The queued job cannot be read.";
+        "The queued job cannot be read.",
+        "queue the job again with this version of pi-dispatch";
     JobKindUnsupported = "job-kind-unsupported", Admission, Policy, None, false,
-        "This version runs local, github and gitlab jobs only.";
+        "This version runs local, github and gitlab jobs only.",
+        "use run.kind local, github or gitlab: forgejo and azure jobs are not run yet";
     JobFlowUnsupported = "job-flow-unsupported", Admission, Policy, None, false,
-        "The trigger's flow is not one a forge job can follow.";
+        "The trigger's flow is not one a forge job can follow.",
+        "give the trigger run.flow \"answer\" (the agent's answer is posted on the issue) or \"fix\" (its changes become a pull request)";
     ForgeUnconfigured = "forge-unconfigured", Admission, Policy, None, false,
-        "The worker is not set up to act on this forge.";
+        "The worker is not set up to act on this forge.",
+        "set PI_GITHUB_APP_ID and PI_GITHUB_APP_KEY_FILE for GitHub, GITLAB_URL and PI_GITLAB_TOKEN for GitLab (docs/forges.md)";
     JobImageMissing = "job-image-missing", Admission, Policy, None, false,
-        "The job image is not installed.";
+        "The job image is not installed.",
+        "install the job image: `pi-dispatch image install`";
     WorkspaceMissing = "workspace-missing", Admission, Policy, None, false,
-        "The job's repository folder does not exist or is not a folder.";
+        "The job's repository folder does not exist or is not a folder.",
+        "point the job at an existing repository folder";
     WorkspaceOwnedByRoot = "workspace-owned-by-root", Admission, Policy, None, false,
-        "The job's repository folder belongs to root, and a job never runs as root.";
+        "The job's repository folder belongs to root, and a job never runs as root.",
+        "give the folder to the user the job should run as (chown)";
     WorkspaceUnreachable = "workspace-unreachable", Admission, Policy, None, false,
-        "The user the job runs as cannot use the job's repository folder.";
+        "The user the job runs as cannot use the job's repository folder.",
+        "let the folder's owner read, write and enter it (chmod u+rwx)";
     EgressProxyMissing = "egress-proxy-missing", Admission, Policy, None, false,
-        "The egress policy is on and this pi-dispatch has no egress proxy yet.";
+        "The egress policy is on and this pi-dispatch has no egress proxy yet.",
+        "set PI_EGRESS=0 to run jobs on the host's network until the egress proxy exists";
     ModelsConfigInvalid = "models-config-invalid", Admission, Policy, None, false,
-        "The overlay's models.json cannot be read or holds what a job may not.";
+        "The overlay's models.json cannot be read or holds what a job may not.",
+        "fix the overlay's models.json (`pi-dispatch doctor` shows what is wrong)";
     ModelUnset = "model-unset", Admission, Policy, None, false,
-        "The job names no provider and model, and the deployment sets no default.";
+        "The job names no provider and model, and the deployment sets no default.",
+        "set PI_PROVIDER and PI_MODEL in .env, or run.provider and run.model in the trigger";
     ModelProviderUnknown = "model-provider-unknown", Admission, Policy, None, false,
-        "The job's model provider is neither one pi knows nor one the overlay's models.json defines.";
+        "The job's model provider is neither one pi knows nor one the overlay's models.json defines.",
+        "name a provider pi knows, or define it in the overlay's models.json";
     ModelUnknown = "model-unknown", Admission, Policy, None, false,
-        "The job's provider has no model of that name.";
+        "The job's provider has no model of that name.",
+        "name a model the provider has (pi's catalog, or the overlay's models.json)";
     ModelNotAllowed = "model-not-allowed", Admission, Policy, None, false,
-        "The job's model is not on its trigger's model list.";
+        "The job's model is not on its trigger's model list.",
+        "add provider/model to the trigger's run.models, or use a model on it";
     ModelKeyMissing = "model-key-missing", Admission, Policy, None, false,
-        "The worker holds no key for the job's model provider.";
+        "The worker holds no key for the job's model provider.",
+        "set the provider's key variable in the worker's environment";
     ModelUnsupported = "model-unsupported", Admission, Policy, None, false,
-        "The job's model speaks a wire format the job's model gateway cannot check and meter.";
+        "The job's model speaks a wire format the job's model gateway cannot check and meter.",
+        "choose a model whose provider speaks a wire format the gateway reads (OpenAI chat completions or responses, Anthropic messages), or give the overlay's models.json such an api for it";
     // After admission, before the sandbox.
     SecretUnresolved = "secret-unresolved", Preparation, Policy, None, false,
-        "A secret the trigger names was refused by its resolver.";
+        "A secret the trigger names was refused by its resolver.",
+        "check the trigger's run.secrets references against its resolver";
     SecretResolverMissing = "secret-resolver-missing", Preparation, Policy, None, false,
-        "The trigger's secrets profile has no resolver.";
+        "The trigger's secrets profile has no resolver.",
+        "install the secrets profile's resolver (see docs/sandbox.md)";
     SecretResolverFailed = "secret-resolver-failed", Preparation, Failed, None, true,
-        "The secrets resolver could not answer.";
+        "The secrets resolver could not answer.",
+        "check the secrets resolver; the job is tried again";
     EnvironmentRefused = "environment-refused", Preparation, Policy, None, false,
-        "The job's environment could not be built from its parts.";
+        "The job's environment could not be built from its parts.",
+        "check PI_FORWARD_ENV and run.secrets for names or values an environment cannot carry";
     JobFolderFailed = "job-folder-failed", Preparation, Failed, None, true,
-        "The job's folder could not be written.";
+        "The job's folder could not be written.",
+        "check that the worker can write its state folder";
     PickupRetriesSpent = "pickup-retries-spent", Preparation, Failed, None, true,
-        "A check before the job could not be made, too many times.";
+        "A check before the job could not be made, too many times.",
+        "check that the worker can read the deployment's files (a disk or mount error)";
     ForgeTokenFailed = "forge-token-failed", Preparation, Failed, None, true,
-        "The job's forge token could not be minted.";
+        "The job's forge token could not be minted.",
+        "check the GitHub App's id, key file and installation (or the GitLab token); the job is tried again";
     ForgeCloneFailed = "forge-clone-failed", Preparation, Failed, None, true,
-        "The job's repository could not be cloned.";
+        "The job's repository could not be cloned.",
+        "check that the forge serves the repository to the job's token; the job is tried again";
+    ForgeRefused = "forge-refused", Preparation, Failed, None, false,
+        "The forge refused what the job needs from it: its token, its pull request or its repository.",
+        "check that the GitHub App is installed on the repository with its permissions (or that the GitLab token reaches the project); the worker's log has the forge's answer";
     // The spec's in-job table.
     McpUnavailable = "mcp-unavailable", Job, Policy, Some(2), false,
-        "An MCP server refused: it did not start, failed its handshake or its tool list, or answered with an error.";
+        "An MCP server refused: it did not start, failed its handshake or its tool list, or answered with an error.",
+        "check the server named in the record: its command, its URL and its credentials";
     McpUnreachable = "mcp-unreachable", Job, Failed, Some(1), true,
-        "An MCP server had not answered when the wait ran out.";
+        "An MCP server had not answered when the wait ran out.",
+        "check that the server answers in time; the job is tried again";
     McpShadowed = "mcp-shadowed", Job, Policy, Some(2), false,
-        "An extension registers a name only the job's MCP may.";
+        "An extension registers a name only the job's MCP may.",
+        "remove the extension that registers the reserved name from the overlay";
     McpCommandMissing = "mcp-command-missing", Job, Policy, Some(2), false,
-        "A stdio MCP server's command is not in the job image.";
+        "A stdio MCP server's command is not in the job image.",
+        "install the server's command in the job image or the overlay";
     McpSecretMissing = "mcp-secret-missing", Job, Policy, Some(2), false,
-        "A variable an MCP server references is not set in the job.";
+        "A variable an MCP server references is not set in the job.",
+        "give the job the variable (run.secrets, or PI_FORWARD_ENV with a value in the worker's environment)";
     McpConfigMismatch = "mcp-config-mismatch", Job, Policy, Some(2), false,
-        "The job's mcp.json is not the one the worker wrote for it.";
+        "The job's mcp.json is not the one the worker wrote for it.",
+        "run the job with a worker and an image of the same version";
     // The agent and its model, on the exit line.
     AgentFailed = "agent-failed", Job, Failed, Some(1), false,
-        "The agent exited with a failure.";
+        "The agent exited with a failure.",
+        "read the job's transcript (`pi-dispatch runs show ID --transcript`)";
     AgentAborted = "agent-aborted", Job, Failed, Some(1), false,
-        "The agent's run was aborted before it finished.";
+        "The agent's run was aborted before it finished.",
+        "read the job's transcript (`pi-dispatch runs show ID --transcript`)";
     AgentNoTurn = "agent-no-turn", Job, Failed, Some(1), false,
-        "The agent ended without a single answer from its model.";
+        "The agent ended without a single answer from its model.",
+        "read the job's transcript (`pi-dispatch runs show ID --transcript`)";
     ModelUnreachable = "model-unreachable", Job, Failed, Some(1), true,
-        "The model provider could not be reached.";
+        "The model provider could not be reached.",
+        "check that the model provider is reachable from the job (its host, the egress policy); the job is tried again";
     ModelUnauthorized = "model-unauthorized", Job, Failed, Some(2), false,
-        "The model provider refused the job's key.";
+        "The model provider refused the job's key.",
+        "check the provider's key in the worker's environment";
     ModelRateLimited = "model-rate-limited", Job, Failed, Some(1), true,
-        "The model provider kept refusing for its rate limit.";
+        "The model provider kept refusing for its rate limit.",
+        "wait for the provider's rate limit, or lower PI_WORKER_CONCURRENCY; the job is tried again";
     ModelError = "model-error", Job, Failed, Some(1), false,
-        "The model provider answered with an error.";
+        "The model provider answered with an error.",
+        "read the provider's error in the job's transcript";
     ModelLengthLimit = "model-length-limit", Job, Failed, Some(1), false,
-        "The model's last answer was cut off at its length limit.";
+        "The model's last answer was cut off at its length limit.",
+        "give the model a larger output limit in models.json, or a smaller task";
     AgentReportMismatch = "agent-report-mismatch", Job, Failed, Some(1), false,
-        "The agent reported an ending its model never gave (something inside pi wrote its output), so nothing it made was published.";
+        "The agent reported an ending its model never gave (something inside pi wrote its output), so nothing it made was published.",
+        "check the overlay's extensions and what the job read (its transcript): something inside pi wrote its events";
     // The job's model gateway, on the exit line: a call it refuses stops the whole job.
     ModelCallNotAllowed = "model-call-not-allowed", Job, Policy, Some(2), false,
-        "A model call named a model the job may not use.";
+        "A model call named a model the job may not use.",
+        "add the model to the trigger's run.models, or tell the job to use a model on it";
     ModelCallUnbounded = "model-call-unbounded", Job, Policy, Some(2), false,
-        "Under the job's cost cap, a model call whose cost has no bound was refused.";
+        "Under the job's cost cap, a model call whose cost has no bound was refused.",
+        "drop run.maxCostUsd for jobs that generate images, or keep their scripts to chat and classifier models without an output price";
     CostCapReached = "cost-cap-reached", Job, Policy, Some(2), false,
-        "A model call could have taken the job past its cost cap, so it was refused.";
+        "A model call could have taken the job past its cost cap, so it was refused.",
+        "raise the trigger's run.maxCostUsd, or give the job a smaller task or a model with a smaller output limit";
     ModelCallUnsupported = "model-call-unsupported", Job, Policy, Some(2), false,
-        "A model call used a wire format the job's model gateway cannot check and meter.";
+        "A model call used a wire format the job's model gateway cannot check and meter.",
+        "use a provider whose wire format the gateway reads (OpenAI chat completions or responses, Anthropic messages)";
     ModelRulesInvalid = "model-rules-invalid", Job, Policy, Some(2), false,
-        "The job's model list or cost cap, as the worker passed them, cannot be read.";
+        "The job's model list or cost cap, as the worker passed them, cannot be read.",
+        "run the job with a worker and an image of the same version";
     Terminated = "terminated", Job, Failed, Some(1), true,
-        "The job's runner was told to stop.";
+        "The job's runner was told to stop.",
+        "the job is tried again";
     // The runner's own faults: infrastructure, whatever servers the job names.
     RunnerSetupFailed = "runner-setup-failed", Job, Failed, Some(1), true,
-        "The job's runner could not set up the agent's side of the job.";
+        "The job's runner could not set up the agent's side of the job.",
+        "the job is tried again; the worker's log names the step that failed (a full disk, a missing bubblewrap)";
     JobPromptUnreadable = "job-prompt-unreadable", Job, Failed, Some(1), true,
-        "The job's prompt could not be read inside its sandbox.";
+        "The job's prompt could not be read inside its sandbox.",
+        "the job is tried again; check that the worker can write its state folder";
     AgentNeverStarted = "agent-never-started", Job, Failed, Some(1), true,
-        "The agent's process could not be started.";
+        "The agent's process could not be started.",
+        "the job is tried again; check the job image (`pi-dispatch image install`)";
     // The worker, around the sandbox.
     TimeLimit = "time-limit", Worker, Failed, None, false,
-        "The job ran past its time limit and was stopped.";
+        "The job ran past its time limit and was stopped.",
+        "raise PI_JOB_TIME_LIMIT, or give the job a smaller task";
     JobPidsLimit = "job-pids-limit", Worker, Failed, None, false,
-        "The job tried to run more processes at once than its limit allows, and was stopped.";
+        "The job tried to run more processes at once than its limit allows, and was stopped.",
+        "raise PI_JOB_PIDS, or give the job a smaller task";
     JobMemoryLimit = "job-memory-limit", Worker, Failed, None, false,
-        "The job used more memory than its limit allows (what its /tmp holds counts), and was stopped.";
+        "The job used more memory than its limit allows (what its /tmp holds counts), and was stopped.",
+        "raise PI_JOB_MEMORY_MB, or give the job a smaller task (and less to keep in /tmp)";
     JobCpuLimit = "job-cpu-limit", Worker, Failed, None, false,
-        "The job used more CPU time than its limit allows, and was stopped.";
+        "The job used more CPU time than its limit allows, and was stopped.",
+        "raise PI_JOB_CPU_SECS, or give the job a smaller task";
     JobDiskLimit = "job-disk-limit", Worker, Failed, None, false,
-        "The job filled the disk it may write its workspace on, and was stopped; what it wrote was not kept.";
+        "The job filled the disk it may write its workspace on, and was stopped; what it wrote was not kept.",
+        "raise PI_JOB_DISK_MB, or have the job write less into its workspace (build outputs, caches)";
     JobWriteBackFailed = "job-write-back-failed", Worker, Failed, None, false,
-        "What the job wrote could not be copied from its own disk into its workspace.";
+        "What the job wrote could not be copied from its own disk into its workspace.",
+        "check the host's free space and the workspace folder (the worker's log names the error); the job's writes were not kept";
     Cancelled = "cancelled", Worker, Cancelled, None, false,
-        "The job was cancelled.";
+        "The job was cancelled.",
+        "queue it again if it should run";
     ContainerNeverStarted = "container-never-started", Worker, Failed, None, true,
-        "The job's sandbox did not start.";
+        "The job's sandbox did not start.",
+        "run `pi-dispatch doctor`: bubblewrap and the job image must work on this host";
     RunnerNoExitLine = "runner-no-exit-line", Worker, Failed, None, true,
-        "The job's runner ended without saying how.";
+        "The job's runner ended without saying how.",
+        "run the worker with --runner-stderr to see the runner's own output";
     RunnerReasonUnknown = "runner-reason-unknown", Worker, Failed, None, false,
-        "The job's runner gave a reason this worker does not know.";
+        "The job's runner gave a reason this worker does not know.",
+        "run a worker and a job image of the same version";
     WorkerLost = "worker-lost", Worker, Failed, None, false,
-        "The job's worker disappeared while it ran, on its last attempt.";
+        "The job's worker disappeared while it ran, on its last attempt.",
+        "check why the worker stopped (its log, the host's memory)";
     ForgeDeliveryFailed = "forge-delivery-failed", Worker, Failed, None, false,
-        "The agent finished, but its changes could not be pushed or proposed on the forge.";
+        "The agent finished, but its changes could not be pushed or proposed on the forge.",
+        "check that the job's token may push a branch and open a pull request (the App's contents and pull request permissions)";
     JobOutputRefused = "job-output-refused", Worker, Policy, None, false,
-        "The job left something in its repository that pi-dispatch does not publish: a special file, a nested repository, or a link out of it.";
+        "The job left something in its repository that pi-dispatch does not publish: a special file, a nested repository, or a link out of it.",
+        "the record names the path: have the job leave only files, folders and links inside the repository (its own work tree, no FIFO, device or nested .git)";
     JobOutputTooLarge = "job-output-too-large", Worker, Policy, None, false,
-        "What the job left in its repository is larger than pi-dispatch publishes.";
+        "What the job left in its repository is larger than pi-dispatch publishes.",
+        "the record names the limit: have the job ignore its build output in .gitignore, or raise PI_JOB_PUBLISH_FILE_MB or PI_JOB_PUBLISH_MB";
     JobOutputSecret = "job-output-secret", Worker, Policy, None, false,
-        "What the job left in its repository holds a secret the job was given (as it is or encoded), so nothing was pushed.";
+        "What the job left in its repository holds a secret the job was given (as it is or encoded), so nothing was pushed.",
+        "the record names the file and the variable: read the job's transcript for how the value got there, and rotate it if the job's clone left the host";
 }
 
 impl Reason {
@@ -351,207 +434,6 @@ impl Reason {
             "pi-dispatch stopped this job: {said} (rule {}). The worker's log has the details.",
             self.as_str()
         )
-    }
-
-    /// What to do about it, in one line, when nothing more precise is known (a refusal's own fix
-    /// names the server, file or variable).
-    pub fn fix(self) -> &'static str {
-        match self {
-            Reason::McpListInvalid => {
-                "queue the job again from its trigger or with `pi-dispatch run`; upgrade the receiver and the worker together"
-            }
-            Reason::McpConfigInvalid => {
-                "fix the overlay's mcp.json (`pi-dispatch mcp check` shows what is wrong)"
-            }
-            Reason::McpServerUnknown => {
-                "offer the server in the overlay's mcp.json (`pi-dispatch mcp check` says why it is refused), or leave it out of the job's servers (its trigger's run.mcp, or --mcp of `pi-dispatch run`)"
-            }
-            Reason::McpSecretReserved => {
-                "give the server its own variable, or give the trigger a model list without that provider"
-            }
-            Reason::McpSecretUnmapped => {
-                "map the variable in the trigger's run.secrets, or forward it with PI_FORWARD_ENV from the worker's environment"
-            }
-            Reason::McpEgressUnreachable => {
-                "allowlist the server's host in egress-allowlist.conf (https on port 443), or declare its host and port in model-endpoints.json"
-            }
-            Reason::McpPackageRunner => {
-                "declare the runner's registry in PI_PACKAGE_REGISTRIES and allowlist it, or install the server in the job image"
-            }
-            Reason::McpExcluded => {
-                "leave the server a way in: do not exclude codemode, tool_search or all of its tools in run.excludeTools"
-            }
-            Reason::JobImageMcpUnsupported => {
-                "use a job image that declares the mcp capability (`pi-dispatch image install`)"
-            }
-            Reason::JobImageForgeMcpUnsupported => {
-                "use a job image that declares the forgeMcp capability"
-            }
-            Reason::TriggerSkew => {
-                "queue the job again from the trigger as it is now; upgrade the receiver and the worker together"
-            }
-            Reason::JobUnreadable => "queue the job again with this version of pi-dispatch",
-            Reason::JobKindUnsupported => {
-                "use run.kind local, github or gitlab: forgejo and azure jobs are not run yet"
-            }
-            Reason::JobFlowUnsupported => {
-                "give the trigger run.flow \"answer\" (the agent's answer is posted on the issue) or \"fix\" (its changes become a pull request)"
-            }
-            Reason::ForgeUnconfigured => {
-                "set PI_GITHUB_APP_ID and PI_GITHUB_APP_KEY_FILE for GitHub, GITLAB_URL and PI_GITLAB_TOKEN for GitLab (docs/forges.md)"
-            }
-            Reason::ForgeTokenFailed => {
-                "check the GitHub App's id, key file and installation (or the GitLab token); the job is tried again"
-            }
-            Reason::ForgeCloneFailed => {
-                "check that the forge serves the repository to the job's token; the job is tried again"
-            }
-            Reason::ForgeDeliveryFailed => {
-                "check that the job's token may push a branch and open a pull request (the App's contents and pull request permissions)"
-            }
-            Reason::JobOutputRefused => {
-                "the record names the path: have the job leave only files, folders and links inside the repository (its own work tree, no FIFO, device or nested .git)"
-            }
-            Reason::JobOutputTooLarge => {
-                "the record names the limit: have the job ignore its build output in .gitignore, or raise PI_JOB_PUBLISH_FILE_MB or PI_JOB_PUBLISH_MB"
-            }
-            Reason::JobOutputSecret => {
-                "the record names the file and the variable: read the job's transcript for how the value got there, and rotate it if the job's clone left the host"
-            }
-            Reason::JobImageMissing => "install the job image: `pi-dispatch image install`",
-            Reason::WorkspaceMissing => "point the job at an existing repository folder",
-            Reason::WorkspaceOwnedByRoot => {
-                "give the folder to the user the job should run as (chown)"
-            }
-            Reason::WorkspaceUnreachable => {
-                "let the folder's owner read, write and enter it (chmod u+rwx)"
-            }
-            Reason::EgressProxyMissing => {
-                "set PI_EGRESS=0 to run jobs on the host's network until the egress proxy exists"
-            }
-            Reason::ModelsConfigInvalid => {
-                "fix the overlay's models.json (`pi-dispatch doctor` shows what is wrong)"
-            }
-            Reason::ModelUnset => {
-                "set PI_PROVIDER and PI_MODEL in .env, or run.provider and run.model in the trigger"
-            }
-            Reason::ModelProviderUnknown => {
-                "name a provider pi knows, or define it in the overlay's models.json"
-            }
-            Reason::ModelUnknown => {
-                "name a model the provider has (pi's catalog, or the overlay's models.json)"
-            }
-            Reason::ModelNotAllowed => {
-                "add provider/model to the trigger's run.models, or use a model on it"
-            }
-            Reason::ModelKeyMissing => {
-                "set the provider's key variable in the worker's environment"
-            }
-            Reason::ModelUnsupported => {
-                "choose a model whose provider speaks a wire format the gateway reads (OpenAI chat completions or responses, Anthropic messages), or give the overlay's models.json such an api for it"
-            }
-            Reason::SecretUnresolved => {
-                "check the trigger's run.secrets references against its resolver"
-            }
-            Reason::SecretResolverMissing => {
-                "install the secrets profile's resolver (see docs/sandbox.md)"
-            }
-            Reason::SecretResolverFailed => "check the secrets resolver; the job is tried again",
-            Reason::EnvironmentRefused => {
-                "check PI_FORWARD_ENV and run.secrets for names or values an environment cannot carry"
-            }
-            Reason::JobFolderFailed => "check that the worker can write its state folder",
-            Reason::PickupRetriesSpent => {
-                "check that the worker can read the deployment's files (a disk or mount error)"
-            }
-            Reason::McpUnavailable => {
-                "check the server named in the record: its command, its URL and its credentials"
-            }
-            Reason::McpUnreachable => {
-                "check that the server answers in time; the job is tried again"
-            }
-            Reason::McpShadowed => {
-                "remove the extension that registers the reserved name from the overlay"
-            }
-            Reason::McpCommandMissing => {
-                "install the server's command in the job image or the overlay"
-            }
-            Reason::McpSecretMissing => {
-                "give the job the variable (run.secrets, or PI_FORWARD_ENV with a value in the worker's environment)"
-            }
-            Reason::McpConfigMismatch => {
-                "run the job with a worker and an image of the same version"
-            }
-            Reason::AgentFailed => {
-                "read the job's transcript (`pi-dispatch runs show ID --transcript`)"
-            }
-            Reason::AgentAborted => {
-                "read the job's transcript (`pi-dispatch runs show ID --transcript`)"
-            }
-            Reason::AgentNoTurn => {
-                "read the job's transcript (`pi-dispatch runs show ID --transcript`)"
-            }
-            Reason::ModelUnreachable => {
-                "check that the model provider is reachable from the job (its host, the egress policy); the job is tried again"
-            }
-            Reason::ModelUnauthorized => "check the provider's key in the worker's environment",
-            Reason::ModelRateLimited => {
-                "wait for the provider's rate limit, or lower PI_WORKER_CONCURRENCY; the job is tried again"
-            }
-            Reason::ModelError => "read the provider's error in the job's transcript",
-            Reason::AgentReportMismatch => {
-                "check the overlay's extensions and what the job read (its transcript): something inside pi wrote its events"
-            }
-            Reason::ModelLengthLimit => {
-                "give the model a larger output limit in models.json, or a smaller task"
-            }
-            Reason::ModelCallNotAllowed => {
-                "add the model to the trigger's run.models, or tell the job to use a model on it"
-            }
-            Reason::ModelCallUnbounded => {
-                "drop run.maxCostUsd for jobs that generate images, or keep their scripts to chat and classifier models without an output price"
-            }
-            Reason::CostCapReached => {
-                "raise the trigger's run.maxCostUsd, or give the job a smaller task or a model with a smaller output limit"
-            }
-            Reason::ModelCallUnsupported => {
-                "use a provider whose wire format the gateway reads (OpenAI chat completions or responses, Anthropic messages)"
-            }
-            Reason::ModelRulesInvalid => {
-                "run the job with a worker and an image of the same version"
-            }
-            Reason::Terminated => "the job is tried again",
-            Reason::RunnerSetupFailed => {
-                "the job is tried again; the worker's log names the step that failed (a full disk, a missing bubblewrap)"
-            }
-            Reason::JobPromptUnreadable => {
-                "the job is tried again; check that the worker can write its state folder"
-            }
-            Reason::AgentNeverStarted => {
-                "the job is tried again; check the job image (`pi-dispatch image install`)"
-            }
-            Reason::TimeLimit => "raise PI_JOB_TIME_LIMIT, or give the job a smaller task",
-            Reason::JobPidsLimit => "raise PI_JOB_PIDS, or give the job a smaller task",
-            Reason::JobMemoryLimit => {
-                "raise PI_JOB_MEMORY_MB, or give the job a smaller task (and less to keep in /tmp)"
-            }
-            Reason::JobCpuLimit => "raise PI_JOB_CPU_SECS, or give the job a smaller task",
-            Reason::JobWriteBackFailed => {
-                "check the host's free space and the workspace folder (the worker's log names the error); the job's writes were not kept"
-            }
-            Reason::JobDiskLimit => {
-                "raise PI_JOB_DISK_MB, or have the job write less into its workspace (build outputs, caches)"
-            }
-            Reason::Cancelled => "queue it again if it should run",
-            Reason::ContainerNeverStarted => {
-                "run `pi-dispatch doctor`: bubblewrap and the job image must work on this host"
-            }
-            Reason::RunnerNoExitLine => {
-                "run the worker with --runner-stderr to see the runner's own output"
-            }
-            Reason::RunnerReasonUnknown => "run a worker and a job image of the same version",
-            Reason::WorkerLost => "check why the worker stopped (its log, the host's memory)",
-        }
     }
 }
 

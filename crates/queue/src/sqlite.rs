@@ -100,6 +100,65 @@ pub struct SqliteQueue {
     config: Config,
 }
 
+/// An open job as `status` reads its row (`now` tells a job waiting to be retried from a queued one).
+fn open_job(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<OpenJob> {
+    let state = match row.get::<_, Stored>(1)? {
+        Stored::Queued => {
+            let available_at: i64 = row.get(4)?;
+            if available_at > now {
+                OpenState::Waiting {
+                    until: millis::time(available_at),
+                }
+            } else {
+                OpenState::Queued
+            }
+        }
+        Stored::Leased => OpenState::Leased {
+            worker: row.get::<_, Option<String>>(5)?.unwrap_or_default(),
+            until: millis::time(row.get(6)?),
+            since: millis::time(row.get::<_, Option<i64>>(9)?.unwrap_or(0)),
+        },
+        // Done rows are not selected.
+        Stored::Lost | Stored::Done => OpenState::Lost,
+    };
+    Ok(OpenJob {
+        id: row.get(0)?,
+        state,
+        attempt: row.get(2)?,
+        queued_at: millis::time(row.get(3)?),
+        payload: row.get(7)?,
+        cancel_requested: row.get(8)?,
+    })
+}
+
+/// Makes the queue's folder (0700) and file (0600) when they are missing: SQLite would make the
+/// file 0644, and its -wal and -shm files take the file's mode.
+fn create_private(path: &Path) -> Result<(), QueueError> {
+    if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(folder)
+            .map_err(|source| QueueError::CreateFolder {
+                path: folder.to_owned(),
+                source,
+            })?;
+    }
+    // SQLite would create the file 0644; its -wal and -shm files take the file's mode.
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|source| QueueError::CreateFile {
+            path: path.to_owned(),
+            source,
+        })?;
+    Ok(())
+}
+
 impl SqliteQueue {
     /// Opens the queue at `path` with the default [`Config`]; see [`SqliteQueue::open_with`].
     pub fn open(path: &Path) -> Result<SqliteQueue, QueueError> {
@@ -109,28 +168,7 @@ impl SqliteQueue {
     /// Opens the queue at `path`, creating its folder (0700) and the file (0600) if missing and
     /// the schema if the file is new, and refusing a file written with a newer schema.
     pub fn open_with(path: &Path, config: Config) -> Result<SqliteQueue, QueueError> {
-        if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(folder)
-                .map_err(|source| QueueError::CreateFolder {
-                    path: folder.to_owned(),
-                    source,
-                })?;
-        }
-        // SQLite would create the file 0644; its -wal and -shm files take the file's mode.
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)
-            .map_err(|source| QueueError::CreateFile {
-                path: path.to_owned(),
-                source,
-            })?;
+        create_private(path)?;
         let open_err = |step| {
             move |source| QueueError::Open {
                 path: path.to_owned(),
@@ -407,37 +445,7 @@ impl Queue for SqliteQueue {
                      FROM jobs WHERE state <> 'done' ORDER BY seq",
                 )
                 .map_err(err)?;
-            let rows = stmt
-                .query_map([], |row| {
-                    let state = match row.get::<_, Stored>(1)? {
-                        Stored::Queued => {
-                            let available_at: i64 = row.get(4)?;
-                            if available_at > now {
-                                OpenState::Waiting {
-                                    until: millis::time(available_at),
-                                }
-                            } else {
-                                OpenState::Queued
-                            }
-                        }
-                        Stored::Leased => OpenState::Leased {
-                            worker: row.get::<_, Option<String>>(5)?.unwrap_or_default(),
-                            until: millis::time(row.get(6)?),
-                            since: millis::time(row.get::<_, Option<i64>>(9)?.unwrap_or(0)),
-                        },
-                        // Done rows are not selected.
-                        Stored::Lost | Stored::Done => OpenState::Lost,
-                    };
-                    Ok(OpenJob {
-                        id: row.get(0)?,
-                        state,
-                        attempt: row.get(2)?,
-                        queued_at: millis::time(row.get(3)?),
-                        payload: row.get(7)?,
-                        cancel_requested: row.get(8)?,
-                    })
-                })
-                .map_err(err)?;
+            let rows = stmt.query_map([], |row| open_job(row, now)).map_err(err)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(err)?
         };
         let done: i64 = tx

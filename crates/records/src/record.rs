@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use protocol::detail::Detail;
 use protocol::exit_line::{ExitLine, ServerState};
 use protocol::job::Job;
+use protocol::pi_events::PiEvent;
 pub use protocol::reason::{Outcome, Reason};
 use protocol::usage::ToolCallCount;
 use serde::{Deserialize, Serialize};
@@ -58,33 +59,19 @@ pub struct Activity {
 /// The most activity a record keeps.
 pub const MAX_ACTIVITY: usize = 1000;
 
-/// The longest tool name kept in the activity.
-const MAX_TOOL_NAME: usize = 128;
-
 impl Activity {
-    /// What pi's event line `line` began at `at_ms`: a turn (`turn_start`) or a tool call
-    /// (`tool_execution_start`); `None` for any other line.
-    pub fn of_line(line: &str, at_ms: u64) -> Option<Activity> {
-        if !line.contains("\"turn_start\"") && !line.contains("\"tool_execution_start\"") {
-            return None;
-        }
-        let event: serde_json::Value = serde_json::from_str(line).ok()?;
-        match event.get("type")?.as_str()? {
-            "turn_start" => Some(Activity {
-                at_ms,
-                kind: "turn".to_owned(),
-                tool: None,
-            }),
-            "tool_execution_start" => Some(Activity {
-                at_ms,
-                kind: "tool".to_owned(),
-                tool: event
-                    .get("toolName")
-                    .and_then(serde_json::Value::as_str)
-                    .map(|n| n.chars().take(MAX_TOOL_NAME).collect()),
-            }),
-            _ => None,
-        }
+    /// What pi's event `event` began at `at_ms`: a turn or a tool call; `None` for any other event.
+    pub fn of_event(event: &PiEvent, at_ms: u64) -> Option<Activity> {
+        let (kind, tool) = match event {
+            PiEvent::TurnStart => ("turn", None),
+            PiEvent::ToolStart { tool } => ("tool", tool.clone()),
+            PiEvent::Answer(_) => return None,
+        };
+        Some(Activity {
+            at_ms,
+            kind: kind.to_owned(),
+            tool,
+        })
     }
 }
 
@@ -316,15 +303,115 @@ impl Record {
         self
     }
 
+    /// What the model spent, as pi counted it.
+    pub fn set_usage(&mut self, usage: &protocol::usage::Usage) {
+        self.spent = usage.spent();
+        self.turns = Some(usage.turns);
+        self.tokens = Some(Tokens {
+            input: usage.input_tokens,
+            output: usage.output_tokens,
+            total: usage.total_tokens,
+        });
+        self.cost_usd = Some(usage.cost_usd);
+        if usage.provider.is_some() {
+            self.provider.clone_from(&usage.provider);
+        }
+        if usage.model.is_some() {
+            self.model.clone_from(&usage.model);
+        }
+    }
+}
+
+/// A job's record as the worker builds it, once: what the job is (its id, trigger, task, item) is
+/// taken from the job when it is picked up, the times are set as the job reaches them, and every
+/// way the job can end makes its record from this, so no record is patched afterwards.
+#[derive(Debug, Clone)]
+pub struct Draft {
+    base: Record,
+}
+
+impl Draft {
+    pub fn new(job: &Job, attempt: u32) -> Draft {
+        Draft {
+            base: Record::new(job, Outcome::Failed, None, attempt, 0),
+        }
+    }
+
+    pub fn job_id(&self) -> &str {
+        &self.base.job_id
+    }
+
+    pub fn attempt(&self) -> u32 {
+        self.base.attempt
+    }
+
+    /// When the job was queued.
+    pub fn queued_at(&mut self, ms: u64) {
+        self.base.queued_at_ms = Some(ms);
+    }
+
+    /// A forge job's issue on the forge, by its web address.
+    pub fn url(&mut self, url: Option<String>) {
+        self.base.url = url;
+    }
+
+    /// When the admission let the job through.
+    pub fn admitted(&mut self, ms: u64) {
+        self.base.admitted_at_ms = Some(ms);
+    }
+
+    /// When its sandbox was asked for: from here on, a record says a sandbox was started.
+    pub fn started(&mut self, ms: u64) {
+        self.base.started_at_ms = Some(ms);
+        self.base.budget_reserved = true;
+    }
+
+    /// When its sandbox was up.
+    pub fn sandbox_up(&mut self, ms: u64) {
+        self.base.sandbox_up_at_ms = Some(ms);
+    }
+
+    /// What pi began, and whether the job's transcript is kept, once its output is read.
+    pub fn ran(&mut self, activity: Vec<Activity>, transcript: bool) {
+        self.base.activity = activity;
+        self.base.transcript = transcript;
+    }
+
+    /// What the egress proxy refused the job.
+    pub fn egress_denied(&mut self, denied: Vec<EgressDenial>) {
+        self.base.egress_denied = denied;
+    }
+
+    /// The record of a job that ended for `reason` now, with no detail.
+    pub fn ended(&self, reason: Reason) -> Record {
+        Record {
+            outcome: reason.outcome(),
+            reason: Some(reason),
+            finished_at_ms: now_ms(),
+            ..self.base.clone()
+        }
+    }
+
+    /// The record of a job that ended for `reason` now, with what it concerns and the reason's
+    /// own fix.
+    pub fn failed(&self, reason: Reason, detail: Detail) -> Record {
+        self.ended(reason).with_detail(detail, reason.fix())
+    }
+
     /// The record of a job whose runner reported `line`: code 0 completed; otherwise the outcome
     /// of the reason it gave, which is copied only when it is one of the product's.
-    pub fn from_exit_line(job: &Job, line: &ExitLine, attempt: u32, now_ms: u64) -> Record {
+    pub fn from_exit_line(&self, line: &ExitLine) -> Record {
         let (outcome, reason) = match (line.code, line.known_reason()) {
             (0, _) => (Outcome::Completed, None),
             (_, Some(r)) => (r.outcome(), Some(r)),
             (_, None) => (Outcome::Failed, Some(Reason::RunnerReasonUnknown)),
         };
-        let mut record = Record::new(job, outcome, reason, attempt, now_ms);
+        let mut record = Record {
+            outcome,
+            reason,
+            finished_at_ms: now_ms(),
+            ..self.base.clone()
+        };
         if let Some(r) = reason {
             let mut detail = Detail::new(
                 line.cause
@@ -346,24 +433,6 @@ impl Record {
             record.set_usage(usage);
         }
         record
-    }
-
-    /// What the model spent, as pi counted it.
-    pub fn set_usage(&mut self, usage: &protocol::usage::Usage) {
-        self.spent = usage.spent();
-        self.turns = Some(usage.turns);
-        self.tokens = Some(Tokens {
-            input: usage.input_tokens,
-            output: usage.output_tokens,
-            total: usage.total_tokens,
-        });
-        self.cost_usd = Some(usage.cost_usd);
-        if usage.provider.is_some() {
-            self.provider.clone_from(&usage.provider);
-        }
-        if usage.model.is_some() {
-            self.model.clone_from(&usage.model);
-        }
     }
 }
 

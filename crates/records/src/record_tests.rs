@@ -45,7 +45,7 @@ fn line(code: u8, reason: Option<&str>) -> ExitLine {
 
 #[test]
 fn an_exit_line_becomes_a_record_with_usage_and_the_mcp_part() {
-    let r = Record::from_exit_line(&job(), &line(0, None), 1, 5);
+    let r = Draft::new(&job(), 1).from_exit_line(&line(0, None));
     assert_eq!(r.outcome, Outcome::Completed);
     assert_eq!(r.reason, None);
     assert_eq!(r.exit_code, Some(0));
@@ -64,21 +64,21 @@ fn an_exit_line_becomes_a_record_with_usage_and_the_mcp_part() {
 
 #[test]
 fn only_known_reasons_are_copied() {
-    let shadowed = Record::from_exit_line(&job(), &line(2, Some("mcp-shadowed")), 1, 5);
+    let shadowed = Draft::new(&job(), 1).from_exit_line(&line(2, Some("mcp-shadowed")));
     assert_eq!(shadowed.outcome, Outcome::Policy);
     assert_eq!(shadowed.reason, Some(Reason::McpShadowed));
     // The runner's cause and server are the record's detail, with the reason's fix.
     let detail = shadowed.detail.unwrap();
     assert_eq!(detail.server.as_deref(), Some("docs"));
     assert_eq!(shadowed.fix.as_deref(), Some(Reason::McpShadowed.fix()));
-    let odd = Record::from_exit_line(&job(), &line(2, Some("free words; rm -rf")), 1, 5);
+    let odd = Draft::new(&job(), 1).from_exit_line(&line(2, Some("free words; rm -rf")));
     assert_eq!(odd.reason, Some(Reason::RunnerReasonUnknown));
     assert_eq!(odd.outcome, Outcome::Failed);
-    let failed = Record::from_exit_line(&job(), &line(1, Some("agent-failed")), 2, 5);
+    let failed = Draft::new(&job(), 2).from_exit_line(&line(1, Some("agent-failed")));
     assert_eq!(failed.outcome, Outcome::Failed);
     assert_eq!(failed.reason, Some(Reason::AgentFailed));
     // A model that could not be reached is a failure, whatever the code.
-    let down = Record::from_exit_line(&job(), &line(1, Some("model-unreachable")), 1, 5);
+    let down = Draft::new(&job(), 1).from_exit_line(&line(1, Some("model-unreachable")));
     assert_eq!(down.outcome, Outcome::Failed);
 }
 
@@ -91,22 +91,22 @@ fn the_runners_own_faults_reserve_nothing_and_page_nobody() {
     ] {
         let mut l = line(1, Some(token));
         l.usage = None;
-        let r = Record::from_exit_line(&job(), &l, 1, 5);
+        let r = Draft::new(&job(), 1).from_exit_line(&l);
         assert_eq!(r.outcome, Outcome::Failed, "{token}");
         assert_eq!(r.reason.map(Reason::as_str), Some(token));
         assert!(!r.budget_reserved, "{token}: the agent never started");
     }
     // An MCP server's refusal before the prompt is a paid stop, as the spec says.
-    let refused = Record::from_exit_line(&job(), &line(2, Some("mcp-unavailable")), 1, 5);
+    let refused = Draft::new(&job(), 1).from_exit_line(&line(2, Some("mcp-unavailable")));
     assert!(refused.budget_reserved);
 }
 
 /// What every store of records does: a record is written once and read back, and an id that is no
 /// plain name is nobody's.
 fn written_once_and_read_back(records: &Records) -> Record {
-    let first = Record::from_exit_line(&job(), &line(0, None), 1, 5);
+    let first = Draft::new(&job(), 1).from_exit_line(&line(0, None));
     assert!(records.write(&first).unwrap());
-    let second = Record::from_exit_line(&job(), &line(2, Some("mcp-shadowed")), 2, 9);
+    let second = Draft::new(&job(), 2).from_exit_line(&line(2, Some("mcp-shadowed")));
     assert!(
         !records.write(&second).unwrap(),
         "a second record replaced the first"
@@ -175,14 +175,19 @@ fn a_record_is_written_once_and_read_back() {
     assert_eq!(names, ["job-7.json"]);
 }
 
+/// The activity of one of pi's event lines, parsed as the worker parses it.
+fn activity_of(line: &str, at_ms: u64) -> Option<Activity> {
+    Activity::of_event(&PiEvent::parse(line)?, at_ms)
+}
+
 #[test]
 fn pi_beginning_a_turn_or_a_tool_call_is_activity_and_nothing_else_is() {
-    let turn = Activity::of_line(r#"{"type":"turn_start"}"#, 7).unwrap();
+    let turn = activity_of(r#"{"type":"turn_start"}"#, 7).unwrap();
     assert_eq!(
         (turn.at_ms, turn.kind.as_str(), turn.tool),
         (7, "turn", None)
     );
-    let call = Activity::of_line(
+    let call = activity_of(
         r#"{"type":"tool_execution_start","toolCallId":"c1","toolName":"docs_search","args":{}}"#,
         9,
     )
@@ -193,14 +198,14 @@ fn pi_beginning_a_turn_or_a_tool_call_is_activity_and_nothing_else_is() {
     );
     // A message that merely mentions the words is not one.
     let text = r#"{"type":"message_end","message":{"content":"\"turn_start\""}}"#;
-    assert_eq!(Activity::of_line(text, 1), None);
-    assert_eq!(Activity::of_line("not json \"turn_start\"", 1), None);
+    assert_eq!(activity_of(text, 1), None);
+    let answer = r#"{"type":"message_end","message":{"role":"assistant","content":[]}}"#;
+    assert!(PiEvent::parse(answer).is_some());
+    assert_eq!(activity_of(answer, 1), None);
+    assert_eq!(activity_of("not json \"turn_start\"", 1), None);
     let long = format!(
         r#"{{"type":"tool_execution_start","toolName":"{}"}}"#,
         "t".repeat(300)
     );
-    assert_eq!(
-        Activity::of_line(&long, 1).unwrap().tool.unwrap().len(),
-        128
-    );
+    assert_eq!(activity_of(&long, 1).unwrap().tool.unwrap().len(), 128);
 }

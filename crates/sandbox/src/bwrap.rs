@@ -34,8 +34,8 @@ use crate::env::JobEnv;
 
 /// Where bubblewrap is on Debian (package `bubblewrap`).
 pub const BWRAP: &str = "/usr/bin/bwrap";
-/// The job's folder (prompt, event, `mcp.json`), read-only.
-pub const JOB_DIR: &str = "/job";
+/// The job's folder (prompt, event, `mcp.json`, the runner's input), read-only.
+pub const JOB_DIR: &str = protocol::job_dir::JOB_DIR;
 /// The repository the job works on, writable.
 pub const WORKSPACE: &str = "/workspace";
 /// The overlay (`PI_GLOBAL_PI_DIR`), read-only.
@@ -598,72 +598,11 @@ pub async fn spawn(bwrap: &Path, spec: &SandboxSpec, env: &JobEnv) -> Result<San
     // the job: every one is marked close-on-exec (the worker's own children never needed them).
     close_fds::set_fds_cloexec_threadsafe(3, &[]);
     let bound = bound(spec);
-    let mut mappings = Vec::new();
-    for (index, b) in bound.iter().enumerate() {
-        let opened = if b.folder {
-            open_folder(b.host)
-        } else {
-            open_bind(b.host)
-        };
-        let folder = opened.map_err(|source| SpawnError::Open {
-            what: b.what.clone(),
-            source,
-        })?;
-        mappings.push(FdMapping {
-            parent_fd: folder,
-            child_fd: bind_fd(index),
-        });
-    }
-    // The empty content of the resolver configuration: a file of bubblewrap's own making (a
-    // device such as /dev/null cannot be opened where the job's binds are).
-    if hidden_resolver(spec).is_some() {
-        let empty = std::fs::File::open("/dev/null")?;
-        mappings.push(FdMapping {
-            parent_fd: empty.into(),
-            child_fd: resolver_fd(spec),
-        });
-    }
+    let mut mappings = bound_descriptors(spec, &bound)?;
     let env_fd = env_file(&env_args(env))?;
     let (info_read, info_write) = io::pipe()?;
 
-    let mut command = match spec.prefix.split_first() {
-        Some((program, args)) => {
-            let mut c = std::process::Command::new(program);
-            c.args(args).arg(bwrap);
-            c
-        }
-        None => std::process::Command::new(bwrap),
-    };
-    match host_user(rustix::process::geteuid().as_raw(), spec) {
-        // Root: the stage binds the folders and starts the job user's bubblewrap (bound at
-        // /stage/bwrap), to which it passes the environment's descriptor on; the stage's first
-        // process is the sandbox's.
-        Some(user) => {
-            let folders: Vec<StageFolder> = bound
-                .iter()
-                .enumerate()
-                .map(|(index, b)| StageFolder {
-                    fd: bind_fd(index),
-                    place: b.stage.clone(),
-                    writable: b.writable,
-                })
-                .collect();
-            let inner = Path::new(STAGE).join("bwrap");
-            command
-                .args(stage_args(
-                    &spec.system,
-                    user,
-                    &folders,
-                    &[(bwrap.to_owned(), inner.clone())],
-                    Some(INFO_FD),
-                ))
-                .arg(inner)
-                .args(args_in_stage(spec));
-        }
-        None => {
-            command.args(args(spec));
-        }
-    }
+    let mut command = bwrap_command(bwrap, spec, &bound);
     command
         // bubblewrap itself runs with nothing of the worker's environment (no LD_*, no secret).
         .env_clear()
@@ -696,6 +635,80 @@ pub async fn spawn(bwrap: &Path, spec: &SandboxSpec, env: &JobEnv) -> Result<San
         init_pid: init.as_ref().and(init_pid),
         init,
     })
+}
+
+/// The folders and files the sandbox binds, each opened on the host (never followed again by
+/// path), at the descriptor bubblewrap takes it from; and, when the host's resolver configuration
+/// is hidden, the empty file put in its place.
+fn bound_descriptors(spec: &SandboxSpec, bound: &[Bound]) -> Result<Vec<FdMapping>, SpawnError> {
+    let mut mappings = Vec::new();
+    for (index, b) in bound.iter().enumerate() {
+        let opened = if b.folder {
+            open_folder(b.host)
+        } else {
+            open_bind(b.host)
+        };
+        let folder = opened.map_err(|source| SpawnError::Open {
+            what: b.what.clone(),
+            source,
+        })?;
+        mappings.push(FdMapping {
+            parent_fd: folder,
+            child_fd: bind_fd(index),
+        });
+    }
+    // The empty content of the resolver configuration: a file of bubblewrap's own making (a
+    // device such as /dev/null cannot be opened where the job's binds are).
+    if hidden_resolver(spec).is_some() {
+        let empty = std::fs::File::open("/dev/null")?;
+        mappings.push(FdMapping {
+            parent_fd: empty.into(),
+            child_fd: resolver_fd(spec),
+        });
+    }
+    Ok(mappings)
+}
+
+/// bubblewrap's command line (after the spec's prefix). As root, the stage binds the folders and
+/// starts the job user's bubblewrap (bound at /stage/bwrap), to which it passes the environment's
+/// descriptor on; the stage's first process is the sandbox's.
+fn bwrap_command(bwrap: &Path, spec: &SandboxSpec, bound: &[Bound]) -> std::process::Command {
+    let mut command = match spec.prefix.split_first() {
+        Some((program, args)) => {
+            let mut c = std::process::Command::new(program);
+            c.args(args).arg(bwrap);
+            c
+        }
+        None => std::process::Command::new(bwrap),
+    };
+    match host_user(rustix::process::geteuid().as_raw(), spec) {
+        Some(user) => {
+            let folders: Vec<StageFolder> = bound
+                .iter()
+                .enumerate()
+                .map(|(index, b)| StageFolder {
+                    fd: bind_fd(index),
+                    place: b.stage.clone(),
+                    writable: b.writable,
+                })
+                .collect();
+            let inner = Path::new(STAGE).join("bwrap");
+            command
+                .args(stage_args(
+                    &spec.system,
+                    user,
+                    &folders,
+                    &[(bwrap.to_owned(), inner.clone())],
+                    Some(INFO_FD),
+                ))
+                .arg(inner)
+                .args(args_in_stage(spec));
+        }
+        None => {
+            command.args(args(spec));
+        }
+    }
+    command
 }
 
 /// The environment in an anonymous memory file, at its start, for bubblewrap to read.

@@ -41,7 +41,7 @@ pub struct Parts<'a> {
     pub secrets: &'a [(String, Secret)],
     pub proxy: Option<&'a Proxy>,
     pub home: &'a str,
-    /// Values the worker computes for the job (`PATH` for the image, `PI_DISPATCH_MCP_DIGEST`, ...).
+    /// Values the worker computes for the job (`PATH` for the image, ...).
     pub computed: &'a [(String, String)],
     pub forge: Option<&'a ForgeToken>,
 }

@@ -13,7 +13,7 @@
 //! it need not be open to that user.
 
 use std::ffi::{OsStr, OsString};
-use std::io::Read as _;
+use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
@@ -131,6 +131,48 @@ pub enum Source {
 
 /// Runs the step and waits for it, at most `step.time`.
 pub fn run(step: Step<'_>) -> Result<Output, StepError> {
+    let mut command = step_command(&step);
+    command
+        .fd_mappings(vec![FdMapping {
+            parent_fd: step.folder,
+            child_fd: FOLDER_FD,
+        }])
+        .map_err(|_| StepError::Start(std::io::ErrorKind::InvalidInput))?;
+    let mut child = command.spawn().map_err(|e| StepError::Start(e.kind()))?;
+    drop(command);
+    let out_reader = read_kept(child.stdout.take(), step.stdout_kept);
+    let err_reader = read_kept(child.stderr.take(), STDERR_KEPT);
+    let deadline = Instant::now() + step.time;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            _ => break None,
+        }
+    };
+    let Some(status) = status else {
+        // bubblewrap leads its process group; the sandbox's first process dies with it
+        // (--die-with-parent), and everything in the sandbox with that.
+        spawn::signal::group(child.id(), spawn::signal::End::Kill);
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(StepError::TimedOut(step.time));
+    };
+    let (stdout, stdout_len) = out_reader.join().unwrap_or_default();
+    let (stderr, _) = err_reader.join().unwrap_or_default();
+    Ok(Output {
+        status,
+        stdout,
+        stdout_len,
+        stderr,
+    })
+}
+
+/// bubblewrap's command for the step: as root, through a stage that binds the folder for the
+/// step's user; otherwise with the folder on its descriptor.
+fn step_command(step: &Step<'_>) -> std::process::Command {
     let system = bwrap::host_system();
     let mut command = std::process::Command::new(step.bwrap);
     match step.user {
@@ -175,65 +217,26 @@ pub fn run(step: Step<'_>) -> Result<Output, StepError> {
         .stderr(Stdio::piped())
         .process_group(0);
     command
-        .fd_mappings(vec![FdMapping {
-            parent_fd: step.folder,
-            child_fd: FOLDER_FD,
-        }])
-        .map_err(|_| StepError::Start(std::io::ErrorKind::InvalidInput))?;
-    let mut child = command.spawn().map_err(|e| StepError::Start(e.kind()))?;
-    drop(command);
-    let stdout = child.stdout.take();
-    let kept = step.stdout_kept;
-    let out_reader = std::thread::spawn(move || {
+}
+
+/// Reads `from` to its end on a thread of its own (the pipe must not fill): its first `kept`
+/// bytes, and how many it gave in all.
+fn read_kept(
+    from: Option<impl Read + Send + 'static>,
+    kept: usize,
+) -> std::thread::JoinHandle<(Vec<u8>, u64)> {
+    std::thread::spawn(move || {
         let mut kept_bytes = Vec::new();
         let mut total = 0u64;
-        if let Some(mut out) = stdout {
+        if let Some(mut from) = from {
             let mut buf = [0u8; 8192];
-            while let Ok(n @ 1..) = out.read(&mut buf) {
+            while let Ok(n @ 1..) = from.read(&mut buf) {
                 total += n as u64;
                 let room = kept.saturating_sub(kept_bytes.len());
                 kept_bytes.extend_from_slice(&buf[..n.min(room)]);
             }
         }
         (kept_bytes, total)
-    });
-    let stderr = child.stderr.take();
-    let err_reader = std::thread::spawn(move || {
-        let mut kept_bytes = Vec::new();
-        if let Some(mut err) = stderr {
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = err.read(&mut buf) {
-                let room = STDERR_KEPT.saturating_sub(kept_bytes.len());
-                kept_bytes.extend_from_slice(&buf[..n.min(room)]);
-            }
-        }
-        kept_bytes
-    });
-    let deadline = Instant::now() + step.time;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            _ => break None,
-        }
-    };
-    let Some(status) = status else {
-        // bubblewrap leads its process group; the sandbox's first process dies with it
-        // (--die-with-parent), and everything in the sandbox with that.
-        spawn::signal::group(child.id(), spawn::signal::End::Kill);
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err(StepError::TimedOut(step.time));
-    };
-    let (stdout, stdout_len) = out_reader.join().unwrap_or_default();
-    let stderr = err_reader.join().unwrap_or_default();
-    Ok(Output {
-        status,
-        stdout,
-        stdout_len,
-        stderr,
     })
 }
 

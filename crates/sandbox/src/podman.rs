@@ -127,6 +127,45 @@ pub fn create_args(podman: &Podman, spec: &JobSpec, job_id: &str, name: &str) ->
     // A small init as process 1 reaps what the job orphans; when the job's program ends, the
     // container ends with everything in it.
     push(&[s("--init")]);
+    push(
+        &confinement_args(podman, spec)
+            .iter()
+            .map(OsString::as_os_str)
+            .collect::<Vec<_>>(),
+    );
+    let volume = |host: &Path, place: &str, mode: &str| {
+        let mut v = OsString::from(host.as_os_str());
+        v.push(format!(":{place}:{mode}"));
+        v
+    };
+    let job = volume(&spec.job_dir, JOB_DIR, "ro");
+    let overlay = volume(&spec.overlay_dir, OVERLAY, "ro");
+    let workspace = volume(&spec.workspace, WORKSPACE, "rw");
+    push(&[s("--volume"), &job, s("--volume"), &overlay]);
+    push(&[s("--volume"), &workspace]);
+    let image = match &podman.base_image {
+        Some(base) => {
+            let folder = volume(&spec.image_dir, IMAGE, "ro");
+            push(&[s("--volume"), &folder]);
+            base.clone()
+        }
+        None => protocol::image::container_ref(&spec.image_name),
+    };
+    push(&[s("--workdir"), s(WORKSPACE)]);
+    push(&[s(&image)]);
+    a.extend(podman.launcher.iter().cloned());
+    a.push(spec.program.clone());
+    a.extend(spec.args.iter().cloned());
+    a
+}
+
+/// What confines the container: no capability and no new privileges, the engine's masks off for a
+/// nesting runner, a read-only root with a tmpfs `/tmp`, the limits, the job's user and network,
+/// and none of the engine's own variables.
+fn confinement_args(podman: &Podman, spec: &JobSpec) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::new();
+    let mut push = |items: &[&OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
+    let s = OsStr::new;
     push(&[
         s("--cap-drop=all"),
         s("--security-opt"),
@@ -173,29 +212,6 @@ pub fn create_args(podman: &Podman, spec: &JobSpec, job_id: &str, name: &str) ->
     if !docker {
         push(&[s("--unsetenv-all")]);
     }
-    let volume = |host: &Path, place: &str, mode: &str| {
-        let mut v = OsString::from(host.as_os_str());
-        v.push(format!(":{place}:{mode}"));
-        v
-    };
-    let job = volume(&spec.job_dir, JOB_DIR, "ro");
-    let overlay = volume(&spec.overlay_dir, OVERLAY, "ro");
-    let workspace = volume(&spec.workspace, WORKSPACE, "rw");
-    push(&[s("--volume"), &job, s("--volume"), &overlay]);
-    push(&[s("--volume"), &workspace]);
-    let image = match &podman.base_image {
-        Some(base) => {
-            let folder = volume(&spec.image_dir, IMAGE, "ro");
-            push(&[s("--volume"), &folder]);
-            base.clone()
-        }
-        None => protocol::image::container_ref(&spec.image_name),
-    };
-    push(&[s("--workdir"), s(WORKSPACE)]);
-    push(&[s(&image)]);
-    a.extend(podman.launcher.iter().cloned());
-    a.push(spec.program.clone());
-    a.extend(spec.args.iter().cloned());
     a
 }
 

@@ -5,17 +5,18 @@
 //! final the issue gets the job's one comment: the answer, the pull request, or the fixed sentence
 //! of the rule that stopped it (`docs/forges.md`).
 
-use std::path::Path;
 use std::sync::Arc;
 
 use forge::git::{self, Author, Checkout};
-use forge::{ForgeError, Forges, Token};
+use forge::{ForgeError, Forges, Secret};
+use protocol::admitted::{Admitted, Flow, ForgeTarget};
 use protocol::detail::Detail;
 use protocol::forge_event::{Forge, ForgeEvent, Head};
 use protocol::job::Job;
 use protocol::reason::{Outcome, Reason, Stage};
 
-use records::record::{Record, now_ms};
+use crate::verdict::Verdict;
+use records::record::{Draft, Record};
 
 /// The branch a job's changes are pushed to.
 pub fn work_branch(job_id: &str) -> String {
@@ -32,64 +33,56 @@ pub fn author() -> Author {
 
 /// A forge job, ready to run.
 pub struct Prepared {
-    pub token: Token,
+    pub token: Secret,
     pub checkout: Checkout,
     pub clone_url: String,
     /// The branch the job starts from, and a `fix` job's pull request goes into.
     pub base: String,
 }
 
-/// Mints the job's token and clones its repository; a record (and whether to try again) when
-/// either cannot be done.
+/// Mints the job's token and clones its repository into the job's own folder; the record of
+/// the job when either cannot be done.
 pub async fn prepare(
     forges: &Forges,
-    job: &Job,
-    event: &ForgeEvent,
-    attempt: u32,
-    clone_dir: &Path,
-    owner: (u32, u32),
-) -> Result<Prepared, (Record, bool)> {
+    plan: &Admitted,
+    target: &ForgeTarget,
+    draft: &Draft,
+) -> Result<Prepared, Verdict> {
+    let event = &target.event;
+    let fault = |reason: Reason, e: ForgeError| fault(draft, reason, &e);
     let token = forges
         .mint(event)
         .await
-        .map_err(|e| fault(job, attempt, Reason::ForgeTokenFailed, &e))?;
-    let head = if event.pull_request {
-        match &event.head {
-            Some(h) => Some(h.clone()),
-            None => Some(
-                forges
-                    .pull_request_head(&token, event)
-                    .await
-                    .map_err(|e| fault(job, attempt, Reason::ForgeCloneFailed, &e))?,
-            ),
-        }
-    } else {
-        None
+        .map_err(|e| fault(Reason::ForgeTokenFailed, e))?;
+    let head = match (&event.head, event.pull_request) {
+        (Some(h), true) => Some(h.clone()),
+        (None, true) => Some(
+            forges
+                .pull_request_head(&token, event)
+                .await
+                .map_err(|e| fault(Reason::ForgeCloneFailed, e))?,
+        ),
+        (_, false) => None,
     };
     let (source, base) = refs(event, head.as_ref());
     let clone_url = forges
         .clone_url(event)
-        .map_err(|e| fault(job, attempt, Reason::ForgeTokenFailed, &e))?;
+        .map_err(|e| fault(Reason::ForgeTokenFailed, e))?;
     let authorization = Forges::git_authorization(event, &token);
     let checkout = git::clone(
-        clone_dir,
+        &plan.state_dir,
         &clone_url,
         &source,
         &authorization,
-        &work_branch(&job.id),
-        owner,
+        &work_branch(&plan.job_id),
+        (plan.workspace.uid, plan.workspace.gid),
     )
     .await
     .map_err(|e| {
-        tracing::warn!(event = "forge_clone_failed", job_id = %job.id, detail = %e);
-        let reason = Reason::ForgeCloneFailed;
-        (
-            Record::ended(job, reason, attempt, now_ms())
-                .with_detail(Detail::new(e.to_string()), reason.fix()),
-            true,
-        )
+        tracing::warn!(event = "forge_clone_failed", job_id = %plan.job_id, detail = %e);
+        Verdict::from(draft.failed(Reason::ForgeCloneFailed, Detail::new(e.to_string())))
     })?;
-    tracing::info!(event = "forge_cloned", job_id = %job.id, repository = %event.repository,
+    tracing::info!(event = "forge_cloned", job_id = %plan.job_id, repository = %event.repository,
         base = %base);
     Ok(Prepared {
         token,
@@ -120,18 +113,21 @@ pub fn refs(event: &ForgeEvent, head: Option<&Head>) -> (String, String) {
     }
 }
 
-fn fault(job: &Job, attempt: u32, reason: Reason, e: &ForgeError) -> (Record, bool) {
-    tracing::warn!(event = reason.log_event(), job_id = %job.id, detail = %e);
-    (
-        Record::ended(job, reason, attempt, now_ms())
-            .with_detail(Detail::new(e.to_string()), reason.fix()),
-        e.may_pass(),
-    )
+/// The record of a forge request that failed: `reason` (tried again) when a later try may pass,
+/// `forge-refused` (final) when the forge said no.
+fn fault(draft: &Draft, reason: Reason, e: &ForgeError) -> Verdict {
+    let reason = if e.may_pass() {
+        reason
+    } else {
+        Reason::ForgeRefused
+    };
+    tracing::warn!(event = reason.log_event(), job_id = %draft.job_id(), detail = %e);
+    draft.failed(reason, Detail::new(e.to_string())).into()
 }
 
 /// The job's prompt: the issue (or pull request) and the comment that started the job, then what
 /// the flow asks. The issue's text is the forge's content, which anyone who can write there wrote.
-pub fn prompt(event: &ForgeEvent, flow: &str, base: &str) -> String {
+pub fn prompt(event: &ForgeEvent, flow: Flow, base: &str) -> String {
     let item = if event.pull_request {
         event.forge.change_request()
     } else {
@@ -149,13 +145,13 @@ pub fn prompt(event: &ForgeEvent, flow: &str, base: &str) -> String {
     }
     text.push('\n');
     text.push_str(&match flow {
-        "fix" => format!(
+        Flow::Fix => format!(
             "Make the change this {item} asks for, in your working folder: a clone of the repository at {base}. \
              Do not commit or push; when you finish, pi-dispatch commits what you changed and proposes it as a {}. \
              End with a short summary of what you changed and why.\n",
             event.forge.change_request()
         ),
-        _ => format!(
+        Flow::Answer => format!(
             "Answer this {item}. Your final message is posted on it as a comment, exactly as you write it; \
              do not post it yourself. The repository is cloned in your working folder if you need to read it.\n"
         ),
@@ -179,14 +175,14 @@ pub fn publish_limits(settings: &config::settings::Settings) -> forge::tree::Lim
 /// record into `forge-delivery-failed` (the agent's work is kept in the job's clone).
 pub async fn deliver_fix(
     forges: &Forges,
-    job: &Job,
+    job_id: &str,
     event: &ForgeEvent,
     prepared: &Prepared,
     bounds: git::Bounds<'_>,
     record: &mut Record,
 ) {
     let failed = |record: &mut Record, why: String| {
-        delivery_ended(job, record, Reason::ForgeDeliveryFailed, why);
+        delivery_ended(job_id, record, Reason::ForgeDeliveryFailed, why);
     };
     // The delivery's own token, minted now: the job's may have run out with a long job (a GitHub
     // token lives an hour), and it is revoked once the delivery is done.
@@ -194,15 +190,15 @@ pub async fn deliver_fix(
         Ok(t) => t,
         Err(e) => return failed(record, e.to_string()),
     };
-    deliver_with(forges, job, event, prepared, bounds, &token, record).await;
+    deliver_with(forges, job_id, event, prepared, bounds, &token, record).await;
     if let Err(e) = forges.revoke(event, &token).await {
-        tracing::warn!(event = "forge_revoke_failed", job_id = %job.id, detail = %e);
+        tracing::warn!(event = "forge_revoke_failed", job_id = %job_id, detail = %e);
     }
 }
 
 /// A completed job's record turned into why its delivery did not happen.
-fn delivery_ended(job: &Job, record: &mut Record, reason: Reason, why: String) {
-    tracing::warn!(event = reason.log_event(), job_id = %job.id, reason = %reason, detail = %why);
+fn delivery_ended(job_id: &str, record: &mut Record, reason: Reason, why: String) {
+    tracing::warn!(event = reason.log_event(), job_id = %job_id, reason = %reason, detail = %why);
     record.outcome = reason.outcome();
     record.reason = Some(reason);
     record.detail = Some(Detail::new(why));
@@ -212,18 +208,18 @@ fn delivery_ended(job: &Job, record: &mut Record, reason: Reason, why: String) {
 /// [`deliver_fix`] with the delivery's token.
 async fn deliver_with(
     forges: &Forges,
-    job: &Job,
+    job_id: &str,
     event: &ForgeEvent,
     prepared: &Prepared,
     bounds: git::Bounds<'_>,
-    token: &Token,
+    token: &Secret,
     record: &mut Record,
 ) {
-    let branch = work_branch(&job.id);
+    let branch = work_branch(job_id);
     let authorization = Forges::git_authorization(event, token);
     let title = format!("{} (#{})", event.title, event.number);
     let ended = |record: &mut Record, reason: Reason, why: String| {
-        delivery_ended(job, record, reason, why);
+        delivery_ended(job_id, record, reason, why);
     };
     let failed = |record: &mut Record, why: String| ended(record, Reason::ForgeDeliveryFailed, why);
     let pushed = git::publish(
@@ -247,19 +243,19 @@ async fn deliver_with(
         }
         Err(e) => failed(record, e.to_string()),
         Ok(None) => {
-            tracing::info!(event = "forge_nothing_changed", job_id = %job.id);
+            tracing::info!(event = "forge_nothing_changed", job_id = %job_id);
         }
         Ok(Some(_)) => {
             let body = format!(
                 "Proposed by pi-dispatch for #{} (job {}). Nothing here is merged by pi-dispatch.",
-                event.number, job.id
+                event.number, job_id
             );
             match forges
                 .open_change_request(token, event, &branch, &prepared.base, &title, &body)
                 .await
             {
                 Ok(url) => {
-                    tracing::info!(event = "forge_change_proposed", job_id = %job.id, url = %url);
+                    tracing::info!(event = "forge_change_proposed", job_id = %job_id, url = %url);
                     record.pull_request = Some(url);
                 }
                 Err(e) => failed(record, e.to_string()),
@@ -413,6 +409,36 @@ mod tests {
         );
     }
 
+    /// The reason table alone says whether a job is run again: a forge that may answer later (no
+    /// connection, a 5xx, a 429) gives the step's own reason, which is retried; one that said no
+    /// gives `forge-refused`, which is final.
+    #[test]
+    fn a_forge_that_said_no_is_final_and_one_that_may_answer_later_is_retried() {
+        let draft = Draft::new(&Job::new("gh-1-t0", "label", "github"), 1);
+        let reason_of = |e: ForgeError| match fault(&draft, Reason::ForgeTokenFailed, &e) {
+            Verdict::Ended(r) => r.reason.unwrap(),
+            Verdict::HandBack => panic!("a forge fault handed the job back"),
+        };
+        let status = |status| ForgeError::Status { op: "mint", status };
+        for (e, reason) in [
+            (status(401), Reason::ForgeRefused),
+            (status(404), Reason::ForgeRefused),
+            (status(503), Reason::ForgeTokenFailed),
+            (status(429), Reason::ForgeTokenFailed),
+            (
+                ForgeError::Unreachable {
+                    op: "mint",
+                    why: "refused".into(),
+                },
+                Reason::ForgeTokenFailed,
+            ),
+        ] {
+            let got = reason_of(e.clone());
+            assert_eq!(got, reason, "{e}");
+            assert_eq!(got.retried(), reason == Reason::ForgeTokenFailed, "{e}");
+        }
+    }
+
     #[test]
     fn the_prompt_holds_the_issue_the_comment_and_the_flow() {
         let mut e = event(false);
@@ -423,9 +449,9 @@ mod tests {
             body: "/pi fix".into(),
             author: "maint".into(),
         });
-        let p = prompt(&e, "fix", "main");
+        let p = prompt(&e, Flow::Fix, "main");
         assert!(p.contains("issue #1 of example/repository: Wrong port"));
         assert!(p.contains("It says 8080.") && p.contains("/pi fix") && p.contains("pull request"));
-        assert!(prompt(&e, "answer", "main").contains("posted on it as a comment"));
+        assert!(prompt(&e, Flow::Answer, "main").contains("posted on it as a comment"));
     }
 }

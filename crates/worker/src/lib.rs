@@ -9,5 +9,7 @@ pub mod cron;
 pub mod egress;
 pub mod forge_job;
 pub mod pipeline;
+pub mod sandboxed;
 pub mod service;
 pub mod transcript;
+pub mod verdict;

@@ -15,17 +15,19 @@ use protocol::reason::{Outcome, Reason};
 use queue::{Lease, LeaseState, Queue, RetryDecision};
 use tokio::sync::watch;
 
-use crate::pipeline::{StopCause, StopSignal, Verdict, Worker};
-use records::record::{Record, Records, job_of, now_ms, stub, unix_ms};
+use crate::pipeline::Worker;
+use crate::verdict::{StopCause, StopSignal, Verdict, retried};
+use records::record::{Draft, Record, Records, job_of, now_ms, stub, unix_ms};
 
 /// What runs a leased job: the real [`Worker`] (admission, secrets, sandbox), or, for measuring
 /// the loop itself, anything else that says what became of a job. `stop` says when the job must
 /// end early (cancelled, or the worker stopping).
 pub trait Runner: Send + Sync + 'static {
+    /// Runs `job`, whose record `draft` begins.
     fn process(
         &self,
         job: &Job,
-        attempt: u32,
+        draft: Draft,
         stop: StopSignal,
     ) -> impl std::future::Future<Output = Verdict>;
 
@@ -40,10 +42,10 @@ impl Runner for Worker {
     fn process(
         &self,
         job: &Job,
-        attempt: u32,
+        draft: Draft,
         stop: StopSignal,
     ) -> impl std::future::Future<Output = Verdict> {
-        Worker::process(self, job, attempt, stop)
+        Worker::process(self, job, draft, stop)
     }
 
     fn settled(&self, job: &Job, record: &Record) -> impl std::future::Future<Output = ()> {
@@ -288,75 +290,91 @@ impl Slot<'_> {
                 tokio::time::sleep(options.cancel_poll).await;
             }
         };
+        let mut draft = Draft::new(&job, lease.attempt);
+        draft.queued_at(unix_ms(lease.queued_at));
         let verdict = tokio::select! {
-            v = worker.process(&job, lease.attempt, stop) => v,
+            v = worker.process(&job, draft, stop) => v,
             // The job is someone else's now (this worker was away past its lease): dropping the run
             // ends its sandbox, and the slot goes on with the next job.
             () = renewing => return,
             () = watching => return,
         };
-        let mut record = match verdict {
-            Verdict::Done(record) => record,
-            Verdict::HandBack => {
-                let l = lease.clone();
-                match self
-                    .queue_call(move |q| q.release(&l, SystemTime::now()))
-                    .await
-                {
-                    Ok(_) => {
-                        self.summary.handed_back.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(event = "job_handed_back", job_id = %job.id, attempt = lease.attempt);
-                    }
-                    Err(e) => queue_error(&e),
-                }
-                return;
+        match verdict {
+            Verdict::HandBack => self.hand_back(lease).await,
+            Verdict::Ended(record) if retried(&record) => {
+                self.retry_or_record(worker, &job, lease, *record).await;
             }
-            Verdict::Retry(record) => match self.retry(lease).await {
-                Ok(RetryDecision::Requeued { .. }) => {
-                    self.summary.retries.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(event = "job_retried", job_id = %job.id, attempt = lease.attempt,
-                        reason = record.reason.map(Reason::as_str));
-                    // An attempt that ran keeps its record: the next one links to it and adds
-                    // what it spent.
-                    if record.budget_reserved {
-                        let mut r = record.as_earlier_attempt();
-                        r.queued_at_ms = Some(unix_ms(lease.queued_at));
-                        self.write_record(&r);
-                    }
-                    return;
-                }
-                Ok(RetryDecision::NotHeld) => return,
-                Ok(RetryDecision::Exhausted) => {
-                    let mut r = record;
-                    r.queued_at_ms = Some(unix_ms(lease.queued_at));
-                    self.link_earlier(&mut r);
-                    self.write_record(&r);
-                    worker.settled(&job, &r).await;
-                    page(&r, options);
-                    return;
-                }
-                Err(e) => {
-                    queue_error(&e);
-                    return;
-                }
-            },
-        };
-        record.queued_at_ms = Some(unix_ms(lease.queued_at));
-        self.link_earlier(&mut record);
-        // The record first (a crash after it runs the job again, and the second record is not
-        // written), then the job done, and only then the page, which may take a while.
-        self.write_record(&record);
+            Verdict::Ended(record) => {
+                self.record_final(worker, &job, Some(lease), *record).await;
+            }
+        }
+    }
+
+    /// Gives the job back to the queue, with no record: the worker is stopping.
+    async fn hand_back(&self, lease: &Lease) {
         let l = lease.clone();
-        if let Err(e) = self
-            .queue_call(move |q| q.finish(&l, SystemTime::now()))
+        match self
+            .queue_call(move |q| q.release(&l, SystemTime::now()))
             .await
         {
-            queue_error(&e);
+            Ok(_) => {
+                self.summary.handed_back.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(event = "job_handed_back", job_id = %lease.job_id, attempt = lease.attempt);
+            }
+            Err(e) => queue_error(&e),
         }
-        // The comment after the job is done: a worker that dies here loses the comment, never
-        // posts it twice (a second attempt's comment is found by its mark).
-        worker.settled(&job, &record).await;
-        page(&record, options);
+    }
+
+    /// A job whose reason is retried: queued again while attempts remain (an attempt that ran
+    /// keeps its record, which the next one links to), else recorded.
+    async fn retry_or_record<R: Runner>(
+        &self,
+        worker: &R,
+        job: &Job,
+        lease: &Lease,
+        record: Record,
+    ) {
+        match self.retry(lease).await {
+            Ok(RetryDecision::Requeued { .. }) => {
+                self.summary.retries.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(event = "job_retried", job_id = %job.id, attempt = lease.attempt,
+                    reason = record.reason.map(Reason::as_str));
+                if record.budget_reserved {
+                    self.write_record(&record.as_earlier_attempt());
+                }
+            }
+            Ok(RetryDecision::NotHeld) => {}
+            // The retry left the job done in the queue.
+            Ok(RetryDecision::Exhausted) => self.record_final(worker, job, None, record).await,
+            Err(e) => queue_error(&e),
+        }
+    }
+
+    /// A job that is over: its record first (a crash after it runs the job again, and the second
+    /// record is not written), then the job done (`finish`, unless the queue did it), and only then
+    /// the comment and the page, which may take a while.
+    async fn record_final<R: Runner>(
+        &self,
+        worker: &R,
+        job: &Job,
+        finish: Option<&Lease>,
+        mut record: Record,
+    ) {
+        self.link_earlier(&mut record);
+        self.write_record(&record);
+        if let Some(lease) = finish {
+            let l = lease.clone();
+            if let Err(e) = self
+                .queue_call(move |q| q.finish(&l, SystemTime::now()))
+                .await
+            {
+                queue_error(&e);
+            }
+        }
+        // A worker that dies before the comment loses it, never posts it twice (a second
+        // attempt's comment is found by its mark).
+        worker.settled(job, &record).await;
+        page(&record, self.options);
     }
 
     /// Writes the record (once), naming this worker; a record that exists already is left as it

@@ -77,17 +77,17 @@ struct Answering {
 }
 
 impl Runner for Answering {
-    async fn process(&self, job: &Job, attempt: u32, _stop: StopSignal) -> Verdict {
+    async fn process(&self, job: &Job, draft: Draft, _stop: StopSignal) -> Verdict {
         while !self.queue.asked.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         self.queue.answered.store(true, Ordering::SeqCst);
         *self.ran.lock().unwrap() = true;
-        Verdict::Done(Record::new(
+        Verdict::from(Record::new(
             job,
             Outcome::Completed,
             None,
-            attempt,
+            draft.attempt(),
             now_ms(),
         ))
     }

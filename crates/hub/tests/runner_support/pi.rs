@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use hub::job::{Agent, JobOptions, run};
 use hub::pi_agent::PiOptions;
 use protocol::exit_line::ExitLine;
-use protocol::job_mcp::{DIGEST_VARIABLE, JobMcpFile};
+use protocol::job_dir::RunnerInput;
+use protocol::job_mcp::JobMcpFile;
 
 use super::bounded;
 
@@ -43,8 +44,8 @@ pub fn write(path: &Path, text: &str) {
 }
 
 /// One job of pi: its id, the job's `mcp.json`, its prompt, the overlay's `models.json`, its
-/// model (`provider/id`) and the worker's variables beyond `PATH` (Node first), pi's offline
-/// switches and the file's digest.
+/// model (`provider/id`), the worker's variables beyond `PATH` (Node first) and pi's offline
+/// switches, and the runner's input (with the file's digest added).
 pub struct PiJob<'a> {
     pub id: &'a str,
     pub file: &'a JobMcpFile,
@@ -52,6 +53,7 @@ pub struct PiJob<'a> {
     pub models_json: &'a str,
     pub model: &'a str,
     pub vars: &'a [(&'a str, &'a str)],
+    pub input: RunnerInput,
 }
 
 /// How pi reaches the hub in a test job.
@@ -96,13 +98,15 @@ pub async fn run_pi_job_over(f: &Folders, job: PiJob<'_>, transport: Transport) 
         ("PI_OFFLINE", "1"),
         ("PI_SKIP_VERSION_CHECK", "1"),
     ];
-    if servers {
-        vars.push((DIGEST_VARIABLE, job.file.digest.as_str()));
-    }
     vars.extend_from_slice(job.vars);
+    let input = RunnerInput {
+        mcp_digest: servers.then(|| job.file.digest.clone()),
+        ..job.input
+    };
     let env = super::runner_env(&f.home, &vars);
     let options = JobOptions {
         job_id: job.id.to_owned(),
+        input,
         job_dir: f.job.clone(),
         workspace: f.workspace.clone(),
         agent_dir: f.agent.clone(),

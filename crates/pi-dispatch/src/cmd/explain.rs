@@ -247,7 +247,7 @@ fn egress_needs(
     settings: &config::settings::Settings,
 ) -> Vec<Need> {
     use protocol::admitted::Egress;
-    let Egress::On { routes } = &a.egress else {
+    let Egress::On { routes, .. } = &a.egress else {
         return Vec::new();
     };
     let read = |p: &std::path::Path| files::read_file(p, 1024 * 1024).ok();

@@ -1,7 +1,7 @@
-//! `pi-dispatch job [--job-dir DIR] [--workspace DIR] [--agent-dir DIR] [--job-id ID] -- AGENT...`:
-//! the job's runner, inside the sandbox. It reads the per-job key from its standard input (one
-//! line), connects the job's MCP servers, serves them to the agent it starts, and prints the signed
-//! exit line as its last line of output.
+//! `pi-dispatch job [--job-dir DIR] [--workspace DIR] [--agent-dir DIR] -- AGENT...`: the job's
+//! runner, inside the sandbox. It reads the per-job key from its standard input (one line) and
+//! what the worker tells it from the job folder's `runner.json`, connects the job's MCP servers,
+//! serves them to the agent it starts, and prints the signed exit line as its last line of output.
 
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -11,7 +11,7 @@ use crate::exit::Exit;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The job's folder (mcp.json and the job's other files).
+    /// The job's folder (runner.json, mcp.json and the job's other files).
     #[arg(long, value_name = "DIR", default_value = "/job")]
     job_dir: PathBuf,
     /// Where the servers and the agent run.
@@ -20,9 +20,6 @@ pub struct Args {
     /// pi's private agent folder [default: $HOME/.pi-dispatch/agent]
     #[arg(long, value_name = "DIR")]
     agent_dir: Option<PathBuf>,
-    /// The job's id [default: PI_JOB_ID]
-    #[arg(long, value_name = "ID")]
-    job_id: Option<String>,
     /// Run real pi from this package folder (`@earendil-works/pi-coding-agent`) instead of a
     /// command given after `--`.
     #[arg(long, value_name = "DIR", conflicts_with = "agent")]
@@ -90,13 +87,18 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         anyhow::bail!("no job key on standard input");
     }
     let home = ctx.env("HOME").unwrap_or_else(|| "/tmp".to_owned());
+    let job_dir = ctx.absolute(&args.job_dir);
+    let job_id = ctx
+        .env(sandbox::env::JOB_ID)
+        .unwrap_or_else(|| "job".to_owned());
+    let input = match protocol::job_dir::RunnerInput::read(&job_dir) {
+        Ok(input) => input,
+        Err(e) => return exit(&hub::job::setup_failed(&job_id, e.to_string()), &key),
+    };
     let options = hub::job::JobOptions {
-        job_id: args
-            .job_id
-            .clone()
-            .or_else(|| ctx.env("PI_JOB_ID"))
-            .unwrap_or_else(|| "job".to_owned()),
-        job_dir: ctx.absolute(&args.job_dir),
+        job_id,
+        input,
+        job_dir: job_dir.clone(),
         workspace: ctx.absolute(&args.workspace),
         agent_dir: args
             .agent_dir
@@ -111,7 +113,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
                     .map_or_else(|| PathBuf::from("node"), |n| ctx.absolute(n)),
                 package: ctx.absolute(package),
                 prompt: args.prompt.as_ref().map_or_else(
-                    || ctx.absolute(&args.job_dir).join("prompt.md"),
+                    || job_dir.join(protocol::job_dir::PROMPT),
                     |p| ctx.absolute(p),
                 ),
                 model: model(args, ctx),
@@ -136,9 +138,15 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         .enable_all()
         .build()?;
     let line = runtime.block_on(hub::job::run(options));
-    let text = protocol::exit_line::sign(&line, key.as_bytes())?;
-    crate::output::print(&format!("{text}\n"))?;
+    let exit = exit(&line, &key);
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    exit
+}
+
+/// Prints the exit line, signed with the job's key, as the runner's last line.
+fn exit(line: &protocol::exit_line::ExitLine, key: &str) -> anyhow::Result<Exit> {
+    let text = protocol::exit_line::sign(line, key.as_bytes())?;
+    crate::output::print(&format!("{text}\n"))?;
     Ok(match line.code {
         0 => Exit::Success,
         1 => Exit::CheckFailed,

@@ -97,7 +97,7 @@ pub fn forges(
             pickup::admission::gitlab_api_url(url).map(|api_url| forge::GitlabDeployment {
                 url: api_url.trim_end_matches("/api/v4").to_owned(),
                 api_url,
-                token: forge::Token::new(token),
+                token: forge::Secret::new(token),
             })
         }
         _ => None,
@@ -193,7 +193,6 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         identities,
         disks,
         forges,
-        jobs_dir: state.join("jobs"),
         locks_dir: state.join("locks"),
         backend: match &settings.sandbox {
             config::settings::SandboxBackend::Bubblewrap => Arc::new(Bubblewrap {

