@@ -228,7 +228,7 @@ fn forge_checks(
             }
             Some(Err(why)) => out.push(Check::fail("forge.github", 
                 format!(
-                    "the GitHub App's key ({}) {why}: github jobs would end forge-token-failed",
+                    "the GitHub App's key ({}) {why}: github jobs are refused (forge-unconfigured)",
                     file.display()
                 ),
                 format!(

@@ -60,42 +60,35 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     Ok(report.exit())
 }
 
-/// What the report says of a file that is not used: it cannot be read, or it is read and refused.
-trait Refusal {
-    fn is_invalid(&self) -> bool;
-    fn errors(&self) -> Vec<ErrorReport>;
+/// Whether the file was read as JSON and refused for its triggers, rather than unreadable.
+fn is_invalid(refusal: &FileRefusal) -> bool {
+    matches!(
+        refusal,
+        FileRefusal::Refused {
+            error: TriggersError::Invalid(_),
+            ..
+        }
+    )
 }
 
-impl Refusal for FileRefusal {
-    /// Whether the file was read as JSON and refused for its triggers, rather than unreadable.
-    fn is_invalid(&self) -> bool {
-        matches!(
-            self,
-            FileRefusal::Refused {
-                error: TriggersError::Invalid(_),
-                ..
-            }
-        )
-    }
-
-    /// Every error: the file's, by trigger and field; or one for the file as a whole (empty path).
-    fn errors(&self) -> Vec<ErrorReport> {
-        match self {
-            FileRefusal::Unreadable { error, .. } => {
-                vec![ErrorReport::whole(format!("triggers.json {error}"))]
-            }
-            FileRefusal::Refused {
-                error: TriggersError::Invalid(errors),
-                ..
-            } => errors
-                .iter()
-                .map(|e| ErrorReport {
-                    path: e.path.clone(),
-                    message: e.message.clone(),
-                })
-                .collect(),
-            FileRefusal::Refused { error, .. } => vec![ErrorReport::whole(error.to_string())],
+/// What the report says of a file that is not used: every error, the file's by trigger and field,
+/// or one for the file as a whole (empty path).
+fn errors(refusal: &FileRefusal) -> Vec<ErrorReport> {
+    match refusal {
+        FileRefusal::Unreadable { error, .. } => {
+            vec![ErrorReport::whole(format!("triggers.json {error}"))]
         }
+        FileRefusal::Refused {
+            error: TriggersError::Invalid(errors),
+            ..
+        } => errors
+            .iter()
+            .map(|e| ErrorReport {
+                path: e.path.clone(),
+                message: e.message.clone(),
+            })
+            .collect(),
+        FileRefusal::Refused { error, .. } => vec![ErrorReport::whole(error.to_string())],
     }
 }
 
@@ -160,10 +153,10 @@ impl Report {
                 file,
                 valid: false,
                 code: Some(e.code()),
-                errors: e.errors(),
+                errors: errors(e),
                 triggers: Vec::new(),
                 warnings: Vec::new(),
-                readable: e.is_invalid(),
+                readable: is_invalid(e),
             },
         }
     }

@@ -496,7 +496,7 @@ fn the_forges_keys_and_settings_are_checked_as_the_worker_reads_them() {
     assert_eq!(run.code, 1);
     let failed = failures(&run).join("\n");
     assert!(
-        failed.contains("the GitHub App's key") && failed.contains("forge-token-failed"),
+        failed.contains("the GitHub App's key") && failed.contains("forge-unconfigured"),
         "{}",
         run.stdout
     );
