@@ -58,7 +58,20 @@ struct Git<'a> {
     authorization: Option<&'a str>,
 }
 
-impl Git<'_> {
+impl<'a> Git<'a> {
+    /// git with `home` as its only configuration: without the forge's header, and with it.
+    fn pair(home: &'a Path, authorization: &'a str) -> (Git<'a>, Git<'a>) {
+        let plain = Git {
+            home,
+            authorization: None,
+        };
+        let authed = Git {
+            home,
+            authorization: Some(authorization),
+        };
+        (plain, authed)
+    }
+
     fn command(&self, args: &[&std::ffi::OsStr]) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::from(self.std_command(args));
         cmd.kill_on_drop(true);
@@ -145,14 +158,7 @@ pub async fn clone(
         }
     }
     std::fs::create_dir_all(&home).map_err(|e| failed("make its home", e.kind().to_string()))?;
-    let plain = Git {
-        home: &home,
-        authorization: None,
-    };
-    let authed = Git {
-        home: &home,
-        authorization: Some(authorization),
-    };
+    let (plain, authed) = Git::pair(&home, authorization);
     plain
         .run(
             "make the worker's repository",
@@ -269,14 +275,7 @@ pub async fn publish(
         .parent()
         .ok_or_else(|| failed("find the job's folder", "no parent"))?;
     let home = dir.join("git-home");
-    let plain = Git {
-        home: &home,
-        authorization: None,
-    };
-    let authed = Git {
-        home: &home,
-        authorization: Some(authorization),
-    };
+    let (plain, authed) = Git::pair(&home, authorization);
     let in_origin = |rest: &[&str]| -> Vec<std::ffi::OsString> {
         [
             os("--git-dir").to_owned(),

@@ -245,6 +245,7 @@ fn decide_steps(i: &Inputs) -> Step<Admitted> {
         kind,
         trigger_type: job.trigger_type.clone(),
         work,
+        flow: job.flow.clone(),
         image_dir: i.settings.dir.join("images").join(&image),
         state_dir: job_state_dir(&i.settings.dir, &job.id),
         image,

@@ -25,6 +25,10 @@ pub struct Admitted {
     /// What the agent is asked to do.
     #[serde(skip)]
     pub work: Work,
+    /// `run.flow` as the trigger names it (a forge job's is also in its [`ForgeTarget`]): the
+    /// job's `event.json` tells it to the agent.
+    #[serde(skip)]
+    pub flow: Option<String>,
     /// The job image's name (`images/NAME/` on the embedded backend).
     pub image: String,
     /// Where that image is on this host (`images/NAME/` of the deployment).

@@ -879,12 +879,7 @@ mod tests {
         }
     }
 
-    fn text(a: &[OsString]) -> String {
-        a.iter()
-            .map(|s| s.to_string_lossy().into_owned())
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
+    use crate::args_text as text;
 
     #[test]
     fn the_command_line_of_a_job() {

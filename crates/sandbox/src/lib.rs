@@ -22,3 +22,12 @@ pub mod isolated;
 pub mod launcher;
 pub mod podman;
 pub mod secrets;
+
+/// A command line as one line of text, for the tests that compare one.
+#[cfg(test)]
+pub(crate) fn args_text(a: &[std::ffi::OsString]) -> String {
+    a.iter()
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}

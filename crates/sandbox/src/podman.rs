@@ -444,12 +444,7 @@ mod tests {
         }
     }
 
-    fn text(a: &[OsString]) -> String {
-        a.iter()
-            .map(|s| s.to_string_lossy().into_owned())
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
+    use crate::args_text as text;
 
     #[test]
     fn docker_is_given_the_options_only_podman_has_in_its_own_words() {

@@ -122,13 +122,12 @@ fn write_job_folder(plan: &Admitted, prompt: String) -> std::io::Result<PathBuf>
     std::fs::create_dir_all(&folder)?;
     std::fs::set_permissions(&plan.state_dir, std::fs::Permissions::from_mode(0o755))?;
     std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o755))?;
-    let forge = plan.work.forge();
     let event = serde_json::json!({
         "jobId": plan.job_id,
         "kind": plan.kind.as_str(),
         "trigger": plan.trigger_type,
-        "flow": forge.map(|t| t.flow.as_str()),
-        "event": forge.map(|t| &t.event),
+        "flow": plan.flow,
+        "event": plan.work.forge().map(|t| &t.event),
     });
     for (name, text) in [
         (job_dir::PROMPT, prompt),
