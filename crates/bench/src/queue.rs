@@ -192,6 +192,7 @@ pub fn measure_service(jobs: &[(String, String)], slots: u32) -> anyhow::Result<
         poll: Duration::from_millis(10),
         cancel_poll: Duration::from_millis(500),
         on_failure: None,
+        disk: None,
     };
     let start = Instant::now();
     let summary = worker::service::run(

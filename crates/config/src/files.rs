@@ -7,6 +7,8 @@
 //! there) or linked there (only if nothing is), so that a crash at any moment leaves either the old
 //! file or the new one.
 //!
+//! And how much room the deployment's disk has left ([`free_bytes`], judged by [`Room::of`]).
+//!
 //! This is the one place the config crate touches the file system; everything else parses bytes.
 
 use std::fs::{self, File, OpenOptions};
@@ -178,6 +180,36 @@ pub fn create_new(target: &Path, bytes: &[u8], mode: u32) -> io::Result<bool> {
     }
 }
 
+/// The space left on the file system holding `path` for a writer without privileges, in bytes.
+pub fn free_bytes(path: &Path) -> io::Result<u64> {
+    let fs = rustix::fs::statvfs(path)?;
+    Ok(fs.f_bavail.saturating_mul(fs.f_frsize))
+}
+
+/// How much room the state folder's disk has, against `PI_DISK_WARN_MB` and `PI_DISK_MIN_MB`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    Enough,
+    /// Below the warning level: doctor warns, jobs still start.
+    Low,
+    /// Below the minimum: doctor fails, and the worker starts no job until there is room again.
+    NearlyFull,
+}
+
+impl Room {
+    /// The room `free` bytes leave, with the warning level `warn` and the minimum `min` (in bytes).
+    /// Pure.
+    pub fn of(free: u64, warn: u64, min: u64) -> Room {
+        if free < min {
+            Room::NearlyFull
+        } else if free < warn {
+            Room::Low
+        } else {
+            Room::Enough
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +248,26 @@ mod tests {
         write_atomic(&target, b"new", 0o644).unwrap();
         assert_eq!(fs::read(&target).unwrap(), b"new");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn the_room_left_is_judged_against_both_levels() {
+        let mib = 1 << 20;
+        assert_eq!(Room::of(5000 * mib, 4096 * mib, 1024 * mib), Room::Enough);
+        assert_eq!(Room::of(2000 * mib, 4096 * mib, 1024 * mib), Room::Low);
+        assert_eq!(
+            Room::of(1000 * mib, 4096 * mib, 1024 * mib),
+            Room::NearlyFull
+        );
+        // A minimum above the warning level: nearly full is what counts.
+        assert_eq!(
+            Room::of(3000 * mib, 1024 * mib, 4096 * mib),
+            Room::NearlyFull
+        );
+        assert_eq!(Room::of(0, 0, 0), Room::Enough);
+        let dir = tempfile::tempdir().unwrap();
+        assert!(free_bytes(dir.path()).unwrap() > 0);
+        assert!(free_bytes(&dir.path().join("missing")).is_err());
     }
 
     #[test]

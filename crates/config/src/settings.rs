@@ -78,6 +78,12 @@ pub const DEFAULT_JOB_DISK_MB: u64 = 4096;
 pub const DEFAULT_JOB_PIDS: u64 = 1024;
 pub const DEFAULT_JOB_MEMORY_MB: u64 = 4096;
 pub const DEFAULT_JOB_CPU_SECS: u64 = 7200;
+/// The free space the state folder's file system keeps, in MiB: below the first doctor warns; below
+/// the second doctor fails and the worker starts no job (its jobs wait in the queue).
+pub const DISK_WARN_SETTING: &str = "PI_DISK_WARN_MB";
+pub const DISK_MIN_SETTING: &str = "PI_DISK_MIN_MB";
+pub const DEFAULT_DISK_WARN_MB: u64 = 4096;
+pub const DEFAULT_DISK_MIN_MB: u64 = 1024;
 /// The host ids (uid and gid alike) a root worker's jobs run as, one for each running job, as
 /// `FIRST-LAST`: no user, group or other process of the host may use them (docs/sandbox.md).
 pub const JOB_UIDS_SETTING: &str = "PI_JOB_UIDS";
@@ -104,7 +110,7 @@ pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 37] = [
+pub const ALL: [&str; 39] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
@@ -142,6 +148,8 @@ pub const ALL: [&str; 37] = [
     JOB_CPU_SETTING,
     JOB_DISK_SETTING,
     JOB_UIDS_SETTING,
+    DISK_WARN_SETTING,
+    DISK_MIN_SETTING,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -284,6 +292,10 @@ pub struct Settings {
     pub job_disk_bytes: u64,
     /// `PI_JOB_UIDS`, first and last.
     pub job_uids: (u32, u32),
+    /// `PI_DISK_WARN_MB` and `PI_DISK_MIN_MB`, in bytes: the free space of the state folder's
+    /// file system below which doctor warns, and below which no job starts.
+    pub disk_warn_bytes: u64,
+    pub disk_min_bytes: u64,
 }
 
 /// Where jobs run.
@@ -553,6 +565,8 @@ pub fn resolve(
     let job_memory_mb = number(JOB_MEMORY_SETTING, DEFAULT_JOB_MEMORY_MB, 64, 1 << 24);
     let job_cpu_secs = number(JOB_CPU_SETTING, DEFAULT_JOB_CPU_SECS, 1, 30 * 24 * 3600);
     let job_disk_mb = number(JOB_DISK_SETTING, DEFAULT_JOB_DISK_MB, 16, 1 << 24);
+    let disk_warn_mb = number(DISK_WARN_SETTING, DEFAULT_DISK_WARN_MB, 0, 1 << 30);
+    let disk_min_mb = number(DISK_MIN_SETTING, DEFAULT_DISK_MIN_MB, 0, 1 << 30);
     let drain_limit_secs = number(
         DRAIN_LIMIT_SETTING,
         DEFAULT_DRAIN_LIMIT_SECS,
@@ -699,6 +713,8 @@ pub fn resolve(
         job_cpu_secs,
         job_disk_bytes: job_disk_mb << 20,
         job_uids,
+        disk_warn_bytes: disk_warn_mb << 20,
+        disk_min_bytes: disk_min_mb << 20,
     })
 }
 

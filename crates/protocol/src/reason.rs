@@ -317,6 +317,9 @@ reasons! {
     Cancelled = "cancelled", Worker, Cancelled, None, false,
         "The job was cancelled.",
         "queue it again if it should run";
+    DiskNearlyFull = "disk-nearly-full", Worker, Failed, None, true,
+        "The deployment's disk was nearly full, so no job was started; the jobs wait in the queue.",
+        "free space on the state folder's file system (or lower PI_DISK_MIN_MB); the worker starts jobs again by itself";
     ContainerNeverStarted = "container-never-started", Worker, Failed, None, true,
         "The job's sandbox did not start.",
         "run `pi-dispatch doctor`: bubblewrap and the job image must work on this host";

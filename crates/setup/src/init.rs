@@ -109,6 +109,11 @@ const ENV: &str = "\
 # The ids (uid and gid) a root worker runs its jobs as, one for each running job, FIRST-LAST: no
 # user, group or other process of this host may use them.
 # PI_JOB_UIDS=1879048192-1879048447
+# Free space, in MiB, on the file system of the deployment's state (records, transcripts, job
+# folders, the queue): below the first doctor warns; below the second doctor fails and the worker
+# starts no job (they wait in the queue) until there is room again.
+# PI_DISK_WARN_MB=4096
+# PI_DISK_MIN_MB=1024
 # The queue: sqlite (the default: state/queue.sqlite3), or one Redis shared by the workers of
 # several hosts, as redis://HOST:PORT/DB (rediss:// with TLS). Its password, if it has one, goes in
 # PI_QUEUE_PASSWORD (in the worker's environment file), never in the URL.

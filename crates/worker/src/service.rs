@@ -70,6 +70,18 @@ pub struct LoopOptions {
     pub cancel_poll: Duration,
     /// `PI_ON_FAILURE`.
     pub on_failure: Option<PathBuf>,
+    /// The room a job needs on the deployment's disk to start; `None` starts jobs whatever the
+    /// disk holds.
+    pub disk: Option<DiskGate>,
+}
+
+/// No job starts while the file system holding `folder` has less than `min_free` bytes free
+/// (`PI_DISK_MIN_MB`): the jobs wait in the queue, and the worker says so once.
+#[derive(Debug, Clone)]
+pub struct DiskGate {
+    /// The deployment's state folder.
+    pub folder: PathBuf,
+    pub min_free: u64,
 }
 
 /// What the loop did.
@@ -78,6 +90,8 @@ pub struct Summary {
     pub records: AtomicUsize,
     pub retries: AtomicUsize,
     pub handed_back: AtomicUsize,
+    /// Whether the disk is nearly full now (said once when it becomes so, once when it is not).
+    pub disk_full: AtomicBool,
 }
 
 /// Tells the loop to stop: first it drains (takes no new job, lets the running ones finish), then
@@ -186,6 +200,15 @@ impl Slot<'_> {
             if self.control.is_draining() {
                 return;
             }
+            // A nearly full disk starts no job: the jobs wait in the queue (a worker that is to
+            // stop once it is empty stops, leaving them there).
+            if !self.room_for_a_job() {
+                if self.options.until_empty {
+                    return;
+                }
+                tokio::time::sleep(self.options.poll).await;
+                continue;
+            }
             let now = SystemTime::now();
             match self.queue_call(move |q| q.take_lost(now)).await {
                 Ok(lost) => {
@@ -223,6 +246,37 @@ impl Slot<'_> {
             };
             self.run_one(worker, &lease).await;
         }
+    }
+
+    /// Whether the deployment's disk has room for a job to start. The worker says it once when the
+    /// disk becomes nearly full (a warning and a page, reason `disk-nearly-full`) and once when
+    /// there is room again. A disk whose room cannot be read is not held against the jobs.
+    fn room_for_a_job(&self) -> bool {
+        let Some(gate) = &self.options.disk else {
+            return true;
+        };
+        let free = match config::files::free_bytes(&gate.folder) {
+            Ok(free) => free,
+            Err(_) => return true,
+        };
+        let full = free < gate.min_free;
+        let was = self.summary.disk_full.swap(full, Ordering::SeqCst);
+        let reason = Reason::DiskNearlyFull;
+        match (was, full) {
+            (false, true) => {
+                tracing::warn!(event = "disk_nearly_full", reason = %reason,
+                    free_mb = free >> 20, min_mb = gate.min_free >> 20,
+                    setting = config::settings::DISK_MIN_SETTING, fix = reason.fix());
+                if let Some(program) = &self.options.on_failure {
+                    on_failure(program, "-", Outcome::Failed, reason);
+                }
+            }
+            (true, false) => {
+                tracing::info!(event = "disk_room_again", free_mb = free >> 20);
+            }
+            _ => {}
+        }
+        !full
     }
 
     async fn retry(&self, lease: &Lease) -> Result<RetryDecision, queue::QueueError> {
@@ -424,28 +478,25 @@ fn page(record: &Record, options: &LoopOptions) {
         && record.budget_reserved
         && !matches!(record.outcome, Outcome::Completed | Outcome::Cancelled)
     {
-        on_failure(program, record);
+        let reason = record.reason.unwrap_or(Reason::RunnerReasonUnknown);
+        on_failure(program, &record.job_id, record.outcome, reason);
     }
 }
 
-/// `PROGRAM JOB_ID OUTCOME REASON HOST`, with the worker's environment, its output discarded,
-/// at most 30 s.
-fn on_failure(program: &std::path::Path, record: &Record) {
+/// `PROGRAM JOB_ID OUTCOME REASON HOST` (`-` for the job of a page about the worker itself), with
+/// the worker's environment, its output discarded, at most 30 s.
+fn on_failure(program: &std::path::Path, job_id: &str, outcome: Outcome, reason: Reason) {
     // Every token is plain (`^[a-z0-9-]{1,40}$`, tested with the reasons).
-    let reason = record
-        .reason
-        .unwrap_or(Reason::RunnerReasonUnknown)
-        .as_str();
     let host = egress::proxy::host_name();
     let mut command = std::process::Command::new(program);
     command
-        .args([&record.job_id, record.outcome.as_str(), reason, &host])
+        .args([job_id, outcome.as_str(), reason.as_str(), &host])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     let child = spawn::retry_busy(|| command.spawn());
     let Ok(mut child) = child else {
-        tracing::warn!(event = "on_failure_failed", job_id = %record.job_id);
+        tracing::warn!(event = "on_failure_failed", job_id = %job_id);
         return;
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);

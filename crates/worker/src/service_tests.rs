@@ -122,6 +122,7 @@ fn a_queue_that_blocks_does_not_hold_up_the_running_job() {
         poll: Duration::from_millis(10),
         cancel_poll: Duration::from_millis(10),
         on_failure: None,
+        disk: None,
     };
     let summary = run(
         runner.clone(),
@@ -139,4 +140,88 @@ fn a_queue_that_blocks_does_not_hold_up_the_running_job() {
         !queue.gave_up.load(Ordering::SeqCst),
         "the job could not run while the queue call waited: the call ran on the slot's loop"
     );
+}
+
+/// Runs the loop once to its end over a queue holding one job, with `min_free` bytes asked of the
+/// disk of `dir` and a pager that writes what it is told into `dir/paged`.
+fn run_with_disk(dir: &std::path::Path, queue: &Arc<SqliteQueue>, min_free: u64) -> Arc<Summary> {
+    let pager = dir.join("pager");
+    std::fs::write(
+        &pager,
+        format!(
+            "#!/bin/sh\necho \"$@\" >> {}\n",
+            dir.join("paged").display()
+        ),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&pager, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let options = LoopOptions {
+        worker_id: "test:1".to_owned(),
+        lease_for: Duration::from_secs(300),
+        concurrency: 2,
+        until_empty: true,
+        poll: Duration::from_millis(10),
+        cancel_poll: Duration::from_millis(10),
+        on_failure: Some(pager),
+        disk: Some(DiskGate {
+            folder: dir.to_owned(),
+            min_free,
+        }),
+    };
+    run(
+        Arc::new(Completing),
+        queue.clone(),
+        Arc::new(Records::new(dir.join("runs"))),
+        &options,
+        Arc::new(Control::default()),
+    )
+}
+
+/// Completes every job at once.
+struct Completing;
+
+impl Runner for Completing {
+    async fn process(&self, job: &Job, draft: Draft, _stop: StopSignal) -> Verdict {
+        Verdict::from(Record::new(
+            job,
+            Outcome::Completed,
+            None,
+            draft.attempt(),
+            now_ms(),
+        ))
+    }
+}
+
+/// A disk with less room than the minimum starts no job: the job waits in the queue, no record is
+/// written, and the worker pages once for its whole pool of slots, with the reason. With room again
+/// (the control) the same job runs and is recorded.
+#[test]
+fn a_nearly_full_disk_starts_no_job_and_the_job_waits_in_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = Arc::new(SqliteQueue::open(&dir.path().join("queue.db")).unwrap());
+    let job = Job::new("j-disk", "cli", "local");
+    queue
+        .enqueue(
+            "j-disk",
+            &serde_json::to_string(&job).unwrap(),
+            SystemTime::now(),
+        )
+        .unwrap();
+    let summary = run_with_disk(dir.path(), &queue, u64::MAX);
+    assert!(summary.disk_full.load(Ordering::SeqCst));
+    assert_eq!(summary.records.load(Ordering::Relaxed), 0);
+    let status = queue.status(SystemTime::now(), 10).unwrap();
+    assert_eq!(status.open.len(), 1, "the job is not in the queue any more");
+    assert_eq!(status.open[0].attempt, 0, "waiting spent an attempt");
+    let paged = std::fs::read_to_string(dir.path().join("paged")).unwrap();
+    assert_eq!(paged.lines().count(), 1, "{paged}");
+    assert!(paged.starts_with("- failed disk-nearly-full "), "{paged}");
+    // Room again: the job runs.
+    let summary = run_with_disk(dir.path(), &queue, 0);
+    assert!(!summary.disk_full.load(Ordering::SeqCst));
+    assert_eq!(summary.records.load(Ordering::Relaxed), 1);
+    assert!(queue.status(SystemTime::now(), 10).unwrap().open.is_empty());
 }

@@ -118,6 +118,7 @@ pub fn checks(ctx: &Context, fix: bool) -> anyhow::Result<Vec<Check>> {
                 checks.extend(queue_checks(&settings, &env));
                 checks.extend(forge_checks(&settings, &env));
                 checks.extend(admission_checks(&settings, &env));
+                checks.push(disk_check(&settings));
             }
             checks.extend(
                 notes
@@ -128,6 +129,63 @@ pub fn checks(ctx: &Context, fix: bool) -> anyhow::Result<Vec<Check>> {
             checks
         }
     })
+}
+
+/// The room left on the file system of the deployment's state (its records, transcripts, job
+/// folders and the queue): a warning below `PI_DISK_WARN_MB`, a failure below `PI_DISK_MIN_MB`,
+/// where the worker starts no job.
+fn disk_check(settings: &config::settings::Settings) -> Check {
+    use config::files::Room;
+    use config::settings as s;
+    let state = settings.dir.join("state");
+    let folder = if state.is_dir() {
+        &state
+    } else {
+        &settings.dir
+    };
+    let free = match config::files::free_bytes(folder) {
+        Ok(free) => free,
+        Err(e) => {
+            return Check::warn(
+                "disk.state",
+                format!(
+                    "the room left on {}'s disk cannot be read ({})",
+                    folder.display(),
+                    e.kind()
+                ),
+                "check that the worker's user can reach the deployment's folder",
+            );
+        }
+    };
+    let mib = |bytes: u64| bytes >> 20;
+    let label = |how: &str| {
+        format!(
+            "disk: {} MiB free on {}'s file system{how}",
+            mib(free),
+            folder.display()
+        )
+    };
+    match Room::of(free, settings.disk_warn_bytes, settings.disk_min_bytes) {
+        Room::Enough => Check::ok("disk.state", label("")),
+        Room::Low => Check::warn(
+            "disk.state",
+            label(&format!(
+                ", below {} ({} MiB)",
+                s::DISK_WARN_SETTING,
+                mib(settings.disk_warn_bytes)
+            )),
+            "free space there soon: below PI_DISK_MIN_MB the worker starts no job",
+        ),
+        Room::NearlyFull => Check::fail(
+            "disk.state",
+            label(&format!(
+                ", below {} ({} MiB): the worker starts no job",
+                s::DISK_MIN_SETTING,
+                mib(settings.disk_min_bytes)
+            )),
+            protocol::reason::Reason::DiskNearlyFull.fix(),
+        ),
+    }
 }
 
 /// The queue, when it is a Redis: that it answers (within a few seconds), its version, and

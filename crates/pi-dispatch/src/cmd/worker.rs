@@ -132,6 +132,10 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         poll: Duration::from_millis(args.poll_ms.max(10)),
         cancel_poll: Duration::from_millis(500),
         on_failure: settings.on_failure.clone(),
+        disk: Some(worker::service::DiskGate {
+            folder: state.clone(),
+            min_free: settings.disk_min_bytes,
+        }),
     };
     let drain_limit = Duration::from_secs(settings.drain_limit_secs);
     let egress_control = settings.egress_proxy_dir.join(egress::control::SOCKET);

@@ -54,7 +54,61 @@ fn a_realistic_deployment_reads_clearly() {
         "{}",
         run.stdout
     );
-    insta::assert_snapshot!("doctor_realistic", d.redact(&run.stdout));
+    insta::assert_snapshot!("doctor_realistic", free_mib_masked(&d.redact(&run.stdout)));
+}
+
+/// The output with the free space of the state's disk, which changes from run to run, as `N`.
+fn free_mib_masked(text: &str) -> String {
+    text.lines()
+        .map(|l| {
+            match l
+                .split_once("disk: ")
+                .map(|(head, rest)| (head, rest.split_once(" MiB free")))
+            {
+                Some((head, Some((_, tail)))) => format!("{head}disk: N MiB free{tail}"),
+                _ => l.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+/// The state's disk is checked against PI_DISK_WARN_MB and PI_DISK_MIN_MB: with levels above
+/// what any disk here has, a warning, then a failure that says no job starts; with the defaults,
+/// fine (the control).
+#[test]
+fn the_room_left_on_the_states_disk_is_checked_against_both_levels() {
+    let d = realistic();
+    let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
+    let with =
+        |extra: &str| std::fs::write(d.path().join(".env"), format!("{env}{extra}")).unwrap();
+    let disk = |run: &Run| {
+        json(run)["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == "disk.state")
+            .cloned()
+            .unwrap_or_else(|| panic!("no disk check: {}", run.stdout))
+    };
+    let fine = disk(&d.run(&["doctor", "--json"]));
+    assert_eq!(fine["level"], "ok", "{fine}");
+    with("PI_DISK_WARN_MB=1073741824\n");
+    let low = disk(&d.run(&["doctor", "--json"]));
+    assert_eq!(low["level"], "warn", "{low}");
+    assert!(
+        low["label"].as_str().unwrap().contains("PI_DISK_WARN_MB"),
+        "{low}"
+    );
+    with("PI_DISK_MIN_MB=1073741824\n");
+    let full = disk(&d.run(&["doctor", "--json"]));
+    assert_eq!(full["level"], "fail", "{full}");
+    let label = full["label"].as_str().unwrap();
+    assert!(
+        label.contains("PI_DISK_MIN_MB") && label.contains("starts no job"),
+        "{full}"
+    );
 }
 
 #[test]
