@@ -8,6 +8,7 @@ mod attempts;
 mod cli;
 mod common;
 mod control;
+mod disk_full;
 mod doctor;
 mod egress;
 mod egress_agree;
