@@ -140,15 +140,7 @@ pub fn login(refused: Option<&str>) -> Markup {
 }
 
 /// Unix milliseconds as a UTC time, to the second.
-pub fn when(ms: u64) -> String {
-    i64::try_from(ms)
-        .ok()
-        .and_then(chrono::DateTime::from_timestamp_millis)
-        .map_or_else(
-            || "?".to_owned(),
-            |t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
-        )
-}
+pub use records::record::utc as when;
 
 /// A length of time, as people say it: `850 ms`, `12.4 s`, `3m 05s`, `2h 10m`.
 pub fn took(ms: u64) -> String {

@@ -6,5 +6,6 @@
 //! On the job's path: the last stop, after the exit line; `runs`, the panel and the metrics read it.
 
 pub mod open_jobs;
+pub mod query;
 pub mod record;
 pub mod transcripts;

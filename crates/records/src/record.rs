@@ -24,6 +24,17 @@ pub fn now_ms() -> u64 {
     unix_ms(std::time::SystemTime::now())
 }
 
+/// Unix milliseconds as a UTC time, to the second (`2026-12-05 21:04:09 UTC`).
+pub fn utc(ms: u64) -> String {
+    i64::try_from(ms)
+        .ok()
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .map_or_else(
+            || "?".to_owned(),
+            |t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        )
+}
+
 /// Tokens and cost, as pi counted them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -1,11 +1,13 @@
-//! `pi-dispatch runs [--json]` lists the run records of the deployment (`state/runs/`), oldest
-//! first, and says which files it could not read; `pi-dispatch runs show ID [--json |
+//! `pi-dispatch runs [--json] [--limit N] [--outcome O] [--reason R] [--trigger T] [--repo
+//! OWNER/NAME | --folder PATH] [--since DURATION]` lists the run records of the deployment, the
+//! newest first (50 unless told), and says which files it could not read; `pi-dispatch runs show ID [--json |
 //! --transcript [--raw]]` shows one record (why it ended, the detail and the fix, what it used),
 //! the record as stored, or the job's transcript. Everything printed from a job's data is inert:
 //! control characters are shown as escapes (see `output::print`), but with `--raw`.
 
 use std::fmt::Write as _;
 
+use records::query::{Query, QueryError};
 use records::record::{Record, RecordError, Records};
 
 use crate::context::Context;
@@ -16,6 +18,29 @@ pub struct Args {
     /// Print the records as a JSON array.
     #[arg(long)]
     json: bool,
+    /// List at most N records, the newest first.
+    #[arg(long, value_name = "N", default_value_t = records::query::DEFAULT_LIMIT as u64,
+        value_parser = clap::value_parser!(u64).range(1..=records::query::MAX_LIMIT as u64))]
+    limit: u64,
+    /// Only jobs that ended so: completed, failed, policy or cancelled.
+    #[arg(long, value_name = "OUTCOME")]
+    outcome: Option<String>,
+    /// Only jobs that ended for this reason (a token such as time-limit).
+    #[arg(long, value_name = "REASON")]
+    reason: Option<String>,
+    /// Only jobs of this trigger: its index in triggers.json, or what started the job (cron, cli,
+    /// a forge event's type).
+    #[arg(long, value_name = "TRIGGER")]
+    trigger: Option<String>,
+    /// Only forge jobs on this repository.
+    #[arg(long, value_name = "OWNER/NAME", conflicts_with = "folder")]
+    repo: Option<String>,
+    /// Only local jobs in this folder.
+    #[arg(long, value_name = "PATH")]
+    folder: Option<String>,
+    /// Only jobs that ended within this long: 30m, 12h, 7d, 2w.
+    #[arg(long, value_name = "DURATION")]
+    since: Option<String>,
     #[command(subcommand)]
     command: Option<RunsCommand>,
 }
@@ -93,6 +118,13 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         crate::output::print(&text)?;
         return Ok(Exit::Success);
     }
+    let query = match query(args) {
+        Ok(q) => q,
+        Err(e) => {
+            eprintln!("pi-dispatch: {e}");
+            return Ok(Exit::Unusable);
+        }
+    };
     let listing = records.list()?;
     for path in &listing.unreadable {
         eprintln!(
@@ -100,23 +132,47 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             path
         );
     }
+    let any = !listing.records.is_empty();
+    let found = query.answer(listing.records);
     if args.json {
-        crate::output::print(&format!(
-            "{}\n",
-            serde_json::to_string_pretty(&listing.records)?
-        ))?;
+        crate::output::print(&format!("{}\n", serde_json::to_string_pretty(&found)?))?;
         return Ok(Exit::Success);
     }
-    if listing.records.is_empty() {
-        crate::output::print("No runs yet.\n")?;
+    if found.is_empty() {
+        let none = if any {
+            "No run matches.\n"
+        } else {
+            "No runs yet.\n"
+        };
+        crate::output::print(none)?;
         return Ok(Exit::Success);
     }
+    crate::output::print(&table(&found))?;
+    Ok(Exit::Success)
+}
+
+/// The records as a table under a header: when each ended (UTC), the job, how and why it ended,
+/// its attempt, turns and MCP calls, its trigger and what it was for.
+fn table(found: &[Record]) -> String {
+    let id_width = found
+        .iter()
+        .map(|r| r.job_id.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(3);
     let mut text = String::new();
-    for r in &listing.records {
+    let _ = writeln!(
+        text,
+        "{:<19}  {:<id_width$}  {:<9}  {:<26}  {:>7}  {:>5}  {:>9}  {:<8}  FOR",
+        "ENDED (UTC)", "JOB", "OUTCOME", "REASON", "ATTEMPT", "TURNS", "MCP CALLS", "TRIGGER"
+    );
+    for r in found {
         let calls: u64 = r.mcp.tool_calls.iter().map(|c| c.calls).sum();
+        let ended = records::record::utc(r.finished_at_ms);
         let _ = writeln!(
             text,
-            "{}  {:<9}  {:<26}  attempt {}  {} turns  {} MCP calls  {}  {}",
+            "{:<19}  {:<id_width$}  {:<9}  {:<26}  {:>7}  {:>5}  {:>9}  {:<8}  {}",
+            ended.trim_end_matches(" UTC"),
             r.job_id,
             r.outcome.as_str(),
             r.reason.map_or("-", |r| r.as_str()),
@@ -127,8 +183,28 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             purpose(r),
         );
     }
-    crate::output::print(&text)?;
-    Ok(Exit::Success)
+    text
+}
+
+/// The records query the options ask for.
+fn query(args: &Args) -> Result<Query, QueryError> {
+    let since_ms = match &args.since {
+        None => None,
+        Some(word) => {
+            let back = Query::since(word)?;
+            let ms = u64::try_from(back.as_millis()).unwrap_or(u64::MAX);
+            Some(records::record::now_ms().saturating_sub(ms))
+        }
+    };
+    Ok(Query {
+        limit: usize::try_from(args.limit).unwrap_or(records::query::MAX_LIMIT),
+        outcome: args.outcome.as_deref().map(Query::outcome).transpose()?,
+        reason: args.reason.as_deref().map(Query::reason).transpose()?,
+        trigger: args.trigger.as_deref().map(Query::trigger),
+        repo: args.repo.as_deref().map(Query::repo).transpose()?,
+        folder: args.folder.clone(),
+        since_ms,
+    })
 }
 
 fn show_transcript(ctx: &Context, record: &Record, raw: bool) -> anyhow::Result<Exit> {

@@ -444,7 +444,7 @@ fn forge_jobs_run_from_a_webhook_to_their_comment(kind: Kind) {
         listed
             .stdout
             .lines()
-            .any(|l| l.starts_with(&answer_id) && l.contains(&item)),
+            .any(|l| l.contains(&answer_id) && l.contains(&item)),
         "{}",
         listed.stdout
     );

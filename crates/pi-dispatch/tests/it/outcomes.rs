@@ -204,6 +204,64 @@ fn transcripts_can_be_turned_off() {
     assert!(shown.stderr.contains("no transcript"), "{}", shown.stderr);
 }
 
+/// `runs` lists the newest first under a header, with when each ended, 50 unless told, and answers
+/// the operator's filters; a filter's bad value is misuse, named by its option only.
+#[test]
+fn runs_lists_the_newest_first_and_filters_as_asked() {
+    use records::record::{Outcome, Reason, Record, Records};
+    let d = crate::common::Deployment::new();
+    assert_eq!(d.run(&["init"]).code, 0);
+    let store = Records::new(d.path().join("state/runs"));
+    let now = records::record::now_ms();
+    let day = 86_400_000;
+    for (i, outcome, reason, ago) in [
+        (1, Outcome::Completed, None, 3 * day),
+        (2, Outcome::Failed, Some(Reason::TimeLimit), 2 * day),
+        (3, Outcome::Completed, None, day / 2),
+        (4, Outcome::Policy, Some(Reason::McpServerUnknown), 60_000),
+    ] {
+        let job = protocol::job::Job::new(format!("job-{i}"), "cron", "local");
+        store
+            .write(&Record::new(&job, outcome, reason, 1, now - ago))
+            .unwrap();
+    }
+    let ids = |args: &[&str]| -> Vec<String> {
+        let run = d.run(&[&["runs"][..], args].concat());
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        run.stdout
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
+            .collect()
+    };
+    let all = d.run(&["runs"]);
+    assert!(all.stdout.starts_with("ENDED (UTC)"), "{}", all.stdout);
+    assert_eq!(ids(&[]), ["job-4", "job-3", "job-2", "job-1"]);
+    assert_eq!(ids(&["--limit", "2"]), ["job-4", "job-3"]);
+    assert_eq!(ids(&["--outcome", "completed"]), ["job-3", "job-1"]);
+    assert_eq!(ids(&["--reason", "time-limit"]), ["job-2"]);
+    assert_eq!(ids(&["--since", "1d"]), ["job-4", "job-3"]);
+    assert_eq!(ids(&["--trigger", "cron", "--since", "2h"]), ["job-4"]);
+    let none = d.run(&["runs", "--folder", "/nowhere"]);
+    assert!(none.stdout.contains("No run matches"), "{}", none.stdout);
+    let json: serde_json::Value =
+        serde_json::from_str(&d.run(&["runs", "--json", "--limit", "1"]).stdout).unwrap();
+    assert_eq!(json[0]["jobId"], "job-4");
+    for (option, value) in [
+        ("--since", "3y"),
+        ("--outcome", "cnry-x"),
+        ("--repo", "cnry"),
+    ] {
+        let bad = d.run(&["runs", option, value]);
+        assert_eq!(bad.code, 2, "{option}: {}", bad.stderr);
+        assert!(
+            bad.stderr.contains(option) && !bad.stderr.contains("cnry"),
+            "{}",
+            bad.stderr
+        );
+    }
+}
+
 #[test]
 fn runs_says_which_records_it_cannot_read() {
     let d = crate::common::Deployment::new();
