@@ -83,14 +83,19 @@ impl Runner for Answering {
         }
         self.queue.answered.store(true, Ordering::SeqCst);
         *self.ran.lock().unwrap() = true;
-        Verdict::from(Record::new(
-            job,
-            Outcome::Completed,
-            None,
-            draft.attempt(),
-            now_ms(),
-        ))
+        completed(job, &draft)
     }
+}
+
+/// The verdict on a job that completed.
+fn completed(job: &Job, draft: &Draft) -> Verdict {
+    Verdict::from(Record::new(
+        job,
+        Outcome::Completed,
+        None,
+        draft.attempt(),
+        now_ms(),
+    ))
 }
 
 #[test]
@@ -185,13 +190,7 @@ struct Completing;
 
 impl Runner for Completing {
     async fn process(&self, job: &Job, draft: Draft, _stop: StopSignal) -> Verdict {
-        Verdict::from(Record::new(
-            job,
-            Outcome::Completed,
-            None,
-            draft.attempt(),
-            now_ms(),
-        ))
+        completed(job, &draft)
     }
 }
 
