@@ -250,12 +250,14 @@ pub fn measure(options: &Options) -> anyhow::Result<PanelFigures> {
     let (pages, panel_peak_rss_kib, ready_ms) = result?;
 
     let one = format!("cli-bench-{:05}", options.records / 2);
+    // Every record as JSON: `runs` lists the newest 50 unless told.
+    let all = options.records.to_string();
     let mut commands = Vec::new();
     for args in [
         vec!["status"],
         vec!["runs"],
         vec!["runs", "show", one.as_str()],
-        vec!["runs", "--json"],
+        vec!["runs", "--json", "--limit", all.as_str()],
     ] {
         let mut ms = Vec::new();
         let mut bytes = 0;

@@ -201,7 +201,9 @@ fn each_recorded_once(hosts: &[Host], logs: &[Log], ids: &[String]) {
     let expected: BTreeMap<String, usize> = ids.iter().map(|id| (id.clone(), 1)).collect();
     assert_eq!(recorded, expected, "a job was lost or recorded twice");
     for host in hosts {
-        let runs = host.cli(&["runs", "--json"]);
+        // Every record: `runs` lists the newest 50 unless told.
+        let all = ids.len().to_string();
+        let runs = host.cli(&["runs", "--json", "--limit", &all]);
         assert_eq!(runs.code, 0, "{}", runs.stderr);
         let records: Vec<Value> = serde_json::from_str(&runs.stdout).unwrap();
         assert_eq!(records.len(), ids.len());
