@@ -234,15 +234,28 @@ fn chosen(value: Option<&str>) -> Option<&str> {
 }
 
 impl RunsQuery {
+    /// The records query these filters ask for, the newest first, every match (the page is cut
+    /// here); `None` when a filter names something no record can have, so nothing matches.
+    fn query(&self, now_ms: u64) -> Option<records::query::Query> {
+        use records::query::Query as Q;
+        let word = |v: &Option<String>| chosen(v.as_deref()).map(str::to_owned);
+        Some(Q {
+            limit: records::query::MAX_LIMIT,
+            outcome: word(&self.outcome)
+                .map(|o| Q::outcome(&o))
+                .transpose()
+                .ok()?,
+            reason: word(&self.reason).map(|r| Q::reason(&r)).transpose().ok()?,
+            trigger: word(&self.trigger).map(records::query::TriggerIs::Type),
+            repo: None,
+            folder: None,
+            since_ms: span_ms(self.since.as_deref()).map(|span| now_ms.saturating_sub(span)),
+        })
+    }
+
+    #[cfg(test)]
     fn admits(&self, r: &Record, now_ms: u64) -> bool {
-        chosen(self.outcome.as_deref()).is_none_or(|o| r.outcome.as_str() == o)
-            && chosen(self.reason.as_deref()).is_none_or(|w| match w {
-                "none" => r.reason.is_none(),
-                w => reason_word(r) == w,
-            })
-            && chosen(self.trigger.as_deref()).is_none_or(|t| r.trigger_type == t)
-            && span_ms(self.since.as_deref())
-                .is_none_or(|span| r.finished_at_ms >= now_ms.saturating_sub(span))
+        self.query(now_ms).is_some_and(|q| q.matches(r))
     }
 
     /// The query string of these filters on another page.
@@ -300,10 +313,11 @@ pub async fn runs(
 ) -> Response {
     let snapshot = panel.snapshot.get();
     let now = now_ms();
+    let query = q.query(now);
     let matching: Vec<&Record> = snapshot
         .records
         .iter()
-        .filter(|r| q.admits(r, now))
+        .filter(|r| query.as_ref().is_some_and(|query| query.matches(r)))
         .collect();
     let pages = matching.len().div_ceil(PAGE).max(1);
     let at = q.page.unwrap_or(1).clamp(1, pages);
@@ -722,6 +736,9 @@ mod tests {
         assert!(!q("", "none", "", "").admits(&r, now));
         assert!(!q("", "", "github", "").admits(&r, now));
         assert!(!q("", "", "", "1h").admits(&r, now));
+        // A word that names no outcome or reason matches nothing, rather than everything.
+        assert!(!q("bogus", "", "", "").admits(&r, now));
+        assert!(!q("", "bogus", "", "").admits(&r, now));
         assert_eq!(
             q("policy", "", "a b&c", "").with_page(2),
             "outcome=policy&trigger=a%20b%26c&page=2"

@@ -16,7 +16,7 @@ pub const MAX_LIMIT: usize = 1_000_000;
 pub struct Query {
     pub limit: usize,
     pub outcome: Option<Outcome>,
-    pub reason: Option<Reason>,
+    pub reason: Option<ReasonIs>,
     pub trigger: Option<TriggerIs>,
     /// A forge job's repository, `owner/name` (`group/project` on GitLab).
     pub repo: Option<String>,
@@ -40,6 +40,13 @@ impl Default for Query {
     }
 }
 
+/// A record's reason: one of the table's, or none (a completed job).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReasonIs {
+    None,
+    Is(Reason),
+}
+
 /// A trigger, by its index in `triggers.json` or by what started the job (`cron`, `cli`, a
 /// forge event's type).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,7 +60,7 @@ pub enum TriggerIs {
 pub enum QueryError {
     #[error("--outcome is one of completed, failed, policy, cancelled")]
     Outcome,
-    #[error("--reason is not a reason pi-dispatch records (see docs/worker.md)")]
+    #[error("--reason is a reason pi-dispatch records (see docs/worker.md), or none")]
     Reason,
     #[error("--since is a duration such as 30m, 12h, 7d or 2w")]
     Since,
@@ -75,8 +82,14 @@ impl Query {
         .ok_or(QueryError::Outcome)
     }
 
-    pub fn reason(word: &str) -> Result<Reason, QueryError> {
-        Reason::parse(word).ok_or(QueryError::Reason)
+    /// A reason's token, or `none`.
+    pub fn reason(word: &str) -> Result<ReasonIs, QueryError> {
+        match word {
+            "none" => Ok(ReasonIs::None),
+            _ => Reason::parse(word)
+                .map(ReasonIs::Is)
+                .ok_or(QueryError::Reason),
+        }
     }
 
     pub fn trigger(word: &str) -> TriggerIs {
@@ -119,7 +132,10 @@ impl Query {
     pub fn matches(&self, r: &Record) -> bool {
         let repo_of = |item: &str| item.split(['#', '!']).next().map(str::to_owned);
         self.outcome.is_none_or(|o| r.outcome == o)
-            && self.reason.is_none_or(|reason| r.reason == Some(reason))
+            && self.reason.is_none_or(|reason| match reason {
+                ReasonIs::None => r.reason.is_none(),
+                ReasonIs::Is(reason) => r.reason == Some(reason),
+            })
             && self.trigger.as_ref().is_none_or(|t| match t {
                 TriggerIs::Index(i) => r.trigger_index == Some(*i),
                 TriggerIs::Type(name) => &r.trigger_type == name,
@@ -192,7 +208,7 @@ mod tests {
         };
         assert_eq!(ids(&failed), ["gh-1", "b"]);
         let timed_out_locally = Query {
-            reason: Some(Reason::TimeLimit),
+            reason: Some(ReasonIs::Is(Reason::TimeLimit)),
             folder: Some("/srv/repo".into()),
             ..Query::default()
         };
@@ -213,12 +229,21 @@ mod tests {
             ..Query::default()
         };
         assert_eq!(ids(&by_type), ["c", "b"]);
+        let no_reason = Query {
+            reason: Some(ReasonIs::None),
+            ..Query::default()
+        };
+        assert_eq!(ids(&no_reason), ["a"]);
     }
 
     #[test]
     fn words_are_read_strictly_and_a_refusal_names_the_option_only() {
         assert_eq!(Query::outcome("failed"), Ok(Outcome::Failed));
-        assert_eq!(Query::reason("time-limit"), Ok(Reason::TimeLimit));
+        assert_eq!(
+            Query::reason("time-limit"),
+            Ok(ReasonIs::Is(Reason::TimeLimit))
+        );
+        assert_eq!(Query::reason("none"), Ok(ReasonIs::None));
         assert_eq!(Query::since("90m"), Ok(Duration::from_secs(5400)));
         assert_eq!(Query::since("2w"), Ok(Duration::from_secs(14 * 86_400)));
         for bad in ["", "m", "0d", "-1d", "3y", "1.5h", "99999999999999999w"] {

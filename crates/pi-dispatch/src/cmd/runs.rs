@@ -25,7 +25,7 @@ pub struct Args {
     /// Only jobs that ended so: completed, failed, policy or cancelled.
     #[arg(long, value_name = "OUTCOME")]
     outcome: Option<String>,
-    /// Only jobs that ended for this reason (a token such as time-limit).
+    /// Only jobs that ended for this reason (a token such as time-limit), or with none.
     #[arg(long, value_name = "REASON")]
     reason: Option<String>,
     /// Only jobs of this trigger: its index in triggers.json, or what started the job (cron, cli,
