@@ -17,7 +17,8 @@ use protocol::job::Job;
 use protocol::reason::Reason;
 use protocol::usage::ToolCallCount;
 use queue::Queue as _;
-use records::record::{Activity, EgressDenial, Outcome, Record, Records, Tokens};
+use records::record::{Activity, EgressDenial, Outcome, Record, Tokens};
+use records::store::Records;
 use serde_json::{Value, json};
 
 use crate::stats::{percentile, round3};
@@ -157,7 +158,7 @@ pub fn measure(options: &Options) -> anyhow::Result<PanelFigures> {
         format!("PI_PANEL_TOKEN={TOKEN}\nPI_EGRESS=0\n"),
     )?;
     let now_ms = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis())?;
-    let records = Records::new(dir.path().join("state/runs"));
+    let records = Records::sqlite(&queue::sqlite_path(dir.path()))?;
     for n in 0..options.records {
         records.write(&record(n, now_ms))?;
     }

@@ -182,8 +182,10 @@ pub fn measure_service(jobs: &[(String, String)], slots: u32) -> anyhow::Result<
             "job {id} was not added"
         );
     }
-    let runs = dir.path().join("state/runs");
-    let records = Arc::new(records::record::Records::new(&runs));
+
+    let records = Arc::new(records::store::Records::sqlite(&queue::sqlite_path(
+        dir.path(),
+    ))?);
     let options = worker::service::LoopOptions {
         worker_id: "bench".to_owned(),
         lease_for: LEASE,

@@ -186,6 +186,35 @@ pub fn free_bytes(path: &Path) -> io::Result<u64> {
     Ok(fs.f_bavail.saturating_mul(fs.f_frsize))
 }
 
+/// The bytes the files under `path` take on disk (their allocated blocks, as `du` counts them),
+/// without following a link or entering another file system (a job's mounts). What cannot be
+/// read is left out.
+pub fn used_bytes(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(top) = fs::symlink_metadata(path) else {
+        return 0;
+    };
+    let mut total = 0u64;
+    let mut folders = vec![path.to_owned()];
+    total = total.saturating_add(top.blocks().saturating_mul(512));
+    while let Some(folder) = folders.pop() {
+        let Ok(entries) = fs::read_dir(&folder) else {
+            continue;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.dev() != top.dev() {
+                continue;
+            }
+            total = total.saturating_add(meta.blocks().saturating_mul(512));
+            if meta.is_dir() {
+                folders.push(entry.path());
+            }
+        }
+    }
+    total
+}
+
 /// How much room the state folder's disk has, against `PI_DISK_WARN_MB` and `PI_DISK_MIN_MB`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Room {
@@ -248,6 +277,22 @@ mod tests {
         write_atomic(&target, b"new", 0o644).unwrap();
         assert_eq!(fs::read(&target).unwrap(), b"new");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn the_bytes_used_are_counted_without_following_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("big"), vec![7u8; 4 << 20]).unwrap();
+        let before = used_bytes(dir.path());
+        std::fs::create_dir(dir.path().join("job")).unwrap();
+        std::fs::write(dir.path().join("job/file"), vec![1u8; 1 << 20]).unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("job/link")).unwrap();
+        let after = used_bytes(dir.path());
+        let grown = after - before;
+        assert!(grown >= 1 << 20, "{grown}");
+        assert!(grown < 3 << 20, "the link was followed: {grown}");
+        assert_eq!(used_bytes(&dir.path().join("missing")), 0);
     }
 
     #[test]

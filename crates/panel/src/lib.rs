@@ -14,7 +14,6 @@ mod auth;
 mod charts;
 mod metrics;
 mod pages;
-mod snapshot;
 mod transcript_view;
 mod view;
 
@@ -50,23 +49,24 @@ pub struct Config {
     /// The operator's token (`PI_PANEL_TOKEN`): only its digest is kept.
     pub token: String,
     pub queue: Arc<dyn queue::Queue>,
-    pub records: Arc<records::record::Records>,
+    pub records: Arc<records::store::Records>,
     /// `state/jobs`, where the jobs' transcripts are.
     pub jobs_dir: PathBuf,
     /// Doctor's checks, run when the health page is asked for.
     pub health: Arc<dyn Fn() -> Vec<Health> + Send + Sync>,
-    /// How often the records are read again.
-    pub refresh: Duration,
+    /// The state folder, whose file system's free space `/metrics` shows.
+    pub state_dir: PathBuf,
 }
 
 /// The panel's state, shared by every request.
 pub(crate) struct Panel {
     sessions: auth::Sessions,
     queue: Arc<dyn queue::Queue>,
-    records: Arc<records::record::Records>,
+    records: Arc<records::store::Records>,
     jobs_dir: PathBuf,
     health: Arc<dyn Fn() -> Vec<Health> + Send + Sync>,
-    snapshot: snapshot::Cache,
+    state_dir: PathBuf,
+    disk: metrics::DiskGauges,
 }
 
 /// The one style sheet.
@@ -107,8 +107,8 @@ async fn guard(mut response: Response) -> Response {
     response
 }
 
-/// Serves the panel on `listener` until `shutdown` resolves. The records are read once before the
-/// first request is taken, then every `config.refresh`.
+/// Serves the panel on `listener` until `shutdown` resolves. Each page asks the records' index for
+/// what it shows, so the panel holds no records between requests and answers at once after start.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     config: Config,
@@ -120,11 +120,9 @@ pub async fn serve(
         records: config.records,
         jobs_dir: config.jobs_dir,
         health: config.health,
-        snapshot: snapshot::Cache::default(),
+        state_dir: config.state_dir,
+        disk: metrics::DiskGauges::default(),
     });
-    let first = panel.clone();
-    let _ = tokio::task::spawn_blocking(move || first.snapshot.refresh(&first.records)).await;
-    snapshot::keep_fresh(panel.clone(), config.refresh);
     axum::serve(listener, router(panel))
         .with_graceful_shutdown(shutdown)
         .await

@@ -1,7 +1,6 @@
 //! The pages: the queue and the running jobs, the runs (filtered, with a chart of their outcomes),
 //! one run whole, the deployment's health, and the one action, cancelling a job.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -26,6 +25,22 @@ const QUEUE_REFRESH: u32 = 5;
 
 fn page(status: StatusCode, markup: Markup) -> Response {
     (status, axum::response::Html(markup.into_string())).into_response()
+}
+
+/// A page of the records `query` finds, from after `after`, asked of the index off the runtime.
+async fn find(
+    panel: &Arc<Panel>,
+    query: records::query::Query,
+    after: Option<queue::Cursor>,
+) -> Result<records::store::Page, String> {
+    let p = panel.clone();
+    tokio::task::spawn_blocking(move || {
+        p.records
+            .find(&query, after.as_ref())
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|_| Err("the records could not be read".to_owned()))
 }
 
 /// The queue as it stands, from the queue itself (not the records).
@@ -73,7 +88,11 @@ pub async fn queue(
     Query(q): Query<QueueQuery>,
 ) -> Response {
     let open = open_jobs(&panel).await;
-    let snapshot = panel.snapshot.get();
+    let newest = records::query::Query {
+        limit: 10,
+        ..records::query::Query::default()
+    };
+    let recent = find(&panel, newest, None).await;
     let notice = q
         .cancelled
         .as_deref()
@@ -98,7 +117,10 @@ pub async fn queue(
             }
         }
         h2 { "Recently ended" }
-        (runs_table(snapshot.records.iter().take(10)))
+        @match &recent {
+            Ok(page) => (runs_table(page.records.iter())),
+            Err(e) => p.error { "The records cannot be read: " (e) },
+        }
         p { a href="/runs" { "All runs →" } }
     };
     page(
@@ -211,8 +233,9 @@ pub struct RunsQuery {
     trigger: Option<String>,
     /// `1h`, `24h`, `7d`, `30d`; anything else is all time.
     since: Option<String>,
-    /// From 1.
-    page: Option<usize>,
+    /// Where the page starts: after the run that ended at this time (Unix ms), with this id
+    /// (`MS-ID`).
+    after: Option<String>,
 }
 
 const SPANS: [(&str, &str, u64); 4] = [
@@ -253,21 +276,26 @@ impl RunsQuery {
         })
     }
 
-    #[cfg(test)]
-    fn admits(&self, r: &Record, now_ms: u64) -> bool {
-        self.query(now_ms).is_some_and(|q| q.matches(r))
+    /// Where the page starts, when the link said.
+    fn cursor(&self) -> Option<queue::Cursor> {
+        let (ms, id) = self.after.as_deref()?.split_once('-')?;
+        Some(queue::Cursor {
+            finished_at_ms: ms.parse().ok()?,
+            id: id.to_owned(),
+        })
     }
 
-    /// The query string of these filters on another page.
-    fn with_page(&self, page: usize) -> String {
-        let mut pairs = url_pairs(&[
+    /// The query string of these filters on the page after `after` (the first without).
+    fn with_after(&self, after: Option<&queue::Cursor>) -> String {
+        let after = after.map(|c| format!("{}-{}", c.finished_at_ms, c.id));
+        url_pairs(&[
             ("outcome", self.outcome.as_deref()),
             ("reason", self.reason.as_deref()),
             ("trigger", self.trigger.as_deref()),
             ("since", self.since.as_deref()),
-        ]);
-        pairs.push(format!("page={page}"));
-        pairs.join("&")
+            ("after", after.as_deref()),
+        ])
+        .join("&")
     }
 }
 
@@ -306,37 +334,44 @@ fn select(name: &str, label: &str, options: &[String], current: Option<&str>) ->
     }
 }
 
+/// The trigger types a record can have: `run`'s, and `triggers.json`'s.
+const TRIGGER_TYPES: [&str; 6] = ["cli", "comment", "cron", "issue", "label", "pull_request"];
+/// The most records the chart reads: past this it draws the newest this many, and says so.
+const CHART_MAX: usize = 2_000;
+
 pub async fn runs(
     State(panel): State<Arc<Panel>>,
     authed: Authed,
     Query(q): Query<RunsQuery>,
 ) -> Response {
-    let snapshot = panel.snapshot.get();
     let now = now_ms();
-    let query = q.query(now);
-    let matching: Vec<&Record> = snapshot
-        .records
-        .iter()
-        .filter(|r| query.as_ref().is_some_and(|query| query.matches(r)))
-        .collect();
-    let pages = matching.len().div_ceil(PAGE).max(1);
-    let at = q.page.unwrap_or(1).clamp(1, pages);
-    // The choices: what the records hold, each once, in order.
-    let reasons: BTreeSet<&str> = snapshot
-        .records
-        .iter()
-        .filter_map(|r| r.reason.map(Reason::as_str))
-        .collect();
+    let span = span_ms(q.since.as_deref()).unwrap_or(86_400_000);
+    let (shown, charted) = match q.query(now) {
+        Some(query) => {
+            let listed = records::query::Query {
+                limit: PAGE,
+                ..query.clone()
+            };
+            let drawn = records::query::Query {
+                limit: CHART_MAX,
+                since_ms: Some(query.since_ms.unwrap_or(0).max(now.saturating_sub(span))),
+                ..query
+            };
+            (
+                find(&panel, listed, q.cursor()).await,
+                find(&panel, drawn, None).await,
+            )
+        }
+        None => (
+            Ok(records::store::Page::default()),
+            Ok(records::store::Page::default()),
+        ),
+    };
     let reasons: Vec<String> = std::iter::once("none")
-        .chain(reasons)
+        .chain(Reason::ALL.iter().map(|r| r.as_str()))
         .map(str::to_owned)
         .collect();
-    let triggers: BTreeSet<&str> = snapshot
-        .records
-        .iter()
-        .map(|r| r.trigger_type.as_str())
-        .collect();
-    let triggers: Vec<String> = triggers.into_iter().map(str::to_owned).collect();
+    let triggers: Vec<String> = TRIGGER_TYPES.iter().map(|t| (*t).to_owned()).collect();
     let outcomes: Vec<String> = [
         Outcome::Completed,
         Outcome::Failed,
@@ -346,7 +381,6 @@ pub async fn runs(
     .iter()
     .map(|o| o.as_str().to_owned())
     .collect();
-    let span = span_ms(q.since.as_deref()).unwrap_or(86_400_000);
     let body = html! {
         h1 { "Runs" }
         form.filters method="get" action="/runs" {
@@ -364,19 +398,25 @@ pub async fn runs(
             }
             button type="submit" { "Show" }
         }
-        p.muted {
-            (matching.len()) " of " (snapshot.records.len()) " runs"
-            @if snapshot.unreadable > 0 {
-                " · " (snapshot.unreadable) " records cannot be read (pi-dispatch runs lists them)"
-            }
-        }
-        (charts::outcomes(matching.iter().copied(), now, span, 24))
-        p.muted { "Outcomes over " (SPANS.iter().find(|s| s.2 == span).map_or("the last day", |s| s.1)) ", in 24 bars." }
-        (runs_table(matching.iter().skip((at - 1) * PAGE).take(PAGE).copied()))
-        nav.pages {
-            @if at > 1 { a href={"/runs?" (q.with_page(at - 1))} { "← newer" } }
-            span.muted { "page " (at) " of " (pages) }
-            @if at < pages { a href={"/runs?" (q.with_page(at + 1))} { "older →" } }
+        @match (&shown, &charted) {
+            (Ok(listed), Ok(drawn)) => {
+                @if !listed.unreadable.is_empty() {
+                    p.muted { (listed.unreadable.len()) " records on this page cannot be read (pi-dispatch runs lists them)" }
+                }
+                (charts::outcomes(drawn.records.iter(), now, span, 24))
+                p.muted {
+                    "Outcomes over " (SPANS.iter().find(|s| s.2 == span).map_or("the last day", |s| s.1)) ", in 24 bars"
+                    @if drawn.next.is_some() { ", of the newest " (CHART_MAX) " runs in it" }
+                    "."
+                }
+                (runs_table(listed.records.iter()))
+                nav.pages {
+                    @if q.after.is_some() { a href={"/runs?" (q.with_after(None))} { "← newest" } }
+                    @if let Some(next) = &listed.next { a href={"/runs?" (q.with_after(Some(next)))} { "older →" } }
+                    @if listed.records.is_empty() { span.muted { "No run matches." } }
+                }
+            },
+            (Err(e), _) | (_, Err(e)) => p.error { "The records cannot be read: " (e) },
         }
     };
     page(
@@ -385,12 +425,9 @@ pub async fn runs(
     )
 }
 
-/// A run's record: from the snapshot, or read now when it is newer than the snapshot.
+/// A run's record, read from the index now.
 async fn record_of(panel: &Arc<Panel>, id: &str) -> Option<Record> {
-    if let Some(r) = panel.snapshot.get().find(id) {
-        return Some(r.clone());
-    }
-    if !records::record::is_plain_id(id) {
+    if !records::store::is_plain_id(id) {
         return None;
     }
     let (p, id) = (panel.clone(), id.to_owned());
@@ -676,7 +713,7 @@ pub async fn cancel(
     let p = panel.clone();
     let job = id.clone();
     let answer = tokio::task::spawn_blocking(move || {
-        records::record::cancel(&*p.queue, &p.records, &job, SystemTime::now())
+        records::store::cancel(&*p.queue, &p.records, &job, SystemTime::now())
     })
     .await;
     let result = match answer {
@@ -695,7 +732,6 @@ pub async fn cancel(
     };
     tracing::info!(event = "panel_cancel", job_id = %id, result);
     // The record of a job cancelled before it started is read at the next refresh.
-    panel.snapshot.refresh_soon();
     Redirect::to(&format!(
         "/?{}",
         url_pairs(&[("cancelled", Some(&id)), ("result", Some(result))]).join("&")
@@ -710,38 +746,48 @@ pub async fn not_found(_authed: Authed) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use protocol::job::Job;
 
     #[test]
-    fn filters_take_a_run_by_outcome_reason_trigger_and_time() {
+    fn filters_become_the_query_of_the_index_and_pages_follow_a_cursor() {
+        use records::query::{ReasonIs, TriggerIs};
         let now = 100 * 86_400_000;
-        let mut r = Record::new(
-            &Job::new("j", "cron", "local"),
-            Outcome::Policy,
-            Some(protocol::reason::Reason::McpUnavailable),
-            1,
-            now - 2 * 3_600_000,
-        );
-        r.trigger_type = "cron".into();
         let q = |o: &str, re: &str, t: &str, s: &str| RunsQuery {
             outcome: Some(o.into()),
             reason: Some(re.into()),
             trigger: Some(t.into()),
             since: Some(s.into()),
-            page: None,
+            after: None,
         };
-        assert!(q("", "", "", "").admits(&r, now));
-        assert!(q("policy", "mcp-unavailable", "cron", "24h").admits(&r, now));
-        assert!(!q("completed", "", "", "").admits(&r, now));
-        assert!(!q("", "none", "", "").admits(&r, now));
-        assert!(!q("", "", "github", "").admits(&r, now));
-        assert!(!q("", "", "", "1h").admits(&r, now));
-        // A word that names no outcome or reason matches nothing, rather than everything.
-        assert!(!q("bogus", "", "", "").admits(&r, now));
-        assert!(!q("", "bogus", "", "").admits(&r, now));
+        let all = q("", "", "", "").query(now).unwrap();
+        assert_eq!(all.filter(), queue::RecordFilter::default());
+        let some = q("policy", "mcp-unavailable", "cron", "24h")
+            .query(now)
+            .unwrap();
+        assert_eq!(some.outcome, Some(Outcome::Policy));
+        assert_eq!(some.reason, Some(ReasonIs::Is(Reason::McpUnavailable)));
+        assert_eq!(some.trigger, Some(TriggerIs::Type("cron".into())));
+        assert_eq!(some.since_ms, Some(now - 86_400_000));
         assert_eq!(
-            q("policy", "", "a b&c", "").with_page(2),
-            "outcome=policy&trigger=a%20b%26c&page=2"
+            q("", "none", "", "").query(now).unwrap().reason,
+            Some(ReasonIs::None)
         );
+        // A word that names no outcome or reason matches nothing, rather than everything.
+        assert_eq!(q("bogus", "", "", "").query(now), None);
+        assert_eq!(q("", "bogus", "", "").query(now), None);
+        let cursor = queue::Cursor {
+            finished_at_ms: 42,
+            id: "job-1.attempt-1".into(),
+        };
+        let link = q("policy", "", "a b&c", "").with_after(Some(&cursor));
+        assert_eq!(
+            link,
+            "outcome=policy&trigger=a%20b%26c&after=42-job-1.attempt-1"
+        );
+        let back = RunsQuery {
+            after: Some("42-job-1.attempt-1".into()),
+            ..RunsQuery::default()
+        };
+        assert_eq!(back.cursor(), Some(cursor));
+        assert_eq!(q("", "", "", "").with_after(None), "");
     }
 }

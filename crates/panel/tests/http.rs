@@ -15,7 +15,8 @@ use protocol::job::Job;
 use protocol::reason::Reason;
 use protocol::usage::ToolCallCount;
 use queue::Queue as _;
-use records::record::{EgressDenial, Outcome, Record, Records, Tokens};
+use records::record::{EgressDenial, Outcome, Record, Tokens};
+use records::store::Records;
 use reqwest::StatusCode;
 
 const TOKEN: &str = "CNRY-panel-token-5b1e7c0d9a";
@@ -101,7 +102,7 @@ async fn answer(resp: reqwest::Response) -> (StatusCode, HashMap<String, String>
 async fn serve() -> Served {
     let dir = tempfile::tempdir().unwrap();
     let queue = Arc::new(queue::SqliteQueue::open(&dir.path().join("queue.sqlite")).unwrap());
-    let records = Arc::new(Records::new(dir.path().join("runs")));
+    let records = Arc::new(Records::sqlite(&dir.path().join("queue.sqlite")).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let config = panel::Config {
@@ -116,7 +117,7 @@ async fn serve() -> Served {
                 fix: Some("do <i>this</i>".into()),
             }]
         }),
-        refresh: Duration::from_millis(100),
+        state_dir: dir.path().to_owned(),
     };
     tokio::spawn(panel::serve(listener, config, std::future::pending()));
     Served {

@@ -18,9 +18,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 mod millis;
+pub mod records;
 mod redis_queue;
+mod redis_records;
 mod sqlite;
+mod sqlite_records;
 
+pub use records::{Cursor, FoundRecord, RecordEntry, RecordFilter, RecordIndex, RecordKeys};
 pub use redis_queue::{DEFAULT_OUTAGE_LIMIT, PREFIX, RedisQueue, RedisTarget};
 pub use sqlite::{SCHEMA_VERSION, SqliteQueue};
 

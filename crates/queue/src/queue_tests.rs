@@ -202,7 +202,50 @@ fn a_schema_2_file_gets_the_deliveries_and_keeps_its_jobs() {
     );
     assert!(!queue.enqueue_delivery("github:x", &[], t(1)).unwrap());
     let conn = rusqlite::Connection::open(&path).unwrap();
-    assert_eq!(user_version(&conn).unwrap(), 3);
+    assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
+}
+
+#[test]
+fn a_schema_3_file_gets_the_records_index_and_keeps_its_jobs_and_deliveries() {
+    use crate::records::{RecordEntry, RecordFilter, RecordIndex, RecordKeys};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.sqlite3");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(&format!(
+            "{JOBS_V2}{INDEXES}{DELIVERIES_V3}
+             INSERT INTO jobs (id, payload, state, queued_at, available_at)
+                 VALUES ('old', '{{}}', 'queued', 1, 1);
+             INSERT INTO deliveries (key, seen_at) VALUES ('github:seen', 1);
+             PRAGMA user_version = 3;"
+        ))
+        .unwrap();
+    }
+    let queue = SqliteQueue::open(&path).unwrap();
+    assert_eq!(queue.status(t(0), 0).unwrap().open.len(), 1);
+    assert!(!queue.enqueue_delivery("github:seen", &[], t(1)).unwrap());
+    let keys = RecordKeys {
+        finished_at_ms: 1,
+        outcome: "completed".into(),
+        reason: None,
+        trigger_index: None,
+        trigger_type: "cli".into(),
+        repo: None,
+        folder: None,
+    };
+    let entry = RecordEntry {
+        id: "r",
+        text: "{}",
+        keys: &keys,
+        counts: &[],
+    };
+    assert!(queue.put_record(&entry).unwrap());
+    let found = queue
+        .find_records(&RecordFilter::default(), None, 5)
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
 }
 
 #[test]

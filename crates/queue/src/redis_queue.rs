@@ -16,6 +16,11 @@
 //! deliveries  zset of the forge deliveries seen, by when
 //! lease:TOKEN the job a lease took, for as long as the lease (a lease asked again after a lost
 //!             answer gets the same job)
+//! record:ID   a job's record, as text
+//! records     zset of the records, by when their jobs ended; records:FIELD:VALUE the same for
+//!             each filter (outcome, reason, trigger-index, trigger-type, repo, folder)
+//! record-index:ID  list of the zsets record ID is in (what pruning removes it from)
+//! counters    hash of the deployment's counters, which each record adds to
 //! ```
 //!
 //! Times are unix milliseconds, passed in as everywhere in the queue. A connection that breaks is
@@ -48,7 +53,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every script starts with: the prefix (first argument) and the steps they share.
-const PRELUDE: &str = r"
+pub(crate) const PRELUDE: &str = r"
 local p = ARGV[1]
 local function jk(id) return p .. 'job:' .. id end
 local function num(v) return tonumber(v) or 0 end
@@ -256,15 +261,6 @@ redis.call('ZREM', p .. 'leased', id)
 return 1
 ";
 
-/// ARGV: prefix, id, record, when. A record is written once.
-const PUT_RECORD: &str = r"
-if redis.call('SET', p .. 'record:' .. ARGV[2], ARGV[3], 'NX') then
-  redis.call('ZADD', p .. 'records', ARGV[4], ARGV[2])
-  return 1
-end
-return 0
-";
-
 struct Scripts {
     enqueue: Script,
     lease: Script,
@@ -278,7 +274,6 @@ struct Scripts {
     cancel: Script,
     lease_state: Script,
     release: Script,
-    put_record: Script,
 }
 
 impl Scripts {
@@ -297,7 +292,6 @@ impl Scripts {
             cancel: s(CANCEL),
             lease_state: s(LEASE_STATE),
             release: s(RELEASE),
-            put_record: s(PUT_RECORD),
         }
     }
 }
@@ -425,7 +419,7 @@ impl RedisQueue {
 
     /// Runs `f` on the connection, opening it (again) as needed and trying again while Redis is
     /// away, for up to the outage limit.
-    fn call<T>(
+    pub(crate) fn call<T>(
         &self,
         op: &'static str,
         mut f: impl FnMut(&mut Connection) -> Result<T, RedisError>,
@@ -473,7 +467,7 @@ impl RedisQueue {
     }
 
     /// Runs `script` with the prefix and `args`.
-    fn run<T: redis::FromRedisValue>(
+    pub(crate) fn run<T: redis::FromRedisValue>(
         &self,
         op: &'static str,
         script: &Script,
@@ -494,54 +488,6 @@ impl RedisQueue {
         self.call("read Redis's INFO", |c| {
             redis::cmd("INFO").arg("server").arg("persistence").query(c)
         })
-    }
-
-    /// Stores a job's record (`record:ID`, listed in `records` by `at`) unless it has one: `false`
-    /// when it had, and then nothing changes. Records are shared by every host of the queue.
-    pub fn put_record(&self, id: &str, json: &str, at: u64) -> Result<bool, QueueError> {
-        let stored: i64 = self.run(
-            "store a record",
-            &self.scripts.put_record,
-            &[id.to_owned(), json.to_owned(), at.to_string()],
-        )?;
-        Ok(stored == 1)
-    }
-
-    /// A job's record, as stored.
-    pub fn get_record(&self, id: &str) -> Result<Option<String>, QueueError> {
-        self.call("read a record", |c| {
-            redis::cmd("GET")
-                .arg(format!("{PREFIX}record:{id}"))
-                .query(c)
-        })
-    }
-
-    /// Every record but those `skip` names, in the order they were stored by time, each
-    /// `(id, stored text)`.
-    pub fn list_records(
-        &self,
-        skip: &dyn Fn(&str) -> bool,
-    ) -> Result<Vec<(String, Option<String>)>, QueueError> {
-        let mut ids: Vec<String> = self.call("list the records", |c| {
-            redis::cmd("ZRANGE")
-                .arg(format!("{PREFIX}records"))
-                .arg(0)
-                .arg(-1)
-                .query(c)
-        })?;
-        ids.retain(|id| !skip(id));
-        let mut out = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(500) {
-            let keys: Vec<String> = chunk
-                .iter()
-                .map(|id| format!("{PREFIX}record:{id}"))
-                .collect();
-            let texts: Vec<Option<String>> = self.call("read the records", |c| {
-                redis::cmd("MGET").arg(&keys).query(c)
-            })?;
-            out.extend(chunk.iter().cloned().zip(texts));
-        }
-        Ok(out)
     }
 }
 

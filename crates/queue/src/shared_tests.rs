@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::{
     Backoff, Cancel, Config, Counts, DoneJob, End, LeaseState, LostJob, MAX_ATTEMPTS, OpenState,
-    Queue, RedisQueue, RedisTarget, RetryDecision, SqliteQueue,
+    Queue, RecordIndex, RedisQueue, RedisTarget, RetryDecision, SqliteQueue,
 };
 
 /// A long lease: nothing lapses unless a test moves the clock past it.
@@ -28,6 +28,9 @@ pub(crate) trait Store: Sync {
     fn open(&self) -> Box<dyn Queue> {
         self.open_with(Config::default())
     }
+
+    /// A handle on the store's records.
+    fn index(&self) -> Box<dyn RecordIndex>;
 }
 
 /// A SQLite file in a folder of its own.
@@ -42,6 +45,10 @@ impl SqliteStore {
 impl Store for SqliteStore {
     fn open_with(&self, config: Config) -> Box<dyn Queue> {
         Box::new(SqliteQueue::open_with(&self.0.path().join("queue.sqlite3"), config).unwrap())
+    }
+
+    fn index(&self) -> Box<dyn RecordIndex> {
+        Box::new(SqliteQueue::open(&self.0.path().join("queue.sqlite3")).unwrap())
     }
 }
 
@@ -61,6 +68,20 @@ impl Store for RedisStore {
             password: None,
         };
         Box::new(RedisQueue::open_with(&target, config, Duration::from_secs(10)).unwrap())
+    }
+
+    fn index(&self) -> Box<dyn RecordIndex> {
+        Box::new(self.redis())
+    }
+}
+
+impl RedisStore {
+    pub(crate) fn redis(&self) -> RedisQueue {
+        let target = RedisTarget {
+            url: self.0.url(),
+            password: None,
+        };
+        RedisQueue::open_with(&target, Config::default(), Duration::from_secs(10)).unwrap()
     }
 }
 
@@ -665,3 +686,6 @@ pub(crate) fn deliveries_from_many_threads_queue_each_job_once(store: &dyn Store
     let queue = store.open();
     assert_eq!(queue.status(t(0), 0).unwrap().open.len(), 50);
 }
+
+#[path = "records_suite.rs"]
+mod records_suite;

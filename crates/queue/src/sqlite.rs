@@ -17,7 +17,7 @@ use crate::{
 };
 
 /// The schema version this code writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// How long a statement waits for another connection's write transaction before it fails.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -52,6 +52,34 @@ CREATE TABLE deliveries (
     key     TEXT PRIMARY KEY,
     seen_at INTEGER NOT NULL
 );
+";
+
+/// Schema 4: the records (each job's, written once, as text with the keys it is found by), an
+/// index for each way operators ask for them (newest first within each), and the deployment's
+/// counters, which records add to and pruning never lowers.
+const RECORDS_V4: &str = "
+CREATE TABLE records (
+    id            TEXT PRIMARY KEY,
+    finished_at   INTEGER NOT NULL,
+    outcome       TEXT NOT NULL,
+    reason        TEXT,
+    trigger_index INTEGER,
+    trigger_type  TEXT NOT NULL,
+    repo          TEXT,
+    folder        TEXT,
+    body          TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX records_newest ON records (finished_at, id);
+CREATE INDEX records_outcome ON records (outcome, finished_at, id);
+CREATE INDEX records_reason ON records (reason, finished_at, id);
+CREATE INDEX records_trigger_index ON records (trigger_index, finished_at, id);
+CREATE INDEX records_trigger_type ON records (trigger_type, finished_at, id);
+CREATE INDEX records_repo ON records (repo, finished_at, id) WHERE repo IS NOT NULL;
+CREATE INDEX records_folder ON records (folder, finished_at, id) WHERE folder IS NOT NULL;
+CREATE TABLE counters (
+    series TEXT PRIMARY KEY,
+    value  REAL NOT NULL
+) WITHOUT ROWID;
 ";
 
 /// The partial indexes keep leasing and listing independent of how many done jobs the file holds.
@@ -207,16 +235,19 @@ impl SqliteQueue {
         // Read again inside the write lock: another process may have created the schema meanwhile.
         match known(user_version(&tx).map_err(open_err("read the schema version"))?)? {
             0 => tx
-                .execute_batch(&format!("{JOBS_V2}{INDEXES}{DELIVERIES_V3}"))
+                .execute_batch(&format!("{JOBS_V2}{INDEXES}{DELIVERIES_V3}{RECORDS_V4}"))
                 .map_err(open_err("create the schema"))?,
             1 => tx
                 .execute_batch(&format!(
-                    "{MIGRATE_V1}{JOBS_V2}{COPY_V1}{INDEXES}{DELIVERIES_V3}"
+                    "{MIGRATE_V1}{JOBS_V2}{COPY_V1}{INDEXES}{DELIVERIES_V3}{RECORDS_V4}"
                 ))
                 .map_err(open_err("migrate the schema from version 1"))?,
             2 => tx
-                .execute_batch(DELIVERIES_V3)
+                .execute_batch(&format!("{DELIVERIES_V3}{RECORDS_V4}"))
                 .map_err(open_err("migrate the schema from version 2"))?,
+            3 => tx
+                .execute_batch(RECORDS_V4)
+                .map_err(open_err("migrate the schema from version 3"))?,
             _ => {}
         }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
@@ -233,7 +264,7 @@ impl SqliteQueue {
 
     /// The connection. A panic while it was held cannot have left a transaction open (a
     /// transaction rolls back when dropped), so a poisoned lock is still a good connection.
-    fn conn(&self) -> MutexGuard<'_, Connection> {
+    pub(crate) fn conn(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -656,7 +687,7 @@ fn user_version(conn: &Connection) -> rusqlite::Result<i64> {
     conn.pragma_query_value(None, "user_version", |row| row.get(0))
 }
 
-fn sqlite(op: &'static str) -> impl Fn(rusqlite::Error) -> QueueError + Copy {
+pub(crate) fn sqlite(op: &'static str) -> impl Fn(rusqlite::Error) -> QueueError + Copy {
     move |source| QueueError::Sqlite { op, source }
 }
 

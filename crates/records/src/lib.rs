@@ -5,7 +5,9 @@
 //!
 //! On the job's path: the last stop, after the exit line; `runs`, the panel and the metrics read it.
 
+pub mod counts;
 pub mod open_jobs;
 pub mod query;
 pub mod record;
+pub mod store;
 pub mod transcripts;

@@ -1,10 +1,10 @@
 //! What an operator asks of the records: the newest first, at most so many, by outcome, reason,
 //! trigger, repository or folder, and since when. One query, read from the command line's words
-//! and answered over any list of records, so that every store answers it alike.
+//! (or the panel's), and answered by the store's index (`Records::find`).
 
 use std::time::Duration;
 
-use crate::record::{Outcome, Reason, Record};
+use crate::record::{Outcome, Reason};
 
 /// How many records `runs` shows when not told.
 pub const DEFAULT_LIMIT: usize = 50;
@@ -128,113 +128,32 @@ impl Query {
             .ok_or(QueryError::Since)
     }
 
-    /// Whether `r` is one the query asks for (the limit aside).
-    pub fn matches(&self, r: &Record) -> bool {
-        let repo_of = |item: &str| item.split(['#', '!']).next().map(str::to_owned);
-        self.outcome.is_none_or(|o| r.outcome == o)
-            && self.reason.is_none_or(|reason| match reason {
-                ReasonIs::None => r.reason.is_none(),
-                ReasonIs::Is(reason) => r.reason == Some(reason),
-            })
-            && self.trigger.as_ref().is_none_or(|t| match t {
-                TriggerIs::Index(i) => r.trigger_index == Some(*i),
-                TriggerIs::Type(name) => &r.trigger_type == name,
-            })
-            && self
-                .repo
-                .as_ref()
-                .is_none_or(|repo| r.item.as_deref().and_then(repo_of).as_ref() == Some(repo))
-            && self
-                .folder
-                .as_ref()
-                .is_none_or(|f| r.folder.as_ref() == Some(f))
-            && self.since_ms.is_none_or(|since| r.finished_at_ms >= since)
-    }
-
-    /// The records the query asks for out of `all`: the newest first (by when they ended, then by
-    /// id), at most `limit`.
-    pub fn answer(&self, all: Vec<Record>) -> Vec<Record> {
-        let mut found: Vec<Record> = all.into_iter().filter(|r| self.matches(r)).collect();
-        found.sort_by(|a, b| {
-            b.finished_at_ms
-                .cmp(&a.finished_at_ms)
-                .then_with(|| b.job_id.cmp(&a.job_id))
-        });
-        found.truncate(self.limit);
-        found
+    /// The query's conditions, as the store searches by them.
+    pub fn filter(&self) -> queue::RecordFilter {
+        queue::RecordFilter {
+            outcome: self.outcome.map(|o| o.as_str().to_owned()),
+            reason: self.reason.map(|r| match r {
+                ReasonIs::None => None,
+                ReasonIs::Is(r) => Some(r.as_str().to_owned()),
+            }),
+            trigger_index: match &self.trigger {
+                Some(TriggerIs::Index(i)) => Some(*i as u64),
+                _ => None,
+            },
+            trigger_type: match &self.trigger {
+                Some(TriggerIs::Type(t)) => Some(t.clone()),
+                _ => None,
+            },
+            repo: self.repo.clone(),
+            folder: self.folder.clone(),
+            since_ms: self.since_ms,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use protocol::job::Job;
-
-    fn record(id: &str, outcome: Outcome, reason: Option<Reason>, at: u64) -> Record {
-        let mut job = Job::new(id, "cron", "local");
-        job.trigger_index = Some(1);
-        job.folder = Some("/srv/repo".into());
-        Record::new(&job, outcome, reason, 1, at)
-    }
-
-    #[test]
-    fn the_newest_come_first_and_every_condition_must_hold() {
-        let mut forge = record("gh-1", Outcome::Failed, Some(Reason::TimeLimit), 30);
-        forge.item = Some("octo/hello#4".into());
-        forge.folder = None;
-        forge.trigger_type = "label".into();
-        forge.trigger_index = Some(0);
-        let all = vec![
-            record("a", Outcome::Completed, None, 10),
-            record("b", Outcome::Failed, Some(Reason::TimeLimit), 20),
-            forge,
-            record("c", Outcome::Policy, Some(Reason::McpServerUnknown), 40),
-        ];
-        let ids = |q: &Query| -> Vec<String> {
-            q.answer(all.clone())
-                .into_iter()
-                .map(|r| r.job_id)
-                .collect()
-        };
-        assert_eq!(ids(&Query::default()), ["c", "gh-1", "b", "a"]);
-        let limit = Query {
-            limit: 2,
-            ..Query::default()
-        };
-        assert_eq!(ids(&limit), ["c", "gh-1"]);
-        let failed = Query {
-            outcome: Some(Outcome::Failed),
-            ..Query::default()
-        };
-        assert_eq!(ids(&failed), ["gh-1", "b"]);
-        let timed_out_locally = Query {
-            reason: Some(ReasonIs::Is(Reason::TimeLimit)),
-            folder: Some("/srv/repo".into()),
-            ..Query::default()
-        };
-        assert_eq!(ids(&timed_out_locally), ["b"]);
-        let repo = Query {
-            repo: Some("octo/hello".into()),
-            ..Query::default()
-        };
-        assert_eq!(ids(&repo), ["gh-1"]);
-        let by_index = Query {
-            trigger: Some(Query::trigger("0")),
-            ..Query::default()
-        };
-        assert_eq!(ids(&by_index), ["gh-1"]);
-        let by_type = Query {
-            trigger: Some(Query::trigger("cron")),
-            since_ms: Some(20),
-            ..Query::default()
-        };
-        assert_eq!(ids(&by_type), ["c", "b"]);
-        let no_reason = Query {
-            reason: Some(ReasonIs::None),
-            ..Query::default()
-        };
-        assert_eq!(ids(&no_reason), ["a"]);
-    }
 
     #[test]
     fn words_are_read_strictly_and_a_refusal_names_the_option_only() {

@@ -3,8 +3,6 @@
 //! counts, names and times; never a secret, a header value or free text from the job. A reason the
 //! runner reports is copied only when it is one of a closed set.
 
-use std::path::{Path, PathBuf};
-
 use protocol::detail::Detail;
 use protocol::exit_line::{ExitLine, ServerState};
 use protocol::job::Job;
@@ -314,6 +312,26 @@ impl Record {
         self
     }
 
+    /// What the record is found by in the store.
+    pub fn keys(&self) -> queue::RecordKeys {
+        queue::RecordKeys {
+            finished_at_ms: self.finished_at_ms,
+            outcome: self.outcome.as_str().to_owned(),
+            reason: self.reason.map(|r| r.as_str().to_owned()),
+            trigger_index: self.trigger_index.map(|i| i as u64),
+            trigger_type: self.trigger_type.clone(),
+            repo: self.repo().map(str::to_owned),
+            folder: self.folder.clone(),
+        }
+    }
+
+    /// A forge job's repository: its item without the number.
+    pub fn repo(&self) -> Option<&str> {
+        self.item
+            .as_deref()
+            .and_then(|i| i.split(['#', '!']).next())
+    }
+
     /// What the model spent, as pi counted it.
     pub fn set_usage(&mut self, usage: &protocol::usage::Usage) {
         self.spent = usage.spent();
@@ -447,193 +465,6 @@ impl Draft {
     }
 }
 
-/// What [`Records::list`] found.
-#[derive(Debug, Default)]
-pub struct Listing {
-    pub records: Vec<Record>,
-    /// Records that are not readable as one (written by a newer version, or damaged): the file,
-    /// or the record's id in Redis.
-    pub unreadable: Vec<String>,
-}
-
-/// Where the records are: a folder of files (`state/runs`), or, with the queue in Redis, beside
-/// it, so that every host sees every record.
-pub struct Records {
-    store: Store,
-}
-
-enum Store {
-    Files(PathBuf),
-    Redis(std::sync::Arc<queue::RedisQueue>),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RecordError {
-    #[error("the records folder cannot be written ({0})")]
-    Write(std::io::ErrorKind),
-    #[error("the records folder cannot be read ({0})")]
-    Read(std::io::ErrorKind),
-    #[error("no record has the id given")]
-    NotFound,
-    #[error("a record is not valid JSON of the record's shape")]
-    Invalid,
-    #[error("the records in Redis cannot be used: {0}")]
-    Redis(String),
-}
-
-/// Job ids become file names: only these characters.
-pub fn is_plain_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && !id.starts_with('.')
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-}
-
-impl Records {
-    /// The records in the folder `dir`.
-    pub fn new(dir: impl Into<PathBuf>) -> Records {
-        Records {
-            store: Store::Files(dir.into()),
-        }
-    }
-
-    /// The records in the queue's Redis.
-    pub fn redis(queue: std::sync::Arc<queue::RedisQueue>) -> Records {
-        Records {
-            store: Store::Redis(queue),
-        }
-    }
-
-    /// Where they are, for messages: the folder, or "Redis".
-    pub fn place(&self) -> String {
-        match &self.store {
-            Store::Files(dir) => dir.display().to_string(),
-            Store::Redis(_) => "the queue's Redis".to_owned(),
-        }
-    }
-
-    fn path(&self, dir: &Path, id: &str) -> Option<PathBuf> {
-        is_plain_id(id).then(|| dir.join(format!("{id}.json")))
-    }
-
-    /// Writes `record` (once: a job has one record; a second write for the same id replaces
-    /// nothing and says so).
-    pub fn write(&self, record: &Record) -> Result<bool, RecordError> {
-        let dir = match &self.store {
-            Store::Files(dir) => dir,
-            Store::Redis(queue) => {
-                if !is_plain_id(&record.job_id) {
-                    return Err(RecordError::Invalid);
-                }
-                let text = serde_json::to_string(record).map_err(|_| RecordError::Invalid)?;
-                return queue
-                    .put_record(&record.job_id, &text, record.finished_at_ms)
-                    .map_err(|e| RecordError::Redis(e.to_string()));
-            }
-        };
-        let path = self.path(dir, &record.job_id).ok_or(RecordError::Invalid)?;
-        std::fs::create_dir_all(dir).map_err(|e| RecordError::Write(e.kind()))?;
-        let text = serde_json::to_string_pretty(record).map_err(|_| RecordError::Invalid)? + "\n";
-        // Never replaces: a record that exists stays as it is.
-        config::files::create_new(&path, text.as_bytes(), 0o600)
-            .map_err(|e| RecordError::Write(e.kind()))
-    }
-
-    pub fn read(&self, id: &str) -> Result<Record, RecordError> {
-        let dir = match &self.store {
-            Store::Files(dir) => dir,
-            Store::Redis(queue) => {
-                if !is_plain_id(id) {
-                    return Err(RecordError::NotFound);
-                }
-                let text = queue
-                    .get_record(id)
-                    .map_err(|e| RecordError::Redis(e.to_string()))?
-                    .ok_or(RecordError::NotFound)?;
-                return serde_json::from_str(&text).map_err(|_| RecordError::Invalid);
-            }
-        };
-        let path = self.path(dir, id).ok_or(RecordError::NotFound)?;
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(RecordError::NotFound);
-            }
-            Err(e) => return Err(RecordError::Read(e.kind())),
-        };
-        serde_json::from_slice(&bytes).map_err(|_| RecordError::Invalid)
-    }
-
-    /// Every record, oldest first (by finish time, then id), and the files of the folder that
-    /// should be records and cannot be read as one.
-    pub fn list(&self) -> Result<Listing, RecordError> {
-        self.list_but(&|_| false)
-    }
-
-    /// Every record whose id `known` does not hold, as [`Records::list`]: records are written
-    /// once, so a reader that keeps what it read reads each record once.
-    pub fn list_new(
-        &self,
-        known: &std::collections::HashSet<String>,
-    ) -> Result<Listing, RecordError> {
-        self.list_but(&|id| known.contains(id))
-    }
-
-    fn list_but(&self, skip: &dyn Fn(&str) -> bool) -> Result<Listing, RecordError> {
-        let dir = match &self.store {
-            Store::Files(dir) => dir,
-            Store::Redis(queue) => {
-                let mut listing = Listing::default();
-                for (id, text) in queue
-                    .list_records(skip)
-                    .map_err(|e| RecordError::Redis(e.to_string()))?
-                {
-                    match text.and_then(|t| serde_json::from_str::<Record>(&t).ok()) {
-                        Some(record) => listing.records.push(record),
-                        None => listing.unreadable.push(format!("record {id} in Redis")),
-                    }
-                }
-                sort(&mut listing);
-                return Ok(listing);
-            }
-        };
-        let entries = match std::fs::read_dir(dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Listing::default()),
-            Err(e) => return Err(RecordError::Read(e.kind())),
-        };
-        let mut listing = Listing::default();
-        for entry in entries.filter_map(Result::ok) {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(id) = name.strip_suffix(".json") else {
-                continue;
-            };
-            if name.starts_with('.') || skip(id) {
-                continue;
-            }
-            match std::fs::read(entry.path())
-                .ok()
-                .and_then(|b| serde_json::from_slice::<Record>(&b).ok())
-            {
-                Some(record) => listing.records.push(record),
-                None => listing.unreadable.push(entry.path().display().to_string()),
-            }
-        }
-        sort(&mut listing);
-        Ok(listing)
-    }
-}
-
-/// Oldest first (by finish time, then id).
-fn sort(listing: &mut Listing) {
-    listing.records.sort_by(|a: &Record, b: &Record| {
-        (a.finished_at_ms, &a.job_id).cmp(&(b.finished_at_ms, &b.job_id))
-    });
-    listing.unreadable.sort();
-}
-
 /// The queued job, when its payload is one (and for the id it was queued under).
 pub fn job_of(id: &str, payload: &str) -> Option<Job> {
     serde_json::from_str::<Job>(payload)
@@ -644,44 +475,6 @@ pub fn job_of(id: &str, payload: &str) -> Option<Job> {
 /// A job that holds only its id, for the record of a payload that is not a job.
 pub fn stub(id: &str) -> Job {
     Job::new(id, "unknown", "unknown")
-}
-
-/// Writes the record (once; a record that exists already is left as it is) and logs what became
-/// of it. True when it was written now.
-pub fn write_logged(records: &Records, record: &Record) -> bool {
-    match records.write(record) {
-        Ok(true) => {
-            tracing::info!(event = "job_recorded", job_id = %record.job_id,
-                outcome = %record.outcome, reason = record.reason.map(Reason::as_str),
-                attempt = record.attempt);
-            true
-        }
-        Ok(false) => {
-            tracing::info!(event = "job_already_recorded", job_id = %record.job_id);
-            false
-        }
-        Err(e) => {
-            tracing::error!(event = "record_failed", job_id = %record.job_id, detail = %e);
-            false
-        }
-    }
-}
-
-/// Cancels job `id` (`cancel` and the panel): a job that had not started is done at once and
-/// gets its record here; a running one is marked, and its worker stops it and records it.
-pub fn cancel(
-    queue: &dyn queue::Queue,
-    records: &Records,
-    id: &str,
-    now: std::time::SystemTime,
-) -> Result<queue::Cancel, queue::QueueError> {
-    let answer = queue.cancel(id, now)?;
-    if let queue::Cancel::Removed { payload, attempt } = &answer {
-        let job = job_of(id, payload).unwrap_or_else(|| stub(id));
-        let record = Record::ended(&job, Reason::Cancelled, *attempt, now_ms());
-        write_logged(records, &record);
-    }
-    Ok(answer)
 }
 
 #[cfg(test)]

@@ -17,7 +17,8 @@ use tokio::sync::watch;
 
 use crate::pipeline::Worker;
 use crate::verdict::{StopCause, StopSignal, Verdict, retried};
-use records::record::{Draft, Record, Records, job_of, now_ms, stub, unix_ms};
+use records::record::{Draft, Record, job_of, now_ms, stub, unix_ms};
+use records::store::Records;
 
 /// What runs a leased job: the real [`Worker`] (admission, secrets, sandbox), or, for measuring
 /// the loop itself, anything else that says what became of a job. `stop` says when the job must
@@ -464,7 +465,7 @@ impl Slot<'_> {
 
 /// Writes the record (once), counted in `summary` when it is written now.
 pub fn write_record(records: &Records, record: &Record, summary: Option<&Summary>) {
-    if records::record::write_logged(records, record)
+    if records::store::write_logged(records, record)
         && let Some(summary) = summary
     {
         summary.records.fetch_add(1, Ordering::Relaxed);

@@ -132,7 +132,7 @@ fn a_queue_that_blocks_does_not_hold_up_the_running_job() {
     let summary = run(
         runner.clone(),
         queue.clone(),
-        Arc::new(Records::new(dir.path().join("runs"))),
+        Arc::new(Records::sqlite(&dir.path().join("records.sqlite3")).unwrap()),
         &options,
         Arc::new(Control::default()),
     );
@@ -179,7 +179,7 @@ fn run_with_disk(dir: &std::path::Path, queue: &Arc<SqliteQueue>, min_free: u64)
     run(
         Arc::new(Completing),
         queue.clone(),
-        Arc::new(Records::new(dir.join("runs"))),
+        Arc::new(Records::sqlite(&dir.join("records.sqlite3")).unwrap()),
         &options,
         Arc::new(Control::default()),
     )

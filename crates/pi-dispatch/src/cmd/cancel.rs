@@ -29,7 +29,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     }
     let queue = ctx.queue(&settings)?;
     let records = crate::cmd::runs::records(ctx)?;
-    match records::record::cancel(&*queue, &records, &args.id, SystemTime::now())? {
+    match records::store::cancel(&*queue, &records, &args.id, SystemTime::now())? {
         Cancel::Unknown => {
             eprintln!("pi-dispatch: no job has the id {id} (see pi-dispatch status)");
             Ok(Exit::Unusable)

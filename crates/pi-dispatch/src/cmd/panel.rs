@@ -17,9 +17,6 @@ pub struct Args {
     /// The address and port to listen on [default: PI_PANEL_LISTEN, else 127.0.0.1:8790].
     #[arg(long, value_name = "ADDR:PORT")]
     listen: Option<String>,
-    /// Seconds between two reads of the records.
-    #[arg(long, value_name = "SECONDS", default_value_t = 2)]
-    refresh: u64,
 }
 
 /// Doctor's checks at most this often: a page reload does not start a sandbox each time.
@@ -45,9 +42,6 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         panel::LISTEN_SETTING,
         panel::DEFAULT_LISTEN,
     )?;
-    if args.refresh == 0 {
-        anyhow::bail!("--refresh must be above 0");
-    }
     let dir = ctx.dir.clone();
     let last: Mutex<Option<(Instant, Vec<panel::Health>)>> = Mutex::new(None);
     let health = move || {
@@ -67,7 +61,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         records: Arc::new(crate::cmd::runs::records(ctx)?),
         jobs_dir: ctx.dir.join("state").join("jobs"),
         health: Arc::new(health),
-        refresh: Duration::from_secs(args.refresh),
+        state_dir: ctx.dir.join("state"),
     };
     http_service::run(
         addr,

@@ -1,6 +1,7 @@
 //! `pi-dispatch runs [--json] [--limit N] [--outcome O] [--reason R] [--trigger T] [--repo
 //! OWNER/NAME | --folder PATH] [--since DURATION]` lists the run records of the deployment, the
-//! newest first (50 unless told), and says which files it could not read; `pi-dispatch runs show ID [--json |
+//! newest first (50 unless told), as the records' index finds them, and says which records it could
+//! not read; `pi-dispatch runs show ID [--json |
 //! --transcript [--raw]]` shows one record (why it ended, the detail and the fix, what it used),
 //! the record as stored, or the job's transcript. Everything printed from a job's data is inert:
 //! control characters are shown as escapes (see `output::print`), but with `--raw`.
@@ -8,7 +9,8 @@
 use std::fmt::Write as _;
 
 use records::query::{Query, QueryError};
-use records::record::{Record, RecordError, Records};
+use records::record::Record;
+use records::store::{RecordError, Records};
 
 use crate::context::Context;
 use crate::exit::Exit;
@@ -65,24 +67,17 @@ enum RunsCommand {
     },
 }
 
-/// The deployment's records: its `state/runs` folder, or, with the queue in Redis, the records
-/// every host shares there.
+/// The deployment's records, in the queue's store (the SQLite file, or the queue's Redis every
+/// host shares), with the record files of an earlier version brought in on first use.
 pub fn records(ctx: &Context) -> anyhow::Result<Records> {
     let settings = ctx.settings()?;
-    Ok(match &settings.queue {
-        config::settings::QueueBackend::Sqlite => Records::new(ctx.dir.join("state").join("runs")),
-        config::settings::QueueBackend::Redis { url } => {
-            let password = ctx
-                .environment()?
-                .get(config::settings::QUEUE_PASSWORD_SETTING);
-            Records::redis(std::sync::Arc::new(queue::RedisQueue::open(
-                &queue::RedisTarget {
-                    url: url.clone(),
-                    password,
-                },
-            )?))
-        }
-    })
+    let password = match settings.queue {
+        config::settings::QueueBackend::Sqlite => None,
+        config::settings::QueueBackend::Redis { .. } => ctx
+            .environment()?
+            .get(config::settings::QUEUE_PASSWORD_SETTING),
+    };
+    Ok(Records::open(&settings, password)?)
 }
 
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
@@ -125,29 +120,70 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             return Ok(Exit::Unusable);
         }
     };
-    let listing = records.list()?;
-    for path in &listing.unreadable {
-        eprintln!(
-            "pi-dispatch: {} is not readable as a run record (damaged, or written by another version); it is left out",
-            path
-        );
-    }
-    let any = !listing.records.is_empty();
-    let found = query.answer(listing.records);
     if args.json {
-        crate::output::print(&format!("{}\n", serde_json::to_string_pretty(&found)?))?;
-        return Ok(Exit::Success);
+        return stream_json(&records, &query);
     }
-    if found.is_empty() {
-        let none = if any {
-            "No run matches.\n"
-        } else {
+    let page = records.find(&query, None)?;
+    say_unreadable(&records, &page.unreadable);
+    if page.records.is_empty() {
+        let none = if page.unreadable.is_empty() && records.count()? == 0 {
             "No runs yet.\n"
+        } else {
+            "No run matches.\n"
         };
         crate::output::print(none)?;
         return Ok(Exit::Success);
     }
-    crate::output::print(&table(&found))?;
+    crate::output::print(&table(&page.records))?;
+    Ok(Exit::Success)
+}
+
+fn say_unreadable(records: &Records, ids: &[String]) {
+    for id in ids {
+        eprintln!(
+            "pi-dispatch: the record {} in {} is not readable as a run record (damaged, or written by another version); it is left out",
+            crate::output::display_name(id),
+            records.place()
+        );
+    }
+}
+
+/// The records as one JSON array, printed a page at a time as the store gives them: however many
+/// are asked for, no more than a page is held.
+fn stream_json(records: &Records, query: &Query) -> anyhow::Result<Exit> {
+    const PAGE: usize = 1_000;
+    let mut left = query.limit;
+    let mut after = None;
+    let mut first = true;
+    crate::output::print("[")?;
+    while left > 0 {
+        let page_query = Query {
+            limit: left.min(PAGE),
+            ..query.clone()
+        };
+        let page = records.find(&page_query, after.as_ref())?;
+        say_unreadable(records, &page.unreadable);
+        left = left.saturating_sub(page.records.len() + page.unreadable.len());
+        let mut text = String::new();
+        for r in &page.records {
+            let pretty = serde_json::to_string_pretty(r)?;
+            text.push_str(if first { "\n" } else { ",\n" });
+            first = false;
+            for (i, line) in pretty.lines().enumerate() {
+                if i > 0 {
+                    text.push('\n');
+                }
+                text.push_str("  ");
+                text.push_str(line);
+            }
+        }
+        crate::output::print(&text)?;
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    crate::output::print(if first { "]\n" } else { "\n]\n" })?;
     Ok(Exit::Success)
 }
 

@@ -226,7 +226,7 @@ fn an_unknown_id_is_said_with_where_it_was_looked_for() {
     let run = d.run(&["runs", "show", "cli-0-unknown"]);
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains("cli-0-unknown"), "{}", run.stderr);
-    let records = d.path().join("state").join("runs");
+    let records = d.path().join("state").join("queue.sqlite3");
     assert!(
         run.stderr.contains(records.to_str().unwrap()),
         "{}",

@@ -25,6 +25,34 @@ impl Deployment {
         self.dir.path()
     }
 
+    /// The deployment's records (its queue file).
+    pub fn records(&self) -> records::store::Records {
+        records::store::Records::sqlite(&self.path().join("state/queue.sqlite3")).unwrap()
+    }
+
+    /// Job `id`'s record as stored, if it has one.
+    pub fn record(&self, id: &str) -> Option<serde_json::Value> {
+        let r = self.records().read(id).ok()?;
+        Some(serde_json::to_value(r).unwrap())
+    }
+
+    /// How many records the deployment holds.
+    pub fn record_count(&self) -> u64 {
+        self.records().count().unwrap()
+    }
+
+    /// Stores `record` in place of job `id`'s, as nothing but a test could.
+    pub fn replace_record(&self, id: &str, record: &serde_json::Value) {
+        let db = rusqlite::Connection::open(self.path().join("state/queue.sqlite3")).unwrap();
+        let changed = db
+            .execute(
+                "UPDATE records SET body = ?1 WHERE id = ?2",
+                (serde_json::to_string(record).unwrap(), id),
+            )
+            .unwrap();
+        assert_eq!(changed, 1, "no record {id}");
+    }
+
     /// Writes `text` at `rel` under the folder, creating parent folders.
     pub fn write(&self, rel: &str, text: &str) -> PathBuf {
         let path = self.path().join(rel);

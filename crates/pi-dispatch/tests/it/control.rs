@@ -70,9 +70,10 @@ fn status_json(s: &Service) -> Value {
 }
 
 fn records(s: &Service) -> usize {
-    std::fs::read_dir(s.d.path().join("state/runs"))
-        .map(|d| d.filter_map(Result::ok).count())
-        .unwrap_or(0)
+    if !s.d.path().join("state/queue.sqlite3").exists() {
+        return 0;
+    }
+    s.d.record_count() as usize
 }
 
 #[test]
@@ -147,7 +148,7 @@ fn a_running_job_is_cancelled_with_its_whole_tree_and_status_shows_it_running_fi
         "stopped in {stopped_in:?}"
     );
     wait_for(Duration::from_secs(5), "the record", || {
-        s.d.path().join(format!("state/runs/{id}.json")).exists()
+        s.d.record(&id).is_some()
     });
     let record = s.record(&id);
     assert_eq!(record["outcome"], "cancelled", "{record:#}");

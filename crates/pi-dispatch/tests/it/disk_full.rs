@@ -82,9 +82,7 @@ fn a_nearly_full_state_disk_starts_no_job_and_loses_no_record() {
     let status = s.cli(&["status"]);
     assert!(status.stdout.contains(&second), "{}", status.stdout);
     assert!(
-        !s.d.path()
-            .join(format!("state/runs/{second}.json"))
-            .exists(),
+        s.d.record(&second).is_none(),
         "a record was written for a job that did not run"
     );
     // Nothing already recorded was lost.

@@ -275,8 +275,7 @@ fn a_job_whose_socket_the_proxy_will_not_open_never_runs_and_is_retried() {
     assert!(run.stderr.contains("job_retried"), "{}", run.stderr);
     assert!(!run.stderr.contains("job_started"), "{}", run.stderr);
     assert!(model.requests().is_empty());
-    let text = std::fs::read_to_string(d.path().join(format!("state/runs/{id}.json"))).unwrap();
-    let record: Value = serde_json::from_str(&text).unwrap();
+    let record: Value = d.record(&id).unwrap();
     assert_eq!(record["reason"], "container-never-started", "{record:#}");
     assert_eq!(record["attempt"], queue::MAX_ATTEMPTS, "{record:#}");
     assert!(
@@ -400,9 +399,9 @@ fn egress_on_reaches_through_the_proxy_and_nothing_directly(settings: &str) {
     assert_eq!(queued.code, 0, "{}", queued.stderr);
     let id = queued_id(&queued);
     let worked = work_until_empty(&d);
-    let text = std::fs::read_to_string(d.path().join(format!("state/runs/{id}.json")))
-        .unwrap_or_else(|_| panic!("no record: {}", worked.stderr));
-    let record: Value = serde_json::from_str(&text).unwrap();
+    let record: Value = d
+        .record(&id)
+        .unwrap_or_else(|| panic!("no record: {}", worked.stderr));
     let results: Vec<String> = model.requests().iter().map(|r| r.last_text()).collect();
 
     // The job completed, its MCP call answered by the server on the test host.
@@ -537,8 +536,7 @@ fn a_model_that_is_down_behind_the_proxy_is_unreachable_and_tried_again() {
         .find(|l| l.contains("job_retried"))
         .unwrap_or_else(|| panic!("not tried again: {}", worked.stderr));
     assert!(retried.contains("model-unreachable"), "{retried}");
-    let text = std::fs::read_to_string(d.path().join(format!("state/runs/{id}.json"))).unwrap();
-    let record: Value = serde_json::from_str(&text).unwrap();
+    let record: Value = d.record(&id).unwrap();
     assert_eq!(record["outcome"], "failed", "{record:#}");
     assert_eq!(record["reason"], "model-unreachable", "{record:#}");
     assert_eq!(record["attempt"], queue::MAX_ATTEMPTS, "{record:#}");
@@ -547,5 +545,5 @@ fn a_model_that_is_down_behind_the_proxy_is_unreachable_and_tried_again() {
         why.contains("502") && why.contains("upstream-unreachable") && why.contains(&address),
         "{why}"
     );
-    assert!(!text.contains(MODEL_KEY));
+    assert!(!record.to_string().contains(MODEL_KEY));
 }

@@ -208,10 +208,10 @@ fn transcripts_can_be_turned_off() {
 /// the operator's filters; a filter's bad value is misuse, named by its option only.
 #[test]
 fn runs_lists_the_newest_first_and_filters_as_asked() {
-    use records::record::{Outcome, Reason, Record, Records};
+    use records::record::{Outcome, Reason, Record};
     let d = crate::common::Deployment::new();
     assert_eq!(d.run(&["init"]).code, 0);
-    let store = Records::new(d.path().join("state/runs"));
+    let store = d.records();
     let now = records::record::now_ms();
     let day = 86_400_000;
     for (i, outcome, reason, ago) in [
@@ -262,22 +262,37 @@ fn runs_lists_the_newest_first_and_filters_as_asked() {
     }
 }
 
+/// A deployment of an earlier version kept a file a record under `state/runs`: the first command
+/// that reads the records brings them into the index, names a file it cannot read, and keeps every
+/// file (the folder becomes `state/runs.imported`).
 #[test]
-fn runs_says_which_records_it_cannot_read() {
+fn record_files_of_an_earlier_version_are_brought_in_once_and_kept() {
     let d = crate::common::Deployment::new();
     assert_eq!(d.run(&["init"]).code, 0);
+    let job = protocol::job::Job::new("old-1", "cron", "local");
+    let old = records::record::Record::new(&job, records::record::Outcome::Completed, None, 1, 5);
+    d.write(
+        "state/runs/old-1.json",
+        &serde_json::to_string_pretty(&old).unwrap(),
+    );
     d.write("state/runs/broken.json", "{ not a record");
     let run = d.run(&["runs"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    assert!(
-        run.stderr
-            .contains("broken.json is not readable as a run record"),
-        "{}",
-        run.stderr
+    assert!(run.stderr.contains("broken.json"), "{}", run.stderr);
+    assert!(run.stdout.contains("old-1"), "{}", run.stdout);
+    let kept = d.path().join("state/runs.imported");
+    assert_eq!(
+        std::fs::read_to_string(kept.join("broken.json")).unwrap(),
+        "{ not a record"
     );
-    assert!(run.stdout.contains("No runs yet"), "{}", run.stdout);
+    assert!(kept.join("old-1.json").exists());
+    assert!(!d.path().join("state/runs").exists());
+    // Once: the next command reads the index only.
+    let again = d.run(&["runs"]);
+    assert!(!again.stderr.contains("broken.json"), "{}", again.stderr);
+    assert!(again.stdout.contains("old-1"), "{}", again.stdout);
     // An unknown id is misuse (exit 2), and the message names where records are.
     let show = d.run(&["runs", "show", "nope"]);
     assert_eq!(show.code, 2, "{}", show.stderr);
-    assert!(show.stderr.contains("state/runs"), "{}", show.stderr);
+    assert!(show.stderr.contains("queue.sqlite3"), "{}", show.stderr);
 }

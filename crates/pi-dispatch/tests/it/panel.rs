@@ -26,17 +26,9 @@ fn start_panel(s: &Service) -> Listening {
     Listening::start(cmd, "panel_listening")
 }
 
-/// `pi-dispatch panel` of deployment `d`, on a loopback port of its own, reading records each second.
+/// `pi-dispatch panel` of deployment `d`, on a loopback port of its own.
 fn panel_command(d: &crate::common::Deployment) -> std::process::Command {
-    d.command(&[
-        "panel",
-        "--listen",
-        "127.0.0.1:0",
-        "--refresh",
-        "1",
-        "--log-format",
-        "json",
-    ])
+    d.command(&["panel", "--listen", "127.0.0.1:0", "--log-format", "json"])
 }
 
 fn screenshots() -> PathBuf {

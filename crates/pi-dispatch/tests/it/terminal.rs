@@ -29,15 +29,14 @@ fn nothing_a_job_wrote_drives_the_terminal() {
     );
     let (id, _, _, _) = s.complete("Say done.", "direct");
     // The record and transcript as a hijacked job would leave them.
-    let path = s.d.path().join(format!("state/runs/{id}.json"));
-    let mut record: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut record: Value = s.d.record(&id).unwrap();
     record["finalMessage"] = json!(format!("all tests pass{ESCAPES}"));
     record["detail"] = json!({"why": format!("why{ESCAPES}")});
     record["task"] = json!(format!("the task{ESCAPES}"));
     record["item"] = json!(format!("o/r#1{ESCAPES}"));
     record["mcp"]["toolCalls"] = json!([{"server": format!("srv{ESCAPES}"), "tool": format!("tool{ESCAPES}"),
         "calls": 1, "ok": 1, "error": 0, "refused": 0, "totalMs": 1, "resultBytes": 1}]);
-    std::fs::write(&path, serde_json::to_string(&record).unwrap()).unwrap();
+    s.d.replace_record(&id, &record);
     let transcript = s.d.path().join(format!("state/jobs/{id}/transcript.jsonl"));
     let mut kept = std::fs::read(&transcript).unwrap();
     kept.extend_from_slice(format!("{ESCAPES}\n").as_bytes());

@@ -141,9 +141,9 @@ impl Service {
     }
 
     pub(crate) fn record(&self, id: &str) -> Value {
-        let text = std::fs::read_to_string(self.d.path().join(format!("state/runs/{id}.json")))
-            .unwrap_or_else(|e| panic!("no record for {id}: {e}"));
-        serde_json::from_str(&text).unwrap()
+        self.d
+            .record(id)
+            .unwrap_or_else(|| panic!("no record for {id}"))
     }
 
     /// Queues a job, runs the worker, and insists the job completed: its id, its record, what the
@@ -581,18 +581,14 @@ fn a_worker_killed_mid_job_runs_it_again_once_and_leaves_one_record() {
         vec![],
         "a job process survived the worker"
     );
-    assert!(!s.d.path().join(format!("state/runs/{id}.json")).exists());
+    assert!(s.d.record(&id).is_none());
 
     let run = Run::from(s.worker_command(&["--lease", "2"]).output().unwrap());
     assert_eq!(run.code, 0, "{}", run.stderr);
     let record = s.record(&id);
     assert_eq!(record["outcome"], "completed", "{record:#}\n{}", run.stderr);
     assert_eq!(record["attempt"], 2);
-    let records: Vec<_> = std::fs::read_dir(s.d.path().join("state/runs"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(s.d.record_count(), 1);
     assert_eq!(s.model.requests().len(), 2);
 }
 
@@ -866,24 +862,22 @@ fn first_cron_record(s: &Service, triggers: &Value, bound: Duration) -> Value {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     let mut worker = cmd.spawn().unwrap();
-    let runs = s.d.path().join("state/runs");
     let until = Instant::now() + bound;
     let first = loop {
-        let found: Vec<PathBuf> = std::fs::read_dir(&runs)
-            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
-            .unwrap_or_default();
-        if let Some(first) = found
-            .into_iter()
-            .find(|p| p.extension().is_some_and(|e| e == "json"))
-        {
-            break first;
+        let found = s.d.path().join("state/queue.sqlite3").exists() && s.d.record_count() > 0;
+        if found {
+            let page =
+                s.d.records()
+                    .find(&records::query::Query::default(), None)
+                    .unwrap();
+            break page.records.into_iter().next_back().unwrap();
         }
         assert!(Instant::now() < until, "no cron job was recorded");
         std::thread::sleep(Duration::from_millis(100));
     };
     worker.kill().unwrap();
     worker.wait().unwrap();
-    serde_json::from_str(&std::fs::read_to_string(&first).unwrap()).unwrap()
+    serde_json::to_value(first).unwrap()
 }
 
 /// The container backend (`PI_SANDBOX=podman`): the same job, real pi calling a real MCP server

@@ -14,7 +14,7 @@ use protocol::job::Job;
 use protocol::reason::{Outcome, Reason};
 use protocol::usage::ToolCallCount;
 use queue::Queue as _;
-use records::record::{Activity, EgressDenial, Record, Records, Tokens};
+use records::record::{Activity, EgressDenial, Record, Tokens};
 use serde_json::{Value, json};
 use testkit::webdriver::{Browser, ENTER};
 
@@ -42,7 +42,7 @@ fn filled() -> (Deployment, Runs) {
     d.write(".env", &format!("{env}\nPI_PANEL_TOKEN={TOKEN}\n"));
     let now = SystemTime::now();
     let now_ms = records::record::unix_ms(now);
-    let records = Records::new(d.path().join("state/runs"));
+    let records = d.records();
     let job = |id: &str, task: &str| {
         let mut job = Job::new(id, "cli", "local");
         job.task = Some(task.to_owned());
