@@ -195,6 +195,7 @@ pub fn measure_service(jobs: &[(String, String)], slots: u32) -> anyhow::Result<
         cancel_poll: Duration::from_millis(500),
         on_failure: None,
         disk: None,
+        retention: None,
     };
     let start = Instant::now();
     let summary = worker::service::run(

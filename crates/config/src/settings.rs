@@ -84,6 +84,17 @@ pub const DISK_WARN_SETTING: &str = "PI_DISK_WARN_MB";
 pub const DISK_MIN_SETTING: &str = "PI_DISK_MIN_MB";
 pub const DEFAULT_DISK_WARN_MB: u64 = 4096;
 pub const DEFAULT_DISK_MIN_MB: u64 = 1024;
+/// How long what jobs leave is kept, in days: records (`runs`, the panel; the metrics' counters
+/// keep what they counted), transcripts, and the folder of a job that did not complete (its clone
+/// and what it wrote, for a look; 0: removed once the job is settled, as a completed job's is).
+pub const KEEP_RECORDS_SETTING: &str = "PI_KEEP_RECORDS_DAYS";
+pub const KEEP_TRANSCRIPTS_SETTING: &str = "PI_KEEP_TRANSCRIPTS_DAYS";
+pub const KEEP_FAILED_JOBS_SETTING: &str = "PI_KEEP_FAILED_JOBS_DAYS";
+pub const DEFAULT_KEEP_RECORDS_DAYS: u64 = 365;
+pub const DEFAULT_KEEP_TRANSCRIPTS_DAYS: u64 = 30;
+pub const DEFAULT_KEEP_FAILED_JOBS_DAYS: u64 = 0;
+/// The longest any of them is kept: a hundred years, which is to say for good.
+pub const MAX_KEEP_DAYS: u64 = 36_500;
 /// The host ids (uid and gid alike) a root worker's jobs run as, one for each running job, as
 /// `FIRST-LAST`: no user, group or other process of the host may use them (docs/sandbox.md).
 pub const JOB_UIDS_SETTING: &str = "PI_JOB_UIDS";
@@ -110,7 +121,7 @@ pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 39] = [
+pub const ALL: [&str; 42] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
@@ -150,6 +161,9 @@ pub const ALL: [&str; 39] = [
     JOB_UIDS_SETTING,
     DISK_WARN_SETTING,
     DISK_MIN_SETTING,
+    KEEP_RECORDS_SETTING,
+    KEEP_TRANSCRIPTS_SETTING,
+    KEEP_FAILED_JOBS_SETTING,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -198,6 +212,11 @@ pub enum SettingError {
         "{name} must be a container image reference or a runtime name (letters, digits and '.', '_', '-', '/', ':', '@')"
     )]
     NotAnEngineName { name: &'static str },
+    #[error("{name} must not be above {limit}: a transcript is found through its record")]
+    LongerThan {
+        name: &'static str,
+        limit: &'static str,
+    },
 }
 
 impl SettingError {
@@ -217,7 +236,8 @@ impl SettingError {
             | SettingError::NotAnIdRange { name }
             | SettingError::NotAQueue { name }
             | SettingError::NotASandbox { name }
-            | SettingError::NotAnEngineName { name } => name,
+            | SettingError::NotAnEngineName { name }
+            | SettingError::LongerThan { name, .. } => name,
         }
     }
 }
@@ -296,6 +316,28 @@ pub struct Settings {
     /// file system below which doctor warns, and below which no job starts.
     pub disk_warn_bytes: u64,
     pub disk_min_bytes: u64,
+    /// `PI_KEEP_RECORDS_DAYS`, `PI_KEEP_TRANSCRIPTS_DAYS` and `PI_KEEP_FAILED_JOBS_DAYS`.
+    pub keep: Keep,
+}
+
+/// How long what jobs leave is kept, in days.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keep {
+    pub records_days: u64,
+    /// Never longer than the records: a transcript is found through its record.
+    pub transcripts_days: u64,
+    /// 0: a job's folder is removed once the job is settled, whatever its outcome.
+    pub failed_jobs_days: u64,
+}
+
+impl Default for Keep {
+    fn default() -> Keep {
+        Keep {
+            records_days: DEFAULT_KEEP_RECORDS_DAYS,
+            transcripts_days: DEFAULT_KEEP_TRANSCRIPTS_DAYS,
+            failed_jobs_days: DEFAULT_KEEP_FAILED_JOBS_DAYS,
+        }
+    }
 }
 
 /// Where jobs run.
@@ -567,6 +609,26 @@ pub fn resolve(
     let job_disk_mb = number(JOB_DISK_SETTING, DEFAULT_JOB_DISK_MB, 16, 1 << 24);
     let disk_warn_mb = number(DISK_WARN_SETTING, DEFAULT_DISK_WARN_MB, 0, 1 << 30);
     let disk_min_mb = number(DISK_MIN_SETTING, DEFAULT_DISK_MIN_MB, 0, 1 << 30);
+    let keep = Keep {
+        records_days: number(
+            KEEP_RECORDS_SETTING,
+            DEFAULT_KEEP_RECORDS_DAYS,
+            1,
+            MAX_KEEP_DAYS,
+        ),
+        transcripts_days: number(
+            KEEP_TRANSCRIPTS_SETTING,
+            DEFAULT_KEEP_TRANSCRIPTS_DAYS,
+            1,
+            MAX_KEEP_DAYS,
+        ),
+        failed_jobs_days: number(
+            KEEP_FAILED_JOBS_SETTING,
+            DEFAULT_KEEP_FAILED_JOBS_DAYS,
+            0,
+            MAX_KEEP_DAYS,
+        ),
+    };
     let drain_limit_secs = number(
         DRAIN_LIMIT_SETTING,
         DEFAULT_DRAIN_LIMIT_SECS,
@@ -675,6 +737,12 @@ pub fn resolve(
             SandboxBackend::Bubblewrap
         }
     };
+    if keep.transcripts_days > keep.records_days {
+        errors.push(SettingError::LongerThan {
+            name: KEEP_TRANSCRIPTS_SETTING,
+            limit: KEEP_RECORDS_SETTING,
+        });
+    }
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -715,6 +783,7 @@ pub fn resolve(
         job_uids,
         disk_warn_bytes: disk_warn_mb << 20,
         disk_min_bytes: disk_min_mb << 20,
+        keep,
     })
 }
 
@@ -940,6 +1009,48 @@ mod tests {
             assert!(
                 !errors[0].to_string().contains(bad),
                 "the value is in the message"
+            );
+        }
+    }
+
+    #[test]
+    fn what_jobs_leave_is_kept_a_year_transcripts_a_month_and_never_longer_than_records() {
+        let d = Path::new("/d");
+        assert_eq!(resolve(&from(&[]), d).unwrap().keep, Keep::default());
+        let set = resolve(
+            &from(&[
+                ("PI_KEEP_RECORDS_DAYS", "90"),
+                ("PI_KEEP_TRANSCRIPTS_DAYS", "90"),
+                ("PI_KEEP_FAILED_JOBS_DAYS", "7"),
+            ]),
+            d,
+        )
+        .unwrap();
+        let want = Keep {
+            records_days: 90,
+            transcripts_days: 90,
+            failed_jobs_days: 7,
+        };
+        assert_eq!(set.keep, want);
+        let longer = resolve(&from(&[("PI_KEEP_RECORDS_DAYS", "7")]), d).unwrap_err();
+        assert_eq!(
+            longer,
+            [SettingError::LongerThan {
+                name: KEEP_TRANSCRIPTS_SETTING,
+                limit: KEEP_RECORDS_SETTING
+            }]
+        );
+        for bad in ["0", "-1", "36501", "1.5"] {
+            let e = resolve(&from(&[("PI_KEEP_RECORDS_DAYS", bad)]), d).unwrap_err();
+            assert!(
+                matches!(
+                    e[0],
+                    SettingError::NotANumber {
+                        name: KEEP_RECORDS_SETTING,
+                        ..
+                    }
+                ),
+                "{bad}"
             );
         }
     }

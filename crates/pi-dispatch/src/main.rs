@@ -67,6 +67,8 @@ enum Command {
     Runs(cmd::runs::Args),
     /// Cancel a job: a queued one is removed, a running one is stopped.
     Cancel(cmd::cancel::Args),
+    /// Remove now what jobs left past the PI_KEEP_*_DAYS settings (the worker does it as it goes).
+    Prune(cmd::prune::Args),
     /// Say what the worker would decide now for the job a trigger would queue, without running it.
     Explain(cmd::explain::Args),
     /// The triggers file: which events queue which jobs.
@@ -147,6 +149,7 @@ fn main() -> ExitCode {
         Command::Image(args) => cmd::image::run(&args, &ctx),
         Command::Explain(args) => cmd::explain::run(&args, &ctx),
         Command::Cancel(args) => cmd::cancel::run(&args, &ctx),
+        Command::Prune(args) => cmd::prune::run(&args, &ctx),
         Command::ImportPi(args) => cmd::import_pi::run(&args, &ctx),
         Command::Mcp {
             command: McpCommand::Check(args),

@@ -123,6 +123,15 @@ pub fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
     out
 }
 
+/// Every mount point `/proc/self/mountinfo` lists (its fifth field), unescaped.
+pub fn mount_points(mountinfo: &str) -> Vec<std::path::PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|point| std::path::PathBuf::from(unescape(point)))
+        .collect()
+}
+
 /// mountinfo's octal escapes (`\040` for a space).
 fn unescape(text: &str) -> String {
     let bytes = text.as_bytes();

@@ -114,6 +114,13 @@ const ENV: &str = "\
 # starts no job (they wait in the queue) until there is room again.
 # PI_DISK_WARN_MB=4096
 # PI_DISK_MIN_MB=1024
+# How long what jobs leave is kept, in days: run records (the metrics keep counting what was
+# pruned), transcripts (never longer than records), and the folder of a job that did not complete
+# (its clone and what it wrote; 0 removes it once the job is settled, as a completed job's is).
+# The worker prunes as it goes; `pi-dispatch prune --dry-run` shows what it would remove.
+# PI_KEEP_RECORDS_DAYS=365
+# PI_KEEP_TRANSCRIPTS_DAYS=30
+# PI_KEEP_FAILED_JOBS_DAYS=0
 # The queue: sqlite (the default: state/queue.sqlite3), or one Redis shared by the workers of
 # several hosts, as redis://HOST:PORT/DB (rediss:// with TLS). Its password, if it has one, goes in
 # PI_QUEUE_PASSWORD (in the worker's environment file), never in the URL.

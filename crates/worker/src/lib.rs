@@ -9,6 +9,7 @@ pub mod cron;
 pub mod egress;
 pub mod forge_job;
 pub mod pipeline;
+pub mod retention;
 pub mod sandboxed;
 pub mod service;
 pub mod transcript;

@@ -74,6 +74,8 @@ pub struct LoopOptions {
     /// The room a job needs on the deployment's disk to start; `None` starts jobs whatever the
     /// disk holds.
     pub disk: Option<DiskGate>,
+    /// What a settled job's folder keeps; `None` leaves it whole.
+    pub retention: Option<crate::retention::Retention>,
 }
 
 /// No job starts while the file system holding `folder` has less than `min_free` bytes free
@@ -430,6 +432,13 @@ impl Slot<'_> {
         // attempt's comment is found by its mark).
         worker.settled(job, &record).await;
         page(&record, self.options);
+        if let Some(retention) = self.options.retention.clone() {
+            let pruned =
+                tokio::task::spawn_blocking(move || retention.after_job(&record, now_ms()))
+                    .await
+                    .unwrap_or_default();
+            tidied(&job.id, &pruned);
+        }
     }
 
     /// Writes the record (once), naming this worker; a record that exists already is left as it
@@ -573,6 +582,55 @@ pub fn run_cron(
                     Err(e) => queue_error(&e),
                 }
             }
+        }
+    }
+}
+
+/// Says what became of a settled job's folder.
+fn tidied(job_id: &str, pruned: &crate::retention::Pruned) {
+    if pruned.folders > 0 {
+        tracing::info!(event = "job_folder_tidied", job_id, bytes = pruned.bytes);
+    }
+    for (path, kind) in &pruned.failed {
+        tracing::warn!(event = "job_folder_not_tidied", job_id, path = %path.display(),
+        why = ?kind);
+    }
+}
+
+/// One retention pass every `every`, on a thread of its own, until the worker drains: bounded
+/// work each time, so a pass never holds the store long.
+pub fn run_retention(
+    retention: &crate::retention::Retention,
+    records: &Records,
+    queue: &dyn Queue,
+    every: Duration,
+    control: &Control,
+) {
+    loop {
+        match retention.pass(
+            records,
+            queue,
+            now_ms(),
+            crate::retention::Budget::default(),
+            false,
+        ) {
+            Ok(p) if !p.is_empty() => tracing::info!(
+                event = "pruned",
+                records = p.records,
+                transcripts = p.transcripts,
+                folders = p.folders,
+                bytes = p.bytes,
+                done_jobs = p.done_jobs
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(event = "prune_failed", detail = %e),
+        }
+        let until = std::time::Instant::now() + every;
+        while std::time::Instant::now() < until {
+            if control.is_draining() {
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(1).min(every));
         }
     }
 }

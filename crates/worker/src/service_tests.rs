@@ -128,6 +128,7 @@ fn a_queue_that_blocks_does_not_hold_up_the_running_job() {
         cancel_poll: Duration::from_millis(10),
         on_failure: None,
         disk: None,
+        retention: None,
     };
     let summary = run(
         runner.clone(),
@@ -175,6 +176,7 @@ fn run_with_disk(dir: &std::path::Path, queue: &Arc<SqliteQueue>, min_free: u64)
             folder: dir.to_owned(),
             min_free,
         }),
+        retention: None,
     };
     run(
         Arc::new(Completing),

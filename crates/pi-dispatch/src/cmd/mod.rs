@@ -9,6 +9,7 @@ pub mod init;
 pub mod job;
 pub mod mcp_check;
 pub mod panel;
+pub mod prune;
 pub mod receiver;
 pub mod run;
 pub mod runs;

@@ -105,6 +105,9 @@ pub fn forges(
     forge::Forges::new(github, gitlab)
 }
 
+/// How often the worker prunes what jobs left (`PI_KEEP_*_DAYS`).
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
+
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     ctx.deployment()?;
     // The worker holds the provider's key and every job's secrets: neither it nor anything it
@@ -135,6 +138,10 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         disk: Some(worker::service::DiskGate {
             folder: state.clone(),
             min_free: settings.disk_min_bytes,
+        }),
+        retention: Some(worker::retention::Retention {
+            keep: settings.keep,
+            jobs_dir: state.join("jobs"),
         }),
     };
     let drain_limit = Duration::from_secs(settings.drain_limit_secs);
@@ -239,10 +246,21 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let control = Arc::new(Control::default());
     on_signals(control.clone(), drain_limit)?;
     if !args.until_empty {
-        let (settings, queue, control) = (worker.settings.clone(), queue.clone(), control.clone());
+        let (settings, queue, cron) = (worker.settings.clone(), queue.clone(), control.clone());
         std::thread::spawn(move || {
-            service::run_cron(&settings, &*queue, Duration::from_secs(1), &control)
+            service::run_cron(&settings, &*queue, Duration::from_secs(1), &cron)
         });
+        // Retention on handles of its own: a pass never waits on a job's.
+        let (records, queue, control) = (
+            crate::cmd::runs::records(ctx)?,
+            ctx.queue(&worker.settings)?,
+            control.clone(),
+        );
+        if let Some(retention) = options.retention.clone() {
+            std::thread::spawn(move || {
+                service::run_retention(&retention, &records, &*queue, PRUNE_EVERY, &control)
+            });
+        }
     }
     tracing::info!(event = "worker_started", worker = %options.worker_id, concurrency);
     // Before the first job: with egress on, a proxy answers.

@@ -494,6 +494,19 @@ fn forge_jobs_run_from_a_webhook_to_their_comment(kind: Kind) {
         Some(README)
     );
     assert_eq!(site.fake.merges(), 0);
+    // Delivered: the job's clone and the rest of its folder are gone, its transcript is kept.
+    let folder = site.s.d.path().join("state/jobs").join(&fix_id);
+    let mut left: Vec<String> = std::fs::read_dir(&folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["transcript.jsonl"], "{}", fourth.stderr);
+    assert!(
+        fourth.stderr.contains("job_folder_tidied"),
+        "{}",
+        fourth.stderr
+    );
     let fix_comments = site.fake.comments(&kind.issue_key(3));
     assert_eq!(fix_comments.len(), 1, "{fix_comments:#?}");
     assert!(

@@ -38,6 +38,11 @@ fn a_fix_job_that_writes_its_token_pushes_nothing() {
         })
         .collect();
     let site = Site::start(FakeForge::start, script, triggers(), &[]);
+    // The refused jobs' folders are kept for a look, as an operator who reads them would ask.
+    let env = std::fs::read_to_string(site.s.d.path().join(".env")).unwrap();
+    site.s
+        .d
+        .write(".env", &format!("{env}PI_KEEP_FAILED_JOBS_DAYS=1\n"));
     for (n, (_, file)) in PLANTS.iter().enumerate() {
         let number = 40 + n as u64;
         let a = site.label(Kind::Github, number, "pi-fix", &format!("d-plant-{number}"));

@@ -32,6 +32,7 @@ mod mcp_check;
 mod one_wait;
 mod outcomes;
 mod panel;
+mod retention;
 mod run;
 mod scripts;
 mod service;

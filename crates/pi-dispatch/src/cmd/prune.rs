@@ -1,0 +1,90 @@
+//! `pi-dispatch prune [--dry-run]`: removes now what the worker's retention removes as it goes
+//! (`PI_KEEP_RECORDS_DAYS`, `PI_KEEP_TRANSCRIPTS_DAYS`, `PI_KEEP_FAILED_JOBS_DAYS`): the folders
+//! of settled jobs but their transcripts, transcripts past their days, records past theirs with
+//! the queue's entries of their jobs. With `--dry-run` it says what it would remove and removes
+//! nothing. Nothing a job that is not over needs is touched.
+
+use crate::context::Context;
+use crate::exit::Exit;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Say what would be removed, and remove nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
+    ctx.deployment()?;
+    let settings = ctx.settings()?;
+    let records = crate::cmd::runs::records(ctx)?;
+    let queue = ctx.queue(&settings)?;
+    let retention = worker::retention::Retention {
+        keep: settings.keep,
+        jobs_dir: ctx.dir.join("state").join("jobs"),
+    };
+    let now = records::record::now_ms();
+    let mut total = worker::retention::Pruned::default();
+    loop {
+        let budget = worker::retention::Budget::default();
+        let p = retention.pass(&records, &*queue, now, budget, args.dry_run)?;
+        let done = p.is_empty() || args.dry_run;
+        total.records += p.records;
+        total.done_jobs += p.done_jobs;
+        total.transcripts += p.transcripts;
+        total.folders += p.folders;
+        total.bytes += p.bytes;
+        total.mounted.extend(p.mounted);
+        total.failed.extend(p.failed);
+        // Each pass is bounded; a pass that removed nothing new is the last (a folder that
+        // cannot be removed is not tried forever).
+        if done || total.failed.len() > 100 {
+            break;
+        }
+    }
+    let k = settings.keep;
+    let verb = if args.dry_run {
+        "would be removed"
+    } else {
+        "removed"
+    };
+    let text = format!(
+        "Job folders of settled jobs (all but the transcript; a job that did not complete is kept {} days): {} {verb} ({})\n\
+         Transcripts older than {} days: {} {verb}\n\
+         Records older than {} days: {} {verb}\n{}",
+        k.failed_jobs_days,
+        total.folders,
+        mib(total.bytes),
+        k.transcripts_days,
+        total.transcripts,
+        k.records_days,
+        total.records,
+        if args.dry_run {
+            String::new()
+        } else {
+            format!("Finished jobs the queue forgot: {}\n", total.done_jobs)
+        },
+    );
+    crate::output::print(&text)?;
+    for folder in &total.mounted {
+        eprintln!(
+            "pi-dispatch: {} is left as it is: something is mounted in it (a job's view or disk that was not unmounted)",
+            folder.display()
+        );
+    }
+    for (path, kind) in &total.failed {
+        eprintln!(
+            "pi-dispatch: {} could not be removed ({kind:?})",
+            path.display()
+        );
+    }
+    Ok(if total.failed.is_empty() && total.mounted.is_empty() {
+        Exit::Success
+    } else {
+        Exit::CheckFailed
+    })
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
