@@ -254,14 +254,25 @@ fn show_transcript(ctx: &Context, record: &Record, raw: bool) -> anyhow::Result<
     }
     let bytes = match std::fs::read(&path) {
         Ok(bytes) => bytes,
-        // With the queue in Redis, the job may have run on another host.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && record.worker.is_some() => {
-            eprintln!(
-                "pi-dispatch: job {}'s transcript is kept on the host of the worker that ran it ({}); run this there",
-                record.job_id,
-                record.worker.as_deref().unwrap_or_default()
-            );
-            return Ok(Exit::CheckFailed);
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let keep = ctx.settings()?.keep.transcripts_days;
+            let age_ms = records::record::now_ms().saturating_sub(record.finished_at_ms);
+            if age_ms >= keep.saturating_mul(worker::retention::DAY_MS) {
+                eprintln!(
+                    "pi-dispatch: job {}'s transcript is no longer kept (transcripts are kept {keep} days: PI_KEEP_TRANSCRIPTS_DAYS)",
+                    record.job_id
+                );
+                return Ok(Exit::CheckFailed);
+            }
+            // With the queue in Redis, the job may have run on another host.
+            if let Some(w) = &record.worker {
+                eprintln!(
+                    "pi-dispatch: job {}'s transcript is kept on the host of the worker that ran it ({w}); run this there",
+                    record.job_id
+                );
+                return Ok(Exit::CheckFailed);
+            }
+            anyhow::bail!("{} cannot be read ({})", path.display(), e.kind())
         }
         Err(e) => anyhow::bail!("{} cannot be read ({})", path.display(), e.kind()),
     };

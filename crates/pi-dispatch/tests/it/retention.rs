@@ -78,6 +78,13 @@ fn prune_removes_what_the_keep_settings_let_go_and_a_dry_run_removes_nothing() {
     );
     assert_eq!(d.record_count(), 2);
     assert!(d.record("year-old").is_none());
+    // A record whose transcript went says so.
+    let mut month_old = d.record("month-old").unwrap();
+    month_old["transcript"] = serde_json::json!(true);
+    d.replace_record("month-old", &month_old);
+    let gone = d.run(&["runs", "show", "month-old", "--transcript"]);
+    assert_eq!(gone.code, 1, "{}", gone.stderr);
+    assert!(gone.stderr.contains("no longer kept"), "{}", gone.stderr);
 
     // Transcripts kept longer than their records would be found by nothing: refused, by name.
     let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
