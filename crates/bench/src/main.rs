@@ -43,6 +43,10 @@
 //!
 //! With `--panel` it also measures the panel's pages over 10,000 records (see [`panel`]), beside
 //! the CLI commands that show the same.
+//!
+//! With `--records` it also measures the records' index at a million records on SQLite and on
+//! Redis (see [`record_store`]): the commands, the panel's pages and memory, and a prune of a
+//! year, beside reading a file per record as earlier versions did.
 
 mod container_start;
 mod egress_proxy;
@@ -53,6 +57,7 @@ mod panel;
 mod pi_calls;
 mod queue;
 mod queues;
+mod record_store;
 mod sandbox_start;
 mod stats;
 mod webhooks;
@@ -212,6 +217,16 @@ struct Args {
     /// Runs of each CLI command beside them.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     panel_cli_runs: u32,
+    /// Also measure the records' index at --records-count records on SQLite and on Redis: the
+    /// commands, the panel and prune, beside reading a file per record.
+    #[arg(long)]
+    records: bool,
+    /// Records in each backend's deployment.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(1..))]
+    records_count: u32,
+    /// Record files read the way earlier versions read them, for the comparison.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(2..))]
+    records_files: u32,
     /// Internal: run the binary on the overlay in DIR and print the process figures as JSON.
     #[arg(long, value_name = "DIR", hide = true)]
     process_runner: Option<PathBuf>,
@@ -403,6 +418,18 @@ fn run(args: &Args) -> anyhow::Result<()> {
         None
     };
 
+    let records = if args.records {
+        Some(record_store::measure(&record_store::Options {
+            bin: &bin,
+            records: args.records_count,
+            baseline: args.records_files,
+            cli_runs: args.panel_cli_runs,
+            requests: args.panel_requests.min(200),
+        })?)
+    } else {
+        None
+    };
+
     let process = Summary::of(figures.ms);
     let parse = Summary::of(parse_us);
     let within_goal = process.median < GOAL_MS;
@@ -473,6 +500,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         if let (Some(panel), Some(object)) = (&panel, report.as_object_mut()) {
             object.insert("panel".to_owned(), panel.json());
         }
+        if let (Some(records), Some(object)) = (&records, report.as_object_mut()) {
+            object.insert("records".to_owned(), records.json());
+        }
         println!("{report}");
     } else {
         println!(
@@ -539,6 +569,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         }
         if let Some(panel) = &panel {
             panel.print();
+        }
+        if let Some(records) = &records {
+            records.print();
         }
     }
     Ok(())

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 use crate::stats::{percentile, round3};
 
-const TOKEN: &str = "bench-panel-token-0123456789";
+pub(crate) const TOKEN: &str = "bench-panel-token-0123456789";
 /// The goal: every page under this at p99.
 const GOAL_P99_MS: f64 = 50.0;
 
@@ -35,10 +35,10 @@ pub struct Options<'a> {
 }
 
 /// One page's or one command's latencies, in ms.
-struct Timed {
-    what: String,
-    ms: Vec<f64>,
-    bytes: usize,
+pub(crate) struct Timed {
+    pub(crate) what: String,
+    pub(crate) ms: Vec<f64>,
+    pub(crate) bytes: usize,
 }
 
 pub struct PanelFigures {
@@ -51,7 +51,7 @@ pub struct PanelFigures {
 }
 
 /// Record `n` of the deployment: outcomes and reasons spread as a busy deployment has them.
-fn record(n: u32, now_ms: u64) -> Record {
+pub(crate) fn record(n: u32, now_ms: u64) -> Record {
     let id = format!("cli-bench-{n:05}");
     let reason = match n % 10 {
         0..=5 => None,
@@ -130,7 +130,7 @@ fn record(n: u32, now_ms: u64) -> Record {
 }
 
 /// Starts the panel on the deployment in `dir`; its address and process.
-fn start_panel(bin: &Path, dir: &Path) -> anyhow::Result<(String, std::process::Child)> {
+pub(crate) fn start_panel(bin: &Path, dir: &Path) -> anyhow::Result<(String, std::process::Child)> {
     let mut cmd = Command::new(bin);
     cmd.args(["panel", "--listen", "127.0.0.1:0", "--log-format", "json"])
         .arg("--dir")
@@ -142,7 +142,7 @@ fn start_panel(bin: &Path, dir: &Path) -> anyhow::Result<(String, std::process::
 }
 
 /// Peak resident memory of process `pid`, KiB.
-fn peak_rss_kib(pid: u32) -> anyhow::Result<u64> {
+pub(crate) fn peak_rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()
@@ -303,7 +303,7 @@ impl Timed {
         s
     }
 
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         let s = self.sorted();
         json!({
             "what": self.what,
@@ -315,7 +315,7 @@ impl Timed {
         })
     }
 
-    fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         let s = self.sorted();
         format!(
             "{}: {} runs, {} bytes, median {:.2} ms, p99 {:.2} ms, max {:.2} ms",
@@ -328,7 +328,7 @@ impl Timed {
         )
     }
 
-    fn p99(&self) -> f64 {
+    pub(crate) fn p99(&self) -> f64 {
         percentile(&self.sorted(), 99)
     }
 }

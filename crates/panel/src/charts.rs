@@ -133,9 +133,10 @@ fn outcome_colour(o: Outcome) -> &'static str {
     }
 }
 
-/// The outcomes of `records` in `buckets` equal stretches of time up to `now_ms`, as stacked bars.
-pub fn outcomes<'a>(
-    records: impl IntoIterator<Item = &'a Record>,
+/// Jobs' outcomes, each with when its job ended, in `buckets` equal stretches of time up to
+/// `now_ms`, as stacked bars.
+pub fn outcomes(
+    ended: impl IntoIterator<Item = (u64, Outcome)>,
     now_ms: u64,
     span_ms: u64,
     buckets: usize,
@@ -150,12 +151,12 @@ pub fn outcomes<'a>(
         Outcome::Cancelled,
     ];
     let mut counts = vec![[0u32; 4]; buckets];
-    for r in records {
-        if r.finished_at_ms < from || r.finished_at_ms > now_ms {
+    for (at, outcome) in ended {
+        if at < from || at > now_ms {
             continue;
         }
-        let b = (((r.finished_at_ms - from) as f64 / width) as usize).min(buckets - 1);
-        let k = order.iter().position(|o| *o == r.outcome).unwrap_or(3);
+        let b = (((at - from) as f64 / width) as usize).min(buckets - 1);
+        let k = order.iter().position(|o| *o == outcome).unwrap_or(3);
         counts[b][k] += 1;
     }
     let most = counts
@@ -281,10 +282,12 @@ mod tests {
 
     #[test]
     fn outcomes_are_counted_in_their_stretch_of_time() {
-        let mut failed = record();
-        failed.outcome = Outcome::Failed;
-        failed.finished_at_ms = 5_000;
-        let svg = outcomes(&[record(), failed], 10_000, 10_000, 2).into_string();
+        let done = record();
+        let ended = [
+            (done.finished_at_ms, done.outcome),
+            (5_000, Outcome::Failed),
+        ];
+        let svg = outcomes(ended, 10_000, 10_000, 2).into_string();
         assert!(svg.contains("<title>1 completed</title>"), "{svg}");
         assert!(svg.contains("<title>1 failed</title>"), "{svg}");
     }

@@ -570,6 +570,23 @@ fn mixed_records(s: &Served) {
     s.records.write(&failed).unwrap();
 }
 
+impl Served {
+    /// `/metrics` with the token, parsed as Prometheus parses it.
+    async fn scrape(&self) -> prometheus_parse::Scrape {
+        let text = self
+            .http
+            .get(self.url("/metrics"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap()
+    }
+}
+
 fn sample_sum(scrape: &prometheus_parse::Scrape, metric: &str, filter: &[(&str, &str)]) -> f64 {
     scrape
         .samples
@@ -591,27 +608,9 @@ async fn metrics_parse_as_prometheus_text_and_count_what_the_records_hold() {
     mixed_records(&s);
     queued_job(&s, "waiting-1", "t", "/srv/a");
     queued_job(&s, "waiting-2", "t", "/srv/b");
-    // The panel reads the records every little while: scrape until it has read all six.
-    let until = Instant::now() + Duration::from_secs(20);
-    let scrape = loop {
-        let text = s
-            .http
-            .get(s.url("/metrics"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let scrape =
-            prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap();
-        if sample_sum(&scrape, "pi_dispatch_records", &[]) == 6.0 {
-            break scrape;
-        }
-        assert!(Instant::now() < until, "the records never came: {text}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    // The metrics are the store's: the records written are counted at once.
+    let scrape = s.scrape().await;
+    assert_eq!(sample_sum(&scrape, "pi_dispatch_records", &[]), 6.0);
     // What the records hold, counted here from the records themselves.
     let listing = s.records.list().unwrap();
     let count = |o: Outcome, reason: &str| {
@@ -711,6 +710,26 @@ async fn metrics_parse_as_prometheus_text_and_count_what_the_records_hold() {
     };
     assert_eq!(histogram("pi_dispatch_job_duration_seconds"), 6.0);
     assert_eq!(histogram("pi_dispatch_mcp_server_ready_seconds"), 3.0);
+    // The disk: the state folder's bytes and the room left on its file system.
+    assert!(sample_sum(&scrape, "pi_dispatch_state_bytes", &[]) > 0.0);
+    assert!(sample_sum(&scrape, "pi_dispatch_state_free_bytes", &[]) > 0.0);
+    // Every record pruned: the counters stay as they were (Prometheus sees no reset), and only
+    // the gauge of records kept falls.
+    assert_eq!(s.records.prune(u64::MAX, 100).unwrap().len(), 6);
+    let after = s.scrape().await;
+    assert_eq!(sample_sum(&after, "pi_dispatch_records", &[]), 0.0);
+    for metric in [
+        "pi_dispatch_jobs_total",
+        "pi_dispatch_tool_calls_total",
+        "pi_dispatch_model_cost_usd_total",
+        "pi_dispatch_egress_denials_total",
+    ] {
+        assert_eq!(
+            sample_sum(&after, metric, &[]),
+            sample_sum(&scrape, metric, &[]),
+            "{metric}"
+        );
+    }
     // A session reads them too.
     let cookie = s.login().await;
     let (status, headers, _) = s.get("/metrics", Some(&cookie)).await;

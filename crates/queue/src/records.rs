@@ -79,6 +79,10 @@ pub trait RecordIndex: Send + Sync {
     /// had, and then nothing changes.
     fn put_record(&self, entry: &RecordEntry<'_>) -> Result<bool, QueueError>;
 
+    /// Stores many records as [`RecordIndex::put_record`] stores one, in one step or one round
+    /// trip (an import, a benchmark); returns how many were stored now.
+    fn put_records(&self, entries: &[RecordEntry<'_>]) -> Result<usize, QueueError>;
+
     /// A record's text, as stored.
     fn get_record(&self, id: &str) -> Result<Option<String>, QueueError>;
 
@@ -90,6 +94,10 @@ pub trait RecordIndex: Send + Sync {
         after: Option<&Cursor>,
         limit: usize,
     ) -> Result<Vec<FoundRecord>, QueueError>;
+
+    /// When the jobs of at most `limit` records the filter finds ended, newest first: what a
+    /// chart needs, without the records' texts.
+    fn find_times(&self, filter: &RecordFilter, limit: usize) -> Result<Vec<u64>, QueueError>;
 
     /// How many records there are.
     fn count_records(&self) -> Result<u64, QueueError>;

@@ -169,7 +169,45 @@ pub(crate) fn pruning_removes_the_oldest_and_keeps_the_counters(store: &dyn Stor
     assert!(put(&*index, "r0", &keys(1000, "completed", None)));
 }
 
+pub(crate) fn many_records_are_stored_in_one_step_each_once(store: &dyn Store) {
+    let index = store.index();
+    put(&*index, "r1", &keys(1, "completed", None));
+    let k: Vec<RecordKeys> = (0..1200)
+        .map(|i| keys(i, "failed", Some("time-limit")))
+        .collect();
+    let names: Vec<String> = (0..1200).map(|i| format!("r{i}")).collect();
+    let counts = [("jobs".to_owned(), 1.0)];
+    let entries: Vec<RecordEntry<'_>> = names
+        .iter()
+        .zip(&k)
+        .map(|(id, keys)| RecordEntry {
+            id,
+            text: "{}",
+            keys,
+            counts: &counts,
+        })
+        .collect();
+    // r1 was stored already: every other is stored now, and counted once.
+    assert_eq!(index.put_records(&entries).unwrap(), 1199);
+    assert_eq!(index.put_records(&entries).unwrap(), 0);
+    assert_eq!(index.count_records().unwrap(), 1200);
+    // When each ended, without the texts: newest first, by the filter.
+    let times = index.find_times(&RecordFilter::default(), 3).unwrap();
+    assert_eq!(times, [1199, 1198, 1197]);
+    let counters = index.counters().unwrap();
+    assert!(
+        counters.contains(&("jobs".to_owned(), 1199.0)),
+        "{counters:?}"
+    );
+    let failed = RecordFilter {
+        reason: Some(Some("time-limit".into())),
+        ..RecordFilter::default()
+    };
+    assert_eq!(ids(&*index, &failed, 2000).len(), 1199);
+}
+
 suite!(
+    many_records_are_stored_in_one_step_each_once,
     a_record_is_stored_once_and_counted_once,
     records_are_found_newest_first_by_every_filter,
     pages_follow_each_other_without_a_gap_or_a_repeat,

@@ -144,6 +144,23 @@ fn wanted(f: &RecordFilter) -> Vec<String> {
     sets
 }
 
+/// The script's arguments for storing `entry` (after the prefix).
+fn put_args(entry: &RecordEntry<'_>) -> Vec<String> {
+    let sets = zsets(entry.keys);
+    let mut args = vec![
+        entry.id.to_owned(),
+        entry.text.to_owned(),
+        entry.keys.finished_at_ms.to_string(),
+        sets.len().to_string(),
+    ];
+    args.extend(sets);
+    for (series, amount) in entry.counts {
+        args.push(series.clone());
+        args.push(amount.to_string());
+    }
+    args
+}
+
 fn score(text: &str) -> u64 {
     text.parse::<f64>().map_or(0, |s| s as u64)
 }
@@ -168,38 +185,15 @@ impl RedisQueue {
 
 type Page = (i64, String, String, Vec<String>);
 
-impl RecordIndex for RedisQueue {
-    fn put_record(&self, entry: &RecordEntry<'_>) -> Result<bool, QueueError> {
-        let sets = zsets(entry.keys);
-        let mut args = vec![
-            entry.id.to_owned(),
-            entry.text.to_owned(),
-            entry.keys.finished_at_ms.to_string(),
-            sets.len().to_string(),
-        ];
-        args.extend(sets);
-        for (series, amount) in entry.counts {
-            args.push(series.clone());
-            args.push(amount.to_string());
-        }
-        let stored: i64 = self.run("store a record", &PUT, &args)?;
-        Ok(stored == 1)
-    }
-
-    fn get_record(&self, id: &str) -> Result<Option<String>, QueueError> {
-        self.call("read a record", |c| {
-            redis::cmd("GET")
-                .arg(format!("{PREFIX}record:{id}"))
-                .query(c)
-        })
-    }
-
-    fn find_records(
+impl RedisQueue {
+    /// The ids of at most `limit` records the filter finds, newest first, after `after`, each
+    /// with when its job ended.
+    fn find_ids(
         &self,
         filter: &RecordFilter,
         after: Option<&Cursor>,
         limit: usize,
-    ) -> Result<Vec<FoundRecord>, QueueError> {
+    ) -> Result<Vec<(String, u64)>, QueueError> {
         let mut sets = wanted(filter);
         let main = if sets.is_empty() {
             "records".to_owned()
@@ -231,6 +225,50 @@ impl RecordIndex for RedisQueue {
             }
             cursor = Some((last_id, last_score));
         }
+        Ok(found)
+    }
+}
+
+impl RecordIndex for RedisQueue {
+    fn put_record(&self, entry: &RecordEntry<'_>) -> Result<bool, QueueError> {
+        let stored: i64 = self.run("store a record", &PUT, &put_args(entry))?;
+        Ok(stored == 1)
+    }
+
+    fn put_records(&self, entries: &[RecordEntry<'_>]) -> Result<usize, QueueError> {
+        let hash = self.call("load the record script", |c| PUT.prepare_invoke().load(c))?;
+        let mut stored = 0;
+        for chunk in entries.chunks(500) {
+            let answers: Vec<i64> = self.call("store records", |c| {
+                let mut pipe = redis::pipe();
+                for entry in chunk {
+                    let cmd = pipe.cmd("EVALSHA").arg(&hash).arg(0).arg(PREFIX);
+                    for a in put_args(entry) {
+                        cmd.arg(a);
+                    }
+                }
+                pipe.query(c)
+            })?;
+            stored += answers.iter().filter(|a| **a == 1).count();
+        }
+        Ok(stored)
+    }
+
+    fn get_record(&self, id: &str) -> Result<Option<String>, QueueError> {
+        self.call("read a record", |c| {
+            redis::cmd("GET")
+                .arg(format!("{PREFIX}record:{id}"))
+                .query(c)
+        })
+    }
+
+    fn find_records(
+        &self,
+        filter: &RecordFilter,
+        after: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<Vec<FoundRecord>, QueueError> {
+        let found = self.find_ids(filter, after, limit)?;
         let ids: Vec<String> = found.iter().map(|(id, _)| id.clone()).collect();
         let texts = self.texts(&ids)?;
         Ok(found
@@ -241,6 +279,14 @@ impl RecordIndex for RedisQueue {
                 finished_at_ms,
                 text,
             })
+            .collect())
+    }
+
+    fn find_times(&self, filter: &RecordFilter, limit: usize) -> Result<Vec<u64>, QueueError> {
+        Ok(self
+            .find_ids(filter, None, limit)?
+            .into_iter()
+            .map(|(_, at)| at)
             .collect())
     }
 

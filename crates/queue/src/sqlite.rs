@@ -55,8 +55,11 @@ CREATE TABLE deliveries (
 ";
 
 /// Schema 4: the records (each job's, written once, as text with the keys it is found by), an
-/// index for each way operators ask for them (newest first within each), and the deployment's
-/// counters, which records add to and pruning never lowers.
+/// index for each way operators ask for them (newest first within each, and holding every key,
+/// so that the other conditions of a search are checked in the index and only the records
+/// returned are read), the deployment's
+/// counters, which records add to and pruning never lowers, and how many records are kept
+/// (counting a million rows for a gauge would take a scrape's whole budget).
 const RECORDS_V4: &str = "
 CREATE TABLE records (
     id            TEXT PRIMARY KEY,
@@ -69,17 +72,28 @@ CREATE TABLE records (
     folder        TEXT,
     body          TEXT NOT NULL
 ) WITHOUT ROWID;
-CREATE INDEX records_newest ON records (finished_at, id);
-CREATE INDEX records_outcome ON records (outcome, finished_at, id);
-CREATE INDEX records_reason ON records (reason, finished_at, id);
-CREATE INDEX records_trigger_index ON records (trigger_index, finished_at, id);
-CREATE INDEX records_trigger_type ON records (trigger_type, finished_at, id);
-CREATE INDEX records_repo ON records (repo, finished_at, id) WHERE repo IS NOT NULL;
-CREATE INDEX records_folder ON records (folder, finished_at, id) WHERE folder IS NOT NULL;
+CREATE INDEX records_newest ON records
+    (finished_at, id, outcome, reason, trigger_index, trigger_type, repo, folder);
+CREATE INDEX records_outcome ON records
+    (outcome, finished_at, id, reason, trigger_index, trigger_type, repo, folder);
+CREATE INDEX records_reason ON records
+    (reason, finished_at, id, outcome, trigger_index, trigger_type, repo, folder);
+CREATE INDEX records_trigger_index ON records
+    (trigger_index, finished_at, id, outcome, reason, trigger_type, repo, folder);
+CREATE INDEX records_trigger_type ON records
+    (trigger_type, finished_at, id, outcome, reason, trigger_index, repo, folder);
+CREATE INDEX records_repo ON records
+    (repo, finished_at, id, outcome, reason, trigger_index, trigger_type, folder)
+    WHERE repo IS NOT NULL;
+CREATE INDEX records_folder ON records
+    (folder, finished_at, id, outcome, reason, trigger_index, trigger_type, repo)
+    WHERE folder IS NOT NULL;
 CREATE TABLE counters (
     series TEXT PRIMARY KEY,
     value  REAL NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE records_kept (n INTEGER NOT NULL);
+INSERT INTO records_kept (n) VALUES (0);
 ";
 
 /// The partial indexes keep leasing and listing independent of how many done jobs the file holds.

@@ -57,43 +57,60 @@ fn conditions(filter: &RecordFilter, after: Option<&Cursor>) -> (String, Vec<Val
 
 impl RecordIndex for SqliteQueue {
     fn put_record(&self, entry: &RecordEntry<'_>) -> Result<bool, QueueError> {
-        let k = entry.keys;
+        Ok(self.put_records(std::slice::from_ref(entry))? == 1)
+    }
+
+    fn put_records(&self, entries: &[RecordEntry<'_>]) -> Result<usize, QueueError> {
         let mut conn = self.conn();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sqlite("begin storing a record"))?;
-        let added = tx
-            .execute(
-                "INSERT INTO records (id, finished_at, outcome, reason, trigger_index,
-                     trigger_type, repo, folder, body)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (id) DO NOTHING",
-                params![
-                    entry.id,
-                    int(k.finished_at_ms),
-                    k.outcome,
-                    k.reason,
-                    k.trigger_index.map(int),
-                    k.trigger_type,
-                    k.repo,
-                    k.folder,
-                    entry.text
-                ],
-            )
-            .map_err(sqlite("store a record"))?;
-        if added == 1 {
+            .map_err(sqlite("begin storing records"))?;
+        let mut stored = 0;
+        {
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT INTO records (id, finished_at, outcome, reason, trigger_index,
+                         trigger_type, repo, folder, body)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (id) DO NOTHING",
+                )
+                .map_err(sqlite("store a record"))?;
             let mut add = tx
                 .prepare_cached(
                     "INSERT INTO counters (series, value) VALUES (?1, ?2)
                      ON CONFLICT (series) DO UPDATE SET value = value + excluded.value",
                 )
                 .map_err(sqlite("count a record"))?;
-            for (series, amount) in entry.counts {
-                add.execute(params![series, amount])
-                    .map_err(sqlite("count a record"))?;
+            for entry in entries {
+                let k = entry.keys;
+                let added = insert
+                    .execute(params![
+                        entry.id,
+                        int(k.finished_at_ms),
+                        k.outcome,
+                        k.reason,
+                        k.trigger_index.map(int),
+                        k.trigger_type,
+                        k.repo,
+                        k.folder,
+                        entry.text
+                    ])
+                    .map_err(sqlite("store a record"))?;
+                if added == 1 {
+                    stored += 1;
+                    for (series, amount) in entry.counts {
+                        add.execute(params![series, amount])
+                            .map_err(sqlite("count a record"))?;
+                    }
+                }
             }
         }
-        tx.commit().map_err(sqlite("commit a record"))?;
-        Ok(added == 1)
+        tx.execute(
+            "UPDATE records_kept SET n = n + ?1",
+            params![int(stored as u64)],
+        )
+        .map_err(sqlite("count the records"))?;
+        tx.commit().map_err(sqlite("commit records"))?;
+        Ok(stored)
     }
 
     fn get_record(&self, id: &str) -> Result<Option<String>, QueueError> {
@@ -136,11 +153,28 @@ impl RecordIndex for SqliteQueue {
             .map_err(sqlite("read the records found"))
     }
 
+    fn find_times(&self, filter: &RecordFilter, limit: usize) -> Result<Vec<u64>, QueueError> {
+        let (clause, mut values) = conditions(filter, None);
+        values.push(Value::Integer(int(limit as u64)));
+        let sql = format!(
+            "SELECT finished_at FROM records {clause} ORDER BY finished_at DESC, id DESC LIMIT ?"
+        );
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached(&sql)
+            .map_err(sqlite("search the records"))?;
+        let rows = stmt
+            .query_map(params_from_iter(values), |row| {
+                Ok(u64::try_from(row.get::<_, i64>(0)?).unwrap_or(0))
+            })
+            .map_err(sqlite("search the records"))?;
+        rows.collect::<Result<_, _>>()
+            .map_err(sqlite("read the records found"))
+    }
+
     fn count_records(&self) -> Result<u64, QueueError> {
         self.conn()
-            .query_row("SELECT count(*) FROM records", [], |row| {
-                row.get::<_, i64>(0)
-            })
+            .query_row("SELECT n FROM records_kept", [], |row| row.get::<_, i64>(0))
             .map(|n| u64::try_from(n).unwrap_or(0))
             .map_err(sqlite("count the records"))
     }
@@ -176,6 +210,11 @@ impl RecordIndex for SqliteQueue {
             rows.collect::<Result<Vec<String>, _>>()
                 .map_err(sqlite("prune records"))?
         };
+        tx.execute(
+            "UPDATE records_kept SET n = n - ?1",
+            params![int(ids.len() as u64)],
+        )
+        .map_err(sqlite("count the records"))?;
         tx.commit().map_err(sqlite("commit pruning records"))?;
         Ok(ids)
     }

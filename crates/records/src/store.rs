@@ -9,7 +9,7 @@ use std::sync::Arc;
 use queue::{Cursor, RecordEntry, RecordIndex, RecordKeys};
 
 use crate::query::Query;
-use crate::record::Record;
+use crate::record::{Outcome, Record};
 
 /// Every record [`Records::list`] found, oldest first, and those that cannot be read as one.
 #[derive(Debug, Default)]
@@ -137,6 +137,35 @@ impl Records {
         self.put(record, &text)
     }
 
+    /// Writes many records as [`Records::write`] writes one, in one step; how many were new.
+    pub fn write_many(&self, records: &[Record]) -> Result<usize, RecordError> {
+        if records.iter().any(|r| !is_plain_id(&r.job_id)) {
+            return Err(RecordError::Invalid);
+        }
+        let mut texts = Vec::with_capacity(records.len());
+        for r in records {
+            texts.push(serde_json::to_string(r).map_err(|_| RecordError::Invalid)?);
+        }
+        self.put_many(records, &texts)
+    }
+
+    fn put_many(&self, records: &[Record], texts: &[String]) -> Result<usize, RecordError> {
+        let keys: Vec<RecordKeys> = records.iter().map(Record::keys).collect();
+        let counts: Vec<Vec<(String, f64)>> = records.iter().map(crate::counts::of).collect();
+        let entries: Vec<RecordEntry<'_>> = records
+            .iter()
+            .zip(texts)
+            .zip(keys.iter().zip(&counts))
+            .map(|((r, text), (keys, counts))| RecordEntry {
+                id: &r.job_id,
+                text,
+                keys,
+                counts,
+            })
+            .collect();
+        Ok(self.index.put_records(&entries)?)
+    }
+
     fn put(&self, record: &Record, text: &str) -> Result<bool, RecordError> {
         let keys = record.keys();
         let counts = crate::counts::of(record);
@@ -175,6 +204,27 @@ impl Records {
             }
         }
         Ok(page)
+    }
+
+    /// When the jobs of the records `query` finds ended, and how, newest first (at most its limit
+    /// of each outcome): what a chart of outcomes needs, without reading a record.
+    pub fn outcomes(&self, query: &Query) -> Result<Vec<(u64, Outcome)>, RecordError> {
+        let mut ended = Vec::new();
+        for outcome in [
+            Outcome::Completed,
+            Outcome::Failed,
+            Outcome::Policy,
+            Outcome::Cancelled,
+        ] {
+            if query.outcome.is_some_and(|o| o != outcome) {
+                continue;
+            }
+            let mut filter = query.filter();
+            filter.outcome = Some(outcome.as_str().to_owned());
+            let times = self.index.find_times(&filter, query.limit)?;
+            ended.extend(times.into_iter().map(|t| (t, outcome)));
+        }
+        Ok(ended)
     }
 
     /// Every record, oldest first, and those that cannot be read as one.
@@ -277,6 +327,7 @@ impl Records {
 
     fn import_folder(&self, folder: &Path, migrated: &mut Migrated) -> Result<(), RecordError> {
         let entries = std::fs::read_dir(folder).map_err(|e| RecordError::Folder(e.kind()))?;
+        let mut batch: Vec<Record> = Vec::with_capacity(BATCH);
         for entry in entries.filter_map(Result::ok) {
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with('.') || !name.ends_with(".json") {
@@ -287,15 +338,15 @@ impl Records {
                 .and_then(|b| serde_json::from_slice::<Record>(&b).ok())
                 .filter(|r| is_plain_id(&r.job_id));
             match record {
-                Some(r) => {
-                    let text = serde_json::to_string(&r).map_err(|_| RecordError::Invalid)?;
-                    if self.put(&r, &text)? {
-                        migrated.records += 1;
-                    }
-                }
+                Some(r) => batch.push(r),
                 None => migrated.unreadable.push(entry.path().display().to_string()),
             }
+            if batch.len() == BATCH {
+                migrated.records += self.write_many(&batch)?;
+                batch.clear();
+            }
         }
+        migrated.records += self.write_many(&batch)?;
         let mut to = folder.with_extension("imported");
         if to.exists() {
             to = folder.with_extension(format!("imported-{}", crate::record::now_ms()));
