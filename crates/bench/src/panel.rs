@@ -46,7 +46,7 @@ pub struct PanelFigures {
     pages: Vec<Timed>,
     commands: Vec<Timed>,
     panel_peak_rss_kib: u64,
-    /// From the panel's start to its first answer (the login), every record read by then.
+    /// From the panel's start to its first answer (the login).
     ready_ms: f64,
 }
 
@@ -141,6 +141,91 @@ pub(crate) fn start_panel(bin: &Path, dir: &Path) -> anyhow::Result<(String, std
     Ok((format!("http://{addr}"), panel))
 }
 
+/// A session of the panel at `base`, logged in with the token.
+pub(crate) struct Session {
+    http: reqwest::blocking::Client,
+    base: String,
+    cookie: String,
+}
+
+impl Session {
+    pub(crate) fn log_in(base: &str) -> anyhow::Result<Session> {
+        let http = reqwest::blocking::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        let login = http
+            .post(format!("{base}/login"))
+            .form(&[("token", TOKEN)])
+            .send()?;
+        ensure!(login.status().as_u16() == 303, "the login was refused");
+        let cookie = login
+            .headers()
+            .get("set-cookie")
+            .and_then(|c| c.to_str().ok())
+            .and_then(|c| c.split(';').next())
+            .context("no session cookie")?
+            .to_owned();
+        Ok(Session {
+            http,
+            base: base.to_owned(),
+            cookie,
+        })
+    }
+
+    /// Page `path`: how long it took to its last byte, its size and its status.
+    fn get(&self, path: &str) -> anyhow::Result<(f64, usize)> {
+        let start = Instant::now();
+        let answer = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header("cookie", &self.cookie)
+            .send()?;
+        let status = answer.status();
+        let body = answer.bytes()?;
+        let ms = start.elapsed().as_secs_f64() * 1000.0;
+        ensure!(status.is_success(), "{path}: {status}");
+        Ok((ms, body.len()))
+    }
+
+    /// Each of `pages` (path, what) fetched `requests` times, one at a time, after `warm` warm-ups.
+    pub(crate) fn time_pages(
+        &self,
+        pages: &[(&str, &str)],
+        warm: u32,
+        requests: u32,
+    ) -> anyhow::Result<Vec<Timed>> {
+        let mut timed = Vec::new();
+        for (path, what) in pages {
+            for _ in 0..warm {
+                self.get(path)?;
+            }
+            let mut ms = Vec::new();
+            let mut bytes = 0;
+            for _ in 0..requests {
+                let (took, len) = self.get(path)?;
+                ms.push(took);
+                bytes = len;
+            }
+            timed.push(Timed {
+                what: format!("{what} ({path})"),
+                ms,
+                bytes,
+            });
+        }
+        Ok(timed)
+    }
+
+    pub(crate) fn text(&self, path: &str) -> anyhow::Result<String> {
+        Ok(self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header("cookie", &self.cookie)
+            .send()?
+            .text()?)
+    }
+}
+
 /// Peak resident memory of process `pid`, KiB.
 pub(crate) fn peak_rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -174,24 +259,8 @@ pub fn measure(options: &Options) -> anyhow::Result<PanelFigures> {
     let started = Instant::now();
     let (base, mut panel) = start_panel(options.bin, dir.path())?;
     let result = (|| {
-        let http = reqwest::blocking::Client::builder()
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
-        let login = http
-            .post(format!("{base}/login"))
-            .form(&[("token", TOKEN)])
-            .send()?;
-        ensure!(login.status().as_u16() == 303, "the login was refused");
-        // The panel answers once it has read every record.
+        let session = Session::log_in(&base)?;
         let ready_ms = started.elapsed().as_secs_f64() * 1000.0;
-        let cookie = login
-            .headers()
-            .get("set-cookie")
-            .and_then(|c| c.to_str().ok())
-            .and_then(|c| c.split(';').next())
-            .context("no session cookie")?
-            .to_owned();
         let one = format!("/runs/cli-bench-{:05}", options.records / 2);
         let pages = [
             ("/", "queue"),
@@ -203,42 +272,9 @@ pub fn measure(options: &Options) -> anyhow::Result<PanelFigures> {
             (one.as_str(), "one run"),
             ("/metrics", "metrics"),
         ];
-        let mut timed = Vec::new();
-        for (path, what) in pages {
-            let get = || -> anyhow::Result<(f64, usize)> {
-                let start = Instant::now();
-                let answer = http
-                    .get(format!("{base}{path}"))
-                    .header("cookie", &cookie)
-                    .send()?;
-                let status = answer.status();
-                let body = answer.bytes()?;
-                let ms = start.elapsed().as_secs_f64() * 1000.0;
-                ensure!(status.is_success(), "{path}: {status}");
-                Ok((ms, body.len()))
-            };
-            for _ in 0..20 {
-                get()?;
-            }
-            let mut ms = Vec::new();
-            let mut bytes = 0;
-            for _ in 0..options.requests {
-                let (took, len) = get()?;
-                ms.push(took);
-                bytes = len;
-            }
-            timed.push(Timed {
-                what: format!("{what} ({path})"),
-                ms,
-                bytes,
-            });
-        }
-        // The metrics count every record: the panel read them all.
-        let metrics = http
-            .get(format!("{base}/metrics"))
-            .header("cookie", &cookie)
-            .send()?
-            .text()?;
+        let timed = session.time_pages(&pages, 20, options.requests)?;
+        // The metrics count every record.
+        let metrics = session.text("/metrics")?;
         ensure!(
             metrics.contains(&format!("pi_dispatch_records {}", options.records)),
             "the panel did not read every record"
@@ -352,7 +388,7 @@ impl PanelFigures {
 
     pub fn print(&self) {
         println!(
-            "panel: {} records; first answer {:.0} ms after its start (every record read), peak RSS {} KiB",
+            "panel: {} records; first answer {:.0} ms after its start, peak RSS {} KiB",
             self.records, self.ready_ms, self.panel_peak_rss_kib
         );
         for p in &self.pages {

@@ -20,7 +20,7 @@ use records::record::Record;
 use records::store::Records;
 use serde_json::{Value, json};
 
-use crate::panel::{TOKEN, Timed, peak_rss_kib, record, start_panel};
+use crate::panel::{Session, TOKEN, Timed, peak_rss_kib, record, start_panel};
 use crate::stats::round3;
 
 /// The goals the issue sets, in ms (and MiB for the panel's memory).
@@ -144,25 +144,11 @@ fn panel(
     let started = Instant::now();
     let (base, mut panel) = start_panel(options.bin, dir)?;
     let result = (|| {
-        let http = reqwest::blocking::Client::builder()
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
-        let login = http
-            .post(format!("{base}/login"))
-            .form(&[("token", TOKEN)])
-            .send()?;
-        ensure!(login.status().as_u16() == 303, "the login was refused");
+        let session = Session::log_in(&base)?;
         let first_answer_ms = started.elapsed().as_secs_f64() * 1000.0;
-        let cookie = login
-            .headers()
-            .get("set-cookie")
-            .and_then(|c| c.to_str().ok())
-            .and_then(|c| c.split(';').next())
-            .context("no session cookie")?
-            .to_owned();
         // Half-way down the list: the page after the record of the middle.
         let middle = format!("/runs?after={one_ended}-{one}");
+        let run = format!("/runs/{one}");
         let pages = [
             ("/", "queue"),
             ("/runs", "runs"),
@@ -171,43 +157,11 @@ fn panel(
                 "runs, filtered",
             ),
             (middle.as_str(), "runs, a page deep in the list"),
-            (&format!("/runs/{one}") as &str, "one run"),
+            (run.as_str(), "one run"),
             ("/metrics", "metrics"),
         ];
-        let mut timed = Vec::new();
-        for (path, what) in pages {
-            let get = || -> anyhow::Result<(f64, usize)> {
-                let start = Instant::now();
-                let answer = http
-                    .get(format!("{base}{path}"))
-                    .header("cookie", &cookie)
-                    .send()?;
-                let status = answer.status();
-                let body = answer.bytes()?;
-                ensure!(status.is_success(), "{path}: {status}");
-                Ok((start.elapsed().as_secs_f64() * 1000.0, body.len()))
-            };
-            for _ in 0..10 {
-                get()?;
-            }
-            let mut ms = Vec::new();
-            let mut bytes = 0;
-            for _ in 0..options.requests {
-                let (took, len) = get()?;
-                ms.push(took);
-                bytes = len;
-            }
-            timed.push(Timed {
-                what: format!("{what} ({path})"),
-                ms,
-                bytes,
-            });
-        }
-        let metrics = http
-            .get(format!("{base}/metrics"))
-            .header("cookie", &cookie)
-            .send()?
-            .text()?;
+        let timed = session.time_pages(&pages, 10, options.requests)?;
+        let metrics = session.text("/metrics")?;
         ensure!(
             metrics.contains(&format!(
                 "pi_dispatch_jobs_total{{outcome=\"completed\",reason=\"none\"}} {}",

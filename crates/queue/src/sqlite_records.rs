@@ -55,6 +55,33 @@ fn conditions(filter: &RecordFilter, after: Option<&Cursor>) -> (String, Vec<Val
     (sql, values)
 }
 
+impl SqliteQueue {
+    /// `columns` of at most `limit` records the filter finds, newest first, after `after`.
+    fn search<T>(
+        &self,
+        columns: &str,
+        filter: &RecordFilter,
+        after: Option<&Cursor>,
+        limit: usize,
+        row: impl Fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    ) -> Result<Vec<T>, QueueError> {
+        let (clause, mut values) = conditions(filter, after);
+        values.push(Value::Integer(int(limit as u64)));
+        let sql = format!(
+            "SELECT {columns} FROM records {clause} ORDER BY finished_at DESC, id DESC LIMIT ?"
+        );
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached(&sql)
+            .map_err(sqlite("search the records"))?;
+        let rows = stmt
+            .query_map(params_from_iter(values), row)
+            .map_err(sqlite("search the records"))?;
+        rows.collect::<Result<_, _>>()
+            .map_err(sqlite("read the records found"))
+    }
+}
+
 impl RecordIndex for SqliteQueue {
     fn put_record(&self, entry: &RecordEntry<'_>) -> Result<bool, QueueError> {
         Ok(self.put_records(std::slice::from_ref(entry))? == 1)
@@ -130,46 +157,19 @@ impl RecordIndex for SqliteQueue {
         after: Option<&Cursor>,
         limit: usize,
     ) -> Result<Vec<FoundRecord>, QueueError> {
-        let (clause, mut values) = conditions(filter, after);
-        values.push(Value::Integer(int(limit as u64)));
-        let sql = format!(
-            "SELECT id, finished_at, body FROM records {clause}
-             ORDER BY finished_at DESC, id DESC LIMIT ?"
-        );
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare_cached(&sql)
-            .map_err(sqlite("search the records"))?;
-        let rows = stmt
-            .query_map(params_from_iter(values), |row| {
-                Ok(FoundRecord {
-                    id: row.get(0)?,
-                    finished_at_ms: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
-                    text: Some(row.get(2)?),
-                })
+        self.search("id, finished_at, body", filter, after, limit, |row| {
+            Ok(FoundRecord {
+                id: row.get(0)?,
+                finished_at_ms: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
+                text: Some(row.get(2)?),
             })
-            .map_err(sqlite("search the records"))?;
-        rows.collect::<Result<_, _>>()
-            .map_err(sqlite("read the records found"))
+        })
     }
 
     fn find_times(&self, filter: &RecordFilter, limit: usize) -> Result<Vec<u64>, QueueError> {
-        let (clause, mut values) = conditions(filter, None);
-        values.push(Value::Integer(int(limit as u64)));
-        let sql = format!(
-            "SELECT finished_at FROM records {clause} ORDER BY finished_at DESC, id DESC LIMIT ?"
-        );
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare_cached(&sql)
-            .map_err(sqlite("search the records"))?;
-        let rows = stmt
-            .query_map(params_from_iter(values), |row| {
-                Ok(u64::try_from(row.get::<_, i64>(0)?).unwrap_or(0))
-            })
-            .map_err(sqlite("search the records"))?;
-        rows.collect::<Result<_, _>>()
-            .map_err(sqlite("read the records found"))
+        self.search("finished_at", filter, None, limit, |row| {
+            Ok(u64::try_from(row.get::<_, i64>(0)?).unwrap_or(0))
+        })
     }
 
     fn count_records(&self) -> Result<u64, QueueError> {
