@@ -48,11 +48,14 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     } else {
         "removed"
     };
+    let failed = match k.failed_jobs_days {
+        0 => String::new(),
+        days => format!("; a job that did not complete is kept {days} days"),
+    };
     let text = format!(
-        "Job folders of settled jobs (all but the transcript; a job that did not complete is kept {} days): {} {verb} ({})\n\
+        "Job folders of settled jobs (all but the transcript{failed}): {} {verb} ({})\n\
          Transcripts older than {} days: {} {verb}\n\
          Records older than {} days: {} {verb}\n{}",
-        k.failed_jobs_days,
         total.folders,
         mib(total.bytes),
         k.transcripts_days,
