@@ -169,3 +169,70 @@ fn a_fix_job_outliving_its_token_is_delivered_and_every_token_is_revoked() {
         worked.stderr
     );
 }
+
+/// A hijacked fix job leaves its clone as hard to clear as it can: a link to a file of the host,
+/// a link to a folder of the host, a folder and a file closed to everyone, a FIFO, and a deep
+/// nest. Once the job is settled its folder holds its transcript and nothing else, and what the
+/// links named is untouched. The control: the job's own listing (in its transcript) shows every
+/// plant was made.
+#[test]
+fn a_hostile_clone_is_cleared_without_following_or_stopping_on_what_it_planted() {
+    let site_probe = tempfile::tempdir().unwrap();
+    let canary_file = site_probe.path().join("host-file");
+    let canary_dir = site_probe.path().join("host-folder");
+    std::fs::write(&canary_file, "the host's\n").unwrap();
+    std::fs::create_dir(&canary_dir).unwrap();
+    std::fs::write(canary_dir.join("inside"), "the host's too\n").unwrap();
+    let plant = format!(
+        "ln -s {file} link-to-file; ln -s {dir} link-to-folder; mkdir -p closed/sub; \
+         echo x > closed/sub/f; chmod 000 closed/sub/f closed/sub closed; mkfifo pipe; \
+         mkdir -p $(printf 'n/%.0s' $(seq 1 200)); ls -la; echo PLANTED-ALL",
+        file = canary_file.display(),
+        dir = canary_dir.display()
+    );
+    let script = vec![
+        Step::call("bash", json!({ "command": plant })),
+        Step::text("Fixed it."),
+    ];
+    let site = Site::start(FakeForge::start, script, triggers(), &[]);
+    let a = site.label(Kind::Github, 60, "pi-fix", "d-clear-60");
+    assert_eq!(a["status"], 202, "{a}");
+    let id = a["answer"]["jobs"][0].as_str().unwrap().to_owned();
+    let worked = site.work();
+    let folder = site.s.d.path().join("state/jobs").join(&id);
+    // The control: every plant was made in the job's clone.
+    let transcript = std::fs::read_to_string(folder.join("transcript.jsonl"))
+        .unwrap_or_else(|e| panic!("no transcript: {e}\n{}", worked.stderr));
+    for made in [
+        "PLANTED-ALL",
+        "link-to-file ->",
+        "link-to-folder ->",
+        "closed",
+        "pipe",
+    ] {
+        assert!(transcript.contains(made), "{made}: {}", worked.stderr);
+    }
+    let left: Vec<String> = std::fs::read_dir(&folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["transcript.jsonl"], "{}", worked.stderr);
+    assert!(
+        worked.stderr.contains("job_folder_tidied"),
+        "{}",
+        worked.stderr
+    );
+    assert!(
+        !worked.stderr.contains("job_folder_not_tidied"),
+        "{}",
+        worked.stderr
+    );
+    assert_eq!(
+        std::fs::read_to_string(&canary_file).unwrap(),
+        "the host's\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(canary_dir.join("inside")).unwrap(),
+        "the host's too\n"
+    );
+}
