@@ -276,7 +276,7 @@ impl Records {
     /// Safe to run by several processes at once, and again: a record is stored once.
     pub fn migrate(&self, state: &Path) -> Result<Migrated, RecordError> {
         let mut migrated = Migrated::default();
-        let mut unindexed: Vec<String> = Vec::new();
+        let mut unindexed: std::collections::HashSet<String> = std::collections::HashSet::new();
         loop {
             let batch = self.index.unindexed_records(BATCH)?;
             // A record indexed now leaves the list; one that comes back is not progress.
@@ -294,7 +294,7 @@ impl Records {
                         migrated.unreadable.push(format!("record {id} in Redis"));
                     }
                 }
-                unindexed.push(id);
+                unindexed.insert(id);
             }
         }
         let folder = state.join("runs");
