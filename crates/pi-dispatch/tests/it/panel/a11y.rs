@@ -154,7 +154,17 @@ fn filled() -> (Deployment, Runs) {
         now_ms - 10 * 60_000,
     ));
 
-    let q = queue::SqliteQueue::open(&queue::sqlite_path(d.path())).unwrap();
+    // A retried job waits an hour, not the default 5 s: it must still be waiting when the page is
+    // read, however slowly the machine gets there.
+    let an_hour = queue::Backoff {
+        first: Duration::from_secs(3600),
+        cap: Duration::from_secs(3600),
+    };
+    let config = queue::Config {
+        backoff: an_hour,
+        ..queue::Config::default()
+    };
+    let q = queue::SqliteQueue::open_with(&queue::sqlite_path(d.path()), config).unwrap();
     let put = |id: &str, at: SystemTime| {
         let payload = serde_json::to_string(&job(id, &format!("The job {id}."))).unwrap();
         assert!(q.enqueue(id, &payload, at).unwrap());
