@@ -196,6 +196,8 @@ pub fn measure_service(jobs: &[(String, String)], slots: u32) -> anyhow::Result<
         on_failure: None,
         disk: None,
         retention: None,
+        labels: Vec::new(),
+        heartbeat: None,
     };
     let start = Instant::now();
     let summary = worker::service::run(

@@ -29,6 +29,16 @@ pub const ON_FAILURE_SETTING: &str = "PI_ON_FAILURE";
 pub const CONCURRENCY_SETTING: &str = "PI_WORKER_CONCURRENCY";
 pub const TIME_LIMIT_SETTING: &str = "PI_JOB_TIME_LIMIT";
 pub const DRAIN_LIMIT_SETTING: &str = "PI_WORKER_DRAIN_LIMIT";
+/// The labels a worker takes jobs for (`gpu, zone:eu`), beside its host's own `host:NAME`.
+pub const WORKER_LABELS_SETTING: &str = "PI_WORKER_LABELS";
+/// This host's name in the queue: the host a local job queued here belongs to, and a worker's
+/// `host:NAME` label (else the system's host name, lowercased).
+pub const HOST_NAME_SETTING: &str = "PI_HOST_NAME";
+/// How often a worker tells the queue it is alive, in seconds; one unseen for three of them is
+/// shown as gone.
+pub const HEARTBEAT_SETTING: &str = "PI_WORKER_HEARTBEAT_SECS";
+pub const DEFAULT_HEARTBEAT_SECS: u64 = 10;
+pub const MAX_HEARTBEAT_SECS: u64 = 300;
 pub const TRANSCRIPTS_SETTING: &str = "PI_TRANSCRIPTS";
 pub const NAMESERVER_SETTING: &str = "PI_EGRESS_NAMESERVER";
 pub const PROXY_DIR_SETTING: &str = "PI_EGRESS_PROXY_DIR";
@@ -121,7 +131,7 @@ pub const ALLOWLIST_FILE: &str = "egress-allowlist.conf";
 pub const ENDPOINTS_FILE: &str = "model-endpoints.json";
 
 /// Every setting this version reads, for `init`'s `.env` and for doctor.
-pub const ALL: [&str; 42] = [
+pub const ALL: [&str; 45] = [
     OVERLAY_SETTING,
     TRIGGERS_SETTING,
     EGRESS_SETTING,
@@ -137,6 +147,9 @@ pub const ALL: [&str; 42] = [
     CONCURRENCY_SETTING,
     TIME_LIMIT_SETTING,
     DRAIN_LIMIT_SETTING,
+    WORKER_LABELS_SETTING,
+    HOST_NAME_SETTING,
+    HEARTBEAT_SETTING,
     TRANSCRIPTS_SETTING,
     NAMESERVER_SETTING,
     PROXY_DIR_SETTING,
@@ -184,6 +197,12 @@ pub enum SettingError {
         "{name} must be an image name (lowercase letters and digits, words joined by '.', '_' or '-')"
     )]
     NotAnImageName { name: &'static str },
+    #[error(
+        "{name} must be a comma-separated list of labels (lowercase letters, digits, '.', '_' and '-', or key:value of such words; host: is the worker's own), each once"
+    )]
+    NotALabelList { name: &'static str },
+    #[error("{name} must be a host name of lowercase letters, digits, '.', '_' and '-'")]
+    NotAHostName { name: &'static str },
     #[error("{name} must be a whole number from {min} to {max}")]
     NotANumber {
         name: &'static str,
@@ -228,6 +247,8 @@ impl SettingError {
             | SettingError::NotANameList { name }
             | SettingError::NotARegistryList { name }
             | SettingError::NotAnImageName { name }
+            | SettingError::NotALabelList { name }
+            | SettingError::NotAHostName { name }
             | SettingError::NotANumber { name, .. }
             | SettingError::NotAModelName { name }
             | SettingError::NotASocketAddress { name }
@@ -279,6 +300,12 @@ pub struct Settings {
     /// `PI_WORKER_DRAIN_LIMIT`: seconds a worker told to stop lets its running jobs finish before
     /// it stops them and hands them back to the queue.
     pub drain_limit_secs: u64,
+    /// `PI_WORKER_LABELS`, each once, in the order given.
+    pub worker_labels: Vec<String>,
+    /// `PI_HOST_NAME`; see [`Settings::host_name`].
+    pub host_name_setting: Option<String>,
+    /// `PI_WORKER_HEARTBEAT_SECS`.
+    pub heartbeat_secs: u64,
     /// `PI_TRANSCRIPTS`: keep each job's transcript (on unless `0`).
     pub transcripts: bool,
     /// `PI_EGRESS_NAMESERVER`: the one nameserver the egress proxy asks (`ip:port`), else the
@@ -635,6 +662,31 @@ pub fn resolve(
         0,
         MAX_DRAIN_LIMIT_SECS,
     );
+    let heartbeat_secs = number(
+        HEARTBEAT_SETTING,
+        DEFAULT_HEARTBEAT_SECS,
+        1,
+        MAX_HEARTBEAT_SECS,
+    );
+    let worker_labels = match get(WORKER_LABELS_SETTING) {
+        None => Vec::new(),
+        Some(text) => parse_labels(&text).unwrap_or_else(|| {
+            errors.push(SettingError::NotALabelList {
+                name: WORKER_LABELS_SETTING,
+            });
+            Vec::new()
+        }),
+    };
+    let host_name_setting = get(HOST_NAME_SETTING).and_then(|v| {
+        if is_host_part(&v) {
+            Some(v)
+        } else {
+            errors.push(SettingError::NotAHostName {
+                name: HOST_NAME_SETTING,
+            });
+            None
+        }
+    });
     let transcripts = match get(TRANSCRIPTS_SETTING).as_deref() {
         None | Some("1") => true,
         Some("0") => false,
@@ -763,6 +815,9 @@ pub fn resolve(
         concurrency: u32::try_from(concurrency).unwrap_or(DEFAULT_CONCURRENCY),
         time_limit_secs,
         drain_limit_secs,
+        worker_labels,
+        host_name_setting,
+        heartbeat_secs,
         transcripts,
         egress_nameserver,
         egress_proxy_dir,
@@ -785,6 +840,67 @@ pub fn resolve(
         disk_min_bytes: disk_min_mb << 20,
         keep,
     })
+}
+
+impl Settings {
+    /// This host's name in the queue: `PI_HOST_NAME`, else the system's host name lowercased
+    /// (each character a label does not allow made '-').
+    pub fn host_name(&self) -> String {
+        if let Some(name) = &self.host_name_setting {
+            return name.clone();
+        }
+        let system = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let name: String = system
+            .trim()
+            .to_ascii_lowercase()
+            .chars()
+            .map(|c| {
+                if c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-') {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect();
+        if is_host_part(&name) {
+            name
+        } else {
+            "localhost".to_owned()
+        }
+    }
+
+    /// The labels this host's workers carry: `host:NAME`, then `PI_WORKER_LABELS`.
+    pub fn labels(&self) -> Vec<String> {
+        let mut labels = vec![protocol::job::host_label(&self.host_name())];
+        labels.extend(self.worker_labels.iter().cloned());
+        labels
+    }
+
+    /// How long a worker may go unseen before it is shown as gone: three heartbeats.
+    pub fn worker_gone_after(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.heartbeat_secs.saturating_mul(3))
+    }
+}
+
+/// A host name as a label's value: a label with no ':'.
+fn is_host_part(name: &str) -> bool {
+    !name.contains(':') && protocol::job::is_label(name)
+}
+
+/// `gpu, zone:eu`: labels separated by commas, each once; `host:` is each worker's own.
+fn parse_labels(text: &str) -> Option<Vec<String>> {
+    let mut labels: Vec<String> = Vec::new();
+    for part in text.split(',') {
+        let label = part.trim();
+        if !protocol::job::is_label(label)
+            || label.starts_with("host:")
+            || labels.iter().any(|l| l == label)
+        {
+            return None;
+        }
+        labels.push(label.to_owned());
+    }
+    (labels.len() <= protocol::job::MAX_LABELS).then_some(labels)
 }
 
 /// `FIRST-LAST`: ids from 1000 up, in order, not holding 65534 (`nobody`). Pure.

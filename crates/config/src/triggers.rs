@@ -227,6 +227,9 @@ impl Trigger {
             task: run.task.clone(),
             secrets_profile: run.secrets_profile.clone(),
             event: None,
+            labels: run.labels.clone(),
+            host: None,
+            rerun_of: None,
         }
     }
 }
@@ -379,10 +382,24 @@ pub struct Run {
     /// Empty when the file has no `excludeTools`.
     pub exclude_tools: Vec<String>,
     pub image: Option<String>,
+    /// The labels a worker must carry to take the job; empty when the file has no `labels`.
+    pub labels: Vec<String>,
+    /// What a forge job does when another job for its issue is not done yet.
+    pub same_issue: SameIssue,
+}
+
+/// `run.sameIssue`: a forge job's issue (or pull request) has one job at a time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SameIssue {
+    /// `"wait"` (the default): the newer job waits until the older ones are done.
+    #[default]
+    Wait,
+    /// `"cancel-older"`: the older jobs are cancelled, and the newer runs once they have stopped.
+    CancelOlder,
 }
 
 /// The keys of `run`: every field a trigger gives its job (the receiver's forwarding test is derived from it).
-pub const RUN_KEYS: [&str; 14] = [
+pub const RUN_KEYS: [&str; 16] = [
     "kind",
     "flow",
     "command",
@@ -397,6 +414,8 @@ pub const RUN_KEYS: [&str; 14] = [
     "maxCostUsd",
     "excludeTools",
     "image",
+    "labels",
+    "sameIssue",
 ];
 
 /// One reason the file is refused: where (`triggers[2].run.mcp[1]`, or empty for the file as a
@@ -977,6 +996,44 @@ impl Check {
             Some(image.to_owned())
         });
 
+        let labels = o
+            .get("labels")
+            .and_then(|v| {
+                let p = field("labels");
+                let items = self.array(&p, v, 1, protocol::job::MAX_LABELS, "labels")?;
+                Some(self.distinct_texts(&p, items, |check, item_path, item| {
+                    let label = check.string(item_path, item)?;
+                    if !protocol::job::is_label(label) {
+                        check.err(
+                            item_path,
+                            "a label is 1 to 63 lowercase letters, digits, '.', '_' and '-', or two such words joined by ':' (zone:eu)",
+                        );
+                        return None;
+                    }
+                    Some(label.to_owned())
+                }))
+            })
+            .unwrap_or_default();
+
+        let same_issue = match o.get("sameIssue") {
+            None => SameIssue::Wait,
+            Some(_) if kind == Some(Kind::Local) => {
+                self.err(
+                    field("sameIssue"),
+                    "'sameIssue' is only for forge jobs; a local job has no issue",
+                );
+                SameIssue::Wait
+            }
+            Some(v) => match v.as_str() {
+                Some("wait") => SameIssue::Wait,
+                Some("cancel-older") => SameIssue::CancelOlder,
+                _ => {
+                    self.err(field("sameIssue"), "must be \"wait\" or \"cancel-older\"");
+                    SameIssue::Wait
+                }
+            },
+        };
+
         if self.errors.len() != before {
             return None;
         }
@@ -994,6 +1051,8 @@ impl Check {
             max_cost_usd,
             exclude_tools,
             image,
+            labels,
+            same_issue,
         })
     }
 

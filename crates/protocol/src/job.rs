@@ -77,6 +77,42 @@ pub struct Job {
     /// The forge event that queued a github or gitlab job (from the receiver).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub event: Option<ForgeEvent>,
+    /// `run.labels`: the labels a worker must carry to take the job.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub labels: Vec<String>,
+    /// The host that queued a local job (its folder is there), as `PI_HOST_NAME` names it.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub host: Option<String>,
+    /// The job this one runs again (`pi-dispatch rerun`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub rerun_of: Option<String>,
+}
+
+/// The most labels a trigger asks for, or a worker carries.
+pub const MAX_LABELS: usize = 16;
+
+/// Whether `label` is one a worker may carry and a trigger ask for: 1 to 63 lowercase letters,
+/// digits, '.', '_' and '-', beginning with a letter or digit, optionally `key:value` (each part
+/// of that shape), as `gpu`, `zone:eu`, `host:build-1`.
+pub fn is_label(label: &str) -> bool {
+    let part = |p: &str| {
+        p.bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            && p.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
+            })
+    };
+    label.len() <= 63
+        && match label.split_once(':') {
+            Some((key, value)) => part(key) && part(value),
+            None => part(label),
+        }
+}
+
+/// The label every worker carries for its host: `host:NAME`.
+pub fn host_label(host: &str) -> String {
+    format!("host:{host}")
 }
 
 impl Job {
@@ -101,7 +137,38 @@ impl Job {
             task: None,
             secrets_profile: None,
             event: None,
+            labels: Vec::new(),
+            host: None,
+            rerun_of: None,
         }
+    }
+
+    /// The labels a worker must carry to take the job: its trigger's `run.labels` when it has
+    /// some; otherwise, for a local job, its host's (the folder is there); otherwise none.
+    pub fn needs(&self) -> Vec<String> {
+        if !self.labels.is_empty() {
+            let mut needs = self.labels.clone();
+            needs.sort();
+            needs.dedup();
+            return needs;
+        }
+        match (&self.host, self.kind()) {
+            (Some(host), Some(Kind::Local)) => vec![host_label(host)],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The group of jobs that run one at a time with this one: a forge job's issue or pull
+    /// (merge) request, `github:owner/name#12`, `gitlab:group/project!3` (GitHub numbers its
+    /// issues and pull requests together; GitLab apart).
+    pub fn group(&self) -> Option<String> {
+        self.event.as_ref().map(|e| {
+            let mark = match (e.forge, e.pull_request) {
+                (crate::forge_event::Forge::Gitlab, true) => '!',
+                _ => '#',
+            };
+            format!("{}:{}{mark}{}", e.forge.as_str(), e.repository, e.number)
+        })
     }
 
     /// The job's kind, when it is one pi-dispatch knows.

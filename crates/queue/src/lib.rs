@@ -64,20 +64,49 @@ pub fn exists(settings: &config::settings::Settings) -> bool {
 /// The queue's operations; every time is passed in. Object-safe, so a worker holds a
 /// `Box<dyn Queue>` or `Arc<dyn Queue>` whatever the backend.
 pub trait Queue: Send + Sync {
-    /// Stores a job under `id` with an opaque `payload`, queued at `now`. A job with this id
+    /// Stores `job` (its id, opaque payload and placement), queued at `now`. A job with this id
     /// already in the queue (in any state, done included) is left alone and the answer is `false`,
-    /// so a repeated delivery is not run twice.
-    fn enqueue(&self, id: &str, payload: &str, now: SystemTime) -> Result<bool, QueueError>;
+    /// so a repeated delivery is not run twice. A job that supersedes marks the other jobs of its
+    /// group for cancelling (see [`Placement::supersede`]).
+    fn enqueue_job(&self, job: &NewJob, now: SystemTime) -> Result<bool, QueueError>;
 
-    /// Takes the oldest available job for `worker` until `now + lease_for`, or `None`. Available:
-    /// queued with `available_at <= now`, or leased with a lapsed lease (`leased_until < now`) and
-    /// attempts left. Lapsed leases without attempts left become lost first.
+    /// [`Queue::enqueue_job`] for a job any worker may take, in no group.
+    fn enqueue(&self, id: &str, payload: &str, now: SystemTime) -> Result<bool, QueueError> {
+        self.enqueue_job(&NewJob::plain(id, payload), now)
+    }
+
+    /// Takes the oldest available job for `worker`, which carries `labels`, until
+    /// `now + lease_for`, or `None`. Available: queued with `available_at <= now`, or leased with
+    /// a lapsed lease (`leased_until < now`) and attempts left; every label the job needs among
+    /// `labels`; and, in a group, the oldest of its group not done. Lapsed leases without attempts
+    /// left become lost first.
+    fn lease_as(
+        &self,
+        worker: &str,
+        labels: &[String],
+        lease_for: Duration,
+        now: SystemTime,
+    ) -> Result<Option<Lease>, QueueError>;
+
+    /// [`Queue::lease_as`] for a worker without labels: it takes only jobs that need none.
     fn lease(
         &self,
         worker: &str,
         lease_for: Duration,
         now: SystemTime,
-    ) -> Result<Option<Lease>, QueueError>;
+    ) -> Result<Option<Lease>, QueueError> {
+        self.lease_as(worker, &[], lease_for, now)
+    }
+
+    /// Says that `card`'s worker is alive at `now` (a worker calls it when it starts and then
+    /// every heartbeat). Workers unseen for [`FORGET_WORKERS_AFTER`] are forgotten meanwhile.
+    fn announce(&self, card: &WorkerCard, now: SystemTime) -> Result<(), QueueError>;
+
+    /// Every worker announced and not forgotten, by id, with when each was last seen.
+    fn workers(&self) -> Result<Vec<WorkerSeen>, QueueError>;
+
+    /// Forgets worker `id` (it stopped cleanly).
+    fn leave(&self, id: &str) -> Result<(), QueueError>;
 
     /// Extends a lease still held to `now + lease_for`; `false` if the job is no longer this
     /// lease's (taken over by another lease, finished, retried or lost). A lapsed lease that no one
@@ -113,7 +142,7 @@ pub trait Queue: Send + Sync {
     fn enqueue_delivery(
         &self,
         key: &str,
-        jobs: &[(String, String)],
+        jobs: &[NewJob],
         now: SystemTime,
     ) -> Result<bool, QueueError>;
 
@@ -133,6 +162,82 @@ pub trait Queue: Send + Sync {
     /// Hands a leased job back at once (a worker that drains): queued, available now, and this
     /// attempt not counted. `false` if the lease is no longer held.
     fn release(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError>;
+}
+
+/// How long a worker that stopped announcing itself is still listed (as gone).
+pub const FORGET_WORKERS_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// A job to queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewJob {
+    pub id: String,
+    /// The job as queued (opaque to the queue).
+    pub payload: String,
+    pub placement: Placement,
+}
+
+impl NewJob {
+    /// A job any worker may take, in no group.
+    pub fn plain(id: &str, payload: &str) -> NewJob {
+        NewJob {
+            id: id.to_owned(),
+            payload: payload.to_owned(),
+            placement: Placement::default(),
+        }
+    }
+
+    /// `job` as queued: its JSON, the labels it needs ([`Job::needs`]) and its group
+    /// ([`Job::group`]); it supersedes nothing.
+    pub fn of(job: &protocol::job::Job) -> Result<NewJob, serde_json::Error> {
+        Ok(NewJob {
+            id: job.id.clone(),
+            payload: serde_json::to_string(job)?,
+            placement: Placement {
+                needs: job.needs(),
+                group: job.group(),
+                supersede: false,
+            },
+        })
+    }
+}
+
+/// Where a job may run, and beside which others.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// The labels a worker must carry, every one, to take the job; empty: any worker.
+    pub needs: Vec<String>,
+    /// Jobs of one group run one at a time, oldest first (a forge issue's jobs).
+    pub group: Option<String>,
+    /// Queuing this job cancels the older jobs of its group not done: a queued one is reported by
+    /// [`Queue::take_lost`] as cancelled, a running one is stopped by its worker.
+    pub supersede: bool,
+}
+
+/// What a worker says of itself in the queue.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerCard {
+    /// Its name in the queue's leases (`host:pid`).
+    pub id: String,
+    pub host: String,
+    pub pid: u32,
+    /// The pi-dispatch version it runs.
+    pub version: String,
+    /// The labels it takes jobs for, `host:NAME` among them.
+    pub labels: Vec<String>,
+    pub concurrency: u32,
+    pub started_ms: u64,
+    /// Jobs it runs now.
+    pub running: u32,
+    /// It takes no new job (stopping).
+    pub draining: bool,
+}
+
+/// A worker as the queue last heard of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSeen {
+    pub card: WorkerCard,
+    pub last_seen: SystemTime,
 }
 
 /// Where a lease stands.
@@ -249,6 +354,10 @@ pub struct OpenJob {
     pub payload: String,
     /// Marked for cancelling; its worker is stopping it.
     pub cancel_requested: bool,
+    /// The labels a worker needs to take it.
+    pub needs: Vec<String>,
+    /// Its group (jobs of one group run one at a time).
+    pub group: Option<String>,
 }
 
 /// Where a job not done stands.
@@ -365,6 +474,8 @@ pub enum QueueError {
     NotWal { path: PathBuf, mode: String },
     #[error("the queue in Redis cannot {op}: {detail}")]
     Redis { op: &'static str, detail: String },
+    #[error("a worker's card cannot be written: {0}")]
+    Card(String),
     #[error("the queue cannot {op}")]
     Sqlite {
         op: &'static str,

@@ -17,3 +17,10 @@ pub(crate) fn time(ms: i64) -> SystemTime {
 pub(crate) fn later(ms: i64, d: Duration) -> i64 {
     ms.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
+
+/// Before when a worker last seen is forgotten, at `now`.
+pub(crate) fn forget_before(now: SystemTime) -> i64 {
+    of(now
+        .checked_sub(crate::FORGET_WORKERS_AFTER)
+        .unwrap_or(UNIX_EPOCH))
+}

@@ -121,7 +121,7 @@ fn leasing_reads_only_open_jobs() {
     let plan: Vec<String> = conn
         .prepare(&format!("EXPLAIN QUERY PLAN {TAKE_NEXT}"))
         .unwrap()
-        .query_map(params![0, "w", 0, 2], |row| row.get(3))
+        .query_map(params![0, "w", 0, 2, "[]"], |row| row.get(3))
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
@@ -244,6 +244,34 @@ fn a_schema_3_file_gets_the_records_index_and_keeps_its_jobs_and_deliveries() {
         .find_records(&RecordFilter::default(), None, 5)
         .unwrap();
     assert_eq!(found.len(), 1);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
+}
+
+#[test]
+fn a_schema_4_file_gets_placement_and_workers_and_keeps_its_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.sqlite3");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(&format!(
+            "{JOBS_V2}{INDEXES}{DELIVERIES_V3}{RECORDS_V4}
+             INSERT INTO jobs (id, payload, state, queued_at, available_at)
+                 VALUES ('old', '{{}}', 'queued', 1, 1);
+             PRAGMA user_version = 4;"
+        ))
+        .unwrap();
+    }
+    let queue = SqliteQueue::open(&path).unwrap();
+    let open = queue.status(t(0), 0).unwrap().open;
+    assert_eq!((open.len(), open[0].needs.len()), (1, 0));
+    // An old job needs nothing: a worker with labels takes it.
+    let lease = queue
+        .lease_as("w", &["gpu".to_owned()], LONG, t(0))
+        .unwrap()
+        .unwrap();
+    assert_eq!(lease.job_id, "old");
+    assert!(queue.workers().unwrap().is_empty());
     let conn = rusqlite::Connection::open(&path).unwrap();
     assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
 }

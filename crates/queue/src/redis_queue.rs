@@ -7,13 +7,17 @@
 //!
 //! ```text
 //! job:ID      hash: seq, payload, state, attempt, queued_at, available_at, worker, token,
-//!             leased_until, leased_at, finished_at, outcome, cancel (0 or 1)
+//!             leased_until, leased_at, finished_at, outcome, cancel (0 or 1), needs (a JSON
+//!             array of labels, absent for any worker), group
 //! seq         the enqueue counter
 //! open        zset of the jobs not done, by seq (the order they are leased in)
 //! leased      zset of the leased jobs, by leased_until (where lapsed leases are found)
 //! lost        zset of the lost jobs, by seq, until take_lost reports them
 //! done        zset of the done jobs, by finished_at
 //! deliveries  zset of the forge deliveries seen, by when
+//! group:G     zset of the open jobs of group G, by seq (only the first may be leased)
+//! workers     hash of the workers' cards (JSON), by worker id; workers-seen, zset of when each
+//!             was last seen
 //! lease:TOKEN the job a lease took, for as long as the lease (a lease asked again after a lost
 //!             answer gets the same job)
 //! record:ID   a job's record, as text
@@ -35,8 +39,8 @@ use redis::{Connection, RedisError, Script, Value};
 
 use crate::millis;
 use crate::{
-    Cancel, Config, DoneJob, End, Lease, LeaseState, LostJob, OpenJob, OpenState, Queue,
-    QueueError, RetryDecision, Status,
+    Cancel, Config, DoneJob, End, Lease, LeaseState, LostJob, NewJob, OpenJob, OpenState,
+    Placement, Queue, QueueError, RetryDecision, Status, WorkerCard, WorkerSeen,
 };
 
 /// Every key's prefix.
@@ -57,17 +61,40 @@ pub(crate) const PRELUDE: &str = r"
 local p = ARGV[1]
 local function jk(id) return p .. 'job:' .. id end
 local function num(v) return tonumber(v) or 0 end
-local function enqueue(id, payload, now)
+-- needs: a JSON array, or '' for any worker; group: '' for none; supersede: '1' marks the
+-- group's other jobs for cancelling (a queued one is lost at once, and reported cancelled).
+local function enqueue(id, payload, now, needs, group, supersede)
   local k = jk(id)
   if redis.call('EXISTS', k) == 1 then return 0 end
   local seq = redis.call('INCR', p .. 'seq')
   redis.call('HSET', k, 'seq', seq, 'payload', payload, 'state', 'queued', 'attempt', 0,
     'queued_at', now, 'available_at', now, 'cancel', 0)
+  if needs ~= '' then redis.call('HSET', k, 'needs', needs) end
+  if group ~= '' then
+    local gk = p .. 'group:' .. group
+    if supersede == '1' then
+      for _, other in ipairs(redis.call('ZRANGE', gk, 0, -1)) do
+        local ok = jk(other)
+        local st = redis.call('HGET', ok, 'state')
+        if st == 'queued' then
+          redis.call('HSET', ok, 'state', 'lost', 'cancel', 1)
+          redis.call('HDEL', ok, 'token', 'leased_until')
+          redis.call('ZADD', p .. 'lost', num(redis.call('HGET', ok, 'seq')), other)
+        elseif st == 'leased' then
+          redis.call('HSET', ok, 'cancel', 1)
+        end
+      end
+    end
+    redis.call('HSET', k, 'group', group)
+    redis.call('ZADD', gk, seq, id)
+  end
   redis.call('ZADD', p .. 'open', seq, id)
   return 1
 end
 local function done(id, outcome, now)
   local k = jk(id)
+  local group = redis.call('HGET', k, 'group')
+  if group then redis.call('ZREM', p .. 'group:' .. group, id) end
   redis.call('HSET', k, 'state', 'done', 'outcome', outcome, 'finished_at', now, 'payload', '')
   redis.call('HDEL', k, 'token', 'leased_until')
   redis.call('ZREM', p .. 'open', id)
@@ -95,11 +122,25 @@ local function held(id, token)
 end
 ";
 
-const ENQUEUE: &str = "return enqueue(ARGV[2], ARGV[3], num(ARGV[4]))";
+/// ARGV: prefix, id, payload, now, needs, group, supersede.
+const ENQUEUE: &str = "return enqueue(ARGV[2], ARGV[3], num(ARGV[4]), ARGV[5], ARGV[6], ARGV[7])";
 
-/// ARGV: prefix, now, worker, until, max attempts, token, lease ms.
+/// ARGV: prefix, now, worker, until, max attempts, token, lease ms, the worker's labels (JSON).
 const LEASE: &str = r"
 local now, worker, untl, max, token = num(ARGV[2]), ARGV[3], num(ARGV[4]), num(ARGV[5]), ARGV[6]
+local have = {}
+for _, l in ipairs(cjson.decode(ARGV[8])) do have[l] = true end
+local function fits(needs)
+  if not needs then return true end
+  for _, n in ipairs(cjson.decode(needs)) do
+    if not have[n] then return false end
+  end
+  return true
+end
+local function first_of_group(id, group)
+  if not group then return true end
+  return redis.call('ZRANGE', p .. 'group:' .. group, 0, 0)[1] == id
+end
 local function taken(id)
   local f = redis.call('HMGET', jk(id), 'payload', 'attempt', 'queued_at', 'leased_until')
   return {id, f[1], num(f[2]), token, num(f[3]), num(f[4])}
@@ -110,9 +151,11 @@ sweep(now, max)
 local ids = redis.call('ZRANGE', p .. 'open', 0, -1)
 for _, id in ipairs(ids) do
   local k = jk(id)
-  local f = redis.call('HMGET', k, 'state', 'available_at', 'leased_until', 'attempt', 'cancel')
-  if (f[1] == 'queued' and num(f[2]) <= now)
-    or (f[1] == 'leased' and num(f[3]) < now and num(f[4]) < max and f[5] == '0') then
+  local f = redis.call('HMGET', k, 'state', 'available_at', 'leased_until', 'attempt', 'cancel',
+    'needs', 'group')
+  if ((f[1] == 'queued' and num(f[2]) <= now)
+    or (f[1] == 'leased' and num(f[3]) < now and num(f[4]) < max and f[5] == '0'))
+    and fits(f[6]) and first_of_group(id, f[7]) then
     redis.call('HSET', k, 'state', 'leased', 'attempt', num(f[4]) + 1, 'worker', worker,
       'leased_at', now, 'token', token, 'leased_until', untl)
     redis.call('ZADD', p .. 'leased', untl, id)
@@ -175,9 +218,9 @@ const STATUS: &str = r"
 local open = {}
 for _, id in ipairs(redis.call('ZRANGE', p .. 'open', 0, -1)) do
   local f = redis.call('HMGET', jk(id), 'state', 'attempt', 'queued_at', 'available_at', 'worker',
-    'leased_until', 'payload', 'cancel', 'leased_at')
+    'leased_until', 'payload', 'cancel', 'leased_at', 'needs', 'group')
   table.insert(open, {id, f[1] or '', num(f[2]), num(f[3]), num(f[4]), f[5] or '', num(f[6]),
-    f[7] or '', f[8] == '1' and 1 or 0, num(f[9])})
+    f[7] or '', f[8] == '1' and 1 or 0, num(f[9]), f[10] or '', f[11] or ''})
 end
 local count = redis.call('ZCARD', p .. 'done')
 local want = num(ARGV[2])
@@ -207,11 +250,43 @@ end
 return {open, count, recent}
 ";
 
-/// ARGV: prefix, key, now, then id and payload of each job.
+/// ARGV: prefix, key, now, then id, payload, needs, group and supersede of each job.
 const ENQUEUE_DELIVERY: &str = r"
 local now = num(ARGV[3])
 if redis.call('ZADD', p .. 'deliveries', 'NX', now, ARGV[2]) == 0 then return 0 end
-for i = 4, #ARGV, 2 do enqueue(ARGV[i], ARGV[i + 1], now) end
+for i = 4, #ARGV, 5 do
+  enqueue(ARGV[i], ARGV[i + 1], now, ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
+end
+return 1
+";
+
+/// ARGV: prefix, id, card, now, forget before.
+const ANNOUNCE: &str = r"
+redis.call('HSET', p .. 'workers', ARGV[2], ARGV[3])
+redis.call('ZADD', p .. 'workers-seen', ARGV[4], ARGV[2])
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', p .. 'workers-seen', '-inf', '(' .. ARGV[5])) do
+  redis.call('HDEL', p .. 'workers', id)
+  redis.call('ZREM', p .. 'workers-seen', id)
+end
+return 1
+";
+
+/// ARGV: prefix. Each worker's card and when it was last seen.
+const WORKERS: &str = r"
+local out = {}
+for _, id in ipairs(redis.call('ZRANGE', p .. 'workers-seen', 0, -1)) do
+  local card = redis.call('HGET', p .. 'workers', id)
+  if card then
+    table.insert(out, {card, num(redis.call('ZSCORE', p .. 'workers-seen', id))})
+  end
+end
+return out
+";
+
+/// ARGV: prefix, id.
+const LEAVE: &str = r"
+redis.call('HDEL', p .. 'workers', ARGV[2])
+redis.call('ZREM', p .. 'workers-seen', ARGV[2])
 return 1
 ";
 
@@ -274,6 +349,9 @@ struct Scripts {
     cancel: Script,
     lease_state: Script,
     release: Script,
+    announce: Script,
+    workers: Script,
+    leave: Script,
 }
 
 impl Scripts {
@@ -292,6 +370,9 @@ impl Scripts {
             cancel: s(CANCEL),
             lease_state: s(LEASE_STATE),
             release: s(RELEASE),
+            announce: s(ANNOUNCE),
+            workers: s(WORKERS),
+            leave: s(LEAVE),
         }
     }
 }
@@ -519,6 +600,20 @@ fn describe(e: &RedisError) -> String {
     }
 }
 
+/// A job's placement as the scripts take it: needs (a JSON array, or empty for any worker), group
+/// (empty for none), and whether it supersedes ('1' or '0').
+fn placement_args(placement: &Placement) -> [String; 3] {
+    [
+        if placement.needs.is_empty() {
+            String::new()
+        } else {
+            serde_json::Value::from(placement.needs.clone()).to_string()
+        },
+        placement.group.clone().unwrap_or_default(),
+        if placement.supersede { "1" } else { "0" }.to_owned(),
+    ]
+}
+
 /// A lease's token: 16 random bytes as hex.
 fn new_token(op: &'static str) -> Result<String, QueueError> {
     protocol::ids::random_hex::<16>().map_err(|e| QueueError::Redis {
@@ -564,22 +659,21 @@ fn u32_of(v: &Value) -> Option<u32> {
 }
 
 impl Queue for RedisQueue {
-    fn enqueue(&self, id: &str, payload: &str, now: SystemTime) -> Result<bool, QueueError> {
-        let added: i64 = self.run(
-            "enqueue a job",
-            &self.scripts.enqueue,
-            &[
-                id.to_owned(),
-                payload.to_owned(),
-                millis::of(now).to_string(),
-            ],
-        )?;
+    fn enqueue_job(&self, job: &NewJob, now: SystemTime) -> Result<bool, QueueError> {
+        let mut args = vec![
+            job.id.clone(),
+            job.payload.clone(),
+            millis::of(now).to_string(),
+        ];
+        args.extend(placement_args(&job.placement));
+        let added: i64 = self.run("enqueue a job", &self.scripts.enqueue, &args)?;
         Ok(added == 1)
     }
 
-    fn lease(
+    fn lease_as(
         &self,
         worker: &str,
+        labels: &[String],
         lease_for: Duration,
         now: SystemTime,
     ) -> Result<Option<Lease>, QueueError> {
@@ -600,6 +694,7 @@ impl Queue for RedisQueue {
                 self.config.max_attempts.to_string(),
                 token.clone(),
                 lease_ms.to_string(),
+                serde_json::Value::from(labels.to_vec()).to_string(),
             ],
         )?;
         if matches!(answer, Value::Nil) {
@@ -737,6 +832,10 @@ impl Queue for RedisQueue {
                     queued_at: millis::time(int(row.get(3)?)?),
                     payload: text(row.get(7)?).unwrap_or_default(),
                     cancel_requested: int(row.get(8)?)? == 1,
+                    needs: text(row.get(10)?)
+                        .and_then(|n| serde_json::from_str(&n).ok())
+                        .unwrap_or_default(),
+                    group: text(row.get(11)?).filter(|g| !g.is_empty()),
                 })
             })();
             open.push(shape(OP, job)?);
@@ -771,13 +870,14 @@ impl Queue for RedisQueue {
     fn enqueue_delivery(
         &self,
         key: &str,
-        jobs: &[(String, String)],
+        jobs: &[NewJob],
         now: SystemTime,
     ) -> Result<bool, QueueError> {
         let mut args = vec![key.to_owned(), millis::of(now).to_string()];
-        for (id, payload) in jobs {
-            args.push(id.clone());
-            args.push(payload.clone());
+        for job in jobs {
+            args.push(job.id.clone());
+            args.push(job.payload.clone());
+            args.extend(placement_args(&job.placement));
         }
         let new: i64 = self.run("remember a delivery", &self.scripts.enqueue_delivery, &args)?;
         Ok(new == 1)
@@ -824,6 +924,46 @@ impl Queue for RedisQueue {
             "cancel" => LeaseState::CancelRequested,
             _ => LeaseState::Lost,
         })
+    }
+
+    fn announce(&self, card: &WorkerCard, now: SystemTime) -> Result<(), QueueError> {
+        let text = serde_json::to_string(card).map_err(|e| QueueError::Card(e.to_string()))?;
+        let _: i64 = self.run(
+            "announce a worker",
+            &self.scripts.announce,
+            &[
+                card.id.clone(),
+                text,
+                millis::of(now).to_string(),
+                millis::forget_before(now).to_string(),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn workers(&self) -> Result<Vec<WorkerSeen>, QueueError> {
+        const OP: &str = "list the workers";
+        let answer: Value = self.run(OP, &self.scripts.workers, &[])?;
+        let mut seen = Vec::new();
+        for row in shape(OP, items(&answer))? {
+            let row = shape(OP, items(row))?;
+            let card = shape(OP, row.first().and_then(text))?;
+            let last_seen = shape(OP, row.get(1).and_then(int))?;
+            // A card another version wrote in a shape this one does not read is left out.
+            if let Ok(card) = serde_json::from_str::<WorkerCard>(&card) {
+                seen.push(WorkerSeen {
+                    card,
+                    last_seen: millis::time(last_seen),
+                });
+            }
+        }
+        seen.sort_by(|a, b| a.card.id.cmp(&b.card.id));
+        Ok(seen)
+    }
+
+    fn leave(&self, id: &str) -> Result<(), QueueError> {
+        let _: i64 = self.run("forget a worker", &self.scripts.leave, &[id.to_owned()])?;
+        Ok(())
     }
 
     fn release(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError> {

@@ -9,8 +9,9 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::{
-    Backoff, Cancel, Config, Counts, DoneJob, End, LeaseState, LostJob, MAX_ATTEMPTS, OpenState,
-    Queue, RecordIndex, RedisQueue, RedisTarget, RetryDecision, SqliteQueue,
+    Backoff, Cancel, Config, Counts, DoneJob, End, LeaseState, LostJob, MAX_ATTEMPTS, NewJob,
+    OpenState, Placement, Queue, RecordIndex, RedisQueue, RedisTarget, RetryDecision, SqliteQueue,
+    WorkerCard, WorkerSeen,
 };
 
 /// A long lease: nothing lapses unless a test moves the clock past it.
@@ -91,10 +92,196 @@ fn leased_ids(queue: &dyn Queue, now: SystemTime) -> Vec<String> {
         .collect()
 }
 
-pub(crate) fn jobs(ids: &[&str]) -> Vec<(String, String)> {
+pub(crate) fn jobs(ids: &[&str]) -> Vec<NewJob> {
     ids.iter()
-        .map(|id| ((*id).to_owned(), format!("{{\"id\":\"{id}\"}}")))
+        .map(|id| NewJob::plain(id, &format!("{{\"id\":\"{id}\"}}")))
         .collect()
+}
+
+/// A job that needs `needs`, in `group`.
+fn placed(id: &str, needs: &[&str], group: Option<&str>, supersede: bool) -> NewJob {
+    NewJob {
+        placement: Placement {
+            needs: needs.iter().map(|n| (*n).to_owned()).collect(),
+            group: group.map(str::to_owned),
+            supersede,
+        },
+        ..NewJob::plain(id, "{}")
+    }
+}
+
+fn labels(l: &[&str]) -> Vec<String> {
+    l.iter().map(|n| (*n).to_owned()).collect()
+}
+
+fn lease_as(queue: &dyn Queue, l: &[&str], now: SystemTime) -> Option<String> {
+    queue
+        .lease_as("w", &labels(l), LONG, now)
+        .unwrap()
+        .map(|lease| lease.job_id)
+}
+
+pub(crate) fn a_job_is_leased_only_by_a_worker_with_every_label_it_needs(store: &dyn Store) {
+    let queue = store.open();
+    queue
+        .enqueue_job(&placed("gpu-eu", &["gpu", "zone:eu"], None, false), t(0))
+        .unwrap();
+    queue
+        .enqueue_job(&placed("on-x", &["host:x"], None, false), t(0))
+        .unwrap();
+    queue
+        .enqueue_job(&placed("anywhere", &[], None, false), t(0))
+        .unwrap();
+    // A worker without labels passes the two that need some, and takes the one that needs none.
+    assert_eq!(lease_as(&*queue, &[], t(1)).as_deref(), Some("anywhere"));
+    assert_eq!(lease_as(&*queue, &[], t(1)), None);
+    assert_eq!(lease_as(&*queue, &["host:y", "gpu"], t(1)), None);
+    assert_eq!(
+        lease_as(&*queue, &["host:x"], t(1)).as_deref(),
+        Some("on-x")
+    );
+    assert_eq!(
+        lease_as(&*queue, &["host:y", "zone:eu", "gpu"], t(1)).as_deref(),
+        Some("gpu-eu")
+    );
+    let status = queue.status(t(2), 0).unwrap();
+    let gpu = status.open.iter().find(|j| j.id == "gpu-eu").unwrap();
+    assert_eq!(gpu.needs, labels(&["gpu", "zone:eu"]));
+    assert_eq!(
+        status
+            .open
+            .iter()
+            .find(|j| j.id == "anywhere")
+            .unwrap()
+            .needs,
+        Vec::<String>::new()
+    );
+}
+
+pub(crate) fn jobs_of_one_group_run_one_at_a_time_oldest_first(store: &dyn Store) {
+    let queue = store.open_with(steady_backoff(Duration::from_secs(1)));
+    queue
+        .enqueue_job(&placed("first", &[], Some("github:o/r#1"), false), t(0))
+        .unwrap();
+    queue
+        .enqueue_job(&placed("second", &[], Some("github:o/r#1"), false), t(0))
+        .unwrap();
+    queue
+        .enqueue_job(&placed("other", &[], Some("github:o/r#2"), false), t(0))
+        .unwrap();
+    let first = queue
+        .lease("w", Duration::from_secs(10), t(1))
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.job_id, "first");
+    // "second" waits for "first"; the other issue's job does not.
+    assert_eq!(lease_as(&*queue, &[], t(1)).as_deref(), Some("other"));
+    assert_eq!(lease_as(&*queue, &[], t(2)), None);
+    // A lapsed lease of the first is taken again before the second.
+    let again = queue.lease("w2", LONG, t(20_000)).unwrap().unwrap();
+    assert_eq!((again.job_id.as_str(), again.attempt), ("first", 2));
+    // Only once it is done does the second come.
+    assert_eq!(lease_as(&*queue, &[], t(20_001)), None);
+    assert!(matches!(
+        queue.retry(&again, t(20_001)).unwrap(),
+        RetryDecision::Exhausted
+    ));
+    assert_eq!(lease_as(&*queue, &[], t(20_002)).as_deref(), Some("second"));
+    assert_eq!(
+        queue
+            .status(t(20_003), 0)
+            .unwrap()
+            .open
+            .iter()
+            .find(|j| j.id == "second")
+            .unwrap()
+            .group
+            .as_deref(),
+        Some("github:o/r#1")
+    );
+}
+
+pub(crate) fn a_superseding_job_cancels_its_group_and_waits_for_the_running_one(store: &dyn Store) {
+    let queue = store.open();
+    queue
+        .enqueue_job(&placed("running", &[], Some("g"), false), t(0))
+        .unwrap();
+    queue
+        .enqueue_job(&placed("queued", &[], Some("g"), false), t(0))
+        .unwrap();
+    queue
+        .enqueue_job(&placed("elsewhere", &[], Some("h"), false), t(0))
+        .unwrap();
+    let running = queue.lease("w", LONG, t(1)).unwrap().unwrap();
+    assert_eq!(running.job_id, "running");
+    assert!(
+        queue
+            .enqueue_job(&placed("newest", &[], Some("g"), true), t(2))
+            .unwrap()
+    );
+    assert_eq!(
+        queue.lease_state(&running).unwrap(),
+        LeaseState::CancelRequested
+    );
+    let lost = queue.take_lost(t(3)).unwrap();
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!(
+        (lost[0].job_id.as_str(), lost[0].cancelled),
+        ("queued", true)
+    );
+    // The other group's job runs; the newest waits for the running one to stop.
+    assert_eq!(lease_as(&*queue, &[], t(4)).as_deref(), Some("elsewhere"));
+    assert_eq!(lease_as(&*queue, &[], t(4)), None);
+    assert!(queue.finish(&running, t(5)).unwrap());
+    assert_eq!(lease_as(&*queue, &[], t(6)).as_deref(), Some("newest"));
+}
+
+fn card(id: &str, running: u32) -> WorkerCard {
+    WorkerCard {
+        id: id.to_owned(),
+        host: "h".to_owned(),
+        pid: 7,
+        version: "0.1.0".to_owned(),
+        labels: labels(&["host:h", "gpu"]),
+        concurrency: 2,
+        started_ms: 5,
+        running,
+        draining: false,
+    }
+}
+
+pub(crate) fn workers_announce_themselves_refresh_and_leave(store: &dyn Store) {
+    let queue = store.open();
+    assert!(queue.workers().unwrap().is_empty());
+    queue.announce(&card("h:1", 0), t(0)).unwrap();
+    queue.announce(&card("h:2", 0), t(1)).unwrap();
+    queue.announce(&card("h:1", 2), t(5)).unwrap();
+    let seen = queue.workers().unwrap();
+    assert_eq!(
+        seen,
+        vec![
+            WorkerSeen {
+                card: card("h:1", 2),
+                last_seen: t(5)
+            },
+            WorkerSeen {
+                card: card("h:2", 0),
+                last_seen: t(1)
+            },
+        ]
+    );
+    queue.leave("h:2").unwrap();
+    assert_eq!(queue.workers().unwrap().len(), 1);
+    // A worker unseen for a day is forgotten when another announces itself.
+    let day = u64::try_from(crate::FORGET_WORKERS_AFTER.as_millis()).unwrap();
+    queue.announce(&card("h:3", 0), t(5 + day + 1)).unwrap();
+    let ids: Vec<_> = queue
+        .workers()
+        .unwrap()
+        .into_iter()
+        .map(|w| w.card.id)
+        .collect();
+    assert_eq!(ids, ["h:3"]);
 }
 
 /// Each test of the suite, once a backend.
@@ -133,6 +320,10 @@ suite!(
     a_released_job_is_queued_at_once_without_using_an_attempt,
     a_delivery_queues_its_jobs_once,
     deliveries_from_many_threads_queue_each_job_once,
+    a_job_is_leased_only_by_a_worker_with_every_label_it_needs,
+    jobs_of_one_group_run_one_at_a_time_oldest_first,
+    a_superseding_job_cancels_its_group_and_waits_for_the_running_one,
+    workers_announce_themselves_refresh_and_leave,
 );
 
 pub(crate) fn jobs_are_leased_in_enqueue_order(store: &dyn Store) {

@@ -12,12 +12,12 @@ use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 
 use crate::millis;
 use crate::{
-    Cancel, Config, DoneJob, End, Lease, LeaseState, LostJob, OpenJob, OpenState, Queue,
-    QueueError, RetryDecision, Status,
+    Cancel, Config, DoneJob, End, Lease, LeaseState, LostJob, NewJob, OpenJob, OpenState, Queue,
+    QueueError, RetryDecision, Status, WorkerCard, WorkerSeen,
 };
 
 /// The schema version this code writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// How long a statement waits for another connection's write transaction before it fails.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -96,6 +96,20 @@ CREATE TABLE records_kept (n INTEGER NOT NULL);
 INSERT INTO records_kept (n) VALUES (0);
 ";
 
+/// Schema 5: where a job may run (`needs`: a JSON array of the labels a worker must carry, or
+/// NULL for any worker), its group (jobs of one group run one at a time), and the workers that
+/// announce themselves (`card` is their JSON, `last_seen` unix milliseconds).
+const PLACEMENT_V5: &str = "
+ALTER TABLE jobs ADD COLUMN needs TEXT;
+ALTER TABLE jobs ADD COLUMN group_key TEXT;
+CREATE INDEX jobs_group ON jobs (group_key, seq) WHERE state <> 'done' AND group_key IS NOT NULL;
+CREATE TABLE workers (
+    id        TEXT PRIMARY KEY,
+    card      TEXT NOT NULL,
+    last_seen INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
 /// The partial indexes keep leasing and listing independent of how many done jobs the file holds.
 const INDEXES: &str = "
 CREATE INDEX jobs_open ON jobs (seq) WHERE state <> 'done';
@@ -118,21 +132,45 @@ DROP TABLE jobs_v1;
 ";
 
 /// A lapsed lease that has used every attempt becomes lost (run inside each write that looks).
-/// So does one marked for cancelling: it is never run again.
+/// So does one marked for cancelling: it is never run again. (A queued job marked for cancelling,
+/// by a newer job of its group, became lost when it was marked.)
 const SWEEP_LOST: &str = "UPDATE jobs SET state = 'lost', token = NULL, leased_until = NULL
     WHERE state = 'leased' AND leased_until < ?1 AND (attempt >= ?2 OR cancel_requested = 1)";
 
-/// Takes the oldest available job: queued and due, or leased with a lapsed lease and attempts left.
+/// Takes the oldest available job: queued and due, or leased with a lapsed lease and attempts left;
+/// needing no label the worker lacks (`?5`, its labels as a JSON array); and the oldest of its
+/// group not done.
 const TAKE_NEXT: &str = "UPDATE jobs
     SET state = 'leased', attempt = attempt + 1, worker = ?2, leased_at = ?1,
         token = lower(hex(randomblob(16))), leased_until = ?3
     WHERE seq = (
-        SELECT seq FROM jobs
-        WHERE state <> 'done'
-          AND ((state = 'queued' AND available_at <= ?1)
-            OR (state = 'leased' AND leased_until < ?1 AND attempt < ?4 AND cancel_requested = 0))
-        ORDER BY seq LIMIT 1)
+        SELECT j.seq FROM jobs j
+        WHERE j.state <> 'done'
+          AND ((j.state = 'queued' AND j.available_at <= ?1)
+            OR (j.state = 'leased' AND j.leased_until < ?1 AND j.attempt < ?4
+                AND j.cancel_requested = 0))
+          AND (j.needs IS NULL OR NOT EXISTS (
+                SELECT 1 FROM json_each(j.needs) n
+                WHERE n.value NOT IN (SELECT w.value FROM json_each(?5) w)))
+          AND (j.group_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM jobs o
+                WHERE o.group_key = j.group_key AND o.state <> 'done' AND o.seq < j.seq))
+        ORDER BY j.seq LIMIT 1)
     RETURNING id, payload, attempt, token, queued_at";
+
+/// Stores a new job (`?1` id, `?2` payload, `?3` now, `?4` needs, `?5` group).
+const INSERT_JOB: &str =
+    "INSERT INTO jobs (id, payload, state, queued_at, available_at, needs, group_key)
+    VALUES (?1, ?2, 'queued', ?3, ?3, ?4, ?5) ON CONFLICT (id) DO NOTHING";
+
+/// Marks the jobs of group `?1` other than `?2` for cancelling: a queued one is lost at once (and
+/// reported cancelled), a leased one is stopped by its worker.
+const SUPERSEDE: &str = "
+UPDATE jobs SET state = 'lost', cancel_requested = 1, token = NULL, leased_until = NULL
+    WHERE group_key = ?1 AND id <> ?2 AND state = 'queued';
+UPDATE jobs SET cancel_requested = 1
+    WHERE group_key = ?1 AND id <> ?2 AND state = 'leased';
+";
 
 /// The queue in one SQLite file. Several handles, in one process or several, may share the file:
 /// each write is a `BEGIN IMMEDIATE` transaction, in WAL mode, with a busy timeout.
@@ -170,7 +208,32 @@ fn open_job(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<OpenJob> {
         queued_at: millis::time(row.get(3)?),
         payload: row.get(7)?,
         cancel_requested: row.get(8)?,
+        needs: row
+            .get::<_, Option<String>>(10)?
+            .and_then(|n| serde_json::from_str(&n).ok())
+            .unwrap_or_default(),
+        group: row.get(11)?,
     })
+}
+
+/// Stores `job` at `now` inside `tx`; `true` when it is new.
+fn insert_job(tx: &Connection, job: &NewJob, now: i64) -> rusqlite::Result<bool> {
+    let placement = &job.placement;
+    let needs = (!placement.needs.is_empty())
+        .then(|| serde_json::Value::from(placement.needs.clone()).to_string());
+    let added = tx.execute(
+        INSERT_JOB,
+        params![job.id, job.payload, now, needs, placement.group],
+    )? == 1;
+    if added
+        && placement.supersede
+        && let Some(group) = &placement.group
+    {
+        for step in SUPERSEDE.split(';').filter(|s| !s.trim().is_empty()) {
+            tx.execute(step, params![group, job.id])?;
+        }
+    }
+    Ok(added)
 }
 
 /// Makes the queue's folder (0700) and file (0600) when they are missing: SQLite would make the
@@ -249,19 +312,24 @@ impl SqliteQueue {
         // Read again inside the write lock: another process may have created the schema meanwhile.
         match known(user_version(&tx).map_err(open_err("read the schema version"))?)? {
             0 => tx
-                .execute_batch(&format!("{JOBS_V2}{INDEXES}{DELIVERIES_V3}{RECORDS_V4}"))
+                .execute_batch(&format!(
+                    "{JOBS_V2}{INDEXES}{DELIVERIES_V3}{RECORDS_V4}{PLACEMENT_V5}"
+                ))
                 .map_err(open_err("create the schema"))?,
             1 => tx
                 .execute_batch(&format!(
-                    "{MIGRATE_V1}{JOBS_V2}{COPY_V1}{INDEXES}{DELIVERIES_V3}{RECORDS_V4}"
+                    "{MIGRATE_V1}{JOBS_V2}{COPY_V1}{INDEXES}{DELIVERIES_V3}{RECORDS_V4}{PLACEMENT_V5}"
                 ))
                 .map_err(open_err("migrate the schema from version 1"))?,
             2 => tx
-                .execute_batch(&format!("{DELIVERIES_V3}{RECORDS_V4}"))
+                .execute_batch(&format!("{DELIVERIES_V3}{RECORDS_V4}{PLACEMENT_V5}"))
                 .map_err(open_err("migrate the schema from version 2"))?,
             3 => tx
-                .execute_batch(RECORDS_V4)
+                .execute_batch(&format!("{RECORDS_V4}{PLACEMENT_V5}"))
                 .map_err(open_err("migrate the schema from version 3"))?,
+            4 => tx
+                .execute_batch(PLACEMENT_V5)
+                .map_err(open_err("migrate the schema from version 4"))?,
             _ => {}
         }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
@@ -306,27 +374,27 @@ fn set_wal(conn: &Connection) -> rusqlite::Result<String> {
 }
 
 impl Queue for SqliteQueue {
-    fn enqueue(&self, id: &str, payload: &str, now: SystemTime) -> Result<bool, QueueError> {
-        let now = millis::of(now);
-        let added = self
-            .conn()
-            .execute(
-                "INSERT INTO jobs (id, payload, state, queued_at, available_at)
-                 VALUES (?1, ?2, 'queued', ?3, ?3) ON CONFLICT (id) DO NOTHING",
-                params![id, payload, now],
-            )
-            .map_err(sqlite("enqueue a job"))?;
-        Ok(added == 1)
+    fn enqueue_job(&self, job: &NewJob, now: SystemTime) -> Result<bool, QueueError> {
+        let err = sqlite("enqueue a job");
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let added = insert_job(&tx, job, millis::of(now)).map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(added)
     }
 
-    fn lease(
+    fn lease_as(
         &self,
         worker: &str,
+        labels: &[String],
         lease_for: Duration,
         now: SystemTime,
     ) -> Result<Option<Lease>, QueueError> {
         let err = sqlite("lease a job");
         let until = millis::later(millis::of(now), lease_for);
+        let labels = serde_json::Value::from(labels.to_vec()).to_string();
         let mut conn = self.conn();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -339,7 +407,13 @@ impl Queue for SqliteQueue {
         let lease = tx
             .query_row(
                 TAKE_NEXT,
-                params![millis::of(now), worker, until, self.config.max_attempts],
+                params![
+                    millis::of(now),
+                    worker,
+                    until,
+                    self.config.max_attempts,
+                    labels
+                ],
                 |row| {
                     Ok(Lease {
                         job_id: row.get(0)?,
@@ -486,7 +560,7 @@ impl Queue for SqliteQueue {
             let mut stmt = tx
                 .prepare(
                     "SELECT id, state, attempt, queued_at, available_at, worker, leased_until,
-                            payload, cancel_requested, leased_at
+                            payload, cancel_requested, leased_at, needs, group_key
                      FROM jobs WHERE state <> 'done' ORDER BY seq",
                 )
                 .map_err(err)?;
@@ -531,7 +605,7 @@ impl Queue for SqliteQueue {
     fn enqueue_delivery(
         &self,
         key: &str,
-        jobs: &[(String, String)],
+        jobs: &[NewJob],
         now: SystemTime,
     ) -> Result<bool, QueueError> {
         let now = millis::of(now);
@@ -547,13 +621,8 @@ impl Queue for SqliteQueue {
             .map_err(sqlite("remember a delivery"))?
             == 1;
         if new {
-            for (id, payload) in jobs {
-                tx.execute(
-                    "INSERT INTO jobs (id, payload, state, queued_at, available_at)
-                     VALUES (?1, ?2, 'queued', ?3, ?3) ON CONFLICT (id) DO NOTHING",
-                    params![id, payload, now],
-                )
-                .map_err(sqlite("enqueue a delivery's job"))?;
+            for job in jobs {
+                insert_job(&tx, job, now).map_err(sqlite("enqueue a delivery's job"))?;
             }
         }
         tx.commit().map_err(sqlite("commit a delivery"))?;
@@ -646,6 +715,61 @@ impl Queue for SqliteQueue {
             Some(true) => LeaseState::CancelRequested,
             Some(false) => LeaseState::Held,
         })
+    }
+
+    fn announce(&self, card: &WorkerCard, now: SystemTime) -> Result<(), QueueError> {
+        let err = sqlite("announce a worker");
+        let text = serde_json::to_string(card).map_err(|e| QueueError::Card(e.to_string()))?;
+        let forget_before = millis::forget_before(now);
+        let now = millis::of(now);
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        tx.execute(
+            "INSERT INTO workers (id, card, last_seen) VALUES (?1, ?2, ?3)
+             ON CONFLICT (id) DO UPDATE SET card = excluded.card, last_seen = excluded.last_seen",
+            params![card.id, text, now],
+        )
+        .map_err(err)?;
+        tx.execute(
+            "DELETE FROM workers WHERE last_seen < ?1",
+            params![forget_before],
+        )
+        .map_err(err)?;
+        tx.commit().map_err(err)
+    }
+
+    fn workers(&self) -> Result<Vec<WorkerSeen>, QueueError> {
+        let err = sqlite("list the workers");
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare("SELECT card, last_seen FROM workers ORDER BY id")
+            .map_err(err)?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+            })
+            .map_err(err)?;
+        let mut seen = Vec::new();
+        for row in rows {
+            let (card, last_seen) = row.map_err(err)?;
+            // A card another version wrote in a shape this one does not read is left out.
+            if let Ok(card) = serde_json::from_str(&card) {
+                seen.push(WorkerSeen {
+                    card,
+                    last_seen: millis::time(last_seen),
+                });
+            }
+        }
+        Ok(seen)
+    }
+
+    fn leave(&self, id: &str) -> Result<(), QueueError> {
+        self.conn()
+            .execute("DELETE FROM workers WHERE id = ?1", params![id])
+            .map_err(sqlite("forget a worker"))?;
+        Ok(())
     }
 
     fn release(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError> {

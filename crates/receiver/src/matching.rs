@@ -70,3 +70,27 @@ pub fn jobs_for(triggers: &Triggers, event: &ForgeEvent) -> Vec<Job> {
         })
         .collect()
 }
+
+/// The jobs `event` queues, as the queue takes them: each needs its trigger's labels, and all are
+/// in the group of the event's issue, so that they run one at a time. When a matching trigger says
+/// `"sameIssue": "cancel-older"`, the delivery's first job supersedes the issue's jobs queued by
+/// earlier deliveries (never its own siblings, which follow it).
+pub fn queued(
+    triggers: &Triggers,
+    event: &ForgeEvent,
+) -> Result<Vec<queue::NewJob>, serde_json::Error> {
+    let jobs = jobs_for(triggers, event);
+    let supersede = triggers
+        .triggers
+        .iter()
+        .filter(|t| jobs.iter().any(|j| j.trigger_index == Some(t.index)))
+        .any(|t| t.run.same_issue == config::triggers::SameIssue::CancelOlder);
+    let mut rows = jobs
+        .iter()
+        .map(queue::NewJob::of)
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(first) = rows.first_mut() {
+        first.placement.supersede = supersede;
+    }
+    Ok(rows)
+}

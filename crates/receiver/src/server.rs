@@ -306,13 +306,8 @@ async fn queue_parsed(
     let key = format!("{forge}:{delivery}");
     let done = tokio::task::spawn_blocking(move || -> Result<Answer, Answer> {
         let triggers = read_triggers(&file)?;
-        let jobs = matching::jobs_for(&triggers, &event);
-        let mut rows = Vec::with_capacity(jobs.len());
-        for job in &jobs {
-            let payload = serde_json::to_string(job)
-                .map_err(|_| unavailable("a job could not be written as JSON".to_owned()))?;
-            rows.push((job.id.clone(), payload));
-        }
+        let rows = matching::queued(&triggers, &event)
+            .map_err(|_| unavailable("a job could not be written as JSON".to_owned()))?;
         let new = queue
             .enqueue_delivery(&key, &rows, SystemTime::now())
             .map_err(|e| unavailable(format!("the queue cannot be written: {e}")))?;
@@ -326,7 +321,7 @@ async fn queue_parsed(
             Answer::new(StatusCode::OK, "unmatched", "no trigger matches this event")
         } else {
             Answer {
-                jobs: rows.into_iter().map(|(id, _)| id).collect(),
+                jobs: rows.into_iter().map(|job| job.id).collect(),
                 ..Answer::new(StatusCode::ACCEPTED, "queued", "queued for the worker")
             }
         })

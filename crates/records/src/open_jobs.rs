@@ -15,8 +15,8 @@ use crate::record::unix_ms;
 #[serde(rename_all = "camelCase")]
 pub struct Shown {
     pub id: String,
-    /// `queued`, `waiting` (to retry), `running`, `lost` (its worker's lease lapsed), or
-    /// `cancelling`.
+    /// `queued`, `waiting` (to retry), `waiting-for-host` (queued, and no live worker carries the
+    /// labels it needs), `running`, `lost` (its worker's lease lapsed), or `cancelling`.
     pub state: &'static str,
     pub attempt: u32,
     pub queued_at_ms: u64,
@@ -40,12 +40,34 @@ pub struct Shown {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub issue: Option<String>,
     pub trigger_type: Option<String>,
+    /// The labels a worker needs to take it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub needs: Vec<String>,
+    /// The job it runs again, for a rerun.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<String>,
 }
 
 impl Shown {
     /// Whether it can still be cancelled.
     pub fn cancellable(&self) -> bool {
-        matches!(self.state, "queued" | "waiting" | "running")
+        matches!(
+            self.state,
+            "queued" | "waiting" | "waiting-for-host" | "running"
+        )
+    }
+}
+
+/// Marks the queued jobs no live worker can take as `waiting-for-host`, when some worker is live
+/// (with none, every job waits for a worker alike, and the workers' list says so).
+pub fn place(open: &mut [Shown], workers: &[crate::workers::WorkerShown]) {
+    if !workers.iter().any(crate::workers::WorkerShown::takes_jobs) {
+        return;
+    }
+    for job in open.iter_mut().filter(|j| j.state == "queued") {
+        if !crate::workers::can_take(workers, &job.needs) {
+            job.state = "waiting-for-host";
+        }
     }
 }
 
@@ -106,6 +128,8 @@ pub fn shown(job: &OpenJob, now: SystemTime) -> Shown {
             .map(first_line),
         folder: queued.as_ref().and_then(|j| j.folder.clone()),
         issue,
+        needs: job.needs.clone(),
+        rerun_of: queued.as_ref().and_then(|j| j.rerun_of.clone()),
         trigger_type: queued.map(|j| j.trigger_type),
     }
 }
@@ -122,6 +146,8 @@ mod tests {
             queued_at: SystemTime::UNIX_EPOCH + Duration::from_secs(100),
             payload: payload.into(),
             cancel_requested: false,
+            needs: vec!["gpu".into()],
+            group: None,
         }
     }
 
@@ -148,5 +174,42 @@ mod tests {
         assert!(!s.cancellable());
         let s = shown(&open(OpenState::Queued, "not json"), now);
         assert_eq!((s.state, s.task, s.trigger_type), ("queued", None, None));
+    }
+
+    #[test]
+    fn a_queued_job_no_live_worker_can_take_waits_for_a_host() {
+        use crate::workers::WorkerShown;
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(160);
+        let worker = |labels: &[&str], state: &'static str| WorkerShown {
+            id: "h:1".into(),
+            host: "h".into(),
+            pid: 1,
+            version: "v".into(),
+            labels: labels.iter().map(|l| (*l).to_owned()).collect(),
+            concurrency: 1,
+            running: 0,
+            draining: false,
+            started_ms: 0,
+            last_seen_ms: 0,
+            seen_secs_ago: 0,
+            state,
+        };
+        let placed = |workers: &[WorkerShown]| {
+            let mut open = vec![shown(&open(OpenState::Queued, "{}"), now)];
+            place(&mut open, workers);
+            open[0].state
+        };
+        assert_eq!(placed(&[]), "queued");
+        assert_eq!(placed(&[worker(&["host:h"], "live")]), "waiting-for-host");
+        assert_eq!(placed(&[worker(&["host:h", "gpu"], "live")]), "queued");
+        // A gone or draining worker takes nothing.
+        assert_eq!(
+            placed(&[worker(&["host:h"], "live"), worker(&["gpu"], "gone")]),
+            "waiting-for-host"
+        );
+        assert_eq!(
+            placed(&[worker(&["host:h"], "live"), worker(&["gpu"], "draining")]),
+            "waiting-for-host"
+        );
     }
 }

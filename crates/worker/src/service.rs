@@ -76,6 +76,19 @@ pub struct LoopOptions {
     pub disk: Option<DiskGate>,
     /// What a settled job's folder keeps; `None` leaves it whole.
     pub retention: Option<crate::retention::Retention>,
+    /// The labels the worker takes jobs for (`host:NAME` among them): it takes a job only when it
+    /// carries every label the job needs.
+    pub labels: Vec<String>,
+    /// How the worker tells the queue it is alive; `None`: it does not (a bench).
+    pub heartbeat: Option<Heartbeat>,
+}
+
+/// The worker's announcements: its card, sent when it starts and every `every`, with the jobs it
+/// runs and whether it drains; it leaves the queue's list when it stops.
+#[derive(Debug, Clone)]
+pub struct Heartbeat {
+    pub card: queue::WorkerCard,
+    pub every: Duration,
 }
 
 /// No job starts while the file system holding `folder` has less than `min_free` bytes free
@@ -95,6 +108,8 @@ pub struct Summary {
     pub handed_back: AtomicUsize,
     /// Whether the disk is nearly full now (said once when it becomes so, once when it is not).
     pub disk_full: AtomicBool,
+    /// Jobs running now.
+    pub running: AtomicUsize,
 }
 
 /// Tells the loop to stop: first it drains (takes no new job, lets the running ones finish), then
@@ -134,6 +149,11 @@ pub fn run<R: Runner>(
     control: Arc<Control>,
 ) -> Arc<Summary> {
     let summary = Arc::new(Summary::default());
+    let (beat_done, beat_stop) = std::sync::mpsc::channel::<()>();
+    let beating = options.heartbeat.clone().map(|heartbeat| {
+        let (queue, summary, control) = (queue.clone(), summary.clone(), control.clone());
+        std::thread::spawn(move || beat(&heartbeat, &*queue, &summary, &control, &beat_stop))
+    });
     let slots: Vec<_> = (0..options.concurrency.max(1))
         .map(|slot| {
             let (worker, queue, records, summary, control) = (
@@ -166,7 +186,45 @@ pub fn run<R: Runner>(
     for slot in slots {
         let _ = slot.join();
     }
+    drop(beat_done);
+    if let Some(beating) = beating {
+        let _ = beating.join();
+    }
     summary
+}
+
+/// Announces the worker at once and every heartbeat until `stop` closes, then takes it off the
+/// queue's list. A queue that fails is said in the log and tried again at the next beat.
+fn beat(
+    heartbeat: &Heartbeat,
+    queue: &dyn Queue,
+    summary: &Summary,
+    control: &Control,
+    stop: &std::sync::mpsc::Receiver<()>,
+) {
+    let mut said_error = false;
+    loop {
+        let card = queue::WorkerCard {
+            running: u32::try_from(summary.running.load(Ordering::SeqCst)).unwrap_or(u32::MAX),
+            draining: control.is_draining(),
+            ..heartbeat.card.clone()
+        };
+        match queue.announce(&card, SystemTime::now()) {
+            Ok(()) => said_error = false,
+            Err(e) if !said_error => {
+                said_error = true;
+                queue_error(&e);
+            }
+            Err(_) => {}
+        }
+        match stop.recv_timeout(heartbeat.every) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            _ => break,
+        }
+    }
+    if let Err(e) = queue.leave(&heartbeat.card.id) {
+        queue_error(&e);
+    }
 }
 
 /// One slot of the loop: it leases a job, runs it, settles it, and again.
@@ -230,8 +288,9 @@ impl Slot<'_> {
                 Err(e) => queue_error(&e),
             }
             let (worker_id, lease_for) = (self.options.worker_id.clone(), self.options.lease_for);
+            let labels = self.options.labels.clone();
             let lease = match self
-                .queue_call(move |q| q.lease(&worker_id, lease_for, now))
+                .queue_call(move |q| q.lease_as(&worker_id, &labels, lease_for, now))
                 .await
             {
                 Ok(l) => l,
@@ -247,7 +306,9 @@ impl Slot<'_> {
                 tokio::time::sleep(self.options.poll).await;
                 continue;
             };
+            self.summary.running.fetch_add(1, Ordering::SeqCst);
             self.run_one(worker, &lease).await;
+            self.summary.running.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -288,10 +349,17 @@ impl Slot<'_> {
             .await
     }
 
+    /// Whether nothing is open that this worker could take (a job that needs a label it lacks is
+    /// another worker's).
     async fn nothing_open(&self) -> bool {
-        self.queue_call(|q| q.status(SystemTime::now(), 0))
+        let labels = self.options.labels.clone();
+        self.queue_call(move |q| q.status(SystemTime::now(), 0))
             .await
-            .is_ok_and(|s| s.open.is_empty())
+            .is_ok_and(|s| {
+                !s.open
+                    .iter()
+                    .any(|j| j.needs.iter().all(|n| labels.contains(n)))
+            })
     }
 
     async fn run_one<R: Runner>(&self, worker: &R, lease: &Lease) {
@@ -571,11 +639,15 @@ pub fn run_cron(
             // At most one firing per tick and trigger: a clock jump does not queue a burst.
             for at in schedule.firings(window.0, window.1, 1) {
                 let id = crate::cron::job_id(&schedule.id, at);
-                let job = schedule.trigger.job(id.clone());
-                let Ok(payload) = serde_json::to_string(&job) else {
+                let mut job = schedule.trigger.job(id.clone());
+                // A local job's folder is on this host: the job is this host's.
+                if job.kind() == Some(protocol::job::Kind::Local) {
+                    job.host = Some(settings.host_name());
+                }
+                let Ok(queued) = queue::NewJob::of(&job) else {
                     continue;
                 };
-                match queue.enqueue(&id, &payload, SystemTime::now()) {
+                match queue.enqueue_job(&queued, SystemTime::now()) {
                     Ok(true) => tracing::info!(event = "cron_queued", job_id = %id,
                         trigger_index = schedule.trigger.index),
                     Ok(false) => {}

@@ -3,7 +3,9 @@
 use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 
-use queue::{Cancel, LostJob, QueueError, RetryDecision, SqliteQueue, Status};
+use queue::{
+    Cancel, LostJob, NewJob, QueueError, RetryDecision, SqliteQueue, Status, WorkerCard, WorkerSeen,
+};
 
 use super::*;
 
@@ -17,11 +19,26 @@ struct Blocking {
 }
 
 impl Queue for Blocking {
-    fn enqueue(&self, id: &str, payload: &str, now: SystemTime) -> Result<bool, QueueError> {
-        self.inner.enqueue(id, payload, now)
+    fn enqueue_job(&self, job: &NewJob, now: SystemTime) -> Result<bool, QueueError> {
+        self.inner.enqueue_job(job, now)
     }
-    fn lease(&self, w: &str, d: Duration, now: SystemTime) -> Result<Option<Lease>, QueueError> {
-        self.inner.lease(w, d, now)
+    fn lease_as(
+        &self,
+        w: &str,
+        labels: &[String],
+        d: Duration,
+        now: SystemTime,
+    ) -> Result<Option<Lease>, QueueError> {
+        self.inner.lease_as(w, labels, d, now)
+    }
+    fn announce(&self, card: &WorkerCard, now: SystemTime) -> Result<(), QueueError> {
+        self.inner.announce(card, now)
+    }
+    fn workers(&self) -> Result<Vec<WorkerSeen>, QueueError> {
+        self.inner.workers()
+    }
+    fn leave(&self, id: &str) -> Result<(), QueueError> {
+        self.inner.leave(id)
     }
     fn renew(&self, l: &Lease, d: Duration, now: SystemTime) -> Result<bool, QueueError> {
         self.inner.renew(l, d, now)
@@ -41,7 +58,7 @@ impl Queue for Blocking {
     fn enqueue_delivery(
         &self,
         key: &str,
-        jobs: &[(String, String)],
+        jobs: &[NewJob],
         now: SystemTime,
     ) -> Result<bool, QueueError> {
         self.inner.enqueue_delivery(key, jobs, now)
@@ -129,6 +146,8 @@ fn a_queue_that_blocks_does_not_hold_up_the_running_job() {
         on_failure: None,
         disk: None,
         retention: None,
+        labels: Vec::new(),
+        heartbeat: None,
     };
     let summary = run(
         runner.clone(),
@@ -177,6 +196,8 @@ fn run_with_disk(dir: &std::path::Path, queue: &Arc<SqliteQueue>, min_free: u64)
             min_free,
         }),
         retention: None,
+        labels: Vec::new(),
+        heartbeat: None,
     };
     run(
         Arc::new(Completing),

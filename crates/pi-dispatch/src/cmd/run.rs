@@ -165,7 +165,13 @@ fn enqueue(ctx: &Context, job: &Job) -> anyhow::Result<Exit> {
         Decision::Admit(_) => {}
     }
     let queue = ctx.queue(&settings)?;
-    queue.enqueue(&job.id, &serde_json::to_string(job)?, SystemTime::now())?;
+    let mut job = job.clone();
+    // A local job's folder is on this host: the job is this host's, unless its trigger asks for
+    // labels.
+    if job.kind() == Some(protocol::job::Kind::Local) {
+        job.host = Some(settings.host_name());
+    }
+    queue.enqueue_job(&queue::NewJob::of(&job)?, SystemTime::now())?;
     crate::output::print(&format!(
         "Queued {} (run pi-dispatch worker to run it; pi-dispatch runs show {} for its record).\n",
         job.id, job.id

@@ -127,8 +127,11 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     }
     let state = ctx.dir.join("state");
     let queue = ctx.queue(&settings)?;
+    let host = settings.host_name();
+    let worker_id = format!("{host}:{}", std::process::id());
+    let labels = settings.labels();
     let options = LoopOptions {
-        worker_id: format!("{}:{}", egress::proxy::host_name(), std::process::id()),
+        worker_id: worker_id.clone(),
         lease_for: Duration::from_secs(args.lease),
         concurrency,
         until_empty: args.until_empty,
@@ -142,6 +145,21 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         retention: Some(worker::retention::Retention {
             keep: settings.keep,
             jobs_dir: state.join("jobs"),
+        }),
+        labels: labels.clone(),
+        heartbeat: Some(worker::service::Heartbeat {
+            card: queue::WorkerCard {
+                id: worker_id,
+                host,
+                pid: std::process::id(),
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                labels,
+                concurrency,
+                started_ms: records::record::now_ms(),
+                running: 0,
+                draining: false,
+            },
+            every: Duration::from_secs(settings.heartbeat_secs),
         }),
     };
     let drain_limit = Duration::from_secs(settings.drain_limit_secs);
@@ -262,7 +280,8 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             });
         }
     }
-    tracing::info!(event = "worker_started", worker = %options.worker_id, concurrency);
+    tracing::info!(event = "worker_started", worker = %options.worker_id, concurrency,
+        labels = %options.labels.join(","));
     // Before the first job: with egress on, a proxy answers.
     let proxy = if worker.settings.egress {
         Some(start_proxy(ctx, worker.egress_control.clone())?)
