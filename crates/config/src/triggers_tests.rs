@@ -275,15 +275,27 @@ fn a_cron_trigger_reads() {
 
 #[test]
 fn labels_name_what_a_worker_must_carry() {
-    let t = ok(&file(CRON, &format!(r#"{LOCAL}, "labels": ["gpu", "zone:eu"]"#)))
-        .triggers
-        .remove(0);
+    let t = ok(&file(
+        CRON,
+        &format!(r#"{LOCAL}, "labels": ["gpu", "zone:eu"]"#),
+    ))
+    .triggers
+    .remove(0);
     assert_eq!(t.run.labels, ["gpu", "zone:eu"]);
     assert_eq!(t.job("j").labels, ["gpu", "zone:eu"]);
-    for bad in [r#"[]"#, r#"["GPU"]"#, r#"["a:b:c"]"#, r#"["gpu", "gpu"]"#, r#""gpu""#, r#"[":x"]"#] {
+    for bad in [
+        r#"[]"#,
+        r#"["GPU"]"#,
+        r#"["a:b:c"]"#,
+        r#"["gpu", "gpu"]"#,
+        r#""gpu""#,
+        r#"[":x"]"#,
+    ] {
         let text = file(CRON, &format!(r#"{LOCAL}, "labels": {bad}"#));
         assert!(
-            errors(&text).iter().all(|e| e.path.starts_with("triggers[0].run.labels")),
+            errors(&text)
+                .iter()
+                .all(|e| e.path.starts_with("triggers[0].run.labels")),
             "{bad}: {:?}",
             errors(&text)
         );
@@ -294,13 +306,26 @@ fn labels_name_what_a_worker_must_carry() {
 #[test]
 fn same_issue_is_wait_or_cancel_older_and_only_for_forge_jobs() {
     let run = |same: &str| format!(r#"{GITHUB}, "sameIssue": {same}"#);
-    assert_eq!(ok(&file(LABEL, GITHUB)).triggers[0].run.same_issue, SameIssue::Wait);
     assert_eq!(
-        ok(&file(LABEL, &run(r#""cancel-older""#))).triggers[0].run.same_issue,
+        ok(&file(LABEL, GITHUB)).triggers[0].run.same_issue,
+        SameIssue::Wait
+    );
+    assert_eq!(
+        ok(&file(LABEL, &run(r#""cancel-older""#))).triggers[0]
+            .run
+            .same_issue,
         SameIssue::CancelOlder
     );
-    assert_eq!(ok(&file(LABEL, &run(r#""wait""#))).triggers[0].run.same_issue, SameIssue::Wait);
-    refused_only(&file(LABEL, &run(r#""newest""#)), "triggers[0].run.sameIssue");
+    assert_eq!(
+        ok(&file(LABEL, &run(r#""wait""#))).triggers[0]
+            .run
+            .same_issue,
+        SameIssue::Wait
+    );
+    refused_only(
+        &file(LABEL, &run(r#""newest""#)),
+        "triggers[0].run.sameIssue",
+    );
     refused_only(
         &file(CRON, &format!(r#"{LOCAL}, "sameIssue": "wait""#)),
         "triggers[0].run.sameIssue",

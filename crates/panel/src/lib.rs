@@ -56,6 +56,8 @@ pub struct Config {
     pub health: Arc<dyn Fn() -> Vec<Health> + Send + Sync>,
     /// The state folder, whose file system's free space `/metrics` shows.
     pub state_dir: PathBuf,
+    /// How long a worker may go unseen before it is shown as gone.
+    pub worker_gone_after: std::time::Duration,
 }
 
 /// The panel's state, shared by every request.
@@ -67,6 +69,7 @@ pub(crate) struct Panel {
     health: Arc<dyn Fn() -> Vec<Health> + Send + Sync>,
     state_dir: PathBuf,
     disk: metrics::DiskGauges,
+    worker_gone_after: std::time::Duration,
 }
 
 /// The one style sheet.
@@ -122,6 +125,7 @@ pub async fn serve(
         health: config.health,
         state_dir: config.state_dir,
         disk: metrics::DiskGauges::default(),
+        worker_gone_after: config.worker_gone_after,
     });
     axum::serve(listener, router(panel))
         .with_graceful_shutdown(shutdown)

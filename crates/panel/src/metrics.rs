@@ -16,7 +16,7 @@ use crate::Panel;
 use crate::auth::may_read_metrics;
 
 /// The queue's gauges; `None` when the queue cannot be read.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QueueGauges {
     /// Queued now or waiting to be retried.
     pub depth: usize,
@@ -24,6 +24,55 @@ pub struct QueueGauges {
     pub running: usize,
     /// Held by a worker whose lease lapsed, or lost on their last attempt.
     pub lost: usize,
+    /// Queued, and no live worker carries the labels they need.
+    pub waiting_for_host: usize,
+    /// The workers as they announced themselves.
+    pub workers: Vec<records::workers::WorkerShown>,
+}
+
+/// A label's value as the text format writes it.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The workers: how many in each state, and each one's last sighting and running jobs.
+fn workers_gauges(out: &mut String, workers: &[records::workers::WorkerShown]) {
+    let _ = writeln!(
+        out,
+        "# HELP pi_dispatch_workers Workers by state: live, draining (taking no new job), gone (unseen past the bound).\n# TYPE pi_dispatch_workers gauge"
+    );
+    for state in ["live", "draining", "gone"] {
+        let n = workers.iter().filter(|w| w.state == state).count();
+        let _ = writeln!(out, "pi_dispatch_workers{{state=\"{state}\"}} {n}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP pi_dispatch_worker_seen_seconds Seconds since each worker last announced itself.\n# TYPE pi_dispatch_worker_seen_seconds gauge"
+    );
+    for w in workers {
+        let _ = writeln!(
+            out,
+            "pi_dispatch_worker_seen_seconds{{worker=\"{}\",host=\"{}\"}} {}",
+            label_value(&w.id),
+            label_value(&w.host),
+            w.seen_secs_ago
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP pi_dispatch_worker_jobs_running Jobs each worker ran when it last announced itself.\n# TYPE pi_dispatch_worker_jobs_running gauge"
+    );
+    for w in workers {
+        let _ = writeln!(
+            out,
+            "pi_dispatch_worker_jobs_running{{worker=\"{}\",host=\"{}\"}} {}",
+            label_value(&w.id),
+            label_value(&w.host),
+            w.running
+        );
+    }
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
@@ -78,7 +127,7 @@ impl DiskGauges {
 /// What changes from one scrape to the next: the queue's gauges and how many records are kept.
 fn of_the_moment(queue: Option<QueueGauges>, records: Option<u64>) -> String {
     let mut out = String::new();
-    if let Some(q) = queue {
+    if let Some(q) = &queue {
         gauge(
             &mut out,
             "pi_dispatch_queue_depth",
@@ -97,6 +146,13 @@ fn of_the_moment(queue: Option<QueueGauges>, records: Option<u64>) -> String {
             "Jobs whose worker stopped renewing its lease.",
             q.lost as f64,
         );
+        gauge(
+            &mut out,
+            "pi_dispatch_jobs_waiting_for_host",
+            "Jobs queued that no live worker carries the labels for.",
+            q.waiting_for_host as f64,
+        );
+        workers_gauges(&mut out, &q.workers);
     }
     gauge(
         &mut out,
@@ -116,12 +172,26 @@ fn of_the_moment(queue: Option<QueueGauges>, records: Option<u64>) -> String {
 }
 
 /// The queue's gauges now.
-fn queue_gauges(queue: &dyn queue::Queue) -> Option<QueueGauges> {
+fn queue_gauges(queue: &dyn queue::Queue, gone_after: std::time::Duration) -> Option<QueueGauges> {
     let now = SystemTime::now();
     let status = queue.status(now, 0).ok()?;
-    let mut g = QueueGauges::default();
-    for job in &status.open {
-        match records::open_jobs::shown(job, now).state {
+    let workers = records::workers::shown(&queue.workers().ok()?, now, gone_after);
+    let mut open: Vec<_> = status
+        .open
+        .iter()
+        .map(|job| records::open_jobs::shown(job, now))
+        .collect();
+    records::open_jobs::place(&mut open, &workers);
+    let mut g = QueueGauges {
+        workers,
+        ..QueueGauges::default()
+    };
+    for job in &open {
+        match job.state {
+            "waiting-for-host" => {
+                g.depth += 1;
+                g.waiting_for_host += 1;
+            }
             "queued" | "waiting" => g.depth += 1,
             "running" | "cancelling" => g.running += 1,
             _ => g.lost += 1,
@@ -156,7 +226,7 @@ pub async fn metrics(State(panel): State<Arc<Panel>>, headers: HeaderMap) -> Res
             records_up,
         );
         text.push_str(&of_the_moment(
-            queue_gauges(&*p.queue),
+            queue_gauges(&*p.queue, p.worker_gone_after),
             p.records.count().ok(),
         ));
         p.disk.render(&mut text, &p.state_dir);

@@ -11,6 +11,9 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use protocol::reason::Reason;
 use records::open_jobs::Shown;
+use records::workers::WorkerShown;
+
+use crate::Health;
 use records::record::{Outcome, Record, now_ms};
 use serde::Deserialize;
 
@@ -55,25 +58,99 @@ async fn ended(
 }
 
 /// The queue as it stands, from the queue itself (not the records).
-async fn open_jobs(panel: &Arc<Panel>) -> Result<(Vec<Shown>, usize), String> {
-    let queue = panel.queue.clone();
+struct Open {
+    jobs: Vec<Shown>,
+    done: usize,
+    workers: Vec<WorkerShown>,
+}
+
+/// The queue's open jobs (those no live worker can take marked so) and its workers.
+async fn open_jobs(panel: &Arc<Panel>) -> Result<Open, String> {
+    let (queue, gone_after) = (panel.queue.clone(), panel.worker_gone_after);
     tokio::task::spawn_blocking(move || {
         let now = SystemTime::now();
-        queue
-            .status(now, 0)
-            .map(|s| {
-                (
-                    s.open
-                        .iter()
-                        .map(|j| records::open_jobs::shown(j, now))
-                        .collect(),
-                    s.counts.done,
-                )
-            })
-            .map_err(|e| e.to_string())
+        let status = queue.status(now, 0).map_err(|e| e.to_string())?;
+        let seen = queue.workers().map_err(|e| e.to_string())?;
+        let workers = records::workers::shown(&seen, now, gone_after);
+        let mut jobs: Vec<Shown> = status
+            .open
+            .iter()
+            .map(|j| records::open_jobs::shown(j, now))
+            .collect();
+        records::open_jobs::place(&mut jobs, &workers);
+        Ok(Open {
+            jobs,
+            done: status.counts.done,
+            workers,
+        })
     })
     .await
     .unwrap_or_else(|_| Err("the queue could not be read".to_owned()))
+}
+
+/// The health page's row for the workers: it fails when none is live.
+fn workers_health(workers: &Result<Open, String>) -> Health {
+    let row = |level: &str, label: String, fix: Option<&str>| Health {
+        level: level.to_owned(),
+        label,
+        fix: fix.map(str::to_owned),
+    };
+    match workers {
+        Err(e) => row(
+            "fail",
+            format!("the workers cannot be read from the queue: {e}"),
+            Some("pi-dispatch doctor says what is wrong with the queue"),
+        ),
+        Ok(open) => {
+            let live = open.workers.iter().filter(|w| w.takes_jobs()).count();
+            let gone = open.workers.iter().filter(|w| w.state == "gone").count();
+            if live == 0 {
+                row(
+                    "fail",
+                    format!(
+                        "no worker is taking jobs ({} gone, {} draining): queued jobs wait",
+                        gone,
+                        open.workers.len() - gone
+                    ),
+                    Some("start one: pi-dispatch worker (docs/worker.md)"),
+                )
+            } else if gone > 0 {
+                row(
+                    "warn",
+                    format!("{live} workers live, {gone} gone (killed, or their host is down)"),
+                    Some(
+                        "a gone worker's jobs are run again when its leases lapse; see the queue page",
+                    ),
+                )
+            } else {
+                row("ok", format!("{live} workers live"), None)
+            }
+        }
+    }
+}
+
+fn workers_table(workers: &[WorkerShown]) -> Markup {
+    html! {
+        table #workers {
+            thead { tr {
+                th { "Worker" } th { "State" } th.num { "Jobs" } th { "Labels" } th { "Version" }
+                th.num { "Last seen" } th { "Started" }
+            } }
+            tbody {
+                @for w in workers {
+                    tr {
+                        td { code { (w.id) } }
+                        td { (pill(w.state)) }
+                        td.num { (w.running) " / " (w.concurrency) }
+                        td { (w.labels.join(", ")) }
+                        td { (w.version) }
+                        td.num { (took(w.seen_secs_ago * 1000)) " ago" }
+                        td { (when(w.started_ms)) }
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -114,7 +191,7 @@ pub async fn queue(
         @if let Some(n) = &notice { p.notice { (n) } }
         @match &open {
             Err(e) => p.error { "The queue cannot be read: " (e) },
-            Ok((jobs, done)) => {
+            Ok(Open { jobs, done, workers }) => {
                 @let running = jobs.iter().filter(|j| matches!(j.state, "running" | "cancelling")).count();
                 p.muted {
                     (running) " running, " (jobs.len() - running) " waiting or lost, "
@@ -124,6 +201,13 @@ pub async fn queue(
                     p { "Nothing is queued or running." }
                 } @else {
                     (open_table(jobs, &authed.csrf))
+                }
+                h2 { "Workers" }
+                @if !workers.iter().any(WorkerShown::takes_jobs) {
+                    p.error { "No worker is taking jobs: queued jobs wait until one starts (pi-dispatch worker)." }
+                }
+                @if !workers.is_empty() {
+                    (workers_table(workers))
                 }
             }
         }
@@ -676,9 +760,11 @@ pub async fn transcript(
 
 pub async fn health(State(panel): State<Arc<Panel>>, authed: Authed) -> Response {
     let checks = panel.health.clone();
-    let checks = tokio::task::spawn_blocking(move || checks())
+    let mut checks = tokio::task::spawn_blocking(move || checks())
         .await
         .unwrap_or_default();
+    // The workers are looked at on every visit: a worker killed a moment ago shows at once.
+    checks.insert(0, workers_health(&open_jobs(&panel).await));
     let at = |level: &str| checks.iter().filter(|c| c.level == level).count();
     let body = html! {
         h1 { "Health" }

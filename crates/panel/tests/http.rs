@@ -99,6 +99,23 @@ async fn answer(resp: reqwest::Response) -> (StatusCode, HashMap<String, String>
     (status, headers, resp.text().await.unwrap())
 }
 
+/// How long a worker may go unseen here before it is gone.
+const GONE_AFTER: Duration = Duration::from_secs(30);
+
+fn card(id: &str, labels: &[&str], running: u32) -> queue::WorkerCard {
+    queue::WorkerCard {
+        id: id.to_owned(),
+        host: id.split(':').next().unwrap().to_owned(),
+        pid: 4242,
+        version: "9.9.9".to_owned(),
+        labels: labels.iter().map(|l| (*l).to_owned()).collect(),
+        concurrency: 2,
+        started_ms: 1_796_317_925_000,
+        running,
+        draining: false,
+    }
+}
+
 async fn serve() -> Served {
     let dir = tempfile::tempdir().unwrap();
     let queue = Arc::new(queue::SqliteQueue::open(&dir.path().join("queue.sqlite")).unwrap());
@@ -118,6 +135,7 @@ async fn serve() -> Served {
             }]
         }),
         state_dir: dir.path().to_owned(),
+        worker_gone_after: GONE_AFTER,
     };
     tokio::spawn(panel::serve(listener, config, std::future::pending()));
     Served {
@@ -268,6 +286,112 @@ async fn the_queue_shows_a_running_job_with_its_host_and_a_waiting_one_with_its_
         page.contains(r#"<p class="reload" id="reload" data-every="5">"#),
         "{page}"
     );
+}
+
+/// The health page's first row (the workers'): its level and its words.
+fn workers_row(health: &str) -> (String, String) {
+    let rows = health.split(r#"<table id="checks">"#).nth(1).unwrap();
+    let row = rows.split("<tr>").nth(2).unwrap();
+    let level = row.split(r#"class="pill "#).nth(1).unwrap();
+    let level = level.split('"').next().unwrap().to_owned();
+    (level, row.split("</td>").nth(1).unwrap().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_are_listed_and_the_health_page_fails_when_none_is_live() {
+    let s = serve().await;
+    let cookie = s.login().await;
+    // No worker ever seen: the health page fails, and the queue page says so.
+    let (_, _, health) = s.get("/health", Some(&cookie)).await;
+    let (level, words) = workers_row(&health);
+    assert_eq!(level, "fail", "{words}");
+    assert!(words.contains("no worker is taking jobs"), "{words}");
+    let (_, _, page) = s.get("/", Some(&cookie)).await;
+    assert!(page.contains("No worker is taking jobs"), "{page}");
+    // Two workers: one live, with labels; one unseen for longer than the bound.
+    let now = SystemTime::now();
+    s.queue
+        .announce(&card("build-1:4242", &["host:build-1", "gpu"], 1), now)
+        .unwrap();
+    s.queue
+        .announce(
+            &card("build-2:77", &["host:build-2"], 0),
+            now - GONE_AFTER - Duration::from_secs(5),
+        )
+        .unwrap();
+    // A job that needs a label no live worker carries waits for a host.
+    let needs_tpu = queue::NewJob {
+        placement: queue::Placement {
+            needs: vec!["tpu".to_owned()],
+            ..queue::Placement::default()
+        },
+        ..queue::NewJob::plain("job-tpu", "{}")
+    };
+    s.queue.enqueue_job(&needs_tpu, now).unwrap();
+    let (_, _, page) = s.get("/", Some(&cookie)).await;
+    let workers = page.split(r#"<table id="workers">"#).nth(1).unwrap();
+    let workers = workers.split("</table>").next().unwrap();
+    let rows: Vec<&str> = workers.split("<tr>").skip(2).collect();
+    assert_eq!(rows.len(), 2, "{workers}");
+    for (row, shown) in [
+        (
+            rows[0],
+            &[
+                "build-1:4242",
+                "live",
+                "1 / 2",
+                "host:build-1, gpu",
+                "9.9.9",
+            ][..],
+        ),
+        (
+            rows[1],
+            &["build-2:77", "gone", "0 / 2", "host:build-2"][..],
+        ),
+    ] {
+        for s in shown {
+            assert!(row.contains(s), "{s} not in {row}");
+        }
+    }
+    let open = page.split(r#"<table id="open">"#).nth(1).unwrap();
+    assert!(open.contains("waiting-for-host"), "{open}");
+    let (_, _, health) = s.get("/health", Some(&cookie)).await;
+    let (level, words) = workers_row(&health);
+    assert_eq!(level, "warn", "{words}");
+    assert!(words.contains("1 workers live, 1 gone"), "{words}");
+    // The metrics say the same.
+    let scrape = s.scrape().await;
+    assert_eq!(
+        sample_sum(&scrape, "pi_dispatch_workers", &[("state", "live")]),
+        1.0
+    );
+    assert_eq!(
+        sample_sum(&scrape, "pi_dispatch_workers", &[("state", "gone")]),
+        1.0
+    );
+    assert_eq!(
+        sample_sum(
+            &scrape,
+            "pi_dispatch_worker_jobs_running",
+            &[("worker", "build-1:4242")]
+        ),
+        1.0
+    );
+    assert!(
+        sample_sum(
+            &scrape,
+            "pi_dispatch_worker_seen_seconds",
+            &[("worker", "build-2:77")]
+        ) >= 35.0
+    );
+    assert_eq!(
+        sample_sum(&scrape, "pi_dispatch_jobs_waiting_for_host", &[]),
+        1.0
+    );
+    // The live one leaves: none is live, and the health page fails again.
+    s.queue.leave("build-1:4242").unwrap();
+    let (_, _, health) = s.get("/health", Some(&cookie)).await;
+    assert_eq!(workers_row(&health).0, "fail");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

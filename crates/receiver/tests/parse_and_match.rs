@@ -332,6 +332,8 @@ fn sample(key: &str) -> Option<serde_json::Value> {
         "maxCostUsd" => json!(2.5),
         "excludeTools" => json!(["bash", "mcp__docs__*"]),
         "image" => json!("pi-job"),
+        "labels" => json!(["gpu", "zone:eu"]),
+        "sameIssue" => json!("cancel-older"),
         "folder" | "task" => return None,
         other => panic!("run.{other} has no sample here: add one, and make sure jobs carry it"),
     })
@@ -379,6 +381,10 @@ fn a_queued_job_carries_every_run_field_as_the_loader_normalized_it() {
                 continue;
             };
             assert_eq!(given, &sample);
+            // Not a field of the job: the queue's placement of the delivery's first job.
+            if key == "sameIssue" {
+                continue;
+            }
             let expected = match key {
                 // Only the names of secrets are queued; their references stay in the file.
                 "secrets" => json!(["DOCS_TOKEN"]),
@@ -390,6 +396,23 @@ fn a_queued_job_carries_every_run_field_as_the_loader_normalized_it() {
                 "run.{key} was lost on the way to the queue"
             );
         }
+    }
+    // The labels are what a worker needs, and the delivery's first job supersedes the issue's
+    // older jobs; all are in the issue's group.
+    let placed = receiver::matching::queued(&triggers, &labeled).unwrap();
+    assert_eq!(
+        placed
+            .iter()
+            .map(|j| j.placement.supersede)
+            .collect::<Vec<_>>(),
+        [true, false]
+    );
+    for job in &placed {
+        assert_eq!(job.placement.needs, ["gpu", "zone:eu"]);
+        assert_eq!(
+            job.placement.group.as_deref(),
+            Some(format!("github:{}#{}", labeled.repository, labeled.number).as_str())
+        );
     }
     // The keys only a local job has are refused on a forge trigger, so none is lost.
     for key in ["folder", "task"] {

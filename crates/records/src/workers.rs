@@ -104,7 +104,12 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(
-            states(&[seen(false, 70), seen(false, 69), seen(true, 90), seen(true, 10)]),
+            states(&[
+                seen(false, 70),
+                seen(false, 69),
+                seen(true, 90),
+                seen(true, 10)
+            ]),
             [("live", 30), ("gone", 31), ("draining", 10), ("gone", 90)]
         );
         let live = shown(&[seen(false, 100)], at(100), bound);

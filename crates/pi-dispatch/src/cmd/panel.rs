@@ -62,6 +62,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         jobs_dir: ctx.dir.join("state").join("jobs"),
         health: Arc::new(health),
         state_dir: ctx.dir.join("state"),
+        worker_gone_after: settings.worker_gone_after(),
     };
     http_service::run(
         addr,

@@ -180,7 +180,9 @@ fn human(report: &Report, now: SystemTime) -> String {
 
 fn workers_text(workers: &[WorkerShown]) -> String {
     if !workers.iter().any(WorkerShown::takes_jobs) && workers.iter().all(|w| w.state == "gone") {
-        let mut text = "No worker is running: queued jobs wait until one starts (pi-dispatch worker).\n".to_owned();
+        let mut text =
+            "No worker is running: queued jobs wait until one starts (pi-dispatch worker).\n"
+                .to_owned();
         for w in workers {
             text.push_str(&worker_line(w));
         }
