@@ -281,7 +281,17 @@ impl Slot<'_> {
                             Reason::WorkerLost
                         };
                         let mut record = Record::ended(&job, reason, l.attempt, now_ms());
-                        record.budget_reserved = true;
+                        // A job that was never leased spent nothing: a newer job of its issue
+                        // replaced it while it was queued.
+                        record.budget_reserved = l.attempt > 0;
+                        if l.cancelled && l.attempt == 0 {
+                            record = record.with_detail(
+                                protocol::detail::Detail::new(
+                                    "a newer job for the same issue replaced it before it started (\"sameIssue\": \"cancel-older\")",
+                                ),
+                                reason.fix(),
+                            );
+                        }
                         self.settle_record(&record);
                     }
                 }

@@ -661,3 +661,76 @@ fn a_github_jobs_agent_lists_issues_through_github_mcp_server() {
 fn a_gitlab_jobs_agent_lists_issues_through_mcp_gitlab() {
     the_agent_lists_issues_through_the_forge_server(Kind::Gitlab);
 }
+
+/// When a record's job ran: from its start to its end, in ms.
+fn ran(record: &Value) -> (u64, u64) {
+    (
+        record["startedAtMs"].as_u64().unwrap(),
+        record["finishedAtMs"].as_u64().unwrap(),
+    )
+}
+
+/// Two deliveries for one issue, beside one for another, on a worker that runs two jobs at once:
+/// the issue's two jobs run one after the other (the other issue's runs beside the first, which
+/// proves two ran at once). With `"sameIssue": "cancel-older"`, a newer delivery cancels the
+/// issue's job still queued, and only the newer runs.
+#[test]
+fn an_issues_jobs_never_overlap_and_a_newer_one_may_cancel_the_older() {
+    let kind = Kind::Github;
+    // Each job's first call sleeps 2 s; the rest answer at once, whichever job asks.
+    let mut script = vec![Step::call("bash", json!({"command": "sleep 2; echo slept"})); 3];
+    script.extend(vec![Step::text(ANSWER); 5]);
+    let triggers = json!({"triggers": [
+        {"on": {"type": "label", "any": ["pi-answer"]}, "run": {"kind": "github", "flow": "answer"}},
+        {"on": {"type": "label", "any": ["pi-newest"]},
+         "run": {"kind": "github", "flow": "answer", "sameIssue": "cancel-older"}},
+    ]});
+    let site = Site::start(FakeForge::start, script, triggers, &[]);
+    let mut ids = Vec::new();
+    for (number, delivery) in [(7, "d-7-a"), (7, "d-7-b"), (8, "d-8")] {
+        let a = site.label(kind, number, "pi-answer", delivery);
+        assert_eq!(a["status"], 202, "{a}");
+        ids.push(a["answer"]["jobs"][0].as_str().unwrap().to_owned());
+    }
+    let run = Run::from(
+        site.s
+            .worker_command(&["--concurrency", "2"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let records: Vec<Value> = ids.iter().map(|id| site.s.record(id)).collect();
+    for r in &records {
+        assert_eq!(r["outcome"], "completed", "{r:#}\n{}", run.stderr);
+    }
+    let (first, second, other) = (ran(&records[0]), ran(&records[1]), ran(&records[2]));
+    assert!(
+        first.1 <= second.0,
+        "issue 7's jobs overlapped: {first:?} and {second:?}"
+    );
+    assert!(
+        other.0 < first.1 && first.0 < other.1,
+        "the control did not run two at once: {first:?} and {other:?}"
+    );
+
+    // Cancel-older: the first delivery's job is still queued when the second arrives.
+    let older = site.label(kind, 9, "pi-newest", "d-9-a");
+    let newer = site.label(kind, 9, "pi-newest", "d-9-b");
+    let (older, newer) = (
+        older["answer"]["jobs"][0].as_str().unwrap().to_owned(),
+        newer["answer"]["jobs"][0].as_str().unwrap().to_owned(),
+    );
+    let status = site.s.d.run(&["status", "--json"]);
+    let status: Value = serde_json::from_str(&status.stdout).unwrap();
+    assert_eq!(status["counts"]["lost"], 1, "{status:#}");
+    let run = site.work();
+    let cancelled = site.s.record(&older);
+    assert_eq!(cancelled["outcome"], "cancelled", "{cancelled:#}");
+    assert_eq!(cancelled["budgetReserved"], false, "{cancelled:#}");
+    assert!(
+        cancelled["detail"].to_string().contains("a newer job for the same issue"),
+        "{cancelled:#}"
+    );
+    let kept = site.s.record(&newer);
+    assert_eq!(kept["outcome"], "completed", "{kept:#}\n{}", run.stderr);
+}

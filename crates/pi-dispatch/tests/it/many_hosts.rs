@@ -555,3 +555,156 @@ fn a_redis_over_tls_is_used_when_its_certificate_is_trusted_and_refused_when_not
         untrusted.stderr
     );
 }
+
+/// The workers `status --json` lists, by id: each one's state.
+fn worker_states(host: &Host) -> BTreeMap<String, String> {
+    let status = host.cli(&["status", "--json"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let status: Value = serde_json::from_str(&status.stdout).unwrap();
+    status["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["id"].as_str().unwrap().to_owned(),
+                w["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The id a worker's log says it has in the queue.
+fn log_worker(log: &Log) -> String {
+    let lines = log.0.lock().unwrap();
+    let started = lines.iter().find(|v| v["event"] == "worker_started");
+    started.unwrap()["worker"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn three_labelled_workers_take_only_their_jobs_and_one_killed_shows_gone() {
+    let redis = RedisServer::start();
+    let model = FakeModel::start(vec![Step::text("unused")]);
+    // Three hosts by name, one heartbeat a second: a worker unseen for 3 s is gone.
+    let hosts: Vec<Host> = [("alpha", "gpu"), ("beta", "zone:eu"), ("gamma", "")]
+        .iter()
+        .map(|(name, labels)| {
+            let labels = if labels.is_empty() {
+                String::new()
+            } else {
+                format!("PI_WORKER_LABELS={labels}\n")
+            };
+            Host::new(
+                &redis,
+                &model,
+                &format!("PI_HOST_NAME={name}\nPI_WORKER_HEARTBEAT_SECS=1\n{labels}"),
+            )
+        })
+        .collect();
+    let repo = repository(hosts[0].d.path());
+    let repo_text = repo.to_str().unwrap();
+    // Triggers that ask for labels: gpu (alpha's), zone:eu (beta's), tpu (no one's).
+    let trigger = |id: &str, label: &str| {
+        json!({"on": {"type": "cron", "id": id, "pattern": "0 3 1 1 *"},
+               "run": {"kind": "local", "folder": repo_text, "task": "Labelled.", "flow": "task",
+                       "labels": [label]}})
+    };
+    let triggers = json!({"triggers": [
+        trigger("on-gpu", "gpu"), trigger("in-eu", "zone:eu"), trigger("on-tpu", "tpu")
+    ]});
+    hosts[2].d.write("triggers.json", &triggers.to_string());
+    // Which host must run each job: a local job queued by `run` is its own host's.
+    let mut expected: BTreeMap<String, &str> = BTreeMap::new();
+    for (host, name) in hosts.iter().zip(["alpha", "beta", "gamma"]) {
+        for n in 0..2 {
+            let run = host.cli(&["run", repo_text, "--task", &format!("Job {n} of {name}.")]);
+            assert_eq!(run.code, 0, "{}", run.stderr);
+            expected.insert(queued_id(&run), name);
+        }
+    }
+    for (index, name) in [("0", "alpha"), ("1", "beta")] {
+        let run = hosts[2].cli(&["run", "--trigger", index]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        expected.insert(queued_id(&run), name);
+    }
+    let tpu = hosts[2].cli(&["run", "--trigger", "2"]);
+    assert_eq!(tpu.code, 0, "{}", tpu.stderr);
+    let tpu = queued_id(&tpu);
+    let logs = vec![Log::default(), Log::default(), Log::default()];
+    let mut workers: Vec<Child> = hosts
+        .iter()
+        .zip(&logs)
+        .map(|(h, log)| h.worker(&[], log))
+        .collect();
+    wait_for_records(&logs, expected.len(), Duration::from_secs(120));
+    // Each job was run by the worker of its host or labels, and by no other.
+    let runs = hosts[1].cli(&["runs", "--json"]);
+    let records: Vec<Value> = serde_json::from_str(&runs.stdout).unwrap();
+    assert_eq!(records.len(), expected.len(), "{records:#?}");
+    for r in &records {
+        let id = r["jobId"].as_str().unwrap();
+        assert_eq!(r["outcome"], "completed", "{r:#}");
+        let worker = r["worker"].as_str().unwrap();
+        assert!(
+            worker.starts_with(&format!("{}:", expected[id])),
+            "{id} ran on {worker}, not on {}",
+            expected[id]
+        );
+    }
+    // The job no live worker can take waits for a host, never refused.
+    let status = hosts[0].cli(&["status", "--json"]);
+    let status: Value = serde_json::from_str(&status.stdout).unwrap();
+    let waiting = status["open"].as_array().unwrap();
+    assert_eq!(waiting.len(), 1, "{status:#}");
+    assert_eq!(
+        (waiting[0]["id"].as_str(), waiting[0]["state"].as_str()),
+        (Some(tpu.as_str()), Some("waiting-for-host"))
+    );
+    assert_eq!(waiting[0]["needs"], json!(["tpu"]));
+    assert_eq!(status["counts"]["waitingForHost"], 1);
+    let human = hosts[0].cli(&["status"]);
+    assert!(
+        human.stdout.contains("waiting for a host with tpu"),
+        "{}",
+        human.stdout
+    );
+    // Every host sees the three workers, live, with their labels.
+    let ids: Vec<String> = logs.iter().map(log_worker).collect();
+    let listed = status["workers"].as_array().unwrap();
+    assert_eq!(listed.len(), 3, "{status:#}");
+    for (id, labels) in ids.iter().zip([
+        json!(["host:alpha", "gpu"]),
+        json!(["host:beta", "zone:eu"]),
+        json!(["host:gamma"]),
+    ]) {
+        let w = listed.iter().find(|w| w["id"] == id.as_str()).unwrap();
+        assert_eq!(
+            (&w["state"], &w["labels"]),
+            (&json!("live"), &labels),
+            "{w:#}"
+        );
+    }
+    // beta's worker is killed outright; gamma's stops as asked (and leaves the list).
+    assert_eq!(worker_states(&hosts[2])[&ids[1]], "live");
+    let killed_at = Instant::now();
+    workers[1].kill().unwrap();
+    workers[1].wait().unwrap();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &workers[2].id().to_string()])
+        .status();
+    assert!(workers[2].wait().unwrap().success());
+    // Past the bound (three heartbeats) and one heartbeat more, it is shown gone.
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(killed_at.elapsed()));
+    let states = worker_states(&hosts[2]);
+    assert_eq!(
+        states,
+        BTreeMap::from([
+            (ids[0].clone(), "live".to_owned()),
+            (ids[1].clone(), "gone".to_owned()),
+        ])
+    );
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &workers[0].id().to_string()])
+        .status();
+    assert!(workers.remove(0).wait().unwrap().success());
+}
