@@ -198,6 +198,7 @@ pub fn measure_service(jobs: &[(String, String)], slots: u32) -> anyhow::Result<
         retention: None,
         labels: Vec::new(),
         heartbeat: None,
+        live: false,
     };
     let start = Instant::now();
     let summary = worker::service::run(

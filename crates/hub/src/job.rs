@@ -44,6 +44,9 @@ pub struct JobOptions {
     /// while the servers connect. `None`: pi reaches the hub over loopback HTTP, started once every
     /// server is connected.
     pub relay: Option<PathBuf>,
+    /// The job's key, which signs the runner's lines to the worker: with it, the runner says the
+    /// servers' states as soon as they have connected (`None`: it says them only at the end).
+    pub key: Option<String>,
 }
 
 /// The hub's socket, in pi's own part of its agent folder.
@@ -455,8 +458,47 @@ async fn connect_servers(
     plan: plan::Plan,
     wait: std::time::Duration,
 ) -> Result<Connected, (Stop, Vec<ServerState>)> {
-    connect_all::connect_all_confined(plan, &job.env, &job.workspace, wait, job.confine.as_deref())
-        .await
+    let connected = connect_all::connect_all_confined(
+        plan,
+        &job.env,
+        &job.workspace,
+        wait,
+        job.confine.as_deref(),
+    )
+    .await;
+    let states = match &connected {
+        Ok(c) => c.states.clone(),
+        Err((_, states)) => states.clone(),
+    };
+    say_servers(job, states).await;
+    connected
+}
+
+/// One line of the runner's output at a time: pi's events and the servers' line never mix.
+static OUTPUT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Writes `line` (with its line end) to the runner's output whole.
+async fn write_output(line: &[u8]) {
+    use tokio::io::AsyncWriteExt as _;
+    let _one = OUTPUT.lock().await;
+    let mut out = tokio::io::stdout();
+    let _ = out.write_all(line).await;
+    let _ = out.flush().await;
+}
+
+/// Tells the worker the servers' states as they connected, in a line signed with the job's key
+/// (when the runner has one), for the job's live view.
+async fn say_servers(job: &JobOptions, servers: Vec<ServerState>) {
+    let Some(key) = &job.key else {
+        return;
+    };
+    let line = ExitLine {
+        event: protocol::exit_line::SERVERS_EVENT.to_owned(),
+        ..line(&job.job_id, 0, None, servers)
+    };
+    if let Ok(text) = protocol::exit_line::sign(&line, key.as_bytes()) {
+        write_output(format!("{text}\n").as_bytes()).await;
+    }
 }
 
 /// What the relayed hub holds as its servers connect, for the exit line: the hub once it serves,
@@ -1068,19 +1110,19 @@ fn reported_stop(folder: &AgentFolder) -> Option<Stop> {
 /// exit line's limit is neither held nor passed on.
 async fn read_events(stdout: tokio::process::ChildStdout) -> PiEvents {
     use protocol::exit_line::{Line, Lines};
-    use tokio::io::AsyncWriteExt as _;
     let mut events = PiEvents::default();
-    let mut out = tokio::io::stdout();
     let mut lines = Lines::new(stdout);
+    let mut whole = Vec::new();
     while let Some(line) = lines.next().await {
         if let Line::Text(text) = line {
             if let Ok(text) = std::str::from_utf8(text) {
                 events.observe(text);
             }
-            let _ = out.write_all(text).await;
-            let _ = out.write_all(b"\n").await;
+            whole.clear();
+            whole.extend_from_slice(text);
+            whole.push(b'\n');
+            write_output(&whole).await;
         }
     }
-    let _ = out.flush().await;
     events
 }

@@ -75,6 +75,7 @@ fn job(dir: &Path, script: &str, loopback: &[&str]) -> JobOptions {
         guard: None,
         confine: None,
         relay: None,
+        key: None,
     }
 }
 

@@ -634,6 +634,7 @@ async fn a_401_mid_job_ends_the_job_and_the_agents_group() {
             guard: None,
             confine: None,
             relay: None,
+            key: None,
         };
         let started = std::time::Instant::now();
         // While the job runs: the agent and its sleeping child, once it has listed the tools.

@@ -217,10 +217,20 @@ impl<R: tokio::io::AsyncRead + Unpin> Lines<R> {
     }
 }
 
+/// The `event` of a signed line the runner prints before its end: the servers' states once they
+/// have connected (or failed to), for the job's live view. Never the exit line.
+pub const SERVERS_EVENT: &str = "servers";
+
 /// Reads the runner's standard output to its end: the exit line is the last line that verifies
-/// with `key`; every other line goes to `other` as it comes.
+/// with `key` and is not a [`SERVERS_EVENT`] line, which goes to `servers` as it comes; every
+/// other line goes to `other` as it comes.
 #[cfg(feature = "stream")]
-pub async fn read<R>(input: R, key: &[u8], mut other: impl FnMut(Line<'_>)) -> Option<ExitLine>
+pub async fn read<R>(
+    input: R,
+    key: &[u8],
+    mut other: impl FnMut(Line<'_>),
+    mut servers: impl FnMut(ExitLine),
+) -> Option<ExitLine>
 where
     R: tokio::io::AsyncRead + Unpin,
 {
@@ -229,6 +239,7 @@ where
     while let Some(line) = lines.next().await {
         match line {
             Line::Text(text) => match std::str::from_utf8(text).ok().and_then(|t| verify(t, key)) {
+                Some(found) if found.event == SERVERS_EVENT => servers(found),
                 Some(found) => verified = Some(found),
                 None => other(Line::Text(text)),
             },
@@ -358,19 +369,35 @@ mod tests {
         let signed = sign(&line(), b"job-key").unwrap();
         let forged = sign(&ExitLine { code: 0, ..line() }, b"other").unwrap();
         let long = "x".repeat(MAX_LINE + 10);
-        let text = format!("{{\"type\":\"turn_start\"}}\n{long}\n{forged}\n{signed}\nafter");
+        // A servers line, signed and forged: the signed one is the live view's, never the exit.
+        let servers = ExitLine {
+            event: SERVERS_EVENT.into(),
+            ..line()
+        };
+        let progress = sign(&servers, b"job-key").unwrap();
+        let forged_progress = sign(&servers, b"other").unwrap();
+        let text = format!(
+            "{{\"type\":\"turn_start\"}}\n{long}\n{forged}\n{progress}\n{forged_progress}\n{signed}\n{progress}\nafter"
+        );
         let mut seen = Vec::new();
-        let found = read(text.as_bytes(), b"job-key", |o| {
-            seen.push(match o {
-                Line::Text(l) => String::from_utf8_lossy(l).into_owned(),
-                Line::Overlong => "<overlong>".to_owned(),
-            })
-        })
+        let mut said = Vec::new();
+        let found = read(
+            text.as_bytes(),
+            b"job-key",
+            |o| {
+                seen.push(match o {
+                    Line::Text(l) => String::from_utf8_lossy(l).into_owned(),
+                    Line::Overlong => "<overlong>".to_owned(),
+                })
+            },
+            |s| said.push(s),
+        )
         .await;
         assert_eq!(found, Some(line()));
         assert_eq!(
             seen,
-            ["{\"type\":\"turn_start\"}", "<overlong>", &forged, "after"]
+            ["{\"type\":\"turn_start\"}", "<overlong>", &forged, &forged_progress, "after"]
         );
+        assert_eq!(said, [servers.clone(), servers]);
     }
 }

@@ -108,6 +108,25 @@ pub trait Queue: Send + Sync {
     /// Forgets worker `id` (it stopped cleanly).
     fn leave(&self, id: &str) -> Result<(), QueueError>;
 
+    /// Stores what running job `job_id` shows live: `snapshot` (opaque) replaces the one before,
+    /// and `lines` (its redacted transcript so far, opaque) follow those stored; written by the
+    /// job's worker, which bounds them.
+    fn live_put(
+        &self,
+        job_id: &str,
+        snapshot: &str,
+        lines: &[String],
+        now: SystemTime,
+    ) -> Result<(), QueueError>;
+
+    /// What job `job_id` shows live, with at most `max` of its lines from line `from` (counting
+    /// from 0); `None` when it has shown nothing (not started, or long over).
+    fn live_get(&self, job_id: &str, from: u64, max: usize)
+    -> Result<Option<LiveView>, QueueError>;
+
+    /// Forgets what jobs showed live, for those last written before `before`; how many.
+    fn live_prune(&self, before: SystemTime) -> Result<usize, QueueError>;
+
     /// Extends a lease still held to `now + lease_for`; `false` if the job is no longer this
     /// lease's (taken over by another lease, finished, retried or lost). A lapsed lease that no one
     /// has taken over is still held.
@@ -231,6 +250,17 @@ pub struct WorkerCard {
     pub running: u32,
     /// It takes no new job (stopping).
     pub draining: bool,
+}
+
+/// What a job shows live, as [`Queue::live_get`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveView {
+    pub snapshot: String,
+    /// The lines asked for.
+    pub lines: Vec<String>,
+    /// How many lines are stored in all.
+    pub total: u64,
+    pub updated: SystemTime,
 }
 
 /// A worker as the queue last heard of it.

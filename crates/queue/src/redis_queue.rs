@@ -18,6 +18,8 @@
 //! group:G     zset of the open jobs of group G, by seq (only the first may be leased)
 //! workers     hash of the workers' cards (JSON), by worker id; workers-seen, zset of when each
 //!             was last seen
+//! live:ID     hash: snapshot, updated (what a running job shows); live-lines:ID, list of its
+//!             transcript's lines so far; live, zset of the jobs by updated (a week's expiry too)
 //! lease:TOKEN the job a lease took, for as long as the lease (a lease asked again after a lost
 //!             answer gets the same job)
 //! record:ID   a job's record, as text
@@ -39,7 +41,7 @@ use redis::{Connection, RedisError, Script, Value};
 
 use crate::millis;
 use crate::{
-    Cancel, Config, DoneJob, End, Lease, LeaseState, LostJob, NewJob, OpenJob, OpenState,
+    Cancel, Config, DoneJob, End, Lease, LeaseState, LiveView, LostJob, NewJob, OpenJob, OpenState,
     Placement, Queue, QueueError, RetryDecision, Status, WorkerCard, WorkerSeen,
 };
 
@@ -283,6 +285,42 @@ end
 return out
 ";
 
+/// How long a live view is kept in Redis after it was last written, whatever prunes it.
+const LIVE_TTL_SECS: u64 = 7 * 24 * 3600;
+
+/// ARGV: prefix, job id, snapshot, now, ttl seconds, then the lines.
+const LIVE_PUT: &str = r"
+local id, now = ARGV[2], num(ARGV[4])
+local k, lk = p .. 'live:' .. id, p .. 'live-lines:' .. id
+for i = 6, #ARGV do redis.call('RPUSH', lk, ARGV[i]) end
+redis.call('HSET', k, 'snapshot', ARGV[3], 'updated', now)
+redis.call('ZADD', p .. 'live', now, id)
+redis.call('EXPIRE', k, ARGV[5])
+if redis.call('EXISTS', lk) == 1 then redis.call('EXPIRE', lk, ARGV[5]) end
+return 1
+";
+
+/// ARGV: prefix, job id, from, max.
+const LIVE_GET: &str = r"
+local id, from, max = ARGV[2], num(ARGV[3]), num(ARGV[4])
+local k, lk = p .. 'live:' .. id, p .. 'live-lines:' .. id
+local f = redis.call('HMGET', k, 'snapshot', 'updated')
+if not f[1] then return false end
+local lines = {}
+if max > 0 then lines = redis.call('LRANGE', lk, from, from + max - 1) end
+return {f[1], num(f[2]), redis.call('LLEN', lk), lines}
+";
+
+/// ARGV: prefix, before.
+const LIVE_PRUNE: &str = r"
+local ids = redis.call('ZRANGEBYSCORE', p .. 'live', '-inf', '(' .. ARGV[2])
+for _, id in ipairs(ids) do
+  redis.call('DEL', p .. 'live:' .. id, p .. 'live-lines:' .. id)
+end
+redis.call('ZREMRANGEBYSCORE', p .. 'live', '-inf', '(' .. ARGV[2])
+return #ids
+";
+
 /// ARGV: prefix, id.
 const LEAVE: &str = r"
 redis.call('HDEL', p .. 'workers', ARGV[2])
@@ -352,6 +390,9 @@ struct Scripts {
     announce: Script,
     workers: Script,
     leave: Script,
+    live_put: Script,
+    live_get: Script,
+    live_prune: Script,
 }
 
 impl Scripts {
@@ -373,6 +414,9 @@ impl Scripts {
             announce: s(ANNOUNCE),
             workers: s(WORKERS),
             leave: s(LEAVE),
+            live_put: s(LIVE_PUT),
+            live_get: s(LIVE_GET),
+            live_prune: s(LIVE_PRUNE),
         }
     }
 }
@@ -964,6 +1008,67 @@ impl Queue for RedisQueue {
     fn leave(&self, id: &str) -> Result<(), QueueError> {
         let _: i64 = self.run("forget a worker", &self.scripts.leave, &[id.to_owned()])?;
         Ok(())
+    }
+
+    fn live_put(
+        &self,
+        job_id: &str,
+        snapshot: &str,
+        lines: &[String],
+        now: SystemTime,
+    ) -> Result<(), QueueError> {
+        let mut args = vec![
+            job_id.to_owned(),
+            snapshot.to_owned(),
+            millis::of(now).to_string(),
+            LIVE_TTL_SECS.to_string(),
+        ];
+        args.extend(lines.iter().cloned());
+        let _: i64 = self.run("store a job's live view", &self.scripts.live_put, &args)?;
+        Ok(())
+    }
+
+    fn live_get(
+        &self,
+        job_id: &str,
+        from: u64,
+        max: usize,
+    ) -> Result<Option<LiveView>, QueueError> {
+        const OP: &str = "read a job's live view";
+        let answer: Value = self.run(
+            OP,
+            &self.scripts.live_get,
+            &[
+                job_id.to_owned(),
+                from.to_string(),
+                max.min(u32::MAX as usize).to_string(),
+            ],
+        )?;
+        if matches!(answer, Value::Nil) {
+            return Ok(None);
+        }
+        let row = shape(OP, items(&answer))?;
+        let view = (|| {
+            Some(LiveView {
+                snapshot: text(row.first()?)?,
+                updated: millis::time(int(row.get(1)?)?),
+                total: u64::try_from(int(row.get(2)?)?).ok()?,
+                lines: items(row.get(3)?)?
+                    .iter()
+                    .map(text)
+                    .collect::<Option<Vec<_>>>()?,
+            })
+        })();
+        shape(OP, view).map(Some)
+    }
+
+    fn live_prune(&self, before: SystemTime) -> Result<usize, QueueError> {
+        let gone: i64 = self.run(
+            "prune live views",
+            &self.scripts.live_prune,
+            &[millis::of(before).to_string()],
+        )?;
+        Ok(usize::try_from(gone).unwrap_or(0))
     }
 
     fn release(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError> {

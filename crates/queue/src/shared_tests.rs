@@ -324,7 +324,33 @@ suite!(
     jobs_of_one_group_run_one_at_a_time_oldest_first,
     a_superseding_job_cancels_its_group_and_waits_for_the_running_one,
     workers_announce_themselves_refresh_and_leave,
+    a_live_view_grows_is_read_from_any_line_and_is_pruned,
 );
+
+pub(crate) fn a_live_view_grows_is_read_from_any_line_and_is_pruned(store: &dyn Store) {
+    let queue = store.open();
+    assert_eq!(queue.live_get("j", 0, 10).unwrap(), None);
+    let lines = |r: std::ops::Range<u32>| r.map(|n| format!("line {n}")).collect::<Vec<_>>();
+    queue.live_put("j", "first", &lines(0..3), t(1)).unwrap();
+    queue.live_put("j", "second", &[], t(2)).unwrap();
+    queue.live_put("j", "third", &lines(3..5), t(3)).unwrap();
+    queue.live_put("k", "other", &lines(0..1), t(9)).unwrap();
+    let view = queue.live_get("j", 0, 100).unwrap().unwrap();
+    assert_eq!(
+        (view.snapshot.as_str(), view.total, view.updated),
+        ("third", 5, t(3))
+    );
+    assert_eq!(view.lines, lines(0..5));
+    let tail = queue.live_get("j", 3, 1).unwrap().unwrap();
+    assert_eq!((tail.lines, tail.total), (lines(3..4), 5));
+    assert!(queue.live_get("j", 5, 10).unwrap().unwrap().lines.is_empty());
+    // Views last written before a time are forgotten, lines and all.
+    assert_eq!(queue.live_prune(t(5)).unwrap(), 1);
+    assert_eq!(queue.live_get("j", 0, 10).unwrap(), None);
+    queue.live_put("j", "again", &[], t(10)).unwrap();
+    assert_eq!(queue.live_get("j", 0, 10).unwrap().unwrap().total, 0);
+    assert_eq!(queue.live_get("k", 0, 10).unwrap().unwrap().lines, lines(0..1));
+}
 
 pub(crate) fn jobs_are_leased_in_enqueue_order(store: &dyn Store) {
     let queue = store.open();

@@ -12,7 +12,7 @@ use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 
 use crate::millis;
 use crate::{
-    Cancel, Config, DoneJob, End, Lease, LeaseState, LostJob, NewJob, OpenJob, OpenState, Queue,
+    Cancel, Config, DoneJob, End, Lease, LeaseState, LiveView, LostJob, NewJob, OpenJob, OpenState, Queue,
     QueueError, RetryDecision, Status, WorkerCard, WorkerSeen,
 };
 
@@ -97,8 +97,9 @@ INSERT INTO records_kept (n) VALUES (0);
 ";
 
 /// Schema 5: where a job may run (`needs`: a JSON array of the labels a worker must carry, or
-/// NULL for any worker), its group (jobs of one group run one at a time), and the workers that
-/// announce themselves (`card` is their JSON, `last_seen` unix milliseconds).
+/// NULL for any worker), its group (jobs of one group run one at a time), the workers that
+/// announce themselves (`card` is their JSON, `last_seen` unix milliseconds), and what running
+/// jobs show live (a snapshot and the lines of their transcript so far).
 const PLACEMENT_V5: &str = "
 ALTER TABLE jobs ADD COLUMN needs TEXT;
 ALTER TABLE jobs ADD COLUMN group_key TEXT;
@@ -107,6 +108,19 @@ CREATE TABLE workers (
     id        TEXT PRIMARY KEY,
     card      TEXT NOT NULL,
     last_seen INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE live (
+    job_id     TEXT PRIMARY KEY,
+    snapshot   TEXT NOT NULL,
+    lines      INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX live_updated ON live (updated_at);
+CREATE TABLE live_lines (
+    job_id TEXT NOT NULL,
+    n      INTEGER NOT NULL,
+    line   TEXT NOT NULL,
+    PRIMARY KEY (job_id, n)
 ) WITHOUT ROWID;
 ";
 
@@ -770,6 +784,107 @@ impl Queue for SqliteQueue {
             .execute("DELETE FROM workers WHERE id = ?1", params![id])
             .map_err(sqlite("forget a worker"))?;
         Ok(())
+    }
+
+    fn live_put(
+        &self,
+        job_id: &str,
+        snapshot: &str,
+        lines: &[String],
+        now: SystemTime,
+    ) -> Result<(), QueueError> {
+        let err = sqlite("store a job's live view");
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let stored: i64 = tx
+            .query_row(
+                "SELECT lines FROM live WHERE job_id = ?1",
+                params![job_id],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(err)?
+            .unwrap_or(0);
+        for (n, line) in (stored..).zip(lines) {
+            tx.execute(
+                "INSERT OR REPLACE INTO live_lines (job_id, n, line) VALUES (?1, ?2, ?3)",
+                params![job_id, n, line],
+            )
+            .map_err(err)?;
+        }
+        let total = stored + i64::try_from(lines.len()).unwrap_or(i64::MAX);
+        tx.execute(
+            "INSERT INTO live (job_id, snapshot, lines, updated_at) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (job_id) DO UPDATE SET snapshot = excluded.snapshot,
+                 lines = excluded.lines, updated_at = excluded.updated_at",
+            params![job_id, snapshot, total, millis::of(now)],
+        )
+        .map_err(err)?;
+        tx.commit().map_err(err)
+    }
+
+    fn live_get(
+        &self,
+        job_id: &str,
+        from: u64,
+        max: usize,
+    ) -> Result<Option<LiveView>, QueueError> {
+        let err = sqlite("read a job's live view");
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(err)?;
+        let head: Option<(String, i64, i64)> = tx
+            .query_row(
+                "SELECT snapshot, lines, updated_at FROM live WHERE job_id = ?1",
+                params![job_id],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            )
+            .optional()
+            .map_err(err)?;
+        let Some((snapshot, total, updated)) = head else {
+            return Ok(None);
+        };
+        let lines = {
+            let mut stmt = tx
+                .prepare(
+                    "SELECT line FROM live_lines WHERE job_id = ?1 AND n >= ?2 ORDER BY n LIMIT ?3",
+                )
+                .map_err(err)?;
+            let from = i64::try_from(from).unwrap_or(i64::MAX);
+            let max = i64::try_from(max).unwrap_or(i64::MAX);
+            let rows = stmt
+                .query_map(params![job_id, from, max], |row| row.get(0))
+                .map_err(err)?;
+            rows.collect::<Result<Vec<String>, _>>().map_err(err)?
+        };
+        tx.commit().map_err(err)?;
+        Ok(Some(LiveView {
+            snapshot,
+            lines,
+            total: u64::try_from(total).unwrap_or(0),
+            updated: millis::time(updated),
+        }))
+    }
+
+    fn live_prune(&self, before: SystemTime) -> Result<usize, QueueError> {
+        let err = sqlite("prune live views");
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let before = millis::of(before);
+        tx.execute(
+            "DELETE FROM live_lines WHERE job_id IN
+                 (SELECT job_id FROM live WHERE updated_at < ?1)",
+            params![before],
+        )
+        .map_err(err)?;
+        let gone = tx
+            .execute("DELETE FROM live WHERE updated_at < ?1", params![before])
+            .map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(gone)
     }
 
     fn release(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError> {

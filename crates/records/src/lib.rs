@@ -7,6 +7,7 @@
 //! On the job's path: the last stop, after the exit line; `runs`, the panel and the metrics read it.
 
 pub mod counts;
+pub mod live;
 pub mod open_jobs;
 pub mod query;
 pub mod record;

@@ -357,12 +357,38 @@ impl Record {
 #[derive(Debug, Clone)]
 pub struct Draft {
     base: Record,
+    /// What the job shows while it runs, when someone may look.
+    live: Option<std::sync::Arc<crate::live::LiveFeed>>,
 }
 
 impl Draft {
     pub fn new(job: &Job, attempt: u32) -> Draft {
         Draft {
             base: Record::new(job, Outcome::Failed, None, attempt, 0),
+            live: None,
+        }
+    }
+
+    /// Shows the job live through `feed` from now on.
+    pub fn show_live(&mut self, feed: std::sync::Arc<crate::live::LiveFeed>) {
+        feed.record(&self.base);
+        self.live = Some(feed);
+    }
+
+    /// The record as it stands.
+    pub fn record_now(&self) -> Record {
+        self.base.clone()
+    }
+
+    /// Where the job is shown live, if it is.
+    pub fn live(&self) -> Option<std::sync::Arc<crate::live::LiveFeed>> {
+        self.live.clone()
+    }
+
+    /// The record as it stands, to the live view.
+    fn shown(&self) {
+        if let Some(feed) = &self.live {
+            feed.record(&self.base);
         }
     }
 
@@ -377,27 +403,32 @@ impl Draft {
     /// When the job was queued.
     pub fn queued_at(&mut self, ms: u64) {
         self.base.queued_at_ms = Some(ms);
+        self.shown();
     }
 
     /// A forge job's issue on the forge, by its web address.
     pub fn url(&mut self, url: Option<String>) {
         self.base.url = url;
+        self.shown();
     }
 
     /// When the admission let the job through.
     pub fn admitted(&mut self, ms: u64) {
         self.base.admitted_at_ms = Some(ms);
+        self.shown();
     }
 
     /// When its sandbox was asked for: from here on, a record says a sandbox was started.
     pub fn started(&mut self, ms: u64) {
         self.base.started_at_ms = Some(ms);
         self.base.budget_reserved = true;
+        self.shown();
     }
 
     /// When its sandbox was up.
     pub fn sandbox_up(&mut self, ms: u64) {
         self.base.sandbox_up_at_ms = Some(ms);
+        self.shown();
     }
 
     /// What pi began, and whether the job's transcript is kept, once its output is read.

@@ -104,6 +104,9 @@ pub enum PruneError {
     Folder(std::io::ErrorKind),
 }
 
+/// How long a job's live view outlives its last change.
+pub const LIVE_KEPT_MS: u64 = 3600 * 1000;
+
 impl Retention {
     /// After a job is settled (its record written, its delivery done): its folder but the
     /// transcript is removed now, unless the job did not complete and such jobs are kept.
@@ -158,6 +161,11 @@ impl Retention {
             }
             let before = std::time::UNIX_EPOCH + std::time::Duration::from_millis(cutoff);
             pruned.done_jobs = queue.prune_done(before)? as u64;
+            // What jobs showed live, once they have been quiet for an hour: over, or their worker
+            // long gone (the record and the transcript keep what matters).
+            let quiet = std::time::UNIX_EPOCH
+                + std::time::Duration::from_millis(now_ms.saturating_sub(LIVE_KEPT_MS));
+            queue.live_prune(quiet)?;
         }
         Ok(pruned)
     }

@@ -4,6 +4,7 @@
 //! wait for its end (the time limit, a stop, a bound the kernel keeps), what it wrote kept, and
 //! the record of how it ended.
 
+use std::sync::Arc;
 use std::path::Path;
 use std::time::Duration;
 
@@ -175,6 +176,7 @@ fn read_output(
     stdout: Option<tokio::process::ChildStdout>,
     key: String,
     mut transcript: Option<Transcript>,
+    live: Option<Arc<records::live::LiveFeed>>,
 ) -> tokio::task::JoinHandle<Output> {
     tokio::spawn(async move {
         let mut events = PiEvents::default();
@@ -182,25 +184,38 @@ fn read_output(
         let exit_line = match stdout {
             None => None,
             Some(out) => {
-                protocol::exit_line::read(out, key.as_bytes(), |line| {
-                    if let Line::Text(text) = &line
-                        && let Ok(text) = std::str::from_utf8(text)
-                        && let Some(event) = PiEvent::parse(text)
-                    {
-                        events.observe_event(&event);
-                        if activity.len() < MAX_ACTIVITY
-                            && let Some(a) = Activity::of_event(&event, now_ms())
+                let on_servers = |line: protocol::exit_line::ExitLine| {
+                    if let Some(live) = &live {
+                        live.servers(line.servers);
+                    }
+                };
+                protocol::exit_line::read(
+                    out,
+                    key.as_bytes(),
+                    |line| {
+                        if let Line::Text(text) = &line
+                            && let Ok(text) = std::str::from_utf8(text)
+                            && let Some(event) = PiEvent::parse(text)
                         {
-                            activity.push(a);
+                            events.observe_event(&event);
+                            if let Some(a) = Activity::of_event(&event, now_ms()) {
+                                if let Some(live) = &live {
+                                    live.activity(&a);
+                                }
+                                if activity.len() < MAX_ACTIVITY {
+                                    activity.push(a);
+                                }
+                            }
                         }
-                    }
-                    if let Some(t) = transcript.as_mut() {
-                        match line {
-                            Line::Text(text) => t.line(text),
-                            Line::Overlong => t.overlong(),
+                        if let Some(t) = transcript.as_mut() {
+                            match line {
+                                Line::Text(text) => t.line(text),
+                                Line::Overlong => t.overlong(),
+                            }
                         }
-                    }
-                })
+                    },
+                    on_servers,
+                )
                 .await
             }
         };
@@ -231,7 +246,7 @@ impl Worker {
         let Ok(key) = protocol::ids::random_hex::<32>() else {
             return Err(draft.ended(Reason::ContainerNeverStarted).into());
         };
-        let transcript = self.transcript(plan, redactor);
+        let transcript = self.transcript(plan, redactor, draft.live());
         let started_at = now_ms();
         tracing::info!(event = "job_started", job_id = %plan.job_id, attempt = draft.attempt(),
             image = %plan.image, servers = %plan.servers.join(","),
@@ -250,7 +265,7 @@ impl Worker {
             let _ = stdin.write_all(format!("{key}\n").as_bytes()).await;
         }
         // The runner's output: its exit line, and pi's events, which become the transcript.
-        let reader = read_output(running.stdout(), key, transcript);
+        let reader = read_output(running.stdout(), key, transcript, draft.live());
         self.drain_stderr(running.as_mut());
         let ran = self.wait(running, &confined, stop).await;
         let Confined {
@@ -542,11 +557,16 @@ impl Worker {
 
     /// The job's transcript, when the deployment keeps them (a transcript that cannot be made is
     /// said in the log, and the job runs without one).
-    fn transcript(&self, plan: &Admitted, redactor: &Redactor) -> Option<Transcript> {
+    fn transcript(
+        &self,
+        plan: &Admitted,
+        redactor: &Redactor,
+        live: Option<Arc<records::live::LiveFeed>>,
+    ) -> Option<Transcript> {
         if !self.settings.transcripts {
             return None;
         }
-        Transcript::create(&plan.state_dir, redactor.clone())
+        Transcript::create_shown(&plan.state_dir, redactor.clone(), live)
             .inspect_err(|e| {
                 tracing::warn!(event = "transcript_failed", job_id = %plan.job_id, detail = %e.kind());
             })

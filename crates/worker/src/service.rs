@@ -81,6 +81,19 @@ pub struct LoopOptions {
     pub labels: Vec<String>,
     /// How the worker tells the queue it is alive; `None`: it does not (a bench).
     pub heartbeat: Option<Heartbeat>,
+    /// Whether running jobs are shown live ([`records::live`]).
+    pub live: bool,
+}
+
+/// Ends a job's live view when dropped.
+struct Finish(Option<Arc<records::live::LiveFeed>>);
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        if let Some(feed) = &self.0 {
+            feed.finish();
+        }
+    }
 }
 
 /// The worker's announcements: its card, sent when it starts and every `every`, with the jobs it
@@ -427,6 +440,17 @@ impl Slot<'_> {
         };
         let mut draft = Draft::new(&job, lease.attempt);
         draft.queued_at(unix_ms(lease.queued_at));
+        let live = options.live.then(|| {
+            let feed = records::live::LiveFeed::start(
+                self.queue.clone(),
+                draft.record_now(),
+                &options.worker_id,
+            );
+            draft.show_live(feed.clone());
+            feed
+        });
+        // However the job ends, its view has its last lines before its record is written.
+        let _finish = Finish(live);
         let verdict = tokio::select! {
             v = worker.process(&job, draft, stop) => v,
             // The job is someone else's now (this worker was away past its lease): dropping the run

@@ -4,7 +4,7 @@ use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 
 use queue::{
-    Cancel, LostJob, NewJob, QueueError, RetryDecision, SqliteQueue, Status, WorkerCard, WorkerSeen,
+    Cancel, LiveView, LostJob, NewJob, QueueError, RetryDecision, SqliteQueue, Status, WorkerCard, WorkerSeen,
 };
 
 use super::*;
@@ -39,6 +39,21 @@ impl Queue for Blocking {
     }
     fn leave(&self, id: &str) -> Result<(), QueueError> {
         self.inner.leave(id)
+    }
+    fn live_put(
+        &self,
+        id: &str,
+        snapshot: &str,
+        lines: &[String],
+        now: SystemTime,
+    ) -> Result<(), QueueError> {
+        self.inner.live_put(id, snapshot, lines, now)
+    }
+    fn live_get(&self, id: &str, from: u64, max: usize) -> Result<Option<LiveView>, QueueError> {
+        self.inner.live_get(id, from, max)
+    }
+    fn live_prune(&self, before: SystemTime) -> Result<usize, QueueError> {
+        self.inner.live_prune(before)
     }
     fn renew(&self, l: &Lease, d: Duration, now: SystemTime) -> Result<bool, QueueError> {
         self.inner.renew(l, d, now)
@@ -148,6 +163,7 @@ fn a_queue_that_blocks_does_not_hold_up_the_running_job() {
         retention: None,
         labels: Vec::new(),
         heartbeat: None,
+        live: false,
     };
     let summary = run(
         runner.clone(),
@@ -198,6 +214,7 @@ fn run_with_disk(dir: &std::path::Path, queue: &Arc<SqliteQueue>, min_free: u64)
         retention: None,
         labels: Vec::new(),
         heartbeat: None,
+        live: false,
     };
     run(
         Arc::new(Completing),

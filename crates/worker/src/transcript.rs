@@ -72,11 +72,22 @@ pub struct Transcript {
     written: u64,
     full: bool,
     redactor: Redactor,
+    /// Where each line also goes, redacted, while the job runs.
+    live: Option<std::sync::Arc<records::live::LiveFeed>>,
 }
 
 impl Transcript {
     /// Starts the transcript of the job whose folder is `dir`.
     pub fn create(dir: &Path, redactor: Redactor) -> std::io::Result<Transcript> {
+        Transcript::create_shown(dir, redactor, None)
+    }
+
+    /// Starts the transcript of the job whose folder is `dir`, each line also shown on `live`.
+    pub fn create_shown(
+        dir: &Path,
+        redactor: Redactor,
+        live: Option<std::sync::Arc<records::live::LiveFeed>>,
+    ) -> std::io::Result<Transcript> {
         use std::os::unix::fs::OpenOptionsExt as _;
         let path = dir.join(FILE);
         let partial = dir.join(format!(".{FILE}.partial"));
@@ -94,6 +105,7 @@ impl Transcript {
             written: 0,
             full: false,
             redactor,
+            live,
         })
     }
 
@@ -114,6 +126,9 @@ impl Transcript {
         }
         if self.file.write_all(text.as_bytes()).is_ok() {
             self.written += text.len() as u64;
+        }
+        if let Some(live) = &self.live {
+            live.line(text.trim_end_matches('\n'));
         }
     }
 

@@ -124,6 +124,7 @@ pub async fn run_pi_job_over(f: &Folders, job: PiJob<'_>, transport: Transport) 
             Transport::Relay => Some(relay_program()),
             Transport::Http => None,
         },
+        key: None,
     };
     bounded(run(options)).await
 }

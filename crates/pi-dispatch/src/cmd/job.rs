@@ -132,6 +132,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         } else {
             None
         },
+        key: Some(key.clone()),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(hub::job::RUNTIME_WORKERS)

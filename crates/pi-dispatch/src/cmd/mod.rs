@@ -7,6 +7,7 @@ pub mod image;
 pub mod import_pi;
 pub mod init;
 pub mod job;
+pub mod live;
 pub mod mcp_check;
 pub mod panel;
 pub mod prune;

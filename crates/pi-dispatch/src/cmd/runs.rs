@@ -64,6 +64,10 @@ enum RunsCommand {
         /// a program, not a terminal: the job wrote it).
         #[arg(long, requires = "transcript")]
         raw: bool,
+        /// Follow a queued or running job: print its transcript (redacted) as it is written, from
+        /// any host, then its record once it has ended.
+        #[arg(long, conflicts_with_all = ["json", "transcript"])]
+        follow: bool,
     },
 }
 
@@ -88,13 +92,21 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         json,
         transcript,
         raw,
+        follow,
     }) = &args.command
     {
+        if *follow {
+            return crate::cmd::live::follow(ctx, &records, id);
+        }
         let record = match records.read(id) {
             Ok(record) => record,
             Err(RecordError::NotFound) => {
+                // Not ended: queued or running, when the queue has it.
+                if let Some(exit) = crate::cmd::live::show_open(ctx, &records, id, *json)? {
+                    return Ok(exit);
+                }
                 eprintln!(
-                    "pi-dispatch: no run record has the id {} in {} (see pi-dispatch runs)",
+                    "pi-dispatch: no job has the id {} in {}: it is neither queued, running nor recorded (see pi-dispatch runs and pi-dispatch status)",
                     crate::output::display_name(id),
                     records.place()
                 );
@@ -305,7 +317,7 @@ fn purpose(r: &Record) -> String {
 }
 
 /// A record for a person: how it ended and why, then what it used.
-fn human(r: &Record) -> String {
+pub(crate) fn human(r: &Record) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "job {}  {}", r.job_id, r.outcome);
     match (&r.item, &r.url) {

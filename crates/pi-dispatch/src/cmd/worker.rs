@@ -161,6 +161,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             },
             every: Duration::from_secs(settings.heartbeat_secs),
         }),
+        live: true,
     };
     let drain_limit = Duration::from_secs(settings.drain_limit_secs);
     let egress_control = settings.egress_proxy_dir.join(egress::control::SOCKET);

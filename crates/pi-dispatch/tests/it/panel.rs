@@ -155,11 +155,16 @@ fn an_operator_logs_in_reads_the_runs_and_cancels_a_queued_job_in_a_browser() {
 
     // The health page: doctor's checks, rendered.
     browser.go(&format!("{}/health", panel.url));
-    // Doctor's checks, as the worker would pass them: the jobs above ran.
+    // Doctor's checks, as the worker would pass them: the jobs above ran. The one failure is the
+    // workers': none runs now.
     let checks = browser.find("#checks").text();
     assert!(checks.contains("overlay"), "{checks}");
     assert!(
-        browser.find("p.muted").text().ends_with(" 0 failed."),
+        browser.find("p.muted").text().ends_with(" 1 failed."),
+        "{checks}"
+    );
+    assert!(
+        checks.contains("no worker is taking jobs (0 gone, 0 draining)"),
         "{checks}"
     );
     browser.screenshot(&shots.join("health.png"));
