@@ -396,7 +396,13 @@ mod tests {
         assert_eq!(found, Some(line()));
         assert_eq!(
             seen,
-            ["{\"type\":\"turn_start\"}", "<overlong>", &forged, &forged_progress, "after"]
+            [
+                "{\"type\":\"turn_start\"}",
+                "<overlong>",
+                &forged,
+                &forged_progress,
+                "after"
+            ]
         );
         assert_eq!(said, [servers.clone(), servers]);
     }

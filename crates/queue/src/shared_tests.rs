@@ -343,13 +343,23 @@ pub(crate) fn a_live_view_grows_is_read_from_any_line_and_is_pruned(store: &dyn 
     assert_eq!(view.lines, lines(0..5));
     let tail = queue.live_get("j", 3, 1).unwrap().unwrap();
     assert_eq!((tail.lines, tail.total), (lines(3..4), 5));
-    assert!(queue.live_get("j", 5, 10).unwrap().unwrap().lines.is_empty());
+    assert!(
+        queue
+            .live_get("j", 5, 10)
+            .unwrap()
+            .unwrap()
+            .lines
+            .is_empty()
+    );
     // Views last written before a time are forgotten, lines and all.
     assert_eq!(queue.live_prune(t(5)).unwrap(), 1);
     assert_eq!(queue.live_get("j", 0, 10).unwrap(), None);
     queue.live_put("j", "again", &[], t(10)).unwrap();
     assert_eq!(queue.live_get("j", 0, 10).unwrap().unwrap().total, 0);
-    assert_eq!(queue.live_get("k", 0, 10).unwrap().unwrap().lines, lines(0..1));
+    assert_eq!(
+        queue.live_get("k", 0, 10).unwrap().unwrap().lines,
+        lines(0..1)
+    );
 }
 
 pub(crate) fn jobs_are_leased_in_enqueue_order(store: &dyn Store) {

@@ -12,8 +12,8 @@ use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 
 use crate::millis;
 use crate::{
-    Cancel, Config, DoneJob, End, Lease, LeaseState, LiveView, LostJob, NewJob, OpenJob, OpenState, Queue,
-    QueueError, RetryDecision, Status, WorkerCard, WorkerSeen,
+    Cancel, Config, DoneJob, End, Lease, LeaseState, LiveView, LostJob, NewJob, OpenJob, OpenState,
+    Queue, QueueError, RetryDecision, Status, WorkerCard, WorkerSeen,
 };
 
 /// The schema version this code writes and reads (`PRAGMA user_version`).

@@ -4,8 +4,8 @@
 //! wait for its end (the time limit, a stop, a bound the kernel keeps), what it wrote kept, and
 //! the record of how it ended.
 
-use std::sync::Arc;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::admitted::{Admitted, Egress, Work};

@@ -4,7 +4,8 @@ use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 
 use queue::{
-    Cancel, LiveView, LostJob, NewJob, QueueError, RetryDecision, SqliteQueue, Status, WorkerCard, WorkerSeen,
+    Cancel, LiveView, LostJob, NewJob, QueueError, RetryDecision, SqliteQueue, Status, WorkerCard,
+    WorkerSeen,
 };
 
 use super::*;

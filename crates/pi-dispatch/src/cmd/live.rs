@@ -33,10 +33,7 @@ struct OpenReport<'a> {
 
 /// The job `id` as it stands in the queue, with what it shows live: `None` when the queue does
 /// not have it open (and no record came meanwhile).
-fn open_job(
-    ctx: &Context,
-    id: &str,
-) -> anyhow::Result<Option<(Shown, Option<(Snapshot, u64)>)>> {
+fn open_job(ctx: &Context, id: &str) -> anyhow::Result<Option<(Shown, Option<(Snapshot, u64)>)>> {
     let settings = ctx.settings()?;
     if !queue::exists(&settings) {
         return Ok(None);
@@ -101,7 +98,9 @@ fn state_words(job: &Shown) -> String {
             job.waited_secs,
             job.needs.join(", ")
         ),
-        "lost" => format!("lost: {worker} stopped renewing its lease; it is run again or recorded lost"),
+        "lost" => {
+            format!("lost: {worker} stopped renewing its lease; it is run again or recorded lost")
+        }
         _ => format!("queued {}s ago, waiting for a worker", job.waited_secs),
     }
 }
@@ -129,7 +128,10 @@ fn human_open(job: &Shown, live: Option<&(Snapshot, u64)>) -> String {
     let _ = writeln!(out, "phase: {}", s.phase());
     if s.servers.is_empty() {
         if s.record.sandbox_up_at_ms.is_some() {
-            let _ = writeln!(out, "servers: none said yet (connecting, or the job names none)");
+            let _ = writeln!(
+                out,
+                "servers: none said yet (connecting, or the job names none)"
+            );
         }
     } else {
         for server in &s.servers {
@@ -167,7 +169,11 @@ fn human_open(job: &Shown, live: Option<&(Snapshot, u64)>) -> String {
     let _ = writeln!(
         out,
         "transcript so far: {lines} lines{}; follow it: pi-dispatch runs show {} --follow",
-        if s.cut { " (the live view keeps no more)" } else { "" },
+        if s.cut {
+            " (the live view keeps no more)"
+        } else {
+            ""
+        },
         job.id
     );
     out
@@ -207,7 +213,9 @@ pub fn follow(ctx: &Context, records: &Records, id: &str) -> anyhow::Result<Exit
                 print_lines(&*queue, id, next)?;
                 eprintln!(
                     "pi-dispatch: {id} ended: {}",
-                    record.reason.map_or(record.outcome.as_str(), |r| r.as_str())
+                    record
+                        .reason
+                        .map_or(record.outcome.as_str(), |r| r.as_str())
                 );
                 crate::output::print(&crate::cmd::runs::human(&record))?;
                 return Ok(Exit::Success);

@@ -728,7 +728,9 @@ fn an_issues_jobs_never_overlap_and_a_newer_one_may_cancel_the_older() {
     assert_eq!(cancelled["outcome"], "cancelled", "{cancelled:#}");
     assert_eq!(cancelled["budgetReserved"], false, "{cancelled:#}");
     assert!(
-        cancelled["detail"].to_string().contains("a newer job for the same issue"),
+        cancelled["detail"]
+            .to_string()
+            .contains("a newer job for the same issue"),
         "{cancelled:#}"
     );
     let kept = site.s.record(&newer);

@@ -27,6 +27,7 @@ mod init;
 mod job;
 mod job_signals;
 mod layout;
+mod live;
 mod many_hosts;
 mod mcp_check;
 mod one_wait;

