@@ -31,9 +31,12 @@ struct OpenReport<'a> {
     live_lines: Option<u64>,
 }
 
+/// What a running job shows live, and how many transcript lines the view holds.
+type Shows = Option<(Snapshot, u64)>;
+
 /// The job `id` as it stands in the queue, with what it shows live: `None` when the queue does
 /// not have it open (and no record came meanwhile).
-fn open_job(ctx: &Context, id: &str) -> anyhow::Result<Option<(Shown, Option<(Snapshot, u64)>)>> {
+fn open_job(ctx: &Context, id: &str) -> anyhow::Result<Option<(Shown, Shows)>> {
     let settings = ctx.settings()?;
     if !queue::exists(&settings) {
         return Ok(None);
