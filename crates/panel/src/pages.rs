@@ -240,7 +240,7 @@ fn open_table(jobs: &[Shown], csrf: &str) -> Markup {
             tbody {
                 @for j in jobs {
                     tr {
-                        td { code { (j.id) } }
+                        td { a href={"/runs/" (j.id)} { code { (j.id) } } }
                         td { (pill(j.state)) }
                         td { (j.task.as_deref().unwrap_or("")) }
                         td { (j.issue.as_deref().or(j.folder.as_deref()).unwrap_or("")) }
@@ -536,9 +536,22 @@ pub async fn run(
     Path(id): Path<String>,
 ) -> Response {
     let Some(r) = record_of(&panel, &id).await else {
+        // Not ended: queued or running, when the queue has it.
+        if let Some(live) = live_of(&panel, &id).await {
+            return page(
+                StatusCode::OK,
+                frame(
+                    &format!("Run {id}"),
+                    Some(Section::Runs),
+                    &authed.csrf,
+                    Some(LIVE_REFRESH_SECS),
+                    &live_body(&live),
+                ),
+            );
+        }
         let body = html! {
             h1 { "No record" }
-            p { "No run has the id " code { (id) } " (yet: a job has a record once it has ended; see the "
+            p { "No job has the id " code { (id) } ": it is neither queued, running nor recorded (see the "
                 a href="/" { "queue" } ")." }
         };
         return page(
@@ -570,6 +583,144 @@ pub async fn run(
             &body,
         ),
     )
+}
+
+/// How often a job's page reloads itself while the job has not ended.
+const LIVE_REFRESH_SECS: u32 = 2;
+
+/// The transcript lines a live page shows: the newest.
+const LIVE_LINES: u64 = 400;
+
+/// A job that has not ended, as its page shows it.
+struct Live {
+    job: Shown,
+    /// What it shows live, once its worker has written it.
+    snapshot: Option<records::live::Snapshot>,
+    /// The newest lines of its transcript so far, and how many came in all.
+    transcript: transcript_view::View,
+    lines: u64,
+}
+
+/// Job `id` from the queue, with what it shows live: `None` when the queue has no such job open.
+async fn live_of(panel: &Arc<Panel>, id: &str) -> Option<Live> {
+    let (open, queue, id) = (
+        open_jobs(panel).await.ok()?,
+        panel.queue.clone(),
+        id.to_owned(),
+    );
+    let job = open.jobs.into_iter().find(|j| j.id == id)?;
+    tokio::task::spawn_blocking(move || {
+        let (snapshot, _, total) = match records::live::read(&*queue, &id, 0, 0) {
+            Ok(Some(found)) => found,
+            _ => {
+                return Some(Live {
+                    job,
+                    snapshot: None,
+                    transcript: transcript_view::View::default(),
+                    lines: 0,
+                });
+            }
+        };
+        let from = total.saturating_sub(LIVE_LINES);
+        let lines = records::live::read(&*queue, &id, from, LIVE_LINES as usize)
+            .ok()
+            .flatten()
+            .map(|(_, lines, _)| lines)
+            .unwrap_or_default();
+        let text = lines.join("\n");
+        Some(Live {
+            job,
+            snapshot: Some(snapshot),
+            transcript: transcript_view::read(std::io::Cursor::new(text.into_bytes())),
+            lines: total,
+        })
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// The page of a job that has not ended: where it stands, its timeline so far, its servers, what pi
+/// began and its transcript so far (redacted). It reloads itself until the job's record replaces it.
+fn live_body(live: &Live) -> Markup {
+    let job = &live.job;
+    let mut tools: Vec<(String, u64)> = Vec::new();
+    if let Some(s) = &live.snapshot {
+        for a in s.activity.iter().filter(|a| a.kind == "tool") {
+            let name = a.tool.clone().unwrap_or_else(|| "?".to_owned());
+            match tools.iter_mut().find(|(t, _)| *t == name) {
+                Some((_, n)) => *n += 1,
+                None => tools.push((name, 1)),
+            }
+        }
+    }
+    let so_far = live.snapshot.as_ref().map(|s| {
+        let mut r = s.record.clone();
+        r.activity.clone_from(&s.activity);
+        r.mcp.servers.clone_from(&s.servers);
+        r.finished_at_ms = records::record::now_ms();
+        r
+    });
+    html! {
+        h1 #live { "Run " code { (job.id) } " " (pill(job.state)) }
+        p.muted { "This job has not ended: the page follows it, and its record replaces it when it ends." }
+        dl.facts {
+            dt { "State" } dd {
+                (job.state)
+                @if let Some(w) = &job.worker { " on " (w) }
+                @if let Some(s) = job.running_secs { ", for " (took(s * 1000)) }
+                @if job.running_secs.is_none() { ", queued " (took(job.waited_secs * 1000)) " ago" }
+            }
+            @if let Some(s) = &live.snapshot { dt { "Phase" } dd { (s.phase()) } }
+            @if !job.needs.is_empty() { dt { "Needs" } dd { (job.needs.join(", ")) } }
+            @if let Some(issue) = &job.issue { dt { "For" } dd { (issue) } }
+            @if let Some(folder) = &job.folder { dt { "Folder" } dd { code { (folder) } } }
+            @if let Some(task) = &job.task { dt { "Task" } dd { (task) } }
+            @if let Some(t) = &job.trigger_type { dt { "Trigger" } dd { (t) ", attempt " (job.attempt) } }
+            @if let Some(of) = &job.rerun_of { dt { "Runs again" } dd { a href={"/runs/" (of)} { (of) } } }
+            @if let Some(s) = &live.snapshot {
+                dt { "So far" } dd #so-far { (count(s.turns as usize, "turn")) ", " (count(s.tool_calls as usize, "tool call")) " (as pi says)" }
+            }
+        }
+        @if let Some(r) = &so_far {
+            h2 { "Timeline so far" }
+            (charts::timeline(r))
+            h2 { "MCP servers" }
+            @if r.mcp.servers.is_empty() {
+                p.muted { "None has said its state yet (they are connecting, or the job names none)." }
+            } @else {
+                table #servers {
+                    thead { tr { th { "Server" } th { "State" } th.num { "Ready after" } } }
+                    tbody {
+                        @for s in &r.mcp.servers {
+                            tr { td { (s.name) } td { (pill(&s.state)) } td.num { @if let Some(ms) = s.ready_ms { (took(ms)) } } }
+                        }
+                    }
+                }
+            }
+            h2 { "Tool calls so far" }
+            @if tools.is_empty() {
+                p.muted { "None yet." }
+            } @else {
+                table #live-tools {
+                    thead { tr { th { "Tool" } th.num { "Calls begun" } } }
+                    tbody { @for (t, n) in &tools { tr { td { (t) } td.num { (n) } } } }
+                }
+            }
+            h2 { "Transcript so far" }
+            @if s_cut(live) { p.muted { "The live view keeps no more lines: the whole transcript is kept with the record." } }
+            p.muted { "Redacted as it is stored. " (live.lines) " lines in all; the newest " (live.transcript.entries.len()) " entries shown." }
+            ol.transcript #live-transcript {
+                @for e in &live.transcript.entries {
+                    li { span.kind { (e.kind) } @if !e.text.is_empty() { pre { (e.text) } } }
+                }
+            }
+        }
+    }
+}
+
+fn s_cut(live: &Live) -> bool {
+    live.snapshot.as_ref().is_some_and(|s| s.cut)
 }
 
 fn run_body(

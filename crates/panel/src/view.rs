@@ -24,9 +24,9 @@ th { background: #eef1f4; font-weight: 600; font-size: 13px; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .muted { color: var(--muted); }
 .pill { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; color: #fff; background: var(--cancel); }
-.pill.completed, .pill.ok, .pill.ready, .pill.running { background: var(--ok); }
-.pill.failed, .pill.fail, .pill.lost { background: var(--fail); }
-.pill.policy, .pill.warn, .pill.cancelling, .pill.waiting { background: var(--policy); color: var(--ink); }
+.pill.completed, .pill.ok, .pill.ready, .pill.running, .pill.live { background: var(--ok); }
+.pill.failed, .pill.fail, .pill.lost, .pill.gone { background: var(--fail); }
+.pill.policy, .pill.warn, .pill.cancelling, .pill.waiting, .pill.draining, .pill.waiting-for-host { background: var(--policy); color: var(--ink); }
 .pill.queued { background: var(--accent); }
 .notice { padding: 8px 12px; background: #e6f0ff; border: 1px solid #b3cdf5; margin-bottom: 12px; }
 .error { padding: 8px 12px; background: #fde8e8; border: 1px solid #f5b3b3; margin-bottom: 12px; }

@@ -229,3 +229,166 @@ fn an_operator_logs_in_reads_the_runs_and_cancels_a_queued_job_in_a_browser() {
         assert!(png.len() > 1000, "{name}.png is empty");
     }
 }
+
+/// Waits until the page in the browser (which reloads itself) shows `wanted`, without going
+/// anywhere: the live page's own refresh brings it.
+fn until_page_shows(browser: &Browser, wanted: &str, within: Duration) {
+    let until = Instant::now() + within;
+    // Read in one script call: the page may reload between finding an element and reading it.
+    let text = || {
+        browser
+            .try_execute("return document.body ? document.body.innerText : '';", &[])
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    loop {
+        let shown = text();
+        if shown.contains(wanted) {
+            return;
+        }
+        assert!(Instant::now() < until, "{wanted} never showed:\n{shown}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_operator_watches_a_running_job_and_the_workers_in_a_browser() {
+    const SECRET: &str = "cnry-panel-live-7c3e";
+    let s = Service::new(
+        vec![
+            Step::call("mcp__vault__get_env", json!({})),
+            Step::call("bash", json!({"command": "sleep 1; echo one"})),
+            // Long enough to be watched however slowly the browser gets there.
+            Step::call("bash", json!({"command": "sleep 15; echo two"})),
+            Step::text("Watched to the end."),
+        ],
+        |_| {
+            json!({"vault": {"command": "node", "args": [crate::worker::EVERYTHING, "stdio"],
+                "env": {"DOCS_TOKEN": "${DOCS_TOKEN}"}, "description": "Sees a secret", "exposure": "direct"}})
+        },
+        &format!("PI_PANEL_TOKEN={TOKEN}\nPI_FORWARD_ENV=DOCS_TOKEN\n"),
+    );
+    s.seal();
+    let mut run = s.d.command(&[
+        "run",
+        s.repo.to_str().unwrap(),
+        "--task",
+        "Read the secret, then wait.",
+        "--mcp",
+        "vault",
+    ]);
+    run.env("FAKE_API_KEY", MODEL_KEY).env("DOCS_TOKEN", SECRET);
+    let run = crate::common::Run::from(run.output().unwrap());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = crate::worker::queued_id(&run);
+    let panel = start_panel(&s);
+    let browser = Browser::start(1280, 1400);
+    let shots = screenshots();
+    browser.go(&format!("{}/login", panel.url));
+    browser.find("#token").type_text(TOKEN);
+    browser.find("form.login button").click();
+    browser.wait_for("#open");
+    // No worker yet: the queue page says so, and the job is only queued.
+    assert!(
+        browser.text().contains("No worker is taking jobs"),
+        "{}",
+        browser.text()
+    );
+
+    // A worker that runs until told to stop.
+    let mut worker = s.d.command(&["worker", "--poll-ms", "100"]);
+    worker
+        .env("FAKE_API_KEY", MODEL_KEY)
+        .env("DOCS_TOKEN", SECRET)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut worker = worker.spawn().unwrap();
+
+    // The queue page lists it live, and the job running; the job's id opens its live page.
+    until_shown(
+        &browser,
+        &format!("{}/", panel.url),
+        &format!(":{}", worker.id()),
+    );
+    let until = Instant::now() + Duration::from_secs(60);
+    while browser.try_find("#open .pill.running").is_none() {
+        assert!(
+            Instant::now() < until,
+            "the job never ran:\n{}",
+            browser.text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        browser.go(&format!("{}/", panel.url));
+    }
+    let workers = browser.find("#workers").text();
+    assert!(
+        workers.contains(&format!(":{}", worker.id())) && workers.contains("live"),
+        "{workers}"
+    );
+    browser.screenshot(&shots.join("workers.png"));
+    browser.find(&format!("#open a[href='/runs/{id}']")).click();
+    browser.wait_for("h1#live");
+    assert!(browser.url().ends_with(&format!("/runs/{id}")));
+    // The page follows the job on its own: its server, then the second bash call.
+    until_page_shows(&browser, "vault", Duration::from_secs(60));
+    until_page_shows(&browser, "3 tool calls", Duration::from_secs(60));
+    // Paused (the bar's button, in one script call), the page holds still to be read.
+    browser.execute(
+        "const b = document.querySelector('#reload button'); if (b && b.textContent.includes('Pause')) { b.click(); }",
+        &[],
+    );
+    let page = browser.text();
+    assert!(page.contains("running"), "{page}");
+    let servers = browser.find("#servers").text();
+    assert!(servers.contains("ready"), "{servers}");
+    let tools = browser.find("#live-tools").text();
+    assert!(tools.contains("bash") && tools.contains('2'), "{tools}");
+    // The timeline so far, with pi's turns and calls on it.
+    let drawn = browser.find_all("svg.timeline rect").len();
+    assert!(drawn >= 4, "{drawn} shapes in the timeline");
+    // The transcript so far: the secret the agent read is redacted, never shown.
+    let transcript = browser.find("#live-transcript").text();
+    assert!(
+        transcript.contains("[redacted:DOCS_TOKEN]"),
+        "the secret was never read: {transcript}"
+    );
+    let source = browser.source();
+    assert!(!source.contains(SECRET) && !source.contains(MODEL_KEY));
+    browser.screenshot(&shots.join("live.png"));
+
+    // The health page: a worker is live.
+    browser.go(&format!("{}/health", panel.url));
+    let checks = browser.find("#checks").text();
+    assert!(checks.contains("1 workers live"), "{checks}");
+
+    // Once the job has ended, its page is its record.
+    let until = Instant::now() + Duration::from_secs(90);
+    loop {
+        browser.go(&format!("{}/runs/{id}", panel.url));
+        if browser.text().contains("Watched to the end.") {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the record never replaced the live page"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(browser.try_find("h1#live").is_none());
+    assert!(!browser.source().contains(SECRET));
+    assert_eq!(s.record(&id)["outcome"], "completed");
+
+    // Stopped, the worker leaves the list, and the health page fails again.
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &worker.id().to_string()])
+        .status();
+    assert!(worker.wait().unwrap().success());
+    browser.go(&format!("{}/health", panel.url));
+    let checks = browser.find("#checks").text();
+    assert!(checks.contains("no worker is taking jobs"), "{checks}");
+    for name in ["workers", "live"] {
+        let png = std::fs::read(shots.join(format!("{name}.png"))).unwrap();
+        assert!(png.len() > 1000, "{name}.png is empty");
+    }
+}

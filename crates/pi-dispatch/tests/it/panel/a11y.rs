@@ -39,7 +39,11 @@ fn filled() -> (Deployment, Runs) {
     assert_eq!(init.code, 0, "{}", init.stderr);
     // The token in the deployment's .env, as an operator keeps it: in no process's environment.
     let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
-    d.write(".env", &format!("{env}\nPI_PANEL_TOKEN={TOKEN}\n"));
+    // Workers seen at the start stay live for the whole test (three heartbeats of 300 s).
+    d.write(
+        ".env",
+        &format!("{env}\nPI_PANEL_TOKEN={TOKEN}\nPI_WORKER_HEARTBEAT_SECS=300\n"),
+    );
     let now = SystemTime::now();
     let now_ms = records::record::unix_ms(now);
     let records = d.records();
@@ -189,6 +193,91 @@ fn filled() -> (Deployment, Runs) {
     let lost = q.lease("host-b:9", Duration::from_secs(1), then).unwrap();
     assert_eq!(lost.unwrap().job_id, "job-lost");
     put("job-queued", now);
+    // One that needs a label no live worker carries.
+    let tpu = queue::NewJob {
+        placement: queue::Placement {
+            needs: vec!["tpu".to_owned()],
+            ..queue::Placement::default()
+        },
+        ..queue::NewJob::plain(
+            "job-no-host",
+            &serde_json::to_string(&job("job-no-host", "Needs a TPU.")).unwrap(),
+        )
+    };
+    assert!(q.enqueue_job(&tpu, now).unwrap());
+    // Workers: one live, one draining, one gone two hours ago.
+    let card = |id: &str, draining: bool| queue::WorkerCard {
+        id: id.to_owned(),
+        host: id.split(':').next().unwrap().to_owned(),
+        pid: 1,
+        version: "0.1.0".to_owned(),
+        labels: vec![
+            format!("host:{}", id.split(':').next().unwrap()),
+            "gpu".to_owned(),
+        ],
+        concurrency: 2,
+        started_ms: now_ms - 3_600_000,
+        running: 1,
+        draining,
+    };
+    q.announce(&card("host-a:1", false), now).unwrap();
+    q.announce(&card("host-a:2", true), now).unwrap();
+    q.announce(&card("host-b:9", false), then).unwrap();
+    // What the running job shows live: its server, what pi began, its transcript so far.
+    let mut so_far = Record::ended(
+        &job("job-running", "The job job-running."),
+        Reason::Cancelled,
+        1,
+        0,
+    );
+    so_far.queued_at_ms = Some(now_ms - 60_000);
+    so_far.admitted_at_ms = Some(now_ms - 59_000);
+    so_far.started_at_ms = Some(now_ms - 58_000);
+    so_far.sandbox_up_at_ms = Some(now_ms - 57_000);
+    let live = records::live::Snapshot {
+        record: so_far,
+        worker: "host-a:1".to_owned(),
+        servers: vec![
+            ServerState {
+                name: "docs".into(),
+                state: "ready".into(),
+                ready_ms: Some(850),
+            },
+            ServerState {
+                name: "wiki".into(),
+                state: "failed".into(),
+                ready_ms: None,
+            },
+        ],
+        activity: vec![
+            Activity {
+                at_ms: now_ms - 50_000,
+                kind: "turn".into(),
+                tool: None,
+            },
+            Activity {
+                at_ms: now_ms - 49_000,
+                kind: "tool".into(),
+                tool: Some("bash".into()),
+            },
+        ],
+        turns: 1,
+        tool_calls: 1,
+        updated_at_ms: now_ms,
+        lines: 2,
+        cut: false,
+    };
+    q.live_put(
+        "job-running",
+        &serde_json::to_string(&live).unwrap(),
+        &[
+            r#"{"type":"turn_start"}"#.to_owned(),
+            r#"{"type":"tool_execution_start","toolName":"bash","args":{"command":"ls"}}"#
+                .to_owned(),
+        ],
+        now,
+    )
+    .unwrap();
 
     let runs = Runs {
         completed: done.job_id,
@@ -333,9 +422,20 @@ fn every_page_of_the_panel_passes_axe_core_in_a_browser() {
             &runs.cancelled,
         ],
     );
-    for state in ["queued", "waiting", "running", "cancelling", "lost"] {
+    for state in [
+        "queued",
+        "waiting",
+        "waiting-for-host",
+        "running",
+        "cancelling",
+        "lost",
+    ] {
         let pills = browser.find_all(&format!("#open .pill.{state}"));
         assert_eq!(pills.len(), 1, "the queue shows no {state} job");
+    }
+    for state in ["live", "draining", "gone"] {
+        let pills = browser.find_all(&format!("#workers .pill.{state}"));
+        assert_eq!(pills.len(), 1, "the queue shows no {state} worker");
     }
     for outcome in ["completed", "policy", "failed", "cancelled"] {
         assert!(
@@ -371,7 +471,24 @@ fn every_page_of_the_panel_passes_axe_core_in_a_browser() {
         );
     }
     browser.go(&format!("{}/runs/no-such-run", panel.url));
-    look("no-record", &["No run has the id"]);
+    look("no-record", &["No job has the id"]);
+    // A running job's page: it has not ended (its worker here writes no live view).
+    browser.go(&format!("{}/runs/job-running", panel.url));
+    look(
+        "run-live",
+        &["This job has not ended", "job-running", "Transcript so far"],
+    );
+    for wanted in [
+        "#servers .pill.ready",
+        "#servers .pill.failed",
+        "#live-tools",
+        "svg.timeline",
+    ] {
+        assert!(
+            browser.try_find(wanted).is_some(),
+            "the live page shows no {wanted}"
+        );
+    }
     browser.go(&format!("{}/health", panel.url));
     look("health", &["Doctor's checks"]);
     for level in ["ok", "fail"] {
