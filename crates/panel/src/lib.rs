@@ -58,7 +58,13 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// How long a worker may go unseen before it is shown as gone.
     pub worker_gone_after: std::time::Duration,
+    /// Queues a job that runs an ended job again (through the admission): the new job's id, or
+    /// why not.
+    pub rerun: Rerun,
 }
+
+/// What the panel's "Run again" button does.
+pub type Rerun = Arc<dyn Fn(&str) -> Result<String, String> + Send + Sync>;
 
 /// The panel's state, shared by every request.
 pub(crate) struct Panel {
@@ -70,6 +76,7 @@ pub(crate) struct Panel {
     state_dir: PathBuf,
     disk: metrics::DiskGauges,
     worker_gone_after: std::time::Duration,
+    rerun: Rerun,
 }
 
 /// The one style sheet.
@@ -126,6 +133,7 @@ pub async fn serve(
         state_dir: config.state_dir,
         disk: metrics::DiskGauges::default(),
         worker_gone_after: config.worker_gone_after,
+        rerun: config.rerun,
     });
     axum::serve(listener, router(panel))
         .with_graceful_shutdown(shutdown)
@@ -145,6 +153,7 @@ fn router(panel: Arc<Panel>) -> Router {
         .route("/panel.js", get(js))
         .route("/health", get(pages::health))
         .route("/jobs/{id}/cancel", post(pages::cancel))
+        .route("/runs/{id}/rerun", post(pages::rerun))
         .route("/metrics", get(metrics::metrics))
         .fallback(pages::not_found)
         .layer(axum::middleware::map_response(guard))

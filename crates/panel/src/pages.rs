@@ -572,7 +572,32 @@ pub async fn run(
     } else {
         Ok(None)
     };
-    let body = run_body(&r, &transcript);
+    let (queue, of) = (panel.queue.clone(), r.job_id.clone());
+    let reruns = tokio::task::spawn_blocking(move || queue.reruns(&of).unwrap_or_default())
+        .await
+        .unwrap_or_default();
+    let body = html! {
+        (run_body(&r, &transcript))
+        h2 { "Run it again" }
+        @if !reruns.is_empty() {
+            p #reruns { "Run again as: "
+                @for (i, again) in reruns.iter().enumerate() {
+                    @if i > 0 { ", " }
+                    a href={"/runs/" (again)} { code { (again) } }
+                }
+            }
+        }
+        @if r.job.is_some() {
+            form.rerun method="post" action={"/runs/" (r.job_id) "/rerun"} {
+                input type="hidden" name="csrf" value=(authed.csrf);
+                button type="submit" { "Run again" }
+                " "
+                span.muted { "A new job, as this one was queued, through the same checks." }
+            }
+        } @else {
+            p.muted { "This record was written by an earlier version and keeps no job to run again." }
+        }
+    };
     page(
         StatusCode::OK,
         frame(
@@ -729,6 +754,9 @@ fn run_body(
 ) -> Markup {
     html! {
         h1 { "Run " code { (r.job_id) } " " (pill(r.outcome.as_str())) }
+        @if let Some(of) = &r.rerun_of {
+            p #rerun-of { "Runs " a href={"/runs/" (of)} { code { (of) } } " again." }
+        }
         (run_facts(r))
         h2 { "Timeline" }
         (charts::timeline(r))
@@ -983,6 +1011,49 @@ pub async fn cancel(
         url_pairs(&[("cancelled", Some(&id)), ("result", Some(result))]).join("&")
     ))
     .into_response()
+}
+
+pub async fn rerun(
+    State(panel): State<Arc<Panel>>,
+    authed: Authed,
+    Path(id): Path<String>,
+    Form(form): Form<CsrfForm>,
+) -> Response {
+    if !csrf_ok(&authed, &form.csrf) {
+        tracing::warn!(event = "panel_csrf_refused");
+        return (
+            StatusCode::FORBIDDEN,
+            "the form is stale: reload the page\n",
+        )
+            .into_response();
+    }
+    let (rerun, of) = (panel.rerun.clone(), id.clone());
+    let answer = tokio::task::spawn_blocking(move || rerun(&of))
+        .await
+        .unwrap_or_else(|_| Err("the job could not be queued again".to_owned()));
+    match answer {
+        Ok(new) => {
+            tracing::info!(event = "panel_rerun", job_id = %new, rerun_of = %id);
+            Redirect::to(&format!("/runs/{new}")).into_response()
+        }
+        Err(why) => {
+            let body = html! {
+                h1 { "Not run again" }
+                p.error #not-rerun { (why) }
+                p { a href={"/runs/" (id)} { "Back to the run" } }
+            };
+            page(
+                StatusCode::CONFLICT,
+                frame(
+                    "Not run again",
+                    Some(Section::Runs),
+                    &authed.csrf,
+                    None,
+                    &body,
+                ),
+            )
+        }
+    }
 }
 
 pub async fn not_found(_authed: Authed) -> Response {

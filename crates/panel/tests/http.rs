@@ -29,6 +29,48 @@ struct Served {
     http: reqwest::Client,
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_again_needs_the_sessions_csrf_token_and_says_why_not() {
+    let s = serve().await;
+    s.records
+        .write(&record(
+            "run-good",
+            Outcome::Completed,
+            None,
+            1_796_317_925_000,
+        ))
+        .unwrap();
+    let cookie = s.login().await;
+    let page = s.page_with("/runs/run-good", &cookie, "Run again").await;
+    assert!(page.contains(r#"action="/runs/run-good/rerun""#), "{page}");
+    let csrf = csrf_of(&page);
+    for given in ["", "0123"] {
+        let (status, headers, _) = s
+            .post("/runs/run-good/rerun", Some(&cookie), &[("csrf", given)])
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{given:?}");
+        assert!(!headers.contains_key("location"));
+    }
+    // Without a session, the login page.
+    let (status, headers, _) = s
+        .post("/runs/run-good/rerun", None, &[("csrf", &csrf)])
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(headers["location"], "/login");
+    // The session's own: queued, and the new job's page opens.
+    let (status, headers, _) = s
+        .post("/runs/run-good/rerun", Some(&cookie), &[("csrf", &csrf)])
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(headers["location"], "/runs/rerun-of-good");
+    // Refused: why, as text.
+    let (status, _, page) = s
+        .post("/runs/run-bad/rerun", Some(&cookie), &[("csrf", &csrf)])
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(page.contains("&lt;b&gt;run-bad&lt;/b&gt; stays"), "{page}");
+}
+
 impl Served {
     fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
@@ -136,6 +178,10 @@ async fn serve() -> Served {
         }),
         state_dir: dir.path().to_owned(),
         worker_gone_after: GONE_AFTER,
+        rerun: Arc::new(|id: &str| match id {
+            "run-good" => Ok("rerun-of-good".to_owned()),
+            _ => Err(format!("the job would be refused: <b>{id}</b> stays")),
+        }),
     };
     tokio::spawn(panel::serve(listener, config, std::future::pending()));
     Served {

@@ -67,6 +67,8 @@ enum Command {
     Runs(cmd::runs::Args),
     /// Cancel a job: a queued one is removed, a running one is stopped.
     Cancel(cmd::cancel::Args),
+    /// Queue a job that runs an ended job again, as it was queued (through the admission).
+    Rerun(cmd::rerun::Args),
     /// Remove now what jobs left past the PI_KEEP_*_DAYS settings (the worker does it as it goes).
     Prune(cmd::prune::Args),
     /// Say what the worker would decide now for the job a trigger would queue, without running it.
@@ -149,6 +151,7 @@ fn main() -> ExitCode {
         Command::Image(args) => cmd::image::run(&args, &ctx),
         Command::Explain(args) => cmd::explain::run(&args, &ctx),
         Command::Cancel(args) => cmd::cancel::run(&args, &ctx),
+        Command::Rerun(args) => cmd::rerun::run(&args, &ctx),
         Command::Prune(args) => cmd::prune::run(&args, &ctx),
         Command::ImportPi(args) => cmd::import_pi::run(&args, &ctx),
         Command::Mcp {

@@ -127,6 +127,13 @@ pub trait Queue: Send + Sync {
     /// Forgets what jobs showed live, for those last written before `before`; how many.
     fn live_prune(&self, before: SystemTime) -> Result<usize, QueueError>;
 
+    /// Notes that job `rerun` runs job `original` again (a record is written once, so the link
+    /// from the original is kept here).
+    fn link_rerun(&self, original: &str, rerun: &str) -> Result<(), QueueError>;
+
+    /// The jobs that ran job `original` again, oldest first.
+    fn reruns(&self, original: &str) -> Result<Vec<String>, QueueError>;
+
     /// Extends a lease still held to `now + lease_for`; `false` if the job is no longer this
     /// lease's (taken over by another lease, finished, retried or lost). A lapsed lease that no one
     /// has taken over is still held.

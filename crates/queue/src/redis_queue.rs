@@ -18,6 +18,7 @@
 //! group:G     zset of the open jobs of group G, by seq (only the first may be leased)
 //! workers     hash of the workers' cards (JSON), by worker id; workers-seen, zset of when each
 //!             was last seen
+//! reruns:ID   list of the jobs that ran job ID again
 //! live:ID     hash: snapshot, updated (what a running job shows); live-lines:ID, list of its
 //!             transcript's lines so far; live, zset of the jobs by updated (a week's expiry too)
 //! lease:TOKEN the job a lease took, for as long as the lease (a lease asked again after a lost
@@ -1069,6 +1070,21 @@ impl Queue for RedisQueue {
             &[millis::of(before).to_string()],
         )?;
         Ok(usize::try_from(gone).unwrap_or(0))
+    }
+
+    fn link_rerun(&self, original: &str, rerun: &str) -> Result<(), QueueError> {
+        let key = format!("{PREFIX}reruns:{original}");
+        self.call("link a rerun", |c| {
+            redis::cmd("RPUSH").arg(&key).arg(rerun).query::<i64>(c)
+        })?;
+        Ok(())
+    }
+
+    fn reruns(&self, original: &str) -> Result<Vec<String>, QueueError> {
+        let key = format!("{PREFIX}reruns:{original}");
+        self.call("read the reruns of a job", |c| {
+            redis::cmd("LRANGE").arg(&key).arg(0).arg(-1).query(c)
+        })
     }
 
     fn release(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError> {

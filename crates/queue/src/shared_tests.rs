@@ -325,7 +325,18 @@ suite!(
     a_superseding_job_cancels_its_group_and_waits_for_the_running_one,
     workers_announce_themselves_refresh_and_leave,
     a_live_view_grows_is_read_from_any_line_and_is_pruned,
+    reruns_are_linked_to_their_original_in_order,
 );
+
+pub(crate) fn reruns_are_linked_to_their_original_in_order(store: &dyn Store) {
+    let queue = store.open();
+    assert!(queue.reruns("a").unwrap().is_empty());
+    queue.link_rerun("a", "b").unwrap();
+    queue.link_rerun("a", "c").unwrap();
+    queue.link_rerun("b", "d").unwrap();
+    assert_eq!(queue.reruns("a").unwrap(), ["b", "c"]);
+    assert_eq!(queue.reruns("b").unwrap(), ["d"]);
+}
 
 pub(crate) fn a_live_view_grows_is_read_from_any_line_and_is_pruned(store: &dyn Store) {
     let queue = store.open();

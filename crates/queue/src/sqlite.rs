@@ -116,6 +116,12 @@ CREATE TABLE live (
     updated_at INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX live_updated ON live (updated_at);
+CREATE TABLE reruns (
+    original TEXT NOT NULL,
+    seq      INTEGER NOT NULL,
+    rerun    TEXT NOT NULL,
+    PRIMARY KEY (original, seq)
+) WITHOUT ROWID;
 CREATE TABLE live_lines (
     job_id TEXT NOT NULL,
     n      INTEGER NOT NULL,
@@ -885,6 +891,29 @@ impl Queue for SqliteQueue {
             .map_err(err)?;
         tx.commit().map_err(err)?;
         Ok(gone)
+    }
+
+    fn link_rerun(&self, original: &str, rerun: &str) -> Result<(), QueueError> {
+        self.conn()
+            .execute(
+                "INSERT INTO reruns (original, seq, rerun)
+                 SELECT ?1, coalesce(max(seq), 0) + 1, ?2 FROM reruns WHERE original = ?1",
+                params![original, rerun],
+            )
+            .map_err(sqlite("link a rerun"))?;
+        Ok(())
+    }
+
+    fn reruns(&self, original: &str) -> Result<Vec<String>, QueueError> {
+        let err = sqlite("read the reruns of a job");
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare("SELECT rerun FROM reruns WHERE original = ?1 ORDER BY seq")
+            .map_err(err)?;
+        let rows = stmt
+            .query_map(params![original], |row| row.get(0))
+            .map_err(err)?;
+        rows.collect::<Result<Vec<String>, _>>().map_err(err)
     }
 
     fn release(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError> {

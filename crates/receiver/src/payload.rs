@@ -108,3 +108,33 @@ pub fn is_delivery_id(id: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
+
+/// The event a forge's webhook body is, as its event header would name it, read from the body
+/// alone (for a body saved to a file, without its headers): GitHub's `issues`, `pull_request`,
+/// `issue_comment` or `ping`; GitLab's `Issue Hook`, `Merge Request Hook` or `Note Hook`. `None`
+/// when it is none of these.
+pub fn event_of_body(forge: protocol::forge_event::Forge, body: &[u8]) -> Option<&'static str> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let has = |key: &str| v.get(key).is_some_and(|x| !x.is_null());
+    match forge {
+        protocol::forge_event::Forge::Github => {
+            if has("zen") && has("hook_id") {
+                Some("ping")
+            } else if has("comment") && has("issue") {
+                Some("issue_comment")
+            } else if has("pull_request") {
+                Some("pull_request")
+            } else if has("issue") {
+                Some("issues")
+            } else {
+                None
+            }
+        }
+        protocol::forge_event::Forge::Gitlab => match v.get("object_kind")?.as_str()? {
+            "issue" => Some("Issue Hook"),
+            "merge_request" => Some("Merge Request Hook"),
+            "note" => Some("Note Hook"),
+            _ => None,
+        },
+    }
+}

@@ -176,6 +176,13 @@ pub struct Record {
     /// record. The record's turns, tokens and cost are then the whole run's: every attempt's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub earlier_attempts: Vec<EarlierAttempt>,
+    /// The job this one ran again (`pi-dispatch rerun`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<String>,
+    /// The job as it was queued (what `rerun` queues again); `None` in records of earlier
+    /// versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<Job>,
 }
 
 /// An earlier attempt of a job, as its own record says.
@@ -247,6 +254,8 @@ impl Record {
             worker: None,
             attempt_of: None,
             earlier_attempts: Vec::new(),
+            rerun_of: job.rerun_of.clone(),
+            job: Some(job.clone()),
         }
     }
 

@@ -56,6 +56,12 @@ impl Queue for Blocking {
     fn live_prune(&self, before: SystemTime) -> Result<usize, QueueError> {
         self.inner.live_prune(before)
     }
+    fn link_rerun(&self, original: &str, rerun: &str) -> Result<(), QueueError> {
+        self.inner.link_rerun(original, rerun)
+    }
+    fn reruns(&self, original: &str) -> Result<Vec<String>, QueueError> {
+        self.inner.reruns(original)
+    }
     fn renew(&self, l: &Lease, d: Duration, now: SystemTime) -> Result<bool, QueueError> {
         self.inner.renew(l, d, now)
     }

@@ -12,6 +12,7 @@ pub mod mcp_check;
 pub mod panel;
 pub mod prune;
 pub mod receiver;
+pub mod rerun;
 pub mod run;
 pub mod runs;
 pub mod status;

@@ -63,6 +63,18 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         health: Arc::new(health),
         state_dir: ctx.dir.join("state"),
         worker_gone_after: settings.worker_gone_after(),
+        rerun: {
+            let dir = ctx.dir.clone();
+            Arc::new(move |id: &str| {
+                // The deployment read afresh, as the CLI's rerun reads it.
+                let ctx = Context::new(Some(&dir)).map_err(|e| e.to_string())?;
+                match crate::cmd::rerun::rerun(&ctx, id, false) {
+                    Ok(Ok(new)) => Ok(new),
+                    Ok(Err(not)) => Err(not.why),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+        },
     };
     http_service::run(
         addr,

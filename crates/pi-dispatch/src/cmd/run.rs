@@ -1,7 +1,9 @@
 //! `pi-dispatch run FOLDER --task TEXT [--flow F] [--mcp NAME,…] [--image NAME] [--force]`: queues
 //! a local job on the repository in FOLDER. The job works in the folder itself, so a git tree with
 //! uncommitted changes is refused unless `--force`. The worker (`pi-dispatch worker`) runs it.
-//! `pi-dispatch run --trigger N` queues now the job cron trigger N queues on its schedule.
+//! `pi-dispatch run --trigger N` queues now the job cron trigger N queues on its schedule;
+//! `pi-dispatch run --trigger N --event FILE` queues the job forge trigger N queues for the event
+//! in FILE (a webhook's body as the forge sends it), read as the receiver reads it.
 //!
 //! Before queueing, `run` asks the admission the worker asks: a job certain to be refused (an
 //! unknown server, a folder owned by root, a model without its key, ...) is not queued, and the
@@ -24,9 +26,14 @@ pub struct Args {
     /// What the agent is asked to do.
     #[arg(long, value_name = "TEXT", required_unless_present = "trigger")]
     task: Option<String>,
-    /// Queue the job of cron trigger N of triggers.json now (its folder, task, servers, secrets).
+    /// Queue the job of cron trigger N of triggers.json now (its folder, task, servers, secrets),
+    /// or, with --event, of forge trigger N.
     #[arg(long, value_name = "N", conflicts_with_all = ["folder", "task", "mcp", "image"])]
     trigger: Option<usize>,
+    /// With --trigger N, a forge trigger: the event to run it on, a webhook's body as the forge
+    /// sends it (saved from the forge's webhook deliveries page, say). The trigger must match it.
+    #[arg(long, value_name = "FILE", requires = "trigger")]
+    event: Option<PathBuf>,
     /// The flow the job follows.
     #[arg(long, value_name = "NAME", default_value = "task")]
     flow: String,
@@ -58,7 +65,7 @@ pub fn new_job_id(prefix: &str) -> anyhow::Result<String> {
 /// (`sandbox::isolated`) with the folder read-only, its own `/proc`, no network, nothing of this
 /// process's environment, as the folder's owner when this is root (a folder its owner cannot read,
 /// write or enter is refused first, saying so), for at most `limit`.
-fn dirty(folder: &Path, limit: std::time::Duration) -> anyhow::Result<bool> {
+pub(crate) fn dirty(folder: &Path, limit: std::time::Duration) -> anyhow::Result<bool> {
     use pickup::reach;
     use sandbox::{bwrap, isolated};
     let shown = folder.display();
@@ -144,39 +151,127 @@ fn trigger_job(ctx: &Context, index: usize) -> anyhow::Result<Job> {
         .trigger(index)
         .map_err(|why| anyhow::anyhow!("--trigger: {why}"))?;
     let config::triggers::On::Cron { id, .. } = &trigger.on else {
-        anyhow::bail!("--trigger: trigger {index} is not a cron trigger");
+        anyhow::bail!(
+            "--trigger: trigger {index} is not a cron trigger; a forge trigger runs on an event: add --event FILE"
+        );
     };
     Ok(trigger.job(new_job_id(&format!("cron-{id}-now"))?))
+}
+
+/// The job forge trigger `index` queues for the webhook body in `file`, read as the receiver reads
+/// a delivery (the event named by what the body holds), or why there is none.
+fn event_job(ctx: &Context, index: usize, file: &Path) -> anyhow::Result<Result<Job, String>> {
+    use protocol::forge_event::Forge;
+    use receiver::payload::Parsed;
+    let settings = ctx.settings()?;
+    let all = config::triggers::TriggersFile::read(&settings.triggers_file)?;
+    let trigger = all
+        .trigger(index)
+        .map_err(|why| anyhow::anyhow!("--trigger: {why}"))?;
+    let Some(forge) = Forge::of_kind(trigger.run.kind.as_str()) else {
+        return Ok(Err(format!(
+            "--event: trigger {index} runs a {} job, and only a github or gitlab trigger takes an event",
+            trigger.run.kind.as_str()
+        )));
+    };
+    let shown = file.display();
+    let body = read_bounded(file, receiver::server::DEFAULT_MAX_BODY)
+        .map_err(|e| anyhow::anyhow!("--event: {shown} cannot be read ({e})"))?;
+    let Some(name) = receiver::payload::event_of_body(forge, &body) else {
+        return Ok(Err(format!(
+            "--event: {shown} is not a {forge} webhook body of an event a trigger can name"
+        )));
+    };
+    let delivery = new_job_id("cli")?;
+    let parsed = match forge {
+        Forge::Github => receiver::github::parse(name, &delivery, &body),
+        Forge::Gitlab => receiver::gitlab::parse(name, &delivery, &body),
+    };
+    let event = match parsed {
+        Ok(Parsed::Event(event)) => event,
+        Ok(Parsed::Ping) => return Ok(Err(format!("--event: {shown} is a ping, not an event"))),
+        Ok(Parsed::Ignored(why)) => {
+            return Ok(Err(format!("--event: the receiver would ignore it: {why}")));
+        }
+        Err(e) => return Ok(Err(format!("--event: {shown}: {e}"))),
+    };
+    if !receiver::matching::matches(trigger, &event) {
+        return Ok(Err(format!(
+            "--event: trigger {index} does not match this {name} event, so a delivery of it would queue nothing (pi-dispatch explain --trigger {index} shows what it takes)"
+        )));
+    }
+    Ok(Ok(Job {
+        event: Some(*event.clone()),
+        ..trigger.job(receiver::matching::job_id(&event, index))
+    }))
+}
+
+/// The file at `path`, refused when larger than `max` bytes.
+fn read_bounded(path: &Path, max: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(max as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() > max {
+        return Err(std::io::Error::other(format!("larger than {max} bytes")));
+    }
+    Ok(bytes)
+}
+
+/// What came of asking to queue a job.
+pub enum Queued {
+    /// Queued; with what could not be checked now, when something could not.
+    Yes {
+        id: String,
+        unchecked: Option<String>,
+    },
+    /// The admission refuses it now: nothing was queued.
+    Refused(Box<pickup::admission::Refusal>),
+}
+
+/// Queues `job` unless the admission refuses it now. A local job is this host's (its folder is
+/// here) unless its trigger asks for labels.
+pub fn queue_job(ctx: &Context, job: &Job) -> anyhow::Result<Queued> {
+    let settings = ctx.settings()?;
+    let env = ctx.environment()?;
+    let unchecked = match pickup::fs::Deployment::new(&settings, &env).decide(job) {
+        Decision::Refuse(r) => return Ok(Queued::Refused(r)),
+        Decision::Retry { detail } => Some(detail),
+        Decision::Admit(_) => None,
+    };
+    let queue = ctx.queue(&settings)?;
+    let mut job = job.clone();
+    if job.kind() == Some(protocol::job::Kind::Local) {
+        job.host = Some(settings.host_name());
+    }
+    queue.enqueue_job(&queue::NewJob::of(&job)?, SystemTime::now())?;
+    Ok(Queued::Yes {
+        id: job.id,
+        unchecked,
+    })
 }
 
 /// Queues `job` unless the admission refuses it now: then nothing is queued, and the refusal is
 /// said as the worker would record it.
 fn enqueue(ctx: &Context, job: &Job) -> anyhow::Result<Exit> {
-    let settings = ctx.settings()?;
-    let env = ctx.environment()?;
-    match pickup::fs::Deployment::new(&settings, &env).decide(job) {
-        Decision::Refuse(r) => {
+    match queue_job(ctx, job)? {
+        Queued::Refused(r) => {
             eprint!("{}", refusal_text(&r));
-            return Ok(Exit::CheckFailed);
+            Ok(Exit::CheckFailed)
         }
-        Decision::Retry { detail } => eprintln!(
-            "pi-dispatch: a check could not be made now ({detail}); the job is queued and the worker decides when it can"
-        ),
-        Decision::Admit(_) => {}
+        Queued::Yes { id, unchecked } => {
+            if let Some(detail) = unchecked {
+                eprintln!(
+                    "pi-dispatch: a check could not be made now ({detail}); the job is queued and the worker decides when it can"
+                );
+            }
+            crate::output::print(&format!(
+                "Queued {id} (run pi-dispatch worker to run it; pi-dispatch runs show {id} for its record).\n"
+            ))?;
+            Ok(Exit::Success)
+        }
     }
-    let queue = ctx.queue(&settings)?;
-    let mut job = job.clone();
-    // A local job's folder is on this host: the job is this host's, unless its trigger asks for
-    // labels.
-    if job.kind() == Some(protocol::job::Kind::Local) {
-        job.host = Some(settings.host_name());
-    }
-    queue.enqueue_job(&queue::NewJob::of(&job)?, SystemTime::now())?;
-    crate::output::print(&format!(
-        "Queued {} (run pi-dispatch worker to run it; pi-dispatch runs show {} for its record).\n",
-        job.id, job.id
-    ))?;
-    Ok(Exit::Success)
 }
 
 /// A refusal as `run` says it: the reason and its sentence, what it concerns, and the fix.
@@ -193,6 +288,15 @@ pub fn refusal_text(r: &pickup::admission::Refusal) -> String {
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     ctx.deployment()?;
     let check_limit = std::time::Duration::from_secs(ctx.settings()?.run_check_secs);
+    if let (Some(index), Some(file)) = (args.trigger, &args.event) {
+        return match event_job(ctx, index, &ctx.absolute(file))? {
+            Ok(job) => enqueue(ctx, &job),
+            Err(why) => {
+                eprintln!("pi-dispatch: {why}");
+                Ok(Exit::CheckFailed)
+            }
+        };
+    }
     if let Some(index) = args.trigger {
         let job = trigger_job(ctx, index)?;
         let folder = PathBuf::from(job.folder.clone().unwrap_or_default());

@@ -120,7 +120,14 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         let text = if *json {
             format!("{}\n", serde_json::to_string_pretty(&record)?)
         } else {
-            human(&record)
+            let mut text = human(&record);
+            let settings = ctx.settings()?;
+            if queue::exists(&settings) {
+                for again in ctx.queue(&settings)?.reruns(id)? {
+                    let _ = writeln!(text, "run again as: {again}");
+                }
+            }
+            text
         };
         crate::output::print(&text)?;
         return Ok(Exit::Success);
@@ -320,6 +327,9 @@ fn purpose(r: &Record) -> String {
 pub(crate) fn human(r: &Record) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "job {}  {}", r.job_id, r.outcome);
+    if let Some(of) = &r.rerun_of {
+        let _ = writeln!(out, "runs again: {of}");
+    }
     match (&r.item, &r.url) {
         (Some(item), Some(url)) => {
             let _ = writeln!(out, "for: {item} ({url})");

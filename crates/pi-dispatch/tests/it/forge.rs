@@ -140,61 +140,7 @@ impl Site {
     /// Sends the forge's "issue labeled" webhook for issue `number` of `kind`'s repository, now
     /// labeled `label`, as delivery `delivery`; the receiver's answer.
     pub(crate) fn label(&self, kind: Kind, number: u64, label: &str, delivery: &str) -> Value {
-        let (path, body, headers) = match kind {
-            Kind::Github => {
-                let body = json!({
-                    "action": "labeled",
-                    "issue": {"number": number, "title": "The docs say the wrong port",
-                        "body": "The README says 8080; the service listens on 8780.",
-                        "user": {"login": "reporter", "type": "User"},
-                        "labels": [{"name": "bug"}, {"name": label}], "state": "open"},
-                    "label": {"name": label},
-                    "repository": {"id": 1296269, "name": "hello", "full_name": Kind::Github.repository(),
-                        "private": false, "owner": {"login": "octo-org"}, "default_branch": "main"},
-                    "sender": {"login": "maintainer", "type": "User"},
-                    "installation": {"id": 987654}
-                })
-                .to_string();
-                let signature = receiver::signature::github_signature(
-                    WEBHOOK_SECRET.as_bytes(),
-                    body.as_bytes(),
-                );
-                (
-                    "github",
-                    body,
-                    vec![
-                        ("X-GitHub-Event", "issues".to_owned()),
-                        ("X-GitHub-Delivery", delivery.to_owned()),
-                        ("X-Hub-Signature-256", signature),
-                    ],
-                )
-            }
-            Kind::Gitlab => {
-                let body = json!({
-                    "object_kind": "issue", "event_type": "issue",
-                    "user": {"id": 1, "name": "Maintainer", "username": "maintainer"},
-                    "project": {"id": 15, "name": "hello", "path_with_namespace": Kind::Gitlab.repository(),
-                        "default_branch": "main", "web_url": "http://gitlab.example/group/sub/hello"},
-                    "object_attributes": {"id": 300 + number, "iid": number,
-                        "title": "The docs say the wrong port",
-                        "description": "The README says 8080; the service listens on 8780.",
-                        "state": "opened", "action": "update", "confidential": false},
-                    "labels": [{"id": 207, "title": "bug"}, {"id": 208, "title": label}],
-                    "changes": {"labels": {"previous": [{"id": 207, "title": "bug"}],
-                        "current": [{"id": 207, "title": "bug"}, {"id": 208, "title": label}]}}
-                })
-                .to_string();
-                (
-                    "gitlab",
-                    body,
-                    vec![
-                        ("X-Gitlab-Event", "Issue Hook".to_owned()),
-                        ("X-Gitlab-Event-UUID", delivery.to_owned()),
-                        ("X-Gitlab-Token", GITLAB_HOOK_TOKEN.to_owned()),
-                    ],
-                )
-            }
-        };
+        let (path, body, headers) = label_delivery(kind, number, label, delivery);
         let mut request = self
             .client
             .post(format!("{}/{path}", self.receiver.url))
@@ -290,6 +236,69 @@ impl Site {
             for secret in &secrets {
                 assert!(!log.contains(secret.as_str()), "a log holds a forge secret");
             }
+        }
+    }
+}
+
+/// The forge's "issue labeled" webhook for issue `number` of `kind`'s repository, now labeled
+/// `label`, as delivery `delivery`: the receiver's path, the body and the headers.
+pub(crate) fn label_delivery(
+    kind: Kind,
+    number: u64,
+    label: &str,
+    delivery: &str,
+) -> (&'static str, String, Vec<(&'static str, String)>) {
+    match kind {
+        Kind::Github => {
+            let body = json!({
+                    "action": "labeled",
+                    "issue": {"number": number, "title": "The docs say the wrong port",
+                        "body": "The README says 8080; the service listens on 8780.",
+                        "user": {"login": "reporter", "type": "User"},
+                        "labels": [{"name": "bug"}, {"name": label}], "state": "open"},
+                    "label": {"name": label},
+                    "repository": {"id": 1296269, "name": "hello", "full_name": Kind::Github.repository(),
+                        "private": false, "owner": {"login": "octo-org"}, "default_branch": "main"},
+                    "sender": {"login": "maintainer", "type": "User"},
+                    "installation": {"id": 987654}
+                })
+                .to_string();
+            let signature =
+                receiver::signature::github_signature(WEBHOOK_SECRET.as_bytes(), body.as_bytes());
+            (
+                "github",
+                body,
+                vec![
+                    ("X-GitHub-Event", "issues".to_owned()),
+                    ("X-GitHub-Delivery", delivery.to_owned()),
+                    ("X-Hub-Signature-256", signature),
+                ],
+            )
+        }
+        Kind::Gitlab => {
+            let body = json!({
+                    "object_kind": "issue", "event_type": "issue",
+                    "user": {"id": 1, "name": "Maintainer", "username": "maintainer"},
+                    "project": {"id": 15, "name": "hello", "path_with_namespace": Kind::Gitlab.repository(),
+                        "default_branch": "main", "web_url": "http://gitlab.example/group/sub/hello"},
+                    "object_attributes": {"id": 300 + number, "iid": number,
+                        "title": "The docs say the wrong port",
+                        "description": "The README says 8080; the service listens on 8780.",
+                        "state": "opened", "action": "update", "confidential": false},
+                    "labels": [{"id": 207, "title": "bug"}, {"id": 208, "title": label}],
+                    "changes": {"labels": {"previous": [{"id": 207, "title": "bug"}],
+                        "current": [{"id": 207, "title": "bug"}, {"id": 208, "title": label}]}}
+                })
+                .to_string();
+            (
+                "gitlab",
+                body,
+                vec![
+                    ("X-Gitlab-Event", "Issue Hook".to_owned()),
+                    ("X-Gitlab-Event-UUID", delivery.to_owned()),
+                    ("X-Gitlab-Token", GITLAB_HOOK_TOKEN.to_owned()),
+                ],
+            )
         }
     }
 }
@@ -735,4 +744,77 @@ fn an_issues_jobs_never_overlap_and_a_newer_one_may_cancel_the_older() {
     );
     let kept = site.s.record(&newer);
     assert_eq!(kept["outcome"], "completed", "{kept:#}\n{}", run.stderr);
+}
+
+/// A forge trigger tried by hand on an event saved to a file (a webhook's body, as the forge sends
+/// it): read as the receiver reads it, its job runs and answers on that issue. An event the trigger
+/// does not match queues nothing. The job then runs again with `rerun`, on the same event.
+#[test]
+fn a_forge_trigger_runs_on_an_event_from_a_file_and_again_with_rerun() {
+    let kind = Kind::Github;
+    let script = vec![Step::text(ANSWER), Step::text("Answered again.")];
+    let site = Site::start(FakeForge::start, script, triggers(), &[]);
+    let (_, body, _) = label_delivery(kind, 5, "pi-answer", "unused");
+    let file = site.s.d.write("event.json", &body);
+    // Trigger 1 is GitHub's pi-answer label trigger.
+    let run = site
+        .s
+        .cli(&["run", "--trigger", "1", "--event", file.to_str().unwrap()]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let id = crate::worker::queued_id(&run);
+    assert!(id.starts_with("gh-cli-"), "{id}");
+    // Another label: trigger 1 does not match, and nothing is queued.
+    let (_, other, _) = label_delivery(kind, 5, "docs", "unused");
+    let other = site.s.d.write("other.json", &other);
+    let refused = site
+        .s
+        .cli(&["run", "--trigger", "1", "--event", other.to_str().unwrap()]);
+    assert_eq!(refused.code, 1, "{}", refused.stdout);
+    assert!(
+        refused
+            .stderr
+            .contains("trigger 1 does not match this issues event"),
+        "{}",
+        refused.stderr
+    );
+    // Not a webhook body at all.
+    let junk = site.s.d.write("junk.json", "{\"hello\": 1}");
+    let junk = site
+        .s
+        .cli(&["run", "--trigger", "1", "--event", junk.to_str().unwrap()]);
+    assert_eq!(junk.code, 1, "{}", junk.stderr);
+    let worked = site.work();
+    let record = site.s.record(&id);
+    assert_eq!(
+        record["outcome"], "completed",
+        "{record:#}\n{}",
+        worked.stderr
+    );
+    assert_eq!(record["item"], "octo-org/hello#5");
+    let comments = site.fake.comments(&kind.issue_key(5));
+    assert_eq!(comments.len(), 1, "{comments:#?}");
+    assert!(comments[0].contains(ANSWER), "{}", comments[0]);
+
+    // Run again: a new job on the same event, linked both ways.
+    let again = site.s.cli(&["rerun", &id]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    let new = again
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .trim_end_matches(',');
+    assert_ne!(new, id);
+    site.work();
+    let rerun = site.s.record(new);
+    assert_eq!(rerun["outcome"], "completed", "{rerun:#}");
+    assert_eq!(rerun["rerunOf"], id.as_str());
+    assert_eq!(rerun["item"], "octo-org/hello#5");
+    assert_eq!(site.fake.comments(&kind.issue_key(5)).len(), 2);
+    let shown = site.s.cli(&["runs", "show", &id]);
+    assert!(
+        shown.stdout.contains(&format!("run again as: {new}")),
+        "{}",
+        shown.stdout
+    );
 }

@@ -33,6 +33,7 @@ mod mcp_check;
 mod one_wait;
 mod outcomes;
 mod panel;
+mod rerun;
 mod retention;
 mod run;
 mod scripts;
