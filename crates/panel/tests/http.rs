@@ -18,6 +18,7 @@ use queue::Queue as _;
 use records::record::{EgressDenial, Outcome, Record, Tokens};
 use records::store::Records;
 use reqwest::StatusCode;
+use serde_json::json;
 
 const TOKEN: &str = "CNRY-panel-token-5b1e7c0d9a";
 
@@ -69,6 +70,70 @@ async fn run_again_needs_the_sessions_csrf_token_and_says_why_not() {
         .await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert!(page.contains("&lt;b&gt;run-bad&lt;/b&gt; stays"), "{page}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_jobs_page_shows_what_it_wrote_as_text() {
+    let s = serve().await;
+    queued_job(
+        &s,
+        "job-live",
+        "<script>alert('task')</script>",
+        "/srv/repo",
+    );
+    let lease = s
+        .queue
+        .lease("host:1", Duration::from_secs(600), SystemTime::now())
+        .unwrap()
+        .unwrap();
+    assert_eq!(lease.job_id, "job-live");
+    // What a hijacked job's events put in its live view: markup in a tool's name, a server's
+    // name and its transcript.
+    let mut so_far = record("job-live", Outcome::Failed, None, 1_700_000_000_000);
+    so_far.sandbox_up_at_ms = Some(1_700_000_000_000);
+    let snapshot = records::live::Snapshot {
+        record: so_far,
+        worker: "host:1".into(),
+        servers: vec![ServerState {
+            name: "<img src=x onerror=alert(1)>".into(),
+            state: "ready".into(),
+            ready_ms: Some(5),
+        }],
+        activity: vec![records::record::Activity {
+            at_ms: 1_700_000_000_000,
+            kind: "tool".into(),
+            tool: Some("<script>alert('tool')</script>".into()),
+        }],
+        turns: 0,
+        tool_calls: 1,
+        updated_at_ms: 1_700_000_000_000,
+        lines: 1,
+        cut: false,
+    };
+    let line = json!({"type": "message_end", "message": {"role": "assistant",
+        "content": [{"type": "text", "text": "</pre><script>alert('said')</script>"}]}});
+    s.queue
+        .live_put(
+            "job-live",
+            &serde_json::to_string(&snapshot).unwrap(),
+            &[line.to_string()],
+            SystemTime::now(),
+        )
+        .unwrap();
+    let cookie = s.login().await;
+    let (status, _, page) = s.get("/runs/job-live", Some(&cookie)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("This job has not ended"), "{page}");
+    assert!(!page.contains("<script>alert"), "{page}");
+    assert!(!page.contains("<img src=x"), "{page}");
+    for shown in [
+        "&lt;script&gt;alert('tool')",
+        "&lt;img src=x onerror=alert(1)&gt;",
+    ] {
+        assert!(page.contains(shown), "{shown} not in {page}");
+    }
+    // The page reloads itself through the panel's script only.
+    assert!(page.contains(r#"data-every="2""#), "{page}");
 }
 
 impl Served {

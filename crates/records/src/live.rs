@@ -12,7 +12,7 @@ use protocol::exit_line::ServerState;
 use queue::Queue;
 use serde::{Deserialize, Serialize};
 
-use crate::record::{Activity, MAX_ACTIVITY, Record, now_ms};
+use crate::record::{Activity, MAX_ACTIVITY, Record, Watched, now_ms};
 
 /// The most transcript lines, and bytes, a live view holds; what comes after is left out, and the
 /// view says so (the transcript file keeps everything).
@@ -118,43 +118,6 @@ impl LiveFeed {
         state.dirty = true;
     }
 
-    /// The record as it stands now (its times).
-    pub fn record(&self, record: &Record) {
-        self.with(|s| s.snapshot.record = record.clone());
-    }
-
-    /// The servers' states, as the runner said them.
-    pub fn servers(&self, servers: Vec<ServerState>) {
-        self.with(|s| s.snapshot.servers = servers);
-    }
-
-    /// Something pi began.
-    pub fn activity(&self, a: &Activity) {
-        self.with(|s| {
-            match a.kind.as_str() {
-                "turn" => s.snapshot.turns += 1,
-                _ => s.snapshot.tool_calls += 1,
-            }
-            if s.snapshot.activity.len() < MAX_ACTIVITY {
-                s.snapshot.activity.push(a.clone());
-            }
-        });
-    }
-
-    /// A line of the transcript, redacted.
-    pub fn line(&self, text: &str) {
-        self.with(|s| {
-            let size = text.len() as u64;
-            if s.snapshot.lines >= MAX_LINES || s.bytes + size > MAX_BYTES {
-                s.snapshot.cut = true;
-                return;
-            }
-            s.bytes += size;
-            s.snapshot.lines += 1;
-            s.pending.push(text.to_owned());
-        });
-    }
-
     /// The view has its last lines: written once more, then the writing thread ends.
     pub fn finish(&self) {
         self.with(|s| s.done = true);
@@ -190,6 +153,45 @@ impl LiveFeed {
         if !state.done {
             let _ = self.wake.wait_timeout(state, WRITE_EVERY);
         }
+    }
+}
+
+impl Watched for LiveFeed {
+    /// The record as it stands now (its times).
+    fn record(&self, record: &Record) {
+        self.with(|s| s.snapshot.record = record.clone());
+    }
+
+    /// The servers' states, as the runner said them.
+    fn servers(&self, servers: Vec<ServerState>) {
+        self.with(|s| s.snapshot.servers = servers);
+    }
+
+    /// Something pi began.
+    fn activity(&self, a: &Activity) {
+        self.with(|s| {
+            match a.kind.as_str() {
+                "turn" => s.snapshot.turns += 1,
+                _ => s.snapshot.tool_calls += 1,
+            }
+            if s.snapshot.activity.len() < MAX_ACTIVITY {
+                s.snapshot.activity.push(a.clone());
+            }
+        });
+    }
+
+    /// A line of the transcript, redacted.
+    fn line(&self, text: &str) {
+        self.with(|s| {
+            let size = text.len() as u64;
+            if s.snapshot.lines >= MAX_LINES || s.bytes + size > MAX_BYTES {
+                s.snapshot.cut = true;
+                return;
+            }
+            s.bytes += size;
+            s.snapshot.lines += 1;
+            s.pending.push(text.to_owned());
+        });
     }
 }
 

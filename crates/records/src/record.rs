@@ -367,7 +367,17 @@ impl Record {
 pub struct Draft {
     base: Record,
     /// What the job shows while it runs, when someone may look.
-    live: Option<std::sync::Arc<crate::live::LiveFeed>>,
+    live: Option<std::sync::Arc<dyn Watched>>,
+}
+
+/// Where a running job is shown as it goes ([`crate::live::LiveFeed`]): told its record as it
+/// stands, the servers' states once the runner says them, what pi began, and each line of its
+/// transcript, redacted.
+pub trait Watched: Send + Sync + std::fmt::Debug {
+    fn record(&self, record: &Record);
+    fn servers(&self, servers: Vec<ServerState>);
+    fn activity(&self, activity: &Activity);
+    fn line(&self, text: &str);
 }
 
 impl Draft {
@@ -379,7 +389,7 @@ impl Draft {
     }
 
     /// Shows the job live through `feed` from now on.
-    pub fn show_live(&mut self, feed: std::sync::Arc<crate::live::LiveFeed>) {
+    pub fn show_live(&mut self, feed: std::sync::Arc<dyn Watched>) {
         feed.record(&self.base);
         self.live = Some(feed);
     }
@@ -390,7 +400,7 @@ impl Draft {
     }
 
     /// Where the job is shown live, if it is.
-    pub fn live(&self) -> Option<std::sync::Arc<crate::live::LiveFeed>> {
+    pub fn live(&self) -> Option<std::sync::Arc<dyn Watched>> {
         self.live.clone()
     }
 

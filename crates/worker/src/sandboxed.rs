@@ -176,7 +176,7 @@ fn read_output(
     stdout: Option<tokio::process::ChildStdout>,
     key: String,
     mut transcript: Option<Transcript>,
-    live: Option<Arc<records::live::LiveFeed>>,
+    live: Option<Arc<dyn records::record::Watched>>,
 ) -> tokio::task::JoinHandle<Output> {
     tokio::spawn(async move {
         let mut events = PiEvents::default();
@@ -561,7 +561,7 @@ impl Worker {
         &self,
         plan: &Admitted,
         redactor: &Redactor,
-        live: Option<Arc<records::live::LiveFeed>>,
+        live: Option<Arc<dyn records::record::Watched>>,
     ) -> Option<Transcript> {
         if !self.settings.transcripts {
             return None;

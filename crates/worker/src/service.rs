@@ -446,7 +446,7 @@ impl Slot<'_> {
                 draft.record_now(),
                 &options.worker_id,
             );
-            draft.show_live(feed.clone());
+            draft.show_live(feed.clone() as Arc<dyn records::record::Watched>);
             feed
         });
         // However the job ends, its view has its last lines before its record is written.

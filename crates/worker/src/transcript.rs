@@ -73,7 +73,7 @@ pub struct Transcript {
     full: bool,
     redactor: Redactor,
     /// Where each line also goes, redacted, while the job runs.
-    live: Option<std::sync::Arc<records::live::LiveFeed>>,
+    live: Option<std::sync::Arc<dyn records::record::Watched>>,
 }
 
 impl Transcript {
@@ -86,7 +86,7 @@ impl Transcript {
     pub fn create_shown(
         dir: &Path,
         redactor: Redactor,
-        live: Option<std::sync::Arc<records::live::LiveFeed>>,
+        live: Option<std::sync::Arc<dyn records::record::Watched>>,
     ) -> std::io::Result<Transcript> {
         use std::os::unix::fs::OpenOptionsExt as _;
         let path = dir.join(FILE);

@@ -43,6 +43,7 @@ fn help_lists_the_commands_in_their_order_and_hides_the_internal_ones() {
         "status",
         "runs",
         "cancel",
+        "rerun",
         "prune",
         "explain",
         "triggers",
