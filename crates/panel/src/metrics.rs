@@ -11,6 +11,7 @@ use std::time::SystemTime;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use records::workers::WorkerShown;
 
 use crate::Panel;
 use crate::auth::may_read_metrics;
@@ -27,7 +28,7 @@ pub struct QueueGauges {
     /// Queued, and no live worker carries the labels they need.
     pub waiting_for_host: usize,
     /// The workers as they announced themselves.
-    pub workers: Vec<records::workers::WorkerShown>,
+    pub workers: Vec<WorkerShown>,
 }
 
 /// A label's value as the text format writes it.
@@ -38,7 +39,7 @@ fn label_value(v: &str) -> String {
 }
 
 /// The workers: how many in each state, and each one's last sighting and running jobs.
-fn workers_gauges(out: &mut String, workers: &[records::workers::WorkerShown]) {
+fn workers_gauges(out: &mut String, workers: &[WorkerShown]) {
     let _ = writeln!(
         out,
         "# HELP pi_dispatch_workers Workers by state: live, draining (taking no new job), gone (unseen past the bound).\n# TYPE pi_dispatch_workers gauge"
@@ -47,32 +48,30 @@ fn workers_gauges(out: &mut String, workers: &[records::workers::WorkerShown]) {
         let n = workers.iter().filter(|w| w.state == state).count();
         let _ = writeln!(out, "pi_dispatch_workers{{state=\"{state}\"}} {n}");
     }
-    let _ = writeln!(
+    let each = |out: &mut String, name: &str, help: &str, value: fn(&WorkerShown) -> u64| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for w in workers {
+            let _ = writeln!(
+                out,
+                "{name}{{worker=\"{}\",host=\"{}\"}} {}",
+                label_value(&w.id),
+                label_value(&w.host),
+                value(w)
+            );
+        }
+    };
+    each(
         out,
-        "# HELP pi_dispatch_worker_seen_seconds Seconds since each worker last announced itself.\n# TYPE pi_dispatch_worker_seen_seconds gauge"
+        "pi_dispatch_worker_seen_seconds",
+        "Seconds since each worker last announced itself.",
+        |w| w.seen_secs_ago,
     );
-    for w in workers {
-        let _ = writeln!(
-            out,
-            "pi_dispatch_worker_seen_seconds{{worker=\"{}\",host=\"{}\"}} {}",
-            label_value(&w.id),
-            label_value(&w.host),
-            w.seen_secs_ago
-        );
-    }
-    let _ = writeln!(
+    each(
         out,
-        "# HELP pi_dispatch_worker_jobs_running Jobs each worker ran when it last announced itself.\n# TYPE pi_dispatch_worker_jobs_running gauge"
+        "pi_dispatch_worker_jobs_running",
+        "Jobs each worker ran when it last announced itself.",
+        |w| u64::from(w.running),
     );
-    for w in workers {
-        let _ = writeln!(
-            out,
-            "pi_dispatch_worker_jobs_running{{worker=\"{}\",host=\"{}\"}} {}",
-            label_value(&w.id),
-            label_value(&w.host),
-            w.running
-        );
-    }
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, value: f64) {

@@ -714,14 +714,7 @@ fn live_body(live: &Live) -> Markup {
             @if r.mcp.servers.is_empty() {
                 p.muted { "None has said its state yet (they are connecting, or the job names none)." }
             } @else {
-                table #servers {
-                    thead { tr { th { "Server" } th { "State" } th.num { "Ready after" } } }
-                    tbody {
-                        @for s in &r.mcp.servers {
-                            tr { td { (s.name) } td { (pill(&s.state)) } td.num { @if let Some(ms) = s.ready_ms { (took(ms)) } } }
-                        }
-                    }
-                }
+                (servers_table(&r.mcp.servers))
             }
             h2 { "Tool calls so far" }
             @if tools.is_empty() {
@@ -843,6 +836,24 @@ fn run_facts(r: &Record) -> Markup {
     }
 }
 
+/// Each server's state, and how long it took to be ready.
+fn servers_table(servers: &[protocol::exit_line::ServerState]) -> Markup {
+    html! {
+        table #servers {
+            thead { tr { th { "Server" } th { "State" } th.num { "Ready after" } } }
+            tbody {
+                @for s in servers {
+                    tr {
+                        td { (s.name) }
+                        td { (pill(&s.state)) }
+                        td.num { @if let Some(ms) = s.ready_ms { (took(ms)) } }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The run's MCP servers and their tool calls.
 fn run_mcp(r: &Record) -> Markup {
     html! {
@@ -850,18 +861,7 @@ fn run_mcp(r: &Record) -> Markup {
         @if r.mcp.servers.is_empty() {
             p.muted { "No server was connected." }
         } @else {
-            table #servers {
-                thead { tr { th { "Server" } th { "State" } th.num { "Ready after" } } }
-                tbody {
-                    @for s in &r.mcp.servers {
-                        tr {
-                            td { (s.name) }
-                            td { (pill(&s.state)) }
-                            td.num { @if let Some(ms) = s.ready_ms { (took(ms)) } }
-                        }
-                    }
-                }
-            }
+            (servers_table(&r.mcp.servers))
         }
         h2 { "Tool calls" }
         @if r.mcp.tool_calls.is_empty() {
@@ -970,19 +970,29 @@ pub async fn health(State(panel): State<Arc<Panel>>, authed: Authed) -> Response
     )
 }
 
+/// A form posted without this session's CSRF token is refused, and nothing changes.
+fn stale_form(authed: &Authed, form: &CsrfForm) -> Option<Response> {
+    if csrf_ok(authed, &form.csrf) {
+        return None;
+    }
+    tracing::warn!(event = "panel_csrf_refused");
+    Some(
+        (
+            StatusCode::FORBIDDEN,
+            "the form is stale: reload the page\n",
+        )
+            .into_response(),
+    )
+}
+
 pub async fn cancel(
     State(panel): State<Arc<Panel>>,
     authed: Authed,
     Path(id): Path<String>,
     Form(form): Form<CsrfForm>,
 ) -> Response {
-    if !csrf_ok(&authed, &form.csrf) {
-        tracing::warn!(event = "panel_csrf_refused");
-        return (
-            StatusCode::FORBIDDEN,
-            "the form is stale: reload the page\n",
-        )
-            .into_response();
+    if let Some(refused) = stale_form(&authed, &form) {
+        return refused;
     }
     let p = panel.clone();
     let job = id.clone();
@@ -1019,13 +1029,8 @@ pub async fn rerun(
     Path(id): Path<String>,
     Form(form): Form<CsrfForm>,
 ) -> Response {
-    if !csrf_ok(&authed, &form.csrf) {
-        tracing::warn!(event = "panel_csrf_refused");
-        return (
-            StatusCode::FORBIDDEN,
-            "the form is stale: reload the page\n",
-        )
-            .into_response();
+    if let Some(refused) = stale_form(&authed, &form) {
+        return refused;
     }
     let (rerun, of) = (panel.rerun.clone(), id.clone());
     let answer = tokio::task::spawn_blocking(move || rerun(&of))

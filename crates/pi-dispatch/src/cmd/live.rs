@@ -137,17 +137,7 @@ fn human_open(job: &Shown, live: Option<&(Snapshot, u64)>) -> String {
             );
         }
     } else {
-        for server in &s.servers {
-            let _ = writeln!(
-                out,
-                "server {}: {}{}",
-                server.name,
-                server.state,
-                server
-                    .ready_ms
-                    .map_or(String::new(), |m| format!(", ready in {m} ms"))
-            );
-        }
+        crate::cmd::runs::servers_text(&mut out, &s.servers);
     }
     let mut tools: Vec<(&str, u64)> = Vec::new();
     for a in s.activity.iter().filter(|a| a.kind == "tool") {

@@ -419,16 +419,7 @@ pub(crate) fn human(r: &Record) -> String {
             r.finished_at_ms.saturating_sub(s)
         );
     }
-    for s in &r.mcp.servers {
-        let _ = writeln!(
-            out,
-            "server {}: {}{}",
-            s.name,
-            s.state,
-            s.ready_ms
-                .map_or(String::new(), |m| format!(", ready in {m} ms"))
-        );
-    }
+    servers_text(&mut out, &r.mcp.servers);
     for c in &r.mcp.tool_calls {
         let _ = writeln!(
             out,
@@ -453,6 +444,20 @@ pub(crate) fn human(r: &Record) -> String {
         );
     }
     out
+}
+
+/// Each server's state, a line each.
+pub(crate) fn servers_text(out: &mut String, servers: &[protocol::exit_line::ServerState]) {
+    for s in servers {
+        let _ = writeln!(
+            out,
+            "server {}: {}{}",
+            s.name,
+            s.state,
+            s.ready_ms
+                .map_or(String::new(), |m| format!(", ready in {m} ms"))
+        );
+    }
 }
 
 /// What the egress proxy refused the job, and the lines that would let each through (or why
