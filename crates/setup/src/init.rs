@@ -70,6 +70,15 @@ const ENV: &str = "\
 # them and hands them back to the queue.
 # PI_WORKER_DRAIN_LIMIT=120
 
+# The labels this host's workers take jobs for, comma-separated (a trigger's run.labels asks for
+# them); every worker also carries host:NAME. NAME is this host's name in the queue (the system's
+# host name unless set): a local job queued here runs only on a worker of this host.
+# PI_WORKER_LABELS=gpu, zone:eu
+# PI_HOST_NAME=build-1
+
+# How often a worker tells the queue it is alive, in seconds; unseen for three, it is shown gone.
+# PI_WORKER_HEARTBEAT_SECS=10
+
 # Keep each job's transcript (pi's events, secrets redacted) in state/jobs/ID/: 1 (on) or 0 (off).
 # PI_TRANSCRIPTS=1
 
