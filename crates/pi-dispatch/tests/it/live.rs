@@ -43,7 +43,11 @@ fn now_ms() -> u64 {
 
 /// `cmd`'s standard output, read line by line as it comes, into the lines returned.
 fn read_lines(cmd: &mut std::process::Command) -> (std::process::Child, Lines) {
-    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let out = BufReader::new(child.stdout.take().unwrap());
     let lines = Lines::default();
     let keep = lines.clone();
@@ -153,6 +157,12 @@ fn a_running_job_is_followed_from_another_process_and_shows_no_secret() {
     assert!(worker.wait().unwrap().success());
     let status = follower.wait().unwrap();
     assert!(status.success(), "{}", followed.text());
+    // Where it stood went to standard error as it changed: queued, running, ended.
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut follower.stderr.take().unwrap(), &mut said).unwrap();
+    for wanted in ["queued ", "running on ", &format!("{id} ended: completed")] {
+        assert!(said.contains(wanted), "{wanted} not in:\n{said}");
+    }
     let record = s.record(&id);
     assert_eq!(record["outcome"], "completed", "{record:#}");
     // The tool call was seen at least 2 s before the job ended (it then slept 4 s).

@@ -721,7 +721,7 @@ fn a_job_running_on_one_host_is_followed_from_another() {
     let id = queued_id(&run);
     // Followed from the other host, which runs no worker.
     let mut follow = hosts[1].d.command(&["runs", "show", &id, "--follow"]);
-    follow.stdout(Stdio::piped());
+    follow.stdout(Stdio::piped()).stderr(Stdio::null());
     let mut follower = follow.spawn().unwrap();
     let out = BufReader::new(follower.stdout.take().unwrap());
     let seen: Arc<Mutex<Vec<(u64, String)>>> = Arc::default();
