@@ -51,7 +51,7 @@ enum Command {
     Doctor(cmd::doctor::Args),
     /// Job images of the embedded backend (folders under images/).
     Image(cmd::image::Args),
-    /// Queue a local job on a repository folder (refused at once when it is certain to be).
+    /// Queue a job: a local one on a repository folder, or a trigger's now (refused at once when it is certain to be).
     Run(cmd::run::Args),
     /// Run the queue's jobs, each in its own sandbox, and record them.
     Worker(cmd::worker::Args),

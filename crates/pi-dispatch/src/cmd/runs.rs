@@ -49,7 +49,7 @@ pub struct Args {
 
 #[derive(Debug, clap::Subcommand)]
 enum RunsCommand {
-    /// Show one job's record.
+    /// Show one job: its record, or where it stands while it has not ended.
     Show {
         /// The job's id.
         id: String,
