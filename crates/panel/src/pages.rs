@@ -669,16 +669,11 @@ async fn live_of(panel: &Arc<Panel>, id: &str) -> Option<Live> {
 /// began and its transcript so far (redacted). It reloads itself until the job's record replaces it.
 fn live_body(live: &Live) -> Markup {
     let job = &live.job;
-    let mut tools: Vec<(String, u64)> = Vec::new();
-    if let Some(s) = &live.snapshot {
-        for a in s.activity.iter().filter(|a| a.kind == "tool") {
-            let name = a.tool.clone().unwrap_or_else(|| "?".to_owned());
-            match tools.iter_mut().find(|(t, _)| *t == name) {
-                Some((_, n)) => *n += 1,
-                None => tools.push((name, 1)),
-            }
-        }
-    }
+    let tools = live
+        .snapshot
+        .as_ref()
+        .map(records::live::Snapshot::tools_begun)
+        .unwrap_or_default();
     let so_far = live.snapshot.as_ref().map(|s| {
         let mut r = s.record.clone();
         r.activity.clone_from(&s.activity);

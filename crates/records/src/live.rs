@@ -60,6 +60,22 @@ impl Snapshot {
     }
 }
 
+impl Snapshot {
+    /// The tool calls pi began, by tool, in the order each tool was first called (`?` for a call
+    /// without a name).
+    pub fn tools_begun(&self) -> Vec<(String, u64)> {
+        let mut tools: Vec<(String, u64)> = Vec::new();
+        for a in self.activity.iter().filter(|a| a.kind == "tool") {
+            let name = a.tool.as_deref().unwrap_or("?");
+            match tools.iter_mut().find(|(t, _)| t == name) {
+                Some((_, n)) => *n += 1,
+                None => tools.push((name.to_owned(), 1)),
+            }
+        }
+        tools
+    }
+}
+
 /// A running job's view as the worker keeps it, written to the queue by a thread of its own.
 pub struct LiveFeed {
     queue: Arc<dyn Queue>,

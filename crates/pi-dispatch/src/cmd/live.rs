@@ -139,15 +139,11 @@ fn human_open(job: &Shown, live: Option<&(Snapshot, u64)>) -> String {
     } else {
         crate::cmd::runs::servers_text(&mut out, &s.servers);
     }
-    let mut tools: Vec<(&str, u64)> = Vec::new();
-    for a in s.activity.iter().filter(|a| a.kind == "tool") {
-        let name = a.tool.as_deref().unwrap_or("?");
-        match tools.iter_mut().find(|(t, _)| *t == name) {
-            Some((_, n)) => *n += 1,
-            None => tools.push((name, 1)),
-        }
-    }
-    let by_tool: Vec<String> = tools.iter().map(|(t, n)| format!("{t} {n}")).collect();
+    let by_tool: Vec<String> = s
+        .tools_begun()
+        .iter()
+        .map(|(t, n)| format!("{t} {n}"))
+        .collect();
     let _ = writeln!(
         out,
         "so far (as pi says): {} turns, {} tool calls{}",
