@@ -1,23 +1,22 @@
 //! The job side of egress: inside the sandbox, with no network but loopback, the runner listens on
-//! a loopback port and carries each connection to the job's proxy socket as it is. The proxy
-//! variables of the job point at that port.
+//! a loopback port, and hands each connection it accepts to the job's proxy socket
+//! ([`crate::handover`]): the proxy reads the request from it and carries its bytes itself, so
+//! nothing inside the sandbox copies them. The proxy variables of the job point at that port.
 //!
 //! A declared endpoint on the worker's own machine (a local model server at `127.0.0.1:8000`) is
 //! on the sandbox's loopback too, where `NO_PROXY` sends a client directly: the runner listens on
-//! that address and port inside as well, and carries each connection there through the proxy as a
-//! tunnel to exactly that endpoint ([`serve_endpoint`]).
+//! that address and port inside as well, asks the proxy for a tunnel to exactly that endpoint, and
+//! hands the connection over with the request ([`serve_endpoint`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use config::url::Host;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixStream};
 
-use crate::proxy::{Activity, End, carry_both};
-
-/// The pipe of each way of a connection.
-const BUFFER: usize = 64 * 1024;
+use crate::handover;
 
 /// The loopback port inside the sandbox the proxy variables point at.
 pub const PORT: u16 = 3128;
@@ -33,7 +32,7 @@ pub fn proxy_url() -> String {
 /// What `NO_PROXY` keeps direct: the job's own loopback (the hub's servers).
 pub const NO_PROXY: &str = "127.0.0.1,localhost,::1";
 
-/// Carries every connection to `listener` to `socket`, until the task is dropped.
+/// Hands every connection to `listener` to the proxy at `socket`, until the task is dropped.
 pub async fn serve(listener: TcpListener, socket: PathBuf) {
     loop {
         let Ok((tcp, _)) = listener.accept().await else {
@@ -44,9 +43,8 @@ pub async fn serve(listener: TcpListener, socket: PathBuf) {
         tokio::spawn(async move {
             let _ = tcp.set_nodelay(true);
             if let Ok(unix) = UnixStream::connect(&socket).await {
-                // Spliced, as the proxy's side of the socket is: the bytes stay in the kernel.
-                let _ =
-                    carry_both(End::Tcp(&tcp), End::Unix(&unix), BUFFER, &Activity::new()).await;
+                // Once sent, the proxy holds the connection: both ends here close.
+                let _ = handover::send(&unix, handover::REQUEST_ON_IT, tcp.as_fd()).await;
             }
         });
     }
@@ -128,8 +126,8 @@ pub async fn bind_endpoint(endpoint: &LoopbackEndpoint) -> std::io::Result<Vec<T
 /// The longest answer head the proxy gives a CONNECT.
 const MAX_ANSWER: usize = 16 * 1024;
 
-/// Carries every connection to `listener` through the proxy at `socket` to exactly `authority`
-/// (a CONNECT tunnel), until the task is dropped. A connection the proxy refuses is closed.
+/// Hands every connection to `listener` to the proxy at `socket` as a tunnel to exactly
+/// `authority`, until the task is dropped. A connection the proxy refuses is closed.
 pub async fn serve_endpoint(listener: TcpListener, socket: PathBuf, authority: String) {
     loop {
         let Ok((tcp, _)) = listener.accept().await else {
@@ -144,40 +142,29 @@ pub async fn serve_endpoint(listener: TcpListener, socket: PathBuf, authority: S
     }
 }
 
+/// Asks for the tunnel on the socket, with the connection attached, and waits for the answer's
+/// head: the socket stays open until the proxy has answered, and the connection's bytes are the
+/// proxy's to carry from then on (a refusal closes it with nothing sent).
 async fn tunnel_to(
-    mut tcp: tokio::net::TcpStream,
+    tcp: tokio::net::TcpStream,
     socket: &Path,
     authority: &str,
 ) -> std::io::Result<()> {
     let _ = tcp.set_nodelay(true);
     let mut unix = UnixStream::connect(socket).await?;
+    handover::send(&unix, handover::REQUEST_HERE, tcp.as_fd()).await?;
+    drop(tcp);
     unix.write_all(format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes())
         .await?;
-    // The proxy's answer, up to its blank line; what came after it is the endpoint's.
     let mut head = Vec::with_capacity(256);
     let mut chunk = [0u8; 1024];
-    let end = loop {
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() <= MAX_ANSWER {
         let n = unix.read(&mut chunk).await?;
         if n == 0 {
-            return Ok(());
+            break;
         }
         head.extend_from_slice(&chunk[..n]);
-        if let Some(i) = head.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        if head.len() > MAX_ANSWER {
-            return Ok(());
-        }
-    };
-    let established = head
-        .split(|b| *b == b' ')
-        .nth(1)
-        .is_some_and(|status| status == b"200");
-    if !established {
-        return Ok(());
     }
-    tcp.write_all(&head[end..]).await?;
-    tokio::io::copy_bidirectional_with_sizes(&mut tcp, &mut unix, 64 * 1024, 64 * 1024).await?;
     Ok(())
 }
 
@@ -212,9 +199,9 @@ mod tests {
         assert!(loopback_endpoints(&[]).is_empty());
     }
 
-    /// A stand-in for the proxy on a unix socket: it answers each CONNECT with `status`, then
-    /// (when it is 200) echoes what comes, after a greeting sent with the answer; it reports the
-    /// request heads it read.
+    /// A stand-in for the proxy on a unix socket: it takes the connection handed over, answers
+    /// each CONNECT on the socket with `status`, then (when it is 200) echoes what the connection
+    /// sends, after a greeting; it reports the request heads it read.
     async fn fake_proxy(
         dir: &Path,
         status: u16,
@@ -227,6 +214,13 @@ mod tests {
                 let (mut s, _) = listener.accept().await.unwrap();
                 let tx = tx.clone();
                 tokio::spawn(async move {
+                    let handover::Received::Handed { marker, connection } =
+                        handover::receive(&s).await.unwrap()
+                    else {
+                        panic!("nothing handed over")
+                    };
+                    assert_eq!(marker, handover::REQUEST_HERE);
+                    let mut tcp = handover::tcp_stream(connection).unwrap();
                     let mut head = Vec::new();
                     let mut b = [0u8; 1];
                     while !head.ends_with(b"\r\n\r\n") {
@@ -242,10 +236,9 @@ mod tests {
                             .unwrap();
                         return;
                     }
-                    s.write_all(format!("{answer}hello ").as_bytes())
-                        .await
-                        .unwrap();
-                    let (mut r, mut w) = s.split();
+                    s.write_all(answer.as_bytes()).await.unwrap();
+                    tcp.write_all(b"hello ").await.unwrap();
+                    let (mut r, mut w) = tcp.split();
                     let _ = tokio::io::copy(&mut r, &mut w).await;
                 });
             }

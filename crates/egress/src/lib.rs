@@ -6,7 +6,8 @@
 //! - [`proxy`]: the server: a socket per job, bounded request heads, tunnels to checked addresses.
 //! - [`control`]: `open`/`close`/`ping` for the worker, one JSON line each way.
 //! - [`service`]: the proxy as a process (`pi-dispatch egress-proxy`).
-//! - [`forward`]: the job side: a loopback port that leads to the job's socket.
+//! - [`forward`]: the job side: a loopback port whose connections are handed to the job's socket
+//!   ([`handover`]), so the proxy carries their bytes itself.
 //!
 //! On the job's path: beside the sandbox: the only way out of a job with egress on.
 
@@ -14,6 +15,7 @@ pub mod control;
 pub mod dns;
 pub mod files;
 pub mod forward;
+pub mod handover;
 pub mod proxy;
 pub mod rules;
 pub mod service;

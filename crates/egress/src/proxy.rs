@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 
 use crate::dns::Resolver;
 use crate::files::{RuleFiles, WatchedRules};
+use crate::handover::{self, Received};
 use crate::rules::{self, Denial, OwnMachine, Target};
 
 /// The bounds that keep one job, or a hostile client, from taking the proxy down.
@@ -295,45 +296,120 @@ impl Proxy {
     }
 
     /// Serves one connection of `job`: a CONNECT tunnel or one plain request.
-    pub async fn serve<S>(&self, client: S, job: &JobState)
+    pub async fn serve<S>(&self, mut client: S, job: &JobState)
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        if let Some(open) = self.open(client, job).await {
+        let counts = match self.admit(job) {
+            Ok(counts) => counts,
+            Err((status, code)) => {
+                let _ = answer(&mut client, status, code).await;
+                return;
+            }
+        };
+        let head_by = tokio::time::Instant::now() + self.inner.limits.head_timeout;
+        if let Some(open) = self.open(client, job, counts, head_by).await {
             tunnel(open.client, open.upstream, &self.inner.limits).await;
         }
     }
 
-    /// [`Proxy::serve`] for a connection to a job's socket: its tunnel spliced, not copied.
-    async fn serve_socket(&self, client: UnixStream, job: &JobState) {
-        if let Some(open) = self.open(client, job).await {
-            splice_tunnel(&open.client, &open.upstream, &self.inner.limits).await;
+    /// [`Proxy::serve`] for a connection to a job's socket: a request on the socket itself, or a
+    /// connection the job's forwarder hands over ([`handover`]); the tunnel's bytes spliced, not
+    /// copied. The connection counts from its accept, so a job cannot hold more than its share of
+    /// the proxy's descriptors by sending nothing.
+    async fn serve_socket(&self, mut socket: UnixStream, job: &JobState) {
+        let limits = &self.inner.limits;
+        let counts = match self.admit(job) {
+            Ok(counts) => counts,
+            Err((status, code)) => return refuse_socket(socket, status, code).await,
+        };
+        let head_by = tokio::time::Instant::now() + limits.head_timeout;
+        let received = match tokio::time::timeout_at(head_by, handover::receive(&socket)).await {
+            Ok(Ok(received)) => received,
+            Ok(Err(_)) => return,
+            Err(_) => {
+                tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "head-timeout");
+                let _ = answer(&mut socket, 408, "head-timeout").await;
+                return;
+            }
+        };
+        match received {
+            Received::Closed => {}
+            Received::Refused => {
+                tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "bad-handover");
+                let _ = answer(&mut socket, 400, "bad-handover").await;
+            }
+            Received::Byte(first) => {
+                let client = Prefixed {
+                    first: Some(first),
+                    inner: socket,
+                };
+                if let Some(open) = self.open(client, job, counts, head_by).await {
+                    match open.client {
+                        Prefixed { first: None, inner } => {
+                            splice_tunnel(End::Unix(&inner), &open.upstream, limits).await;
+                        }
+                        // A head is longer than a byte, so this is never so; copied if it were.
+                        client => tunnel(client, open.upstream, limits).await,
+                    }
+                }
+            }
+            Received::Handed { marker, connection } => {
+                let Ok(connection) = handover::tcp_stream(connection) else {
+                    return;
+                };
+                if marker == handover::REQUEST_HERE {
+                    // The head and its answer on the socket; the bytes on the connection.
+                    if let Some(open) = self.open(socket, job, counts, head_by).await {
+                        splice_tunnel(End::Tcp(&connection), &open.upstream, limits).await;
+                    }
+                } else {
+                    // The socket has served its turn: only the connection is kept.
+                    drop(socket);
+                    if let Some(open) = self.open(connection, job, counts, head_by).await {
+                        splice_tunnel(End::Tcp(&open.client), &open.upstream, limits).await;
+                    }
+                }
+            }
         }
+    }
+
+    /// Counts a new connection of `job`, or says why it is refused: a job past its own bound is
+    /// refused before it counts in all, so its extra connections never take the places of other
+    /// jobs.
+    fn admit<'a>(&'a self, job: &'a JobState) -> Result<Counts<'a>, (u16, &'static str)> {
+        let limits = &self.inner.limits;
+        let mine = Count::enter(&job.open);
+        if mine.0 > limits.per_job {
+            tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections-for-job");
+            return Err((429, "too-many-connections-for-job"));
+        }
+        let total = Count::enter(&self.inner.total);
+        if total.0 > limits.total {
+            tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections");
+            return Err((503, "too-many-connections"));
+        }
+        Ok(Counts {
+            _total: total,
+            _job: mine,
+        })
     }
 
     /// Reads and judges the request, connects to the checked address and sends on what belongs
     /// to the upstream: the client and upstream of a tunnel ready to carry bytes, or `None` once
     /// the client had its answer.
-    async fn open<'a, S>(&'a self, mut client: S, job: &'a JobState) -> Option<Open<'a, S>>
+    async fn open<'a, S>(
+        &'a self,
+        mut client: S,
+        job: &'a JobState,
+        counts: Counts<'a>,
+        head_by: tokio::time::Instant,
+    ) -> Option<Open<'a, S>>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
         let limits = &self.inner.limits;
-        // A job past its own bound is refused before it counts in all: its extra connections
-        // never take the places of other jobs.
-        let _mine = Count::enter(&job.open);
-        if _mine.0 > limits.per_job {
-            tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections-for-job");
-            let _ = answer(&mut client, 429, "too-many-connections-for-job").await;
-            return None;
-        }
-        let _total = Count::enter(&self.inner.total);
-        if _total.0 > limits.total {
-            tracing::warn!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "too-many-connections");
-            let _ = answer(&mut client, 503, "too-many-connections").await;
-            return None;
-        }
-        let (head, request) = request_of(&mut client, job, limits).await?;
+        let (head, request) = request_of(&mut client, job, limits, head_by).await?;
         let target = match &request.kind {
             Kind::Connect(t) | Kind::Plain(t, _) => t.clone(),
         };
@@ -381,7 +457,7 @@ impl Proxy {
         Some(Open {
             client,
             upstream,
-            _counts: (_total, _mine),
+            _counts: counts,
         })
     }
 
@@ -407,7 +483,13 @@ impl Proxy {
 struct Open<'a, S> {
     client: S,
     upstream: TcpStream,
-    _counts: (Count<'a>, Count<'a>),
+    _counts: Counts<'a>,
+}
+
+/// A connection counted in all and for its job, while it lives.
+struct Counts<'a> {
+    _total: Count<'a>,
+    _job: Count<'a>,
 }
 
 /// A counter held up while a connection is open.
@@ -491,13 +573,16 @@ where
 
 /// Reads the request's head, within its time and size, and parses it; `None` once the client had
 /// its answer (or went away).
-async fn request_of<S>(client: &mut S, job: &JobState, limits: &Limits) -> Option<(Head, Request)>
+async fn request_of<S>(
+    client: &mut S,
+    job: &JobState,
+    limits: &Limits,
+    head_by: tokio::time::Instant,
+) -> Option<(Head, Request)>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let head = match tokio::time::timeout(limits.head_timeout, read_head(client, limits.max_head))
-        .await
-    {
+    let head = match tokio::time::timeout_at(head_by, read_head(client, limits.max_head)).await {
         Err(_) => {
             tracing::info!(event = "egress_refused", job_id = %job.id, verdict = "denied", reason = "head-timeout");
             let _ = answer(client, 408, "head-timeout").await;
@@ -639,15 +724,8 @@ fn parse_request(head: &[u8]) -> Option<Request> {
 const LINGER: Duration = Duration::from_secs(1);
 const LINGER_BYTES: usize = 64 * 1024;
 
-/// A short answer that ends the connection, with the decision's code (never the host). The client
-/// is then read until it is done, for a short while: closing on bytes it sent that were never read
-/// would reset the connection, and the answer with it (a request sent after a refusal at accept, the
-/// rest of a head too large).
-async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
-    s: &mut S,
-    status: u16,
-    code: &str,
-) -> io::Result<()> {
+/// The text of a short answer with the decision's code (never the host).
+fn answer_text(status: u16, code: &str) -> String {
     let reason = match status {
         400 => "Bad Request",
         403 => "Forbidden",
@@ -660,12 +738,48 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
         _ => "Error",
     };
     let body = format!("pi-dispatch egress proxy: {code}\n");
-    let text = format!(
+    format!(
         "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nX-Pi-Dispatch-Egress: {code}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    );
+    )
+}
+
+/// A short answer that ends the connection, with the decision's code (never the host). The client
+/// is then read until it is done, for a short while: closing on bytes it sent that were never read
+/// would reset the connection, and the answer with it (a request sent after a refusal at accept, the
+/// rest of a head too large).
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    status: u16,
+    code: &str,
+) -> io::Result<()> {
+    let text = answer_text(status, code);
     s.write_all(text.as_bytes()).await?;
     s.shutdown().await?;
+    linger(s).await;
+    Ok(())
+}
+
+/// [`answer`] to a connection to a job's socket refused as it is accepted: on the socket at once
+/// (a client there may wait for it before it sends), and on the connection the forwarder hands
+/// over, if one comes.
+async fn refuse_socket(mut socket: UnixStream, status: u16, code: &str) {
+    let _ = socket.write_all(answer_text(status, code).as_bytes()).await;
+    let _ = socket.shutdown().await;
+    match tokio::time::timeout(LINGER, handover::receive(&socket)).await {
+        Ok(Ok(Received::Handed { marker, connection })) if marker == handover::REQUEST_ON_IT => {
+            if let Ok(mut connection) = handover::tcp_stream(connection) {
+                let _ = answer(&mut connection, status, code).await;
+            }
+        }
+        Ok(Ok(Received::Byte(_))) => linger(&mut socket).await,
+        _ => {}
+    }
+}
+
+/// Reads what the client still sends, up to a bound and for a short while, so that closing does
+/// not reset the connection (and the answer with it).
+async fn linger<S: AsyncRead + Unpin>(s: &mut S) {
     let drain = async {
         let mut buf = [0u8; 4096];
         let mut left = LINGER_BYTES;
@@ -677,7 +791,6 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
         }
     };
     let _ = tokio::time::timeout(LINGER, drain).await;
-    Ok(())
 }
 
 enum ConnectError {
@@ -774,11 +887,11 @@ where
     }
 }
 
-/// [`tunnel`] between a job's socket and the upstream, with the bytes spliced.
-async fn splice_tunnel(client: &UnixStream, upstream: &TcpStream, limits: &Limits) {
+/// [`tunnel`] between the job's end and the upstream, with the bytes spliced.
+async fn splice_tunnel(client: End<'_>, upstream: &TcpStream, limits: &Limits) {
     let activity = Activity::new();
     tokio::select! {
-        _ = carry_both(End::Unix(client), End::Tcp(upstream), limits.buffer, &activity) => {}
+        _ = carry_both(client, End::Tcp(upstream), limits.buffer, &activity) => {}
         () = activity.idle(limits.idle_timeout) => {}
     }
 }
@@ -951,6 +1064,44 @@ async fn carry(
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// A stream whose first byte was read before it: that byte, then the stream.
+struct Prefixed<S> {
+    first: Option<u8>,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if buf.remaining() > 0
+            && let Some(b) = self.first.take()
+        {
+            buf.put_slice(&[b]);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 

@@ -330,3 +330,94 @@ fn a_tunnel_idle_past_its_time_is_closed() {
     wait_until("the proxy let the tunnel go", || w.proxy.connections() == 0);
     serves(&w, &host);
 }
+
+/// Sends `marker` on a new connection to `socket` with `fds` attached, as a job that talks to its
+/// socket itself could, and reads the answer.
+fn hand_over(socket: &Path, marker: u8, fds: &[std::os::fd::BorrowedFd<'_>]) -> support::Reply {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(BOUND)).unwrap();
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    assert!(control.push(SendAncillaryMessage::ScmRights(fds)));
+    rustix::net::sendmsg(
+        &s,
+        &[std::io::IoSlice::new(&[marker])],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )
+    .unwrap();
+    read_reply(&mut s, false)
+}
+
+#[test]
+fn a_job_that_hands_over_what_is_not_a_connection_is_refused_and_the_proxy_serves_on() {
+    use std::os::fd::AsFd;
+    let (host, _dns, w) = allowed(Limits::default());
+    // The control: the runner's forwarder, on a loopback port, hands each connection over.
+    let forward =
+        w.rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+    let port = forward.local_addr().unwrap().port();
+    w.rt.spawn(egress::forward::serve(forward, w.socket()));
+    let through_forwarder = |authority: &str| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(BOUND)).unwrap();
+        write!(
+            s,
+            "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n"
+        )
+        .unwrap();
+        read_reply(&mut s, true)
+    };
+    let r = through_forwarder("allowed.test:443");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body, greeting("allowed", IpAddr::V4(host.v4)));
+    // A handed-over connection is the job's whose socket it came through: refused as any.
+    let r = through_forwarder("other.test:443");
+    assert!(r.refused(403, "not-allowed"), "{r:?}");
+    assert_eq!(w.denied(), denied(&[("other.test", 443, 1, "not-allowed")]));
+
+    // What a job can attach instead of a connection.
+    let listening = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (pipe, _pipe_w) = rustix::pipe::pipe().unwrap();
+    let file = std::fs::File::open("/proc/self/status").unwrap();
+    let (unix, _peer) = UnixStream::pair().unwrap();
+    let unconnected = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::STREAM,
+        None,
+    )
+    .unwrap();
+    let client = std::net::TcpStream::connect(listening.local_addr().unwrap()).unwrap();
+    let (accepted, _) = listening.accept().unwrap();
+    let hostile: Vec<(&str, u8, Vec<std::os::fd::BorrowedFd<'_>>)> = vec![
+        ("a listening socket", 1, vec![listening.as_fd()]),
+        ("a pipe", 1, vec![pipe.as_fd()]),
+        ("a file", 2, vec![file.as_fd()]),
+        ("a unix socket", 1, vec![unix.as_fd()]),
+        ("an unconnected socket", 1, vec![unconnected.as_fd()]),
+        (
+            "two connections",
+            1,
+            vec![accepted.as_fd(), accepted.as_fd()],
+        ),
+        ("an unknown marker", 9, vec![accepted.as_fd()]),
+    ];
+    for (what, marker, fds) in &hostile {
+        let r = hand_over(&w.socket(), *marker, fds);
+        assert!(r.refused(400, "bad-handover"), "{what}: {r:?}");
+    }
+    // A connected one, sent the same way, is taken: its request is read from it.
+    let r = hand_over(&w.socket(), 1, &[accepted.as_fd()]);
+    assert_eq!(r.status, 0, "the socket is not answered: {r:?}");
+    let mut client = client;
+    client.set_read_timeout(Some(BOUND)).unwrap();
+    client
+        .write_all(b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
+        .unwrap();
+    let r = read_reply(&mut client, true);
+    assert_eq!(r.status, 200, "{r:?}");
+
+    serves(&w, &host);
+}
