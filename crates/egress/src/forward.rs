@@ -39,14 +39,13 @@ pub async fn serve(listener: TcpListener, socket: PathBuf) {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             continue;
         };
-        let socket = socket.clone();
-        tokio::spawn(async move {
-            let _ = tcp.set_nodelay(true);
-            if let Ok(unix) = UnixStream::connect(&socket).await {
-                // Once sent, the proxy holds the connection: both ends here close.
-                let _ = handover::send(&unix, handover::REQUEST_ON_IT, tcp.as_fd()).await;
-            }
-        });
+        // Here, not in a task of its own: a connect to a unix socket and one message are done at
+        // once, and a task would cost the connection a wakeup. Once sent, the proxy holds the
+        // connection: both ends here close.
+        let _ = tcp.set_nodelay(true);
+        if let Ok(unix) = UnixStream::connect(&socket).await {
+            let _ = handover::send(&unix, handover::REQUEST_ON_IT, tcp.as_fd()).await;
+        }
     }
 }
 

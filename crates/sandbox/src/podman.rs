@@ -9,10 +9,15 @@
 //! writes the environment to the job's input before anything else; the launcher sets it and becomes
 //! the job's program. So no value is on a command line, in `podman inspect`, or in a file.
 //!
-//! A job starts in two steps, `podman create` and `podman start --attach --interactive`, whose
-//! standard streams are the job's. Beside it runs a reaper, a shell in a session of its own that
-//! waits for its input to close and then removes the container: the worker holds that input, so
-//! when the worker dies however it dies, its containers go with it.
+//! A job is one `podman run --rm --interactive`, whose standard streams are the job's: the engine
+//! creates, starts, attaches and, once the job's program has ended, removes the container in one
+//! process, as an operator typing it would. Beside it runs a reaper, a shell in a session of its
+//! own that waits for its input to close and then removes the container: the worker holds that
+//! input, so when the worker dies however it dies, its containers go with it. A job stopped early
+//! (its time limit, a cancel) is removed with `podman rm --force`, which ends the `run` too.
+//!
+//! `podman run` exits 125 when the engine itself failed (an image missing, an option refused):
+//! that ending is the sandbox's failure, not the job's (the runner never exits 125).
 
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -28,6 +33,9 @@ use crate::env::JobEnv;
 
 /// Where Debian's package puts it.
 pub const PODMAN: &str = "/usr/bin/podman";
+
+/// util-linux's `setpriv`, which a job's `podman run` is started through to die with the worker.
+const SETPRIV: &str = "/usr/bin/setpriv";
 
 /// The label every job container carries, with the job's id as its value.
 pub const JOB_LABEL: &str = "dev.pi-dispatch.job";
@@ -110,13 +118,16 @@ impl Default for Limits {
     }
 }
 
-/// `podman create`'s arguments for `spec` and the container named `name`. No value of the
+/// The status of `podman run` when the engine, not the container, failed.
+pub const ENGINE_FAILED: i32 = 125;
+
+/// `podman run`'s arguments for `spec` and the container named `name`. No value of the
 /// environment is among them (it comes on the job's input). Pure.
-pub fn create_args(podman: &Podman, spec: &JobSpec, job_id: &str, name: &str) -> Vec<OsString> {
+pub fn run_args(podman: &Podman, spec: &JobSpec, job_id: &str, name: &str) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
     let mut push = |items: &[&OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
     let s = OsStr::new;
-    push(&[s("create"), s("--name"), s(name)]);
+    push(&[s("run"), s("--rm"), s("--name"), s(name)]);
     let label = format!("{JOB_LABEL}={job_id}");
     push(&[s("--label"), s(&label)]);
     if let Some(runtime) = &podman.runtime {
@@ -124,6 +135,8 @@ pub fn create_args(podman: &Podman, spec: &JobSpec, job_id: &str, name: &str) ->
     }
     // Its input stays open for the job's key; its output is read by the worker alone.
     push(&[s("--interactive"), s("--log-driver"), s("none")]);
+    // The image is installed before any job (`image install`): a job never makes the engine fetch.
+    push(&[s("--pull"), s("never")]);
     // A small init as process 1 reaps what the job orphans; when the job's program ends, the
     // container ends with everything in it.
     push(&[s("--init")]);
@@ -228,6 +241,20 @@ impl Podman {
         c
     }
 
+    /// The command of a job's `podman run`: through `setpriv --pdeathsig KILL` where util-linux's
+    /// `setpriv` is, so that the worker's death ends the `run` with it and the reaper's removal
+    /// comes after the last thing the `run` did (a container created after it would be left).
+    fn run_command(&self) -> Command {
+        if !Path::new(SETPRIV).is_file() {
+            return self.command();
+        }
+        let mut c = Command::new(SETPRIV);
+        c.args(["--pdeathsig", "KILL", "--"])
+            .arg(&self.program)
+            .stdin(Stdio::null());
+        c
+    }
+
     /// Removes the container at once, whatever runs in it.
     async fn remove(&self, name: &str) {
         let mut c = self.command();
@@ -247,48 +274,25 @@ impl Podman {
             .unwrap_or_default();
         let name = container_name()
             .map_err(|e| StartError::Container(format!("no container name: {e}")))?;
-        let mut create = self.command();
-        create
-            .args(create_args(self, spec, &job_id, &name))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let created = create.output().await.map_err(|e| {
-            StartError::Container(format!(
-                "{} cannot be run ({})",
-                self.program.display(),
-                e.kind()
-            ))
-        })?;
-        if !created.status.success() {
-            // The engine's first line: it names what is wrong (an image, a path, an option).
-            let why = String::from_utf8_lossy(&created.stderr)
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-            self.remove(&name).await;
-            return Err(StartError::Container(format!(
-                "the container was not created: {why}"
-            )));
-        }
-        let reaper = self.reaper(&name).ok();
-        let mut start = self.command();
-        start
-            .args(["start", "--attach", "--interactive", &name])
+        let mut run = self.run_command();
+        run.args(run_args(self, spec, &job_id, &name))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let child = match spawn::retry_busy(|| start.spawn()) {
+        let child = match spawn::retry_busy(|| run.spawn()) {
             Ok(c) => c,
             Err(e) => {
-                self.remove(&name).await;
                 return Err(StartError::Container(format!(
-                    "the container was not started ({})",
+                    "{} cannot be run ({})",
+                    self.program.display(),
                     e.kind()
                 )));
             }
         };
+        // The reaper while the engine starts up: no container exists before the engine has
+        // started, which takes far longer than this.
+        let reaper = self.reaper(&name).ok();
         let mut job = PodmanJob {
             podman: self.clone(),
             name,
@@ -311,17 +315,21 @@ impl Podman {
         Ok(job)
     }
 
-    /// A shell in a session of its own that removes the container once its input closes: the
-    /// worker holds that input, so the container goes when the worker does.
+    /// A shell in a session of its own that removes the container once its input closes with
+    /// nothing said: the worker holds that input, so the container goes when the worker does. A
+    /// line on it (the worker saw the container gone) lets it exit without running the engine.
     fn reaper(&self, name: &str) -> io::Result<(Child, ChildStdin)> {
         let mut c = Command::new("/bin/sh");
-        c.args(["-c", "read -r _; exec \"$0\" \"$@\" >/dev/null 2>&1"])
-            .arg(&self.program)
-            .args(self.rm_args(name))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0);
+        c.args([
+            "-c",
+            "if read -r _; then exit 0; fi; exec \"$0\" \"$@\" >/dev/null 2>&1",
+        ])
+        .arg(&self.program)
+        .args(self.rm_args(name))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0);
         let mut child = spawn::retry_busy(|| c.spawn())?;
         let stdin = child
             .stdin
@@ -361,14 +369,23 @@ impl PodmanJob {
 
     async fn end(&mut self) {
         if !self.removed {
+            // The `run` first, so that nothing is created after the removal; then the container,
+            // whatever state the `run` got it to.
+            let _ = self.child.start_kill();
+            let _ = self.child.wait().await;
             self.podman.remove(&self.name).await;
             self.removed = true;
         }
         let _ = self.child.wait().await;
-        // The reaper's input closes: it removes nothing more and exits.
-        if let Some((mut reaper, input)) = self.reaper.take() {
-            drop(input);
-            let _ = reaper.wait().await;
+        self.release_reaper().await;
+    }
+
+    /// Tells the reaper the container is gone (a line on its input): it exits, removing nothing.
+    /// It is not waited for: Tokio reaps a child dropped unwaited.
+    async fn release_reaper(&mut self) {
+        use tokio::io::AsyncWriteExt as _;
+        if let Some((_reaper, mut input)) = self.reaper.take() {
+            let _ = input.write_all(b"done\n").await;
         }
     }
 }
@@ -391,7 +408,17 @@ impl RunningJob for PodmanJob {
             match tokio::time::timeout(limit, self.child.wait()).await {
                 Ok(status) => {
                     let status = status?;
+                    // `run --rm` removed the container before it exited; killed by a signal, it
+                    // may not have.
+                    if status.code().is_some() {
+                        self.removed = true;
+                    }
                     self.end().await;
+                    if status.code() == Some(ENGINE_FAILED) {
+                        return Err(io::Error::other(
+                            "the container engine failed to run the job",
+                        ));
+                    }
                     Ok(Ending::Exited(status))
                 }
                 Err(_) => {
@@ -413,7 +440,9 @@ impl RunningJob for PodmanJob {
 impl Drop for PodmanJob {
     fn drop(&mut self) {
         if !self.removed {
-            // Synchronously: a dropped job must not outlive the call that dropped it.
+            // Synchronously: a dropped job must not outlive the call that dropped it. The `run`
+            // is killed first (it dies before the engine's `rm` has started up).
+            let _ = self.child.start_kill();
             let _ = std::process::Command::new(&self.podman.program)
                 .args(self.podman.rm_args(&self.name))
                 .stdin(Stdio::null())
@@ -459,7 +488,7 @@ mod tests {
             nested: true,
             ..spec()
         };
-        let a = text(&create_args(&docker, &nested, "j1", "pi-dispatch-00"));
+        let a = text(&run_args(&docker, &nested, "j1", "pi-dispatch-00"));
         assert!(a.contains("--security-opt systempaths=unconfined"), "{a}");
         assert!(a.contains("--read-only --tmpfs /tmp:rw,mode=1777"), "{a}");
         assert!(
@@ -480,9 +509,9 @@ mod tests {
             launcher: LAUNCHER.iter().map(Into::into).collect(),
         };
         assert_eq!(
-            text(&create_args(&podman, &spec(), "j1", "pi-dispatch-00",)),
-            "create --name pi-dispatch-00 --label dev.pi-dispatch.job=j1 --runtime runc \
-             --interactive --log-driver none --init --cap-drop=all --security-opt no-new-privileges \
+            text(&run_args(&podman, &spec(), "j1", "pi-dispatch-00",)),
+            "run --rm --name pi-dispatch-00 --label dev.pi-dispatch.job=j1 --runtime runc \
+             --interactive --log-driver none --pull never --init --cap-drop=all --security-opt no-new-privileges \
              --read-only --read-only-tmpfs=true --pids-limit 1024 --memory 4096m --memory-swap 4096m \
              --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --user 1000:1000 --network none \
              --unsetenv-all --volume /srv/state/jobs/j1/job:/job:ro \

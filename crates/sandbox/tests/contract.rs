@@ -288,12 +288,21 @@ async fn the_environment_is_exactly_the_map_and_on_no_command_line(kind: Kind) {
     // While it runs: every command line on the host, and the engine's record of the container.
     let mut job = backend
         .start(
-            &fx.spec("cat /proc/self/environ; sleep 2", Network::None),
+            &fx.spec("cat /proc/self/environ; sleep 4", Network::None),
             &env,
         )
         .await
         .unwrap();
     drop(job.stdin());
+    if kind == Kind::Podman {
+        // `start` returns once the engine was asked to run the job; the container is the
+        // engine's to make, within moments, and is looked at while it runs.
+        let asked = std::time::Instant::now();
+        while containers_of(ID).is_empty() {
+            assert!(asked.elapsed() < BOUND, "no container was made");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     let mut leaks: Vec<String> = Vec::new();
     for pid in std::fs::read_dir("/proc")
         .unwrap()
@@ -521,4 +530,34 @@ async fn a_podman_jobs_pids_and_memory_are_limited() {
         "{}",
         out.stdout
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_podman_job_the_engine_cannot_run_is_the_sandboxs_failure_not_the_jobs() {
+    const ID: &str = "job-contract-engine-failed";
+    let fx = Fixture::new();
+    let podman = Podman {
+        program: sandbox::podman::PODMAN.into(),
+        runtime: Some("runc".into()),
+        limits: Limits::within_own(),
+        base_image: Some("localhost/pi-dispatch-no-such-image:absent".into()),
+        launcher: vec!["/opt/pi-dispatch-image/bin/sandbox-job-env".into()],
+    };
+    let mut job = podman
+        .start(&fx.spec("echo ran", Network::None), &job_env(ID, &[]))
+        .await
+        .unwrap();
+    drop(job.stdin());
+    let ending = job.wait_with_limit(BOUND).await;
+    assert!(ending.is_err(), "{ending:?}");
+    assert!(containers_of(ID).is_empty(), "a container was left");
+    // The control: the same start with the test's image runs the script.
+    let out = run(
+        Kind::Podman,
+        &fx.spec("echo ran", Network::None),
+        &job_env(ID, &[]),
+    )
+    .await;
+    assert!(out.success(), "{}", out.stderr);
+    assert_eq!(out.stdout, "ran\n");
 }
