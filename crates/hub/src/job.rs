@@ -1002,6 +1002,9 @@ fn agent_process(
             if let Some(token) = hub_token {
                 cmd.env(pi_config::HUB_TOKEN_VARIABLE, token);
             }
+            if pi.compile_cache.is_some() && folder.compile_cache().is_dir() {
+                cmd.env("NODE_COMPILE_CACHE", folder.compile_cache());
+            }
         }
     }
     // Confined, pi's tools run apart from pi: its shell asks the runner to start each command in

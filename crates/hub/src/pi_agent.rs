@@ -27,6 +27,9 @@ pub struct PiOptions {
     /// The overlay (`/opt/pi-global`): its `models.json`, `APPEND_SYSTEM.md`, `skills/` and
     /// `extensions/` are pi's.
     pub overlay: Option<PathBuf>,
+    /// The image's compile cache of pi's modules (`node-compile-cache`, read-only), when it has
+    /// one: see [`link_compile_cache`].
+    pub compile_cache: Option<PathBuf>,
 }
 
 /// The program pi's package starts as (its `pi` bin): one bundle, which keeps Node's compile cache.
@@ -120,6 +123,12 @@ impl AgentFolder {
     /// Where the `pi` shim is: first on the `PATH` pi's tools see.
     pub fn bin(&self) -> PathBuf {
         self.dir.join("pi-dispatch").join("bin")
+    }
+
+    /// Node's compile cache as pi sees it (`NODE_COMPILE_CACHE`): one link, under the runner's own
+    /// read-only part, to the image's cache ([`link_compile_cache`]).
+    pub fn compile_cache(&self) -> PathBuf {
+        self.own().join("node-compile-cache")
     }
 
     /// pi's shell when the runner has none beside it (a runner outside a job image): every
@@ -264,7 +273,37 @@ pub fn prepare(
         write_private(&own, "shell", shell_script(runner).as_bytes())?;
         std::fs::set_permissions(folder.shell(), std::fs::Permissions::from_mode(0o700))?;
     }
+    let _ = std::fs::remove_dir_all(folder.compile_cache());
+    if let Some(cache) = &pi.compile_cache {
+        // Without it pi only compiles its modules itself, as it would by hand the first time.
+        let _ = link_compile_cache(cache, &folder.compile_cache(), rustix::process::getuid());
+    }
     Ok(())
+}
+
+/// Makes `ours` the folder Node's compile cache is read from for user `uid`: Node looks in
+/// `ours/VERSION-UID`, so that one entry links to the image's `cache/VERSION`, made at `image
+/// install` for whichever user pi runs as. The image is read-only to every job, so what a job's
+/// pi loads was compiled by the operator's install and no job can change it for another; what
+/// Node would add at pi's exit is not written. Says the folder linked.
+pub fn link_compile_cache(
+    cache: &Path,
+    ours: &Path,
+    uid: rustix::process::Uid,
+) -> std::io::Result<PathBuf> {
+    let mut versions = std::fs::read_dir(cache)?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name());
+    let (Some(version), None) = (versions.next(), versions.next()) else {
+        return Err(std::io::Error::other("not one cache in the image"));
+    };
+    std::fs::create_dir_all(ours)?;
+    let mut name = version.clone();
+    name.push(format!("-{}", uid.as_raw()));
+    let link = ours.join(name);
+    std::os::unix::fs::symlink(cache.join(&version), &link)?;
+    Ok(link)
 }
 
 /// pi's arguments (after the Node binary); `exclude` is the trigger's `run.excludeTools`, which pi
@@ -413,6 +452,27 @@ mod tests {
     }
 
     #[test]
+    fn the_compile_cache_is_linked_under_the_users_name_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("image-cache");
+        let ours = dir.path().join("ours");
+        let uid = rustix::process::Uid::from_raw(4242);
+        // No cache, or two: nothing is linked.
+        std::fs::create_dir(&cache).unwrap();
+        assert!(link_compile_cache(&cache, &ours, uid).is_err());
+        std::fs::create_dir(cache.join("v22.1-x64-aa")).unwrap();
+        std::fs::create_dir(cache.join("v22.2-x64-bb")).unwrap();
+        assert!(link_compile_cache(&cache, &ours, uid).is_err());
+        std::fs::remove_dir(cache.join("v22.2-x64-bb")).unwrap();
+        let link = link_compile_cache(&cache, &ours, uid).unwrap();
+        assert_eq!(link, ours.join("v22.1-x64-aa-4242"));
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            cache.join("v22.1-x64-aa")
+        );
+    }
+
+    #[test]
     fn excluded_tools_reach_pis_command_line() {
         let pi = PiOptions {
             node: PathBuf::from("/n"),
@@ -420,6 +480,7 @@ mod tests {
             prompt: PathBuf::from("/job/prompt.md"),
             model: None,
             overlay: None,
+            compile_cache: None,
         };
         assert!(!args(&pi, &[]).iter().any(|a| a == "--exclude-tools"));
         let with = args(&pi, &["bash".to_owned(), "mcp__docs__*".to_owned()]);

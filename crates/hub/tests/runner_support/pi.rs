@@ -116,6 +116,7 @@ pub async fn run_pi_job_over(f: &Folders, job: PiJob<'_>, transport: Transport) 
             prompt: f.job.join("prompt.md"),
             model: Some(job.model.to_owned()),
             overlay: Some(f.overlay.clone()),
+            compile_cache: None,
         }),
         env,
         guard: None,

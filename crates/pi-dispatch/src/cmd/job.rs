@@ -4,7 +4,7 @@
 //! serves them to the agent it starts, and prints the signed exit line as its last line of output.
 
 use std::io::BufRead;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::context::Context;
 use crate::exit::Exit;
@@ -118,6 +118,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
                 ),
                 model: model(args, ctx),
                 overlay: Some(ctx.absolute(&args.overlay)),
+                compile_cache: image_compile_cache(&ctx.absolute(package)),
             }),
             None => hub::job::Agent::Command(args.agent.clone()),
         },
@@ -258,4 +259,16 @@ pub fn shell(args: &[std::ffi::OsString]) -> std::process::ExitCode {
         error.kind()
     );
     std::process::ExitCode::from(127)
+}
+
+/// The compile cache of the image pi's package is in (`setup::image::COMPILE_CACHE`), when the
+/// package is where an image has it and the image has one.
+fn image_compile_cache(package: &Path) -> Option<PathBuf> {
+    let mut root = package;
+    for _ in Path::new(setup::image::PI_PACKAGE).components() {
+        root = root.parent()?;
+    }
+    (root.join(setup::image::PI_PACKAGE) == package)
+        .then(|| root.join(setup::image::COMPILE_CACHE))
+        .filter(|cache| cache.is_dir())
 }

@@ -88,3 +88,75 @@ fn a_tool_of_pis_cannot_take_pi_over() {
     assert!(second.contains("No such file"), "{second}");
     assert!(!s.repo.join("stolen-env").exists());
 }
+
+/// pi's compile cache (issue 32): made at `image install`, read by the job's pi from the
+/// read-only image through a link in the runner's own read-only part of pi's folder. A tool of pi's
+/// finds the cache it would poison and can change neither it nor the link.
+#[test]
+fn pi_reads_the_images_compile_cache_and_a_tool_cannot_poison_it() {
+    let probe = r#"c="$NODE_COMPILE_CACHE"; echo "cache: $c"
+for d in "$c"/*; do echo "entry: $(basename "$d") -> $(readlink "$d")"; echo "files: $(ls "$d" | wc -l)"; done
+for d in "$c"/*; do touch "$d/planted" 2>/dev/null && echo CACHE-WRITTEN; for f in "$d"/*; do [ -f "$f" ] && { : > "$f"; } 2>/dev/null && echo ENTRY-TRUNCATED; break; done; done
+rm -f "$c"/* 2>/dev/null && echo LINK-REMOVED; ln -s /tmp "$c/v22-planted-$(id -u)" 2>/dev/null && echo LINK-PLANTED
+echo "accepted: $(NODE_DEBUG_NATIVE=COMPILE_CACHE node --disable-sigusr1 /opt/pi-dispatch-image/node_modules/@earendil-works/pi-coding-agent/dist/bundle/cli.js --version 2>&1 | grep -c 'was accepted')"
+echo "uid: $(id -u)"; echo probe done"#;
+    let s = Service::new(
+        vec![
+            Step::call("bash", json!({ "command": probe })),
+            Step::text("done"),
+        ],
+        |_| json!({"everything": crate::worker::stdio(Some("direct"))}),
+        "",
+    );
+    // The image holds one cache, named for no user.
+    let cache = s.d.path().join("images/pi-job/node-compile-cache");
+    let made: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(made.len(), 1, "{made:?}");
+    let version = &made[0];
+    assert!(version.starts_with("v22."), "{version}");
+    let files = std::fs::read_dir(cache.join(version)).unwrap().count();
+    assert!(files > 3, "the cache holds {files} entries");
+
+    let (_, _, results, _) = s.complete("Look at the cache.", "everything");
+    let seen = &results[1];
+    // The control: the probe ran to its end.
+    assert!(seen.contains("probe done"), "{seen}");
+    let uid = seen
+        .lines()
+        .find_map(|l| l.strip_prefix("uid: "))
+        .unwrap_or_else(|| panic!("{seen}"));
+    assert!(
+        seen.contains("cache: /") && seen.contains("/pi-dispatch/node-compile-cache"),
+        "pi has no compile cache: {seen}"
+    );
+    assert!(
+        seen.contains(&format!(
+            "entry: {version}-{uid} -> /opt/pi-dispatch-image/node-compile-cache/{version}"
+        )),
+        "{seen}"
+    );
+    assert!(seen.contains(&format!("files: {files}")), "{seen}");
+    // Node, started as pi is, takes the cache's entries.
+    let accepted: usize = seen
+        .lines()
+        .find_map(|l| l.strip_prefix("accepted: "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{seen}"));
+    assert!(accepted > 3, "Node took {accepted} entries: {seen}");
+    for broke in [
+        "CACHE-WRITTEN",
+        "ENTRY-TRUNCATED",
+        "LINK-REMOVED",
+        "LINK-PLANTED",
+    ] {
+        assert!(!seen.contains(broke), "{broke}:\n{seen}");
+    }
+    // Nor did pi's own exit add to it.
+    assert_eq!(
+        std::fs::read_dir(cache.join(version)).unwrap().count(),
+        files
+    );
+}
