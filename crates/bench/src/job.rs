@@ -132,6 +132,8 @@ pub struct JobFigures {
     whole_ratios: Vec<f64>,
     /// Each pair's separated ready time over its unseparated one.
     ready_ratios: Vec<f64>,
+    /// Each round's separated ready time over the ready time by hand.
+    ready_over_hand: Vec<f64>,
     /// `node -e 0` in a job's nested sandbox, started directly and through `job-confine` (as pi
     /// and each stdio server are), ms.
     node_bare: Vec<f64>,
@@ -140,6 +142,11 @@ pub struct JobFigures {
 
 /// The separation should make the job ready at most this much later (issue 12).
 pub const GOAL_READY_GROWTH: f64 = 1.05;
+/// Through the worker, pi's first model request should come no later than by hand, paired
+/// median (issue 32).
+pub const GOAL_READY_OVER_HAND: f64 = 1.0;
+/// The whole job through the worker, against by hand, paired median (issue 32).
+pub const GOAL_WHOLE_OVER_HAND: f64 = 0.8;
 
 impl JobFigures {
     fn confinement_added(&self) -> f64 {
@@ -163,6 +170,11 @@ impl JobFigures {
             "whole_growth": round3(median(&self.separated.whole) / median(&self.unseparated.whole)),
             "goal_ready_growth": GOAL_READY_GROWTH,
             "within_goal": self.ready_growth() <= GOAL_READY_GROWTH,
+            "paired_ready_over_by_hand": round3(median(&self.ready_over_hand)),
+            "goal_ready_over_by_hand": GOAL_READY_OVER_HAND,
+            "ready_within_by_hand_goal": median(&self.ready_over_hand) <= GOAL_READY_OVER_HAND,
+            "goal_whole_over_by_hand": GOAL_WHOLE_OVER_HAND,
+            "whole_within_by_hand_goal": median(&self.whole_ratios) <= GOAL_WHOLE_OVER_HAND,
             "confinement": {
                 "runs": self.node_bare.len(),
                 "node_bare_median_ms": round1(median(&self.node_bare)),
@@ -188,12 +200,16 @@ impl JobFigures {
             median(&self.separated.whole),
             median(&self.unseparated.whole),
         );
+        let verdict = |met: bool| if met { "met" } else { "not met" };
         println!(
-            "job: pi typed by hand, the same job: ready {:.1} ms, whole {:.1} ms; the whole job through the worker over by hand {:.3}x (paired {:.3}x)",
+            "job: pi typed by hand, the same job: ready {:.1} ms, whole {:.1} ms; through the worker over by hand: ready paired {:.3}x (goal at most {GOAL_READY_OVER_HAND}x: {}), whole {:.3}x, paired {:.3}x (goal at most {GOAL_WHOLE_OVER_HAND}x: {})",
             median(&self.by_hand.ready),
             median(&self.by_hand.whole),
+            median(&self.ready_over_hand),
+            verdict(median(&self.ready_over_hand) <= GOAL_READY_OVER_HAND),
             median(&self.separated.whole) / median(&self.by_hand.whole),
             median(&self.whole_ratios),
+            verdict(median(&self.whole_ratios) <= GOAL_WHOLE_OVER_HAND),
         );
         for (name, side) in [
             ("through the worker", &self.separated),
@@ -775,7 +791,8 @@ pub fn measure(options: &Options) -> anyhow::Result<JobFigures> {
     }
     let (mut separated, mut unseparated, mut by_hand) =
         (Side::default(), Side::default(), Side::default());
-    let (mut ready_ratios, mut whole_ratios) = (Vec::new(), Vec::new());
+    let (mut ready_ratios, mut whole_ratios, mut ready_over_hand) =
+        (Vec::new(), Vec::new(), Vec::new());
     for i in 0..options.runs {
         // Each way goes first, second and last in turn.
         let mut order = WAYS;
@@ -794,6 +811,7 @@ pub fn measure(options: &Options) -> anyhow::Result<JobFigures> {
         }
         ready_ratios.push(round[0].0 / round[1].0);
         whole_ratios.push(round[0].1 / round[2].1);
+        ready_over_hand.push(round[0].0 / round[2].0);
     }
     let (node_bare, node_confined) = demo.confinement(&runtime, 20)?;
     Ok(JobFigures {
@@ -803,6 +821,7 @@ pub fn measure(options: &Options) -> anyhow::Result<JobFigures> {
         by_hand,
         whole_ratios,
         ready_ratios,
+        ready_over_hand,
         node_bare,
         node_confined,
     })
