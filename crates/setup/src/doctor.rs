@@ -307,7 +307,7 @@ fn podman_checks(inputs: &Inputs, base: Option<&str>, out: &mut Vec<Check>) {
 pub const PODMAN: &str = "/usr/bin/podman";
 
 /// Where the embedded backend expects bubblewrap, and (for a root worker) setpriv.
-pub const BWRAP: &str = "/usr/bin/bwrap";
+pub use crate::image::BWRAP;
 pub const SETPRIV: &str = "/usr/bin/setpriv";
 
 /// Reads what the checks need. Never follows a link.

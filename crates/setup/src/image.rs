@@ -36,6 +36,8 @@ pub const RUNNER: &str = "bin/pi-dispatch";
 pub const SHELL: &str = "bin/pi-dispatch-shell";
 /// Node's compile cache of pi's modules, made at install.
 pub const COMPILE_CACHE: &str = "node-compile-cache";
+/// Where bubblewrap is: the embedded backend's, and what the install makes the compile cache in.
+pub const BWRAP: &str = "/usr/bin/bwrap";
 
 /// The Node.js major version pi needs.
 pub const NODE_MAJOR: &str = "v22.";
@@ -473,7 +475,7 @@ fn stage(
 fn make_compile_cache(staging: &Path) -> Result<(), String> {
     let image = Path::new(protocol::image::MOUNT);
     let cache = staging.join(COMPILE_CACHE);
-    let mut node = Command::new(crate::doctor::BWRAP);
+    let mut node = Command::new(BWRAP);
     node.args(["--ro-bind", "/", "/", "--tmpfs", "/opt", "--bind"])
         .arg(staging)
         .arg(image)
