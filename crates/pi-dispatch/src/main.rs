@@ -12,10 +12,21 @@ use clap::{Parser, Subcommand};
 
 use crate::exit::Exit;
 
+/// `--version`: the crate's version, the commit it was built from and the pi the job image pins
+/// (see `build.rs`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("PI_DISPATCH_COMMIT"),
+    ", pi ",
+    env!("PI_DISPATCH_PI_VERSION"),
+    ")"
+);
+
 /// Runs the pi coding agent unattended against repositories, with exactly the MCP servers a
 /// trigger names.
 #[derive(Debug, Parser)]
-#[command(name = "pi-dispatch", version, about, propagate_version = true)]
+#[command(name = "pi-dispatch", version = VERSION, about, propagate_version = true)]
 struct Cli {
     /// The deployment folder, where .env and the other files are [default: PI_DIR, else the
     /// current folder]
@@ -83,6 +94,11 @@ enum Command {
         #[command(subcommand)]
         command: McpCommand,
     },
+    /// Print a shell's completion script (bash: `source <(pi-dispatch completions bash)`).
+    Completions(cmd::completions::Args),
+    /// Print the manual page (roff), made from these same definitions.
+    #[command(hide = true)]
+    ManPage,
     /// The job's runner, inside the sandbox: connect the job's MCP servers and start the agent.
     #[command(hide = true)]
     Job(cmd::job::Args),
@@ -127,6 +143,18 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),
     };
+    // Made from the definitions alone: no deployment, no logs.
+    let made = match &cli.command {
+        Command::Completions(args) => Some(cmd::completions::completions(args)),
+        Command::ManPage => Some(cmd::completions::man_page()),
+        _ => None,
+    };
+    if let Some(result) = made {
+        return match result {
+            Ok(exit) => exit.into(),
+            Err(e) => Exit::from_error(&e),
+        };
+    }
     init_logs(cli.log_format);
     let mut ctx = match context::Context::new(cli.dir.as_deref()) {
         Ok(ctx) => ctx,
@@ -160,6 +188,8 @@ fn main() -> ExitCode {
         Command::Triggers {
             command: TriggersCommand::Check(args),
         } => cmd::triggers_check::run(&args, &ctx),
+        // Answered above, before any deployment is read.
+        Command::Completions(_) | Command::ManPage => Ok(Exit::Success),
     };
     match result {
         Ok(exit) => exit.into(),

@@ -1,4 +1,5 @@
 pub mod cancel;
+pub mod completions;
 pub mod doctor;
 pub mod egress_proxy;
 pub mod explain;

@@ -48,6 +48,7 @@ fn help_lists_the_commands_in_their_order_and_hides_the_internal_ones() {
         "explain",
         "triggers",
         "mcp",
+        "completions",
     ];
     let listed = commands.strip_suffix(&["help"]).unwrap_or(&commands);
     assert_eq!(listed, expected, "{}", run.stdout);
@@ -513,4 +514,130 @@ fn run_names_the_folder_it_cannot_use() {
         assert!(run.stderr.contains(given), "{given}: {}", run.stderr);
         assert!(!run.stderr.contains("FOLDER"), "{given}: {}", run.stderr);
     }
+}
+
+#[test]
+fn version_names_the_commit_and_the_pinned_pi() {
+    let d = Deployment::new();
+    let run = d.run(&["--version"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let git = std::process::Command::new("git")
+        .arg("-C")
+        .arg(&root)
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .unwrap();
+    assert!(git.status.success());
+    let commit = String::from_utf8_lossy(&git.stdout).trim().to_owned();
+    let package: Value =
+        serde_json::from_slice(&std::fs::read(root.join("package.json")).unwrap()).unwrap();
+    let pi = package["dependencies"]["@earendil-works/pi-coding-agent"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        run.stdout.trim(),
+        format!(
+            "pi-dispatch {} (commit {commit}, pi {pi})",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+    // A subcommand says the same, under its own name.
+    assert_eq!(
+        d.run(&["doctor", "--version"]).stdout,
+        run.stdout.replacen("pi-dispatch", "pi-dispatch-doctor", 1)
+    );
+}
+
+#[test]
+fn bash_completes_the_commands_and_hides_the_internal_ones() {
+    let d = Deployment::new();
+    let script = d.run(&["completions", "bash"]);
+    assert_eq!(script.code, 0, "{}", script.stderr);
+    let complete = |words: &str| -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pi-dispatch.bash");
+        std::fs::write(&file, &script.stdout).unwrap();
+        let n = words.split_whitespace().count();
+        // The function the script registers for the program, called as bash calls it.
+        let line = format!(
+            "source '{}'; f=$(complete -p pi-dispatch | sed -E 's/.*-F ([^ ]+).*/\\1/'); \
+             echo \"function: $f\"; COMP_WORDS=({words}); COMP_CWORD={}; COMP_LINE='{words}'; \
+             COMP_POINT=${{#COMP_LINE}}; \"$f\" pi-dispatch '{}' '{}'; \
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            file.display(),
+            n - 1,
+            words.split_whitespace().last().unwrap_or_default(),
+            words
+                .split_whitespace()
+                .nth(n.saturating_sub(2))
+                .unwrap_or_default(),
+        );
+        let out = std::process::Command::new("bash")
+            .args(["--norc", "--noprofile", "-c", &line])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        // The control: the script registered a function, and it was called.
+        let (first, rest) = stdout.split_once('\n').unwrap_or_default();
+        assert!(first.starts_with("function: _"), "{stdout}");
+        rest.split_whitespace().map(str::to_owned).collect()
+    };
+    assert_eq!(complete("pi-dispatch ru"), ["run", "runs"]);
+    assert_eq!(complete("pi-dispatch re"), ["receiver", "rerun"]);
+    // The runner's own commands are not offered.
+    assert!(complete("pi-dispatch jo").is_empty());
+    assert!(complete("pi-dispatch man").is_empty());
+    // A subcommand's flags.
+    assert!(complete("pi-dispatch prune --").contains(&"--dry-run".to_owned()));
+    assert!(complete("pi-dispatch runs show --").contains(&"--follow".to_owned()));
+    // The other shells' scripts name the program.
+    for (shell, mark) in [
+        ("zsh", "#compdef pi-dispatch"),
+        ("fish", "complete -c pi-dispatch"),
+    ] {
+        let run = d.run(&["completions", shell]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        assert!(run.stdout.contains(mark), "{shell}: {}", run.stdout);
+    }
+    let unknown = d.run(&["completions", "tcsh"]);
+    assert_eq!(unknown.code, 2, "{}", unknown.stderr);
+}
+
+#[test]
+fn the_manual_page_renders_cleanly_and_lists_the_commands() {
+    let d = Deployment::new();
+    let page = d.run(&["man-page"]);
+    assert_eq!(page.code, 0, "{}", page.stderr);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pi-dispatch.1");
+    std::fs::write(&file, &page.stdout).unwrap();
+    let out = std::process::Command::new("man")
+        .args(["--warnings", "-E", "UTF-8", "-l"])
+        .arg(&file)
+        .env("MANWIDTH", "100")
+        .env("MANPAGER", "cat")
+        .env("PAGER", "cat")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let warnings = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{warnings}");
+    assert!(warnings.trim().is_empty(), "{warnings}");
+    assert!(text.contains("pi-dispatch"), "{text}");
+    for command in ["init", "doctor", "worker", "rerun", "completions"] {
+        assert!(
+            text.lines().any(|l| l
+                .trim_start()
+                .starts_with(&format!("pi-dispatch-{command}"))
+                || l.trim_start().starts_with(command)),
+            "{command} is not on the page:\n{text}"
+        );
+    }
+    assert!(!text.contains("job-guard"), "{text}");
 }
