@@ -14,40 +14,83 @@ use protocol::exit_line::ExitLine;
 use protocol::job_dir::{EGRESS_SOCKET, RunnerInput};
 use testkit::netns::TestHost;
 
-/// A stand-in for the proxy on the job's socket: it reports each request head it reads and
-/// answers `200`, then echoes what follows after a greeting.
+/// A stand-in for the proxy on the job's socket: it takes the connection the runner hands over
+/// (`egress::handover`), reports each request head it reads (from the connection, or from the
+/// socket for a declared endpoint's tunnel) and answers `200`, then echoes what the connection
+/// sends after a greeting.
 fn fake_proxy(socket: &Path) -> std::sync::mpsc::Receiver<String> {
     let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        use std::io::{Read, Write};
         for stream in listener.incoming() {
-            let Ok(mut s) = stream else { return };
+            let Ok(s) = stream else { return };
             let tx = tx.clone();
-            std::thread::spawn(move || {
-                let mut head = Vec::new();
-                let mut b = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    if s.read(&mut b).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    head.push(b[0]);
-                }
-                let _ = tx.send(String::from_utf8_lossy(&head).into_owned());
-                let _ = s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\nproxied:");
-                let mut rest = Vec::new();
-                let mut chunk = [0u8; 256];
-                while let Ok(n @ 1..) = s.read(&mut chunk) {
-                    rest.extend_from_slice(&chunk[..n]);
-                    if rest.ends_with(b"\n") {
-                        let _ = s.write_all(&rest);
-                        return;
-                    }
-                }
-            });
+            std::thread::spawn(move || serve_handed(s, &tx));
         }
     });
     rx
+}
+
+fn serve_handed(mut socket: std::os::unix::net::UnixStream, tx: &std::sync::mpsc::Sender<String>) {
+    use egress::handover::{REQUEST_HERE, REQUEST_ON_IT};
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    use std::io::{Read, Write};
+    let mut marker = [0u8; 1];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        &socket,
+        &mut [std::io::IoSliceMut::new(&mut marker)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    );
+    let handed = control.drain().find_map(|m| match m {
+        RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+        _ => None,
+    });
+    let (Ok(_), Some(fd)) = (got, handed) else {
+        return;
+    };
+    let mut connection = std::net::TcpStream::from(fd);
+    let read_head = |from: &mut dyn Read| {
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if from.read(&mut b).unwrap_or(0) == 0 {
+                return None;
+            }
+            head.push(b[0]);
+        }
+        Some(String::from_utf8_lossy(&head).into_owned())
+    };
+    let established = b"HTTP/1.1 200 Connection established\r\n\r\n";
+    match marker[0] {
+        REQUEST_ON_IT => {
+            let Some(head) = read_head(&mut connection) else {
+                return;
+            };
+            let _ = tx.send(head);
+            let _ = connection.write_all(established);
+        }
+        REQUEST_HERE => {
+            let Some(head) = read_head(&mut socket) else {
+                return;
+            };
+            let _ = tx.send(head);
+            let _ = socket.write_all(established);
+        }
+        _ => return,
+    }
+    let _ = connection.write_all(b"proxied:");
+    let mut rest = Vec::new();
+    let mut chunk = [0u8; 256];
+    while let Ok(n @ 1..) = connection.read(&mut chunk) {
+        rest.extend_from_slice(&chunk[..n]);
+        if rest.ends_with(b"\n") {
+            let _ = connection.write_all(&rest);
+            return;
+        }
+    }
 }
 
 /// A job whose agent is `script` under bash, in a folder of `dir`, with its routes on the host
@@ -121,7 +164,7 @@ fn with_its_socket_the_job_reaches_the_proxy_on_loopback_and_its_own_machines_en
     let heads = fake_proxy(&options.job_dir.join(EGRESS_SOCKET));
     let line = run_in(&host, options, || ());
     assert_eq!(line.code, 0, "{line:?}");
-    // The forwarder carries the client's own bytes as they are.
+    // The forwarder hands the client's connection over: the proxy reads its own bytes as they are.
     assert_eq!(
         heads.recv_timeout(Duration::from_secs(5)).unwrap(),
         "CONNECT api.example:443 HTTP/1.1\r\nHost: api.example:443\r\n\r\n"
