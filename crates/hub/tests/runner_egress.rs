@@ -1,7 +1,7 @@
 //! The runner with egress on: when the job's folder holds its socket to the egress proxy, the
 //! runner listens on the loopback port the proxy variables name (and on each of the job's endpoints
-//! on the worker's own machine) before anything else of the job starts, and carries what comes
-//! there to that socket. Each case runs in a network namespace of its own (a test host), as a job's
+//! on the worker's own machine) before anything else of the job starts, and hands each connection
+//! made there to that socket. Each case runs in a network namespace of its own (a test host), as a job's
 //! sandbox has one, so the fixed port is the test's alone. Needs root, as CI has.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
