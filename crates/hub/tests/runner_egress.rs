@@ -51,7 +51,10 @@ fn serve_handed(mut socket: std::os::unix::net::UnixStream, tx: &std::sync::mpsc
     let (Ok(_), Some(fd)) = (got, handed) else {
         return;
     };
+    // The forwarder's socket is non-blocking, and the handed descriptor shares that: this
+    // stand-in reads it blocking, as the agent's bytes may come after the handover.
     let mut connection = std::net::TcpStream::from(fd);
+    connection.set_nonblocking(false).unwrap();
     let read_head = |from: &mut dyn Read| {
         let mut head = Vec::new();
         let mut b = [0u8; 1];
