@@ -169,8 +169,23 @@ pub fn processes_with(marker: &str) -> Vec<(u32, String)> {
 /// --variant=essential`, made by `scripts/install-tests` as `.tools/base-rootfs.tar`) imported into the
 /// host's Podman once, under a tag named by the tarball's digest.
 pub fn podman_base_image() -> String {
+    imported_image("base-rootfs.tar", "localhost/pi-dispatch-test-base")
+}
+
+/// The clean Debian system the package's test installs the package into (`mmdebstrap
+/// --variant=minbase` with the package's dependencies and systemd, made by `scripts/install-tests`
+/// as `.tools/deb-rootfs.tar`), imported as [`podman_base_image`] is.
+pub fn debian_package_base_image() -> String {
+    imported_image("deb-rootfs.tar", "localhost/pi-dispatch-test-debian")
+}
+
+/// `.tools/TAR` imported into the host's Podman as `REPOSITORY:DIGEST` (once), earlier imports of
+/// the same repository removed.
+fn imported_image(tar: &str, repository: &str) -> String {
     use std::hash::{Hash as _, Hasher as _};
-    let tar = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/base-rootfs.tar");
+    let tar = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../.tools")
+        .join(tar);
     let meta = std::fs::metadata(&tar).unwrap_or_else(|e| {
         panic!(
             "{} is missing ({e}): bash scripts/install-tests makes it",
@@ -179,7 +194,7 @@ pub fn podman_base_image() -> String {
     });
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (meta.len(), meta.modified().ok()).hash(&mut h);
-    let image = format!("localhost/pi-dispatch-test-base:{:016x}", h.finish());
+    let image = format!("{repository}:{:016x}", h.finish());
     let exists = Command::new("podman")
         .args(["image", "exists", &image])
         .status()
@@ -201,17 +216,18 @@ pub fn podman_base_image() -> String {
             "podman import failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        remove_other_base_images(&image);
+        remove_other_images(repository, &image);
     }
     image
 }
 
-/// Removes the base images of earlier tarballs (each clone's `scripts/install-tests` makes its own, and
-/// each is a couple of hundred MB). One still in use by a container stays: Podman refuses it.
-fn remove_other_base_images(keep: &str) {
+/// Removes the images of `repository` made from earlier tarballs (each clone's
+/// `scripts/install-tests` makes its own, and each is a couple of hundred MB). One still in use by a
+/// container stays: Podman refuses it.
+fn remove_other_images(repository: &str, keep: &str) {
     let Ok(out) = Command::new("podman")
         .args(["images", "--format", "{{.Repository}}:{{.Tag}}"])
-        .arg("localhost/pi-dispatch-test-base")
+        .arg(repository)
         .output()
     else {
         return;

@@ -32,6 +32,7 @@ mod many_hosts;
 mod mcp_check;
 mod one_wait;
 mod outcomes;
+mod package;
 mod panel;
 mod rerun;
 mod retention;
