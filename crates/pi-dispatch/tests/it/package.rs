@@ -351,3 +351,83 @@ fn the_debian_package_installs_runs_a_job_upgrades_keeping_configuration_and_pur
     assert!(!left, "purge left {what}");
     debian.must("getent passwd pi-dispatch");
 }
+
+/// The service's container image (`scripts/package-image`): the package on a Debian base, whose
+/// entry point is the program and whose command is the worker, on the deployment in its volume.
+#[test]
+fn the_service_image_is_the_package_on_debian_and_runs_the_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let deb = package(&repo_root(), "0.1.0-1", &dir.path().join("packages"));
+    let tag = format!("localhost/pi-dispatch-image-test:{}", std::process::id());
+    let limits = [
+        "--runtime",
+        "runc",
+        "--ulimit",
+        "nofile=4096:4096",
+        "--ulimit",
+        "nproc=4096:4096",
+    ];
+    let built = ok(Command::new("bash")
+        .arg(repo_root().join("scripts/package-image"))
+        .arg("--deb")
+        .arg(&deb)
+        .args([
+            "--base",
+            &testkit::debian_package_base_image(),
+            "--tag",
+            &tag,
+            "--",
+        ])
+        .args(limits));
+    assert_eq!(built.trim(), tag);
+    struct Image(String, String);
+    impl Drop for Image {
+        fn drop(&mut self) {
+            let _ = Command::new("podman")
+                .args(["volume", "rm", "-f", &self.1])
+                .output();
+            let _ = Command::new("podman").args(["rmi", "-f", &self.0]).output();
+        }
+    }
+    let volume = format!("pi-dispatch-image-test-{}", std::process::id());
+    let image = Image(tag.clone(), volume.clone());
+
+    let config = ok(Command::new("podman").args([
+        "image",
+        "inspect",
+        &image.0,
+        "--format",
+        "{{json .Config.Entrypoint}} {{json .Config.Cmd}} {{json .Config.Volumes}} {{.Config.StopSignal}}",
+    ]));
+    assert_eq!(
+        config.trim(),
+        r#"["/usr/bin/pi-dispatch"] ["worker"] {"/var/lib/pi-dispatch":{}} SIGTERM"#
+    );
+    let run = |args: &[&str]| {
+        let mut cmd = Command::new("podman");
+        cmd.args(["run", "--rm"])
+            .args(limits)
+            .args(["--privileged", "--pid", "host", "-v"])
+            .arg(format!("{volume}:/var/lib/pi-dispatch"))
+            .arg(&image.0)
+            .args(args);
+        cmd
+    };
+    let version = ok(&mut run(&["--version"]));
+    assert!(
+        version.starts_with("pi-dispatch 0.1.0 (commit "),
+        "{version}"
+    );
+    // The deployment the package set up is in the volume: the worker runs on it, and doctor finds
+    // bubblewrap and everything but a job image and a model, which are the operator's to add.
+    let worker = ok(&mut run(&["worker", "--until-empty"]));
+    assert!(worker.contains("The queue is empty"), "{worker}");
+    let doctor = run(&["doctor"]).output().unwrap();
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert!(said.contains("✓ bubblewrap: /usr/bin/bwrap"), "{said}");
+    assert!(
+        said.contains("✗ job image pi-job is not installed"),
+        "{said}"
+    );
+    assert!(said.contains(" 1 failed"), "{said}");
+}
