@@ -48,16 +48,18 @@ fn package(tree: &Path, version: &str, out: &Path) -> PathBuf {
     )
 }
 
-/// A container of the clean Debian system, removed when dropped. It shares the host's network
-/// (the scripted model listens on the host's loopback) and process namespace, and is privileged,
-/// so that bubblewrap can make a job's sandbox inside it (docs/install.md).
+/// A Debian container, removed when dropped. It shares the host's network (the scripted model
+/// listens on the host's loopback) and process namespace, and is privileged, so that bubblewrap
+/// can make a job's sandbox inside it (docs/install.md).
 struct Debian {
     name: String,
 }
 
 impl Debian {
-    fn start(mounts: &[(&Path, &str)]) -> Debian {
-        let name = format!("pi-dispatch-package-test-{}", std::process::id());
+    /// A container of `image` (its entry point set aside), named for `what`, with `extra`
+    /// options and `mounts` (host folder, place) read-only.
+    fn start(image: &str, what: &str, extra: &[String], mounts: &[(&Path, &str)]) -> Debian {
+        let name = format!("pi-dispatch-{what}-test-{}", std::process::id());
         let _ = Command::new("podman").args(["rm", "-f", &name]).output();
         let mut cmd = Command::new("podman");
         cmd.args(["run", "-d", "--name", &name, "--runtime", "runc"])
@@ -76,8 +78,8 @@ impl Debian {
         for (host, inside) in mounts {
             cmd.arg("-v").arg(format!("{}:{inside}:ro", host.display()));
         }
-        cmd.arg(testkit::debian_package_base_image())
-            .args(["sleep", "infinity"]);
+        cmd.args(extra)
+            .args(["--entrypoint", "sleep", image, "infinity"]);
         ok(&mut cmd);
         Debian { name }
     }
@@ -112,6 +114,92 @@ impl Drop for Debian {
             .args(["rm", "-f", "-t", "0", &self.name])
             .output();
     }
+}
+
+/// The scripted model of the demo (`examples/demo/script.json`), on the host's loopback.
+fn scripted_model() -> FakeModel {
+    let script = std::fs::read_to_string(repo_root().join("examples/demo/script.json")).unwrap();
+    FakeModel::start(Step::script_from_json(&script).unwrap())
+}
+
+/// The scripted model's port.
+fn port(model: &FakeModel) -> String {
+    let url = model.base_url();
+    url.trim_end_matches("/v1")
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+/// The demo's pi setup in `dir`, its model on `model`'s port: the folder `import-pi` takes.
+fn demo_overlay(dir: &Path, model: &FakeModel) -> PathBuf {
+    let demo = dir.join("pi-agent");
+    std::fs::create_dir_all(&demo).unwrap();
+    let agent = repo_root().join("examples/demo/pi-agent");
+    std::fs::copy(agent.join("mcp.json"), demo.join("mcp.json")).unwrap();
+    let models = std::fs::read_to_string(agent.join("models.json")).unwrap();
+    assert!(models.contains("127.0.0.1:18555"), "{models}");
+    std::fs::write(
+        demo.join("models.json"),
+        models.replace("18555", &port(model)),
+    )
+    .unwrap();
+    demo
+}
+
+/// In `debian`, where the package is installed and the demo's setup is at /demo: the demo's
+/// deployment in /var/lib/pi-dispatch (`import-pi`, `image install`, the model as an endpoint), a
+/// repository of the package's user, doctor (which must pass, its sandbox check included), and a
+/// job on the repository, which must complete with both MCP calls answered and its file written.
+/// `keys` is the shell's preamble that gives it the worker's keys. The job's id.
+fn demo_job(debian: &Debian, model: &FakeModel, keys: &str) -> String {
+    let port = port(model);
+    debian.must(&format!(
+        "set -e
+         cd /var/lib/pi-dispatch
+         pi-dispatch import-pi --from /demo
+         pi-dispatch image install --from /node_modules
+         printf 'PI_PROVIDER=demo\\nPI_MODEL=scripted\\n' >> .env
+         echo '{{\"version\": 1, \"endpoints\": [{{\"id\": \"demo\", \"host\": \"127.0.0.1\", \"port\": {port}}}]}}' > model-endpoints.json
+         mkdir /srv/repo && cd /srv/repo && git init -q && echo '# A repository' > README.md
+         git add README.md && git -c user.email=t@localhost -c user.name=t commit -qm first
+         chown -R pi-dispatch: /srv/repo"
+    ));
+    let as_the_worker = format!("{keys} export PI_DIR=/var/lib/pi-dispatch;");
+    let (passed, doctor) = debian.sh(&format!("{as_the_worker} pi-dispatch doctor 2>/dev/null"));
+    assert!(
+        passed && doctor.contains(" 0 failed") && doctor.contains("✓ bubblewrap"),
+        "doctor:\n{doctor}"
+    );
+    let queued = debian.must(&format!(
+        "{as_the_worker} pi-dispatch run /srv/repo --task 'Echo a greeting, add 20 and 22, and leave a note.' --mcp everything"
+    ));
+    let job = queued
+        .split_whitespace()
+        .nth(1)
+        .expect("run names the job it queued")
+        .to_owned();
+    debian.must(&format!(
+        "{as_the_worker} pi-dispatch worker --until-empty 2>/dev/null"
+    ));
+    let record: serde_json::Value = serde_json::from_str(&debian.must(&format!(
+        "{as_the_worker} pi-dispatch runs show {job} --json"
+    )))
+    .unwrap();
+    assert_eq!(record["outcome"], "completed", "{record}");
+    let answered: u64 = record["mcp"]["toolCalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["ok"].as_u64().unwrap())
+        .sum();
+    assert_eq!(answered, 2, "{record}");
+    assert_eq!(
+        debian.must("cat /srv/repo/NOTES.md"),
+        "pi-dispatch was here\n"
+    );
+    job
 }
 
 /// The packaging files of this tree, copied to `to`: a later build's tree, whose default
@@ -164,33 +252,18 @@ fn the_debian_package_installs_runs_a_job_upgrades_keeping_configuration_and_pur
         );
     }
 
-    // The demo's overlay, its model on the scripted stand-in's port.
-    let model = FakeModel::start(
-        Step::script_from_json(
-            &std::fs::read_to_string(repo_root().join("examples/demo/script.json")).unwrap(),
-        )
-        .unwrap(),
+    let model = scripted_model();
+    let demo = demo_overlay(dir.path(), &model);
+    let debian = Debian::start(
+        &testkit::debian_package_base_image(),
+        "package",
+        &[],
+        &[
+            (&packages, "/pkg"),
+            (&node_modules(), "/node_modules"),
+            (&demo, "/demo"),
+        ],
     );
-    let port = model
-        .base_url()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .trim_end_matches("/v1")
-        .to_owned();
-    let demo = dir.path().join("pi-agent");
-    std::fs::create_dir_all(&demo).unwrap();
-    let agent = repo_root().join("examples/demo/pi-agent");
-    std::fs::copy(agent.join("mcp.json"), demo.join("mcp.json")).unwrap();
-    let models = std::fs::read_to_string(agent.join("models.json")).unwrap();
-    assert!(models.contains("127.0.0.1:18555"), "{models}");
-    std::fs::write(demo.join("models.json"), models.replace("18555", &port)).unwrap();
-
-    let debian = Debian::start(&[
-        (&packages, "/pkg"),
-        (&node_modules(), "/node_modules"),
-        (&demo, "/demo"),
-    ]);
     let deb = |p: &Path| format!("/pkg/{}", p.file_name().unwrap().to_str().unwrap());
 
     // Install.
@@ -256,55 +329,13 @@ fn the_debian_package_installs_runs_a_job_upgrades_keeping_configuration_and_pur
     );
 
     // The operator's configuration (the stand-in's key in worker.env, as the worker's unit reads
-    // it), the demo's deployment, a repository of the package's user, doctor, and a job.
-    debian.must(&format!(
-        "set -e
-         echo DEMO_MODEL_KEY=demo-key >> /etc/pi-dispatch/worker.env
-         cd /var/lib/pi-dispatch
-         pi-dispatch import-pi --from /demo
-         pi-dispatch image install --from /node_modules
-         printf 'PI_PROVIDER=demo\\nPI_MODEL=scripted\\n' >> .env
-         echo '{{\"version\": 1, \"endpoints\": [{{\"id\": \"demo\", \"host\": \"127.0.0.1\", \"port\": {port}}}]}}' > model-endpoints.json
-         mkdir /srv/repo && cd /srv/repo && git init -q && echo '# A repository' > README.md
-         git add README.md && git -c user.email=t@localhost -c user.name=t commit -qm first
-         chown -R pi-dispatch: /srv/repo"
-    ));
-    let as_the_worker =
-        "set -a; . /etc/pi-dispatch/worker.env; set +a; export PI_DIR=/var/lib/pi-dispatch;";
-    let (passed, doctor) = debian.sh(&format!("{as_the_worker} pi-dispatch doctor 2>/dev/null"));
-    assert!(passed && doctor.contains(" 0 failed"), "doctor:\n{doctor}");
-    assert!(
-        doctor.contains("✓ bubblewrap"),
-        "the container nests no sandbox:\n{doctor}"
+    // it), the demo's deployment, doctor, and a job.
+    debian.must("echo DEMO_MODEL_KEY=demo-key >> /etc/pi-dispatch/worker.env");
+    let job = demo_job(
+        &debian,
+        &model,
+        "set -a; . /etc/pi-dispatch/worker.env; set +a;",
     );
-    let queued = debian.must(&format!(
-        "{as_the_worker} pi-dispatch run /srv/repo --task 'Echo a greeting, add 20 and 22, and leave a note.' --mcp everything"
-    ));
-    let job = queued
-        .split_whitespace()
-        .nth(1)
-        .expect("run names the job it queued")
-        .to_owned();
-    debian.must(&format!(
-        "{as_the_worker} pi-dispatch worker --until-empty 2>/dev/null"
-    ));
-    let record: serde_json::Value = serde_json::from_str(&debian.must(&format!(
-        "{as_the_worker} pi-dispatch runs show {job} --json"
-    )))
-    .unwrap();
-    assert_eq!(record["outcome"], "completed", "{record}");
-    let answered: u64 = record["mcp"]["toolCalls"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["ok"].as_u64().unwrap())
-        .sum();
-    assert_eq!(answered, 2, "{record}");
-    assert_eq!(
-        debian.must("cat /srv/repo/NOTES.md"),
-        "pi-dispatch was here\n"
-    );
-
     // Upgrade to the newer build, whose default worker.env changed too: the operator's stays (the
     // package's goes beside it), and so do the deployment and its record.
     let before_env = debian.must("cat /var/lib/pi-dispatch/.env");
@@ -329,7 +360,7 @@ fn the_debian_package_installs_runs_a_job_upgrades_keeping_configuration_and_pur
         "600 root\n700 root\n"
     );
     assert_eq!(debian.must("cat /var/lib/pi-dispatch/.env"), before_env);
-    let runs = debian.must(&format!("{as_the_worker} pi-dispatch runs"));
+    let runs = debian.must("PI_DIR=/var/lib/pi-dispatch pi-dispatch runs");
     assert!(runs.contains(&job), "{runs}");
 
     // Remove: the program goes, the configuration and the deployment stay.
@@ -353,7 +384,8 @@ fn the_debian_package_installs_runs_a_job_upgrades_keeping_configuration_and_pur
 }
 
 /// The service's container image (`scripts/package-image`): the package on a Debian base, whose
-/// entry point is the program and whose command is the worker, on the deployment in its volume.
+/// entry point is the program and whose command is the worker, on the deployment in its volume;
+/// with the flags docs/install.md gives, the demo's job completes in it.
 #[test]
 fn the_service_image_is_the_package_on_debian_and_runs_the_worker() {
     let dir = tempfile::tempdir().unwrap();
@@ -418,16 +450,23 @@ fn the_service_image_is_the_package_on_debian_and_runs_the_worker() {
         version.starts_with("pi-dispatch 0.1.0 (commit "),
         "{version}"
     );
-    // The deployment the package set up is in the volume: the worker runs on it, and doctor finds
-    // bubblewrap and everything but a job image and a model, which are the operator's to add.
+    // The deployment the package set up is in the volume, and the worker runs on it.
     let worker = ok(&mut run(&["worker", "--until-empty"]));
     assert!(worker.contains("The queue is empty"), "{worker}");
-    let doctor = run(&["doctor"]).output().unwrap();
-    let said = String::from_utf8_lossy(&doctor.stdout);
-    assert!(said.contains("✓ bubblewrap: /usr/bin/bwrap"), "{said}");
-    assert!(
-        said.contains("✗ job image pi-job is not installed"),
-        "{said}"
+
+    // The demo's job, in a container of the image: the keys as the container's environment, the
+    // deployment in its volume.
+    let model = scripted_model();
+    let demo = demo_overlay(dir.path(), &model);
+    let mut extra: Vec<String> = ["-v", &format!("{volume}:/var/lib/pi-dispatch")]
+        .map(str::to_owned)
+        .to_vec();
+    extra.extend(["--env", "DEMO_MODEL_KEY=demo-key"].map(str::to_owned));
+    let service = Debian::start(
+        &image.0,
+        "image",
+        &extra,
+        &[(&node_modules(), "/node_modules"), (&demo, "/demo")],
     );
-    assert!(said.contains(" 1 failed"), "{said}");
+    demo_job(&service, &model, "");
 }
