@@ -276,7 +276,7 @@ fn the_debian_package_installs_runs_a_job_upgrades_keeping_configuration_and_pur
     let modes = debian.must(
         "stat -c '%n %a %U %G' /etc/pi-dispatch /etc/pi-dispatch/worker.env \
          /etc/pi-dispatch/receiver.env /etc/pi-dispatch/panel.env /var/lib/pi-dispatch \
-         /var/lib/pi-dispatch/.env /usr/bin/pi-dispatch",
+         /var/lib/pi-dispatch/.env /var/lib/pi-dispatch/state /usr/bin/pi-dispatch",
     );
     assert_eq!(
         modes,
@@ -286,6 +286,7 @@ fn the_debian_package_installs_runs_a_job_upgrades_keeping_configuration_and_pur
          /etc/pi-dispatch/panel.env 600 root root\n\
          /var/lib/pi-dispatch 755 root root\n\
          /var/lib/pi-dispatch/.env 600 root root\n\
+         /var/lib/pi-dispatch/state 700 root root\n\
          /usr/bin/pi-dispatch 755 root root\n"
     );
     // The system user, with no login, and the identity of forge jobs.
@@ -296,11 +297,12 @@ fn the_debian_package_installs_runs_a_job_upgrades_keeping_configuration_and_pur
     );
     let ids = debian.must("echo \"$(id -u pi-dispatch):$(id -g pi-dispatch)\"");
     let env = debian.must("cat /var/lib/pi-dispatch/.env");
-    assert!(
-        env.lines()
-            .any(|l| l == format!("PI_FORGE_JOB_USER={}", ids.trim())),
-        "{env}"
-    );
+    // Set once, where init left it commented out: a name set twice is an unreadable .env.
+    let set: Vec<&str> = env
+        .lines()
+        .filter(|l| l.trim_start_matches("# ").starts_with("PI_FORGE_JOB_USER="))
+        .collect();
+    assert_eq!(set, [format!("PI_FORGE_JOB_USER={}", ids.trim())], "{env}");
     // The units are there, not enabled, and systemd reads them without a complaint.
     let units = debian.must("ls /lib/systemd/system/ | grep pi-dispatch");
     assert_eq!(
