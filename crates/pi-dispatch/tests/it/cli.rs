@@ -573,16 +573,12 @@ fn bash_completes_the_commands_and_hides_the_internal_ones() {
                 .nth(n.saturating_sub(2))
                 .unwrap_or_default(),
         );
-        let out = std::process::Command::new("bash")
-            .args(["--norc", "--noprofile", "-c", &line])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stdout = crate::common::succeeds(std::process::Command::new("bash").args([
+            "--norc",
+            "--noprofile",
+            "-c",
+            &line,
+        ]));
         // The control: the script registered a function, and it was called.
         let (first, rest) = stdout.split_once('\n').unwrap_or_default();
         assert!(first.starts_with("function: _"), "{stdout}");

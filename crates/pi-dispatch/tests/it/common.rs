@@ -267,17 +267,28 @@ pub fn processes_with(marker: &str, except: u32) -> Vec<(u32, String)> {
 
 /// Runs git in `repo` as a test's author would, and insists that it works.
 pub fn git(repo: &Path, args: &[&str]) {
-    let out = Command::new("git")
-        .args(["-c", "user.email=t@t", "-c", "user.name=t", "-C"])
-        .arg(repo)
-        .args(args)
+    succeeds(
+        Command::new("git")
+            .args(["-c", "user.email=t@t", "-c", "user.name=t", "-C"])
+            .arg(repo)
+            .args(args),
+    );
+}
+
+/// Runs `cmd`, which must start and succeed (else the test fails with what it printed); its
+/// standard output.
+pub fn succeeds(cmd: &mut Command) -> String {
+    let out = cmd
         .output()
-        .unwrap();
+        .unwrap_or_else(|e| panic!("{cmd:?} cannot start: {e}"));
     assert!(
         out.status.success(),
-        "{}",
+        "{cmd:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// A long-running command (`receiver`, `panel`) started with `--log-format json`: its address,

@@ -10,7 +10,7 @@ use std::process::Command;
 
 use testkit::fake_model::{FakeModel, Step};
 
-use crate::common::node_modules;
+use crate::common::{node_modules, succeeds};
 
 const PROGRAM: &str = env!("CARGO_BIN_EXE_pi-dispatch");
 
@@ -18,28 +18,15 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Runs `cmd`, which must succeed; its standard output.
-fn ok(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd:?} cannot start: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Builds the package of this test's program as `version` into `out`, from the packaging files of
 /// the tree at `tree`; the .deb's path.
 fn package(tree: &Path, version: &str, out: &Path) -> PathBuf {
-    let printed = ok(Command::new("bash")
-        .arg(tree.join("scripts/package-deb"))
-        .args(["--binary", PROGRAM, "--version", version, "--out"])
-        .arg(out));
+    let printed = succeeds(
+        Command::new("bash")
+            .arg(tree.join("scripts/package-deb"))
+            .args(["--binary", PROGRAM, "--version", version, "--out"])
+            .arg(out),
+    );
     PathBuf::from(
         printed
             .lines()
@@ -80,7 +67,7 @@ impl Debian {
         }
         cmd.args(extra)
             .args(["--entrypoint", "sleep", image, "infinity"]);
-        ok(&mut cmd);
+        succeeds(&mut cmd);
         Debian { name }
     }
 
@@ -401,18 +388,20 @@ fn the_service_image_is_the_package_on_debian_and_runs_the_worker() {
         "--ulimit",
         "nproc=4096:4096",
     ];
-    let built = ok(Command::new("bash")
-        .arg(repo_root().join("scripts/package-image"))
-        .arg("--deb")
-        .arg(&deb)
-        .args([
-            "--base",
-            &testkit::debian_package_base_image(),
-            "--tag",
-            &tag,
-            "--",
-        ])
-        .args(limits));
+    let built = succeeds(
+        Command::new("bash")
+            .arg(repo_root().join("scripts/package-image"))
+            .arg("--deb")
+            .arg(&deb)
+            .args([
+                "--base",
+                &testkit::debian_package_base_image(),
+                "--tag",
+                &tag,
+                "--",
+            ])
+            .args(limits),
+    );
     assert_eq!(built.trim(), tag);
     struct Image(String, String);
     impl Drop for Image {
@@ -426,7 +415,7 @@ fn the_service_image_is_the_package_on_debian_and_runs_the_worker() {
     let volume = format!("pi-dispatch-image-test-{}", std::process::id());
     let image = Image(tag.clone(), volume.clone());
 
-    let config = ok(Command::new("podman").args([
+    let config = succeeds(Command::new("podman").args([
         "image",
         "inspect",
         &image.0,
@@ -447,13 +436,13 @@ fn the_service_image_is_the_package_on_debian_and_runs_the_worker() {
             .args(args);
         cmd
     };
-    let version = ok(&mut run(&["--version"]));
+    let version = succeeds(&mut run(&["--version"]));
     assert!(
         version.starts_with("pi-dispatch 0.1.0 (commit "),
         "{version}"
     );
     // The deployment the package set up is in the volume, and the worker runs on it.
-    let worker = ok(&mut run(&["worker", "--until-empty"]));
+    let worker = succeeds(&mut run(&["worker", "--until-empty"]));
     assert!(worker.contains("The queue is empty"), "{worker}");
 
     // The demo's job, in a container of the image: the keys as the container's environment, the
