@@ -26,6 +26,8 @@ pub mod settings;
 pub mod tools;
 pub mod triggers;
 pub mod url;
+pub mod wire_format;
+pub mod worst_case;
 
 #[cfg(test)]
 mod mcp_tests;

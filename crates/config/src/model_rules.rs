@@ -4,68 +4,20 @@
 //! what a call cost.
 //!
 //! A call whose cost has no bound is refused under a cap: every image call (its output is not
-//! counted in tokens the request can limit) and a classifier with an output price (nothing in its
-//! request limits its output). A chat call is bounded by its request: its input, estimated from the
-//! request's size, and its largest output (the request's own limit, else the model's), each at the
-//! model's highest price.
+//! counted in tokens the request can limit), a classifier with an output price (nothing in its
+//! request limits its output), and a request with a field whose cost is unknown
+//! ([`crate::worst_case`]). A chat call is bounded by its request's worst case: its input, from
+//! the request's size, and its output (every answer it asks for, each up to its largest limit and
+//! reasoning budget, the model's own limit where it sets none), each at the model's highest price.
 
 use crate::catalog::{Catalog, ModelKind, Prices, Tier};
 use crate::models::Models;
+pub use crate::wire_format::Api;
+use crate::worst_case::{Unbounded, Worst};
 use protocol::reason::Reason;
 
 /// The largest output pi gives a model the overlay defines without `maxTokens` (pi-ai's default).
 pub const OVERLAY_MAX_TOKENS: u64 = 16_384;
-
-/// The wire formats the gateway reads: each one's requests name their model in the body and its
-/// answers report their usage, streamed (server-sent events) or not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
-    /// OpenAI chat completions (`POST …/chat/completions`).
-    OpenAiCompletions,
-    /// OpenAI responses (`POST …/responses`).
-    OpenAiResponses,
-    /// Anthropic messages (`POST …/v1/messages`).
-    AnthropicMessages,
-    /// OpenAI's classifier API (`POST …/decisions`).
-    OpenAiDecisions,
-    /// TypeSafe's System One classifier API, as OpenRouter, Vercel and others serve it
-    /// (`POST …/systemone`).
-    SystemOne,
-    /// OpenRouter's image models, over chat completions (`POST …/chat/completions`, not streamed).
-    OpenRouterImages,
-}
-
-impl Api {
-    /// pi-ai's name for the wire format, when the gateway reads it.
-    pub fn parse(api: &str) -> Option<Api> {
-        match api {
-            "openai-completions" => Some(Api::OpenAiCompletions),
-            "openai-responses" => Some(Api::OpenAiResponses),
-            "anthropic-messages" => Some(Api::AnthropicMessages),
-            "openai-decisions" => Some(Api::OpenAiDecisions),
-            "typesafe-system-one" => Some(Api::SystemOne),
-            "openrouter-images" => Some(Api::OpenRouterImages),
-            _ => None,
-        }
-    }
-
-    /// The wire formats a request path (after the provider's base URL) can be.
-    pub fn for_path(path: &str) -> &'static [Api] {
-        if path.ends_with("/chat/completions") {
-            &[Api::OpenAiCompletions, Api::OpenRouterImages]
-        } else if path.ends_with("/responses") {
-            &[Api::OpenAiResponses]
-        } else if path.ends_with("/messages") {
-            &[Api::AnthropicMessages]
-        } else if path.ends_with("/decisions") {
-            &[Api::OpenAiDecisions]
-        } else if path.ends_with("/systemone") {
-            &[Api::SystemOne]
-        } else {
-            &[]
-        }
-    }
-}
 
 /// One model the job's pi can reach, where it really is and what it costs.
 #[derive(Debug, Clone, PartialEq)]
@@ -299,8 +251,6 @@ fn defaults_for<'a>(models: &'a [Model], id: &str, api: Option<&str>) -> Option<
 pub struct RequestFacts {
     /// The model it names (`model`).
     pub model: Option<String>,
-    /// The largest output it asks for, in the field of its wire format.
-    pub max_output: Option<u64>,
     /// Whether it asks for images (`modalities` holding `image`).
     pub wants_image: bool,
     /// Whether it offers the model tools (`tools`, not empty): an agent's turn, where a summary
@@ -309,21 +259,12 @@ pub struct RequestFacts {
 }
 
 impl RequestFacts {
-    pub fn read(body: &serde_json::Value, apis: &[Api]) -> RequestFacts {
-        let number = |key: &str| body.get(key).and_then(serde_json::Value::as_u64);
-        let max_output = if apis.contains(&Api::OpenAiResponses) {
-            number("max_output_tokens")
-        } else if apis.contains(&Api::AnthropicMessages) {
-            number("max_tokens")
-        } else {
-            number("max_completion_tokens").or_else(|| number("max_tokens"))
-        };
+    pub fn read(body: &serde_json::Value) -> RequestFacts {
         RequestFacts {
             model: body
                 .get("model")
                 .and_then(serde_json::Value::as_str)
                 .map(str::to_owned),
-            max_output,
             wants_image: body
                 .get("modalities")
                 .and_then(serde_json::Value::as_array)
@@ -334,12 +275,6 @@ impl RequestFacts {
                 .is_some_and(|t| !t.is_empty()),
         }
     }
-}
-
-/// The input tokens a request of `bytes` bytes may be billed for: pi's own rule of thumb, four
-/// characters a token, rounded up.
-pub fn input_estimate(bytes: usize) -> u64 {
-    u64::try_from(bytes.div_ceil(4)).unwrap_or(u64::MAX)
 }
 
 /// The job's model rules, as the worker passes them.
@@ -368,46 +303,52 @@ impl Rules {
     }
 
     /// Whether a call of `model` may go out when `committed` dollars are spent or held by calls
-    /// under way: with a cap, the most it can cost (to be held until it ends), else 0.
+    /// under way: with a cap, the most it can cost (`worst`, its request's worst case, to be held
+    /// until it ends), else 0.
     pub fn bound(
         &self,
         model: &Model,
-        facts: &RequestFacts,
-        input_tokens: u64,
+        worst: Result<Worst, Unbounded>,
         committed: f64,
-    ) -> Result<f64, Refusal> {
+    ) -> Result<Bound, Refusal> {
         let Some(cap) = self.cap else {
-            return Ok(0.0);
+            return Ok(Bound::default());
         };
         let name = model.full_name();
         let (input_price, output_price) = model.highest();
+        let unbounded = |why: String| Err(Refusal::new(Reason::ModelCallUnbounded, why));
+        let worst = match worst {
+            Ok(w) => w,
+            Err(u) => {
+                return unbounded(format!(
+                    "a call of {name} has {}, whose cost the gateway cannot bound under the cost cap",
+                    u.field
+                ));
+            }
+        };
         let output = match model.kind {
             ModelKind::Image => {
-                return Err(Refusal::new(
-                    Reason::ModelCallUnbounded,
-                    format!("{name} is an image model, whose cost has no bound under the cost cap"),
+                return unbounded(format!(
+                    "{name} is an image model, whose cost has no bound under the cost cap"
                 ));
             }
             ModelKind::Classifier if output_price > 0.0 => {
-                return Err(Refusal::new(
-                    Reason::ModelCallUnbounded,
-                    format!(
-                        "{name} is a classifier with an output price, whose cost has no bound under the cost cap"
-                    ),
+                return unbounded(format!(
+                    "{name} is a classifier with an output price, whose cost has no bound under the cost cap"
                 ));
             }
             ModelKind::Classifier => 0,
-            ModelKind::Chat => match facts.max_output.or(model.max_tokens) {
+            ModelKind::Chat => match worst.output_tokens(model.max_tokens) {
                 Some(n) => n,
                 None => {
-                    return Err(Refusal::new(
-                        Reason::ModelCallUnbounded,
-                        format!("a call of {name} sets no output limit and the model has none"),
+                    return unbounded(format!(
+                        "a call of {name} sets no output limit and the model has none"
                     ));
                 }
             },
         };
-        let worst = per_token(input_tokens, input_price) + per_token(output, output_price);
+        let input = worst.input;
+        let worst = per_token(input, input_price) + per_token(output, output_price);
         if committed + worst > cap {
             return Err(Refusal::new(
                 Reason::CostCapReached,
@@ -416,8 +357,41 @@ impl Rules {
                 ),
             ));
         }
-        Ok(worst)
+        Ok(Bound {
+            usd: worst,
+            input,
+            output,
+        })
     }
+
+    /// Whether what a call's provider reported it used stays within the worst case it was let
+    /// out with: under a cap, a provider that bills past it is one the gateway can no longer hold
+    /// to the cap.
+    pub fn within(&self, model: &Model, bound: &Bound, used: &Tokens) -> Result<(), Refusal> {
+        let input = used.input + used.cache_read + used.cache_write;
+        if self.cap.is_none() || (input <= bound.input && used.output <= bound.output) {
+            return Ok(());
+        }
+        Err(Refusal::new(
+            Reason::ModelCallUnbounded,
+            format!(
+                "the provider reported a call of {} using {input} input and {} output tokens, past its worst case of {} and {}",
+                model.full_name(),
+                used.output,
+                bound.input,
+                bound.output
+            ),
+        ))
+    }
+}
+
+/// The most a call let out can cost, held against the cap while it runs, and the tokens that worst
+/// case allows (what the provider reports is held to them).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Bound {
+    pub usd: f64,
+    pub input: u64,
+    pub output: u64,
 }
 
 fn per_token(tokens: u64, price_per_million: f64) -> f64 {
@@ -553,13 +527,15 @@ mod tests {
         }
     }
 
-    fn facts(max_output: Option<u64>) -> RequestFacts {
-        RequestFacts {
-            model: Some("m".into()),
-            max_output,
-            wants_image: false,
-            offers_tools: true,
-        }
+    /// A request's worst case: `input` tokens, answers of up to `output` each.
+    fn worst(output: Option<u64>, input: u64) -> Result<Worst, Unbounded> {
+        Ok(Worst {
+            input,
+            output,
+            budget: 0,
+            budget_within: false,
+            choices: 1,
+        })
     }
 
     const SMALL: &str = r#"{"pi_ai":"9","providers":[
@@ -705,8 +681,8 @@ mod tests {
         for kind in [ModelKind::Chat, ModelKind::Classifier, ModelKind::Image] {
             let m = model(kind, [100.0, 100.0, 0.0, 0.0], None);
             assert_eq!(
-                Rules::default().bound(&m, &facts(None), 10_000, 1e9),
-                Ok(0.0)
+                Rules::default().bound(&m, worst(None, 10_000), 1e9),
+                Ok(Bound::default())
             );
         }
     }
@@ -714,10 +690,10 @@ mod tests {
     #[test]
     fn under_a_cap_image_calls_and_priced_classifiers_have_no_bound() {
         let free_image = model(ModelKind::Image, [0.0; 4], None);
-        let refused = capped(100.0).bound(&free_image, &facts(None), 1, 0.0);
+        let refused = capped(100.0).bound(&free_image, worst(None, 1), 0.0);
         assert_eq!(refused.unwrap_err().reason, Reason::ModelCallUnbounded);
         let priced = model(ModelKind::Classifier, [0.1, 0.5, 0.0, 0.0], None);
-        let refused = capped(100.0).bound(&priced, &facts(None), 1, 0.0);
+        let refused = capped(100.0).bound(&priced, worst(None, 1), 0.0);
         assert_eq!(refused.unwrap_err().reason, Reason::ModelCallUnbounded);
         // An output price in a tier counts as well.
         let mut tiered = model(ModelKind::Classifier, [0.1, 0.0, 0.0, 0.0], None);
@@ -728,14 +704,15 @@ mod tests {
                 ..Prices::default()
             },
         });
-        assert!(capped(100.0).bound(&tiered, &facts(None), 1, 0.0).is_err());
+        assert!(capped(100.0).bound(&tiered, worst(None, 1), 0.0).is_err());
         // A classifier priced by its input only is bounded by its input.
         let classifier = model(ModelKind::Classifier, [2.0, 0.0, 0.0, 0.0], None);
         let bound = capped(1.0)
-            .bound(&classifier, &facts(None), 250_000, 0.0)
-            .unwrap();
-        assert!((bound - 0.5).abs() < 1e-12, "{bound}");
-        let refused = capped(1.0).bound(&classifier, &facts(None), 250_000, 0.6);
+            .bound(&classifier, worst(None, 250_000), 0.0)
+            .unwrap()
+            .usd;
+        assert!((bound - 0.5).abs() < 1e-12, "{bound:?}");
+        let refused = capped(1.0).bound(&classifier, worst(None, 250_000), 0.6);
         assert_eq!(refused.unwrap_err().reason, Reason::CostCapReached);
     }
 
@@ -745,15 +722,15 @@ mod tests {
         let m = model(ModelKind::Chat, [1.0, 10.0, 0.0, 0.0], Some(1000));
         let rules = capped(0.02);
         // 4,000 input tokens (0.004) and the model's 1,000 output tokens (0.01): 0.014.
-        let bound = rules.bound(&m, &facts(None), 4000, 0.0).unwrap();
-        assert!((bound - 0.014).abs() < 1e-12, "{bound}");
+        let bound = rules.bound(&m, worst(None, 4000), 0.0).unwrap().usd;
+        assert!((bound - 0.014).abs() < 1e-12, "{bound:?}");
         // What is spent or held counts: 0.007 + 0.014 passes 0.02.
-        let refused = rules.bound(&m, &facts(None), 4000, 0.007).unwrap_err();
+        let refused = rules.bound(&m, worst(None, 4000), 0.007).unwrap_err();
         assert_eq!(refused.reason, Reason::CostCapReached);
         assert!(refused.cause.contains("p/m"), "{}", refused.cause);
         // The request's own limit replaces the model's.
-        let bound = rules.bound(&m, &facts(Some(100)), 4000, 0.007).unwrap();
-        assert!((bound - 0.005).abs() < 1e-12, "{bound}");
+        let bound = rules.bound(&m, worst(Some(100), 4000), 0.007).unwrap().usd;
+        assert!((bound - 0.005).abs() < 1e-12, "{bound:?}");
         // The highest price of any tier and of the cache is the one counted.
         let mut dear = m.clone();
         dear.cost.cache_write = 2.0;
@@ -766,14 +743,15 @@ mod tests {
             },
         });
         let bound = capped(1.0)
-            .bound(&dear, &facts(Some(100)), 1000, 0.0)
-            .unwrap();
-        assert!((bound - (0.002 + 0.002)).abs() < 1e-12, "{bound}");
+            .bound(&dear, worst(Some(100), 1000), 0.0)
+            .unwrap()
+            .usd;
+        assert!((bound - (0.002 + 0.002)).abs() < 1e-12, "{bound:?}");
         // No limit anywhere: no bound.
         let open = model(ModelKind::Chat, [1.0, 1.0, 0.0, 0.0], None);
-        let refused = rules.bound(&open, &facts(None), 1, 0.0).unwrap_err();
+        let refused = rules.bound(&open, worst(None, 1), 0.0).unwrap_err();
         assert_eq!(refused.reason, Reason::ModelCallUnbounded);
-        assert!(rules.bound(&open, &facts(Some(10)), 1, 0.0).is_ok());
+        assert!(rules.bound(&open, worst(Some(10), 1), 0.0).is_ok());
     }
 
     #[test]
@@ -857,42 +835,68 @@ mod tests {
     }
 
     #[test]
-    fn requests_say_their_model_limit_and_whether_they_want_images() {
+    fn requests_say_their_model_and_whether_they_want_images() {
         let body = serde_json::json!({"model": "m", "max_completion_tokens": 7, "max_tokens": 9,
             "modalities": ["image", "text"]});
-        let f = RequestFacts::read(&body, Api::for_path("/chat/completions"));
         assert_eq!(
-            f,
+            RequestFacts::read(&body),
             RequestFacts {
                 model: Some("m".into()),
-                max_output: Some(7),
                 wants_image: true,
                 offers_tools: false,
             }
         );
         let turn = serde_json::json!({"model": "m", "tools": [{"type": "function"}]});
-        assert!(RequestFacts::read(&turn, Api::for_path("/chat/completions")).offers_tools);
+        assert!(RequestFacts::read(&turn).offers_tools);
         let aside = serde_json::json!({"model": "m", "tools": []});
-        assert!(!RequestFacts::read(&aside, Api::for_path("/chat/completions")).offers_tools);
-        let body = serde_json::json!({"model": "m", "max_tokens": 9, "max_output_tokens": 5});
+        assert!(!RequestFacts::read(&aside).offers_tools);
         assert_eq!(
-            RequestFacts::read(&body, Api::for_path("/chat/completions")).max_output,
-            Some(9)
-        );
-        assert_eq!(
-            RequestFacts::read(&body, Api::for_path("/v1/messages")).max_output,
-            Some(9)
-        );
-        assert_eq!(
-            RequestFacts::read(&body, Api::for_path("/responses")).max_output,
-            Some(5)
-        );
-        assert_eq!(
-            RequestFacts::read(&serde_json::json!([]), &[]),
+            RequestFacts::read(&serde_json::json!([])),
             RequestFacts::default()
         );
-        assert_eq!(input_estimate(0), 0);
-        assert_eq!(input_estimate(9), 3);
+    }
+
+    #[test]
+    fn a_request_of_unknown_cost_is_refused_under_a_cap_and_a_bill_past_its_bound_stops_the_job() {
+        let m = model(ModelKind::Chat, [1.0, 10.0, 0.0, 0.0], Some(1000));
+        let unknown = Err(Unbounded {
+            field: "best_of".into(),
+        });
+        let refused = capped(100.0).bound(&m, unknown.clone(), 0.0).unwrap_err();
+        assert_eq!(refused.reason, Reason::ModelCallUnbounded);
+        assert!(refused.cause.contains("best_of"), "{}", refused.cause);
+        assert_eq!(
+            Rules::default().bound(&m, unknown, 0.0),
+            Ok(Bound::default())
+        );
+        // n answers of one token each, at 10 USD a million.
+        let many = Ok(Worst {
+            input: 0,
+            output: Some(1),
+            budget: 0,
+            budget_within: false,
+            choices: 128,
+        });
+        let bound = capped(100.0).bound(&m, many, 0.0).unwrap().usd;
+        assert!((bound - 128.0 * 10.0 / 1e6).abs() < 1e-12, "{bound:?}");
+        // What the provider reports is held to the worst case's tokens, input and output apart.
+        let bound = Bound {
+            usd: 1.0,
+            input: 100,
+            output: 10,
+        };
+        let used = |input, cache_read, output| Tokens {
+            input,
+            output,
+            cache_read,
+            cache_write: 0,
+        };
+        assert_eq!(capped(1.0).within(&m, &bound, &used(60, 40, 10)), Ok(()));
+        for past in [used(60, 41, 0), used(1, 0, 11)] {
+            let refused = capped(1.0).within(&m, &bound, &past).unwrap_err();
+            assert_eq!(refused.reason, Reason::ModelCallUnbounded);
+        }
+        assert_eq!(Rules::default().within(&m, &bound, &used(9, 9, 99)), Ok(()));
     }
 
     #[test]

@@ -66,6 +66,35 @@ impl ForgeError {
     }
 }
 
+/// What a token is minted for, and so what it may do: each carries only what its holder needs
+/// (GitHub narrows an installation token to the permissions asked; GitLab's is the deployment's
+/// own, whatever it is minted for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The job's own token, which the job's processes hold (gh, the forge's MCP server): it
+    /// reads the repository and talks on issues and pull requests, and never writes the
+    /// repository (the worker pushes a fix with a delivery token, after its checks).
+    Job,
+    /// The worker's comment on the issue.
+    Comment,
+    /// The worker's delivery of a fix: its branch pushed and its pull request opened.
+    Delivery,
+}
+
+impl Scope {
+    /// The permissions GitHub mints the installation token with.
+    pub fn github_permissions(self) -> Value {
+        match self {
+            Scope::Job => json!({"contents": "read", "metadata": "read",
+                "issues": "write", "pull_requests": "write"}),
+            Scope::Comment => json!({"metadata": "read", "issues": "write",
+                "pull_requests": "write"}),
+            Scope::Delivery => json!({"contents": "write", "metadata": "read",
+                "pull_requests": "write"}),
+        }
+    }
+}
+
 /// What a comment request did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Posted {
@@ -111,9 +140,10 @@ impl Forges {
         })
     }
 
-    /// The job's token: for GitHub an installation token of the event's installation, narrowed to
-    /// the event's repository (it lives an hour); for GitLab the deployment's token.
-    pub async fn mint(&self, event: &ForgeEvent) -> Result<Secret, ForgeError> {
+    /// A token for `scope`: for GitHub an installation token of the event's installation,
+    /// narrowed to the event's repository and to the scope's permissions (it lives an hour); for
+    /// GitLab the deployment's token.
+    pub async fn mint(&self, event: &ForgeEvent, scope: Scope) -> Result<Secret, ForgeError> {
         match event.forge {
             Forge::Gitlab => Ok(self.gitlab()?.token.clone()),
             Forge::Github => {
@@ -130,7 +160,11 @@ impl Forges {
                     .key
                     .jwt(app.app_id, now)
                     .map_err(|e| ForgeError::NotSetUp(format!("the GitHub App's key: {e}")))?;
-                let op = "mint the job's installation token";
+                let op = match scope {
+                    Scope::Job => "mint the job's installation token",
+                    Scope::Comment => "mint the comment's installation token",
+                    Scope::Delivery => "mint the delivery's installation token",
+                };
                 let url = format!(
                     "{}/app/installations/{installation}/access_tokens",
                     app.api_url
@@ -139,7 +173,8 @@ impl Forges {
                     .send(
                         op,
                         self.github_request(reqwest::Method::POST, &url, &format!("Bearer {jwt}"))
-                            .json(&json!({"repository_ids": [event.repository_id]})),
+                            .json(&json!({"repository_ids": [event.repository_id],
+                                "permissions": scope.github_permissions()})),
                     )
                     .await?;
                 let token = answer["token"]
@@ -191,7 +226,7 @@ impl Forges {
         let mut waits = waits.iter();
         loop {
             let tried = async {
-                let token = self.mint(event).await?;
+                let token = self.mint(event, Scope::Comment).await?;
                 let posted = self.comment_once(&token, event, job_id, text).await;
                 if let Err(e) = self.revoke(event, &token).await {
                     tracing::warn!(event = "forge_revoke_failed", job_id, detail = %e);

@@ -12,5 +12,5 @@ pub mod scan;
 pub mod token;
 pub mod tree;
 
-pub use api::{ForgeError, Forges, GithubApp, GitlabDeployment, Posted};
+pub use api::{ForgeError, Forges, GithubApp, GitlabDeployment, Posted, Scope};
 pub use token::{AppKey, Secret};

@@ -65,7 +65,7 @@ fn setup() -> (FakeForge, Forges) {
 async fn the_app_key_mints_the_token_and_another_key_does_not() {
     let (fake, forges) = setup();
     let e = event(Forge::Github);
-    let token = forges.mint(&e).await.unwrap();
+    let token = forges.mint(&e, forge::Scope::Job).await.unwrap();
     // Each mint is a token of its own.
     assert_eq!(token.expose(), format!("{INSTALLATION_TOKEN}-1"));
     assert_eq!(format!("{token:?}"), "Secret(***)");
@@ -76,7 +76,7 @@ async fn the_app_key_mints_the_token_and_another_key_does_not() {
     // Another App's key is refused, and the error says no more than the status.
     let mut other = forges.clone();
     other.github.as_mut().unwrap().key = Arc::new(AppKey::from_pem(&app_key_pem()).unwrap());
-    let err = other.mint(&e).await.unwrap_err();
+    let err = other.mint(&e, forge::Scope::Job).await.unwrap_err();
     assert_eq!(
         err.to_string(),
         "mint the job's installation token: the forge answered HTTP 401"
@@ -96,7 +96,7 @@ async fn the_app_key_mints_the_token_and_another_key_does_not() {
 async fn tokens_are_revoked_and_a_comment_is_tried_again_until_it_is_taken() {
     let (fake, forges) = setup();
     let e = event(Forge::Github);
-    let token = forges.mint(&e).await.unwrap();
+    let token = forges.mint(&e, forge::Scope::Job).await.unwrap();
     // The control: the token opens the comments until it is revoked.
     let path = "github:octo-org/hello#42";
     assert_eq!(
@@ -157,7 +157,7 @@ async fn a_comment_is_posted_once_whatever_the_attempts() {
     let (fake, forges) = setup();
     for forge in [Forge::Github, Forge::Gitlab] {
         let e = event(forge);
-        let token = forges.mint(&e).await.unwrap();
+        let token = forges.mint(&e, forge::Scope::Job).await.unwrap();
         let first = forges
             .comment_once(&token, &e, "gh-d-1-t0", "The answer.")
             .await
@@ -195,7 +195,7 @@ async fn a_clone_and_a_push_carry_the_token_only_in_a_header_and_nothing_is_merg
             &e.repository,
             &[("README.md", "port 8080\n"), ("src/lib.rs", "// lib\n")],
         );
-        let token = forges.mint(&e).await.unwrap();
+        let token = forges.mint(&e, forge::Scope::Job).await.unwrap();
         let url = forges.clone_url(&e).unwrap();
         assert!(!url.contains(token.expose()));
         let auth = Forges::git_authorization(&e, &token);
@@ -394,7 +394,7 @@ async fn a_hostile_tree_is_read_as_data_and_refused_without_waiting() {
     let (fake, forges) = setup();
     let e = event(Forge::Github);
     fake.add_repo("github", &e.repository, &[("README.md", "port 8080\n")]);
-    let token = forges.mint(&e).await.unwrap();
+    let token = forges.mint(&e, forge::Scope::Job).await.unwrap();
     let url = forges.clone_url(&e).unwrap();
     let auth = Forges::git_authorization(&e, &token);
     let dir = tempfile::tempdir().unwrap();

@@ -34,8 +34,9 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::job_file::Stop;
+use config::worst_case::{self, Unbounded, Worst};
 use protocol::model_answer::{Answer, Ending};
-use rules::{Api, Found, Meter, Model, Refusal, RequestFacts, Rules, Table};
+use rules::{Api, Bound, Found, Meter, Model, Refusal, RequestFacts, Rules, Table};
 use wire::AnswerReader;
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
@@ -438,7 +439,7 @@ impl State {
             )));
         }
         let json: serde_json::Value = serde_json::from_slice(&call.body).unwrap_or_default();
-        let facts = RequestFacts::read(&json, apis);
+        let facts = RequestFacts::read(&json);
         let (model, api) = match self.model_for(call.index, provider, apis, &facts) {
             Ok(found) => found,
             Err(refusal) => return Ok(self.refuse(refusal)),
@@ -449,14 +450,16 @@ impl State {
                 format!("{} is not on the job's model list", model.full_name()),
             )));
         }
+        // Without a cap nothing is bounded, and the request is not read for it.
+        let worst = self.rules.cap.map(|_| worst_case(&call.body, &json, api));
         let bound = {
             let Ok(mut meter) = self.meter.lock() else {
                 return Err(Unreachable);
             };
-            let input = rules::input_estimate(call.body.len());
-            match self.rules.bound(model, &facts, input, meter.committed()) {
+            let bounded = worst.map(|w| self.rules.bound(model, w, meter.committed()));
+            match bounded.unwrap_or(Ok(Bound::default())) {
                 Ok(bound) => {
-                    meter.hold(bound);
+                    meter.hold(bound.usd);
                     bound
                 }
                 Err(refusal) => {
@@ -494,7 +497,7 @@ impl State {
         let upstream = match sent {
             Ok(r) => r,
             Err(e) => {
-                self.settle(bound, None, false);
+                self.settle(&bound, None, false);
                 self.keep(kept, Some(unreached(&e)), String::new(), false);
                 return Err(Unreachable);
             }
@@ -578,7 +581,7 @@ impl State {
         upstream: reqwest::Response,
         api: Api,
         model: &Model,
-        bound: f64,
+        bound: Bound,
         kept: Option<Kept>,
     ) -> Result<Response<Body>, Unreachable> {
         let status = upstream.status();
@@ -624,7 +627,12 @@ impl State {
                 .usage
                 .filter(|_| answered)
                 .map(|tokens| (tokens, rules::cost(&model, &tokens)));
-            state.settle(bound, used, answered && whole);
+            state.settle(&bound, used, answered && whole);
+            if let Some((tokens, _)) = used
+                && let Err(past) = state.rules.within(&model, &bound, &tokens)
+            {
+                state.refuse(past);
+            }
             let ending = if !answered {
                 Some(Ending::Status {
                     status: status.as_u16(),
@@ -748,9 +756,9 @@ impl State {
         }
     }
 
-    fn settle(&self, bound: f64, used: Option<(rules::Tokens, f64)>, answered: bool) {
+    fn settle(&self, bound: &Bound, used: Option<(rules::Tokens, f64)>, answered: bool) {
         if let Ok(mut meter) = self.meter.lock() {
-            meter.settle(bound, used, answered);
+            meter.settle(bound.usd, used, answered);
         }
     }
 
@@ -1030,6 +1038,22 @@ struct Call {
     query: Option<String>,
     headers: HeaderMap,
     body: Bytes,
+}
+
+/// The worst case of a request under a cap ([`worst_case::read`]), read from its body as the
+/// strict reader reads it: a key written twice could be read one way here and another by the
+/// provider, so such a body has no bound.
+fn worst_case(body: &[u8], json: &serde_json::Value, api: Api) -> Result<Worst, Unbounded> {
+    let strict = std::str::from_utf8(body)
+        .ok()
+        .map(protocol::json::parse)
+        .is_some_and(|parsed| parsed.is_ok());
+    if !strict {
+        return Err(Unbounded {
+            field: "a body that is not strict JSON (a key written twice, or not JSON)".to_owned(),
+        });
+    }
+    worst_case::read(json, body.len(), api)
 }
 
 /// `/p/<index><rest>` (pi's) or `/c/<index><rest>` (a child's): who calls, the provider's index

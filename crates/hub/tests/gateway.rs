@@ -266,36 +266,135 @@ async fn unknown_models_and_unread_wire_formats_are_refused() {
     assert!(model.requests().is_empty());
 }
 
+/// A gateway over the OpenAI-compatible overlay under `cap`, with the stand-in's header.
+async fn capped(model: &FakeModel, cap: f64) -> (Gateway, String, String) {
+    let rules = Rules {
+        list: None,
+        cap: Some(cap),
+    };
+    let (gw, key) = gateway(&openai_overlay(model), rules, PROVIDER).await;
+    let url = format!("{}/chat/completions", gw.base_url(PROVIDER).unwrap());
+    (gw, url, format!("Bearer {}", key.stand_in))
+}
+
+/// The input a request of `body` is bounded by, in USD at the overlay's 1 USD a million tokens:
+/// one token a byte, and the provider's overhead.
+fn input_bound(body: &Value) -> f64 {
+    (body.to_string().len() as u64 + config::worst_case::OVERHEAD_TOKENS) as f64 / 1e6
+}
+
 #[tokio::test]
 async fn a_chat_call_whose_worst_case_passes_the_cap_is_refused() {
     let model = FakeModel::start(vec![Step::text("one")]);
-    // The model's 1,000 output tokens at 2 USD per million are 0.002, past a cap of 0.0015.
-    let rules = Rules {
-        list: None,
-        cap: Some(0.0015),
-    };
-    let (gw, key) = gateway(&openai_overlay(&model), rules, PROVIDER).await;
-    let url = format!("{}/chat/completions", gw.base_url(PROVIDER).unwrap());
-    let bearer = format!("Bearer {}", key.stand_in);
+    // The request's input (about 0.0022) and the model's 1,000 output tokens at 2 USD per million
+    // (0.002) pass a cap of 0.004.
+    let (gw, url, bearer) = capped(&model, 0.004).await;
     let (status, text) = post(&url, &[("authorization", &bearer)], &chat_body(true)).await;
     assert_eq!(status, 403, "{text}");
     assert_eq!(gw.refusal().unwrap().reason, Reason::CostCapReached);
     assert!(model.requests().is_empty());
     // The request's own output limit bounds it: 100 tokens.
-    let rules = Rules {
-        list: None,
-        cap: Some(0.0015),
-    };
-    let (gw, key) = gateway(&openai_overlay(&model), rules, PROVIDER).await;
-    let url = format!("{}/chat/completions", gw.base_url(PROVIDER).unwrap());
+    let (gw, url, bearer) = capped(&model, 0.004).await;
     let mut body = chat_body(true);
     body["max_completion_tokens"] = json!(100);
-    let bearer = format!("Bearer {}", key.stand_in);
+    assert!(input_bound(&body) + 100.0 * 2.0 / 1e6 < 0.004);
     let (status, text) = post(&url, &[("authorization", &bearer)], &body).await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(gw.refusal(), None);
     assert_eq!(model.requests().len(), 1);
     assert!((settled(&gw, 1).await.cost_usd - chat_cost()).abs() < 1e-12);
+}
+
+#[tokio::test]
+async fn every_answer_a_request_asks_for_counts_against_the_cap() {
+    let model = FakeModel::start(vec![Step::text("two answers")]);
+    let cap = 0.004;
+    let (gw, url, bearer) = capped(&model, cap).await;
+    // The control: two answers of one token each go out, and are billed as two.
+    let mut two = chat_body(false);
+    two["max_tokens"] = json!(1);
+    two["n"] = json!(2);
+    let (status, text) = post(&url, &[("authorization", &bearer)], &two).await;
+    assert_eq!(status, 200, "{text}");
+    let meter = settled(&gw, 1).await;
+    assert_eq!(meter.output_tokens, 2, "{meter:?}");
+    // A thousand answers of one token could cost 0.002 more: past the cap with what is spent.
+    let mut many = two.clone();
+    many["n"] = json!(1000);
+    let (status, text) = post(&url, &[("authorization", &bearer)], &many).await;
+    assert_eq!(status, 403, "{text}");
+    assert_eq!(gw.refusal().unwrap().reason, Reason::CostCapReached);
+    assert_eq!(model.requests().len(), 1, "the refused call went nowhere");
+    assert!(gw.meter().cost_usd <= cap);
+    // The smaller of two output limits does not hide the larger.
+    let (gw, url, bearer) = capped(&model, cap).await;
+    let mut split = chat_body(false);
+    split["max_completion_tokens"] = json!(1);
+    split["max_tokens"] = json!(100_000);
+    let (status, _) = post(&url, &[("authorization", &bearer)], &split).await;
+    assert_eq!(status, 403);
+    assert_eq!(gw.refusal().unwrap().reason, Reason::CostCapReached);
+    assert_eq!(model.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_field_of_unknown_cost_is_refused_under_a_cap_and_named() {
+    let model = FakeModel::start(vec![Step::text("searched")]);
+    let mut search = chat_body(false);
+    search["max_tokens"] = json!(1);
+    search["web_search_options"] = json!({});
+    let (gw, url, bearer) = capped(&model, 1.0).await;
+    let (status, text) = post(&url, &[("authorization", &bearer)], &search).await;
+    assert_eq!(status, 403, "{text}");
+    let stop = gw.refusal().unwrap();
+    assert_eq!(stop.reason, Reason::ModelCallUnbounded);
+    assert!(stop.cause.contains("web_search_options"), "{}", stop.cause);
+    assert!(model.requests().is_empty());
+    // A key written twice could be read one way here and another by the provider.
+    let (gw, url, bearer) = capped(&model, 1.0).await;
+    let twice = r#"{"model": "fake-model", "messages": [], "max_tokens": 1, "max_tokens": 100000}"#;
+    let response = reqwest::Client::new()
+        .post(&url)
+        .header("authorization", &bearer)
+        .header("content-type", "application/json")
+        .body(twice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 403);
+    assert_eq!(gw.refusal().unwrap().reason, Reason::ModelCallUnbounded);
+    assert!(model.requests().is_empty());
+    // The control: without a cap nothing is bounded, and the same request goes out.
+    let (gw, key) = gateway(&openai_overlay(&model), Rules::default(), PROVIDER).await;
+    let url = format!("{}/chat/completions", gw.base_url(PROVIDER).unwrap());
+    let bearer = format!("Bearer {}", key.stand_in);
+    let (status, text) = post(&url, &[("authorization", &bearer)], &search).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(model.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_provider_that_bills_past_the_worst_case_stops_the_job() {
+    // The scripted Anthropic provider bills 20 output tokens whatever the request's limit.
+    let model = FakeModel::start(vec![Step::text("long"), Step::text("never")]);
+    let rules = Rules {
+        list: None,
+        cap: Some(1.0),
+    };
+    let (gw, key) = gateway(&anthropic_overlay(&model), rules, PROVIDER).await;
+    let url = format!("{}/v1/messages", gw.base_url(PROVIDER).unwrap());
+    let body = json!({"model": MODEL, "max_tokens": 5, "stream": false,
+        "messages": [{"role": "user", "content": "hello"}]});
+    let (status, text) = post(&url, &[("x-api-key", &key.stand_in)], &body).await;
+    assert_eq!(status, 200, "{text}");
+    settled(&gw, 1).await;
+    let stop = gw.refusal().expect("the bill past the bound stops the job");
+    assert_eq!(stop.reason, Reason::ModelCallUnbounded);
+    assert!(stop.cause.contains("past its worst case"), "{}", stop.cause);
+    // Nothing more goes out.
+    let (status, _) = post(&url, &[("x-api-key", &key.stand_in)], &body).await;
+    assert_eq!(status, 403);
+    assert_eq!(model.requests().len(), 1);
 }
 
 /// pi's own OpenRouter: its chat, classifier and image models, at the fake's address.

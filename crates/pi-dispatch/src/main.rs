@@ -78,7 +78,15 @@ enum Command {
     Runs(cmd::runs::Args),
     /// Cancel a job: a queued one is removed, a running one is stopped.
     Cancel(cmd::cancel::Args),
-    /// Queue a job that runs an ended job again, as it was queued (through the admission).
+    /// Queue a job that runs an ended job again, under its trigger's policy as it is now.
+    ///
+    /// The new job has the ended job's task, folder or forge event, and takes its trigger's
+    /// run.mcp, run.models, run.maxCostUsd, run.excludeTools and run.labels as triggers.json has
+    /// them now (where both the job and the trigger set one, the stricter: the servers and models
+    /// both name, the lower cap, every excluded tool and label). Egress is the deployment's
+    /// setting now. It goes through the admission as any job: a job whose trigger is gone, or
+    /// whose place in triggers.json another trigger took, is refused (trigger-gone). Retries of a
+    /// job are held to the trigger as it is at each attempt the same way.
     Rerun(cmd::rerun::Args),
     /// Remove now what jobs left past the PI_KEEP_*_DAYS settings (the worker does it as it goes).
     Prune(cmd::prune::Args),

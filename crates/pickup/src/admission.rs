@@ -203,9 +203,13 @@ pub fn decide(i: &Inputs) -> Decision {
 }
 
 fn decide_steps(i: &Inputs) -> Step<Admitted> {
-    let job = i.job;
     let trigger = trigger_now(i)?;
-    skew(job, trigger.as_ref())?;
+    skew(i.job, trigger.as_ref())?;
+    list(i.job)?;
+    // From here on the job is judged under its trigger's policy as it stands now.
+    let job = &under_policy_now(i.job, trigger.as_ref());
+    placed_for(i.job, job)?;
+    let i = &Inputs { job, ..*i };
     let names = list(job)?;
     let image = image(i, names)?;
     let mcp = match names {
@@ -313,8 +317,9 @@ pub fn gitlab_host(gitlab_url: &str) -> Option<String> {
     })
 }
 
-/// The trigger at the job's index in `triggers.json` as it is now (`None` for a CLI job, or when
-/// the file no longer has that index).
+/// The trigger at the job's index in `triggers.json` as it is now (`None` for a CLI job). A
+/// trigger's job whose trigger is gone, or whose index now holds another trigger (another type,
+/// another cron id), is refused: it would run under a policy nobody stands behind.
 fn trigger_now(i: &Inputs) -> Step<Option<Trigger>> {
     let Some(index) = i.job.trigger_index else {
         return Ok(None);
@@ -327,10 +332,105 @@ fn trigger_now(i: &Inputs) -> Step<Option<Trigger>> {
             return Err(retry(format!("{} {why}", file.display())));
         }
     };
-    match triggers::TriggersFile::from_read(file, read) {
-        Ok(all) => Ok(all.triggers.triggers.into_iter().nth(index)),
+    let trigger = match triggers::TriggersFile::from_read(file, read) {
+        Ok(all) => all.triggers.triggers.into_iter().nth(index),
         // The job's trigger cannot be told now: an operator fixing the file lets it through.
-        Err(e) => Err(retry(e.to_string())),
+        Err(e) => return Err(retry(e.to_string())),
+    };
+    let gone = |why: String| {
+        refuse_plain(
+            Reason::TriggerGone,
+            Detail::new(why).field(format!("triggers[{index}]")),
+        )
+    };
+    match trigger {
+        None => Err(gone(format!(
+            "triggers.json has no trigger {index} now, which queued the job"
+        ))),
+        Some(t) if !queued_by(i.job, &t) => Err(gone(format!(
+            "trigger {index} of triggers.json is no longer the one that queued the job"
+        ))),
+        Some(t) => Ok(Some(t)),
+    }
+}
+
+/// Whether `trigger` is the one that queued `job`: the same type, and for a cron trigger the same
+/// id (a cron job's id begins with it).
+pub fn queued_by(job: &Job, trigger: &Trigger) -> bool {
+    trigger.on.type_name() == job.trigger_type
+        && match &trigger.on {
+            On::Cron { id, .. } => job.id.starts_with(&format!("cron-{id}-")),
+            _ => true,
+        }
+}
+
+/// `job` under the policy of its trigger as it stands now (`now`), so that a job queued before
+/// the operator narrowed the trigger, a retry and a rerun run under today's rules: the trigger's
+/// `mcp`, `models`, `maxCostUsd`, `excludeTools` and `labels`, or the stricter of the trigger's and
+/// the job's where both are set (the servers and models both name, the lower cap, every excluded
+/// tool, every label). A CLI job (no trigger) is its own policy. Egress is the deployment's
+/// setting, read at every admission.
+pub fn under_policy_now(job: &Job, now: Option<&Trigger>) -> Job {
+    let Some(now) = now else {
+        return job.clone();
+    };
+    let run = &now.run;
+    let mcp = match (&job.mcp, &run.mcp) {
+        (_, None) => None,
+        // Anything but a list of names is the list check's to refuse, as it came.
+        (Some(McpField::Names(had)), Some(names)) => {
+            let kept: Vec<&str> = had
+                .iter()
+                .map(String::as_str)
+                .filter(|h| names.iter().any(|n| n.as_str() == *h))
+                .collect();
+            (!kept.is_empty()).then(|| McpField::names(kept))
+        }
+        (other, Some(_)) => other.clone(),
+    };
+    let models = match (&job.models, &run.models) {
+        (Some(had), Some(list)) => Some(had.iter().filter(|m| list.contains(m)).cloned().collect()),
+        (had, list) => had.clone().or_else(|| list.clone()),
+    };
+    let max_cost_usd = match (job.max_cost_usd, run.max_cost_usd) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let mut exclude_tools = job.exclude_tools.clone();
+    for tool in &run.exclude_tools {
+        if !exclude_tools.contains(tool) {
+            exclude_tools.push(tool.clone());
+        }
+    }
+    let mut labels = job.labels.clone();
+    for label in &run.labels {
+        if !labels.contains(label) {
+            labels.push(label.clone());
+        }
+    }
+    Job {
+        mcp,
+        models,
+        max_cost_usd,
+        exclude_tools,
+        labels,
+        ..job.clone()
+    }
+}
+
+/// A job is placed by its labels when it is queued: one the trigger now asks a label of, which
+/// the job was queued without, may be on a worker without it, and is refused (a rerun is queued
+/// with today's labels).
+fn placed_for(queued: &Job, now: &Job) -> Step<()> {
+    match now.labels.iter().find(|l| !queued.labels.contains(l)) {
+        Some(label) => Err(refuse_plain(
+            Reason::TriggerSkew,
+            Detail::new(format!(
+                "the trigger now asks for the worker label {label}, which the job was queued without"
+            ))
+            .field("run.labels"),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -340,9 +440,6 @@ fn skew(job: &Job, now: Option<&Trigger>) -> Step<()> {
     let Some(now) = now else {
         return Ok(());
     };
-    if now.on.type_name() != job.trigger_type {
-        return Ok(()); // another trigger stands at that index now: nothing to compare with
-    }
     let missing = [
         ("mcp", now.run.mcp.is_some() && job.mcp.is_none()),
         ("models", now.run.models.is_some() && job.models.is_none()),
@@ -385,12 +482,7 @@ fn job_secrets(job: &Job, trigger: Option<&Trigger>) -> Step<Vec<SecretRef>> {
             "the job names secrets and no trigger of triggers.json gives them now",
         ));
     };
-    let same_type = trigger.on.type_name() == job.trigger_type;
-    let same_cron = match &trigger.on {
-        On::Cron { id, .. } => job.id.starts_with(&format!("cron-{id}-")),
-        _ => true,
-    };
-    if !same_type || !same_cron || trigger.run.secrets_profile != job.secrets_profile {
+    if !queued_by(job, trigger) || trigger.run.secrets_profile != job.secrets_profile {
         return Err(skew(
             "the trigger at the job's index is no longer the one that queued it",
         ));

@@ -13,6 +13,7 @@ const OVERLAY: &str = r#"{"mcpServers": {
   "old": {"url": "https://old.example.com/mcp", "description": "Old", "enabled": false}
 }}"#;
 
+#[derive(Clone)]
 struct FakeFiles {
     triggers: Read,
     mcp: Read,
@@ -76,6 +77,9 @@ struct World {
     folders: FakeFolders,
     env: FakeEnv,
     host: Host,
+    /// Whether the trigger on file takes the job's narrowing fields when it is decided (see
+    /// [`loosen`]).
+    agree: bool,
 }
 
 fn bytes(s: &str) -> Read {
@@ -155,6 +159,7 @@ fn world_of(triggers: &str, id: &str) -> World {
             egress_proxy: true,
             github_key: None,
         },
+        agree: false,
     }
 }
 
@@ -209,7 +214,51 @@ fn inputs(w: &World) -> Inputs<'_> {
 }
 
 fn decide_in(w: &World) -> Decision {
-    decide(&inputs(w))
+    let files = agreed(w);
+    decide(&Inputs {
+        files: &files,
+        ..inputs(w)
+    })
+}
+
+/// The world's files, with the trigger on file carrying the job's own `mcp`, `models` (with its
+/// provider and model), `maxCostUsd` and `excludeTools` when the world says so and the file can hold them.
+fn agreed(w: &World) -> FakeFiles {
+    let mut files = w.files.clone();
+    let Read::Bytes(b) = &w.files.triggers else {
+        return files;
+    };
+    if !w.agree {
+        return files;
+    }
+    let mut all: serde_json::Value = serde_json::from_slice(b).unwrap();
+    let run = all["triggers"][0]["run"].as_object_mut().unwrap();
+    let mut set = |key: &str, value: Option<serde_json::Value>| match value {
+        Some(v) => {
+            run.insert(key.to_owned(), v);
+        }
+        None => {
+            run.remove(key);
+        }
+    };
+    let job = &w.job;
+    set("mcp", job.mcp_names().map(|n| serde_json::json!(n)));
+    set("models", job.models.as_ref().map(|m| serde_json::json!(m)));
+    set(
+        "provider",
+        job.provider.as_ref().map(|p| serde_json::json!(p)),
+    );
+    set("model", job.model.as_ref().map(|m| serde_json::json!(m)));
+    set("maxCostUsd", job.max_cost_usd.map(|c| serde_json::json!(c)));
+    set(
+        "excludeTools",
+        (!job.exclude_tools.is_empty()).then(|| serde_json::json!(job.exclude_tools)),
+    );
+    let text = all.to_string();
+    if parse_triggers(text.as_bytes()).is_ok() {
+        files.triggers = bytes(&text);
+    }
+    files
 }
 
 fn admitted(w: &World) -> Admitted {
@@ -221,7 +270,12 @@ fn admitted(w: &World) -> Admitted {
 
 /// What the MCP gates make of a world (for a forge job, which the admission refuses later).
 fn mcp_of(w: &World) -> Result<McpAdmitted, Box<Decision>> {
-    mcp_gates(&inputs(w), w.job.mcp_names().unwrap())
+    let files = agreed(w);
+    let i = Inputs {
+        files: &files,
+        ..inputs(w)
+    };
+    mcp_gates(&i, w.job.mcp_names().unwrap())
 }
 
 /// Checks that a refusal says nothing in its public sentence or comment that its detail names
@@ -288,24 +342,14 @@ fn github_refused_by(
 
 fn set_mcp(w: &mut World, names: &[&str]) {
     w.job.mcp = Some(McpField::names(names.iter().copied()));
+    w.agree = true;
 }
 
-/// The trigger on file without its narrowing fields, so that a test may change the job's.
+/// The trigger on file takes the job's own narrowing fields (as they are when the job is
+/// decided), so that a test may change the job's: the job is then judged under a trigger that
+/// agrees with it, not narrowed by the one the world began with.
 fn loosen(w: &mut World) {
-    let Read::Bytes(b) = &w.files.triggers else {
-        return;
-    };
-    let text = String::from_utf8(b.clone())
-        .unwrap()
-        .replace(r#""mcp": ["docs", "files", "memory"],"#, "")
-        .replace(r#""mcp": ["forge", "docs", "files", "memory"],"#, "")
-        .replace(
-            r#",
-          "models": ["openai/gpt-4o"], "maxCostUsd": 5"#,
-            "",
-        );
-    parse_triggers(text.as_bytes()).unwrap();
-    w.files.triggers = bytes(&text);
+    w.agree = true;
 }
 
 #[test]
@@ -479,8 +523,12 @@ fn mcp_server_unknown() {
         );
         set_mcp(w, &["docs"]);
     });
+    // forge on a local job (from the command line: no trigger could name it).
     refused_by(Reason::McpServerUnknown, Some("forge"), |w| {
-        set_mcp(w, &["forge"])
+        set_mcp(w, &["forge"]);
+        w.job.trigger_index = None;
+        w.job.trigger_type = "cli".into();
+        w.job.secrets.clear();
     });
     github_refused_by(Reason::McpServerUnknown, Some("forge"), |w| {
         w.job.kind = "forgejo".into();
@@ -741,13 +789,85 @@ fn trigger_skew() {
         w.job.secrets.push("WIKI_TOKEN".into());
     });
     assert_eq!(r.detail.variables, ["WIKI_TOKEN"]);
-    refused_by(Reason::TriggerSkew, None, |w| {
-        w.job.id = "cron-weekly-1".into()
-    });
     refused_by(Reason::TriggerSkew, None, |w| w.job.trigger_index = None);
     refused_by(Reason::TriggerSkew, None, |w| {
         w.job.secrets_profile = Some("other".into());
     });
+}
+
+#[test]
+fn a_job_whose_trigger_is_gone_or_another_is_refused() {
+    // Another cron trigger, another type of trigger, or none at the job's index.
+    let r = refused_by(Reason::TriggerGone, None, |w| {
+        w.job.id = "cron-weekly-1".into()
+    });
+    assert_eq!(r.detail.field.as_deref(), Some("triggers[0]"));
+    refused_by(Reason::TriggerGone, None, |w| {
+        w.job.trigger_type = "label".into()
+    });
+    let r = refused_by(Reason::TriggerGone, None, |w| w.job.trigger_index = Some(3));
+    assert!(r.detail.why.contains("no trigger 3"), "{r:?}");
+    refused_by(Reason::TriggerGone, None, |w| {
+        w.files.triggers = bytes(r#"{"triggers": []}"#)
+    });
+}
+
+#[test]
+fn a_job_runs_under_its_triggers_policy_as_it_is_now() {
+    // The job as queued was looser than its trigger is now: the stricter of the two is kept.
+    let mut w = world();
+    w.job.max_cost_usd = Some(100.0);
+    w.job.models = Some(vec!["openai/gpt-4o".into(), "openai/gpt-4.1".into()]);
+    w.job.mcp = Some(McpField::names(["docs", "files", "memory", "wiki"]));
+    w.job.exclude_tools = vec!["mcp__files__delete".into()];
+    let a = admitted(&w);
+    assert_eq!(a.model_rules.max_cost_usd, Some(5.0));
+    assert_eq!(a.model_rules.models, Some(vec!["openai/gpt-4o".to_owned()]));
+    assert_eq!(a.servers, ["docs", "files", "memory"]);
+    assert_eq!(a.exclude_tools, ["mcp__files__delete"]);
+    // The trigger narrowed since: a lower cap, fewer servers and models, more excluded tools.
+    let narrowed = |w: &mut World| {
+        let Read::Bytes(b) = &w.files.triggers else {
+            panic!()
+        };
+        let text = String::from_utf8(b.clone())
+            .unwrap()
+            .replace(
+                r#""mcp": ["docs", "files", "memory"]"#,
+                r#""mcp": ["files"], "excludeTools": ["codemode"]"#,
+            )
+            .replace(r#""maxCostUsd": 5"#, r#""maxCostUsd": 0.5"#);
+        parse_triggers(text.as_bytes()).unwrap();
+        w.files.triggers = bytes(&text);
+    };
+    let mut w = world();
+    w.job.exclude_tools = vec!["mcp__files__delete".into()];
+    narrowed(&mut w);
+    let a = admitted(&w);
+    assert_eq!(a.model_rules.max_cost_usd, Some(0.5));
+    assert_eq!(a.servers, ["files"]);
+    assert_eq!(a.exclude_tools, ["mcp__files__delete", "codemode"]);
+    // A trigger that now names no server leaves the job none.
+    let mut w = world();
+    w.files.triggers = bytes(&TRIGGERS.replace(r#""mcp": ["docs", "files", "memory"],"#, ""));
+    let a = admitted(&w);
+    assert!(a.servers.is_empty() && a.mcp.is_none(), "{a:?}");
+    // A label the trigger asks for now, which the job was placed without.
+    let r = refused_by(Reason::TriggerSkew, None, |w| {
+        w.files.triggers = bytes(&TRIGGERS.replace(
+            r#""maxCostUsd": 5"#,
+            r#""maxCostUsd": 5, "labels": ["gpu"]"#,
+        ));
+    });
+    assert_eq!(r.detail.field.as_deref(), Some("run.labels"));
+    // A command-line job is its own policy.
+    let mut w = world();
+    w.job.trigger_index = None;
+    w.job.trigger_type = "cli".into();
+    w.job.secrets.clear();
+    w.job.mcp = Some(McpField::names(["files"]));
+    w.job.max_cost_usd = Some(100.0);
+    assert_eq!(admitted(&w).model_rules.max_cost_usd, Some(100.0));
 }
 
 #[test]
@@ -950,6 +1070,7 @@ fn a_provider_of_the_overlay_uses_its_own_key_and_a_keyless_endpoint_needs_none(
         w.job.provider = Some("local".into());
         w.job.model = Some("small".into());
         w.job.models = Some(vec!["local/small".into()]);
+        loosen(w);
     };
     let r = refused_by(Reason::ModelKeyMissing, None, local);
     assert_eq!(r.detail.variables, ["LOCAL_KEY"]);
@@ -1128,7 +1249,7 @@ fn a_forge_job_needs_its_event_a_forge_flow_and_the_forge_set_up() {
     refused_in(github, Reason::JobKindUnsupported, None, |w| {
         w.job.kind = "forgejo".into();
         w.job.mcp = None;
-        w.files.triggers = Read::Missing;
+        w.job.trigger_index = None;
     });
 }
 
@@ -1154,6 +1275,7 @@ fn a_model_the_gateway_cannot_meter_is_refused_before_anything_is_spent() {
         w.job.provider = Some("vertex".into());
         w.job.model = Some("gem".into());
         w.job.models = Some(vec!["vertex/gem".into()]);
+        loosen(w);
     });
     assert_eq!(r.detail.model.as_deref(), Some("vertex/gem"));
     assert!(r.detail.why.contains("google-generative-ai"), "{r:?}");
@@ -1165,6 +1287,7 @@ fn a_model_the_gateway_cannot_meter_is_refused_before_anything_is_spent() {
     w.job.provider = Some("vertex".into());
     w.job.model = Some("gem".into());
     w.job.models = Some(vec!["vertex/gem".into()]);
+    loosen(&mut w);
     assert_eq!(admitted(&w).model.model, "gem");
     // The runner's own check agrees on every chat model of pi's catalog: the admission refuses
     // exactly the models the runner would stop.

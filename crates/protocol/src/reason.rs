@@ -143,6 +143,9 @@ reasons! {
         "The trigger narrows what its jobs may do in a way the queued job does not carry.",
         "queue the job again from the trigger as it is now; upgrade the receiver and the worker together";
     // The product's own admission checks.
+    TriggerGone = "trigger-gone", Admission, Policy, None, false,
+        "The trigger that queued the job is no longer in triggers.json.",
+        "run the trigger as it is now (pi-dispatch run --trigger N), or queue the job anew with run";
     JobUnreadable = "job-unreadable", Admission, Policy, None, false,
         "The queued job cannot be read.",
         "queue the job again with this version of pi-dispatch";

@@ -368,6 +368,9 @@ pub struct Draft {
     base: Record,
     /// What the job shows while it runs, when someone may look.
     live: Option<std::sync::Arc<dyn Watched>>,
+    /// What the job's earlier attempts spent, in USD: a later attempt has what they left of the
+    /// job's cost cap.
+    spent_before: f64,
 }
 
 /// Where a running job is shown as it goes ([`crate::live::LiveFeed`]): told its record as it
@@ -385,7 +388,18 @@ impl Draft {
         Draft {
             base: Record::new(job, Outcome::Failed, None, attempt, 0),
             live: None,
+            spent_before: 0.0,
         }
+    }
+
+    /// What the job's earlier attempts spent (their records' costs), in USD.
+    pub fn spent_before(&mut self, usd: f64) {
+        self.spent_before = usd;
+    }
+
+    /// [`Draft::spent_before`], as set.
+    pub fn earlier_spending(&self) -> f64 {
+        self.spent_before
     }
 
     /// Shows the job live through `feed` from now on.

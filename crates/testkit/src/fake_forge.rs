@@ -8,7 +8,11 @@
 //!   signed by the App's key (checked with its public half), a new one each time (the setup's
 //!   token with `-N` after it), living [`FakeForge::set_token_lifetime`] (an hour by default)
 //!   until `DELETE /installation/token` revokes it; every other call needs a live one, or the
-//!   setup's own token (which a test may hand a server itself).
+//!   setup's own token (which a test may hand a server itself). A token minted with
+//!   `permissions` can do only what they give, as GitHub's can: a push and a write of the
+//!   contents API need `contents: write`, a pull request `pull_requests: write`, a comment
+//!   `issues` or `pull_requests: write`; anything else is answered 403. One minted without them
+//!   has all of the App's, as the setup's token does.
 //! - GitLab: `GITLAB_URL` is `/gitlab`, the API under `/gitlab/api/v4`, repositories under
 //!   `/gitlab/PATH.git`; every call needs the deployment's token.
 //!
@@ -54,6 +58,8 @@ pub struct Minted {
     pub expires: std::time::Instant,
     /// How many times `DELETE /installation/token` named it.
     pub revocations: u32,
+    /// The permissions it was minted with (`None`: every permission of the App).
+    pub permissions: Option<Value>,
 }
 
 impl Minted {
@@ -75,6 +81,8 @@ struct Forge {
     merges: u32,
     issues: HashMap<String, Vec<Value>>,
     next_id: u64,
+    /// Each push begun (git's receive-pack), and whether its token could write.
+    pushes: Vec<bool>,
 }
 
 impl Forge {
@@ -82,6 +90,17 @@ impl Forge {
     /// tests that hand a server a token themselves use, and which never ends).
     fn live_token(&self, token: &str, setup: &str) -> bool {
         token == setup || self.minted.iter().any(|m| m.token == token && m.live())
+    }
+
+    /// Whether live `token` may write with `permission` (`contents`, `issues`, ...).
+    fn may_write(&self, token: &str, permission: &str) -> bool {
+        match self.minted.iter().find(|m| m.token == token) {
+            Some(Minted {
+                permissions: Some(p),
+                ..
+            }) => p[permission] == "write",
+            _ => true,
+        }
     }
 }
 
@@ -323,6 +342,11 @@ impl FakeForge {
             .insert(key.to_owned(), issues);
     }
 
+    /// Each push begun over git's smart HTTP, and whether its token could write the repository.
+    pub fn pushes(&self) -> Vec<bool> {
+        self.shared.forge.lock().unwrap().pushes.clone()
+    }
+
     /// Every API request so far.
     pub fn requests(&self) -> Vec<Seen> {
         self.shared.forge.lock().unwrap().seen.clone()
@@ -392,6 +416,88 @@ impl Ok200 for Value {
 
 fn not_found() -> Response {
     reply(StatusCode::NOT_FOUND, json!({"message": "Not Found"}))
+}
+
+/// GitHub's answer to a token without the permission a request needs.
+fn forbidden() -> Response {
+    reply(
+        StatusCode::FORBIDDEN,
+        json!({"message": "Resource not accessible by integration"}),
+    )
+}
+
+/// Commits `content` as `file` on `branch` of the bare repository `bare`, as the contents API
+/// does: the new commit's id.
+fn commit_file(bare: &Path, branch: &str, file: &str, content: &[u8]) -> Result<String, String> {
+    let git = |args: &[&str], input: Option<&[u8]>| -> Result<String, String> {
+        use std::io::Write as _;
+        let mut child = std::process::Command::new("git")
+            .arg("--git-dir")
+            .arg(bare)
+            .args(args)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_AUTHOR_NAME", "api")
+            .env("GIT_AUTHOR_EMAIL", "api@example.invalid")
+            .env("GIT_COMMITTER_NAME", "api")
+            .env("GIT_COMMITTER_EMAIL", "api@example.invalid")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let mut stdin = child.stdin.take().ok_or("no stdin")?;
+        stdin
+            .write_all(input.unwrap_or_default())
+            .map_err(|e| e.to_string())?;
+        drop(stdin);
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        match out.status.success() {
+            true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
+            false => Err(format!("git {args:?} failed")),
+        }
+    };
+    let parent = git(&["rev-parse", &format!("refs/heads/{branch}")], None)?;
+    let blob = git(&["hash-object", "-w", "--stdin"], Some(content))?;
+    let index = bare.join("api-index");
+    let with_index = |args: &[&str]| -> Result<String, String> {
+        let out = std::process::Command::new("git")
+            .arg("--git-dir")
+            .arg(bare)
+            .args(args)
+            .env("GIT_INDEX_FILE", &index)
+            .output()
+            .map_err(|e| e.to_string())?;
+        match out.status.success() {
+            true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
+            false => Err(format!("git {args:?} failed")),
+        }
+    };
+    with_index(&["read-tree", &parent])?;
+    with_index(&[
+        "update-index",
+        "--add",
+        "--cacheinfo",
+        &format!("100644,{blob},{file}"),
+    ])?;
+    let tree = with_index(&["write-tree"])?;
+    let _ = std::fs::remove_file(&index);
+    let commit = git(
+        &[
+            "commit-tree",
+            &tree,
+            "-p",
+            &parent,
+            "-m",
+            "Written through the contents API",
+        ],
+        None,
+    )?;
+    git(
+        &["update-ref", &format!("refs/heads/{branch}"), &commit],
+        None,
+    )?;
+    Ok(commit)
 }
 
 fn unauthorized() -> Response {
@@ -552,6 +658,7 @@ fn github(
                     token: token.clone(),
                     expires: std::time::Instant::now() + lifetime,
                     revocations: 0,
+                    permissions: body.get("permissions").cloned(),
                 });
                 reply(
                     StatusCode::CREATED,
@@ -583,8 +690,20 @@ fn github(
             None => unauthorized(),
         };
     }
-    if !given.is_some_and(|t| forge.live_token(t, &shared.installation_token)) {
+    let Some(given) = given.filter(|t| forge.live_token(t, &shared.installation_token)) else {
         return unauthorized();
+    };
+    let may = |permission: &str| forge.may_write(given, permission);
+    let needs = match (method, &parts[..]) {
+        (&Method::POST, ["repos", _, _, "issues", _, "comments"]) => {
+            may("issues") || may("pull_requests")
+        }
+        (&Method::POST, ["repos", _, _, "pulls"]) => may("pull_requests"),
+        (&Method::PUT, ["repos", _, _, "contents", ..]) => may("contents"),
+        _ => true,
+    };
+    if !needs {
+        return forbidden();
     }
     match (method, &parts[..]) {
         (&Method::GET, ["repos", o, r, "issues"]) => {
@@ -646,6 +765,17 @@ fn github(
             })
             .cloned()
             .map_or_else(not_found, |p| p.ok()),
+        (&Method::PUT, ["repos", o, r, "contents", file @ ..]) => {
+            let bare = shared.repos.join("github").join(format!("{o}/{r}.git"));
+            let branch = body["branch"].as_str().unwrap_or("main");
+            let content = base64::engine::general_purpose::STANDARD
+                .decode(body["content"].as_str().unwrap_or_default())
+                .unwrap_or_default();
+            match commit_file(&bare, branch, &file.join("/"), &content) {
+                Ok(sha) => reply(StatusCode::CREATED, json!({"commit": {"sha": sha}})),
+                Err(why) => reply(StatusCode::UNPROCESSABLE_ENTITY, json!({"message": why})),
+            }
+        }
         (&Method::PUT, ["repos", _, _, "pulls", _, "merge"]) => {
             forge.merges += 1;
             reply(
@@ -822,14 +952,17 @@ async fn git_http(
         .and_then(|v| v.strip_prefix("Basic "))
         .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
         .and_then(|b| String::from_utf8(b).ok());
-    let allowed = match (forge, given.as_deref().and_then(|g| g.split_once(':'))) {
-        ("github", Some(("x-access-token", token))) => shared
-            .forge
-            .lock()
-            .unwrap()
-            .live_token(token, &shared.installation_token),
-        ("gitlab", Some(("oauth2", token))) => token == shared.gitlab_token,
-        _ => false,
+    let push = rest.ends_with("/git-receive-pack") || query.contains("service=git-receive-pack");
+    let (allowed, may_push) = match (forge, given.as_deref().and_then(|g| g.split_once(':'))) {
+        ("github", Some(("x-access-token", token))) => {
+            let forge = shared.forge.lock().unwrap();
+            (
+                forge.live_token(token, &shared.installation_token),
+                forge.may_write(token, "contents"),
+            )
+        }
+        ("gitlab", Some(("oauth2", token))) => (token == shared.gitlab_token, true),
+        _ => (false, false),
     };
     if !allowed {
         return Response::builder()
@@ -837,6 +970,15 @@ async fn git_http(
             .header("WWW-Authenticate", "Basic realm=\"fake forge\"")
             .body(Body::empty())
             .unwrap();
+    }
+    if push {
+        shared.forge.lock().unwrap().pushes.push(may_push);
+        if !may_push {
+            return Response::builder()
+                .status(StatusCode::FORBIDDEN)
+                .body(Body::from("Write access to repository not granted."))
+                .unwrap();
+        }
     }
     let root = shared.repos.join(forge);
     let header = |name: &str| {

@@ -263,9 +263,9 @@ impl FakeModel {
                         if kind == Kind::AnthropicChat {
                             anthropic_answer(stream, next, &step, streamed)
                         } else if streamed || kind != Kind::OpenAiChat {
-                            answer(stream, next, &step)
+                            answer(stream, next, &step, chat_usage(&body))
                         } else {
-                            openai_json_answer(stream, next, &step)
+                            openai_json_answer(stream, next, &step, chat_usage(&body))
                         }
                     }
                 };
@@ -386,7 +386,20 @@ fn read_request(stream: &TcpStream) -> Option<Request> {
 /// What a failing provider says in its error body (tests look for it where it must not be).
 pub const ERROR_BODY_CANARY: &str = "cnry-provider-error-7c1";
 
-fn answer(mut stream: TcpStream, n: usize, step: &Step) -> std::io::Result<()> {
+/// What an OpenAI chat request is billed, as a provider bills it: [`CHAT_USAGE`]'s input, and its
+/// output for each of the `n` answers asked for, each cut at the largest output limit the request
+/// sets (`max_tokens`, `max_completion_tokens`).
+fn chat_usage(body: &Value) -> (u64, u64) {
+    let limit = ["max_tokens", "max_completion_tokens"]
+        .iter()
+        .filter_map(|k| body[k].as_u64())
+        .max();
+    let one = limit.map_or(CHAT_USAGE.1, |l| CHAT_USAGE.1.min(l));
+    let answers = body["n"].as_u64().unwrap_or(1).max(1);
+    (CHAT_USAGE.0, one * answers)
+}
+
+fn answer(mut stream: TcpStream, n: usize, step: &Step, billed: (u64, u64)) -> std::io::Result<()> {
     if let Step::Status(code) | Step::DownForThisRun(code) = step {
         let body = json!({"error": {"message": format!("refused by the scripted provider ({ERROR_BODY_CANARY})"), "type": "scripted"}}).to_string();
         write!(
@@ -405,7 +418,7 @@ fn answer(mut stream: TcpStream, n: usize, step: &Step) -> std::io::Result<()> {
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
         });
         if usage {
-            c["usage"] = openai_usage(CHAT_USAGE);
+            c["usage"] = openai_usage(billed);
         }
         format!("data: {c}\n\n")
     };
@@ -464,7 +477,12 @@ fn status_answer(mut stream: TcpStream, code: u16) -> std::io::Result<()> {
 }
 
 /// A chat completion as one JSON body (a request without `stream`).
-fn openai_json_answer(stream: TcpStream, n: usize, step: &Step) -> std::io::Result<()> {
+fn openai_json_answer(
+    stream: TcpStream,
+    n: usize,
+    step: &Step,
+    usage: (u64, u64),
+) -> std::io::Result<()> {
     let (message, finish) = match step {
         Step::Status(code) | Step::DownForThisRun(code) => return status_answer(stream, *code),
         Step::Call(name, args) => (
@@ -478,7 +496,7 @@ fn openai_json_answer(stream: TcpStream, n: usize, step: &Step) -> std::io::Resu
         stream,
         &json!({"id": format!("chatcmpl-{n}"), "object": "chat.completion", "created": 0, "model": MODEL,
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": openai_usage(CHAT_USAGE)}),
+            "usage": openai_usage(usage)}),
     )
 }
 

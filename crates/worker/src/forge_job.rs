@@ -51,7 +51,7 @@ pub async fn prepare(
     let event = &target.event;
     let fault = |reason: Reason, e: ForgeError| fault(draft, reason, &e);
     let token = forges
-        .mint(event)
+        .mint(event, forge::Scope::Job)
         .await
         .map_err(|e| fault(Reason::ForgeTokenFailed, e))?;
     let head = match (&event.head, event.pull_request) {
@@ -186,7 +186,7 @@ pub async fn deliver_fix(
     };
     // The delivery's own token, minted now: the job's may have run out with a long job (a GitHub
     // token lives an hour), and it is revoked once the delivery is done.
-    let token = match forges.mint(event).await {
+    let token = match forges.mint(event, forge::Scope::Delivery).await {
         Ok(t) => t,
         Err(e) => return failed(record, e.to_string()),
     };

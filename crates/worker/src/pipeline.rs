@@ -144,6 +144,31 @@ fn write_job_folder(plan: &Admitted, prompt: String) -> std::io::Result<PathBuf>
     Ok(folder)
 }
 
+/// A later attempt's cost cap is what the job's earlier attempts left of it, so that a job made to
+/// fail and be tried again cannot spend its cap once an attempt; an attempt with nothing left
+/// ends before it starts.
+fn left_of_cap(plan: &mut Admitted, draft: &Draft) -> Result<(), Verdict> {
+    let spent = draft.earlier_spending();
+    let Some(cap) = plan.model_rules.max_cost_usd else {
+        return Ok(());
+    };
+    if spent <= 0.0 {
+        return Ok(());
+    }
+    let left = cap - spent;
+    if left > 0.0 {
+        plan.model_rules.max_cost_usd = Some(left);
+        return Ok(());
+    }
+    let reason = Reason::CostCapReached;
+    let why = format!("the job's earlier attempts spent {spent:.6} USD of its cap of {cap} USD");
+    tracing::warn!(event = reason.log_event(), job_id = %plan.job_id, why = %why);
+    Err(draft
+        .ended(reason)
+        .with_detail(Detail::new(why), reason.fix())
+        .into())
+}
+
 /// A forge job's target, with its token and clone.
 type Forged<'a> = (&'a ForgeTarget, Prepared);
 
@@ -156,10 +181,13 @@ impl Worker {
                 .as_ref()
                 .and_then(|e| self.forges.item_url(e).ok()),
         );
-        let plan = match self.admit(job, &draft) {
+        let mut plan = match self.admit(job, &draft) {
             Ok(plan) => plan,
             Err(verdict) => return verdict,
         };
+        if let Err(verdict) = left_of_cap(&mut plan, &draft) {
+            return verdict;
+        }
         draft.admitted(now_ms());
         self.carry_out(&plan, draft, stop).await
     }

@@ -440,6 +440,7 @@ impl Slot<'_> {
         };
         let mut draft = Draft::new(&job, lease.attempt);
         draft.queued_at(unix_ms(lease.queued_at));
+        draft.spent_before(self.earlier_spending(&job.id, lease.attempt));
         let live = options.live.then(|| {
             let feed = records::live::LiveFeed::start(
                 self.queue.clone(),
@@ -551,16 +552,26 @@ impl Slot<'_> {
         write_record(self.records, &record, Some(self.summary));
     }
 
+    /// The records the job's earlier attempts left, oldest first.
+    fn earlier(&self, job_id: &str, attempt: u32) -> Vec<Record> {
+        (1..attempt)
+            .filter_map(|n| self.records.read(&Record::attempt_id(job_id, n)).ok())
+            .collect()
+    }
+
+    /// What the job's earlier attempts spent, in USD: attempt `attempt` runs with what they left
+    /// of the job's cost cap.
+    fn earlier_spending(&self, job_id: &str, attempt: u32) -> f64 {
+        self.earlier(job_id, attempt)
+            .iter()
+            .filter_map(|r| r.cost_usd)
+            .sum()
+    }
+
     /// Links the records the job's earlier attempts left (a later attempt's record names them
     /// and counts what they spent).
     fn link_earlier(&self, record: &mut Record) {
-        let earlier = (1..record.attempt)
-            .filter_map(|n| {
-                self.records
-                    .read(&Record::attempt_id(&record.job_id, n))
-                    .ok()
-            })
-            .collect();
+        let earlier = self.earlier(&record.job_id, record.attempt);
         record.link_earlier(earlier);
     }
 

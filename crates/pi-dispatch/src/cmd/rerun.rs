@@ -1,6 +1,6 @@
 //! `pi-dispatch rerun ID [--force]`: queues a new job that runs job ID again, with the job as it
-//! was queued (its trigger's fields, its forge event, its folder and task), through the admission
-//! as any job. The new job names the one it runs again, and `runs show ID` lists its reruns. A job
+//! was queued (its forge event, its folder and task) under its trigger's policy as it is now,
+//! through the admission as any job. The new job names the one it runs again, and `runs show ID` lists its reruns. A job
 //! that has not ended is not run again (cancel it first); a local job's folder with uncommitted
 //! changes is refused unless `--force`, as `run` refuses it.
 
@@ -32,28 +32,31 @@ fn not_run(why: String, exit: Exit) -> NotRun {
     NotRun { why, exit }
 }
 
-/// The job that runs `original` (as it was queued) again, under a new id.
+/// The job that runs `original` again, under a new id: as it was queued, under its trigger's
+/// policy as the trigger stands now (the admission holds it to that too; a trigger that is gone
+/// refuses it there).
 fn again(ctx: &Context, original: &Job, of: &str) -> anyhow::Result<Job> {
-    // A cron job's id names its trigger's id (its secrets are checked against it).
-    let prefix = match (&original.trigger_index, original.trigger_type.as_str()) {
-        (Some(index), "cron") => {
+    let trigger = match original.trigger_index {
+        Some(index) => {
             let settings = ctx.settings()?;
             config::triggers::TriggersFile::read(&settings.triggers_file)
                 .ok()
-                .and_then(|all| all.trigger(*index).ok().cloned())
-                .and_then(|t| match t.on {
-                    config::triggers::On::Cron { id, .. } => Some(format!("cron-{id}-rerun")),
-                    _ => None,
-                })
-                .unwrap_or_else(|| "rerun".to_owned())
+                .and_then(|all| all.trigger(index).ok().cloned())
+                .filter(|t| pickup::admission::queued_by(original, t))
         }
+        None => None,
+    };
+    // A cron job's id names its trigger's id (its secrets are checked against it).
+    let prefix = match trigger.as_ref().map(|t| &t.on) {
+        Some(config::triggers::On::Cron { id, .. }) => format!("cron-{id}-rerun"),
         _ => "rerun".to_owned(),
     };
+    let now = pickup::admission::under_policy_now(original, trigger.as_ref());
     Ok(Job {
         id: crate::cmd::run::new_job_id(&prefix)?,
         rerun_of: Some(of.to_owned()),
         host: None,
-        ..original.clone()
+        ..now
     })
 }
 

@@ -22,6 +22,8 @@ mod hostile_pi;
 mod hostile_post;
 mod hostile_publish;
 mod hostile_report;
+mod hostile_spend;
+mod hostile_token;
 mod import_pi;
 mod init;
 mod job;
