@@ -317,6 +317,9 @@ reasons! {
     JobWriteBackFailed = "job-write-back-failed", Worker, Failed, None, false,
         "What the job wrote could not be copied from its own disk into its workspace.",
         "check the host's free space and the workspace folder (the worker's log names the error); the job's writes were not kept";
+    JobWriteBackTooLarge = "job-write-back-too-large", Worker, Policy, None, false,
+        "What the job wrote is more than its workspace takes back: more data than its disk held, or more names than the write-back carries.",
+        "the record names the bound; have the job write less into its workspace (build output and caches outside it, or removed before it ends)";
     Cancelled = "cancelled", Worker, Cancelled, None, false,
         "The job was cancelled.",
         "queue it again if it should run";

@@ -3,6 +3,12 @@
 //! overlay: the workspace (or the job's view of it) below, read-only, and the job's file system
 //! above. After the job, what it wrote is copied back into the workspace as data: regular files,
 //! folders and links only, each opened beneath the folder it belongs to, never a link followed.
+//!
+//! The copy writes no more than the job's disk held: it is measured first, and refused whole when
+//! its data is more than the disk's use or its names more than [`MAX_ENTRIES`]; a file the job
+//! linked under several names comes back as one file under those names (hard links), never a
+//! copy each; a sparse file comes back sparse. No entry comes back writable by others, setuid or
+//! setgid.
 
 use std::ffi::OsStr;
 use std::io;
@@ -26,6 +32,13 @@ const FULL_BYTES: u64 = 2 << 20;
 const FULL_INODES: u64 = 16;
 /// Folders deeper than this in what a job wrote are not copied back.
 pub const MAX_DEPTH: usize = 256;
+/// The most names (files, links, folders, removals) a job's writes may bring back.
+pub const MAX_ENTRIES: u64 = 200_000;
+/// The most files linked under several names whose first copy the write-back keeps open to link
+/// the others to; past it, a further name is copied (and counted against the bound).
+const MAX_LINKED: usize = 4096;
+/// The permissions an entry keeps: never writable by others, never setuid, setgid or sticky.
+const KEPT_MODE: u32 = 0o775;
 
 /// The first of `candidates` that is there.
 pub fn program(candidates: &[&str]) -> Option<PathBuf> {
@@ -144,12 +157,35 @@ pub struct Written {
     pub full: bool,
 }
 
+/// Why a job's writes were not copied back.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteBackError {
+    /// More than the write-back carries: nothing was written when `partial` is false; else the
+    /// copy stopped there, with the entries written so far left in the workspace.
+    #[error("the job's writes hold more {what} than the write-back carries ({bound})")]
+    PastBound {
+        what: &'static str,
+        bound: u64,
+        partial: bool,
+    },
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+impl From<rustix::io::Errno> for WriteBackError {
+    fn from(e: rustix::io::Errno) -> WriteBackError {
+        WriteBackError::Io(e.into())
+    }
+}
+
 /// What copying a job's writes back did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Applied {
     /// Files and links written, and their bytes.
     pub files: u64,
     pub bytes: u64,
+    /// Names written as another name of a file already written (the job's hard links).
+    pub linked: u64,
     /// Entries the job removed, removed.
     pub removed: u64,
     /// Entries not copied back: special files, or folders past [`MAX_DEPTH`].
@@ -273,7 +309,12 @@ impl JobDisk {
     /// a thread of its own that takes the job's ids (`owner`) for good first: it reads the job's
     /// files as the job and writes them through the job's view as the job would have, so it needs
     /// no capability, and whatever the job left cannot make it write where the job could not.
-    pub fn write_back(&self) -> io::Result<Applied> {
+    pub fn write_back(&self) -> Result<Applied, WriteBackError> {
+        // What the job's disk holds bounds what comes back.
+        let bound = Bound {
+            bytes: self.written()?.bytes,
+            entries: MAX_ENTRIES,
+        };
         let _ = rustix::mount::unmount(&self.merged, rustix::mount::UnmountFlags::DETACH);
         let upper = open_dir(self.fs()?.root()?, OsStr::new("upper"))?;
         let target = open_dir(rustix::fs::CWD, self.lower.as_os_str())?;
@@ -297,7 +338,8 @@ impl JobDisk {
                         Uid::from_raw(uid),
                     )?;
                 }
-                apply(upper, target)
+                measure(&upper, bound)?;
+                apply(upper, target, bound)
             })?
             .join()
             .map_err(|_| io::Error::other("the write-back thread panicked"))?
@@ -452,23 +494,109 @@ fn opaque(folder: BorrowedFd<'_>) -> bool {
 struct Frame {
     from: rustix::fs::Dir,
     from_fd: OwnedFd,
-    to: OwnedFd,
+    to: std::rc::Rc<OwnedFd>,
     /// The permissions the folder gets once it is filled (it is open to its owner till then);
     /// `None` for the top, which keeps its own.
     mode: Option<u32>,
 }
 
+/// What a write-back may carry: its data's bytes and its names.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    pub bytes: u64,
+    pub entries: u64,
+}
+
+/// The data bytes a file of the job's holds on its disk (a hole holds none).
+fn held(st: &rustix::fs::Stat) -> u64 {
+    u64::try_from(st.st_blocks)
+        .unwrap_or(0)
+        .saturating_mul(512)
+        .min(u64::try_from(st.st_size).unwrap_or(0))
+}
+
+/// The identity of a file the job linked under several names.
+fn inode(st: &rustix::fs::Stat) -> (u64, u64) {
+    (st.st_dev, st.st_ino)
+}
+
+/// Walks the overlay's upper layer `from` as [`apply`] will, and refuses it when it holds more
+/// than `bound`: its files' data (a file linked under several names counted once, as the copy
+/// links them) and its names.
+fn measure(from: &OwnedFd, bound: Bound) -> Result<(), WriteBackError> {
+    let past = |what, bound| WriteBackError::PastBound {
+        what,
+        bound,
+        partial: false,
+    };
+    let mut entries = 0u64;
+    let mut bytes = 0u64;
+    let mut linked = std::collections::HashSet::new();
+    let top = rustix::fs::openat(from, ".", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
+    // Each folder open, and the permissions to give it back once read (one the job closed to
+    // its owner is opened for the walk, and the copy must see it as the job left it).
+    let mut stack = vec![(rustix::fs::Dir::read_from(&top)?, top, None)];
+    loop {
+        let depth = stack.len();
+        let Some((dir, fd, _)) = stack.last_mut() else {
+            break;
+        };
+        let Some(entry) = dir.read() else {
+            if let Some((_, fd, Some(mode))) = stack.pop() {
+                rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
+            }
+            continue;
+        };
+        let entry = entry?;
+        let name = OsStr::from_bytes(entry.file_name().to_bytes()).to_owned();
+        if name == "." || name == ".." {
+            continue;
+        }
+        let st = rustix::fs::statat(&*fd, &name, AtFlags::SYMLINK_NOFOLLOW)?;
+        match kind(&st) {
+            Kind::Other => continue,
+            Kind::Folder if depth > MAX_DEPTH => continue,
+            Kind::Folder => {
+                let sub = open_readable(fd, &name, true)?;
+                let mode = st.st_mode & 0o7777;
+                let changed = rustix::fs::fstat(&sub)?.st_mode & 0o7777 != mode;
+                let dir = rustix::fs::Dir::read_from(&sub)?;
+                stack.push((dir, sub, changed.then_some(mode)));
+            }
+            Kind::File if st.st_nlink > 1 && !linked.insert(inode(&st)) => {}
+            Kind::File => bytes = bytes.saturating_add(held(&st)),
+            Kind::Removed | Kind::Link => {}
+        }
+        entries += 1;
+        if entries > bound.entries {
+            return Err(past("entries", bound.entries));
+        }
+        if bytes > bound.bytes {
+            return Err(past("bytes", bound.bytes));
+        }
+    }
+    Ok(())
+}
+
 /// Copies the overlay's upper layer `from` into `to`, as the caller: the job's files and links
 /// replace what was there, its folders are merged (or replace what was there when the job made
-/// them anew), and what it removed is removed. Iterative, with two descriptors a level.
-fn apply(from: OwnedFd, to: OwnedFd) -> io::Result<Applied> {
+/// them anew), and what it removed is removed; a file the job linked under several names is
+/// written once and linked under the others. Iterative, with two descriptors a level. Past
+/// `bound` (which [`measure`] checked before: only a tree of more linked files than the copy
+/// keeps open can pass it here) it stops, naming the partial state.
+fn apply(from: OwnedFd, to: OwnedFd, bound: Bound) -> Result<Applied, WriteBackError> {
     let mut done = Applied::default();
     let mut stack = vec![Frame {
         from: rustix::fs::Dir::read_from(&from)?,
         from_fd: from,
-        to,
+        to: std::rc::Rc::new(to),
         mode: None,
     }];
+    // The first name each linked file was written under: its folder and name.
+    let mut firsts: std::collections::HashMap<
+        (u64, u64),
+        (std::rc::Rc<OwnedFd>, std::ffi::OsString),
+    > = std::collections::HashMap::new();
     let mut serial = 0u64;
     loop {
         let depth = stack.len();
@@ -477,7 +605,7 @@ fn apply(from: OwnedFd, to: OwnedFd) -> io::Result<Applied> {
         };
         let Some(entry) = frame.from.read() else {
             if let Some(mode) = frame.mode {
-                rustix::fs::fchmod(&frame.to, Mode::from_raw_mode(mode))?;
+                rustix::fs::fchmod(&*frame.to, Mode::from_raw_mode(mode))?;
             }
             stack.pop();
             continue;
@@ -498,36 +626,83 @@ fn apply(from: OwnedFd, to: OwnedFd) -> io::Result<Applied> {
             Kind::Folder if depth > MAX_DEPTH => done.skipped += 1,
             Kind::Folder => {
                 let from_fd = open_readable(&frame.from_fd, &name, true)?;
-                let there = rustix::fs::statat(&frame.to, &name, AtFlags::SYMLINK_NOFOLLOW).ok();
+                let there = rustix::fs::statat(&*frame.to, &name, AtFlags::SYMLINK_NOFOLLOW).ok();
                 let keep =
                     there.is_some_and(|t| kind(&t) == Kind::Folder && !opaque(from_fd.as_fd()));
                 if !keep {
                     if remove(frame.to.as_fd(), &name)? {
                         done.removed += 1;
                     }
-                    rustix::fs::mkdirat(&frame.to, &name, Mode::from_raw_mode(0o700))?;
+                    rustix::fs::mkdirat(&*frame.to, &name, Mode::from_raw_mode(0o700))?;
                 }
-                let to = open_dir(&frame.to, &name)?;
-                let mode = st.st_mode & 0o777;
+                let to = open_dir(&*frame.to, &name)?;
+                let mode = st.st_mode & KEPT_MODE;
                 rustix::fs::fchmod(&to, Mode::from_raw_mode(mode | 0o700))?;
                 let from = rustix::fs::Dir::read_from(&from_fd)?;
                 let next = Frame {
                     from,
                     from_fd,
-                    to,
+                    to: std::rc::Rc::new(to),
                     mode: Some(mode),
                 };
                 stack.push(next);
             }
             Kind::File | Kind::Link => {
                 serial += 1;
-                let bytes = put(&frame.from_fd, &frame.to, &name, &st, serial)?;
+                let many = kind(&st) == Kind::File && st.st_nlink > 1;
+                let first = many.then(|| firsts.get(&inode(&st))).flatten();
+                let linked = match first {
+                    Some((dir, first)) => link(dir, first, &frame.to, &name, serial)?,
+                    None => false,
+                };
+                if linked {
+                    done.linked += 1;
+                } else {
+                    let bytes = put(&frame.from_fd, &frame.to, &name, &st, serial)?;
+                    done.bytes += bytes;
+                    if many && firsts.len() < MAX_LINKED {
+                        firsts
+                            .entry(inode(&st))
+                            .or_insert_with(|| (frame.to.clone(), name.clone()));
+                    }
+                }
                 done.files += 1;
-                done.bytes += bytes;
             }
+        }
+        let entries = done.files + done.removed + u64::try_from(stack.len()).unwrap_or(0);
+        if done.bytes > bound.bytes || entries > bound.entries.saturating_add(MAX_DEPTH as u64) {
+            let (what, bound) = match done.bytes > bound.bytes {
+                true => ("bytes", bound.bytes),
+                false => ("entries", bound.entries),
+            };
+            return Err(WriteBackError::PastBound {
+                what,
+                bound,
+                partial: true,
+            });
         }
     }
     Ok(done)
+}
+
+/// Writes `name` in `to` as another name of the file already written as `first` in `dir`, over
+/// what was there (a folder there is removed first). `false` when it cannot be linked (the
+/// caller copies it instead).
+fn link(dir: &OwnedFd, first: &OsStr, to: &OwnedFd, name: &OsStr, serial: u64) -> io::Result<bool> {
+    let temp = free_name(to, serial)?;
+    if rustix::fs::linkat(dir, first, to, &temp, AtFlags::empty()).is_err() {
+        return Ok(false);
+    }
+    if rustix::fs::statat(to, name, AtFlags::SYMLINK_NOFOLLOW)
+        .is_ok_and(|t| kind(&t) == Kind::Folder)
+    {
+        remove(to.as_fd(), name)?;
+    }
+    if let Err(e) = rustix::fs::renameat(to, &temp, to, name) {
+        let _ = rustix::fs::unlinkat(to, &temp, AtFlags::empty());
+        return Err(e.into());
+    }
+    Ok(true)
 }
 
 /// Opens the job's folder or file `name` to read, making it readable by its owner first if the
@@ -579,7 +754,7 @@ fn put(
                 return Err(e);
             }
         };
-        rustix::fs::fchmod(&made, Mode::from_raw_mode(st.st_mode & 0o777))?;
+        rustix::fs::fchmod(&made, Mode::from_raw_mode(st.st_mode & KEPT_MODE))?;
         let times = rustix::fs::Timestamps {
             last_access: rustix::fs::Timespec {
                 tv_sec: st.st_atime,
@@ -707,6 +882,101 @@ fn remove(at: BorrowedFd<'_>, name: &OsStr) -> io::Result<bool> {
 mod tests {
     use super::*;
 
+    /// A bound no test tree comes near.
+    const LOOSE: Bound = Bound {
+        bytes: u64::MAX,
+        entries: u64::MAX,
+    };
+
+    fn fd(path: &Path) -> OwnedFd {
+        open_dir(rustix::fs::CWD, path.as_os_str()).unwrap()
+    }
+
+    #[test]
+    fn hard_links_come_back_as_links_and_are_measured_once() {
+        use std::os::unix::fs::MetadataExt as _;
+        let upper = tempfile::tempdir().unwrap();
+        let target = tempfile::tempdir().unwrap();
+        let u = upper.path();
+        std::fs::create_dir(u.join("d")).unwrap();
+        std::fs::write(u.join("big"), vec![7u8; 1 << 20]).unwrap();
+        for n in 0..20 {
+            std::fs::hard_link(u.join("big"), u.join(format!("d/link-{n}"))).unwrap();
+        }
+        // Measured, the twenty names hold the file's bytes once.
+        let held = std::fs::metadata(u.join("big")).unwrap().blocks() * 512;
+        let snug = Bound {
+            bytes: held,
+            entries: 100,
+        };
+        measure(&fd(u), snug).unwrap();
+        let done = apply(fd(u), fd(target.path()), snug).unwrap();
+        assert_eq!((done.files, done.linked), (21, 20), "{done:?}");
+        assert_eq!(done.bytes, 1 << 20);
+        let first = std::fs::metadata(target.path().join("big")).unwrap();
+        assert_eq!(first.nlink(), 21);
+        let other = std::fs::metadata(target.path().join("d/link-7")).unwrap();
+        assert_eq!(other.ino(), first.ino());
+        // The control: the same tree against a bound of less than the file is refused whole.
+        let tight = Bound {
+            bytes: held - 1,
+            entries: 100,
+        };
+        assert!(matches!(
+            measure(&fd(u), tight),
+            Err(WriteBackError::PastBound {
+                what: "bytes",
+                partial: false,
+                ..
+            })
+        ));
+        let few = Bound {
+            bytes: u64::MAX,
+            entries: 20,
+        };
+        assert!(matches!(
+            measure(&fd(u), few),
+            Err(WriteBackError::PastBound {
+                what: "entries",
+                partial: false,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn no_entry_comes_back_writable_by_others_setuid_or_setgid() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let upper = tempfile::tempdir().unwrap();
+        let target = tempfile::tempdir().unwrap();
+        let u = upper.path();
+        std::fs::create_dir(u.join("open")).unwrap();
+        std::fs::write(u.join("open/f"), "x").unwrap();
+        std::fs::write(u.join("s"), "x").unwrap();
+        let set = |p: &str, mode: u32| {
+            std::fs::set_permissions(u.join(p), std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        std::fs::create_dir(u.join("closed")).unwrap();
+        set("open/f", 0o666);
+        set("s", 0o6777);
+        set("open", 0o1777);
+        set("closed", 0o000);
+        // Measured first, as the write-back does: a folder closed to its owner stays closed.
+        measure(&fd(u), LOOSE).unwrap();
+        apply(fd(u), fd(target.path()), LOOSE).unwrap();
+        let mode = |p: &str| {
+            std::fs::symlink_metadata(target.path().join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        assert_eq!(mode("open/f"), 0o664);
+        assert_eq!(mode("s"), 0o775);
+        assert_eq!(mode("open"), 0o775);
+        assert_eq!(mode("closed"), 0o000);
+    }
+
     fn entries(dir: &Path) -> Vec<String> {
         let mut all: Vec<String> = walk(dir, dir);
         all.sort();
@@ -760,6 +1030,7 @@ mod tests {
         let done = apply(
             open_dir(rustix::fs::CWD, u.as_os_str()).unwrap(),
             open_dir(rustix::fs::CWD, t.as_os_str()).unwrap(),
+            LOOSE,
         )
         .unwrap();
         assert_eq!(
@@ -793,6 +1064,7 @@ mod tests {
         let done = apply(
             open_dir(rustix::fs::CWD, upper.path().as_os_str()).unwrap(),
             open_dir(rustix::fs::CWD, target.path().as_os_str()).unwrap(),
+            LOOSE,
         )
         .unwrap();
         let copy = target.path().join("huge");
@@ -830,6 +1102,7 @@ mod tests {
         let done = apply(
             open_dir(rustix::fs::CWD, u.as_os_str()).unwrap(),
             open_dir(rustix::fs::CWD, target.path().as_os_str()).unwrap(),
+            LOOSE,
         )
         .unwrap();
         assert_eq!(done.skipped, 2);

@@ -18,7 +18,7 @@ use protocol::reason::{Outcome, Reason};
 use sandbox::backend::{Bounds, JobSpec, Network, RunningJob};
 use sandbox::bwrap::{self, Ending};
 use sandbox::cgroup::{Breach, JobCgroup, Limits};
-use sandbox::disk::{Applied, JobDisk};
+use sandbox::disk::{Applied, JobDisk, WriteBackError};
 use sandbox::env::{JobEnv, Parts};
 use sandbox::secrets::Secret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -53,7 +53,7 @@ pub(crate) struct Ended {
     /// What pi's events say was spent, for a job that ends without an exit line.
     events: PiEvents,
     /// Whether what the job wrote on its own disk was copied into its workspace.
-    written_back: Option<std::io::Result<Applied>>,
+    written_back: Option<Result<Applied, WriteBackError>>,
 }
 
 /// A job's view of its workspace, as the id it runs as (uid, gid).
@@ -167,6 +167,27 @@ fn not_kept(r: &mut Record, e: &std::io::Error) {
         )));
         r.fix = Some(reason.fix().to_owned());
     }
+}
+
+/// A completed job whose writes were more than the write-back carries ends for that (a job that
+/// ended otherwise keeps its reason, as for [`not_kept`]): its record names the bound, and
+/// whether the copy stopped part way (the entries written so far stay in the workspace).
+fn too_large(r: &mut Record, past: &WriteBackError) {
+    let WriteBackError::PastBound { partial, .. } = past else {
+        return;
+    };
+    if r.outcome != Outcome::Completed {
+        return;
+    }
+    let reason = Reason::JobWriteBackTooLarge;
+    let state = match partial {
+        false => "nothing was copied into the workspace",
+        true => "the copy stopped there, and what it wrote so far is in the workspace",
+    };
+    r.outcome = reason.outcome();
+    r.reason = Some(reason);
+    r.detail = Some(Detail::new(format!("{past}: {state}")));
+    r.fix = Some(reason.fix().to_owned());
 }
 
 /// Reads the runner's output to its end, off the job's path: its exit line (verified with the
@@ -495,13 +516,13 @@ impl Worker {
         disk: Option<JobDisk>,
         full: bool,
         view: Option<&View>,
-    ) -> Option<std::io::Result<Applied>> {
+    ) -> Option<Result<Applied, WriteBackError>> {
         let (written_back, used) = match disk {
             Some(disk) if !full => {
                 let done = tokio::task::spawn_blocking(move || (disk.write_back(), disk)).await;
                 match done {
                     Ok((r, disk)) => (Some(r), Some(disk)),
-                    Err(e) => (Some(Err(std::io::Error::other(e.to_string()))), None),
+                    Err(e) => (Some(Err(std::io::Error::other(e.to_string()).into())), None),
                 }
             }
             disk => (None, disk),
@@ -667,9 +688,16 @@ impl Worker {
         if !had_line && events.answers() > 0 {
             record.set_usage(&events.usage);
         }
-        if let Some(Err(e)) = &written_back {
-            tracing::warn!(event = "job_write_back_failed", job_id = %draft.job_id(), detail = %e.kind());
-            not_kept(&mut record, e);
+        match &written_back {
+            Some(Err(WriteBackError::Io(e))) => {
+                tracing::warn!(event = "job_write_back_failed", job_id = %draft.job_id(), detail = %e.kind());
+                not_kept(&mut record, e);
+            }
+            Some(Err(past @ WriteBackError::PastBound { .. })) => {
+                tracing::warn!(event = "job_write_back_too_large", job_id = %draft.job_id(), detail = %past);
+                too_large(&mut record, past);
+            }
+            _ => {}
         }
         record.into()
     }

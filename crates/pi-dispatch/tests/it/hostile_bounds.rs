@@ -185,3 +185,82 @@ fn what_a_job_leaves_is_copied_back_as_data() {
     assert!(huge.blocks() * 512 < 1 << 20, "{} blocks", huge.blocks());
     assert!(started.elapsed() < std::time::Duration::from_secs(120));
 }
+
+#[test]
+fn a_hard_link_farm_comes_back_as_links_and_no_entry_comes_back_open_to_all() {
+    // One 40 MiB file under 21 names, on a disk of 64 MiB; a file and a folder open to everyone,
+    // and one setuid.
+    let (record, s) = attacked_in(
+        "head -c 40M /dev/urandom > /workspace/big && mkdir /workspace/farm && \
+         for i in $(seq 20); do ln /workspace/big /workspace/farm/l$i; done && \
+         mkdir /workspace/pub && echo x > /workspace/pub/f && chmod 666 /workspace/pub/f && \
+         chmod 777 /workspace/pub && cp /workspace/pub/f /workspace/s && chmod 4755 /workspace/s && \
+         ls /workspace/farm | wc -l",
+        "PI_JOB_DISK_MB=64\n",
+    );
+    assert_eq!(record["outcome"], "completed", "{record:#}");
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    // The probe ran: the twenty names are there, each the one file.
+    let big = std::fs::metadata(s.repo.join("big")).unwrap();
+    assert_eq!(big.len(), 40 << 20);
+    assert_eq!(big.nlink(), 21, "one file under 21 names, not 21 copies");
+    for i in 1..=20 {
+        let link = std::fs::metadata(s.repo.join(format!("farm/l{i}"))).unwrap();
+        assert_eq!(link.ino(), big.ino());
+    }
+    // What the repository gained is the one file's data.
+    let repo_blocks: u64 = walk_blocks(&s.repo);
+    assert!(
+        repo_blocks * 512 < 48 << 20,
+        "{} MiB",
+        repo_blocks * 512 >> 20
+    );
+    let mode = |p: &str| {
+        std::fs::symlink_metadata(s.repo.join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(mode("pub"), 0o775);
+    assert_eq!(mode("pub/f"), 0o664);
+    assert_eq!(mode("s"), 0o755);
+}
+
+/// The blocks of every file under `dir`, each file (inode) once.
+fn walk_blocks(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let meta = entry.metadata().unwrap();
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else if seen.insert(meta.ino()) {
+                total += meta.blocks();
+            }
+        }
+    }
+    total
+}
+
+#[test]
+fn more_names_than_the_write_back_carries_end_the_job_and_none_comes_back() {
+    // 200,004 names: four files linked 50,000 times each, a few MiB of folder blocks.
+    let attack = "node -e 'const fs = require(\"fs\"); fs.mkdirSync(\"/workspace/names\"); \
+        for (let f = 0; f < 4; f++) { const p = `/workspace/names/f${f}`; fs.writeFileSync(p, \"x\"); \
+        for (let i = 0; i < 50000; i++) fs.linkSync(p, `${p}-${i}`); } \
+        console.log(fs.readdirSync(\"/workspace/names\").length)'";
+    let (record, s) = attacked_in(attack, "PI_JOB_DISK_MB=64\n");
+    assert_eq!(record["reason"], "job-write-back-too-large", "{record:#}");
+    assert_eq!(record["outcome"], "policy", "{record:#}");
+    let why = record["detail"]["why"].as_str().unwrap();
+    assert!(why.contains("entries") && why.contains("200000"), "{why}");
+    assert!(why.contains("nothing was copied"), "{why}");
+    // The probe ran (the names were made in the job), and none reached the repository.
+    let results: Vec<String> = s.model.requests().iter().map(|r| r.last_text()).collect();
+    assert!(results.iter().any(|t| t.contains("200004")), "{results:?}");
+    assert!(!s.repo.join("names").exists());
+}
