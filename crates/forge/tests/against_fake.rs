@@ -66,8 +66,12 @@ async fn the_app_key_mints_the_token_and_another_key_does_not() {
     let (fake, forges) = setup();
     let e = event(Forge::Github);
     let token = forges.mint(&e, forge::Scope::Job).await.unwrap();
-    // Each mint is a token of its own.
+    // Each mint is a token of its own, asked for with the permissions of its scope.
     assert_eq!(token.expose(), format!("{INSTALLATION_TOKEN}-1"));
+    assert_eq!(
+        fake.minted()[0].permissions,
+        Some(forge::Scope::Job.github_permissions())
+    );
     assert_eq!(format!("{token:?}"), "Secret(***)");
     // The request narrows the token to the event's repository.
     let mint = &fake.requests()[0];
@@ -195,7 +199,8 @@ async fn a_clone_and_a_push_carry_the_token_only_in_a_header_and_nothing_is_merg
             &e.repository,
             &[("README.md", "port 8080\n"), ("src/lib.rs", "// lib\n")],
         );
-        let token = forges.mint(&e, forge::Scope::Job).await.unwrap();
+        // One token clones and pushes here: the delivery's, which may write the repository.
+        let token = forges.mint(&e, forge::Scope::Delivery).await.unwrap();
         let url = forges.clone_url(&e).unwrap();
         assert!(!url.contains(token.expose()));
         let auth = Forges::git_authorization(&e, &token);
@@ -394,7 +399,7 @@ async fn a_hostile_tree_is_read_as_data_and_refused_without_waiting() {
     let (fake, forges) = setup();
     let e = event(Forge::Github);
     fake.add_repo("github", &e.repository, &[("README.md", "port 8080\n")]);
-    let token = forges.mint(&e, forge::Scope::Job).await.unwrap();
+    let token = forges.mint(&e, forge::Scope::Delivery).await.unwrap();
     let url = forges.clone_url(&e).unwrap();
     let auth = Forges::git_authorization(&e, &token);
     let dir = tempfile::tempdir().unwrap();

@@ -9,7 +9,8 @@
 //!   holds, kills and waits for;
 //! - the *init*, process 1 of the new pid namespace, makes the mounts private, mounts a `/proc`
 //!   of the namespace (and, for a server, a `/tmp` of its own), limits user namespaces to none
-//!   for the whole job, gives up every capability, starts the program and reaps what is orphaned
+//!   for the whole job, gives up every capability, installs the confined system-call filter
+//!   (`crate::syscalls`), starts the program and reaps what is orphaned
 //!   until the program ends; when it exits, the kernel ends everything left in the namespace;
 //! - the program.
 //!
@@ -142,6 +143,12 @@ pub fn init(c: &Confinement, program: &OsString, args: &[OsString]) -> Result<u8
         source: e,
     })?;
     give_up_capabilities(c.keep_marker)?;
+    // What the program may not call: no namespace and no mount from now on, besides what the
+    // runner refuses every process of the job.
+    crate::syscalls::install(crate::syscalls::Filter::Confined).map_err(|e| ConfineError {
+        step: "the system-call filter",
+        source: std::io::Error::other(e),
+    })?;
     // No process of the namespace may trace its first process (a stopped one would hold the
     // program's end, and the job, for ever): it is not dumpable, which only a capability it
     // does not give them overrides.

@@ -25,6 +25,7 @@ pub mod resolve;
 pub mod rpc;
 mod session;
 pub mod stdio;
+pub mod syscalls;
 pub mod tools;
 mod upstream;
 pub mod wait;

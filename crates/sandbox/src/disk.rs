@@ -100,13 +100,13 @@ impl Prepared {
             image.set_len(limit)?;
         }
         // No journal (the disk lasts one job), no blocks kept for root, inode tables made lazily.
-        let mut mkfs = Command::new(mkfs);
+        let mut mkfs = helper(mkfs);
         mkfs.args(["-q", "-F", "-O", "^has_journal", "-m", "0", "-E"])
             .arg("lazy_itable_init=1,nodiscard")
             .arg(&fs.image);
         run(&mut mkfs, "mkfs.ext4")?;
         std::fs::DirBuilder::new().mode(0o700).create(&fs.mount)?;
-        let mut mount = Command::new(mount);
+        let mut mount = helper(mount);
         mount
             .args(["-t", "ext4", "-o", "loop,nosuid,nodev,noinit_itable"])
             .arg(&fs.image)
@@ -442,6 +442,18 @@ fn run(command: &mut Command, what: &str) -> io::Result<()> {
     } else {
         Err(io::Error::other(format!("{what} failed ({status})")))
     }
+}
+
+/// A host program the worker runs for a job's disk, with an environment of its own (a path to
+/// find its own helpers, nothing of the worker's: the worker's holds the provider's key and what
+/// it forwards to jobs).
+fn helper(program: PathBuf) -> Command {
+    let mut command = Command::new(program);
+    command
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("LC_ALL", "C");
+    command
 }
 
 /// Bytes in use on the file system of `fd`.

@@ -119,6 +119,24 @@ impl Drop for Supervisor {
     }
 }
 
+/// The names of the worker's environment its egress proxy is started with: the deployment's
+/// settings (which the proxy reads as the worker does) but the secret ones, and what a program
+/// needs to run and log. Nothing else of the worker's (the provider's key, what `PI_FORWARD_ENV`
+/// forwards to jobs, the forges' tokens) reaches the proxy's environment.
+fn proxy_environment(
+    env: &dyn Fn(&str) -> Option<std::ffi::OsString>,
+) -> Vec<(&'static str, std::ffi::OsString)> {
+    use config::settings as s;
+    const PROCESS: [&str; 7] = ["PATH", "HOME", "LANG", "LC_ALL", "TZ", "RUST_LOG", "PI_DIR"];
+    let secret = [s::GITLAB_TOKEN_SETTING, s::QUEUE_PASSWORD_SETTING];
+    s::ALL
+        .iter()
+        .filter(|name| !secret.contains(name))
+        .chain(PROCESS.iter())
+        .filter_map(|name| env(name).map(|value| (*name, value)))
+        .collect()
+}
+
 fn answers(client: &Client) -> bool {
     client.ping().is_ok()
 }
@@ -127,7 +145,9 @@ fn answers(client: &Client) -> bool {
 fn start_child(command: &ProxyCommand, client: &Client) -> Result<Option<Child>, StartError> {
     use std::os::unix::process::CommandExt as _;
     let mut cmd = Command::new(&command.program);
-    cmd.args(&command.args)
+    cmd.env_clear()
+        .envs(proxy_environment(&|name| std::env::var_os(name)))
+        .args(&command.args)
         // A group of its own: a Ctrl-C at the worker's terminal drains the worker, whose jobs
         // still need the proxy, and does not reach the proxy too.
         .process_group(0)
@@ -262,5 +282,31 @@ fn watch(
     if let Some(mut c) = child {
         tracing::info!(event = "egress_proxy_stopping", pid = c.id());
         stop_child(&mut c);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proxy_environment;
+
+    #[test]
+    fn the_proxy_gets_the_settings_and_none_of_the_workers_secrets() {
+        let worker = |name: &str| -> Option<std::ffi::OsString> {
+            match name {
+                "PATH" => Some("/usr/bin".into()),
+                "PI_EGRESS_PROXY_DIR" => Some("/run/egress".into()),
+                "PI_GITLAB_TOKEN" | "PI_QUEUE_PASSWORD" | "OPENAI_API_KEY" | "DOCS_TOKEN" => {
+                    Some("cnry-secret".into())
+                }
+                _ => None,
+            }
+        };
+        let env = proxy_environment(&worker);
+        let names: Vec<&str> = env.iter().map(|(n, _)| *n).collect();
+        assert!(
+            names.contains(&"PATH") && names.contains(&"PI_EGRESS_PROXY_DIR"),
+            "{names:?}"
+        );
+        assert!(env.iter().all(|(_, v)| v != "cnry-secret"), "{names:?}");
     }
 }

@@ -80,6 +80,8 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     // user) may read its environment or memory through /proc, or attach to it.
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         .map_err(|e| anyhow::anyhow!("the runner cannot protect its memory ({e})"))?;
+    // What no process of the job may call, from before anything of the job runs.
+    hub::syscalls::install(hub::syscalls::Filter::Runner).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut key = String::new();
     std::io::stdin().lock().read_line(&mut key)?;
     let key = key.trim_end_matches(['\n', '\r']).to_owned();

@@ -159,9 +159,21 @@ fn the_worker_starts_its_proxy_starts_it_again_and_stops_it() {
 #[test]
 fn a_worker_killed_outright_takes_its_proxy_with_it() {
     let d = egress_on();
-    let mut worker = Logged::start(d.command(&["worker", "--poll-ms", "100"]));
+    // Canaries in the worker's environment: a provider's key, a variable forwarded to jobs. The
+    // proxy the worker starts is started with neither.
+    let mut cmd = d.command(&["worker", "--poll-ms", "100"]);
+    cmd.env("OPENAI_API_KEY", "cnry-worker-key-41")
+        .env("DOCS_TOKEN", "cnry-forwarded-42");
+    let mut worker = Logged::start(cmd);
     worker.wait_for("egress_proxy_child_started");
     let proxy = proxy_pid(&d).unwrap();
+    let environ = std::fs::read(format!("/proc/{proxy}/environ")).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(
+        environ.contains("PATH="),
+        "the control: the proxy's environment was read"
+    );
+    assert!(!environ.contains("cnry-"), "{environ}");
     signal(worker.child.id(), "KILL");
     let _ = worker.finish();
     wait_for(Duration::from_secs(10), "the proxy's end", || !alive(proxy));

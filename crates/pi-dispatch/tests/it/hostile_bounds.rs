@@ -213,7 +213,7 @@ fn a_hard_link_farm_comes_back_as_links_and_no_entry_comes_back_open_to_all() {
     assert!(
         repo_blocks * 512 < 48 << 20,
         "{} MiB",
-        repo_blocks * 512 >> 20
+        (repo_blocks * 512) >> 20
     );
     let mode = |p: &str| {
         std::fs::symlink_metadata(s.repo.join(p))

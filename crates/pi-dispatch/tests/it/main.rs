@@ -23,6 +23,7 @@ mod hostile_post;
 mod hostile_publish;
 mod hostile_report;
 mod hostile_spend;
+mod hostile_syscalls;
 mod hostile_token;
 mod import_pi;
 mod init;
