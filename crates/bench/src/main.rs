@@ -60,6 +60,7 @@ mod queues;
 mod record_store;
 mod sandbox_start;
 mod stats;
+mod syscalls;
 mod webhooks;
 
 use std::hint::black_box;
@@ -132,6 +133,22 @@ struct Args {
     /// Worker threads draining the queue, each with its own handle on the file.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     queue_workers: u32,
+    /// Measure only what the job's system-call filters add to a program's start (`/bin/true` and
+    /// `node -e 0`, filtered and not), then stop.
+    #[arg(long)]
+    syscalls: bool,
+    /// Timed runs of each side of the filters' measurement (after as many untimed as
+    /// `--sandbox-warm-up`).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    syscalls_runs: u32,
+    /// The filters' measurement's child: start the program after `--` (with the filters when
+    /// `--syscalls-filtered`).
+    #[arg(long, hide = true)]
+    syscalls_child: bool,
+    #[arg(long, hide = true)]
+    syscalls_filtered: bool,
+    #[arg(last = true, hide = true)]
+    program: Vec<std::ffi::OsString>,
     /// Also measure the sandbox's start: `/bin/true` and `node -e 0`, bare and in bubblewrap.
     #[arg(long)]
     sandbox: bool,
@@ -244,6 +261,29 @@ struct ProcessFigures {
     runner_rss_kib: u64,
 }
 
+/// `--syscalls`: the filters' measurement alone, printed or as JSON.
+fn syscall_figures(args: &Args, node_modules: &Path) -> anyhow::Result<()> {
+    let mut figures = vec![syscalls::measure(
+        &["/bin/true"],
+        args.syscalls_runs,
+        args.sandbox_warm_up,
+    )?];
+    if let Some(node) = syscalls::node(node_modules) {
+        figures.push(syscalls::measure(
+            &[&node, "-e", "0"],
+            args.syscalls_runs,
+            args.sandbox_warm_up,
+        )?);
+    }
+    if args.json {
+        let all: Vec<Value> = figures.iter().map(syscalls::SyscallFigures::json).collect();
+        println!("{}", json!({ "syscalls": all }));
+    } else {
+        figures.iter().for_each(syscalls::SyscallFigures::print);
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     match run(&Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -261,6 +301,12 @@ fn run(args: &Args) -> anyhow::Result<()> {
     };
     if args.hub_memory_runner {
         return mcp_hub::memory_runner(&node_modules);
+    }
+    if args.syscalls_child {
+        return syscalls::child(args.syscalls_filtered, &args.program);
+    }
+    if args.syscalls {
+        return syscall_figures(args, &node_modules);
     }
     let bin = match &args.bin {
         Some(path) => path.clone(),
