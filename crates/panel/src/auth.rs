@@ -14,21 +14,25 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq as _;
 
 use crate::Panel;
+use crate::client::Client;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "pi_panel";
 /// How long a session lasts.
 const SESSION_FOR: Duration = Duration::from_secs(12 * 3600);
 
-/// Wrong tokens taken in a minute before the login refuses to look.
+/// Wrong tokens taken from one client in a minute before the panel refuses to look at its next.
 const WRONG_PER_MINUTE: usize = 20;
+/// The most clients whose wrong tokens are remembered; past it, the one seen longest ago is
+/// forgotten first.
+const MAX_CLIENTS: usize = 10_000;
 
 /// The token's digest and the open sessions.
 pub struct Sessions {
     digest: [u8; 32],
     open: Mutex<HashMap<String, Session>>,
-    /// When the last wrong tokens were given.
-    wrong: Mutex<std::collections::VecDeque<Instant>>,
+    /// When each client last gave wrong tokens, at the login form or as a bearer alike.
+    wrong: Mutex<HashMap<std::net::IpAddr, std::collections::VecDeque<Instant>>>,
 }
 
 struct Session {
@@ -46,28 +50,61 @@ impl Sessions {
         Sessions {
             digest: Sha256::digest(token.as_bytes()).into(),
             open: Mutex::new(HashMap::new()),
-            wrong: Mutex::new(std::collections::VecDeque::new()),
+            wrong: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Whether too many wrong tokens came in the last minute (forgetting older ones).
-    fn too_many_wrong(&self) -> bool {
+    /// Whether `client` gave too many wrong tokens in the last minute (forgetting older ones).
+    fn too_many_wrong(&self, client: &Client) -> bool {
         let mut wrong = self.wrong.lock().unwrap_or_else(PoisonError::into_inner);
-        while wrong
+        let Some(times) = wrong.get_mut(&client.key) else {
+            return false;
+        };
+        while times
             .front()
             .is_some_and(|t| t.elapsed() > Duration::from_secs(60))
         {
-            wrong.pop_front();
+            times.pop_front();
         }
-        wrong.len() >= WRONG_PER_MINUTE
+        times.len() >= WRONG_PER_MINUTE
     }
 
-    /// Counts a wrong token.
-    fn note_wrong(&self) {
-        self.wrong
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push_back(Instant::now());
+    /// Counts a wrong token of `client`.
+    fn note_wrong(&self, client: &Client) {
+        let mut wrong = self.wrong.lock().unwrap_or_else(PoisonError::into_inner);
+        if wrong.len() >= MAX_CLIENTS && !wrong.contains_key(&client.key) {
+            let minute = Duration::from_secs(60);
+            wrong.retain(|_, t| t.back().is_some_and(|t| t.elapsed() <= minute));
+            if wrong.len() >= MAX_CLIENTS
+                && let Some(oldest) = wrong
+                    .iter()
+                    .min_by_key(|(_, t)| t.back().copied())
+                    .map(|(k, _)| *k)
+            {
+                wrong.remove(&oldest);
+            }
+        }
+        let times = wrong.entry(client.key).or_default();
+        times.push_back(Instant::now());
+        if times.len() > WRONG_PER_MINUTE {
+            times.pop_front();
+        }
+    }
+
+    /// Checks `given` as the token for `client`, through the one throttle of every way in (`via`:
+    /// the login form, or a bearer): `Throttled` without looking when the client gave too many
+    /// wrong ones in the last minute; a wrong one counted and logged.
+    pub fn check(&self, client: &Client, given: &str, via: &'static str) -> Checked {
+        if self.too_many_wrong(client) {
+            tracing::warn!(event = "panel_token_throttled", via, client = %client.key);
+            return Checked::Throttled;
+        }
+        if self.is_token(given) {
+            return Checked::Right;
+        }
+        self.note_wrong(client);
+        tracing::warn!(event = "panel_token_refused", via, client = %client.key);
+        Checked::Wrong
     }
 
     /// Whether `given` is the token (digests compared in constant time; an empty token is none).
@@ -107,6 +144,15 @@ impl Sessions {
     }
 }
 
+/// What a token given at a way in was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checked {
+    Right,
+    Wrong,
+    /// Not looked at: the client gave too many wrong ones in the last minute.
+    Throttled,
+}
+
 /// The session cookie of a request.
 fn session_id(headers: &HeaderMap) -> Option<String> {
     headers
@@ -135,14 +181,29 @@ impl FromRequestParts<Arc<Panel>> for Authed {
     }
 }
 
-/// Whether the request may read the metrics: a session, or the token as a bearer.
-pub fn may_read_metrics(panel: &Panel, headers: &HeaderMap) -> bool {
+/// Whether the request may read the metrics: a session, or the token as a bearer (counted with
+/// the login form's wrong tokens, per client).
+pub fn may_read_metrics(panel: &Panel, headers: &HeaderMap, client: &Client) -> Checked {
+    if session_id(headers).is_some_and(|id| panel.sessions.csrf_of(&id).is_some()) {
+        return Checked::Right;
+    }
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    bearer.is_some_and(|t| panel.sessions.is_token(t))
-        || session_id(headers).is_some_and(|id| panel.sessions.csrf_of(&id).is_some())
+    match bearer {
+        Some(token) => panel.sessions.check(client, token, "bearer"),
+        None => Checked::Wrong,
+    }
+}
+
+/// The session cookie's attributes: `Secure` when the panel was reached over TLS.
+fn cookie_attributes(client: &Client) -> &'static str {
+    if client.tls {
+        "HttpOnly; SameSite=Strict; Secure; Path=/"
+    } else {
+        "HttpOnly; SameSite=Strict; Path=/"
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -159,39 +220,48 @@ pub async fn login_page() -> Response {
     axum::response::Html(crate::view::login(None).into_string()).into_response()
 }
 
-pub async fn login(State(panel): State<Arc<Panel>>, Form(form): Form<LoginForm>) -> Response {
-    if panel.sessions.too_many_wrong() {
-        tracing::warn!(event = "panel_login_throttled");
-        return (
-            StatusCode::TOO_MANY_REQUESTS,
-            axum::response::Html(
-                crate::view::login(Some(
-                    "Too many wrong tokens in the last minute: try again in a minute.",
-                ))
-                .into_string(),
-            ),
+pub async fn login(
+    State(panel): State<Arc<Panel>>,
+    client: Client,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    let refused = |status: StatusCode, why: &str| {
+        (
+            status,
+            axum::response::Html(crate::view::login(Some(why)).into_string()),
         )
-            .into_response();
+            .into_response()
+    };
+    // A form posted from another site's page (which could lock the operator out, or log them in
+    // to a session of the attacker's choosing) is not looked at.
+    if !crate::client::same_site(&headers) {
+        tracing::warn!(event = "panel_login_cross_site", client = %client.key);
+        return refused(
+            StatusCode::FORBIDDEN,
+            "This form was posted from another site's page.",
+        );
     }
-    if !panel.sessions.is_token(&form.token) {
-        panel.sessions.note_wrong();
-        tracing::warn!(event = "panel_login_refused");
-        return (
-            StatusCode::UNAUTHORIZED,
-            axum::response::Html(
-                crate::view::login(Some("That is not the panel's token.")).into_string(),
-            ),
-        )
-            .into_response();
+    match panel.sessions.check(&client, &form.token, "login") {
+        Checked::Throttled => {
+            return refused(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many wrong tokens in the last minute: try again in a minute.",
+            );
+        }
+        Checked::Wrong => {
+            return refused(StatusCode::UNAUTHORIZED, "That is not the panel's token.");
+        }
+        Checked::Right => {}
     }
     let Some((id, _)) = panel.sessions.open() else {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
-    tracing::info!(event = "panel_login");
+    tracing::info!(event = "panel_login", client = %client.key);
     (
         [(
             header::SET_COOKIE,
-            format!("{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/"),
+            format!("{COOKIE}={id}; {}", cookie_attributes(&client)),
         )],
         Redirect::to("/"),
     )
@@ -241,11 +311,23 @@ mod tests {
         assert_eq!(s.csrf_of(&id).as_deref(), Some(csrf.as_str()));
         s.close(&id);
         assert_eq!(s.csrf_of(&id), None);
+        let client = |ip: &str| Client {
+            key: ip.parse().unwrap(),
+            tls: false,
+        };
+        let (guesser, operator) = (client("192.0.2.1"), client("192.0.2.2"));
         for _ in 0..WRONG_PER_MINUTE {
-            assert!(!s.too_many_wrong());
-            s.note_wrong();
+            assert_eq!(s.check(&guesser, "wrong", "login"), Checked::Wrong);
         }
-        assert!(s.too_many_wrong());
+        // Counted for the one client, at every way in; the other's right token still opens.
+        assert_eq!(
+            s.check(&guesser, "CNRY-panel-token-1", "bearer"),
+            Checked::Throttled
+        );
+        assert_eq!(
+            s.check(&operator, "CNRY-panel-token-1", "login"),
+            Checked::Right
+        );
         let mut headers = HeaderMap::new();
         headers.insert(
             header::COOKIE,

@@ -5,13 +5,16 @@
 //! "Refresh" link and never reloads by itself). Everything but the login page needs
 //! the operator's token (`PI_PANEL_TOKEN`): it is posted once to `/login`, compared in constant
 //! time with its digest (the panel keeps no copy of the token), and a session cookie (HttpOnly,
-//! SameSite=Strict) stands for it afterwards. The one action, cancelling a job, also needs the
-//! session's CSRF token in its form. `/metrics` takes the session or the token as a bearer.
+//! SameSite=Strict, and Secure behind a TLS proxy the operator names) stands for it afterwards.
+//! The actions also need the session's CSRF token in their forms. `/metrics` takes the session or
+//! the token as a bearer. Wrong tokens at either way in count together, per client, and a login
+//! form posted from another site is refused.
 //!
 //! On the job's path: after it: the operator watches the queue and reads the records.
 
 mod auth;
 mod charts;
+pub mod client;
 mod metrics;
 mod pages;
 mod transcript_view;
@@ -61,6 +64,8 @@ pub struct Config {
     /// Queues a job that runs an ended job again (through the admission): the new job's id, or
     /// why not.
     pub rerun: Rerun,
+    /// The proxies believed about the client and TLS (`PI_PANEL_TRUSTED_PROXIES`).
+    pub trusted_proxies: Vec<std::net::IpAddr>,
 }
 
 /// What the panel's "Run again" button does.
@@ -77,6 +82,7 @@ pub(crate) struct Panel {
     disk: metrics::DiskGauges,
     worker_gone_after: std::time::Duration,
     rerun: Rerun,
+    trusted_proxies: Vec<std::net::IpAddr>,
 }
 
 /// The one style sheet.
@@ -99,7 +105,8 @@ async fn js() -> Response {
 
 /// Every answer: nothing runs in the page but what it is (the panel's own script file and style
 /// sheet, nothing inline, images from the panel only, forms only to it), it is never framed,
-/// sniffed, cached or referred.
+/// sniffed, cached or referred elsewhere (a browser names the panel's own origin on its own
+/// forms, which the login checks, and nothing to other sites).
 async fn guard(mut response: Response) -> Response {
     let headers = response.headers_mut();
     for (name, value) in [
@@ -109,7 +116,7 @@ async fn guard(mut response: Response) -> Response {
         ),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::X_FRAME_OPTIONS, "DENY"),
-        (header::REFERRER_POLICY, "no-referrer"),
+        (header::REFERRER_POLICY, "same-origin"),
         (header::CACHE_CONTROL, "no-store"),
     ] {
         headers.insert(name, HeaderValue::from_static(value));
@@ -134,8 +141,10 @@ pub async fn serve(
         disk: metrics::DiskGauges::default(),
         worker_gone_after: config.worker_gone_after,
         rerun: config.rerun,
+        trusted_proxies: config.trusted_proxies,
     });
-    axum::serve(listener, router(panel))
+    let service = router(panel).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, service)
         .with_graceful_shutdown(shutdown)
         .await
 }

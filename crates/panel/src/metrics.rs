@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use records::workers::WorkerShown;
 
 use crate::Panel;
-use crate::auth::may_read_metrics;
+use crate::auth::{Checked, may_read_metrics};
 
 /// The queue's gauges; `None` when the queue cannot be read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -199,14 +199,28 @@ fn queue_gauges(queue: &dyn queue::Queue, gone_after: std::time::Duration) -> Op
     Some(g)
 }
 
-pub async fn metrics(State(panel): State<Arc<Panel>>, headers: HeaderMap) -> Response {
-    if !may_read_metrics(&panel, &headers) {
-        return (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            "the metrics need the panel's token as a bearer token\n",
-        )
-            .into_response();
+pub async fn metrics(
+    State(panel): State<Arc<Panel>>,
+    client: crate::client::Client,
+    headers: HeaderMap,
+) -> Response {
+    match may_read_metrics(&panel, &headers, &client) {
+        Checked::Right => {}
+        Checked::Wrong => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "the metrics need the panel's token as a bearer token\n",
+            )
+                .into_response();
+        }
+        Checked::Throttled => {
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many wrong tokens from this client in the last minute\n",
+            )
+                .into_response();
+        }
     }
     let p = panel.clone();
     let text = tokio::task::spawn_blocking(move || {

@@ -1,9 +1,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 //! The panel over real HTTP on loopback, with a real SQLite queue and records in files: nothing
-//! but the login page without the token, a wrong token refused, the token nowhere in what is
-//! served, hostile names and text shown as text, the cancel's CSRF check, and `/metrics` read by
-//! a Prometheus text-format parser with counts that match the records.
+//! but the login page without the token, a wrong token refused, wrong tokens at the form and as a
+//! bearer throttled together per client (another client's right token still opens), a login
+//! posted from another site refused, the cookie `Secure` behind a named TLS proxy, the token
+//! nowhere in what is served, hostile names and text shown as text, the cancel's CSRF check, and
+//! `/metrics` read by a Prometheus text-format parser with counts that match the records.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -224,6 +226,11 @@ fn card(id: &str, labels: &[&str], running: u32) -> queue::WorkerCard {
 }
 
 async fn serve() -> Served {
+    serve_behind(Vec::new()).await
+}
+
+/// The panel, believing `trusted_proxies` about the client and TLS.
+async fn serve_behind(trusted_proxies: Vec<std::net::IpAddr>) -> Served {
     let dir = tempfile::tempdir().unwrap();
     let queue = Arc::new(queue::SqliteQueue::open(&dir.path().join("queue.sqlite")).unwrap());
     let records = Arc::new(Records::sqlite(&dir.path().join("queue.sqlite")).unwrap());
@@ -247,6 +254,7 @@ async fn serve() -> Served {
             "run-good" => Ok("rerun-of-good".to_owned()),
             _ => Err(format!("the job would be refused: <b>{id}</b> stays")),
         }),
+        trusted_proxies,
     };
     tokio::spawn(panel::serve(listener, config, std::future::pending()));
     Served {
@@ -506,7 +514,7 @@ async fn the_workers_are_listed_and_the_health_page_fails_when_none_is_live() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn twenty_wrong_tokens_in_a_minute_close_the_login_for_everyone() {
+async fn twenty_wrong_tokens_in_a_minute_close_the_login_to_their_client() {
     let s = serve().await;
     for n in 0..20 {
         let (status, _, _) = s
@@ -514,7 +522,7 @@ async fn twenty_wrong_tokens_in_a_minute_close_the_login_for_everyone() {
             .await;
         assert_eq!(status, StatusCode::UNAUTHORIZED, "guess {n}");
     }
-    // Now even the right token is not looked at, and no session opens.
+    // Now even the right token is not looked at from that client, and no session opens.
     let (status, headers, body) = s.post("/login", None, &[("token", TOKEN)]).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert!(!headers.contains_key("set-cookie"));
@@ -970,4 +978,165 @@ async fn metrics_parse_as_prometheus_text_and_count_what_the_records_hold() {
     let (status, headers, _) = s.get("/metrics", Some(&cookie)).await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers["content-type"].starts_with("text/plain; version=0.0.4"));
+}
+
+/// A client whose connections come from `ip` (a loopback address of its own).
+fn client_from(ip: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .local_address(ip.parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap()
+}
+
+/// What the panel logged, for the tests that look (one subscriber for the test binary).
+fn logged() -> String {
+    use std::sync::{Mutex, OnceLock};
+    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    let log = LOG.get_or_init(|| {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || Sink(sink.clone()))
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        log
+    });
+    String::from_utf8_lossy(&log.lock().unwrap()).into_owned()
+}
+
+struct Sink(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_tokens_count_per_client_at_the_form_and_as_a_bearer_alike() {
+    logged();
+    let s = serve().await;
+    let guesser = client_from("127.0.0.1");
+    let metrics = |client: &reqwest::Client, token: &str| {
+        client
+            .get(s.url("/metrics"))
+            .header("authorization", format!("Bearer {token}"))
+            .send()
+    };
+    // The control: the right bearer reads the metrics.
+    assert_eq!(
+        metrics(&guesser, TOKEN).await.unwrap().status(),
+        StatusCode::OK
+    );
+    // Twenty wrong guesses as a bearer, each refused and logged.
+    for n in 0..20 {
+        let guess = format!("wrong-{n}");
+        assert_eq!(
+            metrics(&guesser, &guess).await.unwrap().status(),
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    assert!(
+        logged().contains("panel_token_refused") && logged().contains("bearer"),
+        "{}",
+        logged()
+    );
+    // Then that client is throttled at every way in, the right token included.
+    assert_eq!(
+        metrics(&guesser, TOKEN).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let form = guesser
+        .post(s.url("/login"))
+        .form(&[("token", TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(form.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(logged().contains("panel_token_throttled"), "{}", logged());
+    // Another client's right token still opens the panel.
+    let operator = client_from("127.0.0.2");
+    let login = operator
+        .post(s.url("/login"))
+        .form(&[("token", TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        metrics(&operator, TOKEN).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_posted_from_another_site_is_refused_and_counts_for_nothing() {
+    let s = serve().await;
+    for _ in 0..25 {
+        let cross = s
+            .http
+            .post(s.url("/login"))
+            .header("origin", "https://evil.example")
+            .form(&[("token", "a-guess")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(cross.status(), StatusCode::FORBIDDEN);
+        assert!(!cross.headers().contains_key("set-cookie"));
+    }
+    // The right token from another site is refused too (no session it could plant).
+    let planted = s
+        .http
+        .post(s.url("/login"))
+        .header("referer", "https://evil.example/page")
+        .form(&[("token", TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(planted.status(), StatusCode::FORBIDDEN);
+    // The control: the panel's own page, named as the origin, logs in.
+    let own = s
+        .http
+        .post(s.url("/login"))
+        .header("origin", format!("http://{}", s.addr))
+        .form(&[("token", TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(own.status(), StatusCode::SEE_OTHER);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cookie_is_secure_behind_a_tls_proxy_the_operator_names() {
+    let s = serve_behind(vec!["127.0.0.1".parse().unwrap()]).await;
+    let login = |client: reqwest::Client| {
+        let url = s.url("/login");
+        async move {
+            client
+                .post(url)
+                .header("x-forwarded-proto", "https")
+                .header("x-forwarded-for", "198.51.100.7")
+                .form(&[("token", TOKEN)])
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let through_proxy = login(client_from("127.0.0.1")).await;
+    assert_eq!(through_proxy.status(), StatusCode::SEE_OTHER);
+    let cookie = through_proxy.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(cookie.contains("; Secure"), "{cookie}");
+    // A peer that is not the named proxy is not believed.
+    let direct = login(client_from("127.0.0.2")).await;
+    let cookie = direct.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(!cookie.contains("Secure"), "{cookie}");
 }

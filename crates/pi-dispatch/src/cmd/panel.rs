@@ -42,6 +42,16 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         panel::LISTEN_SETTING,
         panel::DEFAULT_LISTEN,
     )?;
+    let proxies = ctx
+        .environment()?
+        .get(panel::client::TRUSTED_PROXIES_SETTING)
+        .unwrap_or_default();
+    let trusted_proxies = panel::client::trusted_proxies(&proxies).map_err(|n| {
+        anyhow::anyhow!(
+            "{}: entry {n} is not an IP address (the proxies the panel believes about the client, by commas)",
+            panel::client::TRUSTED_PROXIES_SETTING
+        )
+    })?;
     let dir = ctx.dir.clone();
     let last: Mutex<Option<(Instant, Vec<panel::Health>)>> = Mutex::new(None);
     let health = move || {
@@ -63,6 +73,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         health: Arc::new(health),
         state_dir: ctx.dir.join("state"),
         worker_gone_after: settings.worker_gone_after(),
+        trusted_proxies,
         rerun: {
             let dir = ctx.dir.clone();
             Arc::new(move |id: &str| {

@@ -210,7 +210,7 @@ fn an_operator_logs_in_reads_the_runs_and_cancels_a_queued_job_in_a_browser() {
     }
     assert_eq!(processes_with(TOKEN, 0), vec![]);
     let log = panel.log();
-    assert!(log.contains("panel_login_refused"), "{log}");
+    assert!(log.contains("panel_token_refused"), "{log}");
     assert!(!log.contains(TOKEN), "the token is in the panel's log");
     assert!(
         !log.contains(MODEL_KEY),
