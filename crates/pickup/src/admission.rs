@@ -1317,6 +1317,14 @@ fn forge_workspace(i: &Inputs) -> Step<Workspace> {
             Detail::new(format!("a {} job without its forge event", job.kind)).field("event"),
         ));
     };
+    // The names the worker builds URLs and paths from, held to the forge's grammar (a saved or
+    // older event included).
+    if let Err(invalid) = protocol::forge_names::check(event) {
+        return Err(refuse_plain(
+            Reason::JobUnreadable,
+            Detail::new(invalid.to_string()).field(format!("event.{}", invalid.0)),
+        ));
+    }
     match (&job.flow, &job.command) {
         (Some(flow), None) if Flow::parse(flow).is_some() => {}
         (_, Some(_)) => {

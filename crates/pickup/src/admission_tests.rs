@@ -1192,6 +1192,15 @@ fn a_forge_job_works_in_a_clone_of_its_own_as_the_forge_job_user() {
 fn a_forge_job_needs_its_event_a_forge_flow_and_the_forge_set_up() {
     let r = github_refused_by(Reason::JobUnreadable, None, |w| w.job.event = None);
     assert_eq!(r.detail.field.as_deref(), Some("event"));
+    // A name the worker would build a URL or a path from, outside the forge's grammar.
+    let r = github_refused_by(Reason::JobUnreadable, None, |w| {
+        w.job.event.as_mut().unwrap().repository = "octo-org/hello/../../app".into();
+    });
+    assert_eq!(
+        r.detail.field.as_deref(),
+        Some("event.repository.full_name")
+    );
+    assert!(!r.detail.why.contains(".."), "{r:?}");
     // An event of the other forge is not this job's.
     github_refused_by(Reason::JobUnreadable, None, |w| {
         w.job.event = Some(forge_event(protocol::forge_event::Forge::Gitlab));

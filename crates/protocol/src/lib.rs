@@ -11,6 +11,7 @@ pub mod detail;
 pub mod egress;
 pub mod exit_line;
 pub mod forge_event;
+pub mod forge_names;
 pub mod ids;
 pub mod image;
 pub mod job;

@@ -14,7 +14,7 @@ pub const SIGNATURE_HEADER: &str = "x-hub-signature-256";
 /// Reads one delivery of event `event` (the `X-GitHub-Event` header).
 pub fn parse(event: &str, delivery: &str, body: &[u8]) -> Result<Parsed, Unreadable> {
     let p = Payload::parse(body)?;
-    match event {
+    let parsed = match event {
         "ping" => Ok(Parsed::Ping),
         "issues" => item(&p, delivery, false),
         "pull_request" => item(&p, delivery, true),
@@ -23,7 +23,8 @@ pub fn parse(event: &str, delivery: &str, body: &[u8]) -> Result<Parsed, Unreada
             "GitHub's {} event is not one a trigger can name",
             shown(other)
         ))),
-    }
+    };
+    crate::payload::valid(parsed)
 }
 
 /// An event name as a log may show it: GitHub's are lowercase words and `_`.

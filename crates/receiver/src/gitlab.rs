@@ -18,7 +18,7 @@ pub const TOKEN_HEADER: &str = "x-gitlab-token";
 /// Reads one delivery of event `event` (the `X-Gitlab-Event` header).
 pub fn parse(event: &str, delivery: &str, body: &[u8]) -> Result<Parsed, Unreadable> {
     let p = Payload::parse(body)?;
-    match event {
+    let parsed = match event {
         "Issue Hook" => issue(&p, delivery),
         "Merge Request Hook" => merge_request(&p, delivery),
         "Note Hook" => note(&p, delivery),
@@ -28,7 +28,8 @@ pub fn parse(event: &str, delivery: &str, body: &[u8]) -> Result<Parsed, Unreada
         _ => Ok(Parsed::Ignored(
             "this GitLab event is not one a trigger can name".to_owned(),
         )),
-    }
+    };
+    crate::payload::valid(parsed)
 }
 
 /// The labels the update added (`changes.labels`), by title.

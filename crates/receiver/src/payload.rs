@@ -23,6 +23,18 @@ pub enum Unreadable {
     NotJson,
     #[error("the payload has no {0} of the right type")]
     Missing(&'static str),
+    /// A name the worker would build URLs and paths from, outside the forge's own grammar.
+    #[error("{0}")]
+    Invalid(#[from] protocol::forge_names::Invalid),
+}
+
+/// An event held to the forge's grammar for the names the worker builds from
+/// (`protocol::forge_names`): a delivery with any other is unreadable, naming the field.
+pub fn valid(parsed: Result<Parsed, Unreadable>) -> Result<Parsed, Unreadable> {
+    if let Ok(Parsed::Event(event)) = &parsed {
+        protocol::forge_names::check(event)?;
+    }
+    parsed
 }
 
 /// The parsed body.

@@ -436,3 +436,51 @@ async fn a_forge_without_its_secret_takes_no_webhook() {
     );
     assert!(queue.status(SystemTime::now(), 0).unwrap().open.is_empty());
 }
+
+#[tokio::test]
+async fn a_repository_name_outside_the_forges_grammar_is_refused_with_its_field_named() {
+    let r = start(Duration::from_secs(10)).await;
+    let body = fixture("github-issues-labeled.json");
+    let mut event: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    for (n, name) in [
+        "octo-org/hello-world/../../../app/installations",
+        "../../octo-org/hello-world",
+        "octo-org/hello\nworld",
+        "octo-org/hello world",
+    ]
+    .iter()
+    .enumerate()
+    {
+        event["repository"]["full_name"] = serde_json::json!(name);
+        let odd = serde_json::to_vec(&event).unwrap();
+        let (status, a) = r.signed("issues", &format!("d-odd-{n}"), &odd).await;
+        assert_eq!(
+            (status, a["outcome"].as_str()),
+            (400, Some("bad-payload")),
+            "{a}"
+        );
+        let why = a["why"].as_str().unwrap();
+        assert!(why.contains("repository.full_name"), "{why}");
+        assert!(
+            !why.contains("installations") && !why.contains(".."),
+            "{why}"
+        );
+    }
+    // A default branch git would not take, and an item numbered zero.
+    event["repository"]["full_name"] = serde_json::json!("octo-org/hello");
+    event["repository"]["default_branch"] = serde_json::json!("main..x");
+    let (status, a) = r
+        .signed(
+            "issues",
+            "d-odd-branch",
+            &serde_json::to_vec(&event).unwrap(),
+        )
+        .await;
+    assert_eq!(status, 400, "{a}");
+    assert!(a["why"].as_str().unwrap().contains("default branch"), "{a}");
+    assert!(r.queued().is_empty());
+    // The control: the real name queues.
+    let (status, a) = r.signed("issues", "d-real", &body).await;
+    assert_eq!(status, 202, "{a}");
+    assert_eq!(r.queued().len(), 1);
+}
