@@ -12,13 +12,12 @@
 //!
 //! Pure.
 
-/// The text, made inert.
+/// The text, made inert. A line ends at LF, CR or CRLF alike, as CommonMark ends one, and each
+/// ending is written as the text had it.
 pub fn markdown(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 16);
-    for (i, line) in text.split('\n').enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
+    for (ending, line) in lines(text) {
+        out.push_str(ending);
         let indent = line.len() - line.trim_start_matches([' ', '\t']).len();
         let (lead, rest) = line.split_at(indent);
         out.push_str(lead);
@@ -26,6 +25,47 @@ pub fn markdown(text: &str) -> String {
             out.push('\\');
         }
         push_line(&mut out, rest);
+    }
+    out
+}
+
+/// The lines of `text`, each with the line ending before it (empty for the first): LF, CR or CRLF.
+fn lines(text: &str) -> Vec<(&str, &str)> {
+    let mut out = Vec::new();
+    let mut ending = "";
+    let mut rest = text;
+    loop {
+        match rest.find(['\r', '\n']) {
+            None => {
+                out.push((ending, rest));
+                return out;
+            }
+            Some(at) => {
+                out.push((ending, &rest[..at]));
+                let len = if rest[at..].starts_with("\r\n") { 2 } else { 1 };
+                ending = &rest[at..at + len];
+                rest = &rest[at + len..];
+            }
+        }
+    }
+}
+
+/// Text a stranger wrote (an issue, a comment) as it goes into the agent's prompt: every line
+/// ending (CR, CRLF) as LF; control characters but LF and tab, and the invisible characters that
+/// reorder or hide text (bidirectional overrides and isolates, zero-width ones), written as
+/// `\u{…}` escapes, so the agent reads what a person sees, and no terminal that shows the prompt
+/// acts on it.
+pub fn prompt_text(text: &str) -> String {
+    let text = text.replace("\r\n", "\n").replace('\r', "\n");
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let hidden = matches!(c,
+            '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}');
+        if (c.is_control() && !matches!(c, '\n' | '\t')) || hidden {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
     }
     out
 }
@@ -65,6 +105,29 @@ fn push_line(out: &mut String, line: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_line_ends_at_cr_crlf_and_lf_alike() {
+        let text = "ok\r/close\r\n/merge\n/approve\r";
+        let inert = markdown(text);
+        assert_eq!(inert, "ok\r\\/close\r\n\\/merge\n\\/approve\r");
+        // No line, however it ends, starts with a command.
+        assert!(
+            inert
+                .split(['\r', '\n'])
+                .all(|l| !l.trim_start().starts_with('/'))
+        );
+    }
+
+    #[test]
+    fn what_a_stranger_wrote_reaches_the_prompt_escaped_where_it_is_invisible() {
+        let text = "title \u{1b}[31mred\u{1b}[0m and \u{202E}txt.exe\u{202C}\nline\ttab\r";
+        assert_eq!(
+            prompt_text(text),
+            "title \\u{1b}[31mred\\u{1b}[0m and \\u{202e}txt.exe\\u{202c}\nline\ttab\n"
+        );
+        assert_eq!(prompt_text("plain, kept"), "plain, kept");
+    }
 
     #[test]
     fn quick_actions_and_slash_commands_are_shown_not_run() {

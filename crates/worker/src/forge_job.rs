@@ -133,14 +133,20 @@ pub fn prompt(event: &ForgeEvent, flow: Flow, base: &str) -> String {
     } else {
         "issue"
     };
+    // What strangers wrote reaches the agent with nothing invisible in it.
+    let shown = forge::inert::prompt_text;
     let mut text = format!(
         "You are working on {item} #{} of {}: {}\n\n{}\n",
-        event.number, event.repository, event.title, event.body
+        event.number,
+        event.repository,
+        shown(&event.title),
+        shown(&event.body)
     );
     if let Some(c) = &event.comment {
         text.push_str(&format!(
             "\nThe comment that started this job, by {}:\n\n{}\n",
-            c.author, c.body
+            shown(&c.author),
+            shown(&c.body)
         ));
     }
     text.push('\n');

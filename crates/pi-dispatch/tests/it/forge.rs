@@ -140,7 +140,14 @@ impl Site {
     /// Sends the forge's "issue labeled" webhook for issue `number` of `kind`'s repository, now
     /// labeled `label`, as delivery `delivery`; the receiver's answer.
     pub(crate) fn label(&self, kind: Kind, number: u64, label: &str, delivery: &str) -> Value {
-        let (path, body, headers) = label_delivery(kind, number, label, delivery);
+        self.deliver(label_delivery(kind, number, label, delivery))
+    }
+
+    /// Sends a signed delivery (`label_delivery`'s shape) to the receiver; its answer.
+    pub(crate) fn deliver(
+        &self,
+        (path, body, headers): (&'static str, String, Vec<(&'static str, String)>),
+    ) -> Value {
         let mut request = self
             .client
             .post(format!("{}/{path}", self.receiver.url))
@@ -248,12 +255,29 @@ pub(crate) fn label_delivery(
     label: &str,
     delivery: &str,
 ) -> (&'static str, String, Vec<(&'static str, String)>) {
+    label_delivery_of(
+        kind,
+        number,
+        label,
+        delivery,
+        "The README says 8080; the service listens on 8780.",
+    )
+}
+
+/// [`label_delivery`] of an issue whose text is `text` (GitHub's; GitLab's has the usual text).
+pub(crate) fn label_delivery_of(
+    kind: Kind,
+    number: u64,
+    label: &str,
+    delivery: &str,
+    text: &str,
+) -> (&'static str, String, Vec<(&'static str, String)>) {
     match kind {
         Kind::Github => {
             let body = json!({
                     "action": "labeled",
                     "issue": {"number": number, "title": "The docs say the wrong port",
-                        "body": "The README says 8080; the service listens on 8780.",
+                        "body": text,
                         "user": {"login": "reporter", "type": "User"},
                         "labels": [{"name": "bug"}, {"name": label}], "state": "open"},
                     "label": {"name": label},

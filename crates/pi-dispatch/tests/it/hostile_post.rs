@@ -1,6 +1,7 @@
 //! What the bot posts and pushes is checked, in real forge jobs through the receiver and the worker
 //! with real pi and the fake forge: a GitLab answer whose final message holds quick actions and a
-//! mass mention is posted inert; a fix job that writes its own token into a file (as it is, in
+//! mass mention is posted inert; an issue's escape sequences and bidirectional overrides reach the
+//! prompt escaped, and a quick action after a lone CR is posted inert; a fix job that writes its own token into a file (as it is, in
 //! base64, percent-encoded) pushes nothing, ends `job-output-secret` and gets the fixed comment,
 //! which names no value. The control: the token is really in the file the job left in its clone.
 
@@ -234,5 +235,65 @@ fn a_hostile_clone_is_cleared_without_following_or_stopping_on_what_it_planted()
     assert_eq!(
         std::fs::read_to_string(canary_dir.join("inside")).unwrap(),
         "the host's too\n"
+    );
+}
+
+#[test]
+fn what_a_stranger_wrote_reaches_the_prompt_escaped_and_a_cr_hides_no_command() {
+    // The answer's /close comes after a lone CR: a line end on the forge's page.
+    let site = Site::start(
+        FakeForge::start,
+        vec![Step::text("Done.\r/close\r\n/label ~pi-fix")],
+        triggers(),
+        &[],
+    );
+    let text =
+        "Hidden \u{1b}[8mgone\u{1b}[0m, reversed \u{202E}exe.txt\u{202C}, zero\u{200B}width.";
+    let a = site.deliver(crate::forge::label_delivery_of(
+        Kind::Github,
+        31,
+        "pi-answer",
+        "d-inert-31",
+        text,
+    ));
+    assert_eq!(a["status"], 202, "{a}");
+    let id = a["answer"]["jobs"][0].as_str().unwrap().to_owned();
+    let worked = site.work();
+    let record = site.s.record(&id);
+    assert_eq!(
+        record["outcome"], "completed",
+        "{record:#}\n{}",
+        worked.stderr
+    );
+    // The prompt pi sent the model: the issue's text, with nothing invisible left in it.
+    let prompt = site.s.model.requests()[0].body.to_string();
+    assert!(
+        prompt.contains("reversed"),
+        "the control: the issue's text is there: {prompt}"
+    );
+    for raw in ['\u{1b}', '\u{202E}', '\u{202C}', '\u{200B}'] {
+        assert!(
+            !prompt.contains(raw),
+            "{raw:?} reached the prompt: {prompt}"
+        );
+    }
+    // (JSON writes a raw ESC as \u001b.)
+    assert!(!prompt.contains("\\u001b"), "{prompt}");
+    for shown in ["\\\\u{1b}[8m", "\\\\u{202e}", "\\\\u{202c}", "\\\\u{200b}"] {
+        assert!(prompt.contains(shown), "{shown} not in {prompt}");
+    }
+    // The comment: every line that would start with a command shows it instead.
+    let comments = site.fake.comments(&Kind::Github.issue_key(31));
+    assert_eq!(comments.len(), 1, "{comments:#?}");
+    let comment = &comments[0];
+    assert!(
+        comment.contains("\\/close") && comment.contains("\\/label"),
+        "{comment:?}"
+    );
+    assert!(
+        comment
+            .split(['\r', '\n'])
+            .all(|l| !l.trim_start().starts_with('/')),
+        "{comment:?}"
     );
 }
