@@ -20,4 +20,4 @@ pub mod proxy;
 pub mod rules;
 pub mod service;
 
-pub use proxy::{DeniedHost, Limits, Proxy};
+pub use proxy::{DeniedHost, LEFT_OUT, Limits, Proxy};

@@ -65,12 +65,16 @@ impl Default for Limits {
 /// A host and port a job was refused, and how many times (protocol's, as the record keeps it).
 pub use protocol::egress::Denied as DeniedHost;
 
+pub use protocol::egress::LEFT_OUT;
+
 /// One job's connections: its counters, and what it was denied.
 #[derive(Debug)]
 pub struct JobState {
     id: String,
     open: AtomicUsize,
     denied: Mutex<BTreeMap<(String, u16), (Denial, u64)>>,
+    /// Denials of hosts past the ones kept.
+    left_out: AtomicU64,
 }
 
 impl JobState {
@@ -79,6 +83,7 @@ impl JobState {
             id: id.to_owned(),
             open: AtomicUsize::new(0),
             denied: Mutex::new(BTreeMap::new()),
+            left_out: AtomicU64::new(0),
         })
     }
 
@@ -86,31 +91,43 @@ impl JobState {
         &self.id
     }
 
-    /// At most this many distinct hosts are kept per job; more are counted under the last one.
+    /// At most this many distinct hosts are kept per job; denials of any other are counted
+    /// apart, under [`LEFT_OUT`].
     const MAX_DENIED: usize = 256;
 
     fn deny(&self, host: &Host, port: u16, why: Denial) {
         let mut d = self.denied.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (host.to_string(), port);
         if d.len() >= Self::MAX_DENIED && !d.contains_key(&key) {
-            if let Some((_, (_, n))) = d.iter_mut().next_back() {
-                *n += 1;
-            }
+            self.left_out.fetch_add(1, Ordering::Relaxed);
             return;
         }
         d.entry(key).or_insert((why, 0)).1 += 1;
     }
 
+    /// What the job was denied: each host it was kept for, then, when it asked for more hosts
+    /// than are kept, one [`LEFT_OUT`] entry counting those denials (host `*`, port 0).
     pub fn denied(&self) -> Vec<DeniedHost> {
         let d = self.denied.lock().unwrap_or_else(PoisonError::into_inner);
-        d.iter()
+        let mut list: Vec<DeniedHost> = d
+            .iter()
             .map(|((host, port), (why, count))| DeniedHost {
                 host: host.clone(),
                 port: *port,
                 reason: why.code().to_owned(),
                 count: *count,
             })
-            .collect()
+            .collect();
+        let left_out = self.left_out.load(Ordering::Relaxed);
+        if left_out > 0 {
+            list.push(DeniedHost {
+                host: "*".to_owned(),
+                port: 0,
+                reason: LEFT_OUT.to_owned(),
+                count: left_out,
+            });
+        }
+        list
     }
 }
 

@@ -921,9 +921,18 @@ async fn metrics_parse_as_prometheus_text_and_count_what_the_records_hold() {
         sample_sum(
             &scrape,
             "pi_dispatch_egress_denials_total",
-            &[("host", "example.invalid")]
+            &[("reason", "not-allowed")]
         ),
         3.0
+    );
+    // By reason only: no series names a host a job chose.
+    assert!(
+        !scrape
+            .samples
+            .iter()
+            .any(|s| s.metric == "pi_dispatch_egress_denials_total"
+                && (s.labels.get("host").is_some() || s.labels.get("port").is_some())),
+        "a denial's series names a host"
     );
     // The odd name came through escaped as the format says (this parser keeps a label value's
     // escapes as written).

@@ -3,6 +3,22 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The reason of the entry that counts a job's denials of hosts past the ones its list keeps
+/// (host `*`, port 0).
+pub const LEFT_OUT: &str = "more-hosts-left-out";
+
+/// Every reason an entry of the list may have: the proxy's refusals, and [`LEFT_OUT`].
+pub const REASONS: [&str; 8] = [
+    "not-allowed",
+    "plain-http-443",
+    "loopback",
+    "own-machine",
+    "special-address",
+    "unresolved",
+    "rules-unreadable",
+    LEFT_OUT,
+];
+
 /// A host and port the egress proxy refused the job, how many times, and why (the proxy's code of
 /// the first refusal: `not-allowed`, `loopback`, `special-address`, ...). Never a path or query.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -67,7 +67,7 @@ const FAMILIES: [(&str, Kind, &str); 11] = [
     (
         "pi_dispatch_egress_denials_total",
         Kind::Counter,
-        "Connections the egress proxy refused jobs, by host, port and the proxy's reason.",
+        "Connections the egress proxy refused jobs, by the proxy's reason (the hosts are in each job's record: a job chooses them).",
     ),
     (
         "pi_dispatch_model_tokens_total",
@@ -194,14 +194,18 @@ fn calls(a: &mut Adds, r: &Record) {
         let bytes = c.result_bytes as f64;
         a.add("pi_dispatch_tool_result_bytes_total", &st, bytes);
     }
+    // By reason only: a label value a job chooses (a host, a port) would let a job grow the
+    // series without end.
     for d in &r.egress_denied {
-        let port = d.port.to_string();
-        let pairs = [
-            ("host", d.host.as_str()),
-            ("port", &port),
-            ("reason", &d.reason),
-        ];
-        a.add("pi_dispatch_egress_denials_total", &pairs, d.count as f64);
+        let reason = match d.reason.as_str() {
+            r if protocol::egress::REASONS.contains(&r) => r,
+            _ => "other",
+        };
+        a.add(
+            "pi_dispatch_egress_denials_total",
+            &[("reason", reason)],
+            d.count as f64,
+        );
     }
 }
 

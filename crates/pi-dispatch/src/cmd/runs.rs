@@ -460,19 +460,54 @@ pub(crate) fn servers_text(out: &mut String, servers: &[protocol::exit_line::Ser
     }
 }
 
+/// Whether `host` is a plain host name a line could admit: letters, digits and hyphens in dotted
+/// labels, neither an address nor a name for this machine. A job chose every host it asked for,
+/// so only such a name is offered as a line to add.
+fn plain_host(host: &str) -> bool {
+    let labels: Vec<&str> = host.split('.').collect();
+    let is_label = |l: &&str| {
+        (1..=63).contains(&l.len())
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    let lower = host.to_ascii_lowercase();
+    host.len() <= 253
+        && labels.len() >= 2
+        && labels.iter().all(is_label)
+        && host.parse::<std::net::IpAddr>().is_err()
+        && !labels
+            .last()
+            .is_some_and(|tld| tld.bytes().all(|b| b.is_ascii_digit()))
+        && lower != "localhost"
+        && !lower.ends_with(".localhost")
+        && !lower.ends_with(".local")
+}
+
 /// What the egress proxy refused the job, and the lines that would let each through (or why
-/// none would).
+/// none would). Every host is the job's choice: a line is offered only for a plain host name.
 fn denied(list: &[records::record::EgressDenial]) -> String {
     let mut out = String::from("egress denied (host:port, attempts, the proxy's reason):\n");
-    for d in list {
+    for d in list.iter().filter(|d| d.reason != egress::LEFT_OUT) {
         let _ = writeln!(out, "  {}:{}  {}x  {}", d.host, d.port, d.count, d.reason);
+    }
+    if let Some(more) = list.iter().find(|d| d.reason == egress::LEFT_OUT) {
+        let _ = writeln!(
+            out,
+            "  and {}x to hosts left out (the record keeps the first 256 hosts a job asked for)",
+            more.count
+        );
     }
     let mut allow: Vec<&str> = Vec::new();
     let mut declare: Vec<String> = Vec::new();
     let mut none: Vec<String> = Vec::new();
-    for d in list {
+    for d in list.iter().filter(|d| d.reason != egress::LEFT_OUT) {
         let at = format!("{}:{}", d.host, d.port);
+        let plain = plain_host(&d.host);
         match (d.reason.as_str(), d.port) {
+            ("not-allowed" | "loopback", _) if !plain => none.push(format!(
+                "{at}: an address or a name of this machine, which the job chose: no line is offered for it"
+            )),
             ("not-allowed", 443) => {
                 if !allow.contains(&d.host.as_str()) {
                     allow.push(&d.host);
@@ -480,7 +515,7 @@ fn denied(list: &[records::record::EgressDenial]) -> String {
             }
             ("not-allowed" | "loopback", port) => declare.push(format!(
                 "{{\"id\": \"...\", \"host\": \"{}\", \"port\": {port}}}",
-                d.host.trim_start_matches('[').trim_end_matches(']')
+                d.host
             )),
             ("plain-http-443", _) => none.push(format!("{at}: plain http to port 443; use https")),
             ("special-address" | "own-machine", _) => none.push(format!(
@@ -491,14 +526,14 @@ fn denied(list: &[records::record::EgressDenial]) -> String {
         }
     }
     if !allow.is_empty() {
-        out.push_str("to let them through, add to egress-allowlist.conf (https on port 443):\n");
+        out.push_str("the job asked for these hosts; if the job needs them (its choice, not yours: check each), add to egress-allowlist.conf (https on port 443):\n");
         for h in allow {
             let _ = writeln!(out, "  {h}");
         }
     }
     if !declare.is_empty() {
         out.push_str(
-            "to let them through, declare in model-endpoints.json (only a declared endpoint opens a port other than 443, or one on this machine):\n",
+            "the job asked for these; if it needs them (its choice: check each), declare in model-endpoints.json (only a declared endpoint opens a port other than 443, or one on this machine):\n",
         );
         for e in declare {
             let _ = writeln!(out, "  {e}");
@@ -544,18 +579,25 @@ mod tests {
             .split("add to egress-allowlist.conf (https on port 443):\n")
             .nth(1)
             .unwrap()
-            .split("to let them through, declare")
+            .split("the job asked for these; if it needs them")
             .next()
             .unwrap();
-        assert_eq!(allow, "  unlisted.example\n  [2001:db8::1]\n", "{text}");
+        // A plain host name is offered, marked as the job's choice; an address never is.
+        assert_eq!(allow, "  unlisted.example\n", "{text}");
+        assert!(text.contains("its choice"), "{text}");
         assert!(
             text.contains(r#"{"id": "...", "host": "api.example.com", "port": 8443}"#),
             "{text}"
         );
-        assert!(
-            text.contains(r#"{"id": "...", "host": "127.0.0.1", "port": 9}"#),
-            "{text}"
-        );
+        assert!(!text.contains(r#""host": "127.0.0.1""#), "{text}");
+        for address in ["[2001:db8::1]:443", "127.0.0.1:9"] {
+            assert!(
+                text.contains(&format!(
+                    "  {address}: an address or a name of this machine"
+                )),
+                "{text}"
+            );
+        }
         assert!(
             text.contains("  rebind.example:443: the name resolves to this machine"),
             "{text}"
@@ -566,5 +608,31 @@ mod tests {
         );
         // A port other than 443 is never offered as an allowlist line.
         assert!(!allow.contains("api.example.com"), "{text}");
+    }
+
+    #[test]
+    fn only_plain_host_names_are_offered_and_what_was_left_out_is_said() {
+        for plain in ["api.example.com", "a-b.example.org"] {
+            assert!(super::plain_host(plain), "{plain}");
+        }
+        for not in [
+            "localhost",
+            "db.localhost",
+            "printer.local",
+            "10.0.0.1",
+            "[::1]",
+            "127.1",
+            "example",
+            "-x.example",
+            "a_b.example",
+        ] {
+            assert!(!super::plain_host(not), "{not}");
+        }
+        let text = super::denied(&[
+            d("made-up-1.example", 443, "not-allowed", 1),
+            d("*", 0, egress::LEFT_OUT, 44),
+        ]);
+        assert!(text.contains("and 44x to hosts left out"), "{text}");
+        assert!(!text.contains("*:0"), "{text}");
     }
 }

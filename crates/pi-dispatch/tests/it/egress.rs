@@ -332,6 +332,15 @@ const ask = (servers) => settle(new Promise((resolve) => {{
   out.lookup = await settle(new Promise((resolve) => dns.lookup("example.com", (e, a) => resolve(e ? e.code : "found " + a))));
   out.proxy = await settle(fetch("https://unlisted.example/").then((r) => "status " + r.status, (e) => String(e.cause && (e.cause.code || e.cause.message) || e)));
   out.env = {{ https: process.env.HTTPS_PROXY, noProxy: process.env.NO_PROXY, node: process.env.NODE_USE_ENV_PROXY }};
+  // 300 hosts the job makes up, one CONNECT each: the proxy's status for each.
+  const connect = (host) => settle(new Promise((resolve) => {{
+    const s = net.connect({{ host: "127.0.0.1", port: 3128 }});
+    s.on("connect", () => s.write(`CONNECT ${{host}}:443 HTTP/1.1\r\nHost: ${{host}}:443\r\n\r\n`));
+    s.on("data", (d) => {{ s.destroy(); resolve(String(d).split(" ")[1]); }});
+    s.on("error", (e) => resolve(e.code || String(e)));
+  }}));
+  out.madeUp = [];
+  for (let i = 0; i < 300; i++) out.madeUp.push(await connect(`made-up-${{i}}.invalid`));
   require("node:fs").writeFileSync("/workspace/probe.json", JSON.stringify(out));
 }})();
 "#
@@ -479,6 +488,33 @@ fn egress_on_reaches_through_the_proxy_and_nothing_directly(settings: &str) {
             && d["reason"] == "not-allowed"
             && d["count"].as_u64().unwrap_or(0) >= 1),
         "{record:#}"
+    );
+    // The 300 made-up hosts were each refused (the probe ran); the record keeps 256 hosts and
+    // says how many denials it left out; the metrics count them by reason, naming no host.
+    let refused = probe["madeUp"].as_array().unwrap();
+    assert_eq!(refused.len(), 300, "{probe:#}");
+    assert!(refused.iter().all(|s| s == "403"), "{probe:#}");
+    let left_out = denied
+        .iter()
+        .find(|d| d["reason"] == egress::LEFT_OUT)
+        .unwrap_or_else(|| panic!("{record:#}"));
+    assert_eq!(denied.len(), 257, "{record:#}");
+    assert_eq!(left_out["count"], 45, "{record:#}");
+    let metrics = records::counts::render(&d.records().counters().unwrap());
+    let series: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("pi_dispatch_egress_denials_total{"))
+        .collect();
+    assert!(!series.is_empty(), "{metrics}");
+    assert!(
+        series
+            .iter()
+            .all(|l| !l.contains("made-up") && !l.contains("host=")),
+        "{series:#?}"
+    );
+    assert!(
+        series.len() <= protocol::egress::REASONS.len(),
+        "{series:#?}"
     );
     // And nothing arrived at the test host but through the proxy.
     assert!(
