@@ -1109,23 +1109,34 @@ fn reported_stop(folder: &AgentFolder) -> Option<Stop> {
 }
 
 /// Reads pi's event stream to its end: each line is taken into account and written to the runner's
-/// standard output, where the worker keeps it as the job's transcript; a line longer than the
-/// exit line's limit is neither held nor passed on.
+/// standard output, where the worker keeps it as the job's transcript. A line longer than the exit
+/// line's limit (an answer of over a mebibyte) is neither held nor passed on: it is taken into
+/// account from its first and last bytes, and the transcript gets a marker where it was.
 async fn read_events(stdout: tokio::process::ChildStdout) -> PiEvents {
     use protocol::exit_line::{Line, Lines};
     let mut events = PiEvents::default();
     let mut lines = Lines::new(stdout);
     let mut whole = Vec::new();
     while let Some(line) = lines.next().await {
-        if let Line::Text(text) = line {
-            if let Ok(text) = std::str::from_utf8(text) {
-                events.observe(text);
+        whole.clear();
+        match line {
+            Line::Text(text) => {
+                if let Ok(text) = std::str::from_utf8(text) {
+                    events.observe(text);
+                }
+                whole.extend_from_slice(text);
             }
-            whole.clear();
-            whole.extend_from_slice(text);
-            whole.push(b'\n');
-            write_output(&whole).await;
+            Line::Overlong { head, tail, bytes } => {
+                let kind = events.observe_overlong(head, tail);
+                let marker = serde_json::json!({"type": CUT_MARKER, "event": kind, "bytes": bytes});
+                whole.extend_from_slice(marker.to_string().as_bytes());
+            }
         }
+        whole.push(b'\n');
+        write_output(&whole).await;
     }
     events
 }
+
+/// The type of the transcript's line that stands where one of pi's lines was too long to keep.
+pub const CUT_MARKER: &str = "pi_dispatch_line_cut";

@@ -168,9 +168,17 @@ pub fn verify(text: &str, key: &[u8]) -> Option<ExitLine> {
 pub enum Line<'a> {
     /// A line, without its line end.
     Text(&'a [u8]),
-    /// A line longer than [`MAX_LINE`], skipped.
-    Overlong,
+    /// A line longer than [`MAX_LINE`], skipped: its first [`MAX_LINE`] bytes, its last
+    /// [`OVERLONG_TAIL`] bytes (so that a reader can still tell what it was), and its length.
+    Overlong {
+        head: &'a [u8],
+        tail: &'a [u8],
+        bytes: u64,
+    },
 }
+
+/// How much of the end of an overlong line [`Lines`] keeps.
+pub const OVERLONG_TAIL: usize = 64 * 1024;
 
 /// Lines of a stream, none longer than [`MAX_LINE`] held in memory (with the `stream` feature:
 /// the readers of the runner's output, the worker and the runner itself).
@@ -178,6 +186,7 @@ pub enum Line<'a> {
 pub struct Lines<R> {
     input: tokio::io::BufReader<R>,
     line: Vec<u8>,
+    tail: Vec<u8>,
 }
 
 #[cfg(feature = "stream")]
@@ -186,6 +195,7 @@ impl<R: tokio::io::AsyncRead + Unpin> Lines<R> {
         Lines {
             input: tokio::io::BufReader::new(input),
             line: Vec::new(),
+            tail: Vec::new(),
         }
     }
 
@@ -197,18 +207,38 @@ impl<R: tokio::io::AsyncRead + Unpin> Lines<R> {
         match limited.read_until(b'\n', &mut self.line).await {
             Ok(0) | Err(_) => None,
             Ok(_) if self.line.len() > MAX_LINE && !self.line.ends_with(b"\n") => {
-                // Skip the rest of it, a bounded chunk at a time.
+                // Skip the rest of it, a bounded chunk at a time, keeping its last bytes.
+                let mut bytes = self.line.len() as u64;
+                self.tail.clear();
+                let keep = |tail: &mut Vec<u8>, more: &[u8]| {
+                    tail.extend_from_slice(more);
+                    if tail.len() > OVERLONG_TAIL {
+                        tail.drain(..tail.len() - OVERLONG_TAIL);
+                    }
+                };
+                keep(&mut self.tail, &self.line);
                 let mut rest = Vec::new();
                 loop {
                     rest.clear();
                     let mut chunk = (&mut self.input).take(64 * 1024);
                     match chunk.read_until(b'\n', &mut rest).await {
                         Ok(0) | Err(_) => break,
-                        Ok(_) if rest.ends_with(b"\n") => break,
-                        Ok(_) => {}
+                        Ok(_) => {
+                            let end = rest.ends_with(b"\n");
+                            let text = rest.strip_suffix(b"\n").unwrap_or(&rest);
+                            bytes += text.len() as u64;
+                            keep(&mut self.tail, text);
+                            if end {
+                                break;
+                            }
+                        }
                     }
                 }
-                Some(Line::Overlong)
+                Some(Line::Overlong {
+                    head: &self.line[..MAX_LINE],
+                    tail: &self.tail,
+                    bytes,
+                })
             }
             Ok(_) => Some(Line::Text(
                 self.line.strip_suffix(b"\n").unwrap_or(&self.line),
@@ -243,7 +273,7 @@ where
                 Some(found) => verified = Some(found),
                 None => other(Line::Text(text)),
             },
-            Line::Overlong => other(Line::Overlong),
+            overlong @ Line::Overlong { .. } => other(overlong),
         }
     }
     verified
@@ -387,7 +417,7 @@ mod tests {
             |o| {
                 seen.push(match o {
                     Line::Text(l) => String::from_utf8_lossy(l).into_owned(),
-                    Line::Overlong => "<overlong>".to_owned(),
+                    Line::Overlong { .. } => "<overlong>".to_owned(),
                 })
             },
             |s| said.push(s),

@@ -130,7 +130,64 @@ impl PiEvent {
     }
 }
 
+/// The value of the last `"key":"VALUE"` in `text`, when short and plain.
+fn last_string<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let needle = format!("\"{key}\":\"");
+    let at = text.rfind(&needle)? + needle.len();
+    let value = &text[at..];
+    let end = value.find('"')?;
+    let value = &value[..end];
+    (value.len() <= 64
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+    .then_some(value)
+}
+
+/// The value of the first `"key":"VALUE"` in `text`, when short and plain.
+fn first_string<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let needle = format!("\"{key}\":\"");
+    let at = text.find(&needle)? + needle.len();
+    let value = &text[at..];
+    let end = value.find('"')?;
+    let value = &value[..end];
+    (value.len() <= 64
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+    .then_some(value)
+}
+
 impl PiEvents {
+    /// One of pi's lines too long to hold (an answer of over a mebibyte, streamed in deltas): what
+    /// its first bytes (`head`) and last bytes (`tail`) still tell. An assistant's `message_end`
+    /// counts as the answer it is (how it ended and what it used, from the end of the line), its
+    /// text cut: the gateway's text of the same answer is the job's final message. The event's
+    /// type, when it has a plain one.
+    pub fn observe_overlong(&mut self, head: &[u8], tail: &[u8]) -> Option<String> {
+        let start = String::from_utf8_lossy(&head[..head.len().min(512)]);
+        let kind = first_string(&start, "type")?.to_owned();
+        if kind == "message_end" && first_string(&start, "role") == Some("assistant") {
+            let end = String::from_utf8_lossy(tail);
+            let mut message = serde_json::json!({"role": "assistant", "content": []});
+            if let Some(stop) = last_string(&end, "stopReason") {
+                message["stopReason"] = stop.into();
+            }
+            if let Some(at) = end.rfind("\"usage\":") {
+                let rest = &end.as_bytes()[at + "\"usage\":".len()..];
+                if let Some(Ok(usage)) = serde_json::Deserializer::from_slice(rest)
+                    .into_iter::<serde_json::Value>()
+                    .next()
+                {
+                    message["usage"] = usage;
+                }
+            }
+            self.observe_event(&PiEvent::Answer(message));
+            self.last_cut = true;
+        }
+        Some(kind)
+    }
+
     /// Takes one line of pi's `--mode json` output into account (anything else is ignored).
     pub fn observe(&mut self, line: &str) {
         if let Some(event) = PiEvent::parse(line) {
@@ -287,6 +344,40 @@ fn answer_text(message: &serde_json::Value) -> (String, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_too_long_to_hold_still_counts_as_its_ending_says() {
+        let text = "x".repeat(3 << 20);
+        // As pi writes it: the type first, the message's role, content, usage, then how it ended.
+        let line = format!(
+            r#"{{"type":"message_end","message":{{"role":"assistant","content":[{{"type":"text","text":"{text}"}}],"usage":{{"input":100,"output":2500000,"totalTokens":2500100}},"stopReason":"stop"}}}}"#
+        );
+        let (head, tail) = (
+            &line.as_bytes()[..1 << 20],
+            &line.as_bytes()[line.len() - (64 << 10)..],
+        );
+        let mut events = PiEvents::default();
+        assert_eq!(
+            events.observe_overlong(head, tail).as_deref(),
+            Some("message_end")
+        );
+        assert_eq!(events.verdict(true), Ok(()));
+        assert_eq!(events.usage.turns, 1);
+        assert_eq!(events.usage.output_tokens, 2_500_000);
+        assert_eq!(events.final_text(), ("", true));
+        // Another event's line counts for nothing, and says what it was.
+        let mut other = PiEvents::default();
+        let update = format!(
+            "{{\"type\":\"message_update\",\"message\":{{\"role\":\"assistant\",\"x\":\"{text}\"}}}}"
+        );
+        assert_eq!(
+            other
+                .observe_overlong(&update.as_bytes()[..1 << 20], b"")
+                .as_deref(),
+            Some("message_update")
+        );
+        assert_eq!(other.verdict(true).unwrap_err().0, Reason::AgentNoTurn);
+    }
 
     fn answer(stop: &str, extra: &str) -> String {
         format!(

@@ -231,7 +231,7 @@ fn read_output(
                         if let Some(t) = transcript.as_mut() {
                             match line {
                                 Line::Text(text) => t.line(text),
-                                Line::Overlong => t.overlong(),
+                                Line::Overlong { .. } => t.overlong(),
                             }
                         }
                     },

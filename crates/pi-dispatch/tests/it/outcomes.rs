@@ -296,3 +296,33 @@ fn record_files_of_an_earlier_version_are_brought_in_once_and_kept() {
     assert_eq!(show.code, 2, "{}", show.stderr);
     assert!(show.stderr.contains("queue.sqlite3"), "{}", show.stderr);
 }
+
+/// An answer of 1.5 MiB (pi's line for it passes the line limit) completes, as one of 700 KB
+/// does: counted from what the runner still reads of the line and from the gateway, the answer
+/// bounded in the record, and a marker in the transcript where the line was.
+#[test]
+fn a_long_answer_is_a_completed_job_with_its_answer_bounded() {
+    for (size, cut) in [(700_000usize, false), (1_500_000, true)] {
+        let answer = "word ".repeat(size / 5);
+        let s = Service::new(
+            vec![Step::text(&answer)],
+            |_| json!({"everything": crate::worker::stdio(None)}),
+            "",
+        );
+        let (id, record, _, _) = s.complete("Write a lot.", "everything");
+        assert_eq!(record["turns"], 1, "{size}: {record:#}");
+        let message = record["finalMessage"].as_str().unwrap();
+        assert!(message.starts_with("word word"), "{size}");
+        assert!(message.len() <= 16 * 1024, "{size}: {}", message.len());
+        let path = s.d.path().join(format!("state/jobs/{id}/transcript.jsonl"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            text.contains("\"type\":\"pi_dispatch_line_cut\""),
+            cut,
+            "{size}"
+        );
+        for line in text.lines() {
+            serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
