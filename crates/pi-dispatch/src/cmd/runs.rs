@@ -17,9 +17,14 @@ use crate::exit::Exit;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Print the records as a JSON array.
+    /// Print the records as a JSON array (each record's queued job without its forge event,
+    /// unless --with-events).
     #[arg(long)]
     json: bool,
+    /// With --json: keep each record's queued forge event (the text and all, up to about
+    /// a MiB each; `runs show ID --json` always has it).
+    #[arg(long, requires = "json")]
+    with_events: bool,
     /// List at most N records, the newest first.
     #[arg(long, value_name = "N", default_value_t = records::query::DEFAULT_LIMIT as u64,
         value_parser = clap::value_parser!(u64).range(1..=records::query::MAX_LIMIT as u64))]
@@ -140,7 +145,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         }
     };
     if args.json {
-        return stream_json(&records, &query);
+        return stream_json(&records, &query, args.with_events);
     }
     let page = records.find(&query, None)?;
     say_unreadable(&records, &page.unreadable);
@@ -168,8 +173,9 @@ fn say_unreadable(records: &Records, ids: &[String]) {
 }
 
 /// The records as one JSON array, printed a page at a time as the store gives them: however many
-/// are asked for, no more than a page is held.
-fn stream_json(records: &Records, query: &Query) -> anyhow::Result<Exit> {
+/// are asked for, no more than a page is held, and, unless `with_events`, no record's queued
+/// forge event (a record keeps it for `rerun`, up to about a MiB each).
+fn stream_json(records: &Records, query: &Query, with_events: bool) -> anyhow::Result<Exit> {
     const PAGE: usize = 1_000;
     let mut left = query.limit;
     let mut after = None;
@@ -185,7 +191,11 @@ fn stream_json(records: &Records, query: &Query) -> anyhow::Result<Exit> {
         left = left.saturating_sub(page.records.len() + page.unreadable.len());
         let mut text = String::new();
         for r in &page.records {
-            let pretty = serde_json::to_string_pretty(r)?;
+            let mut r = r.clone();
+            if !with_events && let Some(job) = r.job.as_mut() {
+                job.event = None;
+            }
+            let pretty = serde_json::to_string_pretty(&r)?;
             text.push_str(if first { "\n" } else { ",\n" });
             first = false;
             for (i, line) in pretty.lines().enumerate() {

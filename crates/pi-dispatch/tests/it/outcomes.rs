@@ -326,3 +326,43 @@ fn a_long_answer_is_a_completed_job_with_its_answer_bounded() {
         }
     }
 }
+
+/// A record keeps its queued forge event (for `rerun`, up to about a MiB): `runs --json` leaves
+/// it out unless asked, so fifty such records print kilobytes, not fifty mebibytes.
+#[test]
+fn runs_json_leaves_the_queued_events_out_unless_asked() {
+    use records::record::{Outcome, Record};
+    let d = crate::common::Deployment::new();
+    assert_eq!(d.run(&["init"]).code, 0);
+    let store = d.records();
+    let now = records::record::now_ms();
+    let body = "cnry-issue-text ".repeat(40_000);
+    for i in 0..5 {
+        let mut job = protocol::job::Job::new(format!("gh-d{i}-t0"), "label", "github");
+        let mut event = protocol::forge_event::ForgeEvent::new(
+            protocol::forge_event::Forge::Github,
+            &format!("d{i}"),
+            "octo-org/hello".to_owned(),
+            7,
+            "main".to_owned(),
+            "maintainer".to_owned(),
+        );
+        event.number = 42;
+        event.body = body.clone();
+        job.event = Some(event);
+        store
+            .write(&Record::new(&job, Outcome::Completed, None, 1, now - i))
+            .unwrap();
+    }
+    let listed = d.run(&["runs", "--json"]);
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    let json: Value = serde_json::from_str(&listed.stdout).unwrap();
+    assert_eq!(json.as_array().unwrap().len(), 5);
+    assert!(!listed.stdout.contains("cnry-issue-text"));
+    assert!(listed.stdout.len() < 64 * 1024, "{}", listed.stdout.len());
+    // Asked for, the events are there; and one record's own JSON always has its event.
+    let whole = d.run(&["runs", "--json", "--with-events"]);
+    assert!(whole.stdout.contains("cnry-issue-text"));
+    let one = d.run(&["runs", "show", "gh-d0-t0", "--json"]);
+    assert!(one.stdout.contains("cnry-issue-text"), "{}", one.stderr);
+}
