@@ -130,27 +130,17 @@ impl PiEvent {
     }
 }
 
-/// The value of the last `"key":"VALUE"` in `text`, when short and plain.
-fn last_string<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+/// The value of the first (or, with `last`, the last) `"key":"VALUE"` in `text`, when short and
+/// plain.
+fn string_of<'a>(text: &'a str, key: &str, last: bool) -> Option<&'a str> {
     let needle = format!("\"{key}\":\"");
-    let at = text.rfind(&needle)? + needle.len();
+    let at = if last {
+        text.rfind(&needle)
+    } else {
+        text.find(&needle)
+    }? + needle.len();
     let value = &text[at..];
-    let end = value.find('"')?;
-    let value = &value[..end];
-    (value.len() <= 64
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
-    .then_some(value)
-}
-
-/// The value of the first `"key":"VALUE"` in `text`, when short and plain.
-fn first_string<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    let needle = format!("\"{key}\":\"");
-    let at = text.find(&needle)? + needle.len();
-    let value = &text[at..];
-    let end = value.find('"')?;
-    let value = &value[..end];
+    let value = &value[..value.find('"')?];
     (value.len() <= 64
         && value
             .bytes()
@@ -166,11 +156,11 @@ impl PiEvents {
     /// type, when it has a plain one.
     pub fn observe_overlong(&mut self, head: &[u8], tail: &[u8]) -> Option<String> {
         let start = String::from_utf8_lossy(&head[..head.len().min(512)]);
-        let kind = first_string(&start, "type")?.to_owned();
-        if kind == "message_end" && first_string(&start, "role") == Some("assistant") {
+        let kind = string_of(&start, "type", false)?.to_owned();
+        if kind == "message_end" && string_of(&start, "role", false) == Some("assistant") {
             let end = String::from_utf8_lossy(tail);
             let mut message = serde_json::json!({"role": "assistant", "content": []});
-            if let Some(stop) = last_string(&end, "stopReason") {
+            if let Some(stop) = string_of(&end, "stopReason", true) {
                 message["stopReason"] = stop.into();
             }
             if let Some(at) = end.rfind("\"usage\":") {

@@ -705,16 +705,23 @@ fn link(dir: &OwnedFd, first: &OsStr, to: &OwnedFd, name: &OsStr, serial: u64) -
     if rustix::fs::linkat(dir, first, to, &temp, AtFlags::empty()).is_err() {
         return Ok(false);
     }
+    into_place(to, &temp, name)?;
+    Ok(true)
+}
+
+/// Renames what was written as `temp` in `to` over `name` (a folder there is removed first); on
+/// failure `temp` is removed.
+fn into_place(to: &OwnedFd, temp: &Path, name: &OsStr) -> io::Result<()> {
     if rustix::fs::statat(to, name, AtFlags::SYMLINK_NOFOLLOW)
         .is_ok_and(|t| kind(&t) == Kind::Folder)
     {
         remove(to.as_fd(), name)?;
     }
-    if let Err(e) = rustix::fs::renameat(to, &temp, to, name) {
-        let _ = rustix::fs::unlinkat(to, &temp, AtFlags::empty());
+    if let Err(e) = rustix::fs::renameat(to, temp, to, name) {
+        let _ = rustix::fs::unlinkat(to, temp, AtFlags::empty());
         return Err(e.into());
     }
-    Ok(true)
+    Ok(())
 }
 
 /// Opens the job's folder or file `name` to read, making it readable by its owner first if the
@@ -780,15 +787,7 @@ fn put(
         let _ = rustix::fs::futimens(&made, &times);
         copied
     };
-    if rustix::fs::statat(to, name, AtFlags::SYMLINK_NOFOLLOW)
-        .is_ok_and(|t| kind(&t) == Kind::Folder)
-    {
-        remove(to.as_fd(), name)?;
-    }
-    if let Err(e) = rustix::fs::renameat(to, &temp, to, name) {
-        let _ = rustix::fs::unlinkat(to, &temp, AtFlags::empty());
-        return Err(e.into());
-    }
+    into_place(to, &temp, name)?;
     Ok(bytes)
 }
 
