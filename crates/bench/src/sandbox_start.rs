@@ -526,6 +526,7 @@ impl Folders {
             image_commands: None,
             extra_ro: Vec::new(),
             share_net: true,
+            netns: None,
             host: Some(owner),
             program: program.into(),
             args: args.iter().map(Into::into).collect(),

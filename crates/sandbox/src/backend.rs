@@ -54,10 +54,13 @@ pub struct Bounds {
 /// The job's network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Network {
-    /// The host's network (egress off).
+    /// The host's network: never a job's (the benchmarks' comparison with an engine's default).
     Host,
-    /// Its own loopback only.
+    /// Its own loopback only (egress on: the proxy is reached through a socket in its folder).
     None,
+    /// Egress off: the network namespace the worker made for it ([`crate::outside::Outside`]),
+    /// open on this descriptor of the worker's while the job runs.
+    Outside { netns: i32 },
 }
 
 /// A sandbox backend.
@@ -127,7 +130,11 @@ impl Bubblewrap {
             image_dir: job.image_dir.clone(),
             image_commands: image_commands(&job.image_dir),
             extra_ro: Vec::new(),
-            share_net: job.network == Network::Host,
+            share_net: job.network != Network::None,
+            netns: match job.network {
+                Network::Outside { netns } => Some(netns),
+                Network::Host | Network::None => None,
+            },
             host: job.host_user,
             program: job.program.clone(),
             args: job.args.clone(),

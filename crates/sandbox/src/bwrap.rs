@@ -136,9 +136,11 @@ pub struct SandboxSpec {
     /// read-only at [`IMAGE_COMMANDS`] over the host's: the forge servers' wrappers are there.
     pub image_commands: Option<PathBuf>,
     pub extra_ro: Vec<Bind>,
-    /// Share the host's network (egress off, `PI_EGRESS=0`); otherwise the job has only its own
-    /// loopback.
+    /// Keep the network bubblewrap starts in: the host's, or with `netns` the one open on that
+    /// descriptor of the caller's, which bubblewrap joins before it starts (egress off: the job's
+    /// own, see [`crate::outside`]). Otherwise the job has only its own loopback.
     pub share_net: bool,
+    pub netns: Option<i32>,
     /// When the worker is root: the host user bubblewrap runs as, if not the job's own uid and gid
     /// (a local job runs as the owner of its folder, so that what it writes is theirs).
     pub host: Option<(u32, u32)>,
@@ -344,7 +346,7 @@ fn job_args(spec: &SandboxSpec, from: Sources) -> Vec<OsString> {
     // no nameserver named.
     let system = system_args(&spec.system);
     push(&system.iter().map(OsString::as_os_str).collect::<Vec<_>>());
-    if let Some(file) = hidden_resolver(spec) {
+    if let Some((file, _)) = hidden_resolver(spec) {
         let fd = OsString::from(resolver_fd(spec).to_string());
         push(&[s("--ro-bind-data"), &fd, file.as_os_str()]);
     }
@@ -389,13 +391,17 @@ fn job_args(spec: &SandboxSpec, from: Sources) -> Vec<OsString> {
     a
 }
 
-/// The resolver configuration a job with no network of its own sees empty, if it would see one.
-fn hidden_resolver(spec: &SandboxSpec) -> Option<&Path> {
-    if spec.share_net {
-        return None;
-    }
+/// The resolver configuration a job sees in place of the host's, and what it says: nothing, for
+/// a job with no network but its loopback; slirp4netns's resolver, for a job in a network of its
+/// own. `None` keeps the host's (or there is none to replace).
+fn hidden_resolver(spec: &SandboxSpec) -> Option<(&Path, &'static str)> {
+    let content = match (spec.share_net, spec.netns) {
+        (false, _) => "",
+        (true, Some(_)) => crate::outside::RESOLVER,
+        (true, None) => return None,
+    };
     spec.system.iter().find_map(|p| match p {
-        SystemPath::Resolver(file) => Some(file.as_path()),
+        SystemPath::Resolver(file) => Some((file.as_path(), content)),
         _ => None,
     })
 }
@@ -603,6 +609,10 @@ pub async fn spawn(bwrap: &Path, spec: &SandboxSpec, env: &JobEnv) -> Result<San
     let (info_read, info_write) = io::pipe()?;
 
     let mut command = bwrap_command(bwrap, spec, &bound);
+    if let Some(fd) = spec.netns {
+        // The caller keeps the namespace's descriptor open while the job runs.
+        sys::join_network_on_exec(&mut command, fd);
+    }
     command
         // bubblewrap itself runs with nothing of the worker's environment (no LD_*, no secret).
         .env_clear()
@@ -657,12 +667,11 @@ fn bound_descriptors(spec: &SandboxSpec, bound: &[Bound]) -> Result<Vec<FdMappin
             child_fd: bind_fd(index),
         });
     }
-    // The empty content of the resolver configuration: a file of bubblewrap's own making (a
-    // device such as /dev/null cannot be opened where the job's binds are).
-    if hidden_resolver(spec).is_some() {
-        let empty = std::fs::File::open("/dev/null")?;
+    // The content of the resolver configuration, from a memory file (a device such as /dev/null
+    // cannot be opened where the job's binds are).
+    if let Some((_, content)) = hidden_resolver(spec) {
         mappings.push(FdMapping {
-            parent_fd: empty.into(),
+            parent_fd: memory_file("pi-dispatch-resolver", content.as_bytes())?,
             child_fd: resolver_fd(spec),
         });
     }
@@ -713,9 +722,14 @@ fn bwrap_command(bwrap: &Path, spec: &SandboxSpec, bound: &[Bound]) -> std::proc
 
 /// The environment in an anonymous memory file, at its start, for bubblewrap to read.
 fn env_file(env: &EnvArgs) -> io::Result<OwnedFd> {
-    let fd = rustix::fs::memfd_create("pi-dispatch-job-env", rustix::fs::MemfdFlags::CLOEXEC)?;
+    memory_file("pi-dispatch-job-env", env.as_bytes())
+}
+
+/// `content` in an anonymous memory file, at its start.
+fn memory_file(name: &str, content: &[u8]) -> io::Result<OwnedFd> {
+    let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
     let mut file = std::fs::File::from(fd);
-    file.write_all(env.as_bytes())?;
+    file.write_all(content)?;
     file.rewind()?;
     Ok(file.into())
 }
@@ -870,6 +884,7 @@ mod tests {
                 sandbox: "/opt/cache".into(),
             }],
             share_net: false,
+            netns: None,
             host: None,
             program: "/opt/pi-dispatch-image/bin/pi-dispatch".into(),
             args: vec!["job".into(), "--".into(), "pi".into()],
@@ -997,6 +1012,7 @@ mod tests {
     fn a_shared_network_keeps_the_host_namespace_and_the_uid_is_the_specs() {
         let a = text(&args(&SandboxSpec {
             share_net: true,
+            netns: None,
             uid: 1234,
             gid: 4321,
             ..spec()

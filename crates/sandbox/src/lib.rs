@@ -6,6 +6,8 @@
 //! - [`bwrap`]: bubblewrap's arguments for a job (pure), and the job started, limited in time and
 //!   killed with its whole process tree.
 //! - [`podman`]: the same contract in a Podman (or Docker) container.
+//! - [`outside`]: egress off, a network namespace of the job's own with user-mode networking to
+//!   the outside and the host's own addresses refused.
 //!
 //! `docs/sandbox.md` says what a job gets, for the operator.
 //!
@@ -20,6 +22,7 @@ pub mod env;
 pub mod identity;
 pub mod isolated;
 pub mod launcher;
+pub mod outside;
 pub mod podman;
 pub mod secrets;
 

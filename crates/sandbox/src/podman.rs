@@ -216,10 +216,16 @@ fn confinement_args(podman: &Podman, spec: &JobSpec) -> Vec<OsString> {
     let user = format!("{uid}:{gid}");
     push(&[s("--user"), s(&user)]);
     let network = match spec.network {
-        Network::Host => "host",
-        Network::None => "none",
+        Network::Host => "host".to_owned(),
+        Network::None => "none".to_owned(),
+        // The worker's descriptor, as the engine (root, as the worker is) opens it.
+        Network::Outside { netns } => format!("ns:/proc/{}/fd/{netns}", std::process::id()),
     };
-    push(&[s("--network"), s(network)]);
+    push(&[s("--network"), s(&network)]);
+    if let Network::Outside { .. } = spec.network {
+        let nameserver = crate::outside::NAMESERVER.to_string();
+        push(&[s("--dns"), s(&nameserver)]);
+    }
     // None of the engine's own variables: the launcher sets the job's, and only those (Docker
     // has no such option; its few defaults never reach the job, whose launcher clears them).
     if !docker {
@@ -268,6 +274,13 @@ impl Podman {
     /// container is labelled with the job's id (`PI_JOB_ID`).
     pub async fn start_job(&self, spec: &JobSpec, env: &JobEnv) -> Result<PodmanJob, StartError> {
         use tokio::io::AsyncWriteExt as _;
+        if self.is_docker() && matches!(spec.network, Network::Outside { .. }) {
+            return Err(StartError::Container(
+                "with egress off a job runs in a network namespace made for it, which Docker cannot \
+                 join: use Podman or bubblewrap, or turn egress on"
+                    .to_owned(),
+            ));
+        }
         let job_id = env
             .get(crate::env::JOB_ID)
             .map(|v| v.expose().to_owned())

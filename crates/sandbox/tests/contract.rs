@@ -200,6 +200,7 @@ both_backends!(
     the_root_and_job_folders_are_read_only_and_the_workspace_writable,
     the_job_is_unprivileged_with_no_capability,
     the_job_has_its_own_pid_namespace_and_no_network,
+    with_egress_off_the_job_reaches_out_but_never_the_host,
     the_environment_is_exactly_the_map_and_on_no_command_line,
     the_time_limit_kills_the_whole_tree,
     a_dropped_job_is_ended,
@@ -275,6 +276,81 @@ async fn the_job_has_its_own_pid_namespace_and_no_network(kind: Kind) {
         "{}",
         out.stdout
     );
+}
+
+/// Egress off: the job's own network reaches a host outside (a test host in a network namespace),
+/// and neither the host's loopback nor any of the host's own addresses; its resolver is
+/// slirp4netns's.
+async fn with_egress_off_the_job_reaches_out_but_never_the_host(kind: Kind) {
+    use std::net::{IpAddr, TcpListener};
+    let outside = testkit::netns::TestHost::new();
+    let far = outside.tcp(0);
+    let far_port = far.local_addr().unwrap().port();
+    // Every address of the host, loopback included (the listener's backlog answers a connect).
+    let near = TcpListener::bind("0.0.0.0:0").unwrap();
+    let near_port = near.local_addr().unwrap().port();
+    let host_v4: Vec<IpAddr> = sandbox::outside::host_addresses()
+        .unwrap()
+        .into_iter()
+        .filter(IpAddr::is_ipv4)
+        .collect();
+    // The control: from the host, the host's listener answers on each.
+    for a in &host_v4 {
+        std::net::TcpStream::connect((*a, near_port))
+            .expect("the host's listener answers the host");
+    }
+    let mut probes = vec![
+        ("far".to_owned(), format!("{}:{far_port}", outside.v4)),
+        ("slirp-host".to_owned(), format!("10.0.2.2:{near_port}")),
+    ];
+    for a in &host_v4 {
+        probes.push((format!("host {a}"), format!("{a}:{near_port}")));
+    }
+    let script: String = probes
+        .iter()
+        .map(|(name, addr)| {
+            let (ip, port) = addr.rsplit_once(':').unwrap();
+            format!(
+                "if timeout 5 bash -c 'exec 3<>/dev/tcp/{ip}/{port}' 2>/dev/null; then echo '{name} reached'; else echo '{name} refused'; fi; "
+            )
+        })
+        .collect::<String>()
+        + "cat /etc/resolv.conf; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '";
+    let network = sandbox::outside::Outside::start(Path::new(sandbox::outside::SLIRP4NETNS), &[])
+        .expect("the job's network is made");
+    let spec = fx_spec(
+        &script,
+        Network::Outside {
+            netns: std::os::fd::AsRawFd::as_raw_fd(&network.netns()),
+        },
+    );
+    let out = run(kind, &spec.1, &job_env(JOB_ID, &[])).await;
+    drop(near);
+    assert!(out.success(), "{}", out.stderr);
+    let said: Vec<&str> = out.stdout.lines().collect();
+    assert!(
+        said.contains(&"far reached"),
+        "the probe ran: {}",
+        out.stdout
+    );
+    assert!(said.contains(&"slirp-host refused"), "{}", out.stdout);
+    for a in &host_v4 {
+        assert!(
+            said.contains(&format!("host {a} refused").as_str()),
+            "{}",
+            out.stdout
+        );
+    }
+    assert!(out.stdout.contains("nameserver 10.0.2.3"), "{}", out.stdout);
+    let interfaces: BTreeSet<&str> = said.iter().rev().take(2).copied().collect();
+    assert_eq!(interfaces, BTreeSet::from(["lo", "tap0"]), "{}", out.stdout);
+}
+
+/// A fixture and a spec of it (the fixture must outlive the job).
+fn fx_spec(script: &str, network: Network) -> (Fixture, JobSpec) {
+    let fx = Fixture::new();
+    let spec = fx.spec(script, network);
+    (fx, spec)
 }
 
 async fn the_environment_is_exactly_the_map_and_on_no_command_line(kind: Kind) {

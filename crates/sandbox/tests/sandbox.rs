@@ -103,6 +103,7 @@ impl Fixture {
                 sandbox: "/opt/extra".into(),
             }],
             share_net: false,
+            netns: None,
             host: None,
             program: "/bin/sh".into(),
             args: vec!["-c".into(), script.into()],
@@ -365,6 +366,7 @@ async fn the_network_is_the_hosts_only_when_shared() {
 
     let shared = SandboxSpec {
         share_net: true,
+        netns: None,
         host: None,
         ..fx.spec(&script)
     };
@@ -419,6 +421,7 @@ async fn with_no_network_of_its_own_the_job_has_loopback_no_nameserver_and_its_s
     if hidden {
         let shared = SandboxSpec {
             share_net: true,
+            netns: None,
             host: None,
             ..fx.spec("cat /etc/resolv.conf")
         };

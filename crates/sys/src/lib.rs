@@ -1,9 +1,13 @@
-//! `mount_setattr(2)` with `MOUNT_ATTR_IDMAP`: a detached mount (from `open_tree` with
-//! `OPEN_TREE_CLONE`) given the id mapping of a user namespace, plus `nosuid` and `nodev`. rustix
-//! has `open_tree` and `move_mount` but not this call, so it is made here, the one `unsafe` block
-//! of the workspace.
+//! The system calls the workspace makes that rustix does not offer as safe functions, each in one
+//! small `unsafe` block here (the workspace forbids unsafe code everywhere else):
 //!
-//! On the job's path: under the sandbox: the job's idmapped workspace.
+//! - `mount_setattr(2)` with `MOUNT_ATTR_IDMAP`: a detached mount (from `open_tree` with
+//!   `OPEN_TREE_CLONE`) given the id mapping of a user namespace, plus `nosuid` and `nodev`.
+//!   rustix has `open_tree` and `move_mount` but not this call.
+//! - `unshare(CLONE_NEWNET)` on a thread, and `setns(2)` into a network namespace in a child
+//!   before it runs its program: the network of its own a job with egress off gets.
+//!
+//! On the job's path: under the sandbox: the job's idmapped workspace and its network.
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 
@@ -49,5 +53,40 @@ pub fn idmap(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> std::io::Result<()
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Moves the calling thread (only it) into a new network namespace of its own, with nothing in
+/// it but a loopback that is down. Needs `CAP_SYS_ADMIN`.
+pub fn unshare_network() -> std::io::Result<()> {
+    #[allow(unsafe_code)]
+    // SAFETY: `unshare(CLONE_NEWNET)` changes the calling thread's network namespace and nothing
+    // else: no descriptor table, memory or other thread is touched (the reason rustix marks
+    // `unshare` unsafe is `CLONE_FILES`, which is not passed).
+    let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Makes the child `command` starts join the network namespace open on `fd` (a descriptor of the
+/// caller's that must stay open until the child has started) before it runs its program. Needs
+/// `CAP_SYS_ADMIN`; a child that cannot join fails to start.
+pub fn join_network_on_exec(command: &mut std::process::Command, fd: std::os::fd::RawFd) {
+    use std::os::unix::process::CommandExt as _;
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs in the forked child before `exec`, where only async-signal-safe
+    // calls are allowed: `setns(2)` is a plain system call, and `last_os_error` reads `errno`.
+    // Nothing is allocated. A descriptor that is not open (or not a namespace) fails the start.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
     }
 }

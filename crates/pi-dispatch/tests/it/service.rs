@@ -235,6 +235,7 @@ fn the_hardening_leaves_bubblewrap_what_it_needs() {
         image_commands: None,
         extra_ro: Vec::new(),
         share_net: false,
+        netns: None,
         host: Some((1000, 1000)),
         program: "pi-dispatch".into(),
         args: Vec::new(),
