@@ -137,7 +137,13 @@ struct State {
     refusal: tokio::sync::watch::Sender<Option<Stop>>,
     /// Each answer's reading, so that shutting down ends them.
     tasks: Mutex<JoinSet<()>>,
+    /// Connections the gateway could not take (past [`MAX_CONNECTIONS`], or out of descriptors).
+    turned_away: std::sync::atomic::AtomicU64,
 }
+
+/// The most connections the gateway keeps open at once: pi holds a few; a job's processes that
+/// open more are turned away, and the gateway stays bounded.
+pub const MAX_CONNECTIONS: usize = 256;
 
 fn client(proxy: Option<&String>) -> Result<reqwest::Client, GatewayError> {
     let mut builder = reqwest::Client::builder()
@@ -172,6 +178,7 @@ impl Gateway {
             answers: Mutex::new(Answers::default()),
             refusal,
             tasks: Mutex::new(JoinSet::new()),
+            turned_away: std::sync::atomic::AtomicU64::new(0),
         });
         let ct = CancellationToken::new();
         let accept = tokio::spawn(accept_loop(listener, state.clone(), ct.clone()));
@@ -252,6 +259,10 @@ impl Gateway {
             tasks.shutdown().await;
         }
         Seen {
+            turned_away: self
+                .state
+                .turned_away
+                .load(std::sync::atomic::Ordering::Relaxed),
             meter: self.meter(),
             last_answer: self
                 .state
@@ -271,6 +282,8 @@ const SETTLE: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone, Default)]
 pub struct Seen {
     pub meter: Meter,
+    /// Connections the gateway turned away (see [`MAX_CONNECTIONS`]).
+    pub turned_away: u64,
     /// How pi's last chat call ended, and its answer's text.
     pub last_answer: Option<Answer>,
 }
@@ -361,7 +374,18 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, ct: CancellationT
         tokio::select! {
             () = ct.cancelled() => break,
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let turned_away = || state.turned_away.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Ok((stream, _)) = accepted else {
+                    // Out of descriptors, say: counted, and a pause rather than a spin.
+                    turned_away();
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                if connections.len() >= MAX_CONNECTIONS {
+                    turned_away();
+                    drop(stream);
+                    continue;
+                }
                 let _ = stream.set_nodelay(true);
                 let state = state.clone();
                 let ct = ct.clone();

@@ -790,7 +790,13 @@ async fn finish(
         AgentEnd::Exited(ok, Some(events)) => {
             match protocol::model_answer::verdict(&events, ok, last_answer) {
                 Ok(_) => (line(&job.job_id, 0, None, states), Some(events)),
-                Err((reason, cause)) => {
+                Err(failure) => {
+                    let turned_away = seen.as_ref().map_or(0, |s| s.turned_away);
+                    let (reason, cause) = protocol::model_answer::own_gateway_turned_away(
+                        failure,
+                        turned_away,
+                        crate::gateway::MAX_CONNECTIONS,
+                    );
                     let stop = Stop::new(reason, None, cause);
                     (stopped(job, &stop, states), Some(events))
                 }

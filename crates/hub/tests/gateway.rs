@@ -534,3 +534,37 @@ async fn a_provider_that_cannot_be_reached_is_a_connection_that_fails() {
     assert!(sent.is_err(), "{sent:?}");
     assert_eq!(gw.refusal(), None);
 }
+
+/// A job's processes that hold the gateway's connections open cannot grow it: past its bound,
+/// each new one is turned away and counted (so that a pi that then cannot reach it is recorded as
+/// its model unreachable, not as an agent failure); the control: below the bound, a call is
+/// answered.
+#[tokio::test]
+async fn connections_past_the_bound_are_turned_away_and_counted() {
+    use hub::gateway::MAX_CONNECTIONS;
+    let model = FakeModel::start(vec![Step::text("hello")]);
+    let (gw, key) = gateway(&openai_overlay(&model), Rules::default(), PROVIDER).await;
+    let url = format!("{}/chat/completions", gw.base_url(PROVIDER).unwrap());
+    let auth = format!("Bearer {}", key.stand_in);
+    let (status, _) = post(&url, &[("authorization", &auth)], &chat_body(false)).await;
+    assert_eq!(status, 200, "the control: a call is answered");
+    let mut held = Vec::new();
+    for _ in 0..MAX_CONNECTIONS + 20 {
+        held.push(tokio::net::TcpStream::connect(gw.addr()).await.unwrap());
+    }
+    // The turned-away ones are closed by the gateway: reading them ends at once.
+    let mut closed = 0;
+    for stream in held.iter_mut().rev().take(20) {
+        use tokio::io::AsyncReadExt as _;
+        let mut byte = [0u8; 1];
+        let read =
+            tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut byte)).await;
+        if matches!(read, Ok(Ok(0)) | Ok(Err(_))) {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 19, "{closed} of the last 20 were closed");
+    drop(held);
+    let seen = gw.finish().await;
+    assert!(seen.turned_away >= 19, "{}", seen.turned_away);
+}

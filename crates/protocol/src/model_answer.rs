@@ -150,6 +150,26 @@ pub fn verdict(pi: &PiEvents, exited_ok: bool, last: Option<&Answer>) -> Result<
     }
 }
 
+/// A failure of pi's own (it exited badly, its model call failed, it had no answer) when the job's
+/// own model gateway turned connections away: pi could not reach the gateway because the job's
+/// processes held it full, which is [`Reason::ModelUnreachable`] and says so. Any other failure
+/// (a forged report among them) stays as it is. Pure.
+pub fn own_gateway_turned_away(failure: Failure, turned_away: u64, bound: usize) -> Failure {
+    match failure.0 {
+        _ if turned_away == 0 => failure,
+        Reason::AgentFailed
+        | Reason::AgentNoTurn
+        | Reason::ModelUnreachable
+        | Reason::ModelError => (
+            Reason::ModelUnreachable,
+            format!(
+                "pi could not reach the job's own model gateway: it turned {turned_away} connections away, past its {bound} open at once (the job's processes held them)"
+            ),
+        ),
+        _ => failure,
+    }
+}
+
 fn mismatch(cause: &str) -> Failure {
     (Reason::AgentReportMismatch, cause.to_owned())
 }
@@ -179,6 +199,26 @@ mod tests {
 
     fn reason(r: Result<String, Failure>) -> Reason {
         r.unwrap_err().0
+    }
+
+    #[test]
+    fn a_gateway_held_full_by_the_job_is_its_model_unreachable_but_never_hides_a_forgery() {
+        let failed = (Reason::AgentFailed, "pi exited with a failure".to_owned());
+        assert_eq!(own_gateway_turned_away(failed.clone(), 0, 256), failed);
+        let (reason, cause) = own_gateway_turned_away(failed, 3, 256);
+        assert_eq!(reason, Reason::ModelUnreachable);
+        assert!(
+            cause.contains("own model gateway") && cause.contains('3'),
+            "{cause}"
+        );
+        for kept in [
+            Reason::AgentReportMismatch,
+            Reason::ModelLengthLimit,
+            Reason::ModelUnauthorized,
+        ] {
+            let f = (kept, "x".to_owned());
+            assert_eq!(own_gateway_turned_away(f.clone(), 9, 256), f);
+        }
     }
 
     #[test]
