@@ -1,7 +1,11 @@
 //! What the egress proxy refused a job, as it tells the worker over its control socket and as the
-//! job's record keeps it: one type on both sides.
+//! job's record keeps it: one type on both sides. And, for egress off, where slirp4netns is.
 
 use serde::{Deserialize, Serialize};
+
+/// Where Debian installs slirp4netns, which carries a job's own network to the outside when
+/// egress is off (the worker starts it; doctor looks for it).
+pub const SLIRP4NETNS: &str = "/usr/bin/slirp4netns";
 
 /// The reason of the entry that counts a job's denials of hosts past the ones its list keeps
 /// (host `*`, port 0).

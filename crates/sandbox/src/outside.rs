@@ -29,8 +29,7 @@ use std::time::{Duration, Instant};
 
 use command_fds::{CommandFdExt as _, FdMapping};
 
-/// Where Debian installs slirp4netns.
-pub const SLIRP4NETNS: &str = "/usr/bin/slirp4netns";
+pub use protocol::egress::SLIRP4NETNS;
 /// The resolver slirp4netns answers on inside the namespace.
 pub const NAMESERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 3);
 /// The job's resolver configuration.

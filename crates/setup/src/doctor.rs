@@ -144,6 +144,8 @@ pub struct Inputs {
     /// The default job image: whether its runner is there, and the pi version its labels give.
     pub image_runner: bool,
     pub image_pi_version: Option<String>,
+    /// slirp4netns is installed (a job's own network with egress off).
+    pub slirp4netns: bool,
     /// A sandbox started the way the worker starts a job's (nested, the image's runner confining a
     /// process in it): `None` when not tried (no bubblewrap or no image), else whether it worked
     /// and, if not, what bubblewrap or the runner said. The caller fills it in (see [`gather`]).
@@ -373,6 +375,7 @@ pub fn gather(settings: Settings) -> Inputs {
         dotenv: exists(&settings.dir.join(".env")),
         triggers_file: exists(&settings.triggers_file),
         bwrap: is_executable(Path::new(BWRAP)),
+        slirp4netns: is_executable(Path::new(protocol::egress::SLIRP4NETNS)),
         setpriv: rustix::process::geteuid()
             .is_root()
             .then(|| is_executable(Path::new(SETPRIV))),
@@ -827,9 +830,10 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
     };
     if !s.egress {
         out.push(Check::warn("egress.policy", 
-            "egress policy off (PI_EGRESS=0): jobs can reach any host",
+            "egress policy off (PI_EGRESS=0): jobs can reach any host but this one",
             "set PI_EGRESS=1 (or leave it empty) so that jobs reach only the allowlisted hosts and declared endpoints, through the egress proxy",
         ));
+        out.push(egress_off_check(inputs));
         return;
     }
     proxy_checks(proof, out);
@@ -998,3 +1002,30 @@ fn shown(name: &str) -> String {
 #[cfg(test)]
 #[path = "doctor_tests.rs"]
 mod tests;
+
+/// With egress off, whether a job can have the network it gets: its own namespace, through
+/// slirp4netns, which only a root worker makes (the worker refuses to start such a job otherwise).
+fn egress_off_check(inputs: &Inputs) -> Check {
+    let id = "egress.off-network";
+    if !inputs.slirp4netns {
+        return Check::fail(
+            id,
+            format!(
+                "egress off: {} is not installed, so no job can start",
+                protocol::egress::SLIRP4NETNS
+            ),
+            "install Debian's slirp4netns, or turn the egress policy on (remove PI_EGRESS=0)",
+        );
+    }
+    if !inputs.isolation.root {
+        return Check::fail(
+            id,
+            "egress off: a job's network of its own is made by a worker running as root, so no job can start under this user",
+            "run the worker as root, or turn the egress policy on (remove PI_EGRESS=0)",
+        );
+    }
+    Check::ok(
+        id,
+        "egress off: each job gets a network of its own through slirp4netns: the outside over IPv4, never this host's loopback or addresses",
+    )
+}

@@ -65,6 +65,7 @@ fn healthy() -> Inputs {
         setpriv: Some(true),
         image_runner: true,
         image_pi_version: Some("1.6.0".into()),
+        slirp4netns: true,
         sandbox: None,
         isolation: super::Isolation {
             root: true,
@@ -977,6 +978,47 @@ fn egress_off_warns_once_and_judges_no_reach() {
         "{out:#?}"
     );
     // The healthy deployment has the policy on.
+    assert!(
+        labels(&out)
+            .iter()
+            .any(|l| l.starts_with("egress off: each job gets a network of its own")),
+        "{out:#?}"
+    );
+    // No slirp4netns, or a worker that is not root: no job with egress off can start.
+    let off = || Inputs {
+        settings: settings(false),
+        allowlist: Read::Missing,
+        ..healthy()
+    };
+    let missing = run(
+        &Inputs {
+            slirp4netns: false,
+            ..off()
+        },
+        &NoRouteProof,
+    );
+    let c = the(
+        &missing,
+        "egress off: /usr/bin/slirp4netns is not installed",
+    );
+    assert_eq!(c.level, Level::Fail);
+    assert!(fix(c).contains("slirp4netns"), "{c:?}");
+    let not_root = run(
+        &Inputs {
+            isolation: super::Isolation {
+                root: false,
+                ..off().isolation
+            },
+            ..off()
+        },
+        &NoRouteProof,
+    );
+    let c = the(
+        &not_root,
+        "egress off: a job's network of its own is made by a worker running as root",
+    );
+    assert_eq!(c.level, Level::Fail);
+    assert!(fix(c).contains("as root"), "{c:?}");
     let healthy = run(&healthy(), &NoRouteProof);
     assert!(
         !labels(&healthy)

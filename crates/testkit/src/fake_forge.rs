@@ -162,6 +162,18 @@ impl FakeForge {
         panic!("no loopback address had port 80 free (binding it takes root)");
     }
 
+    /// On a free port of a test host, reached at its IPv4 address (where a job with egress off
+    /// reaches it, and the worker too).
+    pub fn start_in(host: &crate::netns::TestHost, setup: FakeForgeSetup) -> FakeForge {
+        FakeForge::serve_on(host.tcp(0), host.v4.into(), setup)
+    }
+
+    /// On port 80 of a test host, as a GitHub Enterprise Server is reached: github-mcp-server 0.12
+    /// drops any other port from a `GITHUB_HOST`.
+    pub fn start_in_on_port_80(host: &crate::netns::TestHost, setup: FakeForgeSetup) -> FakeForge {
+        FakeForge::serve_on(host.tcp(80), host.v4.into(), setup)
+    }
+
     /// On a test host ([`crate::netns::TestHost::tcp`]'s listener), reached at the host's `address`.
     pub fn serve_on(
         listener: std::net::TcpListener,

@@ -211,6 +211,17 @@ impl FakeModel {
         FakeModel::serve(listener, Ipv4Addr::LOCALHOST.into(), script)
     }
 
+    /// On a free port of a test host, reached at its IPv4 address: where a job with egress off
+    /// reaches it (its own network reaches no address of this host).
+    pub fn start_in(host: &crate::netns::TestHost, script: Vec<Step>) -> FakeModel {
+        FakeModel::serve(host.tcp(0), host.v4.into(), script)
+    }
+
+    /// The address clients reach it at.
+    pub fn address(&self) -> IpAddr {
+        self.address
+    }
+
     /// Serves on `listener`, which clients reach at `address` (a listener bound in a test host,
     /// say: [`crate::netns::TestHost::tcp`], reached at the host's address).
     pub fn serve(listener: TcpListener, address: IpAddr, script: Vec<Step>) -> FakeModel {

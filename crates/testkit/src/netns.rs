@@ -39,8 +39,10 @@ fn ip_quiet(args: &[&str]) {
     let _ = Command::new("ip").args(args).output();
 }
 
-/// A number no other test host of this machine has now: a counter in a locked file.
-fn next_slot() -> u32 {
+/// The lock every test host of this machine is made and removed under: `ip netns add` makes
+/// `/run/netns` a mount point of its own the first time, and two made at once can leave a host's
+/// file that is no namespace (entering it then fails with EINVAL).
+fn locked() -> nix::fcntl::Flock<File> {
     let path = std::env::temp_dir().join("pi-dispatch-testhosts.counter");
     let file = File::options()
         .create(true)
@@ -49,9 +51,13 @@ fn next_slot() -> u32 {
         .write(true)
         .open(&path)
         .expect("the test hosts' counter opens");
-    let mut locked = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| e)
-        .expect("the test hosts' counter locks");
+        .expect("the test hosts' counter locks")
+}
+
+/// A number no other test host of this machine has now: a counter in the locked file.
+fn next_slot(locked: &mut nix::fcntl::Flock<File>) -> u32 {
     let mut text = String::new();
     locked.read_to_string(&mut text).unwrap();
     let n: u32 = text.trim().parse().unwrap_or(0) % 16_000;
@@ -64,7 +70,8 @@ fn next_slot() -> u32 {
 impl TestHost {
     /// Makes a new host, linked to this namespace.
     pub fn new() -> TestHost {
-        let slot = next_slot();
+        let mut lock = locked();
+        let slot = next_slot(&mut lock);
         let name = format!("pdt{slot}");
         let link = format!("pdv{slot}");
         let peer = format!("pdp{slot}");
@@ -154,6 +161,7 @@ impl Default for TestHost {
 
 impl Drop for TestHost {
     fn drop(&mut self) {
+        let _lock = locked();
         ip_quiet(&["netns", "del", &self.name]);
         ip_quiet(&["link", "del", &self.link]);
     }

@@ -566,6 +566,30 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
             );
         }
     }
+    // With egress off, the job's own network, as the worker makes it (root only: the worker
+    // refuses such a job otherwise, and so does this check).
+    let outside = match (settings.egress, root) {
+        (true, _) => None,
+        (false, false) => {
+            return Err(
+                "with egress off a job's own network is made by a worker running as root"
+                    .to_owned(),
+            );
+        }
+        (false, true) => Some(
+            sandbox::outside::Outside::start(
+                std::path::Path::new(sandbox::outside::SLIRP4NETNS),
+                &cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
+            )
+            .map_err(|e| e.to_string())?,
+        ),
+    };
+    let network = match &outside {
+        Some(o) => Network::Outside {
+            netns: std::os::fd::AsRawFd::as_raw_fd(&o.netns()),
+        },
+        None => Network::None,
+    };
     let spec = JobSpec {
         job_dir,
         overlay_dir: overlay,
@@ -573,11 +597,7 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
         image_name: image.to_owned(),
         workspace,
         host_user,
-        network: if settings.egress {
-            Network::None
-        } else {
-            Network::Host
-        },
+        network,
         program: runner.into_os_string(),
         args: [
             "job-confine",
@@ -606,7 +626,7 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
             "job-limits".into(),
         ],
     };
-    let _kept = (disk, view, cgroup, identity);
+    let _kept = (outside, disk, view, cgroup, identity);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

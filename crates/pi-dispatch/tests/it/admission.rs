@@ -174,7 +174,7 @@ fn run_explain_doctor_and_the_worker_decide_alike() {
     s.d.write(".env", &env.replace("PI_EGRESS=0\n", ""));
     s.d.write(
         "model-endpoints.json",
-        &json!({"version": 1, "endpoints": [{"id": "fake", "host": "127.0.0.1", "port": s.model.port}]})
+        &json!({"version": 1, "endpoints": [{"id": "fake", "host": s.model.address().to_string(), "port": s.model.port}]})
             .to_string(),
     );
     assert_eq!(said(&s, 0, "egress"), Said::alike(None));

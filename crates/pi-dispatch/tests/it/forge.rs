@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde_json::{Value, json};
 use testkit::fake_forge::{FakeForge, FakeForgeSetup, app_key_pem};
 use testkit::fake_model::Step;
+use testkit::netns::TestHost;
 
 use crate::common::{Listening, Run};
 use crate::worker::{Service, stdio};
@@ -78,19 +79,34 @@ impl Site {
     /// A deployment whose fake forge `start_fake` starts for the App's key (its public half) and
     /// the forge's tokens; `image` is `image install`'s extra arguments.
     pub(crate) fn start(
-        start_fake: impl FnOnce(FakeForgeSetup) -> FakeForge,
+        start_fake: impl FnOnce(&TestHost, FakeForgeSetup) -> FakeForge,
+        script: Vec<Step>,
+        triggers: Value,
+        image: &[&str],
+    ) -> Site {
+        Site::start_on(TestHost::new(), start_fake, script, triggers, image)
+    }
+
+    /// [`Site::start`] with the service's peers on `host` (the forge's among them: where jobs with
+    /// egress off reach it).
+    pub(crate) fn start_on(
+        host: TestHost,
+        start_fake: impl FnOnce(&TestHost, FakeForgeSetup) -> FakeForge,
         script: Vec<Step>,
         triggers: Value,
         image: &[&str],
     ) -> Site {
         let key_pem = app_key_pem();
         let public = forge::AppKey::from_pem(&key_pem).unwrap().public_der();
-        let fake = start_fake(FakeForgeSetup {
-            app_id: APP_ID,
-            app_public_key: public,
-            installation_token: INSTALLATION_TOKEN.into(),
-            gitlab_token: GITLAB_TOKEN.into(),
-        });
+        let fake = start_fake(
+            &host,
+            FakeForgeSetup {
+                app_id: APP_ID,
+                app_public_key: public,
+                installation_token: INSTALLATION_TOKEN.into(),
+                gitlab_token: GITLAB_TOKEN.into(),
+            },
+        );
         fake.add_repo(
             "github",
             Kind::Github.repository(),
@@ -113,7 +129,7 @@ impl Site {
             json!({"everything": stdio(None),
                 "broken": {"command": "false", "description": "A server that exits at once"}})
         };
-        let s = Service::with_image(script, servers, &env, image);
+        let s = Service::on_host(host, script, servers, &env, image);
         let key = s.d.write("app-key.pem", &key_pem);
         crate::worker::chmod(&key, 0o600);
         s.d.write("triggers.json", &triggers.to_string());
@@ -382,7 +398,7 @@ fn forge_jobs_run_from_a_webhook_to_their_comment(kind: Kind) {
         ),
         Step::text("Corrected the port in the README."),
     ];
-    let site = Site::start(FakeForge::start, script, triggers(), &[]);
+    let site = Site::start(FakeForge::start_in, script, triggers(), &[]);
     let prefix = kind.job_prefix();
 
     // 1. Refused at pickup: one comment naming the server and the rule, and nothing else.
@@ -622,7 +638,7 @@ fn the_agent_lists_issues_through_the_forge_server(kind: Kind) {
         {"on": {"type": "label", "any": ["triage"]}, "run": {"kind": kind.name(), "flow": "answer", "mcp": ["forge"]}}
     ]});
     let site = Site::start(
-        FakeForge::start_on_port_80,
+        FakeForge::start_in_on_port_80,
         script,
         triggers,
         &["--forge-mcp", forge.to_str().unwrap()],
@@ -718,7 +734,7 @@ fn an_issues_jobs_never_overlap_and_a_newer_one_may_cancel_the_older() {
         {"on": {"type": "label", "any": ["pi-newest"]},
          "run": {"kind": "github", "flow": "answer", "sameIssue": "cancel-older"}},
     ]});
-    let site = Site::start(FakeForge::start, script, triggers, &[]);
+    let site = Site::start(FakeForge::start_in, script, triggers, &[]);
     let mut ids = Vec::new();
     for (number, delivery) in [(7, "d-7-a"), (7, "d-7-b"), (8, "d-8")] {
         let a = site.label(kind, number, "pi-answer", delivery);
@@ -777,7 +793,7 @@ fn an_issues_jobs_never_overlap_and_a_newer_one_may_cancel_the_older() {
 fn a_forge_trigger_runs_on_an_event_from_a_file_and_again_with_rerun() {
     let kind = Kind::Github;
     let script = vec![Step::text(ANSWER), Step::text("Answered again.")];
-    let site = Site::start(FakeForge::start, script, triggers(), &[]);
+    let site = Site::start(FakeForge::start_in, script, triggers(), &[]);
     let (_, body, _) = label_delivery(kind, 5, "pi-answer", "unused");
     let file = site.s.d.write("event.json", &body);
     // Trigger 1 is GitHub's pi-answer label trigger.

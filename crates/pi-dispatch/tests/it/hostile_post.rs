@@ -38,7 +38,7 @@ fn a_fix_job_that_writes_its_token_pushes_nothing() {
             ]
         })
         .collect();
-    let site = Site::start(FakeForge::start, script, triggers(), &[]);
+    let site = Site::start(FakeForge::start_in, script, triggers(), &[]);
     // The refused jobs' folders are kept for a look, as an operator who reads them would ask.
     let env = std::fs::read_to_string(site.s.d.path().join(".env")).unwrap();
     site.s
@@ -98,7 +98,12 @@ fn a_fix_job_that_writes_its_token_pushes_nothing() {
 #[test]
 fn what_the_bot_posts_runs_no_quick_action() {
     let answer = "The port is 8780.\n/label ~pi-fix\n/merge\n  /approve\ncc @all";
-    let site = Site::start(FakeForge::start, vec![Step::text(answer)], triggers(), &[]);
+    let site = Site::start(
+        FakeForge::start_in,
+        vec![Step::text(answer)],
+        triggers(),
+        &[],
+    );
     let a = site.label(Kind::Gitlab, 50, "pi-answer", "d-quick-50");
     assert_eq!(a["status"], 202, "{a}");
     let id = a["answer"]["jobs"][0].as_str().unwrap().to_owned();
@@ -136,7 +141,7 @@ fn a_fix_job_outliving_its_token_is_delivered_and_every_token_is_revoked() {
         ),
         Step::text("Fixed the port."),
     ];
-    let site = Site::start(FakeForge::start, script, triggers(), &[]);
+    let site = Site::start(FakeForge::start_in, script, triggers(), &[]);
     site.fake
         .set_token_lifetime(std::time::Duration::from_secs(3));
     site.fake.fail_comment_posts(&[502, 502]);
@@ -195,7 +200,7 @@ fn a_hostile_clone_is_cleared_without_following_or_stopping_on_what_it_planted()
         Step::call("bash", json!({ "command": plant })),
         Step::text("Fixed it."),
     ];
-    let site = Site::start(FakeForge::start, script, triggers(), &[]);
+    let site = Site::start(FakeForge::start_in, script, triggers(), &[]);
     let a = site.label(Kind::Github, 60, "pi-fix", "d-clear-60");
     assert_eq!(a["status"], 202, "{a}");
     let id = a["answer"]["jobs"][0].as_str().unwrap().to_owned();
@@ -242,7 +247,7 @@ fn a_hostile_clone_is_cleared_without_following_or_stopping_on_what_it_planted()
 fn what_a_stranger_wrote_reaches_the_prompt_escaped_and_a_cr_hides_no_command() {
     // The answer's /close comes after a lone CR: a line end on the forge's page.
     let site = Site::start(
-        FakeForge::start,
+        FakeForge::start_in,
         vec![Step::text("Done.\r/close\r\n/label ~pi-fix")],
         triggers(),
         &[],

@@ -42,7 +42,7 @@ fn what_a_fix_job_leaves_is_refused_without_holding_up_the_worker() {
             ]
         })
         .collect();
-    let site = Site::start(FakeForge::start, script, triggers(), &[]);
+    let site = Site::start(FakeForge::start_in, script, triggers(), &[]);
     for (n, (_, reason, path)) in ATTACKS.iter().enumerate() {
         let number = 10 + n as u64;
         let a = site.label(

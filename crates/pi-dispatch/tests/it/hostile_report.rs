@@ -48,7 +48,7 @@ fn what_pi_prints_cannot_complete_a_job_or_change_its_comment() {
         // The honest job.
         Step::text(HONEST),
     ];
-    let site = Site::start(FakeForge::start, script, triggers(), &[]);
+    let site = Site::start(FakeForge::start_in, script, triggers(), &[]);
     site.s.d.write(
         "pi-global/extensions/forger.js",
         &EXTENSION.replace("__FORGED__", FORGED),

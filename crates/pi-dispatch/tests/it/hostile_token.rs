@@ -28,17 +28,21 @@ sed -i 's/8080/8780/' README.md && echo FIXED"#
 
 #[test]
 fn a_github_jobs_own_token_cannot_write_the_repository_and_the_fix_is_still_published() {
-    // The forge's address is known before the script is written: its listener is bound first.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
+    // The forge's address is known before the script is written: its listener is bound first,
+    // on the test host the job reaches.
+    let host = testkit::netns::TestHost::new();
+    let listener = host.tcp(0);
+    let address = std::net::IpAddr::from(host.v4);
+    let url = format!("http://{address}:{}", listener.local_addr().unwrap().port());
     let git_url = format!("{url}/git/octo-org/hello.git");
     let api = format!("{url}/api/v3");
     let script = vec![
         Step::call("bash", json!({"command": attack(&git_url, &api)})),
         Step::text("Corrected the port in the README."),
     ];
-    let site = Site::start(
-        |setup| FakeForge::serve_on(listener, std::net::Ipv4Addr::LOCALHOST.into(), setup),
+    let site = Site::start_on(
+        host,
+        move |_, setup| FakeForge::serve_on(listener, address, setup),
         script,
         triggers(),
         &[],

@@ -17,6 +17,7 @@ mod explain;
 mod forge;
 mod hostile;
 mod hostile_bounds;
+mod hostile_egress_off;
 mod hostile_host;
 mod hostile_pi;
 mod hostile_post;

@@ -5,7 +5,6 @@
 use serde_json::{Value, json};
 use testkit::fake_forge::FakeForge;
 use testkit::fake_model::{FakeModel, Step};
-use testkit::netns::TestHost;
 
 use crate::forge::{Kind, Site};
 use crate::worker::{EVERYTHING, Service};
@@ -229,20 +228,19 @@ const ANSWER: &str = "The forge's server was there.";
 /// cause in the worker's log) when GITLAB_URL carries a fragment.
 #[test]
 fn a_gitlab_jobs_forge_server_needs_its_host_reachable_and_a_plain_gitlab_url() {
-    let peer = TestHost::new();
-    let (listener, address) = (peer.tcp(0), peer.v4);
     let triggers = json!({"triggers": [
         {"on": {"type": "label", "any": ["triage"]}, "run": {"kind": "gitlab", "flow": "answer", "mcp": ["forge"]}}
     ]});
     let forge_mcp = testkit::forge_mcp_source();
     let mut site = Site::start(
-        move |setup| FakeForge::serve_on(listener, address.into(), setup),
+        FakeForge::start_in,
         Vec::new(),
         triggers,
         &["--forge-mcp", forge_mcp.to_str().unwrap()],
     );
     // The model on the test host too, declared; the egress policy on (the default).
-    site.s.model = FakeModel::serve(peer.tcp(0), peer.v4.into(), vec![Step::text(ANSWER)]);
+    let address = site.s.host.v4;
+    site.s.model = FakeModel::start_in(&site.s.host, vec![Step::text(ANSWER)]);
     let d = &site.s.d;
     d.write(
         "pi-global/models.json",

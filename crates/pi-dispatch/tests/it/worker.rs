@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use testkit::fake_model::{FakeModel, Step};
+use testkit::netns::TestHost;
 
 use crate::common::{Deployment, Run, processes_with};
 
@@ -17,12 +18,16 @@ pub(crate) const EVERYTHING: &str =
     "/opt/pi-dispatch-image/node_modules/@modelcontextprotocol/server-everything/dist/index.js";
 pub(crate) const MODEL_KEY: &str = "cnry-model-key-5e1";
 
-/// A deployment with an image, a fake model provider, a repository and the given servers.
+/// A deployment with an image, a fake model provider, a repository and the given servers. The
+/// model and the HTTP server are on a test host of the service's own, as a job with egress off
+/// (the default here) reaches them: its network reaches no address of this host.
 pub(crate) struct Service {
     pub(crate) d: Deployment,
     pub(crate) repo: PathBuf,
     pub(crate) model: FakeModel,
     _http: testkit::EverythingHttp,
+    /// Dropped last: the peers on it end first.
+    pub(crate) host: TestHost,
 }
 
 pub(crate) fn stdio(exposure: Option<&str>) -> Value {
@@ -65,9 +70,20 @@ impl Service {
         env: &str,
         image_args: &[&str],
     ) -> Service {
+        Service::on_host(TestHost::new(), script, servers, env, image_args)
+    }
+
+    /// [`Service::with_image`], its peers on `host`.
+    pub(crate) fn on_host(
+        host: TestHost,
+        script: Vec<Step>,
+        servers: impl FnOnce(&str) -> Value,
+        env: &str,
+        image_args: &[&str],
+    ) -> Service {
         let d = Deployment::with_image(image_args);
-        let model = FakeModel::start(script);
-        let http = testkit::EverythingHttp::start();
+        let model = FakeModel::start_in(&host, script);
+        let http = testkit::EverythingHttp::start_in(&host);
         let overlay = json!({"mcpServers": servers(&http.url())});
         d.write("pi-global/mcp.json", &overlay.to_string());
         d.write("pi-global/models.json", &model.models_json("FAKE_API_KEY"));
@@ -87,6 +103,7 @@ impl Service {
             repo,
             model,
             _http: http,
+            host,
         }
     }
 
