@@ -9,7 +9,10 @@
 //! device, an address and a default route, and carries what the job sends out as ordinary sockets
 //! of the host, with the host's loopback refused (`--disable-host-loopback`), in a mount namespace
 //! of its own with its capabilities dropped and a system-call filter (`--enable-sandbox
-//! --enable-seccomp`), in the job's control groups. The job's resolver is slirp4netns's
+//! --enable-seccomp`), in the job's control groups. It starts in a mount namespace whose mounts
+//! are all slaves of the host's: its sandbox unmounts its copy of the host's tree, which, as root
+//! in the host's user namespace, would otherwise unmount the host's own mounts where they are
+//! shared (a network namespace's file under `/run/netns`, a job's overlay under a shared `/var`). The job's resolver is slirp4netns's
 //! ([`NAMESERVER`]), which passes questions on to the host's.
 //!
 //! What the job reaches: any address but the host's own, over IPv4 (slirp4netns's IPv6 is off).
@@ -135,6 +138,9 @@ impl Outside {
         let (ready_read, ready_write) = io::pipe().map_err(|e| OutsideError::Start(e.kind()))?;
         let (exit_read, exit_write) = io::pipe().map_err(|e| OutsideError::Start(e.kind()))?;
         let mut command = Command::new(slirp);
+        // Its sandbox unmounts its copy of the host's tree: in a namespace of slaves, so that no
+        // unmount reaches the host's shared mounts.
+        sys::own_mounts_on_exec(&mut command);
         command
             .args(slirp_args())
             .env_clear()

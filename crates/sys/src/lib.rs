@@ -5,7 +5,8 @@
 //!   `OPEN_TREE_CLONE`) given the id mapping of a user namespace, plus `nosuid` and `nodev`.
 //!   rustix has `open_tree` and `move_mount` but not this call.
 //! - `unshare(CLONE_NEWNET)` on a thread, and `setns(2)` into a network namespace in a child
-//!   before it runs its program: the network of its own a job with egress off gets.
+//!   before it runs its program: the network of its own a job with egress off gets; and a mount
+//!   namespace of slaves for the child that carries that network out (slirp4netns).
 //!
 //! On the job's path: under the sandbox: the job's idmapped workspace and its network.
 
@@ -87,6 +88,35 @@ pub fn join_network_on_exec(command: &mut std::process::Command, fd: std::os::fd
             } else {
                 Err(std::io::Error::last_os_error())
             }
+        });
+    }
+}
+
+/// Gives the child `command` starts a mount namespace of its own in which every mount of the
+/// caller's is a slave: what the child mounts or unmounts there never reaches the caller's (a
+/// program that unmounts its copy of the host's tree, as slirp4netns's `--enable-sandbox` does,
+/// would otherwise take mounts of the host's with it where they are shared). Needs
+/// `CAP_SYS_ADMIN`; a child that cannot have it fails to start.
+pub fn own_mounts_on_exec(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt as _;
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs in the forked child before `exec`: `unshare(2)` and `mount(2)` are
+    // plain system calls, their strings are static and NUL-terminated, and nothing is allocated.
+    unsafe {
+        command.pre_exec(|| {
+            let root = c"/";
+            if libc::unshare(libc::CLONE_NEWNS) != 0
+                || libc::mount(
+                    std::ptr::null(),
+                    root.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_SLAVE,
+                    std::ptr::null(),
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
         });
     }
 }
