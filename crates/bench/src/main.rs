@@ -47,6 +47,10 @@
 //! With `--records` it also measures the records' index at a million records on SQLite and on
 //! Redis (see [`record_store`]): the commands, the panel's pages and memory, and a prune of a
 //! year, beside reading a file per record as earlier versions did.
+//!
+//! `--egress-off` measures only a job's start with egress off: on the host's network, as it was,
+//! and on a network of its own through slirp4netns, as it is (see
+//! [`sandbox_start::measure_egress_off`]).
 
 mod container_start;
 mod egress_proxy;
@@ -137,6 +141,13 @@ struct Args {
     /// `node -e 0`, filtered and not), then stop.
     #[arg(long)]
     syscalls: bool,
+    /// Measure only a job's start with egress off, on the host's network as it was and on a
+    /// network of its own through slirp4netns as it is, then stop (root only).
+    #[arg(long)]
+    egress_off: bool,
+    /// Timed runs of each side of the egress-off measurement.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    egress_off_runs: u32,
     /// Timed runs of each side of the filters' measurement (after as many untimed as
     /// `--sandbox-warm-up`).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
@@ -307,6 +318,16 @@ fn run(args: &Args) -> anyhow::Result<()> {
     }
     if args.syscalls {
         return syscall_figures(args, &node_modules);
+    }
+    if args.egress_off {
+        let figures =
+            sandbox_start::measure_egress_off(args.egress_off_runs, args.sandbox_warm_up)?;
+        if args.json {
+            println!("{}", json!({ "egress_off": figures.json() }));
+        } else {
+            figures.print();
+        }
+        return Ok(());
     }
     let bin = match &args.bin {
         Some(path) => path.clone(),

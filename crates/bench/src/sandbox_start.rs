@@ -559,3 +559,93 @@ fn job_env() -> anyhow::Result<JobEnv> {
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
+
+/// `--egress-off`: a job's start with egress off, as it was (the host's network) and as it is (a
+/// network of its own: the namespace made, slirp4netns up, then the sandbox), beside egress on's
+/// (its own loopback only). Each run starts `/bin/true` in the worker's sandbox and waits for it;
+/// the own network's runs also end slirp4netns, as the worker does after a job. Root only.
+pub struct EgressOffFigures {
+    pub runs: u32,
+    pub host_network: Latency,
+    pub own_network: Latency,
+    pub loopback_only: Latency,
+}
+
+impl EgressOffFigures {
+    pub fn json(&self) -> Value {
+        let side = |l: &Latency| json!({"p50_ms": round2(l.p50), "p99_ms": round2(l.p99), "min_ms": round2(l.min)});
+        json!({
+            "runs": self.runs,
+            "host_network": side(&self.host_network),
+            "own_network": side(&self.own_network),
+            "loopback_only": side(&self.loopback_only),
+            "added_p50_ms": round2(self.own_network.p50 - self.host_network.p50),
+        })
+    }
+
+    pub fn print(&self) {
+        println!(
+            "egress off, /bin/true in a job's sandbox ({} runs each): the host's network p50 {:.2} ms (p99 {:.2}), its own network through slirp4netns p50 {:.2} ms (p99 {:.2}), added p50 {:.2} ms; egress on's loopback only p50 {:.2} ms (p99 {:.2})",
+            self.runs,
+            self.host_network.p50,
+            self.host_network.p99,
+            self.own_network.p50,
+            self.own_network.p99,
+            self.own_network.p50 - self.host_network.p50,
+            self.loopback_only.p50,
+            self.loopback_only.p99,
+        );
+    }
+}
+
+/// Measures [`EgressOffFigures`], the three ways alternating one by one after `warm_up` untimed
+/// runs of each.
+pub fn measure_egress_off(runs: u32, warm_up: u32) -> anyhow::Result<EgressOffFigures> {
+    ensure!(
+        rustix::process::geteuid().is_root(),
+        "the egress-off measurement makes network namespaces: run it as root"
+    );
+    let bwrap = Path::new(bwrap::BWRAP);
+    let folders = Folders::new()?;
+    let host = folders.spec(&folders.image, "/bin/true", &[])?;
+    let loopback = SandboxSpec {
+        share_net: false,
+        ..host.clone()
+    };
+    let env = job_env()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let own = || async {
+            let start = Instant::now();
+            let outside =
+                sandbox::outside::Outside::start(Path::new(sandbox::outside::SLIRP4NETNS), &[])
+                    .context("the job's network")?;
+            let spec = SandboxSpec {
+                netns: Some(std::os::fd::AsRawFd::as_raw_fd(&outside.netns())),
+                ..host.clone()
+            };
+            sandboxed(bwrap, &spec, &env).await?;
+            drop(outside);
+            anyhow::Ok(start.elapsed().as_secs_f64() * 1e3)
+        };
+        for _ in 0..warm_up {
+            sandboxed(bwrap, &host, &env).await?;
+            own().await?;
+            sandboxed(bwrap, &loopback, &env).await?;
+        }
+        let (mut h, mut o, mut l) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..runs {
+            h.push(sandboxed(bwrap, &host, &env).await?.as_secs_f64() * 1e3);
+            o.push(own().await?);
+            l.push(sandboxed(bwrap, &loopback, &env).await?.as_secs_f64() * 1e3);
+        }
+        Ok(EgressOffFigures {
+            runs,
+            host_network: Latency::of(h),
+            own_network: Latency::of(o),
+            loopback_only: Latency::of(l),
+        })
+    })
+}

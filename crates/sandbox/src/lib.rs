@@ -6,6 +6,8 @@
 //! - [`bwrap`]: bubblewrap's arguments for a job (pure), and the job started, limited in time and
 //!   killed with its whole process tree.
 //! - [`podman`]: the same contract in a Podman (or Docker) container.
+//! - [`masked`]: a job's read-only folders as overlays named by descriptor, so its mount table
+//!   names no path of the host.
 //! - [`outside`]: egress off, a network namespace of the job's own with user-mode networking to
 //!   the outside and the host's own addresses refused.
 //!
@@ -22,6 +24,7 @@ pub mod env;
 pub mod identity;
 pub mod isolated;
 pub mod launcher;
+pub mod masked;
 pub mod outside;
 pub mod podman;
 pub mod secrets;

@@ -111,15 +111,31 @@ pub fn try_lock_folder(locks: &Path, folder: &str) -> std::io::Result<Option<Fol
 
 /// The job's folder (the sandbox's `/job`), written fresh in its state folder (a folder left by
 /// an earlier attempt is replaced): `prompt.md`, `event.json`, the runner's input and, when the
-/// job names servers, `mcp.json`, each read-only.
+/// job names servers, `mcp.json`, each read-only. A root worker makes it a small file system of
+/// its own ([`JOB_FOLDER_BYTES`]), so that the job's mount table shows `/job` as that, never as
+/// the deployment's path with the job's id in it; it is unmounted when the job ends
+/// ([`release_job_folder`]).
 fn write_job_folder(plan: &Admitted, prompt: String) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
     let folder = plan.state_dir.join("job");
+    release_job_folder(&folder);
     if folder.exists() {
         make_writable(&folder)?;
         std::fs::remove_dir_all(&folder)?;
     }
     std::fs::create_dir_all(&folder)?;
+    if rustix::process::geteuid().is_root() {
+        let size = std::ffi::CString::new(format!("size={JOB_FOLDER_BYTES},mode=0755"))
+            .map_err(std::io::Error::other)?;
+        use rustix::mount::MountFlags as F;
+        rustix::mount::mount(
+            "tmpfs",
+            &folder,
+            "tmpfs",
+            F::NOSUID | F::NODEV | F::NOEXEC,
+            Some(size.as_c_str()),
+        )?;
+    }
     std::fs::set_permissions(&plan.state_dir, std::fs::Permissions::from_mode(0o755))?;
     std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o755))?;
     let event = serde_json::json!({
@@ -142,6 +158,14 @@ fn write_job_folder(plan: &Admitted, prompt: String) -> std::io::Result<PathBuf>
         pickup::fs::write_job_mcp(&folder, file)?;
     }
     Ok(folder)
+}
+
+/// The size of a root worker's job folder: its prompt, event, runner input and `mcp.json`.
+const JOB_FOLDER_BYTES: u64 = 16 << 20;
+
+/// Unmounts the job's folder a root worker mounted (nothing when it is not a mount).
+fn release_job_folder(folder: &Path) {
+    let _ = rustix::mount::unmount(folder, rustix::mount::UnmountFlags::DETACH);
 }
 
 /// A later attempt's cost cap is what the job's earlier attempts left of it, so that a job made to
@@ -312,6 +336,7 @@ impl Worker {
             let denied = self.close_egress(draft).await;
             draft.egress_denied(denied);
         }
+        release_job_folder(&job_dir);
         let mut verdict = match ran {
             Ok(ended) => self.settle(draft, ended, &redactor),
             Err(verdict) => verdict,

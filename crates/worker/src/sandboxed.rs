@@ -73,6 +73,8 @@ struct Confined {
     cgroup: Option<JobCgroup>,
     /// Egress off: the job's own network, with the way to the outside; it ends with the job.
     outside: Option<sandbox::outside::Outside>,
+    /// The job's read-only folders as it sees them (a root worker's), unmounted after it.
+    masked: Option<sandbox::masked::Masked>,
     limits: Limits,
 }
 
@@ -300,10 +302,12 @@ impl Worker {
             disk,
             cgroup,
             outside,
+            masked,
             ..
         } = confined;
         // slirp4netns is in the job's control groups: it ends before they are removed.
         drop(outside);
+        drop(masked);
         drop(cgroup);
         let full = matches!(ran, Ran::Breached(Breach::Disk(_)));
         let written_back = self.keep_what_it_wrote(disk, full, view.as_ref()).await;
@@ -373,6 +377,33 @@ impl Worker {
             },
             None => spec,
         };
+        let (masked, spec) = match &view {
+            Some(_) => {
+                // The job's own folder is a file system of its own already (its socket to the
+                // egress proxy would not pass an overlay).
+                let folders = [&*spec.overlay_dir, &*spec.image_dir];
+                let (masked, places) = sandbox::masked::Masked::over(&plan.state_dir, &folders)
+                    .map_err(|e| {
+                        tracing::warn!(event = "job_folders_failed", job_id = %plan.job_id, detail = %e.kind());
+                        let why = format!("the job's folders could not be mounted for it ({})", e.kind());
+                        Verdict::from(not_started(draft, why))
+                    })?;
+                let [overlay_dir, image_dir]: [std::path::PathBuf; 2] =
+                    places.try_into().map_err(|_| {
+                        Verdict::from(not_started(
+                            draft,
+                            "the job's folders could not be mounted for it".to_owned(),
+                        ))
+                    })?;
+                let spec = JobSpec {
+                    overlay_dir,
+                    image_dir,
+                    ..spec
+                };
+                (Some(masked), spec)
+            }
+            None => (None, spec),
+        };
         let limits = limits(&self.settings);
         let cgroup = self
             .job_cgroup(plan, view.as_ref(), &limits)
@@ -399,6 +430,7 @@ impl Worker {
             spec,
             _identity: identity,
             outside,
+            masked,
             view,
             disk,
             cgroup,

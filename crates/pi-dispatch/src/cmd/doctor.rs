@@ -590,10 +590,25 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
         },
         None => Network::None,
     };
+    // As the worker gives a root worker's job its read-only folders: overlays of their own.
+    let image_dir = settings.dir.join("images").join(image);
+    let (masked, [job_dir, overlay, image_dir]) = if root {
+        let (masked, places) =
+            sandbox::masked::Masked::over(folder.path(), &[&job_dir, &overlay, &image_dir])
+                .map_err(|e| {
+                    format!("the job's folders cannot be mounted for it ({})", e.kind())
+                })?;
+        let places: [std::path::PathBuf; 3] = places
+            .try_into()
+            .map_err(|_| "the job's folders cannot be mounted for it".to_owned())?;
+        (Some(masked), places)
+    } else {
+        (None, [job_dir, overlay, image_dir])
+    };
     let spec = JobSpec {
         job_dir,
         overlay_dir: overlay,
-        image_dir: settings.dir.join("images").join(image),
+        image_dir,
         image_name: image.to_owned(),
         workspace,
         host_user,
@@ -626,7 +641,7 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
             "job-limits".into(),
         ],
     };
-    let _kept = (outside, disk, view, cgroup, identity);
+    let _kept = (outside, masked, disk, view, cgroup, identity);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -19,6 +19,7 @@ mod hostile;
 mod hostile_bounds;
 mod hostile_egress_off;
 mod hostile_host;
+mod hostile_mounts;
 mod hostile_pi;
 mod hostile_post;
 mod hostile_publish;
