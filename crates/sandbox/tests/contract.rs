@@ -282,23 +282,12 @@ async fn the_job_has_its_own_pid_namespace_and_no_network(kind: Kind) {
 /// and neither the host's loopback nor any of the host's own addresses; its resolver is
 /// slirp4netns's.
 async fn with_egress_off_the_job_reaches_out_but_never_the_host(kind: Kind) {
-    use std::net::{IpAddr, TcpListener};
     let outside = testkit::netns::TestHost::new();
     let far = outside.tcp(0);
     let far_port = far.local_addr().unwrap().port();
-    // Every address of the host, loopback included (the listener's backlog answers a connect).
-    let near = TcpListener::bind("0.0.0.0:0").unwrap();
-    let near_port = near.local_addr().unwrap().port();
-    let host_v4: Vec<IpAddr> = sandbox::outside::host_addresses()
-        .unwrap()
-        .into_iter()
-        .filter(IpAddr::is_ipv4)
-        .collect();
-    // The control: from the host, the host's listener answers on each.
-    for a in &host_v4 {
-        std::net::TcpStream::connect((*a, near_port))
-            .expect("the host's listener answers the host");
-    }
+    // Every address of the host, loopback included, each answering the host (the control).
+    let near = testkit::netns::HostListener::new();
+    let (near_port, host_v4) = (near.port, near.v4.clone());
     let mut probes = vec![
         ("far".to_owned(), format!("{}:{far_port}", outside.v4)),
         ("slirp-host".to_owned(), format!("10.0.2.2:{near_port}")),

@@ -166,3 +166,35 @@ impl Drop for TestHost {
         ip_quiet(&["link", "del", &self.link]);
     }
 }
+
+/// A listener on every address of this host (loopback included), and this host's IPv4 addresses,
+/// each proven to reach it from here: what a job must not reach, with its control.
+#[derive(Debug)]
+pub struct HostListener {
+    pub listener: TcpListener,
+    pub port: u16,
+    pub v4: Vec<std::net::IpAddr>,
+}
+
+impl HostListener {
+    pub fn new() -> HostListener {
+        let listener = TcpListener::bind("0.0.0.0:0").expect("a listener binds on the host");
+        let port = listener.local_addr().unwrap().port();
+        let v4: Vec<std::net::IpAddr> = nix::ifaddrs::getifaddrs()
+            .expect("the host's addresses are read")
+            .filter_map(|a| a.address?.as_sockaddr_in().map(|v4| v4.ip().into()))
+            .collect();
+        // The control: the backlog answers a connect on each address.
+        for a in &v4 {
+            std::net::TcpStream::connect((*a, port))
+                .unwrap_or_else(|e| panic!("the host's listener answers the host at {a}: {e}"));
+        }
+        HostListener { listener, port, v4 }
+    }
+}
+
+impl Default for HostListener {
+    fn default() -> Self {
+        HostListener::new()
+    }
+}

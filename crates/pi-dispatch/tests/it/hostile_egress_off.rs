@@ -5,7 +5,7 @@
 //! Controls: from the host, the listener answers on each address; from inside the other job's
 //! network, its listeners answer.
 
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -64,16 +64,8 @@ fn with_egress_off_a_job_reaches_the_outside_and_never_the_host_or_another_job()
         "PI_WORKER_CONCURRENCY=2\n",
     );
     // A listener on every address of the host, loopback included.
-    let near = TcpListener::bind("0.0.0.0:0").unwrap();
-    let near_port = near.local_addr().unwrap().port();
-    let host_v4: Vec<IpAddr> = sandbox::outside::host_addresses()
-        .unwrap()
-        .into_iter()
-        .filter(IpAddr::is_ipv4)
-        .collect();
-    for a in &host_v4 {
-        TcpStream::connect((*a, near_port)).expect("the control: the host reaches its listener");
-    }
+    let near = testkit::netns::HostListener::new();
+    let (near_port, host_v4) = (near.port, near.v4.clone());
     // The outside: a listener on the service's test host.
     let far = s.host.tcp(0);
     let far_port = far.local_addr().unwrap().port();
