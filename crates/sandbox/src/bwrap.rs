@@ -346,7 +346,7 @@ fn job_args(spec: &SandboxSpec, from: Sources) -> Vec<OsString> {
     // no nameserver named.
     let system = system_args(&spec.system);
     push(&system.iter().map(OsString::as_os_str).collect::<Vec<_>>());
-    if let Some((file, _)) = hidden_resolver(spec) {
+    if let Some(file) = hidden_resolver(spec) {
         let fd = OsString::from(resolver_fd(spec).to_string());
         push(&[s("--ro-bind-data"), &fd, file.as_os_str()]);
     }
@@ -391,19 +391,25 @@ fn job_args(spec: &SandboxSpec, from: Sources) -> Vec<OsString> {
     a
 }
 
-/// The resolver configuration a job sees in place of the host's, and what it says: nothing, for
-/// a job with no network but its loopback; slirp4netns's resolver, for a job in a network of its
-/// own. `None` keeps the host's (or there is none to replace).
-fn hidden_resolver(spec: &SandboxSpec) -> Option<(&Path, &'static str)> {
-    let content = match (spec.share_net, spec.netns) {
-        (false, _) => "",
-        (true, Some(_)) => crate::outside::RESOLVER,
-        (true, None) => return None,
-    };
+/// The resolver configuration a job sees in place of the host's, if it would see one: a job with
+/// no network but its loopback, or in a network of its own, never sees the host's. Pure.
+fn hidden_resolver(spec: &SandboxSpec) -> Option<&Path> {
+    if spec.share_net && spec.netns.is_none() {
+        return None;
+    }
     spec.system.iter().find_map(|p| match p {
-        SystemPath::Resolver(file) => Some((file.as_path(), content)),
+        SystemPath::Resolver(file) => Some(file.as_path()),
         _ => None,
     })
+}
+
+/// What the job's resolver configuration says in its place: nothing, for a job with no network but
+/// its loopback; the host's nameservers it can reach, for a job in a network of its own.
+fn resolver_content(spec: &SandboxSpec) -> String {
+    match spec.netns {
+        Some(_) => crate::outside::resolver_conf(),
+        None => String::new(),
+    }
 }
 
 /// The descriptor bubblewrap reads the hidden resolver configuration's (empty) content from: the
@@ -669,9 +675,9 @@ fn bound_descriptors(spec: &SandboxSpec, bound: &[Bound]) -> Result<Vec<FdMappin
     }
     // The content of the resolver configuration, from a memory file (a device such as /dev/null
     // cannot be opened where the job's binds are).
-    if let Some((_, content)) = hidden_resolver(spec) {
+    if hidden_resolver(spec).is_some() {
         mappings.push(FdMapping {
-            parent_fd: memory_file("pi-dispatch-resolver", content.as_bytes())?,
+            parent_fd: memory_file("pi-dispatch-resolver", resolver_content(spec).as_bytes())?,
             child_fd: resolver_fd(spec),
         });
     }

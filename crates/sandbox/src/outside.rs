@@ -9,11 +9,13 @@
 //! device, an address and a default route, and carries what the job sends out as ordinary sockets
 //! of the host, with the host's loopback refused (`--disable-host-loopback`), in a mount namespace
 //! of its own with its capabilities dropped and a system-call filter (`--enable-sandbox
-//! --enable-seccomp`), in the job's control groups. It starts in a mount namespace whose mounts
+//! --enable-seccomp`), in the job's control groups, with its resolver address off
+//! (`--disable-dns`): that address would carry any port to the host's nameserver, which may be a
+//! stub on the host's loopback. It starts in a mount namespace whose mounts
 //! are all slaves of the host's: its sandbox unmounts its copy of the host's tree, which, as root
 //! in the host's user namespace, would otherwise unmount the host's own mounts where they are
 //! shared (a network namespace's file under `/run/netns`, a job's overlay under a shared `/var`). The job's resolver is slirp4netns's
-//! ([`NAMESERVER`]), which passes questions on to the host's.
+//! the host's nameservers, asked through slirp4netns like any other address ([`resolver_conf`]).
 //!
 //! What the job reaches: any address but the host's own, over IPv4 (slirp4netns's IPv6 is off).
 //! Not the host's loopback (its own loopback is its own), not the host's addresses, not another
@@ -33,10 +35,10 @@ use std::time::{Duration, Instant};
 use command_fds::{CommandFdExt as _, FdMapping};
 
 pub use protocol::egress::SLIRP4NETNS;
-/// The resolver slirp4netns answers on inside the namespace.
-pub const NAMESERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 3);
-/// The job's resolver configuration.
-pub const RESOLVER: &str = "nameserver 10.0.2.3\n";
+/// The host's resolver configuration, and where systemd-resolved keeps the servers it asks when
+/// the host's names its own stub on loopback.
+pub const HOST_RESOLVER: &str = "/etc/resolv.conf";
+pub const RESOLVED_UPSTREAM: &str = "/run/systemd/resolve/resolv.conf";
 /// Link-local addresses (IPv4), refused to every job: where clouds serve instance credentials.
 pub const LINK_LOCAL: (Ipv4Addr, u8) = (Ipv4Addr::new(169, 254, 0, 0), 16);
 /// How long slirp4netns may take to say the network is up.
@@ -88,6 +90,35 @@ pub fn refused(host: &[IpAddr]) -> Vec<(Ipv4Addr, u8)> {
     nets
 }
 
+/// The nameservers a job with egress off asks, from a resolver configuration's text: its IPv4
+/// `nameserver` lines, but those on loopback (a stub of the host's, out of the job's reach).
+/// Pure.
+pub fn nameservers(conf: &str) -> Vec<Ipv4Addr> {
+    conf.lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("nameserver")).then(|| words.next())?
+        })
+        .filter_map(|a| a.parse::<Ipv4Addr>().ok())
+        .filter(|a| !a.is_loopback() && !a.is_unspecified())
+        .collect()
+}
+
+/// The job's resolver configuration: the host's nameservers ([`nameservers`] of
+/// [`HOST_RESOLVER`], else of [`RESOLVED_UPSTREAM`] when the host asks a stub of its own), each
+/// reached through slirp4netns like any address; empty when the host has none a job can reach.
+pub fn resolver_conf() -> String {
+    let read = |path: &str| nameservers(&std::fs::read_to_string(path).unwrap_or_default());
+    let mut servers = read(HOST_RESOLVER);
+    if servers.is_empty() {
+        servers = read(RESOLVED_UPSTREAM);
+    }
+    servers
+        .iter()
+        .map(|a| format!("nameserver {a}\n"))
+        .collect()
+}
+
 /// The host's own addresses, as its interfaces have them now.
 pub fn host_addresses() -> io::Result<Vec<IpAddr>> {
     let addresses = nix::ifaddrs::getifaddrs().map_err(io::Error::from)?;
@@ -107,6 +138,9 @@ pub fn slirp_args() -> Vec<String> {
         "--configure".to_owned(),
         format!("--mtu={MTU}"),
         "--disable-host-loopback".to_owned(),
+        // Its resolver address would carry any port to the host's nameserver (systemd-resolved's
+        // stub on the host's loopback, say): the job asks the host's servers itself instead.
+        "--disable-dns".to_owned(),
         "--enable-sandbox".to_owned(),
         "--enable-seccomp".to_owned(),
         "--netns-type=path".to_owned(),
@@ -356,9 +390,20 @@ mod tests {
     }
 
     #[test]
+    fn a_job_asks_the_hosts_nameservers_never_one_on_loopback() {
+        let conf = "# stub\nnameserver 127.0.0.53\noptions edns0\nnameserver 192.0.2.53\nnameserver  198.51.100.7 \nnameserver 2001:db8::53\nnameserver 0.0.0.0\nsearch example.net\n";
+        assert_eq!(
+            nameservers(conf),
+            vec![Ipv4Addr::new(192, 0, 2, 53), Ipv4Addr::new(198, 51, 100, 7)]
+        );
+        assert!(nameservers("nameserver 127.0.0.53\n").is_empty());
+    }
+
+    #[test]
     fn slirp4netns_refuses_the_hosts_loopback_in_a_sandbox_of_its_own() {
         let a = slirp_args().join(" ");
         for part in [
+            "--disable-dns",
             "--disable-host-loopback",
             "--enable-sandbox",
             "--enable-seccomp",

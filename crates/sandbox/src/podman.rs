@@ -223,8 +223,13 @@ fn confinement_args(podman: &Podman, spec: &JobSpec) -> Vec<OsString> {
     };
     push(&[s("--network"), s(&network)]);
     if let Network::Outside { .. } = spec.network {
-        let nameserver = crate::outside::NAMESERVER.to_string();
-        push(&[s("--dns"), s(&nameserver)]);
+        let servers = crate::outside::nameservers(&crate::outside::resolver_conf());
+        if servers.is_empty() {
+            push(&[s("--dns"), s("none")]);
+        }
+        for server in servers {
+            push(&[s("--dns"), s(&server.to_string())]);
+        }
     }
     // None of the engine's own variables: the launcher sets the job's, and only those (Docker
     // has no such option; its few defaults never reach the job, whose launcher clears them).

@@ -291,6 +291,7 @@ async fn with_egress_off_the_job_reaches_out_but_never_the_host(kind: Kind) {
     let mut probes = vec![
         ("far".to_owned(), format!("{}:{far_port}", outside.v4)),
         ("slirp-host".to_owned(), format!("10.0.2.2:{near_port}")),
+        ("slirp-dns".to_owned(), format!("10.0.2.3:{near_port}")),
     ];
     for a in &host_v4 {
         probes.push((format!("host {a}"), format!("{a}:{near_port}")));
@@ -333,7 +334,19 @@ async fn with_egress_off_the_job_reaches_out_but_never_the_host(kind: Kind) {
             out.stdout
         );
     }
-    assert!(out.stdout.contains("nameserver 10.0.2.3"), "{}", out.stdout);
+    assert!(said.contains(&"slirp-dns refused"), "{}", out.stdout);
+    // Its resolver: the host's nameservers it can reach, never one on loopback or slirp4netns's.
+    let servers: Vec<&str> = said
+        .iter()
+        .filter_map(|l| l.strip_prefix("nameserver "))
+        .collect();
+    let expected = sandbox::outside::nameservers(&sandbox::outside::resolver_conf());
+    assert_eq!(
+        servers,
+        expected.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "{}",
+        out.stdout
+    );
     let interfaces: BTreeSet<&str> = said.iter().rev().take(2).copied().collect();
     assert_eq!(interfaces, BTreeSet::from(["lo", "tap0"]), "{}", out.stdout);
 }

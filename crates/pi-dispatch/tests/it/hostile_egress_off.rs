@@ -114,7 +114,7 @@ fn with_egress_off_a_job_reaches_the_outside_and_never_the_host_or_another_job()
 
     // The second job, on a repository of its own, with its targets.
     let mut targets = format!(
-        "far {} {far_port}\nhost-loopback 127.0.0.1 {near_port}\nslirp-host 10.0.2.2 {near_port}\n",
+        "far {} {far_port}\nhost-loopback 127.0.0.1 {near_port}\nslirp-host 10.0.2.2 {near_port}\nslirp-dns 10.0.2.3 {near_port}\n",
         s.host.v4
     );
     for a in &host_v4 {
