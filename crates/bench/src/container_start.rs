@@ -70,7 +70,7 @@ fn podman_run(limits: &Limits) -> anyhow::Result<Duration> {
         "/bin/true".to_owned(),
     ];
     let start = Instant::now();
-    let status = std::process::Command::new(sandbox::podman::PODMAN)
+    let status = std::process::Command::new(config::settings::PODMAN)
         .args(&args)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -138,7 +138,7 @@ pub fn measure(options: &Options) -> anyhow::Result<ContainerFigures> {
         limits: Vec::new(),
     };
     let podman = Podman {
-        program: sandbox::podman::PODMAN.into(),
+        program: config::settings::PODMAN.into(),
         runtime: Some("runc".to_owned()),
         limits: Limits::within_own(),
         base_image: Some(testkit::podman_base_image()),

@@ -68,6 +68,8 @@ pub const SANDBOX_SETTING: &str = "PI_SANDBOX";
 /// it (without it, a job runs the container image `image build` made of its image), and the OCI
 /// runtime it runs with.
 pub const PODMAN_IMAGE_SETTING: &str = "PI_PODMAN_IMAGE";
+/// Where Debian installs Podman: the engine every part of pi-dispatch runs when no other is found.
+pub const PODMAN: &str = "/usr/bin/podman";
 pub const PODMAN_RUNTIME_SETTING: &str = "PI_PODMAN_RUNTIME";
 /// What a `fix` job's work tree may hold to be published: its largest file, and all its files
 /// together, in MiB (a sparse file counts its whole size).
@@ -393,6 +395,12 @@ impl SandboxBackend {
         self.engine_where(&|p| std::path::Path::new(p).is_file())
     }
 
+    /// The container engine to run: [`SandboxBackend::engine`], else Debian's Podman ([`PODMAN`]),
+    /// which images are built with and inspected by whatever the backend.
+    pub fn engine_or_podman(&self) -> &'static str {
+        self.engine().unwrap_or(PODMAN)
+    }
+
     /// [`SandboxBackend::engine`], with `exists` saying which programs are there.
     fn engine_where(&self, exists: &dyn Fn(&str) -> bool) -> Option<&'static str> {
         let candidates: [&'static str; 4] = match self {
@@ -404,7 +412,7 @@ impl SandboxBackend {
                 "/snap/bin/docker",
             ],
             SandboxBackend::Podman { docker: false, .. } => [
-                "/usr/bin/podman",
+                PODMAN,
                 "/usr/local/bin/podman",
                 "/bin/podman",
                 "/snap/bin/podman",

@@ -195,9 +195,6 @@ pub struct EngineImages {
     pub podman: PathBuf,
 }
 
-/// Where Debian's package puts the engine.
-pub const PODMAN: &str = "/usr/bin/podman";
-
 impl Images for EngineImages {
     fn image(&self, name: &str) -> Image {
         if !config::settings::is_image_name(name) {
@@ -261,7 +258,7 @@ impl<'a> Deployment<'a> {
             images: match &settings.sandbox {
                 config::settings::SandboxBackend::Podman { base: None, .. } => {
                     Box::new(EngineImages {
-                        podman: PathBuf::from(settings.sandbox.engine().unwrap_or(PODMAN)),
+                        podman: PathBuf::from(settings.sandbox.engine_or_podman()),
                     })
                 }
                 _ => Box::new(ImageFolders::new(&settings.dir)),

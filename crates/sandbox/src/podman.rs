@@ -31,9 +31,6 @@ use crate::backend::{Backend, BoxFuture, JobSpec, Network, RunningJob, StartErro
 use crate::bwrap::{Ending, IMAGE, JOB_DIR, OVERLAY, WORKSPACE};
 use crate::env::JobEnv;
 
-/// Where Debian's package puts it.
-pub const PODMAN: &str = "/usr/bin/podman";
-
 /// util-linux's `setpriv`, which a job's `podman run` is started through to die with the worker.
 const SETPRIV: &str = "/usr/bin/setpriv";
 
@@ -520,7 +517,7 @@ mod tests {
     #[test]
     fn the_command_line_of_a_job_container() {
         let podman = Podman {
-            program: PODMAN.into(),
+            program: config::settings::PODMAN.into(),
             runtime: Some("runc".into()),
             limits: Limits::default(),
             base_image: Some("localhost/pi-dispatch-base:latest".into()),

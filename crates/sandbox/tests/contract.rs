@@ -41,7 +41,7 @@ fn backend(kind: Kind) -> Box<dyn Backend> {
             limits: Vec::new(),
         }),
         Kind::Podman => Box::new(Podman {
-            program: sandbox::podman::PODMAN.into(),
+            program: config::settings::PODMAN.into(),
             runtime: Some("runc".into()),
             limits: Limits {
                 pids: 256,
@@ -618,7 +618,7 @@ async fn a_podman_job_the_engine_cannot_run_is_the_sandboxs_failure_not_the_jobs
     const ID: &str = "job-contract-engine-failed";
     let fx = Fixture::new();
     let podman = Podman {
-        program: sandbox::podman::PODMAN.into(),
+        program: config::settings::PODMAN.into(),
         runtime: Some("runc".into()),
         limits: Limits::within_own(),
         base_image: Some("localhost/pi-dispatch-no-such-image:absent".into()),

@@ -263,7 +263,7 @@ fn podman_checks(inputs: &Inputs, base: Option<&str>, out: &mut Vec<Check>) {
         .job_image
         .as_deref()
         .unwrap_or(config::settings::DEFAULT_JOB_IMAGE);
-    let engine = inputs.settings.sandbox.engine().unwrap_or(PODMAN);
+    let engine = inputs.settings.sandbox.engine_or_podman();
     out.push(if is_executable(Path::new(engine)) {
         Check::ok("sandbox.engine", format!("container engine: {engine} (PI_SANDBOX)"))
     } else {
@@ -304,9 +304,6 @@ fn podman_checks(inputs: &Inputs, base: Option<&str>, out: &mut Vec<Check>) {
         },
     });
 }
-
-/// Where the container backend expects Podman.
-pub const PODMAN: &str = "/usr/bin/podman";
 
 /// Where the embedded backend expects bubblewrap, and (for a root worker) setpriv.
 pub use crate::image::BWRAP;
@@ -366,7 +363,7 @@ pub fn gather(settings: Settings) -> Inputs {
         config::settings::SandboxBackend::Podman { base: None, .. }
     )
     .then(|| {
-        let engine = Path::new(settings.sandbox.engine().unwrap_or(PODMAN));
+        let engine = Path::new(settings.sandbox.engine_or_podman());
         pickup::fs::engine_labels(engine, &image_name)
             .ok()
             .flatten()

@@ -96,7 +96,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             Some(tar) => setup::image::Rootfs::Tarball(tar),
             None => setup::image::Rootfs::Mmdebstrap,
         };
-        let podman = std::path::Path::new(sandbox::podman::PODMAN);
+        let podman = std::path::Path::new(config::settings::PODMAN);
         return match setup::image::build(
             &ctx.dir,
             name,

@@ -234,11 +234,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             }),
             config::settings::SandboxBackend::Podman { base, runtime, .. } => {
                 Arc::new(sandbox::podman::Podman {
-                    program: settings
-                        .sandbox
-                        .engine()
-                        .unwrap_or(sandbox::podman::PODMAN)
-                        .into(),
+                    program: settings.sandbox.engine_or_podman().into(),
                     runtime: runtime.clone(),
                     limits: sandbox::podman::Limits::within_own(),
                     base_image: base.clone(),
