@@ -5,6 +5,7 @@ mod cmd;
 mod context;
 mod exit;
 mod output;
+mod record_text;
 
 use std::process::ExitCode;
 

@@ -65,7 +65,7 @@ pub fn show_open(
         // It may have ended between the two looks.
         return match records.read(id) {
             Ok(record) => {
-                crate::output::print(&crate::cmd::runs::human(&record))?;
+                crate::output::print(&crate::record_text::human(&record))?;
                 Ok(Some(Exit::Success))
             }
             Err(RecordError::NotFound) => Ok(None),
@@ -137,7 +137,7 @@ fn human_open(job: &Shown, live: Option<&(Snapshot, u64)>) -> String {
             );
         }
     } else {
-        crate::cmd::runs::servers_text(&mut out, &s.servers);
+        crate::record_text::servers_text(&mut out, &s.servers);
     }
     let by_tool: Vec<String> = s
         .tools_begun()
@@ -206,7 +206,7 @@ pub fn follow(ctx: &Context, records: &Records, id: &str) -> anyhow::Result<Exit
                         .reason
                         .map_or(record.outcome.as_str(), |r| r.as_str())
                 );
-                crate::output::print(&crate::cmd::runs::human(&record))?;
+                crate::output::print(&crate::record_text::human(&record))?;
                 return Ok(Exit::Success);
             }
             Err(RecordError::NotFound) => {}
