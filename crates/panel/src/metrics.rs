@@ -54,8 +54,8 @@ fn workers_gauges(out: &mut String, workers: &[WorkerShown]) {
             let _ = writeln!(
                 out,
                 "{name}{{worker=\"{}\",host=\"{}\"}} {}",
-                label_value(&w.id),
-                label_value(&w.host),
+                label_value(&w.card.id),
+                label_value(&w.card.host),
                 value(w)
             );
         }
@@ -70,7 +70,7 @@ fn workers_gauges(out: &mut String, workers: &[WorkerShown]) {
         out,
         "pi_dispatch_worker_jobs_running",
         "Jobs each worker ran when it last announced itself.",
-        |w| u64::from(w.running),
+        |w| u64::from(w.card.running),
     );
 }
 

@@ -139,13 +139,13 @@ fn workers_table(workers: &[WorkerShown]) -> Markup {
             tbody {
                 @for w in workers {
                     tr {
-                        td { code { (w.id) } }
+                        td { code { (w.card.id) } }
                         td { (pill(w.state)) }
-                        td.num { (w.running) " / " (w.concurrency) }
-                        td { (w.labels.join(", ")) }
-                        td { (w.version) }
+                        td.num { (w.card.running) " / " (w.card.concurrency) }
+                        td { (w.card.labels.join(", ")) }
+                        td { (w.card.version) }
                         td.num { (took(w.seen_secs_ago * 1000)) " ago" }
-                        td { (when(w.started_ms)) }
+                        td { (when(w.card.started_ms)) }
                     }
                 }
             }

@@ -181,15 +181,17 @@ mod tests {
         use crate::workers::WorkerShown;
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(160);
         let worker = |labels: &[&str], state: &'static str| WorkerShown {
-            id: "h:1".into(),
-            host: "h".into(),
-            pid: 1,
-            version: "v".into(),
-            labels: labels.iter().map(|l| (*l).to_owned()).collect(),
-            concurrency: 1,
-            running: 0,
-            draining: false,
-            started_ms: 0,
+            card: queue::WorkerCard {
+                id: "h:1".into(),
+                host: "h".into(),
+                pid: 1,
+                version: "v".into(),
+                labels: labels.iter().map(|l| (*l).to_owned()).collect(),
+                concurrency: 1,
+                running: 0,
+                draining: false,
+                started_ms: 0,
+            },
             last_seen_ms: 0,
             seen_secs_ago: 0,
             state,

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use queue::WorkerSeen;
+use queue::{WorkerCard, WorkerSeen};
 use serde::Serialize;
 
 use crate::record::unix_ms;
@@ -12,16 +12,9 @@ use crate::record::unix_ms;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerShown {
-    pub id: String,
-    pub host: String,
-    pub pid: u32,
-    pub version: String,
-    pub labels: Vec<String>,
-    pub concurrency: u32,
-    /// Jobs it ran when it last announced itself.
-    pub running: u32,
-    pub draining: bool,
-    pub started_ms: u64,
+    /// What it said of itself when it last announced itself (its jobs running then among it).
+    #[serde(flatten)]
+    pub card: WorkerCard,
     pub last_seen_ms: u64,
     pub seen_secs_ago: u64,
     /// `live`, `draining` (taking no new job), or `gone` (unseen for longer than the bound: killed,
@@ -43,15 +36,7 @@ pub fn shown(seen: &[WorkerSeen], now: SystemTime, gone_after: Duration) -> Vec<
             let ago = now.duration_since(w.last_seen).unwrap_or(Duration::ZERO);
             let card = &w.card;
             WorkerShown {
-                id: card.id.clone(),
-                host: card.host.clone(),
-                pid: card.pid,
-                version: card.version.clone(),
-                labels: card.labels.clone(),
-                concurrency: card.concurrency,
-                running: card.running,
-                draining: card.draining,
-                started_ms: card.started_ms,
+                card: card.clone(),
                 last_seen_ms: unix_ms(w.last_seen),
                 seen_secs_ago: ago.as_secs(),
                 state: if ago > gone_after {
@@ -71,7 +56,7 @@ pub fn can_take(workers: &[WorkerShown], needs: &[String]) -> bool {
     workers
         .iter()
         .filter(|w| w.takes_jobs())
-        .any(|w| needs.iter().all(|n| w.labels.contains(n)))
+        .any(|w| needs.iter().all(|n| w.card.labels.contains(n)))
 }
 
 #[cfg(test)]

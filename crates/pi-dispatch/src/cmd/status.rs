@@ -202,11 +202,11 @@ fn worker_line(w: &WorkerShown) -> String {
     };
     format!(
         "  {}  {state}  {}/{} jobs  labels {}  version {}\n",
-        w.id,
-        w.running,
-        w.concurrency,
-        w.labels.join(","),
-        w.version
+        w.card.id,
+        w.card.running,
+        w.card.concurrency,
+        w.card.labels.join(","),
+        w.card.version
     )
 }
 
