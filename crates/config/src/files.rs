@@ -153,6 +153,46 @@ impl StagedFile {
     }
 }
 
+/// A file written as it goes (a job's transcript, line by line) beside its target, put in place
+/// whole by [`StagedStream::commit`] the way [`write_atomic`] puts a file: until then, readers of
+/// the target see what was there before.
+#[derive(Debug)]
+pub struct StagedStream {
+    file: File,
+    staged: StagedFile,
+}
+
+impl StagedStream {
+    /// Starts the file beside `target` with `mode` (never through a link).
+    pub fn create(target: &Path, mode: u32) -> io::Result<StagedStream> {
+        let tmp = temp_path(target)?;
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        Ok(StagedStream {
+            file,
+            staged: StagedFile {
+                tmp,
+                target: target.to_owned(),
+            },
+        })
+    }
+
+    /// Where the bytes go.
+    pub fn file(&mut self) -> &mut File {
+        &mut self.file
+    }
+
+    /// Flushes the file to disk, renames it into place and flushes the folder.
+    pub fn commit(self) -> io::Result<()> {
+        self.file.sync_all()?;
+        self.staged.commit()
+    }
+}
+
 /// Replaces `target` with `bytes` atomically (temp file, fsync, rename, fsync of the folder).
 pub fn write_atomic(target: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     let staged = StagedFile::write(target, bytes, mode)?;

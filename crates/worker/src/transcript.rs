@@ -66,8 +66,7 @@ impl Redactor {
 
 /// A transcript being written: under a temporary name until [`Transcript::finish`] renames it.
 pub struct Transcript {
-    file: std::fs::File,
-    partial: PathBuf,
+    file: config::files::StagedStream,
     path: PathBuf,
     written: u64,
     full: bool,
@@ -88,19 +87,10 @@ impl Transcript {
         redactor: Redactor,
         live: Option<std::sync::Arc<dyn records::record::Watched>>,
     ) -> std::io::Result<Transcript> {
-        use std::os::unix::fs::OpenOptionsExt as _;
         let path = dir.join(FILE);
-        let partial = dir.join(format!(".{FILE}.partial"));
-        let _ = std::fs::remove_file(&partial);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc_nofollow())
-            .open(&partial)?;
+        let file = config::files::StagedStream::create(&path, 0o600)?;
         Ok(Transcript {
             file,
-            partial,
             path,
             written: 0,
             full: false,
@@ -119,12 +109,12 @@ impl Transcript {
         text.push('\n');
         if self.written + text.len() as u64 > MAX_BYTES {
             self.full = true;
-            let _ = self.file.write_all(
+            let _ = self.file.file().write_all(
                 b"{\"type\":\"pi_dispatch_transcript_cut\",\"why\":\"the transcript reached its size limit\"}\n",
             );
             return;
         }
-        if self.file.write_all(text.as_bytes()).is_ok() {
+        if self.file.file().write_all(text.as_bytes()).is_ok() {
             self.written += text.len() as u64;
         }
         if let Some(live) = &self.live {
@@ -139,15 +129,9 @@ impl Transcript {
 
     /// Flushes the transcript and puts it in place.
     pub fn finish(self) -> std::io::Result<PathBuf> {
-        self.file.sync_all()?;
-        std::fs::rename(&self.partial, &self.path)?;
+        self.file.commit()?;
         Ok(self.path)
     }
-}
-
-/// `O_NOFOLLOW`: the transcript's place is never a link.
-fn libc_nofollow() -> i32 {
-    rustix::fs::OFlags::NOFOLLOW.bits() as i32
 }
 
 #[cfg(test)]
