@@ -82,6 +82,8 @@ pub struct LiveFeed {
     job_id: String,
     state: Mutex<Feed>,
     wake: Condvar,
+    /// Held from taking the pending lines to writing them, so that batches land in order.
+    writing: Mutex<()>,
 }
 
 impl std::fmt::Debug for LiveFeed {
@@ -122,6 +124,7 @@ impl LiveFeed {
                 done: false,
             }),
             wake: Condvar::new(),
+            writing: Mutex::new(()),
         });
         let weak = Arc::downgrade(&feed);
         std::thread::spawn(move || write_until_done(&weak));
@@ -134,14 +137,18 @@ impl LiveFeed {
         state.dirty = true;
     }
 
-    /// The view has its last lines: written once more, then the writing thread ends.
+    /// The view has its last lines: written once more, then the writing thread ends. When this
+    /// returns, every line the feed was given is in the queue (the record written after it never
+    /// comes before the last lines a follower reads).
     pub fn finish(&self) {
         self.with(|s| s.done = true);
         self.wake.notify_all();
+        self.write();
     }
 
     /// Writes what changed; whether the feed is done.
     fn write(&self) -> bool {
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
         let (snapshot, lines, done) = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             if !state.dirty {
@@ -285,5 +292,29 @@ mod tests {
         assert_eq!((snapshot.turns, snapshot.tool_calls), (1, 1));
         assert_eq!(snapshot.phase(), "running");
         assert_eq!(snapshot.worker, "h:1");
+    }
+
+    /// The job's record is written once `finish` returns: by then every line is in the queue, so a
+    /// follower that sees the record and reads on never misses the last lines.
+    #[test]
+    fn every_line_is_written_when_finish_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue: Arc<dyn Queue> =
+            Arc::new(queue::SqliteQueue::open(&dir.path().join("q.sqlite3")).unwrap());
+        for round in 0..20 {
+            let id = format!("j{round}");
+            let job = protocol::job::Job::new(&id, "cli", "local");
+            let record = Record::ended(&job, protocol::reason::Reason::Cancelled, 1, 0);
+            let feed = LiveFeed::start(queue.clone(), record, "h:1");
+            for n in 0..50 {
+                feed.line(&format!("line {n}"));
+            }
+            feed.finish();
+            let (_, lines, total) = read(&*queue, &id, 0, 100)
+                .unwrap()
+                .expect("the view is written");
+            assert_eq!((lines.len(), total), (50, 50), "round {round}");
+            assert_eq!(lines[49], "line 49");
+        }
     }
 }

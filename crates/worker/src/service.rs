@@ -85,8 +85,18 @@ pub struct LoopOptions {
     pub live: bool,
 }
 
-/// Ends a job's live view when dropped.
+/// Ends a job's live view when dropped (a job this worker let go of), or at once ([`Finish::now`],
+/// before the job's record is written).
 struct Finish(Option<Arc<records::live::LiveFeed>>);
+
+impl Finish {
+    /// Ends the view with its last lines written, off the async loop (it writes to the queue).
+    async fn now(mut self) {
+        if let Some(feed) = self.0.take() {
+            let _ = tokio::task::spawn_blocking(move || feed.finish()).await;
+        }
+    }
+}
 
 impl Drop for Finish {
     fn drop(&mut self) {
@@ -451,7 +461,7 @@ impl Slot<'_> {
             feed
         });
         // However the job ends, its view has its last lines before its record is written.
-        let _finish = Finish(live);
+        let finish = Finish(live);
         let verdict = tokio::select! {
             v = worker.process(&job, draft, stop) => v,
             // The job is someone else's now (this worker was away past its lease): dropping the run
@@ -459,6 +469,7 @@ impl Slot<'_> {
             () = renewing => return,
             () = watching => return,
         };
+        finish.now().await;
         match verdict {
             Verdict::HandBack => self.hand_back(lease).await,
             Verdict::Ended(record) if retried(&record) => {
