@@ -17,6 +17,13 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use rustix::fs::OFlags;
+
+/// Open flags as `OpenOptions::custom_flags` takes them.
+fn flags(f: OFlags) -> i32 {
+    f.bits() as i32
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReadError {
     #[error("not found")]
@@ -52,12 +59,14 @@ impl ReadError {
 pub fn read_file(path: &Path, limit: usize) -> Result<Vec<u8>, ReadError> {
     let file = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .custom_flags(flags(OFlags::NOFOLLOW | OFlags::NONBLOCK))
         .open(path)
         .map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => ReadError::Missing,
             // O_NOFOLLOW on a link fails with ELOOP.
-            _ if e.raw_os_error() == Some(libc::ELOOP) => ReadError::Link,
+            _ if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+                ReadError::Link
+            }
             kind => ReadError::Io(kind),
         })?;
     let meta = file.metadata().map_err(|e| ReadError::Io(e.kind()))?;
@@ -103,7 +112,7 @@ fn write_temp(target: &Path, bytes: &[u8], mode: u32) -> io::Result<PathBuf> {
         .write(true)
         .create_new(true)
         .mode(mode)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(flags(OFlags::NOFOLLOW))
         .open(&tmp)?;
     let (first, second) = bytes.split_at(bytes.len() / 2);
     let written = file
@@ -170,7 +179,7 @@ impl StagedStream {
             .write(true)
             .create_new(true)
             .mode(mode)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(flags(OFlags::NOFOLLOW))
             .open(&tmp)?;
         Ok(StagedStream {
             file,
