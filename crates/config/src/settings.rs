@@ -1255,6 +1255,299 @@ mod tests {
         }
     }
 
+    /// Every setting given a bad value: each is named, in the order the settings are read.
+    #[test]
+    fn every_bad_setting_is_named_in_the_order_they_are_read() {
+        let numbers = [
+            CONCURRENCY_SETTING,
+            TIME_LIMIT_SETTING,
+            PUBLISH_FILE_MB_SETTING,
+            PUBLISH_MB_SETTING,
+            RUN_CHECK_SETTING,
+            JOB_PIDS_SETTING,
+            JOB_MEMORY_SETTING,
+            JOB_CPU_SETTING,
+            JOB_DISK_SETTING,
+            DISK_WARN_SETTING,
+            DISK_MIN_SETTING,
+            KEEP_RECORDS_SETTING,
+            KEEP_TRANSCRIPTS_SETTING,
+            KEEP_FAILED_JOBS_SETTING,
+            DRAIN_LIMIT_SETTING,
+            HEARTBEAT_SETTING,
+        ];
+        let mut pairs: Vec<(&str, &str)> = vec![
+            (OVERLAY_SETTING, "relative"),
+            (TRIGGERS_SETTING, "t.json"),
+            (EGRESS_SETTING, "yes"),
+            (FORWARD_ENV_SETTING, "A,A"),
+            (ALLOWLIST_SETTING, "a.conf"),
+            (ENDPOINTS_SETTING, "e.json"),
+            (REGISTRIES_SETTING, "npx"),
+            (JOB_IMAGE_SETTING, "Pi"),
+            (GITLAB_URL_SETTING, "not checked here"),
+            (PROVIDER_SETTING, "two words"),
+            (MODEL_SETTING, "two words"),
+            (ON_FAILURE_SETTING, "bin/page"),
+            (WORKER_LABELS_SETTING, "host:a"),
+            (HOST_NAME_SETTING, "a:b"),
+            (TRANSCRIPTS_SETTING, "2"),
+            (NAMESERVER_SETTING, "192.0.2.53"),
+            (PROXY_DIR_SETTING, "relative"),
+            (GITHUB_API_URL_SETTING, "ftp://h"),
+            (GITHUB_URL_SETTING, "https://u@h"),
+            (GITHUB_APP_ID_SETTING, "0"),
+            (GITHUB_APP_KEY_SETTING, "key.pem"),
+            (FORGE_JOB_USER_SETTING, "0:0"),
+            (JOB_UIDS_SETTING, "5-10"),
+            (QUEUE_SETTING, "postgres://h/db"),
+            (PODMAN_IMAGE_SETTING, "-x"),
+            (PODMAN_RUNTIME_SETTING, "-y"),
+            (SANDBOX_SETTING, "lxc"),
+        ];
+        pairs.extend(numbers.iter().map(|n| (*n, "x")));
+        let errors = resolve(&from(&pairs), Path::new("/d")).unwrap_err();
+        let number = |name: &'static str| {
+            let (min, max) = match name {
+                CONCURRENCY_SETTING => (1, u64::from(MAX_CONCURRENCY)),
+                TIME_LIMIT_SETTING => (1, MAX_TIME_LIMIT_SECS),
+                PUBLISH_FILE_MB_SETTING | PUBLISH_MB_SETTING => (1, MAX_PUBLISH_MB),
+                RUN_CHECK_SETTING => (1, 3600),
+                JOB_PIDS_SETTING => (16, 4_194_304),
+                JOB_MEMORY_SETTING => (64, 1 << 24),
+                JOB_CPU_SETTING => (1, 30 * 24 * 3600),
+                JOB_DISK_SETTING => (16, 1 << 24),
+                DISK_WARN_SETTING | DISK_MIN_SETTING => (0, 1 << 30),
+                KEEP_RECORDS_SETTING | KEEP_TRANSCRIPTS_SETTING => (1, MAX_KEEP_DAYS),
+                KEEP_FAILED_JOBS_SETTING => (0, MAX_KEEP_DAYS),
+                DRAIN_LIMIT_SETTING => (0, MAX_DRAIN_LIMIT_SECS),
+                _ => (1, MAX_HEARTBEAT_SECS),
+            };
+            SettingError::NotANumber { name, min, max }
+        };
+        let mut want = vec![
+            SettingError::NotAbsolute {
+                name: OVERLAY_SETTING,
+            },
+            SettingError::NotAFlag {
+                name: EGRESS_SETTING,
+            },
+            SettingError::NotANameList {
+                name: FORWARD_ENV_SETTING,
+            },
+            SettingError::NotARegistryList {
+                name: REGISTRIES_SETTING,
+            },
+            SettingError::NotAnImageName {
+                name: JOB_IMAGE_SETTING,
+            },
+            SettingError::NotAModelName {
+                name: PROVIDER_SETTING,
+            },
+            SettingError::NotAModelName {
+                name: MODEL_SETTING,
+            },
+        ];
+        want.extend(numbers.iter().copied().map(number));
+        want.extend([
+            SettingError::NotALabelList {
+                name: WORKER_LABELS_SETTING,
+            },
+            SettingError::NotAHostName {
+                name: HOST_NAME_SETTING,
+            },
+            SettingError::NotAFlag {
+                name: TRANSCRIPTS_SETTING,
+            },
+            SettingError::NotASocketAddress {
+                name: NAMESERVER_SETTING,
+            },
+            SettingError::NotAbsolute {
+                name: PROXY_DIR_SETTING,
+            },
+            SettingError::NotAUrl {
+                name: GITHUB_API_URL_SETTING,
+            },
+            SettingError::NotAUrl {
+                name: GITHUB_URL_SETTING,
+            },
+            SettingError::NotANumber {
+                name: GITHUB_APP_ID_SETTING,
+                min: 1,
+                max: u64::MAX,
+            },
+            SettingError::NotAUser {
+                name: FORGE_JOB_USER_SETTING,
+            },
+            SettingError::NotAnIdRange {
+                name: JOB_UIDS_SETTING,
+            },
+            SettingError::NotAQueue {
+                name: QUEUE_SETTING,
+            },
+            SettingError::NotAnEngineName {
+                name: PODMAN_IMAGE_SETTING,
+            },
+            SettingError::NotAnEngineName {
+                name: PODMAN_RUNTIME_SETTING,
+            },
+            SettingError::NotASandbox {
+                name: SANDBOX_SETTING,
+            },
+        ]);
+        assert_eq!(errors, want);
+    }
+
+    /// Every setting given a good value: each lands in its field, sizes in bytes, URLs without a
+    /// trailing '/'.
+    #[test]
+    fn every_good_setting_lands_in_its_field() {
+        let s = resolve(
+            &from(&[
+                (OVERLAY_SETTING, "/srv/overlay"),
+                (TRIGGERS_SETTING, "t.json"),
+                (EGRESS_SETTING, "0"),
+                (FORWARD_ENV_SETTING, "A, B"),
+                (ALLOWLIST_SETTING, "a.conf"),
+                (ENDPOINTS_SETTING, "/etc/e.json"),
+                (REGISTRIES_SETTING, "npx=registry.example.org"),
+                (JOB_IMAGE_SETTING, "pi-job.v2"),
+                (GITLAB_URL_SETTING, "https://gitlab.example.com"),
+                (PROVIDER_SETTING, "fake"),
+                (MODEL_SETTING, "fake-model"),
+                (ON_FAILURE_SETTING, "bin/page"),
+                (CONCURRENCY_SETTING, "3"),
+                (TIME_LIMIT_SETTING, "600"),
+                (DRAIN_LIMIT_SETTING, "0"),
+                (WORKER_LABELS_SETTING, "gpu, zone:eu"),
+                (HOST_NAME_SETTING, "builder-1"),
+                (HEARTBEAT_SETTING, "5"),
+                (TRANSCRIPTS_SETTING, "0"),
+                (NAMESERVER_SETTING, "[2001:db8::53]:53"),
+                (PROXY_DIR_SETTING, "/run/egress"),
+                (GITHUB_API_URL_SETTING, "https://ghe.example.com/api/v3/"),
+                (GITHUB_URL_SETTING, "https://ghe.example.com"),
+                (GITHUB_APP_ID_SETTING, "42"),
+                (GITHUB_APP_KEY_SETTING, "key.pem"),
+                (FORGE_JOB_USER_SETTING, "1000:1001"),
+                (QUEUE_SETTING, "redis://127.0.0.1:6379/0"),
+                (SANDBOX_SETTING, "docker"),
+                (PODMAN_IMAGE_SETTING, "debian:13"),
+                (PODMAN_RUNTIME_SETTING, "crun"),
+                (PUBLISH_FILE_MB_SETTING, "10"),
+                (PUBLISH_MB_SETTING, "20"),
+                (RUN_CHECK_SETTING, "30"),
+                (JOB_PIDS_SETTING, "100"),
+                (JOB_MEMORY_SETTING, "128"),
+                (JOB_CPU_SETTING, "60"),
+                (JOB_DISK_SETTING, "32"),
+                (JOB_UIDS_SETTING, "200000-200009"),
+                (DISK_WARN_SETTING, "2"),
+                (DISK_MIN_SETTING, "1"),
+                (KEEP_RECORDS_SETTING, "30"),
+                (KEEP_TRANSCRIPTS_SETTING, "7"),
+                (KEEP_FAILED_JOBS_SETTING, "3"),
+            ]),
+            Path::new("/d"),
+        )
+        .unwrap();
+        let want = Settings {
+            dir: PathBuf::from("/d"),
+            overlay_dir: PathBuf::from("/srv/overlay"),
+            triggers_file: PathBuf::from("/d/t.json"),
+            egress: false,
+            forward_env: vec!["A".to_owned(), "B".to_owned()],
+            egress_allowlist: PathBuf::from("/d/a.conf"),
+            model_endpoints: PathBuf::from("/etc/e.json"),
+            package_registries: s.package_registries.clone(),
+            job_image: Some("pi-job.v2".to_owned()),
+            gitlab_url: Some("https://gitlab.example.com".to_owned()),
+            provider: Some("fake".to_owned()),
+            model: Some("fake-model".to_owned()),
+            on_failure: Some(PathBuf::from("/d/bin/page")),
+            concurrency: 3,
+            time_limit_secs: 600,
+            drain_limit_secs: 0,
+            worker_labels: vec!["gpu".to_owned(), "zone:eu".to_owned()],
+            host_name_setting: Some("builder-1".to_owned()),
+            heartbeat_secs: 5,
+            transcripts: false,
+            egress_nameserver: Some("[2001:db8::53]:53".parse().unwrap()),
+            egress_proxy_dir: PathBuf::from("/run/egress"),
+            github_api_url: "https://ghe.example.com/api/v3".to_owned(),
+            github_url: "https://ghe.example.com".to_owned(),
+            github_app_id: Some(42),
+            github_app_key_file: Some(PathBuf::from("/d/key.pem")),
+            forge_job_user: Some((1000, 1001)),
+            queue: QueueBackend::Redis {
+                url: "redis://127.0.0.1:6379/0".to_owned(),
+            },
+            sandbox: SandboxBackend::Podman {
+                base: Some("debian:13".to_owned()),
+                runtime: Some("crun".to_owned()),
+                docker: true,
+            },
+            publish_file_bytes: 10 << 20,
+            publish_bytes: 20 << 20,
+            run_check_secs: 30,
+            job_pids: 100,
+            job_memory_bytes: 128 << 20,
+            job_cpu_secs: 60,
+            job_disk_bytes: 32 << 20,
+            job_uids: (200_000, 200_009),
+            disk_warn_bytes: 2 << 20,
+            disk_min_bytes: 1 << 20,
+            keep: Keep {
+                records_days: 30,
+                transcripts_days: 7,
+                failed_jobs_days: 3,
+            },
+        };
+        assert_eq!(s, want);
+        assert_eq!(
+            s.package_registries
+                .iter()
+                .map(|(r, h)| format!("{r}={h}"))
+                .collect::<Vec<_>>(),
+            ["npx=registry.example.org"]
+        );
+        let defaults = resolve(&from(&[]), Path::new("/d")).unwrap();
+        assert_eq!(
+            (
+                defaults.egress_proxy_dir,
+                defaults.github_api_url,
+                defaults.github_url,
+                defaults.job_uids,
+                defaults.queue,
+                defaults.sandbox,
+            ),
+            (
+                PathBuf::from("/d/state/egress"),
+                DEFAULT_GITHUB_API_URL.to_owned(),
+                DEFAULT_GITHUB_URL.to_owned(),
+                DEFAULT_JOB_UIDS,
+                QueueBackend::Sqlite,
+                SandboxBackend::Bubblewrap,
+            )
+        );
+        assert_eq!(
+            (
+                defaults.publish_file_bytes,
+                defaults.job_memory_bytes,
+                defaults.disk_min_bytes,
+                defaults.heartbeat_secs,
+                defaults.drain_limit_secs,
+            ),
+            (
+                DEFAULT_PUBLISH_FILE_MB << 20,
+                DEFAULT_JOB_MEMORY_MB << 20,
+                DEFAULT_DISK_MIN_MB << 20,
+                DEFAULT_HEARTBEAT_SECS,
+                DEFAULT_DRAIN_LIMIT_SECS,
+            )
+        );
+    }
+
     #[test]
     fn the_pool_of_job_ids_is_a_range_that_holds_no_system_id() {
         assert_eq!(
