@@ -541,313 +541,419 @@ pub fn overlay_dir(value: Option<String>, dir: &Path) -> Result<PathBuf, Setting
 }
 
 /// Resolves every setting from `get` (the environment over the `.env`, already merged), returning
-/// every error at once.
+/// every error at once, in the order the settings are read.
 pub fn resolve(
     get: &dyn Fn(&str) -> Option<String>,
     dir: &Path,
 ) -> Result<Settings, Vec<SettingError>> {
-    let mut errors = Vec::new();
-    let mut keep = |r: Result<PathBuf, SettingError>, fallback: PathBuf| {
-        r.unwrap_or_else(|e| {
-            errors.push(e);
-            fallback
-        })
+    let mut read = Reader {
+        get,
+        dir,
+        errors: Vec::new(),
     };
-    let overlay_dir = keep(overlay_dir(get(OVERLAY_SETTING), dir), PathBuf::new());
-    let file = |name: &'static str, default: &str| -> PathBuf {
-        match get(name) {
-            Some(v) => dir.join(v),
-            None => dir.join(default),
-        }
-    };
-    let triggers_file = file(TRIGGERS_SETTING, TRIGGERS_FILE);
-    let egress_allowlist = file(ALLOWLIST_SETTING, ALLOWLIST_FILE);
-    let model_endpoints = file(ENDPOINTS_SETTING, ENDPOINTS_FILE);
-    let egress = match get(EGRESS_SETTING).as_deref() {
-        None | Some("1") => true,
-        Some("0") => false,
-        Some(_) => {
-            errors.push(SettingError::NotAFlag {
-                name: EGRESS_SETTING,
-            });
-            true
-        }
-    };
-    let forward_env = match get(FORWARD_ENV_SETTING) {
-        None => Vec::new(),
-        Some(v) => parse_name_list(&v).unwrap_or_else(|| {
-            errors.push(SettingError::NotANameList {
-                name: FORWARD_ENV_SETTING,
-            });
-            Vec::new()
-        }),
-    };
-    let package_registries = match get(REGISTRIES_SETTING) {
-        None => Vec::new(),
-        Some(v) => parse_registries(&v).unwrap_or_else(|| {
-            errors.push(SettingError::NotARegistryList {
-                name: REGISTRIES_SETTING,
-            });
-            Vec::new()
-        }),
-    };
-    let job_image = get(JOB_IMAGE_SETTING);
-    if job_image.as_deref().is_some_and(|i| !is_image_name(i)) {
-        errors.push(SettingError::NotAnImageName {
-            name: JOB_IMAGE_SETTING,
-        });
-    }
-    let gitlab_url = get(GITLAB_URL_SETTING);
-    let mut model_name = |name: &'static str| {
-        let value = get(name);
-        if value.as_deref().is_some_and(|v| !is_model_name(v)) {
-            errors.push(SettingError::NotAModelName { name });
-        }
-        value
-    };
-    let provider = model_name(PROVIDER_SETTING);
-    let model = model_name(MODEL_SETTING);
-    let on_failure = get(ON_FAILURE_SETTING).map(|v| dir.join(v));
-    let mut number = |name: &'static str, default: u64, min: u64, max: u64| match get(name) {
-        None => default,
-        Some(v) => match v.parse::<u64>() {
-            Ok(n) if (min..=max).contains(&n) && !v.starts_with('+') => n,
-            _ => {
-                errors.push(SettingError::NotANumber { name, min, max });
-                default
-            }
-        },
-    };
-    let concurrency = number(
-        CONCURRENCY_SETTING,
-        u64::from(DEFAULT_CONCURRENCY),
-        1,
-        u64::from(MAX_CONCURRENCY),
-    );
-    let time_limit_secs = number(
-        TIME_LIMIT_SETTING,
-        DEFAULT_TIME_LIMIT_SECS,
-        1,
-        MAX_TIME_LIMIT_SECS,
-    );
-    let publish_file_mb = number(
-        PUBLISH_FILE_MB_SETTING,
-        DEFAULT_PUBLISH_FILE_MB,
-        1,
-        MAX_PUBLISH_MB,
-    );
-    let publish_mb = number(PUBLISH_MB_SETTING, DEFAULT_PUBLISH_MB, 1, MAX_PUBLISH_MB);
-    let run_check_secs = number(RUN_CHECK_SETTING, DEFAULT_RUN_CHECK_SECS, 1, 3600);
-    let job_pids = number(JOB_PIDS_SETTING, DEFAULT_JOB_PIDS, 16, 4_194_304);
-    let job_memory_mb = number(JOB_MEMORY_SETTING, DEFAULT_JOB_MEMORY_MB, 64, 1 << 24);
-    let job_cpu_secs = number(JOB_CPU_SETTING, DEFAULT_JOB_CPU_SECS, 1, 30 * 24 * 3600);
-    let job_disk_mb = number(JOB_DISK_SETTING, DEFAULT_JOB_DISK_MB, 16, 1 << 24);
-    let disk_warn_mb = number(DISK_WARN_SETTING, DEFAULT_DISK_WARN_MB, 0, 1 << 30);
-    let disk_min_mb = number(DISK_MIN_SETTING, DEFAULT_DISK_MIN_MB, 0, 1 << 30);
-    let keep = Keep {
-        records_days: number(
-            KEEP_RECORDS_SETTING,
-            DEFAULT_KEEP_RECORDS_DAYS,
-            1,
-            MAX_KEEP_DAYS,
-        ),
-        transcripts_days: number(
-            KEEP_TRANSCRIPTS_SETTING,
-            DEFAULT_KEEP_TRANSCRIPTS_DAYS,
-            1,
-            MAX_KEEP_DAYS,
-        ),
-        failed_jobs_days: number(
-            KEEP_FAILED_JOBS_SETTING,
-            DEFAULT_KEEP_FAILED_JOBS_DAYS,
-            0,
-            MAX_KEEP_DAYS,
-        ),
-    };
-    let drain_limit_secs = number(
-        DRAIN_LIMIT_SETTING,
-        DEFAULT_DRAIN_LIMIT_SECS,
-        0,
-        MAX_DRAIN_LIMIT_SECS,
-    );
-    let heartbeat_secs = number(
-        HEARTBEAT_SETTING,
-        DEFAULT_HEARTBEAT_SECS,
-        1,
-        MAX_HEARTBEAT_SECS,
-    );
-    let worker_labels = match get(WORKER_LABELS_SETTING) {
-        None => Vec::new(),
-        Some(text) => parse_labels(&text).unwrap_or_else(|| {
-            errors.push(SettingError::NotALabelList {
-                name: WORKER_LABELS_SETTING,
-            });
-            Vec::new()
-        }),
-    };
-    let host_name_setting = get(HOST_NAME_SETTING).and_then(|v| {
-        if is_host_part(&v) {
-            Some(v)
-        } else {
-            errors.push(SettingError::NotAHostName {
-                name: HOST_NAME_SETTING,
-            });
-            None
-        }
-    });
-    let transcripts = match get(TRANSCRIPTS_SETTING).as_deref() {
-        None | Some("1") => true,
-        Some("0") => false,
-        Some(_) => {
-            errors.push(SettingError::NotAFlag {
-                name: TRANSCRIPTS_SETTING,
-            });
-            true
-        }
-    };
-    let egress_nameserver = get(NAMESERVER_SETTING).and_then(|v| {
-        v.parse::<std::net::SocketAddr>().ok().or_else(|| {
-            errors.push(SettingError::NotASocketAddress {
-                name: NAMESERVER_SETTING,
-            });
-            None
-        })
-    });
-    let egress_proxy_dir = match get(PROXY_DIR_SETTING) {
-        None => dir.join("state").join("egress"),
-        Some(v) if Path::new(&v).is_absolute() => PathBuf::from(v),
-        Some(_) => {
-            errors.push(SettingError::NotAbsolute {
-                name: PROXY_DIR_SETTING,
-            });
-            PathBuf::new()
-        }
-    };
-    let mut plain_url = |name: &'static str, default: &str| {
-        let value = get(name).unwrap_or_else(|| default.to_owned());
-        if !is_plain_http_url(&value) {
-            errors.push(SettingError::NotAUrl { name });
-        }
-        value.trim_end_matches('/').to_owned()
-    };
-    let github_api_url = plain_url(GITHUB_API_URL_SETTING, DEFAULT_GITHUB_API_URL);
-    let github_url = plain_url(GITHUB_URL_SETTING, DEFAULT_GITHUB_URL);
-    let github_app_id = get(GITHUB_APP_ID_SETTING).and_then(|v| match v.parse::<u64>() {
-        Ok(n) if n > 0 && !v.starts_with('+') => Some(n),
-        _ => {
-            errors.push(SettingError::NotANumber {
-                name: GITHUB_APP_ID_SETTING,
-                min: 1,
-                max: u64::MAX,
-            });
-            None
-        }
-    });
-    let github_app_key_file = get(GITHUB_APP_KEY_SETTING).map(|v| dir.join(v));
-    let forge_job_user = get(FORGE_JOB_USER_SETTING).and_then(|v| {
-        let parsed = v
-            .split_once(':')
-            .and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)))
-            .filter(|(u, g)| *u > 0 && *g > 0);
-        if parsed.is_none() {
-            errors.push(SettingError::NotAUser {
-                name: FORGE_JOB_USER_SETTING,
-            });
-        }
-        parsed
-    });
-    let job_uids = match get(JOB_UIDS_SETTING) {
-        None => DEFAULT_JOB_UIDS,
-        Some(v) => parse_id_range(&v).unwrap_or_else(|| {
-            errors.push(SettingError::NotAnIdRange {
-                name: JOB_UIDS_SETTING,
-            });
-            DEFAULT_JOB_UIDS
-        }),
-    };
-    let queue = match get(QUEUE_SETTING) {
-        None => QueueBackend::Sqlite,
-        Some(v) => parse_queue(&v).unwrap_or_else(|| {
-            errors.push(SettingError::NotAQueue {
-                name: QUEUE_SETTING,
-            });
-            QueueBackend::Sqlite
-        }),
-    };
-    let mut engine_name = |name: &'static str| {
-        let value = get(name);
-        if value.as_deref().is_some_and(|v| !is_engine_name(v)) {
-            errors.push(SettingError::NotAnEngineName { name });
-        }
-        value
-    };
-    let podman_image = engine_name(PODMAN_IMAGE_SETTING);
-    let podman_runtime = engine_name(PODMAN_RUNTIME_SETTING);
-    let sandbox = match get(SANDBOX_SETTING).as_deref() {
-        None | Some("bubblewrap") => SandboxBackend::Bubblewrap,
-        Some(engine @ ("podman" | "docker")) => SandboxBackend::Podman {
-            base: podman_image,
-            runtime: podman_runtime,
-            docker: engine == "docker",
-        },
-        Some(_) => {
-            errors.push(SettingError::NotASandbox {
-                name: SANDBOX_SETTING,
-            });
-            SandboxBackend::Bubblewrap
-        }
-    };
-    if keep.transcripts_days > keep.records_days {
-        errors.push(SettingError::LongerThan {
-            name: KEEP_TRANSCRIPTS_SETTING,
-            limit: KEEP_RECORDS_SETTING,
-        });
-    }
-    if !errors.is_empty() {
-        return Err(errors);
+    let files = read.files();
+    let jobs = read.job_defaults();
+    let limits = read.limits();
+    let keep = read.keep();
+    let worker = read.worker();
+    let forge = read.forge();
+    let job_uids = read.job_uids();
+    let queue = read.queue();
+    let sandbox = read.sandbox();
+    read.keep_transcripts_within_records(&keep);
+    if !read.errors.is_empty() {
+        return Err(read.errors);
     }
     Ok(Settings {
         dir: dir.to_owned(),
-        overlay_dir,
-        triggers_file,
-        egress,
-        forward_env,
-        egress_allowlist,
-        model_endpoints,
-        package_registries,
-        job_image,
-        gitlab_url,
-        provider,
-        model,
-        on_failure,
-        concurrency: u32::try_from(concurrency).unwrap_or(DEFAULT_CONCURRENCY),
-        time_limit_secs,
-        drain_limit_secs,
-        worker_labels,
-        host_name_setting,
-        heartbeat_secs,
-        transcripts,
-        egress_nameserver,
-        egress_proxy_dir,
-        github_api_url,
-        github_url,
-        github_app_id,
-        github_app_key_file,
-        forge_job_user,
+        overlay_dir: files.overlay_dir,
+        triggers_file: files.triggers_file,
+        egress: jobs.egress,
+        forward_env: jobs.forward_env,
+        egress_allowlist: files.egress_allowlist,
+        model_endpoints: files.model_endpoints,
+        package_registries: jobs.package_registries,
+        job_image: jobs.job_image,
+        gitlab_url: jobs.gitlab_url,
+        provider: jobs.provider,
+        model: jobs.model,
+        on_failure: jobs.on_failure,
+        concurrency: u32::try_from(limits.concurrency).unwrap_or(DEFAULT_CONCURRENCY),
+        time_limit_secs: limits.time_limit_secs,
+        drain_limit_secs: worker.drain_limit_secs,
+        worker_labels: worker.labels,
+        host_name_setting: worker.host_name_setting,
+        heartbeat_secs: worker.heartbeat_secs,
+        transcripts: worker.transcripts,
+        egress_nameserver: worker.egress_nameserver,
+        egress_proxy_dir: worker.egress_proxy_dir,
+        github_api_url: forge.github_api_url,
+        github_url: forge.github_url,
+        github_app_id: forge.github_app_id,
+        github_app_key_file: forge.github_app_key_file,
+        forge_job_user: forge.forge_job_user,
         queue,
         sandbox,
-        publish_file_bytes: publish_file_mb << 20,
-        publish_bytes: publish_mb << 20,
-        run_check_secs,
-        job_pids,
-        job_memory_bytes: job_memory_mb << 20,
-        job_cpu_secs,
-        job_disk_bytes: job_disk_mb << 20,
+        publish_file_bytes: limits.publish_file_mb << 20,
+        publish_bytes: limits.publish_mb << 20,
+        run_check_secs: limits.run_check_secs,
+        job_pids: limits.job_pids,
+        job_memory_bytes: limits.job_memory_mb << 20,
+        job_cpu_secs: limits.job_cpu_secs,
+        job_disk_bytes: limits.job_disk_mb << 20,
         job_uids,
-        disk_warn_bytes: disk_warn_mb << 20,
-        disk_min_bytes: disk_min_mb << 20,
+        disk_warn_bytes: limits.disk_warn_mb << 20,
+        disk_min_bytes: limits.disk_min_mb << 20,
         keep,
     })
+}
+
+/// The deployment's files: the overlay folder, and the files read from the deployment folder.
+struct DeploymentFiles {
+    overlay_dir: PathBuf,
+    triggers_file: PathBuf,
+    egress_allowlist: PathBuf,
+    model_endpoints: PathBuf,
+}
+
+/// What a job runs with unless its trigger says otherwise.
+struct JobDefaults {
+    egress: bool,
+    forward_env: Vec<String>,
+    package_registries: Vec<(String, crate::url::Host)>,
+    job_image: Option<String>,
+    gitlab_url: Option<String>,
+    provider: Option<String>,
+    model: Option<String>,
+    on_failure: Option<PathBuf>,
+}
+
+/// The worker's numbers and a job's bounds, as written (sizes in MiB).
+struct Limits {
+    concurrency: u64,
+    time_limit_secs: u64,
+    publish_file_mb: u64,
+    publish_mb: u64,
+    run_check_secs: u64,
+    job_pids: u64,
+    job_memory_mb: u64,
+    job_cpu_secs: u64,
+    job_disk_mb: u64,
+    disk_warn_mb: u64,
+    disk_min_mb: u64,
+}
+
+/// How the worker runs on this host: its stop and heartbeat, its labels and name, transcripts, and
+/// the egress proxy's nameserver and folder.
+struct WorkerSetup {
+    drain_limit_secs: u64,
+    heartbeat_secs: u64,
+    labels: Vec<String>,
+    host_name_setting: Option<String>,
+    transcripts: bool,
+    egress_nameserver: Option<std::net::SocketAddr>,
+    egress_proxy_dir: PathBuf,
+}
+
+/// Where forge jobs clone from and act on, and who they run as.
+struct ForgeAccess {
+    github_api_url: String,
+    github_url: String,
+    github_app_id: Option<u64>,
+    github_app_key_file: Option<PathBuf>,
+    forge_job_user: Option<(u32, u32)>,
+}
+
+/// Reads settings one at a time: a bad one keeps its error (in the order read) and a stand-in
+/// value, so that every error is found at once.
+struct Reader<'a> {
+    get: &'a dyn Fn(&str) -> Option<String>,
+    dir: &'a Path,
+    errors: Vec<SettingError>,
+}
+
+/// The error a setting's bad value makes, from the setting's name.
+type Refusal = fn(&'static str) -> SettingError;
+
+impl Reader<'_> {
+    fn value(&self, name: &str) -> Option<String> {
+        (self.get)(name)
+    }
+
+    /// The setting parsed by `parse`, `default` when unset; when `parse` refuses it, its error is
+    /// kept and `default` stands in.
+    fn parsed<T>(
+        &mut self,
+        name: &'static str,
+        parse: impl FnOnce(&str) -> Option<T>,
+        error: impl FnOnce(&'static str) -> SettingError,
+        default: T,
+    ) -> T {
+        match self.value(name) {
+            None => default,
+            Some(v) => parse(&v).unwrap_or_else(|| {
+                self.errors.push(error(name));
+                default
+            }),
+        }
+    }
+
+    /// An optional setting parsed by `parse`; when it refuses the value, its error is kept.
+    fn optional<T>(
+        &mut self,
+        name: &'static str,
+        parse: impl FnOnce(&str) -> Option<T>,
+        error: Refusal,
+    ) -> Option<T> {
+        self.parsed(name, |v| parse(v).map(Some), error, None)
+    }
+
+    /// An optional setting, kept as written when `is_ok` holds for it.
+    fn checked(
+        &mut self,
+        name: &'static str,
+        is_ok: fn(&str) -> bool,
+        error: Refusal,
+    ) -> Option<String> {
+        self.optional(name, |v| is_ok(v).then(|| v.to_owned()), error)
+    }
+
+    /// A flag: on unless `0`.
+    fn flag(&mut self, name: &'static str) -> bool {
+        let flag = |v: &str| match v {
+            "1" => Some(true),
+            "0" => Some(false),
+            _ => None,
+        };
+        self.parsed(name, flag, |name| SettingError::NotAFlag { name }, true)
+    }
+
+    /// A whole number from `min` to `max` (no sign), `default` when unset.
+    fn number(&mut self, name: &'static str, default: u64, min: u64, max: u64) -> u64 {
+        let number = |v: &str| {
+            v.parse::<u64>()
+                .ok()
+                .filter(|n| (min..=max).contains(n) && !v.starts_with('+'))
+        };
+        let error = |name| SettingError::NotANumber { name, min, max };
+        self.parsed(name, number, error, default)
+    }
+
+    /// A path from the deployment folder (an absolute one as it is).
+    fn path_in_dir(&self, name: &str) -> Option<PathBuf> {
+        self.value(name).map(|v| self.dir.join(v))
+    }
+
+    /// A file in the deployment folder, `default` when the setting is unset.
+    fn file(&self, name: &str, default: &str) -> PathBuf {
+        self.path_in_dir(name)
+            .unwrap_or_else(|| self.dir.join(default))
+    }
+
+    /// A plain http(s) URL, `default` when unset, without a trailing `/`.
+    fn plain_url(&mut self, name: &'static str, default: &str) -> String {
+        let value = self.value(name).unwrap_or_else(|| default.to_owned());
+        if !is_plain_http_url(&value) {
+            self.errors.push(SettingError::NotAUrl { name });
+        }
+        value.trim_end_matches('/').to_owned()
+    }
+
+    fn files(&mut self) -> DeploymentFiles {
+        let overlay_dir = overlay_dir(self.value(OVERLAY_SETTING), self.dir).unwrap_or_else(|e| {
+            self.errors.push(e);
+            PathBuf::new()
+        });
+        DeploymentFiles {
+            overlay_dir,
+            triggers_file: self.file(TRIGGERS_SETTING, TRIGGERS_FILE),
+            egress_allowlist: self.file(ALLOWLIST_SETTING, ALLOWLIST_FILE),
+            model_endpoints: self.file(ENDPOINTS_SETTING, ENDPOINTS_FILE),
+        }
+    }
+
+    fn job_defaults(&mut self) -> JobDefaults {
+        use SettingError::{NotAModelName, NotANameList, NotARegistryList, NotAnImageName};
+        let name_list = |name| NotANameList { name };
+        let registry_list = |name| NotARegistryList { name };
+        JobDefaults {
+            egress: self.flag(EGRESS_SETTING),
+            forward_env: self.parsed(FORWARD_ENV_SETTING, parse_name_list, name_list, Vec::new()),
+            package_registries: self.parsed(
+                REGISTRIES_SETTING,
+                parse_registries,
+                registry_list,
+                Vec::new(),
+            ),
+            job_image: self.checked(JOB_IMAGE_SETTING, is_image_name, |name| NotAnImageName {
+                name,
+            }),
+            gitlab_url: self.value(GITLAB_URL_SETTING),
+            provider: self.checked(PROVIDER_SETTING, is_model_name, |name| NotAModelName {
+                name,
+            }),
+            model: self.checked(MODEL_SETTING, is_model_name, |name| NotAModelName { name }),
+            on_failure: self.path_in_dir(ON_FAILURE_SETTING),
+        }
+    }
+
+    fn limits(&mut self) -> Limits {
+        Limits {
+            concurrency: self.number(
+                CONCURRENCY_SETTING,
+                u64::from(DEFAULT_CONCURRENCY),
+                1,
+                u64::from(MAX_CONCURRENCY),
+            ),
+            time_limit_secs: self.number(
+                TIME_LIMIT_SETTING,
+                DEFAULT_TIME_LIMIT_SECS,
+                1,
+                MAX_TIME_LIMIT_SECS,
+            ),
+            publish_file_mb: self.number(
+                PUBLISH_FILE_MB_SETTING,
+                DEFAULT_PUBLISH_FILE_MB,
+                1,
+                MAX_PUBLISH_MB,
+            ),
+            publish_mb: self.number(PUBLISH_MB_SETTING, DEFAULT_PUBLISH_MB, 1, MAX_PUBLISH_MB),
+            run_check_secs: self.number(RUN_CHECK_SETTING, DEFAULT_RUN_CHECK_SECS, 1, 3600),
+            job_pids: self.number(JOB_PIDS_SETTING, DEFAULT_JOB_PIDS, 16, 4_194_304),
+            job_memory_mb: self.number(JOB_MEMORY_SETTING, DEFAULT_JOB_MEMORY_MB, 64, 1 << 24),
+            job_cpu_secs: self.number(JOB_CPU_SETTING, DEFAULT_JOB_CPU_SECS, 1, 30 * 24 * 3600),
+            job_disk_mb: self.number(JOB_DISK_SETTING, DEFAULT_JOB_DISK_MB, 16, 1 << 24),
+            disk_warn_mb: self.number(DISK_WARN_SETTING, DEFAULT_DISK_WARN_MB, 0, 1 << 30),
+            disk_min_mb: self.number(DISK_MIN_SETTING, DEFAULT_DISK_MIN_MB, 0, 1 << 30),
+        }
+    }
+
+    fn keep(&mut self) -> Keep {
+        Keep {
+            records_days: self.number(
+                KEEP_RECORDS_SETTING,
+                DEFAULT_KEEP_RECORDS_DAYS,
+                1,
+                MAX_KEEP_DAYS,
+            ),
+            transcripts_days: self.number(
+                KEEP_TRANSCRIPTS_SETTING,
+                DEFAULT_KEEP_TRANSCRIPTS_DAYS,
+                1,
+                MAX_KEEP_DAYS,
+            ),
+            failed_jobs_days: self.number(
+                KEEP_FAILED_JOBS_SETTING,
+                DEFAULT_KEEP_FAILED_JOBS_DAYS,
+                0,
+                MAX_KEEP_DAYS,
+            ),
+        }
+    }
+
+    /// A transcript is found through its record, so it is never kept longer.
+    fn keep_transcripts_within_records(&mut self, keep: &Keep) {
+        if keep.transcripts_days > keep.records_days {
+            self.errors.push(SettingError::LongerThan {
+                name: KEEP_TRANSCRIPTS_SETTING,
+                limit: KEEP_RECORDS_SETTING,
+            });
+        }
+    }
+
+    fn worker(&mut self) -> WorkerSetup {
+        use SettingError::{NotAHostName, NotALabelList, NotASocketAddress, NotAbsolute};
+        let drain_limit_secs = self.number(
+            DRAIN_LIMIT_SETTING,
+            DEFAULT_DRAIN_LIMIT_SECS,
+            0,
+            MAX_DRAIN_LIMIT_SECS,
+        );
+        let heartbeat_secs = self.number(
+            HEARTBEAT_SETTING,
+            DEFAULT_HEARTBEAT_SECS,
+            1,
+            MAX_HEARTBEAT_SECS,
+        );
+        let label_list = |name| NotALabelList { name };
+        let absolute = |v: &str| Path::new(v).is_absolute().then(|| PathBuf::from(v));
+        let default_proxy_dir = self.dir.join("state").join("egress");
+        WorkerSetup {
+            drain_limit_secs,
+            heartbeat_secs,
+            labels: self.parsed(WORKER_LABELS_SETTING, parse_labels, label_list, Vec::new()),
+            host_name_setting: self.checked(HOST_NAME_SETTING, is_host_part, |name| NotAHostName {
+                name,
+            }),
+            transcripts: self.flag(TRANSCRIPTS_SETTING),
+            egress_nameserver: self.optional(
+                NAMESERVER_SETTING,
+                |v| v.parse().ok(),
+                |name| NotASocketAddress { name },
+            ),
+            egress_proxy_dir: self.parsed(
+                PROXY_DIR_SETTING,
+                absolute,
+                |name| NotAbsolute { name },
+                default_proxy_dir,
+            ),
+        }
+    }
+
+    fn forge(&mut self) -> ForgeAccess {
+        let app_id = |v: &str| {
+            v.parse::<u64>()
+                .ok()
+                .filter(|n| *n > 0 && !v.starts_with('+'))
+        };
+        let not_an_app_id = |name| SettingError::NotANumber {
+            name,
+            min: 1,
+            max: u64::MAX,
+        };
+        let user = |v: &str| {
+            v.split_once(':')
+                .and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)))
+                .filter(|(u, g)| *u > 0 && *g > 0)
+        };
+        ForgeAccess {
+            github_api_url: self.plain_url(GITHUB_API_URL_SETTING, DEFAULT_GITHUB_API_URL),
+            github_url: self.plain_url(GITHUB_URL_SETTING, DEFAULT_GITHUB_URL),
+            github_app_id: self.optional(GITHUB_APP_ID_SETTING, app_id, not_an_app_id),
+            github_app_key_file: self.path_in_dir(GITHUB_APP_KEY_SETTING),
+            forge_job_user: self.optional(FORGE_JOB_USER_SETTING, user, |name| {
+                SettingError::NotAUser { name }
+            }),
+        }
+    }
+
+    fn job_uids(&mut self) -> (u32, u32) {
+        let error = |name| SettingError::NotAnIdRange { name };
+        self.parsed(JOB_UIDS_SETTING, parse_id_range, error, DEFAULT_JOB_UIDS)
+    }
+
+    fn queue(&mut self) -> QueueBackend {
+        let error = |name| SettingError::NotAQueue { name };
+        self.parsed(QUEUE_SETTING, parse_queue, error, QueueBackend::Sqlite)
+    }
+
+    /// `PI_SANDBOX`, with `PI_PODMAN_IMAGE` and `PI_PODMAN_RUNTIME` (checked whatever the backend).
+    fn sandbox(&mut self) -> SandboxBackend {
+        let engine_name = |name| SettingError::NotAnEngineName { name };
+        let base = self.checked(PODMAN_IMAGE_SETTING, is_engine_name, engine_name);
+        let runtime = self.checked(PODMAN_RUNTIME_SETTING, is_engine_name, engine_name);
+        let backend = |v: &str| match v {
+            "bubblewrap" => Some(SandboxBackend::Bubblewrap),
+            "podman" | "docker" => Some(SandboxBackend::Podman {
+                base,
+                runtime,
+                docker: v == "docker",
+            }),
+            _ => None,
+        };
+        let error = |name| SettingError::NotASandbox { name };
+        self.parsed(SANDBOX_SETTING, backend, error, SandboxBackend::Bubblewrap)
+    }
 }
 
 impl Settings {
