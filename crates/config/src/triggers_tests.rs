@@ -1951,3 +1951,227 @@ fn the_triggers_file_reader_says_each_outcome_by_the_files_path() {
     assert_eq!(link.code(), "file-link");
     assert!(link.to_string().starts_with(&path.display().to_string()));
 }
+
+/// The `(path, message)` of every error of `text`, in the order found.
+fn found(text: &str) -> Vec<(String, String)> {
+    errors(text)
+        .into_iter()
+        .map(|e| (e.path, e.message))
+        .collect()
+}
+
+#[test]
+fn every_field_of_a_run_wrong_at_once_is_reported_in_the_order_read() {
+    let text = file(
+        LABEL,
+        r#""kind": "github", "flow": "Bad Flow", "command": 5, "folder": "/x", "task": "t",
+            "mcp": ["forge", "forge"], "secrets": {"a": "x"}, "secretsProfile": "Bad",
+            "provider": "Bad", "model": 5, "models": ["x"], "maxCostUsd": "x",
+            "excludeTools": ["mcp__a-b", "b c"], "image": "A", "labels": ["Bad"],
+            "sameIssue": "x", "extra": 1"#,
+    );
+    let want = [
+        ("run.extra", "a key pi-dispatch does not know"),
+        (
+            "run.flow",
+            "a flow is lowercase letters and digits, words joined by single '-', at most 64 characters",
+        ),
+        ("run.command", "must be a string, not a number"),
+        ("run", "a run has either 'flow' or 'command', not both"),
+        (
+            "run.folder",
+            "'folder' is only for local jobs; a github job does nothing with it",
+        ),
+        (
+            "run.task",
+            "'task' is only for local jobs; a github job does nothing with it",
+        ),
+        ("run.mcp[1]", "names the same server as mcp[0]"),
+        (
+            "run.secrets",
+            "a key of secrets is not a variable name: uppercase letters, digits and '_', not starting with a digit",
+        ),
+        (
+            "run.secretsProfile",
+            "a secrets profile is lowercase letters and digits, words joined by single '-', at most 32 characters",
+        ),
+        (
+            "run.provider",
+            "a provider is lowercase letters and digits, words joined by single '-'",
+        ),
+        ("run.model", "must be a string, not a number"),
+        (
+            "run.models[0]",
+            "an entry is PROVIDER/MODEL: a provider name, '/', and a model without spaces or control characters",
+        ),
+        (
+            "run.maxCostUsd",
+            "must be a number of US dollars more than 0 and at most 10000, not a string",
+        ),
+        (
+            "run.excludeTools[0]",
+            "pi writes MCP tool names with '_' for every other character (mcp__my_server__tool): this pattern would match nothing",
+        ),
+        (
+            "run.excludeTools[1]",
+            "a tool name or pattern is 1 to 128 characters of letters, digits, '_', '.', '*' and '-'",
+        ),
+        (
+            "run.image",
+            "an image is lowercase letters and digits, words joined by single '.', '_' or '-', at most 64 characters",
+        ),
+        (
+            "run.labels[0]",
+            "a label is 1 to 63 lowercase letters, digits, '.', '_' and '-', or two such words joined by ':' (zone:eu)",
+        ),
+        ("run.sameIssue", "must be \"wait\" or \"cancel-older\""),
+    ];
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(p, m)| (format!("triggers[0].{p}"), (*m).to_owned()))
+        .collect();
+    assert_eq!(found(&text), want);
+}
+
+#[test]
+fn a_run_s_rules_between_fields_are_reported_in_the_order_read() {
+    let cases: [(String, &[(&str, &str)]); 5] = [
+        (
+            file(
+                CRON,
+                r#""kind": "local", "sameIssue": "wait", "secretsProfile": "ci", "model": "m", "maxCostUsd": 0"#,
+            ),
+            &[
+                ("run", "a run needs a 'flow' or a 'command'"),
+                ("run.folder", "a local job needs 'folder'"),
+                ("run.task", "a local job needs 'task'"),
+                (
+                    "run.secretsProfile",
+                    "a secretsProfile without 'secrets' does nothing; leave it out",
+                ),
+                ("run.model", "a model needs a provider: give 'provider' too"),
+                (
+                    "run.maxCostUsd",
+                    "must be a number of US dollars more than 0 and at most 10000",
+                ),
+                (
+                    "run.sameIssue",
+                    "'sameIssue' is only for forge jobs; a local job has no issue",
+                ),
+            ],
+        ),
+        (
+            file(
+                CRON,
+                r#""kind": "github", "flow": "fix", "provider": "p", "model": "m", "models": ["p/other"]"#,
+            ),
+            &[
+                (
+                    "run.kind",
+                    "a cron trigger runs a local job: a cron job holds no forge token",
+                ),
+                (
+                    "run.model",
+                    "provider/model is not on the trigger's 'models' list",
+                ),
+            ],
+        ),
+        (
+            file(
+                LABEL,
+                r#""kind": "local", "command": "make", "folder": "rel", "task": 5"#,
+            ),
+            &[
+                ("run.kind", "a local job is started by a cron trigger only"),
+                (
+                    "run.folder",
+                    "a folder is an absolute path (starting with '/') without control characters",
+                ),
+                ("run.task", "must be a string, not a number"),
+            ],
+        ),
+        (
+            file(LABEL, r#""kind": "svn", "flow": "fix""#),
+            &[(
+                "run.kind",
+                "must be local, github, gitlab, forgejo or azure",
+            )],
+        ),
+        (
+            file(LABEL, r#""flow": "fix""#),
+            &[(
+                "run.kind",
+                "a run needs a kind: local, github, gitlab, forgejo or azure",
+            )],
+        ),
+    ];
+    for (text, want) in cases {
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(p, m)| (format!("triggers[0].{p}"), (*m).to_owned()))
+            .collect();
+        assert_eq!(found(&text), want, "{text}");
+    }
+}
+
+#[test]
+fn every_field_of_a_run_lands_in_its_place() {
+    let run = run_of(&file(
+        LABEL,
+        r#""kind": "github", "flow": "fix", "mcp": ["forge", "docs"],
+            "secrets": {"DOCS_TOKEN": "op://ci/docs/token"}, "secretsProfile": "ci",
+            "provider": "anthropic", "model": "claude-x",
+            "models": ["anthropic/claude-x", "openai/gpt-x"], "maxCostUsd": 2.5,
+            "excludeTools": ["bash", "mcp__docs__*"], "image": "pi-job.v2",
+            "labels": ["gpu", "zone:eu"], "sameIssue": "cancel-older""#,
+    ));
+    let want = Run {
+        kind: Kind::Github,
+        action: Action::Flow("fix".to_owned()),
+        folder: None,
+        task: None,
+        mcp: Some(vec![
+            McpName::Forge,
+            McpName::Server(ServerName::parse("docs").unwrap()),
+        ]),
+        secrets: vec![("DOCS_TOKEN".to_owned(), "op://ci/docs/token".to_owned())],
+        secrets_profile: Some("ci".to_owned()),
+        provider: Some("anthropic".to_owned()),
+        model: Some("claude-x".to_owned()),
+        models: Some(vec![
+            "anthropic/claude-x".to_owned(),
+            "openai/gpt-x".to_owned(),
+        ]),
+        max_cost_usd: Some(2.5),
+        exclude_tools: vec!["bash".to_owned(), "mcp__docs__*".to_owned()],
+        image: Some("pi-job.v2".to_owned()),
+        labels: vec!["gpu".to_owned(), "zone:eu".to_owned()],
+        same_issue: SameIssue::CancelOlder,
+    };
+    assert_eq!(run, want);
+    let local = run_of(&file(
+        CRON,
+        r#""kind": "local", "command": "make check", "folder": "/srv/repo", "task": "Tidy up",
+            "secrets": {"DOCS_TOKEN": "op://ci/docs/token"}"#,
+    ));
+    assert_eq!(
+        (
+            local.kind,
+            local.action,
+            local.folder.as_deref(),
+            local.task.as_deref(),
+            local.secrets_profile.as_deref(),
+            local.mcp,
+            local.same_issue,
+        ),
+        (
+            Kind::Local,
+            Action::Command("make check".to_owned()),
+            Some("/srv/repo"),
+            Some("Tidy up"),
+            Some(DEFAULT_SECRETS_PROFILE),
+            None,
+            SameIssue::Wait,
+        )
+    );
+}
