@@ -512,6 +512,13 @@ pub fn parse_triggers(bytes: &[u8]) -> Result<Triggers, TriggersError> {
     }
 }
 
+/// A run's model: `run.provider`, `run.model` and `run.models` as read.
+struct ModelChoice {
+    provider: Option<String>,
+    model: Option<String>,
+    models: Option<Vec<String>>,
+}
+
 #[derive(Default)]
 struct Check {
     errors: Vec<TriggerError>,
@@ -613,36 +620,7 @@ impl Check {
             return None;
         };
         let before = self.errors.len();
-        let on_type = match o.get("type") {
-            None => {
-                self.err(
-                    format!("{path}.type"),
-                    "'on' needs a type: cron, label, comment, pull_request or issue",
-                );
-                None
-            }
-            Some(Json::String(t)) => {
-                let parsed = OnType::parse(t);
-                if parsed.is_none() {
-                    self.err(
-                        format!("{path}.type"),
-                        "must be cron, label, comment, pull_request or issue",
-                    );
-                }
-                parsed
-            }
-            Some(other) => {
-                self.err(
-                    format!("{path}.type"),
-                    format!(
-                        "must be the string cron, label, comment, pull_request or issue, not {}",
-                        other.kind()
-                    ),
-                );
-                None
-            }
-        };
-        let Some(on_type) = on_type else {
+        let Some(on_type) = self.on_type(path, o) else {
             // Without a type only the keys no type knows can be told wrong.
             self.unknown_keys(path, o, &ON_KEYS, |_| None);
             return Some(Err(None));
@@ -678,6 +656,37 @@ impl Check {
         match on {
             Some(on) if self.errors.len() == before => Some(Ok(on)),
             _ => Some(Err(Some(on_type))),
+        }
+    }
+
+    /// `on.type`: one of the trigger types.
+    fn on_type(&mut self, path: &str, o: &Object) -> Option<OnType> {
+        let p = format!("{path}.type");
+        match o.get("type") {
+            None => {
+                self.err(
+                    p,
+                    "'on' needs a type: cron, label, comment, pull_request or issue",
+                );
+                None
+            }
+            Some(Json::String(t)) => {
+                let parsed = OnType::parse(t);
+                if parsed.is_none() {
+                    self.err(p, "must be cron, label, comment, pull_request or issue");
+                }
+                parsed
+            }
+            Some(other) => {
+                self.err(
+                    p,
+                    format!(
+                        "must be the string cron, label, comment, pull_request or issue, not {}",
+                        other.kind()
+                    ),
+                );
+                None
+            }
         }
     }
 
@@ -785,40 +794,92 @@ impl Check {
         let before = self.errors.len();
         let field = |key: &str| format!("{path}.{key}");
         self.unknown_keys(path, o, &RUN_KEYS, |_| None);
+        let kind = self.kind(path, o, on_type);
+        let action = self.flow_or_command(path, o);
+        let folder = self
+            .local_only(path, o, "folder", kind)
+            .and_then(|v| self.folder(&field("folder"), v));
+        let task = self
+            .local_only(path, o, "task", kind)
+            .and_then(|v| self.text(&field("task"), v, MAX_TASK_CHARS, Lines::Many));
+        let mcp = o.get("mcp").and_then(|v| self.mcp(&field("mcp"), v, kind));
+        let secrets = o
+            .get("secrets")
+            .and_then(|v| self.secrets(&field("secrets"), v));
+        let secrets_profile = self.secrets_profile(path, o);
+        let model = self.model_choice(path, o);
+        let max_cost_usd = o
+            .get("maxCostUsd")
+            .and_then(|v| self.max_cost_usd(&field("maxCostUsd"), v));
+        let exclude_tools = o
+            .get("excludeTools")
+            .and_then(|v| self.exclude_tools(&field("excludeTools"), v))
+            .unwrap_or_default();
+        let image = o.get("image").and_then(|v| self.image(&field("image"), v));
+        let labels = o
+            .get("labels")
+            .and_then(|v| self.worker_labels(&field("labels"), v))
+            .unwrap_or_default();
+        let same_issue = self.same_issue(path, o, kind);
+        if self.errors.len() != before {
+            return None;
+        }
+        Some(Run {
+            kind: kind?,
+            action: action?,
+            folder,
+            task,
+            mcp,
+            secrets: secrets.unwrap_or_default(),
+            secrets_profile,
+            provider: model.provider,
+            model: model.model,
+            models: model.models,
+            max_cost_usd,
+            exclude_tools,
+            image,
+            labels,
+            same_issue,
+        })
+    }
 
+    /// `run.kind`, and whether the trigger's type may start a job of that kind (a cron trigger runs
+    /// local jobs only, and only a cron trigger does).
+    fn kind(&mut self, path: &str, o: &Object, on_type: Option<OnType>) -> Option<Kind> {
+        let field = format!("{path}.kind");
         let kind = match o.get("kind") {
             None => {
                 self.err(
-                    field("kind"),
+                    &field,
                     "a run needs a kind: local, github, gitlab, forgejo or azure",
                 );
                 None
             }
-            Some(v) => self.string(&field("kind"), v).and_then(|k| {
+            Some(v) => self.string(&field, v).and_then(|k| {
                 let kind = Kind::parse(k);
                 if kind.is_none() {
-                    self.err(
-                        field("kind"),
-                        "must be local, github, gitlab, forgejo or azure",
-                    );
+                    self.err(&field, "must be local, github, gitlab, forgejo or azure");
                 }
                 kind
             }),
         };
         match (on_type, kind) {
             (Some(OnType::Cron), Some(k)) if k != Kind::Local => self.err(
-                field("kind"),
+                field,
                 "a cron trigger runs a local job: a cron job holds no forge token",
             ),
-            (Some(t), Some(Kind::Local)) if t != OnType::Cron => self.err(
-                field("kind"),
-                "a local job is started by a cron trigger only",
-            ),
+            (Some(t), Some(Kind::Local)) if t != OnType::Cron => {
+                self.err(field, "a local job is started by a cron trigger only")
+            }
             _ => {}
         }
+        kind
+    }
 
+    /// What the job does: a flow or a command, exactly one of them.
+    fn flow_or_command(&mut self, path: &str, o: &Object) -> Option<Action> {
         let flow = o.get("flow").and_then(|v| {
-            let p = field("flow");
+            let p = format!("{path}.flow");
             let flow = self.string(&p, v)?;
             if !is_slug(flow, Some(MAX_FLOW_CHARS)) {
                 self.err(
@@ -833,8 +894,8 @@ impl Check {
         });
         let command = o
             .get("command")
-            .and_then(|v| self.text(&field("command"), v, MAX_COMMAND_CHARS, Lines::One));
-        let action = match (o.get("flow").is_some(), o.get("command").is_some()) {
+            .and_then(|v| self.text(&format!("{path}.command"), v, MAX_COMMAND_CHARS, Lines::One));
+        match (o.get("flow").is_some(), o.get("command").is_some()) {
             (true, true) => {
                 self.err(path, "a run has either 'flow' or 'command', not both");
                 None
@@ -844,58 +905,57 @@ impl Check {
                 None
             }
             _ => flow.map(Action::Flow).or(command.map(Action::Command)),
-        };
+        }
+    }
 
-        let folder = self.local_only(path, o, "folder", kind).and_then(|v| {
-            let p = field("folder");
-            let folder = self.string(&p, v)?;
-            if !folder.starts_with('/') || folder.chars().any(breaks_line) {
-                self.err(
-                    p,
-                    "a folder is an absolute path (starting with '/') without control characters",
-                );
-                return None;
-            }
-            Some(folder.to_owned())
-        });
-        let task = self
-            .local_only(path, o, "task", kind)
-            .and_then(|v| self.text(&field("task"), v, MAX_TASK_CHARS, Lines::Many));
+    /// A local job's folder: an absolute path on one line.
+    fn folder(&mut self, path: &str, value: &Json) -> Option<String> {
+        let folder = self.string(path, value)?;
+        if !folder.starts_with('/') || folder.chars().any(breaks_line) {
+            self.err(
+                path,
+                "a folder is an absolute path (starting with '/') without control characters",
+            );
+            return None;
+        }
+        Some(folder.to_owned())
+    }
 
-        let mcp = o.get("mcp").and_then(|v| self.mcp(&field("mcp"), v, kind));
-
-        let secrets = o
-            .get("secrets")
-            .and_then(|v| self.secrets(&field("secrets"), v));
-        let secrets_profile = match (o.get("secrets"), o.get("secretsProfile")) {
+    /// `run.secretsProfile`: the default profile when the run names secrets without one, and none
+    /// without secrets.
+    fn secrets_profile(&mut self, path: &str, o: &Object) -> Option<String> {
+        let p = format!("{path}.secretsProfile");
+        match (o.get("secrets"), o.get("secretsProfile")) {
             // The spec's own example names secrets without a profile: they go to the default one.
             (Some(_), None) => Some(DEFAULT_SECRETS_PROFILE.to_owned()),
             (None, Some(_)) => {
                 self.err(
-                    field("secretsProfile"),
+                    p,
                     "a secretsProfile without 'secrets' does nothing; leave it out",
                 );
                 None
             }
-            (_, Some(v)) => {
-                let p = field("secretsProfile");
-                self.string(&p, v).and_then(|s| {
-                    if mcp::is_name_shape(s) {
-                        Some(s.to_owned())
-                    } else {
-                        self.err(
-                            p,
-                            format!(
-                                "a secrets profile is lowercase letters and digits, words joined by single '-', at most {MAX_SECRETS_PROFILE_CHARS} characters"
-                            ),
-                        );
-                        None
-                    }
-                })
-            }
+            (_, Some(v)) => self.string(&p, v).and_then(|s| {
+                if mcp::is_name_shape(s) {
+                    Some(s.to_owned())
+                } else {
+                    self.err(
+                        p,
+                        format!(
+                            "a secrets profile is lowercase letters and digits, words joined by single '-', at most {MAX_SECRETS_PROFILE_CHARS} characters"
+                        ),
+                    );
+                    None
+                }
+            }),
             (None, None) => None,
-        };
+        }
+    }
 
+    /// `run.provider`, `run.model` and `run.models`: a model only with its provider, and on the
+    /// list when the run gives one.
+    fn model_choice(&mut self, path: &str, o: &Object) -> ModelChoice {
+        let field = |key: &str| format!("{path}.{key}");
         let provider = o.get("provider").and_then(|v| {
             let p = field("provider");
             let provider = self.string(&p, v)?;
@@ -928,98 +988,102 @@ impl Check {
                 "provider/model is not on the trigger's 'models' list",
             );
         }
+        ModelChoice {
+            provider,
+            model,
+            models,
+        }
+    }
 
-        let max_cost_usd = o.get("maxCostUsd").and_then(|v| {
-            let cost = match v {
-                Json::Number(n) => n.as_f64().filter(|c| *c > 0.0 && *c <= MAX_COST_USD),
-                _ => None,
+    /// `run.maxCostUsd`: US dollars, more than 0 and at most [`MAX_COST_USD`].
+    fn max_cost_usd(&mut self, path: &str, value: &Json) -> Option<f64> {
+        let cost = match value {
+            Json::Number(n) => n.as_f64().filter(|c| *c > 0.0 && *c <= MAX_COST_USD),
+            _ => None,
+        };
+        if cost.is_none() {
+            let not = match value {
+                Json::Number(_) => String::new(),
+                other => format!(", not {}", other.kind()),
             };
-            if cost.is_none() {
-                let not = match v {
-                    Json::Number(_) => String::new(),
-                    other => format!(", not {}", other.kind()),
-                };
-                self.err(
-                    field("maxCostUsd"),
-                    format!(
-                        "must be a number of US dollars more than 0 and at most {MAX_COST_USD}{not}"
-                    ),
-                );
-            }
-            cost
-        });
+            self.err(
+                path,
+                format!(
+                    "must be a number of US dollars more than 0 and at most {MAX_COST_USD}{not}"
+                ),
+            );
+        }
+        cost
+    }
 
-        let exclude_tools = o
-            .get("excludeTools")
-            .and_then(|v| {
-                let p = field("excludeTools");
-                let items = self.array(&p, v, 1, MAX_EXCLUDE_TOOLS, "tool names")?;
-                Some(self.distinct_texts(&p, items, |check, item_path, item| {
-                    let tool = check.string(item_path, item)?;
-                    if !is_tool_pattern(tool) {
-                        check.err(
-                            item_path,
-                            format!(
-                                "a tool name or pattern is 1 to {MAX_TOOL_CHARS} characters of letters, digits, '_', '.', '*' and '-'"
-                            ),
-                        );
-                        return None;
-                    }
-                    // pi names MCP tools with every character outside [A-Za-z0-9_] turned into '_':
-                    // an mcp__ pattern holding one could never match, and would exclude nothing.
-                    if tool.starts_with("mcp__")
-                        && !tool.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'*')
-                    {
-                        check.err(
-                            item_path,
-                            "pi writes MCP tool names with '_' for every other character (mcp__my_server__tool): this pattern would match nothing",
-                        );
-                        return None;
-                    }
-                    Some(tool.to_owned())
-                }))
-            })
-            .unwrap_or_default();
-
-        let image = o.get("image").and_then(|v| {
-            let p = field("image");
-            let image = self.string(&p, v)?;
-            if !is_image_name(image) {
-                self.err(
-                    p,
+    /// `run.excludeTools`: distinct tool names or patterns, each able to match a tool of pi's.
+    fn exclude_tools(&mut self, path: &str, value: &Json) -> Option<Vec<String>> {
+        let items = self.array(path, value, 1, MAX_EXCLUDE_TOOLS, "tool names")?;
+        Some(self.distinct_texts(path, items, |check, item_path, item| {
+            let tool = check.string(item_path, item)?;
+            if !is_tool_pattern(tool) {
+                check.err(
+                    item_path,
                     format!(
-                        "an image is lowercase letters and digits, words joined by single '.', '_' or '-', at most {MAX_IMAGE_CHARS} characters"
+                        "a tool name or pattern is 1 to {MAX_TOOL_CHARS} characters of letters, digits, '_', '.', '*' and '-'"
                     ),
                 );
                 return None;
             }
-            Some(image.to_owned())
-        });
+            // pi names MCP tools with every character outside [A-Za-z0-9_] turned into '_':
+            // an mcp__ pattern holding one could never match, and would exclude nothing.
+            if tool.starts_with("mcp__")
+                && !tool.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'*')
+            {
+                check.err(
+                    item_path,
+                    "pi writes MCP tool names with '_' for every other character (mcp__my_server__tool): this pattern would match nothing",
+                );
+                return None;
+            }
+            Some(tool.to_owned())
+        }))
+    }
 
-        let labels = o
-            .get("labels")
-            .and_then(|v| {
-                let p = field("labels");
-                let items = self.array(&p, v, 1, protocol::job::MAX_LABELS, "labels")?;
-                Some(self.distinct_texts(&p, items, |check, item_path, item| {
-                    let label = check.string(item_path, item)?;
-                    if !protocol::job::is_label(label) {
-                        check.err(
-                            item_path,
-                            "a label is 1 to 63 lowercase letters, digits, '.', '_' and '-', or two such words joined by ':' (zone:eu)",
-                        );
-                        return None;
-                    }
-                    Some(label.to_owned())
-                }))
-            })
-            .unwrap_or_default();
+    /// `run.image`: an image name.
+    fn image(&mut self, path: &str, value: &Json) -> Option<String> {
+        let image = self.string(path, value)?;
+        if !is_image_name(image) {
+            self.err(
+                path,
+                format!(
+                    "an image is lowercase letters and digits, words joined by single '.', '_' or '-', at most {MAX_IMAGE_CHARS} characters"
+                ),
+            );
+            return None;
+        }
+        Some(image.to_owned())
+    }
 
-        let same_issue = match o.get("sameIssue") {
+    /// `run.labels`: the distinct labels a worker must carry to take the job.
+    fn worker_labels(&mut self, path: &str, value: &Json) -> Option<Vec<String>> {
+        let items = self.array(path, value, 1, protocol::job::MAX_LABELS, "labels")?;
+        Some(self.distinct_texts(path, items, |check, item_path, item| {
+            let label = check.string(item_path, item)?;
+            if !protocol::job::is_label(label) {
+                check.err(
+                    item_path,
+                    "a label is 1 to 63 lowercase letters, digits, '.', '_' and '-', or two such words joined by ':' (zone:eu)",
+                );
+                return None;
+            }
+            Some(label.to_owned())
+        }))
+    }
+
+    /// `run.sameIssue`, for forge jobs only: `wait` (the default) or `cancel-older`.
+    fn same_issue(&mut self, path: &str, o: &Object, kind: Option<Kind>) -> SameIssue {
+        let p = format!("{path}.sameIssue");
+        match o.get("sameIssue") {
             None => SameIssue::Wait,
             Some(_) if kind == Some(Kind::Local) => {
                 self.err(
-                    field("sameIssue"),
+                    p,
                     "'sameIssue' is only for forge jobs; a local job has no issue",
                 );
                 SameIssue::Wait
@@ -1028,32 +1092,11 @@ impl Check {
                 Some("wait") => SameIssue::Wait,
                 Some("cancel-older") => SameIssue::CancelOlder,
                 _ => {
-                    self.err(field("sameIssue"), "must be \"wait\" or \"cancel-older\"");
+                    self.err(p, "must be \"wait\" or \"cancel-older\"");
                     SameIssue::Wait
                 }
             },
-        };
-
-        if self.errors.len() != before {
-            return None;
         }
-        Some(Run {
-            kind: kind?,
-            action: action?,
-            folder,
-            task,
-            mcp,
-            secrets: secrets.unwrap_or_default(),
-            secrets_profile,
-            provider,
-            model,
-            models,
-            max_cost_usd,
-            exclude_tools,
-            image,
-            labels,
-            same_issue,
-        })
     }
 
     /// `folder` and `task`: required for a local job, refused for any other (when the kind is known).
