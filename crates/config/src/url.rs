@@ -858,6 +858,75 @@ mod tests {
     }
 
     #[test]
+    fn every_problem_of_a_url_is_reported_in_order() {
+        use UrlProblem::{
+            Credentials, Fragment, MalformedReference, NotPlain, PortInvalid, QueryInvalid,
+            QueryLiteral,
+        };
+        let k = || QueryLiteral {
+            param: Some("k".into()),
+        };
+        assert_eq!(
+            problems("HTTPS://u@H.example:0443/a/../b?k=lit&j=${J}&k=lit&=x#f"),
+            [k(), QueryInvalid]
+        );
+        let redacted = "https://h.example/b?…".to_owned();
+        assert_eq!(
+            problems("HTTPS://u@H.example:0443/a/../b?k=lit&j=${J}&k=lit#f"),
+            [
+                k(),
+                Credentials {
+                    plain: redacted.clone()
+                },
+                Fragment {
+                    plain: redacted.clone()
+                },
+                NotPlain {
+                    how: vec![
+                        "lowercase scheme",
+                        "no leading zero in the port",
+                        "no default port",
+                        "lowercase host",
+                        "no '.' or '..' path segment",
+                    ],
+                    plain: redacted,
+                },
+            ]
+        );
+        let plain = "https://h.example/x?a=${A}".to_owned();
+        assert_eq!(
+            problems("https://u:p@h.example/x?a=${A}#f"),
+            [
+                Credentials {
+                    plain: plain.clone()
+                },
+                Fragment { plain }
+            ]
+        );
+        assert_eq!(
+            problems("http://h:8o/${bad}?a=lit"),
+            [
+                PortInvalid,
+                MalformedReference,
+                QueryLiteral {
+                    param: Some("a".into())
+                }
+            ]
+        );
+        assert_eq!(
+            problems("HTTP://[0:0:0:0:0:0:0:1]:80/?a=${A}&b=${B}"),
+            [NotPlain {
+                how: vec![
+                    "lowercase scheme",
+                    "no default port",
+                    "the IPv6 address in its short form"
+                ],
+                plain: "http://[::1]/?a=${A}&b=${B}".to_owned(),
+            }]
+        );
+    }
+
+    #[test]
     fn references_never_stand_in_the_host_or_port() {
         assert_eq!(problems("https://${HOST}/mcp"), [UrlProblem::HostReference]);
         assert_eq!(
