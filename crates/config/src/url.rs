@@ -285,53 +285,20 @@ pub fn host_port(text: &str) -> Option<(Host, u16)> {
 pub fn parse(text: &str) -> Result<PlainUrl, Vec<UrlProblem>> {
     let mut problems = Vec::new();
     let mut how: Vec<&'static str> = Vec::new();
-    let Pieces {
-        scheme,
-        credentials,
-        host_port,
-        path: path_text,
-        query: query_text,
-        fragment,
-    } = cut(text, &mut how).map_err(|p| vec![p])?;
-
-    let (host, port) = match parse_host_port(host_port, scheme, &mut how) {
-        Ok(hp) => hp,
-        Err(p) => {
+    let pieces = cut(text, &mut how).map_err(|p| vec![p])?;
+    let (host, port) =
+        parse_host_port(pieces.host_port, pieces.scheme, &mut how).unwrap_or_else(|p| {
             problems.push(p);
             (Host::Name(String::new()), None)
-        }
-    };
-
-    let path = match parse_path(path_text, &mut how) {
-        Ok(p) => p,
-        Err(p) => {
-            problems.push(p);
-            Template::default()
-        }
-    };
-
-    let mut query = Vec::new();
-    let mut redacted_query = false;
-    if let Some(q) = query_text {
-        if q.is_empty() {
-            how.push("no empty query");
-        } else {
-            for param in q.split('&') {
-                match parse_query_param(param) {
-                    Ok(p) => query.push(p),
-                    Err(p) => {
-                        if matches!(p, UrlProblem::QueryLiteral { .. }) {
-                            redacted_query = true;
-                        }
-                        if !problems.contains(&p) {
-                            problems.push(p);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
+        });
+    let path = parse_path(pieces.path, &mut how).unwrap_or_else(|p| {
+        problems.push(p);
+        Template::default()
+    });
+    let query = pieces
+        .query
+        .map(|q| parse_query(q, &mut how, &mut problems))
+        .unwrap_or_default();
     let structural = problems
         .iter()
         .any(|p| !matches!(p, UrlProblem::QueryLiteral { .. }));
@@ -339,15 +306,56 @@ pub fn parse(text: &str) -> Result<PlainUrl, Vec<UrlProblem>> {
         return Err(problems);
     }
     let url = PlainUrl {
-        scheme,
+        scheme: pieces.scheme,
         host,
         port,
         path,
-        query,
+        query: query.params,
     };
-    // The plain form is shown in messages: with a literal query value refused, the query is left
-    // out of it rather than quoted.
-    let plain = if redacted_query {
+    let plain = shown_plain(&url, query.redacted);
+    problems.extend(written_problems(&pieces, how, plain));
+    if problems.is_empty() {
+        Ok(url)
+    } else {
+        Err(problems)
+    }
+}
+
+/// A URL's query as read: its parameters, and whether a literal value was refused (the plain form
+/// then leaves the query out).
+#[derive(Default)]
+struct Query {
+    params: Vec<QueryParam>,
+    redacted: bool,
+}
+
+/// Reads the query `q` (the text after `?`), keeping each problem once in `problems`.
+fn parse_query(q: &str, how: &mut Vec<&'static str>, problems: &mut Vec<UrlProblem>) -> Query {
+    let mut query = Query::default();
+    if q.is_empty() {
+        how.push("no empty query");
+        return query;
+    }
+    for param in q.split('&') {
+        match parse_query_param(param) {
+            Ok(p) => query.params.push(p),
+            Err(p) => {
+                if matches!(p, UrlProblem::QueryLiteral { .. }) {
+                    query.redacted = true;
+                }
+                if !problems.contains(&p) {
+                    problems.push(p);
+                }
+            }
+        }
+    }
+    query
+}
+
+/// The plain form shown in messages: with a literal query value refused, the query is left out of
+/// it rather than quoted.
+fn shown_plain(url: &PlainUrl, redacted_query: bool) -> String {
+    if redacted_query {
         let without_query = PlainUrl {
             query: Vec::new(),
             ..url.clone()
@@ -355,13 +363,19 @@ pub fn parse(text: &str) -> Result<PlainUrl, Vec<UrlProblem>> {
         format!("{without_query}?…")
     } else {
         url.to_string()
-    };
-    if credentials {
+    }
+}
+
+/// What is wrong with how a URL is written, beyond what it names: a user or password, a fragment,
+/// a form other than the plain one (`how`), each message showing `plain`.
+fn written_problems(pieces: &Pieces, how: Vec<&'static str>, plain: String) -> Vec<UrlProblem> {
+    let mut problems = Vec::new();
+    if pieces.credentials {
         problems.push(UrlProblem::Credentials {
             plain: plain.clone(),
         });
     }
-    if fragment {
+    if pieces.fragment {
         problems.push(UrlProblem::Fragment {
             plain: plain.clone(),
         });
@@ -369,11 +383,7 @@ pub fn parse(text: &str) -> Result<PlainUrl, Vec<UrlProblem>> {
     if !how.is_empty() {
         problems.push(UrlProblem::NotPlain { how, plain });
     }
-    if problems.is_empty() {
-        Ok(url)
-    } else {
-        Err(problems)
-    }
+    problems
 }
 
 fn parse_host_port(
@@ -384,70 +394,83 @@ fn parse_host_port(
     if text.contains("${") {
         return Err(UrlProblem::HostReference);
     }
-    let (host_text, port_text) = if let Some(after_bracket) = text.strip_prefix('[') {
-        let (inside, after) = after_bracket
-            .split_once(']')
-            .ok_or(UrlProblem::HostInvalid)?;
-        let port = match after {
-            "" => None,
-            p => Some(p.strip_prefix(':').ok_or(UrlProblem::HostInvalid)?),
-        };
-        (&text[..inside.len() + 2], port)
-    } else {
-        match text.split_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (text, None),
-        }
-    };
+    let (host_text, port_text) = split_host_port(text)?;
     if host_text.is_empty() {
         return Err(UrlProblem::HostMissing);
     }
-
     let port = match port_text {
         None => None,
-        Some("") => {
-            how.push("no empty port");
-            None
-        }
-        Some(p) => {
-            if !p.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(UrlProblem::PortInvalid);
-            }
-            let n: u16 = p.parse().map_err(|_| UrlProblem::PortInvalid)?;
-            if n == 0 {
-                return Err(UrlProblem::PortInvalid);
-            }
-            if p.starts_with('0') {
-                how.push("no leading zero in the port");
-            }
-            if n == scheme.default_port() {
-                how.push("no default port");
-                None
-            } else {
-                Some(n)
-            }
-        }
+        Some(p) => parse_port(p, scheme, how)?,
     };
+    Ok((parse_host(host_text, how)?, port))
+}
 
-    let lower = host_text.to_ascii_lowercase();
-    if lower != host_text {
+/// The host (an IPv6 address with its brackets) and the port's text after `:`, if any.
+fn split_host_port(text: &str) -> Result<(&str, Option<&str>), UrlProblem> {
+    let Some(after_bracket) = text.strip_prefix('[') else {
+        return Ok(match text.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (text, None),
+        });
+    };
+    let (inside, after) = after_bracket
+        .split_once(']')
+        .ok_or(UrlProblem::HostInvalid)?;
+    let port = match after {
+        "" => None,
+        p => Some(p.strip_prefix(':').ok_or(UrlProblem::HostInvalid)?),
+    };
+    Ok((&text[..inside.len() + 2], port))
+}
+
+/// The port written after `:`: `None` when it is empty or the scheme's own (noted in `how`).
+fn parse_port(
+    text: &str,
+    scheme: Scheme,
+    how: &mut Vec<&'static str>,
+) -> Result<Option<u16>, UrlProblem> {
+    if text.is_empty() {
+        how.push("no empty port");
+        return Ok(None);
+    }
+    if !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(UrlProblem::PortInvalid);
+    }
+    let n: u16 = text.parse().map_err(|_| UrlProblem::PortInvalid)?;
+    if n == 0 {
+        return Err(UrlProblem::PortInvalid);
+    }
+    if text.starts_with('0') {
+        how.push("no leading zero in the port");
+    }
+    if n == scheme.default_port() {
+        how.push("no default port");
+        Ok(None)
+    } else {
+        Ok(Some(n))
+    }
+}
+
+/// The host: an IPv6 address in brackets or a host name, noting in `how` what of it is not
+/// written plainly.
+fn parse_host(text: &str, how: &mut Vec<&'static str>) -> Result<Host, UrlProblem> {
+    let lower = text.to_ascii_lowercase();
+    if lower != text {
         how.push("lowercase host");
     }
-    let host = if let Some(inside) = lower.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+    if let Some(inside) = lower.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         let addr: Ipv6Addr = inside.parse().map_err(|_| UrlProblem::HostInvalid)?;
         if ipv6_text(&addr) != inside {
             how.push("the IPv6 address in its short form");
         }
-        Host::Ipv6(addr)
-    } else {
-        let mut name = lower.as_str();
-        if let Some(n) = name.strip_suffix('.') {
-            how.push("no trailing dot in the host");
-            name = n;
-        }
-        parse_host_name(name).map_err(|_| UrlProblem::HostInvalid)?
-    };
-    Ok((host, port))
+        return Ok(Host::Ipv6(addr));
+    }
+    let mut name = lower.as_str();
+    if let Some(n) = name.strip_suffix('.') {
+        how.push("no trailing dot in the host");
+        name = n;
+    }
+    parse_host_name(name).map_err(|_| UrlProblem::HostInvalid)
 }
 
 /// An IPv6 address as a browser writes it: lowercase hex groups, the first longest run of two or
