@@ -859,3 +859,76 @@ fn an_http_server_sending_headers_is_warned_of_not_refused() {
         assert_eq!(valid(body).warnings(), [], "{body}");
     }
 }
+
+/// Each way `url`, `command` and `type` disagree: one problem, its field and its message.
+#[test]
+fn the_transport_s_problems_name_their_field() {
+    let cases = [
+        (
+            format!(r#"{HTTP}, "type": "sse""#),
+            Code::TypeSse,
+            "type",
+            "the legacy SSE transport is not supported; use the server's streamable HTTP URL",
+        ),
+        (
+            format!(r#"{HTTP}, "type": "websocket""#),
+            Code::TypeInvalid,
+            "type",
+            "type must be http, streamable-http or stdio",
+        ),
+        (
+            format!(r#"{HTTP}, "type": 1"#),
+            Code::TypeInvalid,
+            "type",
+            "type must be http, streamable-http or stdio",
+        ),
+        (
+            r#""url": "https://h/mcp", "command": "node", "description": "d""#.to_owned(),
+            Code::TransportConflict,
+            "url",
+            "an entry has either url (streamable HTTP) or command (stdio), not both",
+        ),
+        (
+            format!(r#"{HTTP}, "type": "stdio""#),
+            Code::TypeMismatch,
+            "type",
+            "type says stdio but the entry has a url",
+        ),
+        (
+            format!(r#"{STDIO}, "type": "streamable-http""#),
+            Code::TypeMismatch,
+            "type",
+            "type says http but the entry has a command",
+        ),
+        (
+            r#""description": "d", "type": "http""#.to_owned(),
+            Code::TransportMissing,
+            "url",
+            "a streamable HTTP server needs a url",
+        ),
+        (
+            r#""description": "d", "type": "stdio""#.to_owned(),
+            Code::TransportMissing,
+            "command",
+            "a stdio server needs a command",
+        ),
+        (
+            r#""description": "d""#.to_owned(),
+            Code::TransportMissing,
+            "",
+            "an entry needs a url (streamable HTTP) or a command (stdio)",
+        ),
+    ];
+    for (body, code, field, message) in cases {
+        let problems: Vec<(Code, String, String)> = entry(&body)
+            .problems()
+            .iter()
+            .map(|p| (p.code, p.field.clone(), p.message.clone()))
+            .collect();
+        assert_eq!(
+            problems,
+            [(code, field.to_owned(), message.to_owned())],
+            "{body}"
+        );
+    }
+}
