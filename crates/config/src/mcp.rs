@@ -614,40 +614,11 @@ impl Validator {
 
     /// Which transport the entry is, from `url`, `command` and `type`; problems when they disagree.
     fn transport_kind(&mut self, entry: &Object) -> Option<TransportKind> {
-        let has_url = entry.get("url").is_some();
-        let has_command = entry.get("command").is_some();
         let declared = match entry.get("type") {
             None => None,
-            Some(Json::String(t)) => match t.as_str() {
-                "http" | "streamable-http" => Some(TransportKind::Http),
-                "stdio" => Some(TransportKind::Stdio),
-                "sse" => {
-                    self.problem(
-                        Code::TypeSse,
-                        "type",
-                        "the legacy SSE transport is not supported; use the server's streamable HTTP URL",
-                    );
-                    return None;
-                }
-                _ => {
-                    self.problem(
-                        Code::TypeInvalid,
-                        "type",
-                        "type must be http, streamable-http or stdio",
-                    );
-                    return None;
-                }
-            },
-            Some(_) => {
-                self.problem(
-                    Code::TypeInvalid,
-                    "type",
-                    "type must be http, streamable-http or stdio",
-                );
-                return None;
-            }
+            Some(t) => Some(self.declared_kind(t)?),
         };
-        let written = match (has_url, has_command) {
+        let written = match (entry.get("url").is_some(), entry.get("command").is_some()) {
             (true, true) => {
                 self.problem(
                     Code::TransportConflict,
@@ -662,47 +633,65 @@ impl Validator {
         };
         match (declared, written) {
             (Some(d), Some(w)) if d != w => {
-                self.problem(
-                    Code::TypeMismatch,
-                    "type",
-                    format!(
-                        "type says {} but the entry has {}",
-                        d.as_str(),
-                        if w == TransportKind::Http {
-                            "a url"
-                        } else {
-                            "a command"
-                        }
-                    ),
-                );
+                self.type_mismatch(d, w);
                 None
             }
             (_, Some(w)) => Some(w),
-            (Some(TransportKind::Http), None) => {
+            (declared, None) => {
+                self.transport_missing(declared);
+                None
+            }
+        }
+    }
+
+    /// The transport `type` names; `None` (its problem kept) when it names none this version runs.
+    fn declared_kind(&mut self, value: &Json) -> Option<TransportKind> {
+        match value.as_str() {
+            Some("http" | "streamable-http") => Some(TransportKind::Http),
+            Some("stdio") => Some(TransportKind::Stdio),
+            Some("sse") => {
                 self.problem(
-                    Code::TransportMissing,
-                    "url",
-                    "a streamable HTTP server needs a url",
+                    Code::TypeSse,
+                    "type",
+                    "the legacy SSE transport is not supported; use the server's streamable HTTP URL",
                 );
                 None
             }
-            (Some(TransportKind::Stdio), None) => {
+            _ => {
                 self.problem(
-                    Code::TransportMissing,
-                    "command",
-                    "a stdio server needs a command",
-                );
-                None
-            }
-            (None, None) => {
-                self.problem(
-                    Code::TransportMissing,
-                    "",
-                    "an entry needs a url (streamable HTTP) or a command (stdio)",
+                    Code::TypeInvalid,
+                    "type",
+                    "type must be http, streamable-http or stdio",
                 );
                 None
             }
         }
+    }
+
+    /// `type` says one transport and the entry's keys (`url` or `command`) the other.
+    fn type_mismatch(&mut self, declared: TransportKind, written: TransportKind) {
+        let has = match written {
+            TransportKind::Http => "a url",
+            TransportKind::Stdio => "a command",
+        };
+        self.problem(
+            Code::TypeMismatch,
+            "type",
+            format!("type says {} but the entry has {has}", declared.as_str()),
+        );
+    }
+
+    /// The entry has neither `url` nor `command`: the one its `type` needs, or either.
+    fn transport_missing(&mut self, declared: Option<TransportKind>) {
+        let (field, message) = match declared {
+            Some(TransportKind::Http) => ("url", "a streamable HTTP server needs a url"),
+            Some(TransportKind::Stdio) => ("command", "a stdio server needs a command"),
+            None => (
+                "",
+                "an entry needs a url (streamable HTTP) or a command (stdio)",
+            ),
+        };
+        self.problem(Code::TransportMissing, field, message);
     }
 
     /// Refuses every key that is not part of the entry's transport or common to both.
