@@ -1316,3 +1316,453 @@ fn a_model_the_gateway_cannot_meter_is_refused_before_anything_is_spent() {
         }
     }
 }
+
+/// A decision as one line: a refusal as the JSON `explain --json` shows, a retry with its detail,
+/// an admission by its workspace, model and egress; pi's version written `{pi}`.
+fn pinned(d: &Decision) -> String {
+    let line = match d {
+        Decision::Refuse(r) => serde_json::to_string(r).unwrap(),
+        Decision::Retry { detail } => format!("retry: {detail}"),
+        Decision::Admit(a) => format!("admit: {:?} {:?} {:?}", a.workspace, a.model, a.egress),
+    };
+    line.replace(config::catalog::pi_version(), "{pi}")
+}
+
+/// Each way the model, the egress gate and the workspaces end a decision, pinned whole (reason,
+/// detail, fix) before the functions that decide them are split.
+fn pinned_cases() -> Vec<(&'static str, Decision)> {
+    let local_models = r#"{"providers": {"local": {"baseUrl": "http://llm.internal.example:8000/v1", "api": "openai-completions", "apiKey": "$LOCAL_KEY", "models": [{"id": "small"}]}}}"#;
+    let use_local = |w: &mut World, models: &str| {
+        w.files.models = bytes(models);
+        w.job.provider = Some("local".into());
+        w.job.model = Some("small".into());
+        w.job.models = Some(vec!["local/small".into()]);
+        loosen(w);
+    };
+    let gitlab = |w: &mut World| {
+        w.job.kind = "gitlab".into();
+        w.job.mcp = Some(McpField::names(["docs"]));
+        w.job.event = Some(forge_event(protocol::forge_event::Forge::Gitlab));
+        w.settings.gitlab_url = Some("https://gitlab.example.com".into());
+    };
+    type Case = (&'static str, fn() -> World, Box<dyn Fn(&mut World)>);
+    let cases: Vec<Case> = vec![
+        (
+            "model unset",
+            world,
+            Box::new(|w| {
+                w.job.provider = None;
+                w.job.model = None;
+            }),
+        ),
+        (
+            "provider unknown",
+            world,
+            Box::new(|w| {
+                w.job.provider = Some("nope".into());
+                w.job.models = Some(vec!["nope/gpt-4o".into()]);
+                loosen(w);
+            }),
+        ),
+        (
+            "model unknown",
+            world,
+            Box::new(|w| {
+                w.job.model = Some("gpt-none".into());
+                w.job.models = Some(vec!["openai/gpt-none".into()]);
+            }),
+        ),
+        (
+            "model not allowed",
+            world,
+            Box::new(|w| w.job.model = Some("gpt-4.1".into())),
+        ),
+        (
+            "model unsupported",
+            world,
+            Box::new(move |w| {
+                use_local(
+                    w,
+                    &local_models.replace("openai-completions", "google-generative-ai"),
+                );
+                w.env.0.push("LOCAL_KEY");
+            }),
+        ),
+        (
+            "key missing",
+            world,
+            Box::new(|w| w.env.0.retain(|v| *v != "OPENAI_API_KEY")),
+        ),
+        (
+            "overlay key missing",
+            world,
+            Box::new(move |w| use_local(w, local_models)),
+        ),
+        (
+            "sign-in only",
+            world,
+            Box::new(move |w| {
+                use_local(w, &local_models.replace(r#", "apiKey": "$LOCAL_KEY""#, ""));
+            }),
+        ),
+        (
+            "overlay key held",
+            world,
+            Box::new(move |w| {
+                use_local(w, local_models);
+                w.env.0.push("LOCAL_KEY");
+            }),
+        ),
+        (
+            "keyless",
+            world,
+            Box::new(move |w| {
+                use_local(w, local_models);
+                w.files.endpoints = bytes(
+                    r#"{"version": 1, "endpoints": [{"id": "llm", "host": "llm.internal.example", "port": 8000, "keyless": true}]}"#,
+                );
+            }),
+        ),
+        (
+            "keyless, egress off",
+            world,
+            Box::new(move |w| {
+                use_local(w, local_models);
+                w.settings.egress = false;
+                w.files.endpoints = bytes(
+                    r#"{"version": 1, "endpoints": [{"id": "llm", "host": "llm.internal.example", "port": 8000, "keyless": true}]}"#,
+                );
+            }),
+        ),
+        (
+            "server not allowlisted",
+            world,
+            Box::new(|w| {
+                w.files.allowlist = bytes("api.github.com\nregistry.example.org\n");
+            }),
+        ),
+        (
+            "server on another port",
+            world,
+            Box::new(|w| {
+                w.files.mcp = bytes(&OVERLAY.replace(
+                    "https://mcp.example.com/mcp",
+                    "https://mcp.example.com:8443/mcp",
+                ));
+            }),
+        ),
+        (
+            "allowlist missing",
+            world,
+            Box::new(|w| w.files.allowlist = Read::Missing),
+        ),
+        (
+            "allowlist failed",
+            world,
+            Box::new(|w| {
+                w.files.allowlist = Read::Failed("is a link".into());
+            }),
+        ),
+        (
+            "allowlist transient",
+            world,
+            Box::new(|w| {
+                w.files.allowlist = Read::Transient("EIO".into());
+            }),
+        ),
+        (
+            "allowlist not text",
+            world,
+            Box::new(|w| {
+                w.files.allowlist = Read::Bytes(vec![0xff, 0xfe]);
+            }),
+        ),
+        (
+            "allowlist invalid",
+            world,
+            Box::new(|w| {
+                w.files.allowlist = bytes("https://not a host\n");
+            }),
+        ),
+        (
+            "endpoints failed",
+            world,
+            Box::new(|w| {
+                w.files.endpoints = Read::Failed("is a link".into());
+            }),
+        ),
+        (
+            "endpoints transient",
+            world,
+            Box::new(|w| {
+                w.files.endpoints = Read::Transient("EIO".into());
+            }),
+        ),
+        (
+            "endpoints invalid",
+            world,
+            Box::new(|w| w.files.endpoints = bytes("{}")),
+        ),
+        (
+            "no registry",
+            world,
+            Box::new(|w| w.settings.package_registries.clear()),
+        ),
+        (
+            "registry not allowlisted",
+            world,
+            Box::new(|w| {
+                w.files.allowlist = bytes("mcp.example.com\napi.github.com\n");
+            }),
+        ),
+        ("github admitted", github, Box::new(|_| {})),
+        (
+            "github api not allowlisted",
+            github,
+            Box::new(|w| {
+                w.files.allowlist = bytes("mcp.example.com\nregistry.example.org\n");
+            }),
+        ),
+        (
+            "enterprise api",
+            github,
+            Box::new(|w| {
+                w.settings.github_api_url = "https://ghe.example.com/api/v3".into();
+                w.files.allowlist =
+                    bytes("mcp.example.com\nregistry.example.org\nghe.example.com\n");
+            }),
+        ),
+        (
+            "gitlab admitted",
+            github,
+            Box::new(move |w| {
+                gitlab(w);
+                w.job.mcp = Some(McpField::names(["forge", "docs"]));
+                w.env.0.push("PI_GITLAB_TOKEN");
+                w.files.allowlist = bytes("mcp.example.com\ngitlab.example.com\n");
+            }),
+        ),
+        (
+            "gitlab api not allowlisted",
+            github,
+            Box::new(move |w| {
+                gitlab(w);
+                w.job.mcp = Some(McpField::names(["forge", "docs"]));
+                w.env.0.push("PI_GITLAB_TOKEN");
+            }),
+        ),
+        ("no event", github, Box::new(|w| w.job.event = None)),
+        (
+            "bad event name",
+            github,
+            Box::new(|w| {
+                w.job.event.as_mut().unwrap().repository = "octo-org/hello/../../app".into();
+            }),
+        ),
+        (
+            "other forge's event",
+            github,
+            Box::new(|w| {
+                w.job.event = Some(forge_event(protocol::forge_event::Forge::Gitlab));
+            }),
+        ),
+        (
+            "unknown flow",
+            github,
+            Box::new(|w| w.job.flow = Some("triage".into())),
+        ),
+        ("no flow", github, Box::new(|w| w.job.flow = None)),
+        (
+            "a command",
+            github,
+            Box::new(|w| {
+                w.job.flow = None;
+                w.job.command = Some("make".into());
+            }),
+        ),
+        (
+            "no app",
+            github,
+            Box::new(|w| w.settings.github_app_id = None),
+        ),
+        (
+            "key cannot sign",
+            github,
+            Box::new(|w| w.host.github_key = Some(false)),
+        ),
+        (
+            "no installation",
+            github,
+            Box::new(|w| {
+                w.job.event.as_mut().unwrap().installation = None;
+            }),
+        ),
+        (
+            "gitlab without url",
+            github,
+            Box::new(move |w| {
+                gitlab(w);
+                w.settings.gitlab_url = None;
+                w.job.mcp = None;
+                w.job.trigger_index = None;
+            }),
+        ),
+        ("gitlab without token", github, Box::new(gitlab)),
+        (
+            "forge user",
+            github,
+            Box::new(|w| w.settings.forge_job_user = Some((1500, 1501))),
+        ),
+        (
+            "not root",
+            github,
+            Box::new(|w| {
+                w.host.root = false;
+                w.host.user.uid = 1000;
+                w.host.user.gid = 1001;
+            }),
+        ),
+        (
+            "kind unsupported",
+            github,
+            Box::new(|w| {
+                w.job.kind = "forgejo".into();
+                w.job.mcp = None;
+                w.job.trigger_index = None;
+            }),
+        ),
+        ("no folder", world, Box::new(|w| w.job.folder = None)),
+        (
+            "folder missing",
+            world,
+            Box::new(|w| w.folders.0 = Folder::Missing),
+        ),
+        (
+            "not a folder",
+            world,
+            Box::new(|w| w.folders.0 = Folder::NotAFolder),
+        ),
+        (
+            "folder failed",
+            world,
+            Box::new(|w| {
+                w.folders.0 = Folder::Failed("permission denied".into());
+            }),
+        ),
+        (
+            "folder transient",
+            world,
+            Box::new(|w| w.folders.0 = Folder::Transient("EIO".into())),
+        ),
+        (
+            "root's folder",
+            world,
+            Box::new(|w| {
+                w.folders.0 = Folder::Folder {
+                    uid: 0,
+                    gid: 0,
+                    mode: 0o40755,
+                };
+            }),
+        ),
+        (
+            "folder closed",
+            world,
+            Box::new(|w| {
+                w.folders.0 = Folder::Folder {
+                    uid: 1000,
+                    gid: 1000,
+                    mode: 0o40500,
+                };
+            }),
+        ),
+        (
+            "not root, folder closed",
+            world,
+            Box::new(|w| {
+                w.host.root = false;
+                w.host.user.uid = 1001;
+                w.host.user.gid = 1001;
+                w.folders.0 = Folder::Folder {
+                    uid: 1000,
+                    gid: 1000,
+                    mode: 0o40700,
+                };
+            }),
+        ),
+    ];
+    cases
+        .into_iter()
+        .map(|(name, base, change)| {
+            let mut w = base();
+            change(&mut w);
+            (name, decide_in(&w))
+        })
+        .collect()
+}
+
+/// What [`pinned_cases`] decided before the model, the egress gate and the workspaces were split.
+const PINNED: &str = r##"model unset: {"reason":"model-unset","detail":{"variables":["PI_PROVIDER","PI_MODEL"],"why":"neither the job nor PI_PROVIDER and PI_MODEL name a provider and model"},"fix":"set PI_PROVIDER and PI_MODEL in .env, or run.provider and run.model in the trigger"}
+provider unknown: {"reason":"model-provider-unknown","detail":{"model":"nope/gpt-4o","why":"nope is neither a provider of pi {pi} nor in the overlay's models.json"},"fix":"name a provider pi knows, or define nope in /srv/d/pi-global/models.json"}
+model unknown: {"reason":"model-unknown","detail":{"model":"openai/gpt-none","why":"openai has no chat model gpt-none (pi {pi}'s catalog and the overlay's models.json)"},"fix":"name one of openai's models, or add gpt-none to openai's models in the overlay's models.json"}
+model not allowed: {"reason":"model-not-allowed","detail":{"field":"run.models","model":"openai/gpt-4.1","why":"openai/gpt-4.1 is not on the trigger's model list"},"fix":"add openai/gpt-4.1 to the trigger's run.models, or choose a model on it"}
+model unsupported: {"reason":"model-unsupported","detail":{"model":"local/small","why":"local/small speaks google-generative-ai, which the job's model gateway cannot check and meter"},"fix":"choose a model whose provider speaks openai-completions, openai-responses or anthropic-messages, or set such an api for local in /srv/d/pi-global/models.json"}
+key missing: {"reason":"model-key-missing","detail":{"variables":["OPENAI_API_KEY"],"model":"openai/gpt-4o","why":"the worker's environment sets none of the variables pi reads for openai's key"},"fix":"set OPENAI_API_KEY in the worker's environment"}
+overlay key missing: {"reason":"model-key-missing","detail":{"variables":["LOCAL_KEY"],"model":"local/small","why":"the worker's environment sets none of the variables pi reads for local's key"},"fix":"set LOCAL_KEY in the worker's environment"}
+sign-in only: {"reason":"model-key-missing","detail":{"model":"local/small","why":"pi takes local's key only from a sign-in, which a job cannot make"},"fix":"give local an apiKey variable in the overlay's models.json, or use another provider"}
+overlay key held: admit: Workspace { path: "/srv/repo", uid: 1000, gid: 1000 } ModelChoice { provider: "local", model: "small", key_variable: Some("LOCAL_KEY"), source: "overlay" } On { routes: [Route { for_: "docs", host: "mcp.example.com", port: 443 }, Route { for_: "memory", host: "registry.example.org", port: 443 }, Route { for_: "model", host: "llm.internal.example", port: 8000 }], loopback: [] }
+keyless: admit: Workspace { path: "/srv/repo", uid: 1000, gid: 1000 } ModelChoice { provider: "local", model: "small", key_variable: None, source: "overlay" } On { routes: [Route { for_: "docs", host: "mcp.example.com", port: 443 }, Route { for_: "memory", host: "registry.example.org", port: 443 }, Route { for_: "model", host: "llm.internal.example", port: 8000 }], loopback: [] }
+keyless, egress off: admit: Workspace { path: "/srv/repo", uid: 1000, gid: 1000 } ModelChoice { provider: "local", model: "small", key_variable: None, source: "overlay" } Off
+server not allowlisted: {"reason":"mcp-egress-unreachable","detail":{"server":"docs","host":"mcp.example.com","port":443,"why":"mcp.example.com port 443: the host is neither in egress-allowlist.conf (which opens https on port 443 only) nor, with this port, declared in model-endpoints.json"},"fix":"add mcp.example.com to /srv/d/egress-allowlist.conf, or declare mcp.example.com port 443 in /srv/d/model-endpoints.json"}
+server on another port: {"reason":"mcp-egress-unreachable","detail":{"server":"docs","host":"mcp.example.com","port":8443,"why":"mcp.example.com port 8443: the host is neither in egress-allowlist.conf (which opens https on port 443 only) nor, with this port, declared in model-endpoints.json"},"fix":"declare mcp.example.com port 8443 in /srv/d/model-endpoints.json (the allowlist opens port 443 only)"}
+allowlist missing: {"reason":"mcp-egress-unreachable","detail":{"server":"docs","path":"/srv/d/egress-allowlist.conf","why":"egress-allowlist.conf does not exist"},"fix":"fix /srv/d/egress-allowlist.conf (`pi-dispatch doctor` reads it)"}
+allowlist failed: {"reason":"mcp-egress-unreachable","detail":{"server":"docs","path":"/srv/d/egress-allowlist.conf","why":"egress-allowlist.conf is a link"},"fix":"fix /srv/d/egress-allowlist.conf (`pi-dispatch doctor` reads it)"}
+allowlist transient: retry: egress-allowlist.conf: EIO
+allowlist not text: {"reason":"mcp-egress-unreachable","detail":{"server":"docs","path":"/srv/d/egress-allowlist.conf","why":"egress-allowlist.conf cannot be read: it is not UTF-8 text"},"fix":"fix /srv/d/egress-allowlist.conf (`pi-dispatch doctor` reads it)"}
+allowlist invalid: {"reason":"mcp-egress-unreachable","detail":{"server":"docs","path":"/srv/d/egress-allowlist.conf","why":"egress-allowlist.conf cannot be read: egress-allowlist.conf line 1: a scheme such as https:// is not allowed; write the bare host"},"fix":"fix /srv/d/egress-allowlist.conf (`pi-dispatch doctor` reads it)"}
+endpoints failed: {"reason":"mcp-egress-unreachable","detail":{"server":"docs","path":"/srv/d/model-endpoints.json","why":"model-endpoints.json is a link"},"fix":"fix /srv/d/model-endpoints.json (`pi-dispatch doctor` reads it)"}
+endpoints transient: retry: model-endpoints.json: EIO
+endpoints invalid: {"reason":"mcp-egress-unreachable","detail":{"server":"docs","path":"/srv/d/model-endpoints.json","why":"model-endpoints.json cannot be read: model-endpoints.json has no 'version'"},"fix":"fix /srv/d/model-endpoints.json (`pi-dispatch doctor` reads it)"}
+no registry: {"reason":"mcp-package-runner","detail":{"server":"memory","variables":["PI_PACKAGE_REGISTRIES"],"why":"no registry host is declared for npx in PI_PACKAGE_REGISTRIES"},"fix":"declare npx=HOST in PI_PACKAGE_REGISTRIES and allowlist HOST, or install the server in the job image"}
+registry not allowlisted: {"reason":"mcp-package-runner","detail":{"server":"memory","host":"registry.example.org","port":443,"why":"npx fetches from registry.example.org: the host is neither in egress-allowlist.conf (which opens https on port 443 only) nor, with this port, declared in model-endpoints.json"},"fix":"add registry.example.org to /srv/d/egress-allowlist.conf, or declare registry.example.org port 443 in /srv/d/model-endpoints.json"}
+github admitted: admit: Workspace { path: "/srv/d/state/jobs/job-1/workspace", uid: 65534, gid: 65534 } ModelChoice { provider: "openai", model: "gpt-4o", key_variable: Some("OPENAI_API_KEY"), source: "builtin" } On { routes: [Route { for_: "docs", host: "mcp.example.com", port: 443 }, Route { for_: "memory", host: "registry.example.org", port: 443 }, Route { for_: "forge", host: "api.github.com", port: 443 }], loopback: [] }
+github api not allowlisted: {"reason":"mcp-egress-unreachable","detail":{"server":"forge","host":"api.github.com","port":443,"why":"the forge API api.github.com port 443: the host is neither in egress-allowlist.conf (which opens https on port 443 only) nor, with this port, declared in model-endpoints.json"},"fix":"add api.github.com to /srv/d/egress-allowlist.conf, or declare api.github.com port 443 in /srv/d/model-endpoints.json"}
+enterprise api: admit: Workspace { path: "/srv/d/state/jobs/job-1/workspace", uid: 65534, gid: 65534 } ModelChoice { provider: "openai", model: "gpt-4o", key_variable: Some("OPENAI_API_KEY"), source: "builtin" } On { routes: [Route { for_: "docs", host: "mcp.example.com", port: 443 }, Route { for_: "memory", host: "registry.example.org", port: 443 }, Route { for_: "forge", host: "ghe.example.com", port: 443 }], loopback: [] }
+gitlab admitted: admit: Workspace { path: "/srv/d/state/jobs/job-1/workspace", uid: 65534, gid: 65534 } ModelChoice { provider: "openai", model: "gpt-4o", key_variable: Some("OPENAI_API_KEY"), source: "builtin" } On { routes: [Route { for_: "docs", host: "mcp.example.com", port: 443 }, Route { for_: "forge", host: "gitlab.example.com", port: 443 }], loopback: [] }
+gitlab api not allowlisted: {"reason":"mcp-egress-unreachable","detail":{"server":"forge","host":"gitlab.example.com","port":443,"why":"the forge API gitlab.example.com port 443: the host is neither in egress-allowlist.conf (which opens https on port 443 only) nor, with this port, declared in model-endpoints.json"},"fix":"add gitlab.example.com to /srv/d/egress-allowlist.conf, or declare gitlab.example.com port 443 in /srv/d/model-endpoints.json"}
+no event: {"reason":"job-unreadable","detail":{"field":"event","why":"a github job without its forge event"},"fix":"queue the job again with this version of pi-dispatch"}
+bad event name: {"reason":"job-unreadable","detail":{"field":"event.repository.full_name","why":"the event's repository.full_name is not one the forge makes"},"fix":"queue the job again with this version of pi-dispatch"}
+other forge's event: {"reason":"job-unreadable","detail":{"field":"event","why":"a github job without its forge event"},"fix":"queue the job again with this version of pi-dispatch"}
+unknown flow: {"reason":"job-flow-unsupported","detail":{"field":"run.flow","why":"a forge job's flow is answer or fix"},"fix":"give the trigger run.flow \"answer\" (the agent's answer is posted on the issue) or \"fix\" (its changes become a pull request)"}
+no flow: {"reason":"job-flow-unsupported","detail":{"field":"run.flow","why":"a forge job's flow is answer or fix"},"fix":"give the trigger run.flow \"answer\" (the agent's answer is posted on the issue) or \"fix\" (its changes become a pull request)"}
+a command: {"reason":"job-flow-unsupported","detail":{"field":"run.command","why":"a forge job follows a flow; it does not run a command"},"fix":"give the trigger run.flow \"answer\" (the agent's answer is posted on the issue) or \"fix\" (its changes become a pull request)"}
+no app: {"reason":"forge-unconfigured","detail":{"variables":["PI_GITHUB_APP_ID","PI_GITHUB_APP_KEY_FILE"],"why":"no GitHub App is set up to mint the job's token"},"fix":"set PI_GITHUB_APP_ID and PI_GITHUB_APP_KEY_FILE for GitHub, GITLAB_URL and PI_GITLAB_TOKEN for GitLab (docs/forges.md)"}
+key cannot sign: {"reason":"forge-unconfigured","detail":{"variables":["PI_GITHUB_APP_KEY_FILE"],"why":"the GitHub App's key cannot be read or cannot sign, so no token can be minted for the job"},"fix":"set PI_GITHUB_APP_ID and PI_GITHUB_APP_KEY_FILE for GitHub, GITLAB_URL and PI_GITLAB_TOKEN for GitLab (docs/forges.md)"}
+no installation: {"reason":"forge-unconfigured","detail":{"why":"the event came through no GitHub App installation, so no token can be minted for it"},"fix":"set PI_GITHUB_APP_ID and PI_GITHUB_APP_KEY_FILE for GitHub, GITLAB_URL and PI_GITLAB_TOKEN for GitLab (docs/forges.md)"}
+gitlab without url: {"reason":"forge-unconfigured","detail":{"variables":["GITLAB_URL"],"why":"GITLAB_URL is unset or not a plain http(s) URL"},"fix":"set PI_GITHUB_APP_ID and PI_GITHUB_APP_KEY_FILE for GitHub, GITLAB_URL and PI_GITLAB_TOKEN for GitLab (docs/forges.md)"}
+gitlab without token: {"reason":"forge-unconfigured","detail":{"variables":["PI_GITLAB_TOKEN"],"why":"the worker holds no GitLab token to act with"},"fix":"set PI_GITHUB_APP_ID and PI_GITHUB_APP_KEY_FILE for GitHub, GITLAB_URL and PI_GITLAB_TOKEN for GitLab (docs/forges.md)"}
+forge user: admit: Workspace { path: "/srv/d/state/jobs/job-1/workspace", uid: 1500, gid: 1501 } ModelChoice { provider: "openai", model: "gpt-4o", key_variable: Some("OPENAI_API_KEY"), source: "builtin" } On { routes: [Route { for_: "docs", host: "mcp.example.com", port: 443 }, Route { for_: "memory", host: "registry.example.org", port: 443 }, Route { for_: "forge", host: "api.github.com", port: 443 }], loopback: [] }
+not root: admit: Workspace { path: "/srv/d/state/jobs/job-1/workspace", uid: 1000, gid: 1001 } ModelChoice { provider: "openai", model: "gpt-4o", key_variable: Some("OPENAI_API_KEY"), source: "builtin" } On { routes: [Route { for_: "docs", host: "mcp.example.com", port: 443 }, Route { for_: "memory", host: "registry.example.org", port: 443 }, Route { for_: "forge", host: "api.github.com", port: 443 }], loopback: [] }
+kind unsupported: {"reason":"job-kind-unsupported","detail":{"field":"run.kind","why":"this version does not run forgejo jobs"},"fix":"use run.kind local, github or gitlab: forgejo and azure jobs are not run yet"}
+no folder: {"reason":"job-unreadable","detail":{"field":"folder","why":"a local job without a folder"},"fix":"queue the job again with this version of pi-dispatch"}
+folder missing: {"reason":"workspace-missing","detail":{"path":"/srv/repo","why":"/srv/repo does not exist"},"fix":"point the job at an existing repository folder"}
+not a folder: {"reason":"workspace-missing","detail":{"path":"/srv/repo","why":"/srv/repo is not a folder"},"fix":"point the job at an existing repository folder"}
+folder failed: {"reason":"workspace-unreachable","detail":{"path":"/srv/repo","why":"/srv/repo permission denied"},"fix":"let the worker's user reach /srv/repo"}
+folder transient: retry: /srv/repo EIO
+root's folder: {"reason":"workspace-owned-by-root","detail":{"path":"/srv/repo","uid":0,"why":"/srv/repo belongs to root"},"fix":"give /srv/repo to the user the job should run as: chown -R USER /srv/repo"}
+folder closed: {"reason":"workspace-unreachable","detail":{"path":"/srv/repo","uid":1000,"why":"the job's user maint (uid 1000) cannot write /srv/repo (mode 0500, owner uid 1000, group gid 1000)"},"fix":"let uid 1000 write /srv/repo (chown or chmod), or run the job on a folder it can use"}
+not root, folder closed: {"reason":"workspace-unreachable","detail":{"path":"/srv/repo","uid":1001,"why":"the job's user (uid 1001) cannot read, write or enter /srv/repo (mode 0700, owner uid 1000, group gid 1000)"},"fix":"let uid 1001 read and write and enter /srv/repo (chown or chmod), or run the job on a folder it can use"}"##;
+
+#[test]
+fn the_model_the_egress_gate_and_the_workspaces_decide_as_pinned() {
+    assert_ne!(config::catalog::pi_version(), "");
+    let got: Vec<String> = pinned_cases()
+        .iter()
+        .map(|(name, d)| format!("{name}: {}", pinned(d)))
+        .collect();
+    let want: Vec<&str> = PINNED.lines().collect();
+    assert_eq!(got.len(), want.len());
+    for (got, want) in got.iter().zip(want) {
+        assert_eq!(got, want);
+    }
+}
