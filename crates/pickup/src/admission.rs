@@ -1037,122 +1037,208 @@ fn egress_gate(
         .map(|(_, n)| *n)
         .or(forge.map(|_| mcp::FORGE));
     let (allowlist, declared) = egress_files(i, first)?;
-    let reach = |scheme: Scheme, host: &UrlHost, port: u16| {
-        egress::route(scheme, host, port, &allowlist, &declared)
-    };
-    let unreachable_fix = |host: &UrlHost, port: u16| {
-        if port == 443 {
-            format!(
-                "add {host} to {}, or declare {host} port {port} in {}",
-                i.settings.egress_allowlist.display(),
-                i.settings.model_endpoints.display()
-            )
-        } else {
-            format!(
-                "declare {host} port {port} in {} (the allowlist opens port 443 only)",
-                i.settings.model_endpoints.display()
-            )
-        }
+    let gate = Gate {
+        i,
+        allowlist,
+        declared,
     };
     let mut routes = Vec::new();
     for (server, name) in servers {
         if let Transport::Http(h) = &server.transport {
-            let (host, port) = (h.url.host(), h.url.port());
-            if let Err(why) = reach(h.url.scheme(), host, port) {
-                return Err(refuse(
-                    Reason::McpEgressUnreachable,
-                    Detail::new(format!("{host} port {port}: {why}"))
-                        .server(name)
-                        .host(host.to_string(), port),
-                    unreachable_fix(host, port),
-                ));
-            }
-            routes.push(Route {
-                for_: (*name).to_owned(),
-                host: host.to_string(),
-                port,
-            });
+            routes.push(gate.server_route(h.url.scheme(), h.url.host(), h.url.port(), name)?);
         }
         if let Some(runner) = server.package_runner() {
-            let registry = i
-                .settings
-                .package_registries
-                .iter()
-                .find(|(r, _)| r == runner)
-                .map(|(_, h)| h);
-            let Some(host) = registry else {
-                return Err(refuse(
-                    Reason::McpPackageRunner,
-                    Detail::new(format!(
-                        "no registry host is declared for {runner} in PI_PACKAGE_REGISTRIES"
-                    ))
-                    .server(name)
-                    .variable(config::settings::REGISTRIES_SETTING),
-                    format!(
-                        "declare {runner}=HOST in PI_PACKAGE_REGISTRIES and allowlist HOST, or install the server in the job image"
-                    ),
-                ));
-            };
-            if let Err(why) = reach(Scheme::Https, host, 443) {
-                return Err(refuse(
-                    Reason::McpPackageRunner,
-                    Detail::new(format!("{runner} fetches from {host}: {why}"))
-                        .server(name)
-                        .host(host.to_string(), 443),
-                    unreachable_fix(host, 443),
-                ));
-            }
-            routes.push(Route {
-                for_: (*name).to_owned(),
-                host: host.to_string(),
-                port: 443,
-            });
+            routes.push(gate.registry_route(runner, name)?);
         }
     }
     if let Some(forge) = forge {
-        let (scheme, host, port) = match forge {
-            Forge::Github { .. } => match config::url::parse(&i.settings.github_api_url) {
-                Ok(u) => (u.scheme(), u.host().clone(), u.port()),
-                Err(_) => (
-                    Scheme::Https,
-                    UrlHost::Name(GITHUB_API_HOST.to_owned()),
-                    443,
+        routes.push(gate.forge_route(forge)?);
+    }
+    Ok(routes)
+}
+
+/// The egress rule over the files the proxy reads: each route a job's server needs, or the
+/// refusal naming what the proxy would not let through.
+struct Gate<'a> {
+    i: &'a Inputs<'a>,
+    allowlist: Allowlist,
+    declared: ModelEndpoints,
+}
+
+impl Gate<'_> {
+    fn reach(&self, scheme: Scheme, host: &UrlHost, port: u16) -> Result<(), egress::Unreachable> {
+        egress::route(scheme, host, port, &self.allowlist, &self.declared).map(|_| ())
+    }
+
+    /// What opens `host` on `port`: the allowlist for port 443, else a declared endpoint.
+    fn unreachable_fix(&self, host: &UrlHost, port: u16) -> String {
+        let settings = self.i.settings;
+        if port == 443 {
+            format!(
+                "add {host} to {}, or declare {host} port {port} in {}",
+                settings.egress_allowlist.display(),
+                settings.model_endpoints.display()
+            )
+        } else {
+            format!(
+                "declare {host} port {port} in {} (the allowlist opens port 443 only)",
+                settings.model_endpoints.display()
+            )
+        }
+    }
+
+    /// An HTTP server's own route.
+    fn server_route(&self, scheme: Scheme, host: &UrlHost, port: u16, name: &str) -> Step<Route> {
+        if let Err(why) = self.reach(scheme, host, port) {
+            return Err(refuse(
+                Reason::McpEgressUnreachable,
+                Detail::new(format!("{host} port {port}: {why}"))
+                    .server(name)
+                    .host(host.to_string(), port),
+                self.unreachable_fix(host, port),
+            ));
+        }
+        Ok(Route {
+            for_: name.to_owned(),
+            host: host.to_string(),
+            port,
+        })
+    }
+
+    /// The route to the registry a package runner (`npx`, ...) fetches from, declared in
+    /// `PI_PACKAGE_REGISTRIES`.
+    fn registry_route(&self, runner: &str, name: &str) -> Step<Route> {
+        let registry = self
+            .i
+            .settings
+            .package_registries
+            .iter()
+            .find(|(r, _)| r == runner)
+            .map(|(_, h)| h);
+        let Some(host) = registry else {
+            return Err(refuse(
+                Reason::McpPackageRunner,
+                Detail::new(format!(
+                    "no registry host is declared for {runner} in PI_PACKAGE_REGISTRIES"
+                ))
+                .server(name)
+                .variable(config::settings::REGISTRIES_SETTING),
+                format!(
+                    "declare {runner}=HOST in PI_PACKAGE_REGISTRIES and allowlist HOST, or install the server in the job image"
                 ),
-            },
-            Forge::Gitlab { api_url } => match config::url::parse(api_url) {
-                Ok(u) => (u.scheme(), u.host().clone(), u.port()),
-                Err(_) => {
-                    return Err(refuse_plain(
-                        Reason::McpServerUnknown,
-                        Detail::new("GITLAB_URL cannot be read as a URL")
-                            .server(mcp::FORGE)
-                            .variable(config::settings::GITLAB_URL_SETTING),
-                    ));
-                }
-            },
+            ));
         };
-        if let Err(why) = reach(scheme, &host, port) {
+        if let Err(why) = self.reach(Scheme::Https, host, 443) {
+            return Err(refuse(
+                Reason::McpPackageRunner,
+                Detail::new(format!("{runner} fetches from {host}: {why}"))
+                    .server(name)
+                    .host(host.to_string(), 443),
+                self.unreachable_fix(host, 443),
+            ));
+        }
+        Ok(Route {
+            for_: name.to_owned(),
+            host: host.to_string(),
+            port: 443,
+        })
+    }
+
+    /// The route to the forge's API, which the forge's server calls.
+    fn forge_route(&self, forge: &Forge) -> Step<Route> {
+        let (scheme, host, port) = forge_api(self.i, forge)?;
+        if let Err(why) = self.reach(scheme, &host, port) {
             return Err(refuse(
                 Reason::McpEgressUnreachable,
                 Detail::new(format!("the forge API {host} port {port}: {why}"))
                     .server(mcp::FORGE)
                     .host(host.to_string(), port),
-                unreachable_fix(&host, port),
+                self.unreachable_fix(&host, port),
             ));
         }
-        routes.push(Route {
+        Ok(Route {
             for_: mcp::FORGE.to_owned(),
             host: host.to_string(),
             port,
-        });
+        })
     }
-    Ok(routes)
+}
+
+/// The scheme, host and port of the forge's API: `PI_GITHUB_API_URL` (GitHub's own when it cannot
+/// be read), or GitLab's API URL.
+fn forge_api(i: &Inputs, forge: &Forge) -> Step<(Scheme, UrlHost, u16)> {
+    match forge {
+        Forge::Github { .. } => match config::url::parse(&i.settings.github_api_url) {
+            Ok(u) => Ok((u.scheme(), u.host().clone(), u.port())),
+            Err(_) => Ok((
+                Scheme::Https,
+                UrlHost::Name(GITHUB_API_HOST.to_owned()),
+                443,
+            )),
+        },
+        Forge::Gitlab { api_url } => match config::url::parse(api_url) {
+            Ok(u) => Ok((u.scheme(), u.host().clone(), u.port())),
+            Err(_) => Err(refuse_plain(
+                Reason::McpServerUnknown,
+                Detail::new("GITLAB_URL cannot be read as a URL")
+                    .server(mcp::FORGE)
+                    .variable(config::settings::GITLAB_URL_SETTING),
+            )),
+        },
+    }
 }
 
 /// The job's model: it exists (pi's catalog, or the overlay's models.json), its trigger's list
 /// allows it, and the worker holds its key unless it is keyless. With egress on, also the route
 /// to the model's own endpoint when the overlay sets one.
 fn model(i: &Inputs, models: Option<&Models>) -> Step<(ModelChoice, Option<Route>)> {
+    let named = named_model(i)?;
+    let found = catalog::find(models, &named.provider, &named.model)
+        .map_err(|e| model_not_found(i, &named, e))?;
+    on_the_model_list(i.job, &named)?;
+    metered(i, models, &named)?;
+    // The model's own endpoint, when the overlay sets one: keyless when declared so.
+    let endpoint = found
+        .base_url
+        .as_deref()
+        .and_then(|u| config::url::parse(u).ok());
+    let keyless = endpoint
+        .as_ref()
+        .is_some_and(|url| declared_keyless(i, url));
+    let key_variable = if keyless {
+        None
+    } else {
+        Some(held_key(i, &found, &named)?)
+    };
+    let route = endpoint.map(|url| Route {
+        for_: "model".to_owned(),
+        host: url.host().to_string(),
+        port: url.port(),
+    });
+    let source = match found.source {
+        catalog::Source::Builtin => "builtin",
+        catalog::Source::Overlay => "overlay",
+    };
+    Ok((
+        ModelChoice {
+            provider: named.provider,
+            model: named.model,
+            key_variable,
+            source,
+        },
+        route.filter(|_| i.settings.egress),
+    ))
+}
+
+/// A job's provider and model, and how messages name them (`provider/model`).
+struct NamedModel {
+    provider: String,
+    model: String,
+    full: String,
+}
+
+/// The provider and model the job names, else the deployment's (`model-unset` when neither does).
+fn named_model(i: &Inputs) -> Step<NamedModel> {
     let Some((provider, model)) = job_model(i) else {
         return Err(refuse_plain(
             Reason::ModelUnset,
@@ -1163,8 +1249,21 @@ fn model(i: &Inputs, models: Option<&Models>) -> Step<(ModelChoice, Option<Route
                 ]),
         ));
     };
-    let full = format!("{provider}/{model}");
-    let found = catalog::find(models, &provider, &model).map_err(|e| match e {
+    Ok(NamedModel {
+        full: format!("{provider}/{model}"),
+        provider,
+        model,
+    })
+}
+
+/// The refusal of a provider or model that neither pi's catalog nor the overlay's models.json has.
+fn model_not_found(i: &Inputs, named: &NamedModel, e: catalog::NotFound) -> Box<Decision> {
+    let NamedModel {
+        provider,
+        model,
+        full,
+    } = named;
+    match e {
         catalog::NotFound::ProviderUnknown => refuse(
             Reason::ModelProviderUnknown,
             Detail::new(format!(
@@ -1188,108 +1287,96 @@ fn model(i: &Inputs, models: Option<&Models>) -> Step<(ModelChoice, Option<Route
                 "name one of {provider}'s models, or add {model} to {provider}'s models in the overlay's models.json"
             ),
         ),
-    })?;
-    if let Some(list) = &i.job.models
-        && !list.contains(&full)
-    {
-        return Err(refuse(
+    }
+}
+
+/// The model is on the trigger's `run.models`, when it has one.
+fn on_the_model_list(job: &Job, named: &NamedModel) -> Step<()> {
+    let full = &named.full;
+    match &job.models {
+        Some(list) if !list.contains(full) => Err(refuse(
             Reason::ModelNotAllowed,
             Detail::new(format!("{full} is not on the trigger's model list"))
                 .field("run.models")
                 .model(full.clone()),
             format!("add {full} to the trigger's run.models, or choose a model on it"),
-        ));
+        )),
+        _ => Ok(()),
     }
-    // The job's model gateway must be able to check and meter its calls.
-    if let Some(own) =
-        config::model_rules::uncarried_chat_model(catalog::builtin(), models, &provider, &model)
-    {
+}
+
+/// The job's model gateway must be able to check and meter the model's calls: its provider
+/// speaks a wire format the gateway reads.
+fn metered(i: &Inputs, models: Option<&Models>, named: &NamedModel) -> Step<()> {
+    let NamedModel {
+        provider,
+        model,
+        full,
+    } = named;
+    let Some(own) =
+        config::model_rules::uncarried_chat_model(catalog::builtin(), models, provider, model)
+    else {
+        return Ok(());
+    };
+    Err(refuse(
+        Reason::ModelUnsupported,
+        Detail::new(format!(
+            "{full} speaks {}, which the job's model gateway cannot check and meter",
+            own.api
+        ))
+        .model(full.clone()),
+        format!(
+            "choose a model whose provider speaks openai-completions, openai-responses or anthropic-messages, or set such an api for {provider} in {}",
+            overlay_file(i, "models.json")
+        ),
+    ))
+}
+
+/// Whether `model-endpoints.json` declares the model's endpoint `url` keyless.
+fn declared_keyless(i: &Inputs, url: &config::url::PlainUrl) -> bool {
+    let declared = match i.files.endpoints() {
+        Read::Bytes(b) => std::str::from_utf8(&b)
+            .ok()
+            .and_then(|t| endpoints::parse_model_endpoints(t).ok()),
+        _ => None,
+    };
+    declared.is_some_and(|d| {
+        d.endpoints
+            .iter()
+            .any(|e| e.keyless && e.port == url.port() && &e.host == url.host())
+    })
+}
+
+/// The variable holding the model's key in the worker's environment: the first pi reads that
+/// holds a value.
+fn held_key(i: &Inputs, found: &catalog::Found, named: &NamedModel) -> Step<String> {
+    let NamedModel { provider, full, .. } = named;
+    if let Some(v) = found.key_variables.iter().find(|v| i.env.has_value(v)) {
+        return Ok(v.clone());
+    }
+    if found.key_variables.is_empty() {
         return Err(refuse(
-            Reason::ModelUnsupported,
+            Reason::ModelKeyMissing,
             Detail::new(format!(
-                "{full} speaks {}, which the job's model gateway cannot check and meter",
-                own.api
+                "pi takes {provider}'s key only from a sign-in, which a job cannot make"
             ))
             .model(full.clone()),
             format!(
-                "choose a model whose provider speaks openai-completions, openai-responses or anthropic-messages, or set such an api for {provider} in {}",
-                overlay_file(i, "models.json")
+                "give {provider} an apiKey variable in the overlay's models.json, or use another provider"
             ),
         ));
     }
-    // The model's own endpoint, when the overlay sets one: keyless when declared so.
-    let endpoint = found
-        .base_url
-        .as_deref()
-        .and_then(|u| config::url::parse(u).ok());
-    let (keyless, route) = match &endpoint {
-        None => (false, None),
-        Some(url) => {
-            let declared = match i.files.endpoints() {
-                Read::Bytes(b) => std::str::from_utf8(&b)
-                    .ok()
-                    .and_then(|t| endpoints::parse_model_endpoints(t).ok()),
-                _ => None,
-            };
-            let keyless = declared.is_some_and(|d| {
-                d.endpoints
-                    .iter()
-                    .any(|e| e.keyless && e.port == url.port() && &e.host == url.host())
-            });
-            let route = Route {
-                for_: "model".to_owned(),
-                host: url.host().to_string(),
-                port: url.port(),
-            };
-            (keyless, Some(route))
-        }
-    };
-    let key_variable = if keyless {
-        None
-    } else {
-        let held = found.key_variables.iter().find(|v| i.env.has_value(v));
-        match held {
-            Some(v) => Some(v.clone()),
-            None if found.key_variables.is_empty() => {
-                return Err(refuse(
-                    Reason::ModelKeyMissing,
-                    Detail::new(format!(
-                        "pi takes {provider}'s key only from a sign-in, which a job cannot make"
-                    ))
-                    .model(full.clone()),
-                    format!(
-                        "give {provider} an apiKey variable in the overlay's models.json, or use another provider"
-                    ),
-                ));
-            }
-            None => {
-                return Err(refuse(
-                    Reason::ModelKeyMissing,
-                    Detail::new(format!(
-                        "the worker's environment sets none of the variables pi reads for {provider}'s key"
-                    ))
-                    .model(full.clone())
-                    .variables(found.key_variables.iter().cloned()),
-                    format!(
-                        "set {} in the worker's environment",
-                        found.key_variables.join(" or ")
-                    ),
-                ));
-            }
-        }
-    };
-    let source = match found.source {
-        catalog::Source::Builtin => "builtin",
-        catalog::Source::Overlay => "overlay",
-    };
-    Ok((
-        ModelChoice {
-            provider,
-            model,
-            key_variable,
-            source,
-        },
-        route.filter(|_| i.settings.egress),
+    Err(refuse(
+        Reason::ModelKeyMissing,
+        Detail::new(format!(
+            "the worker's environment sets none of the variables pi reads for {provider}'s key"
+        ))
+        .model(full.clone())
+        .variables(found.key_variables.iter().cloned()),
+        format!(
+            "set {} in the worker's environment",
+            found.key_variables.join(" or ")
+        ),
     ))
 }
 
