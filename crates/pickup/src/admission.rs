@@ -1398,6 +1398,29 @@ fn workspace(i: &Inputs) -> Step<(Kind, Workspace)> {
 /// carry its event, follow a forge flow, and the worker must hold what it acts on the forge with.
 fn forge_workspace(i: &Inputs) -> Step<Workspace> {
     let job = i.job;
+    let event = forge_job_event(job)?;
+    forge_flow(job)?;
+    match event.forge {
+        protocol::forge_event::Forge::Github => github_set_up(i, event)?,
+        protocol::forge_event::Forge::Gitlab => gitlab_set_up(i)?,
+    }
+    let (uid, gid) = if i.host.root {
+        i.settings
+            .forge_job_user
+            .unwrap_or(config::settings::DEFAULT_FORGE_JOB_USER)
+    } else {
+        (i.host.user.uid, i.host.user.gid)
+    };
+    let path = forge_workspace_path(&i.settings.dir, &job.id);
+    Ok(Workspace {
+        path: path.display().to_string(),
+        uid,
+        gid,
+    })
+}
+
+/// A forge job's event: of the job's own forge, its names held to the forge's grammar.
+fn forge_job_event(job: &Job) -> Step<&protocol::forge_event::ForgeEvent> {
     let Some(event) = job.event.as_ref().filter(|e| e.forge.as_str() == job.kind) else {
         return Err(refuse_plain(
             Reason::JobUnreadable,
@@ -1412,84 +1435,80 @@ fn forge_workspace(i: &Inputs) -> Step<Workspace> {
             Detail::new(invalid.to_string()).field(format!("event.{}", invalid.0)),
         ));
     }
+    Ok(event)
+}
+
+/// A forge job follows a forge flow (answer or fix), never a command.
+fn forge_flow(job: &Job) -> Step<()> {
     match (&job.flow, &job.command) {
-        (Some(flow), None) if Flow::parse(flow).is_some() => {}
-        (_, Some(_)) => {
-            return Err(refuse_plain(
-                Reason::JobFlowUnsupported,
-                Detail::new("a forge job follows a flow; it does not run a command")
-                    .field("run.command"),
-            ));
-        }
-        _ => {
-            return Err(refuse_plain(
-                Reason::JobFlowUnsupported,
-                Detail::new("a forge job's flow is answer or fix").field("run.flow"),
-            ));
-        }
+        (Some(flow), None) if Flow::parse(flow).is_some() => Ok(()),
+        (_, Some(_)) => Err(refuse_plain(
+            Reason::JobFlowUnsupported,
+            Detail::new("a forge job follows a flow; it does not run a command")
+                .field("run.command"),
+        )),
+        _ => Err(refuse_plain(
+            Reason::JobFlowUnsupported,
+            Detail::new("a forge job's flow is answer or fix").field("run.flow"),
+        )),
     }
-    let unconfigured = |why: &str, variables: &[&str]| {
-        let mut detail = Detail::new(why.to_owned());
-        for v in variables {
-            detail = detail.variable(*v);
-        }
-        refuse_plain(Reason::ForgeUnconfigured, detail)
-    };
+}
+
+/// `forge-unconfigured` for `why`, naming the settings concerned.
+fn unconfigured(why: &str, variables: &[&str]) -> Box<Decision> {
+    let mut detail = Detail::new(why.to_owned());
+    for v in variables {
+        detail = detail.variable(*v);
+    }
+    refuse_plain(Reason::ForgeUnconfigured, detail)
+}
+
+/// A GitHub App that can mint the job's token: its id and a key that signs, and an event that
+/// came through one of its installations.
+fn github_set_up(i: &Inputs, event: &protocol::forge_event::ForgeEvent) -> Step<()> {
     use config::settings as s;
-    match event.forge {
-        protocol::forge_event::Forge::Github => {
-            if i.settings.github_app_id.is_none() || i.settings.github_app_key_file.is_none() {
-                return Err(unconfigured(
-                    "no GitHub App is set up to mint the job's token",
-                    &[s::GITHUB_APP_ID_SETTING, s::GITHUB_APP_KEY_SETTING],
-                ));
-            }
-            if i.host.github_key == Some(false) {
-                return Err(unconfigured(
-                    "the GitHub App's key cannot be read or cannot sign, so no token can be minted for the job",
-                    &[s::GITHUB_APP_KEY_SETTING],
-                ));
-            }
-            if event.installation.is_none() {
-                return Err(unconfigured(
-                    "the event came through no GitHub App installation, so no token can be minted for it",
-                    &[],
-                ));
-            }
-        }
-        protocol::forge_event::Forge::Gitlab => {
-            if i.settings
-                .gitlab_url
-                .as_deref()
-                .and_then(gitlab_api_url)
-                .is_none()
-            {
-                return Err(unconfigured(
-                    "GITLAB_URL is unset or not a plain http(s) URL",
-                    &[s::GITLAB_URL_SETTING],
-                ));
-            }
-            if !i.env.has_value(s::GITLAB_TOKEN_SETTING) {
-                return Err(unconfigured(
-                    "the worker holds no GitLab token to act with",
-                    &[s::GITLAB_TOKEN_SETTING],
-                ));
-            }
-        }
+    if i.settings.github_app_id.is_none() || i.settings.github_app_key_file.is_none() {
+        return Err(unconfigured(
+            "no GitHub App is set up to mint the job's token",
+            &[s::GITHUB_APP_ID_SETTING, s::GITHUB_APP_KEY_SETTING],
+        ));
     }
-    let (uid, gid) = if i.host.root {
-        i.settings
-            .forge_job_user
-            .unwrap_or(s::DEFAULT_FORGE_JOB_USER)
-    } else {
-        (i.host.user.uid, i.host.user.gid)
-    };
-    let path = forge_workspace_path(&i.settings.dir, &job.id);
-    Ok(Workspace {
-        path: path.display().to_string(),
-        uid,
-        gid,
-    })
+    if i.host.github_key == Some(false) {
+        return Err(unconfigured(
+            "the GitHub App's key cannot be read or cannot sign, so no token can be minted for the job",
+            &[s::GITHUB_APP_KEY_SETTING],
+        ));
+    }
+    if event.installation.is_none() {
+        return Err(unconfigured(
+            "the event came through no GitHub App installation, so no token can be minted for it",
+            &[],
+        ));
+    }
+    Ok(())
+}
+
+/// GitLab's URL, plain, and a token the worker acts with.
+fn gitlab_set_up(i: &Inputs) -> Step<()> {
+    use config::settings as s;
+    if i.settings
+        .gitlab_url
+        .as_deref()
+        .and_then(gitlab_api_url)
+        .is_none()
+    {
+        return Err(unconfigured(
+            "GITLAB_URL is unset or not a plain http(s) URL",
+            &[s::GITLAB_URL_SETTING],
+        ));
+    }
+    if !i.env.has_value(s::GITLAB_TOKEN_SETTING) {
+        return Err(unconfigured(
+            "the worker holds no GitLab token to act with",
+            &[s::GITLAB_TOKEN_SETTING],
+        ));
+    }
+    Ok(())
 }
 
 /// A job's own folder on the host: `state/jobs/<id>`.
@@ -1511,32 +1530,10 @@ fn local_workspace(i: &Inputs) -> Step<Workspace> {
             Detail::new("a local job without a folder").field("folder"),
         ));
     };
-    let (uid, gid, mode) = match i.folders.folder(path) {
-        Folder::Folder { uid, gid, mode } => (uid, gid, mode),
-        Folder::Missing => {
-            return Err(refuse_plain(
-                Reason::WorkspaceMissing,
-                Detail::new(format!("{path} does not exist")).path(path),
-            ));
-        }
-        Folder::NotAFolder => {
-            return Err(refuse_plain(
-                Reason::WorkspaceMissing,
-                Detail::new(format!("{path} is not a folder")).path(path),
-            ));
-        }
-        Folder::Failed(why) => {
-            return Err(refuse(
-                Reason::WorkspaceUnreachable,
-                Detail::new(format!("{path} {why}")).path(path),
-                format!("let the worker's user reach {path}"),
-            ));
-        }
-        Folder::Transient(why) => return Err(retry(format!("{path} {why}"))),
-    };
+    let folder = local_folder(i, path)?;
     // A job of a root worker runs as its folder's owner; never as root, whose files its sandbox's
     // user would then own.
-    if uid == 0 && i.host.root {
+    if folder.uid == 0 && i.host.root {
         return Err(refuse(
             Reason::WorkspaceOwnedByRoot,
             Detail::new(format!("{path} belongs to root"))
@@ -1545,42 +1542,68 @@ fn local_workspace(i: &Inputs) -> Step<Workspace> {
             format!("give {path} to the user the job should run as: chown -R USER {path}"),
         ));
     }
-    // The job's user: the folder's owner under a root worker, else the worker's own user.
+    reachable_by_the_job(i, path, &folder)?;
+    Ok(Workspace {
+        path: path.to_owned(),
+        uid: folder.uid,
+        gid: folder.gid,
+    })
+}
+
+/// The job's folder as the worker sees it: a folder, with its owner and mode.
+fn local_folder(i: &Inputs, path: &str) -> Step<reach::Folder> {
+    match i.folders.folder(path) {
+        Folder::Folder { uid, gid, mode } => Ok(reach::Folder { mode, uid, gid }),
+        Folder::Missing => Err(refuse_plain(
+            Reason::WorkspaceMissing,
+            Detail::new(format!("{path} does not exist")).path(path),
+        )),
+        Folder::NotAFolder => Err(refuse_plain(
+            Reason::WorkspaceMissing,
+            Detail::new(format!("{path} is not a folder")).path(path),
+        )),
+        Folder::Failed(why) => Err(refuse(
+            Reason::WorkspaceUnreachable,
+            Detail::new(format!("{path} {why}")).path(path),
+            format!("let the worker's user reach {path}"),
+        )),
+        Folder::Transient(why) => Err(retry(format!("{path} {why}"))),
+    }
+}
+
+/// The job's user can use its folder: the folder's owner under a root worker, else the worker's
+/// own user.
+fn reachable_by_the_job(i: &Inputs, path: &str, folder: &reach::Folder) -> Step<()> {
     let user = if i.host.root {
         reach::User {
-            uid,
-            gid,
+            uid: folder.uid,
+            gid: folder.gid,
             groups: Vec::new(),
         }
     } else {
         i.host.user.clone()
     };
-    let folder = reach::Folder { mode, uid, gid };
-    if let Err(unreachable) = reach::check(
+    let Err(unreachable) = reach::check(
         std::path::Path::new(path),
-        &folder,
+        folder,
         &user,
         &reach::WORKSPACE,
         i.host.passwd.as_deref(),
-    ) {
-        let missing: Vec<&str> = unreachable.missing.iter().map(|a| a.as_str()).collect();
-        return Err(refuse(
-            Reason::WorkspaceUnreachable,
-            Detail::new(unreachable.to_string())
-                .path(path)
-                .uid(user.uid),
-            format!(
-                "let uid {} {} {path} (chown or chmod), or run the job on a folder it can use",
-                user.uid,
-                missing.join(" and ")
-            ),
-        ));
-    }
-    Ok(Workspace {
-        path: path.to_owned(),
-        uid,
-        gid,
-    })
+    ) else {
+        return Ok(());
+    };
+    let missing: Vec<&str> = unreachable.missing.iter().map(|a| a.as_str()).collect();
+    Err(refuse(
+        Reason::WorkspaceUnreachable,
+        Detail::new(unreachable.to_string())
+            .path(path)
+            .uid(user.uid),
+        format!(
+            "let uid {} {} {path} (chown or chmod), or run the job on a folder it can use",
+            user.uid,
+            missing.join(" and ")
+        ),
+    ))
 }
 
 #[cfg(test)]
