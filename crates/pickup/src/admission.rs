@@ -222,21 +222,7 @@ fn decide_steps(i: &Inputs) -> Step<Admitted> {
     };
     let models = read_models(i)?;
     let model = model(i, models.as_ref())?;
-    let egress = if i.settings.egress {
-        if !i.host.egress_proxy {
-            return Err(refuse_plain(
-                Reason::EgressProxyMissing,
-                Detail::new("PI_EGRESS is on (the default), and this version has no egress proxy")
-                    .variable(config::settings::EGRESS_SETTING),
-            ));
-        }
-        let mut routes = mcp.as_ref().map(|m| m.routes.clone()).unwrap_or_default();
-        routes.extend(model.1);
-        let loopback = loopback_routes(&routes);
-        Egress::On { routes, loopback }
-    } else {
-        Egress::Off
-    };
+    let egress = job_egress(i, mcp.as_ref(), model.1)?;
     let (kind, workspace) = workspace(i)?;
     let work = work(i, kind);
     let secrets = job_secrets(job, trigger.as_ref())?;
@@ -271,6 +257,24 @@ fn decide_steps(i: &Inputs) -> Step<Admitted> {
         exclude_tools: job.exclude_tools.clone(),
         egress,
     })
+}
+
+/// The job's egress: off, or on through the proxy with the routes its servers and its model need.
+fn job_egress(i: &Inputs, mcp: Option<&McpAdmitted>, model_route: Option<Route>) -> Step<Egress> {
+    if !i.settings.egress {
+        return Ok(Egress::Off);
+    }
+    if !i.host.egress_proxy {
+        return Err(refuse_plain(
+            Reason::EgressProxyMissing,
+            Detail::new("PI_EGRESS is on (the default), and this version has no egress proxy")
+                .variable(config::settings::EGRESS_SETTING),
+        ));
+    }
+    let mut routes = mcp.map(|m| m.routes.clone()).unwrap_or_default();
+    routes.extend(model_route);
+    let loopback = loopback_routes(&routes);
+    Ok(Egress::On { routes, loopback })
 }
 
 /// The job's routes to hosts on the worker's own machine (declared endpoints there), each once, as
@@ -629,15 +633,10 @@ fn mcp_gates(i: &Inputs, names: &[String]) -> Step<McpAdmitted> {
     } else {
         Some(read_overlay(i, &overlay_names)?)
     };
-    let mut servers = Vec::new();
-    if let Some(overlay) = &overlay {
-        for name in &overlay_names {
-            match offered(overlay, name) {
-                Ok(server) => servers.push((server, *name)),
-                Err(refusal) => return Err(with_every_unknown(refusal, overlay, &overlay_names)),
-            }
-        }
-    }
+    let servers = match &overlay {
+        Some(overlay) => offered_servers(overlay, &overlay_names)?,
+        None => Vec::new(),
+    };
     // The forge entry is the worker's own: only overlay servers are judged for their variables.
     if !servers.is_empty() {
         let reserved = reserved_variables(i)?;
@@ -649,17 +648,7 @@ fn mcp_gates(i: &Inputs, names: &[String]) -> Step<McpAdmitted> {
         excluded(job, server, name)?;
     }
     if forge.is_some() {
-        let routes = Routes::new(mcp::FORGE, Exposure::Codemode, &[]);
-        if !routes.way_in(&job.exclude_tools) {
-            return Err(refuse_plain(
-                Reason::McpExcluded,
-                Detail::new(
-                    "run.excludeTools removes every route to its tools (direct, tool_search, codemode)",
-                )
-                .server(mcp::FORGE)
-                .field("run.excludeTools"),
-            ));
-        }
+        forge_not_excluded(job)?;
     }
     let routes = if i.settings.egress {
         egress_gate(i, &servers, forge.as_ref())?
@@ -683,6 +672,37 @@ fn mcp_gates(i: &Inputs, names: &[String]) -> Step<McpAdmitted> {
         routes,
         codemode_models,
     })
+}
+
+/// The overlay's server of each name, offered and enabled; a refusal names every server the
+/// overlay does not offer.
+fn offered_servers<'o, 'n>(
+    overlay: &'o Overlay,
+    names: &[&'n str],
+) -> Step<Vec<(&'o McpServer, &'n str)>> {
+    names
+        .iter()
+        .map(|name| match offered(overlay, name) {
+            Ok(server) => Ok((server, *name)),
+            Err(refusal) => Err(with_every_unknown(refusal, overlay, names)),
+        })
+        .collect()
+}
+
+/// Whether the trigger's `excludeTools` leaves the forge's server a way to its tools.
+fn forge_not_excluded(job: &Job) -> Step<()> {
+    let routes = Routes::new(mcp::FORGE, Exposure::Codemode, &[]);
+    if routes.way_in(&job.exclude_tools) {
+        return Ok(());
+    }
+    Err(refuse_plain(
+        Reason::McpExcluded,
+        Detail::new(
+            "run.excludeTools removes every route to its tools (direct, tool_search, codemode)",
+        )
+        .server(mcp::FORGE)
+        .field("run.excludeTools"),
+    ))
 }
 
 /// The overlay's `codemodeModels` for a job that names none of its servers (only `forge`, or
