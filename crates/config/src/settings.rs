@@ -673,7 +673,7 @@ struct Reader<'a> {
 }
 
 /// The error a setting's bad value makes, from the setting's name.
-type Refusal = fn(&'static str) -> SettingError;
+type ErrorFor = fn(&'static str) -> SettingError;
 
 impl Reader<'_> {
     fn value(&self, name: &str) -> Option<String> {
@@ -703,7 +703,7 @@ impl Reader<'_> {
         &mut self,
         name: &'static str,
         parse: impl FnOnce(&str) -> Option<T>,
-        error: Refusal,
+        error: ErrorFor,
     ) -> Option<T> {
         self.parsed(name, |v| parse(v).map(Some), error, None)
     }
@@ -713,12 +713,12 @@ impl Reader<'_> {
         &mut self,
         name: &'static str,
         is_ok: fn(&str) -> bool,
-        error: Refusal,
+        error: ErrorFor,
     ) -> Option<String> {
         self.optional(name, |v| is_ok(v).then(|| v.to_owned()), error)
     }
 
-    /// A flag: on unless `0`.
+    /// A flag: `1` (on) or `0` (off), on when unset.
     fn flag(&mut self, name: &'static str) -> bool {
         let flag = |v: &str| match v {
             "1" => Some(true),
