@@ -11,6 +11,7 @@
 //! no redirect followed, http(s) and file only; the token rides in `http.extraHeader`, set through
 //! `GIT_CONFIG_*` variables, so it is never in a URL, an argument or a config file.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -131,6 +132,56 @@ impl<'a> Git<'a> {
         }
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     }
+
+    /// `git rev-parse REV` in the bare repository `origin`.
+    async fn rev_parse(
+        &self,
+        origin: &Path,
+        op: &'static str,
+        rev: &str,
+    ) -> Result<String, GitError> {
+        self.run(
+            op,
+            &[
+                os("--git-dir"),
+                origin.as_os_str(),
+                os("rev-parse"),
+                os(rev),
+            ],
+            &[],
+        )
+        .await
+    }
+
+    /// The base's files in the bare repository `origin`, as `git ls-tree -r -z --name-only` lists
+    /// them (not trimmed: a name may end in white space).
+    async fn base_files(&self, origin: &Path) -> Result<Vec<u8>, GitError> {
+        let out = self
+            .command(&[
+                os("--git-dir"),
+                origin.as_os_str(),
+                os("ls-tree"),
+                os("-r"),
+                os("-z"),
+                os("--name-only"),
+                os(BASE_BRANCH),
+            ])
+            .output()
+            .await
+            .map_err(|e| failed("list the base's files", e.kind().to_string()))?;
+        if !out.status.success() {
+            return Err(failed("list the base's files", "git failed"));
+        }
+        Ok(out.stdout)
+    }
+}
+
+/// `git -C workspace` and the rest of the arguments.
+fn in_work_tree<'a>(workspace: &'a Path, rest: &[&'a str]) -> Vec<&'a std::ffi::OsStr> {
+    [os("-C"), workspace.as_os_str()]
+        .into_iter()
+        .chain(rest.iter().map(|s| os(s)))
+        .collect()
 }
 
 fn os(s: &str) -> &std::ffi::OsStr {
@@ -159,6 +210,22 @@ pub async fn clone(
     }
     std::fs::create_dir_all(&home).map_err(|e| failed("make its home", e.kind().to_string()))?;
     let (plain, authed) = Git::pair(&home, authorization);
+    fetch_base(&plain, &authed, &origin, url, source_ref).await?;
+    make_work_tree(&plain, &origin, &workspace, url, work_branch).await?;
+    give(&workspace, owner)
+        .map_err(|e| failed("give the work tree to the job's user", e.kind().to_string()))?;
+    Ok(Checkout { origin, workspace })
+}
+
+/// Makes the worker's bare repository at `origin` and fetches `source_ref` of `url` into its
+/// [`BASE_BRANCH`].
+async fn fetch_base(
+    plain: &Git<'_>,
+    authed: &Git<'_>,
+    origin: &Path,
+    url: &str,
+    source_ref: &str,
+) -> Result<(), GitError> {
     plain
         .run(
             "make the worker's repository",
@@ -188,6 +255,18 @@ pub async fn clone(
             &[],
         )
         .await?;
+    Ok(())
+}
+
+/// Clones the job's work tree from `origin`, points its `origin` at the forge's `url` (no
+/// credential in it), and puts it on the new branch `work_branch`.
+async fn make_work_tree<'a>(
+    plain: &Git<'_>,
+    origin: &Path,
+    workspace: &'a Path,
+    url: &'a str,
+    work_branch: &'a str,
+) -> Result<(), GitError> {
     let from = format!("file://{}", origin.display());
     plain
         .run(
@@ -204,32 +283,24 @@ pub async fn clone(
             &[],
         )
         .await?;
-    let in_ws = |rest: &[&'static str]| -> Vec<std::ffi::OsString> {
-        [os("-C").to_owned(), workspace.clone().into_os_string()]
-            .into_iter()
-            .chain(rest.iter().map(|s| os(s).to_owned()))
-            .collect()
-    };
-    let set_url: Vec<std::ffi::OsString> = in_ws(&["remote", "set-url", "origin"])
-        .into_iter()
-        .chain([os(url).to_owned()])
-        .collect();
-    let checkout: Vec<std::ffi::OsString> = in_ws(&["checkout", "-q", "-B"])
-        .into_iter()
-        .chain([os(work_branch).to_owned()])
-        .collect();
-    let delete = in_ws(&["branch", "-q", "-D", BASE_BRANCH]);
+    let in_ws = |rest: &[&'a str]| in_work_tree(workspace, rest);
     for (op, args) in [
-        ("point the work tree at the forge", set_url),
-        ("make the job's branch", checkout),
-        ("tidy the work tree's branches", delete),
+        (
+            "point the work tree at the forge",
+            in_ws(&["remote", "set-url", "origin", url]),
+        ),
+        (
+            "make the job's branch",
+            in_ws(&["checkout", "-q", "-B", work_branch]),
+        ),
+        (
+            "tidy the work tree's branches",
+            in_ws(&["branch", "-q", "-D", BASE_BRANCH]),
+        ),
     ] {
-        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
         plain.run(op, &args, &[]).await?;
     }
-    give(&workspace, owner)
-        .map_err(|e| failed("give the work tree to the job's user", e.kind().to_string()))?;
-    Ok(Checkout { origin, workspace })
+    Ok(())
 }
 
 /// Gives `path` and everything under it to `owner`, following no link.
@@ -276,37 +347,11 @@ pub async fn publish(
         .ok_or_else(|| failed("find the job's folder", "no parent"))?;
     let home = dir.join("git-home");
     let (plain, authed) = Git::pair(&home, authorization);
-    let in_origin = |rest: &[&str]| -> Vec<std::ffi::OsString> {
-        [
-            os("--git-dir").to_owned(),
-            checkout.origin.clone().into_os_string(),
-        ]
-        .into_iter()
-        .chain(rest.iter().map(|s| os(s).to_owned()))
-        .collect()
-    };
-    let run = |op: &'static str, args: Vec<std::ffi::OsString>| {
-        let plain = &plain;
-        async move {
-            let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-            plain.run(op, &args, &[]).await
-        }
-    };
-    let listed = {
-        let args = in_origin(&["ls-tree", "-r", "-z", "--name-only", BASE_BRANCH]);
-        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-        let out = plain
-            .command(&args)
-            .output()
-            .await
-            .map_err(|e| failed("list the base's files", e.kind().to_string()))?;
-        if !out.status.success() {
-            return Err(failed("list the base's files", "git failed"));
-        }
-        out.stdout
-    };
-    let tracked = Tracked::from_ls_tree(&listed);
-    let base = run("read the base", in_origin(&["rev-parse", BASE_BRANCH])).await?;
+    let origin = checkout.origin.as_path();
+    let tracked = Tracked::from_ls_tree(&plain.base_files(origin).await?);
+    let base = plain
+        .rev_parse(origin, "read the base", BASE_BRANCH)
+        .await?;
     let stream = StreamInput {
         workspace: checkout.workspace.clone(),
         tracked,
@@ -317,7 +362,7 @@ pub async fn publish(
         needles: needles.clone(),
         import: plain.std_command(&[
             os("--git-dir"),
-            checkout.origin.as_os_str(),
+            origin.as_os_str(),
             os("fast-import"),
             os("--quiet"),
             os("--force"),
@@ -328,28 +373,30 @@ pub async fn publish(
         .await
         .map_err(|_| failed("read the job's files", "the reader stopped"))?;
     streamed?;
-    let tree = run(
-        "read the job's tree",
-        in_origin(&["rev-parse", &format!("{PUBLISHED}^{{tree}}")]),
-    )
-    .await?;
-    let base_tree = run(
-        "read the base's tree",
-        in_origin(&["rev-parse", &format!("{BASE_BRANCH}^{{tree}}")]),
-    )
-    .await?;
+    let tree = plain
+        .rev_parse(
+            origin,
+            "read the job's tree",
+            &format!("{PUBLISHED}^{{tree}}"),
+        )
+        .await?;
+    let base_tree = plain
+        .rev_parse(
+            origin,
+            "read the base's tree",
+            &format!("{BASE_BRANCH}^{{tree}}"),
+        )
+        .await?;
     if tree == base_tree {
         return Ok(None);
     }
-    let commit = run(
-        "read the job's commit",
-        in_origin(&["rev-parse", PUBLISHED]),
-    )
-    .await?;
+    let commit = plain
+        .rev_parse(origin, "read the job's commit", PUBLISHED)
+        .await?;
     let refspec = format!("{commit}:refs/heads/{branch}");
     let push: Vec<&std::ffi::OsStr> = vec![
         os("--git-dir"),
-        checkout.origin.as_os_str(),
+        origin.as_os_str(),
         os("push"),
         os("-q"),
         os(url),
@@ -382,23 +429,9 @@ struct StreamInput {
 
 impl StreamInput {
     fn run(mut self) -> Result<(), GitError> {
-        use std::io::Write as _;
         let started = std::time::Instant::now();
         let items = tree::walk(&self.workspace, &self.tracked, &self.limits)?;
-        let top = rustix::fs::open(
-            &self.workspace,
-            rustix::fs::OFlags::RDONLY
-                | rustix::fs::OFlags::DIRECTORY
-                | rustix::fs::OFlags::NOFOLLOW
-                | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .map_err(|e| {
-            failed(
-                "open the job's tree",
-                std::io::Error::from(e).kind().to_string(),
-            )
-        })?;
+        let top = open_tree(&self.workspace)?;
         self.import
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -409,95 +442,14 @@ impl StreamInput {
                 format!("git cannot be started: {}", e.kind()),
             )
         })?;
-        let written = (|| -> Result<(), GitError> {
-            let stdin = child
-                .stdin
-                .take()
-                .ok_or_else(|| failed("store the job's files", "no input"))?;
-            let mut out = std::io::BufWriter::with_capacity(1 << 16, stdin);
-            let io = |e: std::io::Error| failed("store the job's files", e.kind().to_string());
-            let deadline = started + self.limits.time;
-            for (n, item) in items.iter().enumerate() {
-                if std::time::Instant::now() > deadline {
-                    return Err(TreeError::TooLarge {
-                        path: None,
-                        limit: tree::Limit::Time(self.limits.time),
-                    }
-                    .into());
-                }
-                let holds = |found: Option<crate::scan::Found>| match found {
-                    Some(f) => Err(GitError::from(TreeError::Secret {
-                        path: tree::shown(&item.path),
-                        variable: f.variable,
-                        form: f.form,
-                    })),
-                    None => Ok(()),
-                };
-                holds(self.needles.find(&item.path))?;
-                write!(out, "blob\nmark :{}\n", n + 1).map_err(io)?;
-                match &item.kind {
-                    Kind::Link { target } => {
-                        holds(self.needles.find(target))?;
-                        writeln!(out, "data {}", target.len()).map_err(io)?;
-                        out.write_all(target).map_err(io)?;
-                    }
-                    Kind::File { size, .. } => {
-                        let unreadable = |kind| TreeError::Unreadable {
-                            path: tree::shown(&item.path),
-                            kind,
-                        };
-                        let (fd, now) = tree::open_file(&top, &item.path).map_err(unreadable)?;
-                        if now != *size {
-                            return Err(unreadable(std::io::ErrorKind::InvalidData).into());
-                        }
-                        writeln!(out, "data {size}").map_err(io)?;
-                        let mut file = std::io::Read::take(std::fs::File::from(fd), *size);
-                        // Every byte is searched as it goes by.
-                        let mut search = self.needles.stream();
-                        let mut buf = vec![0u8; 1 << 16];
-                        let mut copied = 0u64;
-                        loop {
-                            let n = std::io::Read::read(&mut file, &mut buf).map_err(io)?;
-                            if n == 0 {
-                                break;
-                            }
-                            search.feed(&buf[..n]);
-                            holds(search.found().cloned())?;
-                            out.write_all(&buf[..n]).map_err(io)?;
-                            copied += n as u64;
-                        }
-                        if copied != *size {
-                            return Err(unreadable(std::io::ErrorKind::UnexpectedEof).into());
-                        }
-                    }
-                }
-                out.write_all(b"\n").map_err(io)?;
-            }
-            let when = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            let who = format!("{} <{}> {when} +0000", self.author.name, self.author.email);
-            write!(
-                out,
-                "commit {PUBLISHED}\nauthor {who}\ncommitter {who}\ndata {}\n{}\nfrom {}\ndeleteall\n",
-                self.message.len(),
-                self.message,
-                self.base
-            )
-            .map_err(io)?;
-            for (n, item) in items.iter().enumerate() {
-                let mode = match item.kind {
-                    Kind::Link { .. } => "120000",
-                    Kind::File { exec: true, .. } => "100755",
-                    Kind::File { exec: false, .. } => "100644",
-                };
-                write!(out, "M {mode} :{} ", n + 1).map_err(io)?;
-                out.write_all(&tree::quoted(&item.path)).map_err(io)?;
-                out.write_all(b"\n").map_err(io)?;
-            }
-            out.write_all(b"\ndone\n").map_err(io)?;
-            out.flush().map_err(io)
-        })();
+        let written = child
+            .stdin
+            .take()
+            .ok_or_else(|| failed("store the job's files", "no input"))
+            .and_then(|stdin| {
+                let mut out = std::io::BufWriter::with_capacity(1 << 16, stdin);
+                self.write_stream(&mut out, &items, &top, started + self.limits.time)
+            });
         if written.is_err() {
             let _ = child.kill();
         }
@@ -509,6 +461,156 @@ impl StreamInput {
             return Err(failed("store the job's files", "git fast-import failed"));
         }
         Ok(())
+    }
+
+    /// fast-import's whole input: a blob for each item, then the commit that names them all.
+    fn write_stream(
+        &self,
+        out: &mut impl std::io::Write,
+        items: &[tree::Item],
+        top: &OwnedFd,
+        deadline: std::time::Instant,
+    ) -> Result<(), GitError> {
+        for (n, item) in items.iter().enumerate() {
+            if std::time::Instant::now() > deadline {
+                return Err(TreeError::TooLarge {
+                    path: None,
+                    limit: tree::Limit::Time(self.limits.time),
+                }
+                .into());
+            }
+            self.write_blob(out, n + 1, item, top)?;
+        }
+        self.write_commit(out, items)?;
+        out.write_all(b"\ndone\n").map_err(store_io)?;
+        out.flush().map_err(store_io)
+    }
+
+    /// One item's blob, as mark `mark`: a link's target, or a file's bytes, none of which may hold
+    /// a value the job was given.
+    fn write_blob(
+        &self,
+        out: &mut impl std::io::Write,
+        mark: usize,
+        item: &tree::Item,
+        top: &OwnedFd,
+    ) -> Result<(), GitError> {
+        holds_none(&item.path, self.needles.find(&item.path))?;
+        write!(out, "blob\nmark :{mark}\n").map_err(store_io)?;
+        match &item.kind {
+            Kind::Link { target } => {
+                holds_none(&item.path, self.needles.find(target))?;
+                writeln!(out, "data {}", target.len()).map_err(store_io)?;
+                out.write_all(target).map_err(store_io)?;
+            }
+            Kind::File { size, .. } => self.write_file_data(out, &item.path, *size, top)?,
+        }
+        out.write_all(b"\n").map_err(store_io)
+    }
+
+    /// A file's `data` of `size` bytes, read through `top` without following a link and searched
+    /// as it goes by; a file that changed size meanwhile is unreadable.
+    fn write_file_data(
+        &self,
+        out: &mut impl std::io::Write,
+        path: &[u8],
+        size: u64,
+        top: &OwnedFd,
+    ) -> Result<(), GitError> {
+        let unreadable = |kind| TreeError::Unreadable {
+            path: tree::shown(path),
+            kind,
+        };
+        let (fd, now) = tree::open_file(top, path).map_err(unreadable)?;
+        if now != size {
+            return Err(unreadable(std::io::ErrorKind::InvalidData).into());
+        }
+        writeln!(out, "data {size}").map_err(store_io)?;
+        let mut file = std::io::Read::take(std::fs::File::from(fd), size);
+        // Every byte is searched as it goes by.
+        let mut search = self.needles.stream();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut copied = 0u64;
+        loop {
+            let n = std::io::Read::read(&mut file, &mut buf).map_err(store_io)?;
+            if n == 0 {
+                break;
+            }
+            search.feed(&buf[..n]);
+            holds_none(path, search.found().cloned())?;
+            out.write_all(&buf[..n]).map_err(store_io)?;
+            copied += n as u64;
+        }
+        if copied != size {
+            return Err(unreadable(std::io::ErrorKind::UnexpectedEof).into());
+        }
+        Ok(())
+    }
+
+    /// The commit on the base whose tree is exactly the items, by their marks.
+    fn write_commit(
+        &self,
+        out: &mut impl std::io::Write,
+        items: &[tree::Item],
+    ) -> Result<(), GitError> {
+        let when = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let who = format!("{} <{}> {when} +0000", self.author.name, self.author.email);
+        write!(
+            out,
+            "commit {PUBLISHED}\nauthor {who}\ncommitter {who}\ndata {}\n{}\nfrom {}\ndeleteall\n",
+            self.message.len(),
+            self.message,
+            self.base
+        )
+        .map_err(store_io)?;
+        for (n, item) in items.iter().enumerate() {
+            let mode = match item.kind {
+                Kind::Link { .. } => "120000",
+                Kind::File { exec: true, .. } => "100755",
+                Kind::File { exec: false, .. } => "100644",
+            };
+            write!(out, "M {mode} :{} ", n + 1).map_err(store_io)?;
+            out.write_all(&tree::quoted(&item.path)).map_err(store_io)?;
+            out.write_all(b"\n").map_err(store_io)?;
+        }
+        Ok(())
+    }
+}
+
+/// The job's work tree, opened without following a link.
+fn open_tree(workspace: &Path) -> Result<OwnedFd, GitError> {
+    rustix::fs::open(
+        workspace,
+        rustix::fs::OFlags::RDONLY
+            | rustix::fs::OFlags::DIRECTORY
+            | rustix::fs::OFlags::NOFOLLOW
+            | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| {
+        failed(
+            "open the job's tree",
+            std::io::Error::from(e).kind().to_string(),
+        )
+    })
+}
+
+/// A failed write to fast-import.
+fn store_io(e: std::io::Error) -> GitError {
+    failed("store the job's files", e.kind().to_string())
+}
+
+/// Refuses the item at `path` when a value the job was given was found in it.
+fn holds_none(path: &[u8], found: Option<crate::scan::Found>) -> Result<(), GitError> {
+    match found {
+        Some(f) => Err(GitError::from(TreeError::Secret {
+            path: tree::shown(path),
+            variable: f.variable,
+            form: f.form,
+        })),
+        None => Ok(()),
     }
 }
 

@@ -304,31 +304,20 @@ impl Walk<'_> {
 
     fn folder(&mut self, dir: &OwnedFd, parts: &[&[u8]], parent: Ignores) -> Result<(), TreeError> {
         let here = parts.join(&b'/');
-        let unreadable = |kind| TreeError::Unreadable {
-            path: if here.is_empty() {
-                "the work tree".to_owned()
-            } else {
-                shown(&here)
-            },
-            kind,
-        };
         let mut ignores = parent;
         let top = parts.is_empty();
         // This folder's own patterns, read as data beneath it.
         if let Ok(text) = read_small(dir, b".gitignore") {
             ignores.0.push(matcher(&here, &text));
         }
-        let mut names: Vec<Vec<u8>> = Vec::new();
-        let listing = rustix::fs::Dir::read_from(dir)
-            .map_err(|e| unreadable(std::io::Error::from(e).kind()))?;
-        for entry in listing {
-            let entry = entry.map_err(|e| unreadable(std::io::Error::from(e).kind()))?;
-            let name = entry.file_name().to_bytes();
-            if name != b"." && name != b".." {
-                names.push(name.to_vec());
-            }
-        }
-        names.sort();
+        let names = sorted_names(dir).map_err(|kind| TreeError::Unreadable {
+            path: if here.is_empty() {
+                "the work tree".to_owned()
+            } else {
+                shown(&here)
+            },
+            kind,
+        })?;
         for name in names {
             let mut path = here.clone();
             if !top {
@@ -345,84 +334,109 @@ impl Walk<'_> {
                 });
             }
             self.count(&path)?;
-            let stat = rustix::fs::statat(dir, OsStr::from_bytes(&name), AtFlags::SYMLINK_NOFOLLOW)
-                .map_err(|e| TreeError::Unreadable {
-                    path: shown(&path),
-                    kind: std::io::Error::from(e).kind(),
-                })?;
-            let kind = FileType::from_raw_mode(stat.st_mode);
-            let is_dir = kind == FileType::Directory;
-            let tracked = if is_dir {
-                self.tracked.folders.contains(&path)
-            } else {
-                self.tracked.files.contains(&path)
-            };
-            if !tracked && ignores.ignored(&path, is_dir) {
-                continue;
-            }
-            match kind {
-                FileType::Directory => {
-                    let sub = open_dir(dir, OsStr::from_bytes(&name)).map_err(|kind| {
-                        TreeError::Unreadable {
-                            path: shown(&path),
-                            kind,
-                        }
-                    })?;
-                    let mut sub_parts = parts.to_vec();
-                    sub_parts.push(&name);
-                    self.folder(&sub, &sub_parts, ignores.clone())?;
-                }
-                FileType::RegularFile => {
-                    let size = u64::try_from(stat.st_size).unwrap_or(u64::MAX);
-                    if size > self.limits.file_bytes {
-                        return Err(TreeError::TooLarge {
-                            path: Some(shown(&path)),
-                            limit: Limit::FileBytes(self.limits.file_bytes),
-                        });
-                    }
-                    self.total = self.total.saturating_add(size);
-                    if self.total > self.limits.total_bytes {
-                        return Err(TreeError::TooLarge {
-                            path: Some(shown(&path)),
-                            limit: Limit::TotalBytes(self.limits.total_bytes),
-                        });
-                    }
-                    self.items.push(Item {
-                        path,
-                        kind: Kind::File {
-                            exec: stat.st_mode & 0o100 != 0,
-                            size,
-                        },
-                    });
-                }
-                FileType::Symlink => {
-                    let target = rustix::fs::readlinkat(dir, OsStr::from_bytes(&name), Vec::new())
-                        .map_err(|e| TreeError::Unreadable {
-                            path: shown(&path),
-                            kind: std::io::Error::from(e).kind(),
-                        })?
-                        .into_bytes();
-                    if !stays_inside(parts, &target) {
-                        return Err(TreeError::Refused {
-                            path: shown(&path),
-                            why: "a link out of the repository",
-                        });
-                    }
-                    self.items.push(Item {
-                        path,
-                        kind: Kind::Link { target },
-                    });
-                }
-                FileType::Fifo => return Err(refused(&path, "a FIFO")),
-                FileType::Socket => return Err(refused(&path, "a socket")),
-                FileType::CharacterDevice | FileType::BlockDevice => {
-                    return Err(refused(&path, "a device"));
-                }
-                FileType::Unknown => return Err(refused(&path, "a file of an unknown type")),
-            }
+            self.entry(dir, parts, &name, path, &ignores)?;
         }
         Ok(())
     }
+
+    /// One entry of the folder `dir` (at `parts`), at `path` from the top: walked into, kept, left
+    /// out as ignored, or refused.
+    fn entry(
+        &mut self,
+        dir: &OwnedFd,
+        parts: &[&[u8]],
+        name: &[u8],
+        path: Vec<u8>,
+        ignores: &Ignores,
+    ) -> Result<(), TreeError> {
+        let unreadable = |path: &[u8], kind| TreeError::Unreadable {
+            path: shown(path),
+            kind,
+        };
+        let stat = rustix::fs::statat(dir, OsStr::from_bytes(name), AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e| unreadable(&path, std::io::Error::from(e).kind()))?;
+        let kind = FileType::from_raw_mode(stat.st_mode);
+        let is_dir = kind == FileType::Directory;
+        let tracked = if is_dir {
+            self.tracked.folders.contains(&path)
+        } else {
+            self.tracked.files.contains(&path)
+        };
+        if !tracked && ignores.ignored(&path, is_dir) {
+            return Ok(());
+        }
+        match kind {
+            FileType::Directory => {
+                let sub = open_dir(dir, OsStr::from_bytes(name))
+                    .map_err(|kind| unreadable(&path, kind))?;
+                let mut sub_parts = parts.to_vec();
+                sub_parts.push(name);
+                self.folder(&sub, &sub_parts, ignores.clone())
+            }
+            FileType::RegularFile => self.file(path, &stat),
+            FileType::Symlink => {
+                let target = rustix::fs::readlinkat(dir, OsStr::from_bytes(name), Vec::new())
+                    .map_err(|e| unreadable(&path, std::io::Error::from(e).kind()))?
+                    .into_bytes();
+                if !stays_inside(parts, &target) {
+                    return Err(TreeError::Refused {
+                        path: shown(&path),
+                        why: "a link out of the repository",
+                    });
+                }
+                self.items.push(Item {
+                    path,
+                    kind: Kind::Link { target },
+                });
+                Ok(())
+            }
+            FileType::Fifo => Err(refused(&path, "a FIFO")),
+            FileType::Socket => Err(refused(&path, "a socket")),
+            FileType::CharacterDevice | FileType::BlockDevice => Err(refused(&path, "a device")),
+            FileType::Unknown => Err(refused(&path, "a file of an unknown type")),
+        }
+    }
+
+    /// A regular file kept, within the limits of one file's size and the tree's.
+    fn file(&mut self, path: Vec<u8>, stat: &rustix::fs::Stat) -> Result<(), TreeError> {
+        let size = u64::try_from(stat.st_size).unwrap_or(u64::MAX);
+        if size > self.limits.file_bytes {
+            return Err(TreeError::TooLarge {
+                path: Some(shown(&path)),
+                limit: Limit::FileBytes(self.limits.file_bytes),
+            });
+        }
+        self.total = self.total.saturating_add(size);
+        if self.total > self.limits.total_bytes {
+            return Err(TreeError::TooLarge {
+                path: Some(shown(&path)),
+                limit: Limit::TotalBytes(self.limits.total_bytes),
+            });
+        }
+        self.items.push(Item {
+            path,
+            kind: Kind::File {
+                exec: stat.st_mode & 0o100 != 0,
+                size,
+            },
+        });
+        Ok(())
+    }
+}
+
+/// The names in the folder `dir`, but `.` and `..`, sorted.
+fn sorted_names(dir: &OwnedFd) -> Result<Vec<Vec<u8>>, std::io::ErrorKind> {
+    let mut names: Vec<Vec<u8>> = Vec::new();
+    let listing = rustix::fs::Dir::read_from(dir).map_err(|e| std::io::Error::from(e).kind())?;
+    for entry in listing {
+        let entry = entry.map_err(|e| std::io::Error::from(e).kind())?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(name.to_vec());
+        }
+    }
+    names.sort();
+    Ok(names)
 }
 
 fn refused(path: &[u8], why: &'static str) -> TreeError {

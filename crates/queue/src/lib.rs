@@ -23,6 +23,7 @@ mod redis_queue;
 mod redis_records;
 mod sqlite;
 mod sqlite_records;
+mod stored;
 
 pub use records::{Cursor, FoundRecord, RecordEntry, RecordFilter, RecordIndex, RecordKeys};
 pub use redis_queue::{DEFAULT_OUTAGE_LIMIT, PREFIX, RedisQueue, RedisTarget};

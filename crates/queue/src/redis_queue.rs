@@ -41,6 +41,7 @@ use std::time::{Duration, Instant, SystemTime};
 use redis::{Connection, RedisError, Script, Value};
 
 use crate::millis;
+use crate::stored::{self, Stored};
 use crate::{
     Cancel, Config, DoneJob, End, Lease, LeaseState, LiveView, LostJob, NewJob, OpenJob, OpenState,
     Placement, Queue, QueueError, RetryDecision, Status, WorkerCard, WorkerSeen,
@@ -649,11 +650,7 @@ fn describe(e: &RedisError) -> String {
 /// (empty for none), and whether it supersedes ('1' or '0').
 fn placement_args(placement: &Placement) -> [String; 3] {
     [
-        if placement.needs.is_empty() {
-            String::new()
-        } else {
-            serde_json::Value::from(placement.needs.clone()).to_string()
-        },
+        stored::needs_json(&placement.needs).unwrap_or_default(),
         placement.group.clone().unwrap_or_default(),
         if placement.supersede { "1" } else { "0" }.to_owned(),
     ]
@@ -739,7 +736,7 @@ impl Queue for RedisQueue {
                 self.config.max_attempts.to_string(),
                 token.clone(),
                 lease_ms.to_string(),
-                serde_json::Value::from(labels.to_vec()).to_string(),
+                stored::labels_json(labels),
             ],
         )?;
         if matches!(answer, Value::Nil) {
@@ -852,18 +849,9 @@ impl Queue for RedisQueue {
         for row in open_rows {
             let job = (|| {
                 let row = items(row)?;
-                let state = match text(row.get(1)?)?.as_str() {
-                    "queued" => {
-                        let available_at = int(row.get(4)?)?;
-                        if available_at > now {
-                            OpenState::Waiting {
-                                until: millis::time(available_at),
-                            }
-                        } else {
-                            OpenState::Queued
-                        }
-                    }
-                    "leased" => OpenState::Leased {
+                let state = match Stored::named(&text(row.get(1)?)?) {
+                    Some(Stored::Queued) => stored::queued(int(row.get(4)?)?, now),
+                    Some(Stored::Leased) => OpenState::Leased {
                         worker: text(row.get(5)?).unwrap_or_default(),
                         until: millis::time(int(row.get(6)?)?),
                         since: millis::time(int(row.get(9)?)?),
@@ -877,9 +865,7 @@ impl Queue for RedisQueue {
                     queued_at: millis::time(int(row.get(3)?)?),
                     payload: text(row.get(7)?).unwrap_or_default(),
                     cancel_requested: int(row.get(8)?)? == 1,
-                    needs: text(row.get(10)?)
-                        .and_then(|n| serde_json::from_str(&n).ok())
-                        .unwrap_or_default(),
+                    needs: stored::needs_of(text(row.get(10)?)),
                     group: text(row.get(11)?).filter(|g| !g.is_empty()),
                 })
             })();
@@ -894,13 +880,7 @@ impl Queue for RedisQueue {
                     id: text(row.first()?)?,
                     attempt: u32_of(row.get(1)?)?,
                     finished_at: millis::time(int(row.get(2)?)?),
-                    end: match text(row.get(3)?)?.as_str() {
-                        "finished" => End::Finished,
-                        "exhausted" => End::Exhausted,
-                        "lost" => End::Lost,
-                        "cancelled" => End::Cancelled,
-                        _ => return None,
-                    },
+                    end: End::named(&text(row.get(3)?)?)?,
                 })
             })();
             recent.push(shape(OP, job)?);
@@ -972,7 +952,7 @@ impl Queue for RedisQueue {
     }
 
     fn announce(&self, card: &WorkerCard, now: SystemTime) -> Result<(), QueueError> {
-        let text = serde_json::to_string(card).map_err(|e| QueueError::Card(e.to_string()))?;
+        let text = stored::card_text(card)?;
         let _: i64 = self.run(
             "announce a worker",
             &self.scripts.announce,
@@ -994,13 +974,7 @@ impl Queue for RedisQueue {
             let row = shape(OP, items(row))?;
             let card = shape(OP, row.first().and_then(text))?;
             let last_seen = shape(OP, row.get(1).and_then(int))?;
-            // A card another version wrote in a shape this one does not read is left out.
-            if let Ok(card) = serde_json::from_str::<WorkerCard>(&card) {
-                seen.push(WorkerSeen {
-                    card,
-                    last_seen: millis::time(last_seen),
-                });
-            }
+            seen.extend(stored::worker_seen(&card, last_seen));
         }
         seen.sort_by(|a, b| a.card.id.cmp(&b.card.id));
         Ok(seen)

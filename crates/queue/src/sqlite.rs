@@ -11,6 +11,7 @@ use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ValueRef};
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 
 use crate::millis;
+use crate::stored::{self, Stored};
 use crate::{
     Cancel, Config, DoneJob, End, Lease, LeaseState, LiveView, LostJob, NewJob, OpenJob, OpenState,
     Queue, QueueError, RetryDecision, Status, WorkerCard, WorkerSeen,
@@ -203,16 +204,7 @@ pub struct SqliteQueue {
 /// An open job as `status` reads its row (`now` tells a job waiting to be retried from a queued one).
 fn open_job(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<OpenJob> {
     let state = match row.get::<_, Stored>(1)? {
-        Stored::Queued => {
-            let available_at: i64 = row.get(4)?;
-            if available_at > now {
-                OpenState::Waiting {
-                    until: millis::time(available_at),
-                }
-            } else {
-                OpenState::Queued
-            }
-        }
+        Stored::Queued => stored::queued(row.get(4)?, now),
         Stored::Leased => OpenState::Leased {
             worker: row.get::<_, Option<String>>(5)?.unwrap_or_default(),
             until: millis::time(row.get(6)?),
@@ -228,10 +220,7 @@ fn open_job(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<OpenJob> {
         queued_at: millis::time(row.get(3)?),
         payload: row.get(7)?,
         cancel_requested: row.get(8)?,
-        needs: row
-            .get::<_, Option<String>>(10)?
-            .and_then(|n| serde_json::from_str(&n).ok())
-            .unwrap_or_default(),
+        needs: stored::needs_of(row.get(10)?),
         group: row.get(11)?,
     })
 }
@@ -239,8 +228,7 @@ fn open_job(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<OpenJob> {
 /// Stores `job` at `now` inside `tx`; `true` when it is new.
 fn insert_job(tx: &Connection, job: &NewJob, now: i64) -> rusqlite::Result<bool> {
     let placement = &job.placement;
-    let needs = (!placement.needs.is_empty())
-        .then(|| serde_json::Value::from(placement.needs.clone()).to_string());
+    let needs = stored::needs_json(&placement.needs);
     let added = tx.execute(
         INSERT_JOB,
         params![job.id, job.payload, now, needs, placement.group],
@@ -414,7 +402,7 @@ impl Queue for SqliteQueue {
     ) -> Result<Option<Lease>, QueueError> {
         let err = sqlite("lease a job");
         let until = millis::later(millis::of(now), lease_for);
-        let labels = serde_json::Value::from(labels.to_vec()).to_string();
+        let labels = stored::labels_json(labels);
         let mut conn = self.conn();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -739,7 +727,7 @@ impl Queue for SqliteQueue {
 
     fn announce(&self, card: &WorkerCard, now: SystemTime) -> Result<(), QueueError> {
         let err = sqlite("announce a worker");
-        let text = serde_json::to_string(card).map_err(|e| QueueError::Card(e.to_string()))?;
+        let text = stored::card_text(card)?;
         let forget_before = millis::forget_before(now);
         let now = millis::of(now);
         let mut conn = self.conn();
@@ -774,13 +762,7 @@ impl Queue for SqliteQueue {
         let mut seen = Vec::new();
         for row in rows {
             let (card, last_seen) = row.map_err(err)?;
-            // A card another version wrote in a shape this one does not read is left out.
-            if let Ok(card) = serde_json::from_str(&card) {
-                seen.push(WorkerSeen {
-                    card,
-                    last_seen: millis::time(last_seen),
-                });
-            }
+            seen.extend(stored::worker_seen(&card, last_seen));
         }
         Ok(seen)
     }
@@ -933,35 +915,15 @@ impl Queue for SqliteQueue {
 /// What cancelling reads of a job: its state, payload, attempt, lease end and worker.
 type CancelRow = (Stored, String, u32, Option<i64>, Option<String>);
 
-/// A job's state as the file stores it.
-enum Stored {
-    Queued,
-    Leased,
-    Lost,
-    Done,
-}
-
 impl FromSql for Stored {
     fn column_result(value: ValueRef<'_>) -> FromSqlResult<Stored> {
-        match value.as_str()? {
-            "queued" => Ok(Stored::Queued),
-            "leased" => Ok(Stored::Leased),
-            "lost" => Ok(Stored::Lost),
-            "done" => Ok(Stored::Done),
-            _ => Err(FromSqlError::InvalidType),
-        }
+        Stored::named(value.as_str()?).ok_or(FromSqlError::InvalidType)
     }
 }
 
 impl FromSql for End {
     fn column_result(value: ValueRef<'_>) -> FromSqlResult<End> {
-        match value.as_str()? {
-            "finished" => Ok(End::Finished),
-            "exhausted" => Ok(End::Exhausted),
-            "lost" => Ok(End::Lost),
-            "cancelled" => Ok(End::Cancelled),
-            _ => Err(FromSqlError::InvalidType),
-        }
+        End::named(value.as_str()?).ok_or(FromSqlError::InvalidType)
     }
 }
 

@@ -597,19 +597,13 @@ fn measure(from: &OwnedFd, bound: Bound) -> Result<(), WriteBackError> {
 /// `bound` (which [`measure`] checked before: only a tree of more linked files than the copy
 /// keeps open can pass it here) it stops, naming the partial state.
 fn apply(from: OwnedFd, to: OwnedFd, bound: Bound) -> Result<Applied, WriteBackError> {
-    let mut done = Applied::default();
+    let mut copying = Copying::default();
     let mut stack = vec![Frame {
         from: rustix::fs::Dir::read_from(&from)?,
         from_fd: from,
         to: std::rc::Rc::new(to),
         mode: None,
     }];
-    // The first name each linked file was written under: its folder and name.
-    let mut firsts: std::collections::HashMap<
-        (u64, u64),
-        (std::rc::Rc<OwnedFd>, std::ffi::OsString),
-    > = std::collections::HashMap::new();
-    let mut serial = 0u64;
     loop {
         let depth = stack.len();
         let Some(frame) = stack.last_mut() else {
@@ -631,57 +625,97 @@ fn apply(from: OwnedFd, to: OwnedFd, bound: Bound) -> Result<Applied, WriteBackE
         match kind(&st) {
             Kind::Removed => {
                 if remove(frame.to.as_fd(), &name)? {
-                    done.removed += 1;
+                    copying.done.removed += 1;
                 }
             }
-            Kind::Other => done.skipped += 1,
-            Kind::Folder if depth > MAX_DEPTH => done.skipped += 1,
+            Kind::Other => copying.done.skipped += 1,
+            Kind::Folder if depth > MAX_DEPTH => copying.done.skipped += 1,
             Kind::Folder => {
-                let from_fd = open_readable(&frame.from_fd, &name, true)?;
-                let there = rustix::fs::statat(&*frame.to, &name, AtFlags::SYMLINK_NOFOLLOW).ok();
-                let keep =
-                    there.is_some_and(|t| kind(&t) == Kind::Folder && !opaque(from_fd.as_fd()));
-                if !keep {
-                    if remove(frame.to.as_fd(), &name)? {
-                        done.removed += 1;
-                    }
-                    rustix::fs::mkdirat(&*frame.to, &name, Mode::from_raw_mode(0o700))?;
-                }
-                let to = open_dir(&*frame.to, &name)?;
-                let mode = st.st_mode & KEPT_MODE;
-                rustix::fs::fchmod(&to, Mode::from_raw_mode(mode | 0o700))?;
-                let from = rustix::fs::Dir::read_from(&from_fd)?;
-                let next = Frame {
-                    from,
-                    from_fd,
-                    to: std::rc::Rc::new(to),
-                    mode: Some(mode),
-                };
+                let next = copying.folder(frame, &name, &st)?;
                 stack.push(next);
             }
-            Kind::File | Kind::Link => {
-                serial += 1;
-                let many = kind(&st) == Kind::File && st.st_nlink > 1;
-                let first = many.then(|| firsts.get(&inode(&st))).flatten();
-                let linked = match first {
-                    Some((dir, first)) => link(dir, first, &frame.to, &name, serial)?,
-                    None => false,
-                };
-                if linked {
-                    done.linked += 1;
-                } else {
-                    let bytes = put(&frame.from_fd, &frame.to, &name, &st, serial)?;
-                    done.bytes += bytes;
-                    if many && firsts.len() < MAX_LINKED {
-                        firsts
-                            .entry(inode(&st))
-                            .or_insert_with(|| (frame.to.clone(), name.clone()));
-                    }
-                }
-                done.files += 1;
+            Kind::File | Kind::Link => copying.file(frame, &name, &st)?,
+        }
+        copying.within(bound, stack.len())?;
+    }
+    Ok(copying.done)
+}
+
+/// What [`apply`] has done so far, and the files it wrote that the job linked under several
+/// names.
+#[derive(Default)]
+struct Copying {
+    done: Applied,
+    /// The first name each linked file was written under: its folder and name.
+    firsts: std::collections::HashMap<(u64, u64), (std::rc::Rc<OwnedFd>, std::ffi::OsString)>,
+    /// Numbers the temporary names.
+    serial: u64,
+}
+
+impl Copying {
+    /// The job's folder `name` in `frame`: merged into the folder there, or made anew (when the
+    /// job made it anew, or something else is there); the frame to copy it in.
+    fn folder(
+        &mut self,
+        frame: &Frame,
+        name: &OsStr,
+        st: &rustix::fs::Stat,
+    ) -> Result<Frame, WriteBackError> {
+        let from_fd = open_readable(&frame.from_fd, name, true)?;
+        let there = rustix::fs::statat(&*frame.to, name, AtFlags::SYMLINK_NOFOLLOW).ok();
+        let keep = there.is_some_and(|t| kind(&t) == Kind::Folder && !opaque(from_fd.as_fd()));
+        if !keep {
+            if remove(frame.to.as_fd(), name)? {
+                self.done.removed += 1;
+            }
+            rustix::fs::mkdirat(&*frame.to, name, Mode::from_raw_mode(0o700))?;
+        }
+        let to = open_dir(&*frame.to, name)?;
+        let mode = st.st_mode & KEPT_MODE;
+        rustix::fs::fchmod(&to, Mode::from_raw_mode(mode | 0o700))?;
+        let from = rustix::fs::Dir::read_from(&from_fd)?;
+        Ok(Frame {
+            from,
+            from_fd,
+            to: std::rc::Rc::new(to),
+            mode: Some(mode),
+        })
+    }
+
+    /// The job's file or link `name` in `frame`: linked to the first name of a file the job
+    /// linked under several, else written.
+    fn file(
+        &mut self,
+        frame: &Frame,
+        name: &OsStr,
+        st: &rustix::fs::Stat,
+    ) -> Result<(), WriteBackError> {
+        self.serial += 1;
+        let many = kind(st) == Kind::File && st.st_nlink > 1;
+        let first = many.then(|| self.firsts.get(&inode(st))).flatten();
+        let linked = match first {
+            Some((dir, first)) => link(dir, first, &frame.to, name, self.serial)?,
+            None => false,
+        };
+        if linked {
+            self.done.linked += 1;
+        } else {
+            let bytes = put(&frame.from_fd, &frame.to, name, st, self.serial)?;
+            self.done.bytes += bytes;
+            if many && self.firsts.len() < MAX_LINKED {
+                self.firsts
+                    .entry(inode(st))
+                    .or_insert_with(|| (frame.to.clone(), name.to_owned()));
             }
         }
-        let entries = done.files + done.removed + u64::try_from(stack.len()).unwrap_or(0);
+        self.done.files += 1;
+        Ok(())
+    }
+
+    /// Stops the copy, naming its partial state, once it is past `bound` (`open` folders deep).
+    fn within(&self, bound: Bound, open: usize) -> Result<(), WriteBackError> {
+        let done = &self.done;
+        let entries = done.files + done.removed + u64::try_from(open).unwrap_or(0);
         if done.bytes > bound.bytes || entries > bound.entries.saturating_add(MAX_DEPTH as u64) {
             let (what, bound) = match done.bytes > bound.bytes {
                 true => ("bytes", bound.bytes),
@@ -693,8 +727,8 @@ fn apply(from: OwnedFd, to: OwnedFd, bound: Bound) -> Result<Applied, WriteBackE
                 partial: true,
             });
         }
+        Ok(())
     }
-    Ok(done)
 }
 
 /// Writes `name` in `to` as another name of the file already written as `first` in `dir`, over
@@ -744,6 +778,11 @@ fn open_readable(at: &OwnedFd, name: &OsStr, folder: bool) -> io::Result<OwnedFd
 
 /// Writes the job's file or link `name` into `to` under a name of its own, then renames it over
 /// what was there (a folder there is removed first). Returns the bytes written.
+///
+/// Not `config::files`' atomic write (`StagedStream`, `write_atomic`), though it is the same
+/// write-temp-then-rename: those take paths, and a path into the job's workspace could pass
+/// through a link the job left. Here every step is made relative to the descriptors of the
+/// folders being copied (`openat`, `renameat`), so nothing the job wrote is followed.
 fn put(
     from: &OwnedFd,
     to: &OwnedFd,

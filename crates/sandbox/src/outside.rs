@@ -300,7 +300,7 @@ pub fn route_message(seq: u32, net: Ipv4Addr, len: u8) -> Vec<u8> {
     m.extend_from_slice(&0u32.to_ne_bytes());
     // struct rtmsg
     m.extend_from_slice(&[
-        libc::AF_INET as u8,
+        rustix::net::AddressFamily::INET.as_raw() as u8,
         len,
         0, // src_len
         0, // tos
@@ -384,8 +384,9 @@ mod tests {
         ok[4..6].copy_from_slice(&(libc::NLMSG_ERROR as u16).to_ne_bytes());
         assert!(ack(&ok).is_ok());
         let mut exists = ok.clone();
-        exists[16..20].copy_from_slice(&(-libc::EEXIST).to_ne_bytes());
-        assert_eq!(ack(&exists).unwrap_err().raw_os_error(), Some(libc::EEXIST));
+        let eexist = rustix::io::Errno::EXIST.raw_os_error();
+        exists[16..20].copy_from_slice(&(-eexist).to_ne_bytes());
+        assert_eq!(ack(&exists).unwrap_err().raw_os_error(), Some(eexist));
         assert!(ack(&[1, 2, 3]).is_err());
     }
 

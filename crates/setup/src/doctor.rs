@@ -311,9 +311,55 @@ pub const SETPRIV: &str = "/usr/bin/setpriv";
 
 /// Reads what the checks need. Never follows a link.
 pub fn gather(settings: Settings) -> Inputs {
-    let overlay = settings.overlay_dir.clone();
-    let overlay_kind = fsutil::kind(&overlay).map_err(|e| e.kind());
-    let readable = overlay_kind == Ok(Kind::Dir);
+    let overlay = read_overlay(&settings.overlay_dir);
+    let image = read_image(&settings);
+    let exists = |path: &Path| fsutil::kind(path).is_ok_and(|k| k != Kind::Missing);
+    Inputs {
+        dotenv: exists(&settings.dir.join(".env")),
+        triggers_file: exists(&settings.triggers_file),
+        bwrap: is_executable(Path::new(BWRAP)),
+        slirp4netns: is_executable(Path::new(protocol::egress::SLIRP4NETNS)),
+        setpriv: rustix::process::geteuid()
+            .is_root()
+            .then(|| is_executable(Path::new(SETPRIV))),
+        image_runner: image.runner,
+        image_pi_version: image.pi_version,
+        sandbox: None,
+        isolation: Isolation::default(),
+        unknown_settings: Vec::new(),
+        auth_json: overlay.auth_json,
+        mcp_auth_json: overlay.mcp_auth_json,
+        allowlist: read(&settings.egress_allowlist, |b| {
+            let text = std::str::from_utf8(b).map_err(|_| "it is not UTF-8 text".to_owned())?;
+            egress::parse_allowlist(text).map_err(|e| e.to_string())
+        }),
+        endpoints: read(&settings.model_endpoints, |b| {
+            let text = std::str::from_utf8(b).map_err(|_| "it is not UTF-8 text".to_owned())?;
+            endpoints::parse_model_endpoints(text).map_err(|e| e.to_string())
+        }),
+        settings,
+        overlay_kind: overlay.kind,
+        mcp: overlay.mcp,
+        models: overlay.models,
+        models_refused: overlay.models_refused,
+    }
+}
+
+/// What [`gather`] read of the overlay folder.
+struct OverlayRead {
+    kind: Result<Kind, std::io::ErrorKind>,
+    mcp: Read<Overlay>,
+    models: Read<Models>,
+    models_refused: bool,
+    auth_json: bool,
+    mcp_auth_json: bool,
+}
+
+/// Reads the overlay's `mcp.json` and `models.json` and looks for its credential files; nothing
+/// of it when the overlay is not a folder.
+fn read_overlay(overlay: &Path) -> OverlayRead {
+    let kind = fsutil::kind(overlay).map_err(|e| e.kind());
+    let readable = kind == Ok(Kind::Dir);
     let present = |name: &str| {
         readable && fsutil::kind(&overlay.join(name)).is_ok_and(|k| k != Kind::Missing)
     };
@@ -335,71 +381,58 @@ pub fn gather(settings: Settings) -> Inputs {
     } else {
         Read::Missing
     };
-    let allowlist = read(&settings.egress_allowlist, |b| {
-        let text = std::str::from_utf8(b).map_err(|_| "it is not UTF-8 text".to_owned())?;
-        egress::parse_allowlist(text).map_err(|e| e.to_string())
-    });
-    let endpoints = read(&settings.model_endpoints, |b| {
-        let text = std::str::from_utf8(b).map_err(|_| "it is not UTF-8 text".to_owned())?;
-        endpoints::parse_model_endpoints(text).map_err(|e| e.to_string())
-    });
+    OverlayRead {
+        kind,
+        mcp,
+        models,
+        models_refused,
+        auth_json: present("auth.json"),
+        mcp_auth_json: present("mcp-auth.json"),
+    }
+}
+
+/// What [`gather`] read of the job image: whether its runner is there, and its pi version.
+struct ImageRead {
+    runner: bool,
+    pi_version: Option<String>,
+}
+
+/// Reads the job image: the engine's labels for the container backend's own images, else the
+/// image folder's runner and `image.json`.
+fn read_image(settings: &Settings) -> ImageRead {
     let image_name = settings
         .job_image
         .clone()
         .unwrap_or_else(|| config::settings::DEFAULT_JOB_IMAGE.to_owned());
-    let image = settings.dir.join("images").join(&image_name);
-    let image_pi_version = std::fs::read(image.join("image.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| {
-            v["labels"]["dev.pi-dispatch.pi-version"]
-                .as_str()
-                .map(str::to_owned)
-        });
-    let exists = |path: &Path| fsutil::kind(path).is_ok_and(|k| k != Kind::Missing);
     // The container backend's own images are the engine's: their labels, from it.
-    let engine = matches!(
+    if matches!(
         settings.sandbox,
         config::settings::SandboxBackend::Podman { base: None, .. }
-    )
-    .then(|| {
+    ) {
         let engine = Path::new(settings.sandbox.engine_or_podman());
-        pickup::fs::engine_labels(engine, &image_name)
+        let labels = pickup::fs::engine_labels(engine, &image_name)
             .ok()
-            .flatten()
-    });
-    Inputs {
-        dotenv: exists(&settings.dir.join(".env")),
-        triggers_file: exists(&settings.triggers_file),
-        bwrap: is_executable(Path::new(BWRAP)),
-        slirp4netns: is_executable(Path::new(protocol::egress::SLIRP4NETNS)),
-        setpriv: rustix::process::geteuid()
-            .is_root()
-            .then(|| is_executable(Path::new(SETPRIV))),
-        image_runner: match &engine {
-            Some(labels) => labels.is_some(),
-            None => is_executable(&image.join(crate::image::RUNNER)),
-        },
-        image_pi_version: match &engine {
-            Some(labels) => labels.as_ref().and_then(|l| {
+            .flatten();
+        return ImageRead {
+            runner: labels.is_some(),
+            pi_version: labels.as_ref().and_then(|l| {
                 l[protocol::image::PI_VERSION_LABEL]
                     .as_str()
                     .map(str::to_owned)
             }),
-            None => image_pi_version,
-        },
-        sandbox: None,
-        isolation: Isolation::default(),
-        unknown_settings: Vec::new(),
-        auth_json: present("auth.json"),
-        mcp_auth_json: present("mcp-auth.json"),
-        settings,
-        overlay_kind,
-        mcp,
-        models,
-        models_refused,
-        allowlist,
-        endpoints,
+        };
+    }
+    let image = settings.dir.join("images").join(&image_name);
+    ImageRead {
+        runner: is_executable(&image.join(crate::image::RUNNER)),
+        pi_version: std::fs::read(image.join("image.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| {
+                v["labels"]["dev.pi-dispatch.pi-version"]
+                    .as_str()
+                    .map(str::to_owned)
+            }),
     }
 }
 
@@ -445,7 +478,6 @@ pub fn settings_failed(errors: &[String], dir: &Path) -> Vec<Check> {
 
 /// Every check, in the order doctor prints them.
 pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
-    let s = &inputs.settings;
     let mut out = Vec::new();
     if inputs.unknown_settings.is_empty() {
         out.push(Check::ok(
@@ -464,7 +496,20 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
     if !deployment_checks(inputs, &mut out) {
         return out;
     }
-    let overlay = s.overlay_dir.display();
+    if !overlay_folder_check(inputs, &mut out) {
+        return out;
+    }
+    overlay_credential_checks(inputs, &mut out);
+    mcp_checks(inputs, &mut out);
+    models_check(inputs, &mut out);
+    egress_checks(inputs, proof, &mut out);
+    runtime_checks(inputs, &mut out);
+    out
+}
+
+/// The overlay folder's check: false when it is not a folder, and nothing in it can be checked.
+fn overlay_folder_check(inputs: &Inputs, out: &mut Vec<Check>) -> bool {
+    let overlay = inputs.settings.overlay_dir.display();
     match inputs.overlay_kind {
         Ok(Kind::Dir) => out.push(Check::ok(
             "overlay.folder",
@@ -477,7 +522,7 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
                 ),
                 "run `pi-dispatch init`, then `pi-dispatch import-pi`",
             ));
-            return out;
+            return false;
         }
         Err(kind) => {
             out.push(Check::fail(
@@ -485,14 +530,14 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
                 format!("overlay folder {overlay} cannot be checked ({kind})"),
                 "make the overlay folder readable by the user that runs pi-dispatch",
             ));
-            return out;
+            return false;
         }
         Ok(Kind::Link) => {
             out.push(Check::fail("overlay.folder", 
                 format!("overlay folder {overlay} is a link"),
                 "set PI_GLOBAL_PI_DIR to the real folder: the overlay is mounted into jobs, and a link could point anywhere",
             ));
-            return out;
+            return false;
         }
         Ok(Kind::File | Kind::Other) => {
             out.push(Check::fail(
@@ -500,9 +545,15 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
                 format!("overlay folder {overlay} is not a folder"),
                 "set PI_GLOBAL_PI_DIR to a folder (`pi-dispatch init` makes one)",
             ));
-            return out;
+            return false;
         }
     }
+    true
+}
+
+/// The overlay holds none of pi's stored credentials (`auth.json`, `mcp-auth.json`).
+fn overlay_credential_checks(inputs: &Inputs, out: &mut Vec<Check>) {
+    let overlay = inputs.settings.overlay_dir.display();
     out.push(if inputs.auth_json {
         Check::fail(
             "overlay.auth-json",
@@ -522,11 +573,6 @@ pub fn checks(inputs: &Inputs, proof: &dyn RouteProof) -> Vec<Check> {
     } else {
         Check::ok("overlay.mcp-auth-json", "no mcp-auth.json in the overlay")
     });
-    mcp_checks(inputs, &mut out);
-    models_check(inputs, &mut out);
-    egress_checks(inputs, proof, &mut out);
-    runtime_checks(inputs, &mut out);
-    out
 }
 
 /// Whether the folder holds any of a deployment's files (when it holds none, doctor checks nothing
@@ -635,20 +681,30 @@ fn runtime_checks(inputs: &Inputs, out: &mut Vec<Check>) {
 }
 
 fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
-    let overlay = match &inputs.mcp {
+    let Some(overlay) = mcp_file_check(&inputs.mcp, out) else {
+        return;
+    };
+    mcp_switch_checks(overlay, out);
+    server_refused_checks(overlay, out);
+    server_warning_checks(overlay, out);
+}
+
+/// Whether `mcp.json` reads, with the servers it offers; the overlay when it does.
+fn mcp_file_check<'a>(mcp: &'a Read<Overlay>, out: &mut Vec<Check>) -> Option<&'a Overlay> {
+    let overlay = match mcp {
         Read::Missing => {
             out.push(Check::ok(
                 "mcp.file",
                 "mcp.json: none in the overlay, so jobs connect no MCP server (forge needs none)",
             ));
-            return;
+            return None;
         }
         Read::Failed(why) => {
             out.push(Check::fail("mcp.file", 
                 format!("mcp.json cannot be read: {why}"),
                 "fix the file (`pi-dispatch mcp check` shows details) or run `pi-dispatch import-pi` again; until then every job that names a server is refused",
             ));
-            return;
+            return None;
         }
         Read::Parsed(o) => o,
     };
@@ -666,6 +722,11 @@ fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
             list(&offered)
         ),
     ));
+    Some(overlay)
+}
+
+/// What the overlay turns off: servers, and codemode's models.
+fn mcp_switch_checks(overlay: &Overlay, out: &mut Vec<Check>) {
     let off: Vec<&str> = overlay
         .servers
         .iter()
@@ -684,6 +745,10 @@ fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
             "codemodeModels is false: codemode scripts cannot call models in any job",
         ));
     }
+}
+
+/// A warning for each server the overlay refuses, with its problems as the fix.
+fn server_refused_checks(overlay: &Overlay, out: &mut Vec<Check>) {
     for entry in &overlay.servers {
         if entry.problems().is_empty() {
             continue;
@@ -698,6 +763,10 @@ fn mcp_checks(inputs: &Inputs, out: &mut Vec<Check>) {
             fix.join("\n"),
         ));
     }
+}
+
+/// The offered servers' warnings: a package runner, and each warning of the server's own.
+fn server_warning_checks(overlay: &Overlay, out: &mut Vec<Check>) {
     for server in overlay.servers.iter().filter_map(|s| s.offered()) {
         if let Some(runner) = server.package_runner() {
             out.push(Check::warn(format!("mcp.package-runner:{}", server.name), 
@@ -763,9 +832,46 @@ fn proxy_checks(proof: &dyn RouteProof, out: &mut Vec<Check>) {
 
 fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) {
     let s = &inputs.settings;
+    let allowlist = allowlist_check(inputs, out);
+    let declared = endpoints_check(inputs, out);
+    if !s.egress {
+        out.push(Check::warn("egress.policy", 
+            "egress policy off (PI_EGRESS=0): jobs can reach any host but this one",
+            "set PI_EGRESS=1 (or leave it empty) so that jobs reach only the allowlisted hosts and declared endpoints, through the egress proxy",
+        ));
+        out.push(egress_off_check(inputs));
+        return;
+    }
+    proxy_checks(proof, out);
+    if let Some(declared) = declared {
+        local_endpoint_checks(declared, out);
+    }
+    let (Read::Parsed(overlay), Some(allowlist), Some(declared)) =
+        (&inputs.mcp, allowlist, declared)
+    else {
+        return;
+    };
+    let mut routes = ServerRoutes {
+        inputs,
+        allowlist,
+        declared,
+        model_hosts: model_host_ports(&inputs.models),
+        proof,
+        proven: Vec::new(),
+    };
+    for server in overlay.servers.iter().filter_map(|s| s.offered()) {
+        if let Some(check) = routes.check(server) {
+            out.push(check);
+        }
+    }
+}
+
+/// Whether the egress allowlist reads (a failure when it is missing and the policy is on); the
+/// list when it does.
+fn allowlist_check<'a>(inputs: &'a Inputs, out: &mut Vec<Check>) -> Option<&'a Allowlist> {
+    let s = &inputs.settings;
     let allow_file = s.egress_allowlist.display();
-    let endpoints_file = s.model_endpoints.display();
-    let allowlist = match &inputs.allowlist {
+    match &inputs.allowlist {
         Read::Parsed(a) => {
             out.push(Check::ok(
                 "egress.allowlist",
@@ -793,8 +899,13 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
             ));
             None
         }
-    };
-    let declared = match &inputs.endpoints {
+    }
+}
+
+/// Whether the model endpoints file reads (none is none declared); the endpoints when it does.
+fn endpoints_check<'a>(inputs: &'a Inputs, out: &mut Vec<Check>) -> Option<&'a ModelEndpoints> {
+    let s = &inputs.settings;
+    match &inputs.endpoints {
         Read::Parsed(e) => {
             out.push(Check::ok(
                 "egress.endpoints",
@@ -820,100 +931,128 @@ fn egress_checks(inputs: &Inputs, proof: &dyn RouteProof, out: &mut Vec<Check>) 
             out.push(Check::fail(
                 "egress.endpoints",
                 format!("{} cannot be read: {why}", file_name(&s.model_endpoints)),
-                format!("fix {endpoints_file} (`pi-dispatch init` writes an empty one)"),
+                format!(
+                    "fix {} (`pi-dispatch init` writes an empty one)",
+                    s.model_endpoints.display()
+                ),
             ));
             None
         }
-    };
-    if !s.egress {
-        out.push(Check::warn("egress.policy", 
-            "egress policy off (PI_EGRESS=0): jobs can reach any host but this one",
-            "set PI_EGRESS=1 (or leave it empty) so that jobs reach only the allowlisted hosts and declared endpoints, through the egress proxy",
-        ));
-        out.push(egress_off_check(inputs));
-        return;
     }
-    proxy_checks(proof, out);
-    if let Some(declared) = declared {
-        for e in &declared.endpoints {
-            if config::url::is_loopback(&e.host) {
-                out.push(Check::ok(format!("egress.local-endpoint:{}", e.id), format!(
-                    "declared endpoint {} is on this machine ({}:{}): jobs reach that port of it and nothing else here",
-                    e.id, e.host, e.port
-                )));
-            }
+}
+
+/// A note for each declared endpoint on this machine: jobs reach that port of it.
+fn local_endpoint_checks(declared: &ModelEndpoints, out: &mut Vec<Check>) {
+    for e in &declared.endpoints {
+        if config::url::is_loopback(&e.host) {
+            out.push(Check::ok(format!("egress.local-endpoint:{}", e.id), format!(
+                "declared endpoint {} is on this machine ({}:{}): jobs reach that port of it and nothing else here",
+                e.id, e.host, e.port
+            )));
         }
     }
-    let (Read::Parsed(overlay), Some(allowlist), Some(declared)) =
-        (&inputs.mcp, allowlist, declared)
-    else {
-        return;
-    };
-    let model_hosts = model_host_ports(&inputs.models);
-    let mut proofs: Vec<((String, u16), Result<(), String>)> = Vec::new();
-    for server in overlay.servers.iter().filter_map(|s| s.offered()) {
+}
+
+/// The routes of the overlay's HTTP servers through the egress proxy, each host and port proven
+/// once.
+struct ServerRoutes<'a> {
+    inputs: &'a Inputs,
+    allowlist: &'a Allowlist,
+    declared: &'a ModelEndpoints,
+    /// The models' own hosts and ports: a server on one is not proven again.
+    model_hosts: Vec<(Host, u16)>,
+    proof: &'a dyn RouteProof,
+    proven: Vec<((String, u16), Result<(), String>)>,
+}
+
+impl ServerRoutes<'_> {
+    /// The check of one offered server's route, if it has one to report (an HTTP server that is
+    /// not allowlisted and not on a model's endpoint).
+    fn check(&mut self, server: &config::mcp::McpServer) -> Option<Check> {
         let Transport::Http(http) = &server.transport else {
-            continue;
+            return None;
         };
         let url = &http.url;
         let (host, port) = (url.host().to_string(), url.port());
-        match egress::route(url.scheme(), url.host(), port, allowlist, declared) {
-            Ok(egress::Route::Allowlisted) => {}
+        match egress::route(
+            url.scheme(),
+            url.host(),
+            port,
+            self.allowlist,
+            self.declared,
+        ) {
+            Ok(egress::Route::Allowlisted) => None,
             Ok(egress::Route::DeclaredEndpoint { id }) => {
-                if model_hosts.contains(&(url.host().clone(), port)) {
-                    continue;
+                if self.model_hosts.contains(&(url.host().clone(), port)) {
+                    return None;
                 }
-                let key = (host.clone(), port);
-                let proven = match proofs.iter().find(|(k, _)| *k == key) {
-                    Some((_, r)) => r.clone(),
-                    None => {
-                        let r = proof.prove(&host, port);
-                        proofs.push((key, r.clone()));
-                        r
-                    }
-                };
-                match proven {
-                    Ok(()) => out.push(Check::ok(format!("egress.server-route:{}", server.name), format!(
-                        "server {}: the route to declared endpoint {id} ({host}:{port}) is proven",
-                        server.name
-                    ))),
-                    Err(why) => out.push(Check::warn(format!("egress.server-route:{}", server.name), 
+                Some(match self.prove(&host, port) {
+                    Ok(()) => Check::ok(
+                        format!("egress.server-route:{}", server.name),
+                        format!(
+                            "server {}: the route to declared endpoint {id} ({host}:{port}) is proven",
+                            server.name
+                        ),
+                    ),
+                    Err(why) => Check::warn(
+                        format!("egress.server-route:{}", server.name),
                         format!(
                             "server {} is on declared endpoint {id} ({host}:{port}), which no overlay model uses: {why}",
                             server.name
                         ),
                         "check that the server runs and listens on that host and port, as seen from this machine",
-                    )),
-                }
-            }
-            Err(why) => {
-                let fix = if url.scheme() == config::url::Scheme::Http
-                    && why == Unreachable::NotAllowed
-                    && allowlist.names(url.host())
-                {
-                    format!(
-                        "use the server's https:// url: {host} is allowlisted, for https on port 443 only"
-                    )
-                } else {
-                    reach_fix(
-                        why,
-                        &host,
-                        port,
-                        &allow_file.to_string(),
-                        &endpoints_file.to_string(),
-                    )
-                };
-                out.push(Check::warn(
-                    format!("egress.server-route:{}", server.name),
-                    format!(
-                        "server {} is out of the egress proxy's reach ({host} on port {port}): {}",
-                        server.name,
-                        reach_reason(why)
                     ),
-                    fix,
-                ));
+                })
             }
+            Err(why) => Some(self.unreachable(server, url, why)),
         }
+    }
+
+    /// The proof of the route to `host:port`, asked once for each.
+    fn prove(&mut self, host: &str, port: u16) -> Result<(), String> {
+        let key = (host.to_owned(), port);
+        if let Some((_, r)) = self.proven.iter().find(|(k, _)| *k == key) {
+            return r.clone();
+        }
+        let r = self.proof.prove(host, port);
+        self.proven.push((key, r.clone()));
+        r
+    }
+
+    /// The warning for a server out of the proxy's reach, with what would bring it in.
+    fn unreachable(
+        &self,
+        server: &config::mcp::McpServer,
+        url: &config::url::PlainUrl,
+        why: Unreachable,
+    ) -> Check {
+        let s = &self.inputs.settings;
+        let (host, port) = (url.host().to_string(), url.port());
+        let fix = if url.scheme() == config::url::Scheme::Http
+            && why == Unreachable::NotAllowed
+            && self.allowlist.names(url.host())
+        {
+            format!(
+                "use the server's https:// url: {host} is allowlisted, for https on port 443 only"
+            )
+        } else {
+            reach_fix(
+                why,
+                &host,
+                port,
+                &s.egress_allowlist.display().to_string(),
+                &s.model_endpoints.display().to_string(),
+            )
+        };
+        Check::warn(
+            format!("egress.server-route:{}", server.name),
+            format!(
+                "server {} is out of the egress proxy's reach ({host} on port {port}): {}",
+                server.name,
+                reach_reason(why)
+            ),
+            fix,
+        )
     }
 }
 

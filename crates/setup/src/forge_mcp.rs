@@ -137,7 +137,28 @@ pub fn stage(
             "gitlab/node_modules with @zereight/mcp-gitlab",
         ));
     }
-    let digest = sha256_of(&binary).map_err(io_err("reading github-mcp-server"))?;
+    let vouched = vouch_github(&binary, operator_pin)?;
+    let root = image.join(protocol::image::FORGE_MCP);
+    let github_version = stage_github(&binary, &root, &vouched)?;
+    let gitlab_version = stage_gitlab(&modules, &root)?;
+    write_wrappers(image, &root)?;
+    Ok(Staged {
+        github_version,
+        gitlab_version,
+    })
+}
+
+/// A github-mcp-server binary found pinned (or vouched for by the operator's own pin).
+struct Vouched {
+    digest: String,
+    /// The pin that names it; none when only the operator's pin does.
+    pinned: Option<Pin>,
+    toolsets: String,
+}
+
+/// Finds the binary's pin (for this machine) or the operator's, with the toolsets it runs with.
+fn vouch_github(binary: &Path, operator_pin: Option<&str>) -> Result<Vouched, ForgeMcpError> {
+    let digest = sha256_of(binary).map_err(io_err("reading github-mcp-server"))?;
     let pinned = pins(GITHUB_PINS)
         .into_iter()
         .find(|p| p.sha256 == digest && p.arch == std::env::consts::ARCH);
@@ -146,14 +167,22 @@ pub fn stage(
         (None, Some(pin)) if pin == digest => DEFAULT_TOOLSETS.to_owned(),
         _ => return Err(ForgeMcpError::Unpinned),
     };
+    Ok(Vouched {
+        digest,
+        pinned,
+        toolsets,
+    })
+}
 
-    let root = image.join(protocol::image::FORGE_MCP);
+/// Copies github-mcp-server into `root/github` (checked again as copied) with its toolsets; its
+/// version, which must be the pin's.
+fn stage_github(binary: &Path, root: &Path, vouched: &Vouched) -> Result<String, ForgeMcpError> {
     let github = root.join("github");
     fs::create_dir_all(&github).map_err(io_err("creating forge-mcp/github"))?;
     let server = github.join("github-mcp-server");
-    fs::copy(&binary, &server).map_err(io_err("copying github-mcp-server"))?;
+    fs::copy(binary, &server).map_err(io_err("copying github-mcp-server"))?;
     // Checked again as copied: what runs is what was pinned.
-    if sha256_of(&server).map_err(io_err("reading github-mcp-server"))? != digest {
+    if sha256_of(&server).map_err(io_err("reading github-mcp-server"))? != vouched.digest {
         return Err(ForgeMcpError::Unpinned);
     }
     set_mode(&server, 0o755)?;
@@ -166,14 +195,19 @@ pub fn stage(
         .find_map(|l| l.strip_prefix("Version: ").map(|v| v.trim().to_owned()))
         .filter(|v| !v.is_empty())
         .ok_or(ForgeMcpError::NoVersion)?;
-    if let Some(pin) = &pinned
+    if let Some(pin) = &vouched.pinned
         && pin.version != github_version
     {
         return Err(ForgeMcpError::Unpinned);
     }
-    fs::write(github.join("toolsets"), format!("{toolsets}\n"))
+    fs::write(github.join("toolsets"), format!("{}\n", vouched.toolsets))
         .map_err(io_err("writing forge-mcp/github/toolsets"))?;
+    Ok(github_version)
+}
 
+/// Links mcp-gitlab's packages into `root/gitlab`, once its version is the lock file's; that
+/// version.
+fn stage_gitlab(modules: &Path, root: &Path) -> Result<String, ForgeMcpError> {
     let pinned_gitlab = gitlab_version(GITLAB_LOCK).unwrap_or_default();
     let package: serde_json::Value = fs::read(modules.join("@zereight/mcp-gitlab/package.json"))
         .ok()
@@ -190,13 +224,17 @@ pub fn stage(
     fs::create_dir_all(&gitlab).map_err(io_err("creating forge-mcp/gitlab"))?;
     let mut files = 0;
     link_tree(
-        &modules,
+        modules,
         &gitlab.join("node_modules"),
         &mut files,
         &mut |_| {},
     )
     .map_err(io_err("linking mcp-gitlab"))?;
+    Ok(found)
+}
 
+/// Writes both servers' wrappers into `root`, each linked from the image's commands.
+fn write_wrappers(image: &Path, root: &Path) -> Result<(), ForgeMcpError> {
     let commands = image.join(protocol::image::COMMANDS);
     fs::create_dir_all(&commands).map_err(io_err("creating usr/local/bin"))?;
     for (name, text) in [
@@ -212,10 +250,7 @@ pub fn stage(
         std::os::unix::fs::symlink(inside, commands.join(name))
             .map_err(io_err("linking a wrapper into usr/local/bin"))?;
     }
-    Ok(Staged {
-        github_version,
-        gitlab_version: found,
-    })
+    Ok(())
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), ForgeMcpError> {

@@ -242,29 +242,7 @@ pub fn build(
         .map_err(io_err("making a folder to build in"))?;
     let root = work.path().join("root");
     fs::create_dir(&root).map_err(io_err("making the root folder"))?;
-    let tarball = match rootfs {
-        Rootfs::Tarball(t) => t.to_owned(),
-        Rootfs::Mmdebstrap => {
-            progress("[1/6] making the system with mmdebstrap");
-            let codename = fs::read_to_string("/etc/os-release")
-                .ok()
-                .and_then(|t| {
-                    t.lines()
-                        .find_map(|l| l.strip_prefix("VERSION_CODENAME=").map(str::to_owned))
-                })
-                .ok_or(ImageError::NoCodename)?;
-            let out = work.path().join("rootfs.tar");
-            run_ok(
-                Command::new("mmdebstrap")
-                    .args(["--variant=essential", "--format=tar", "--quiet"])
-                    .arg(format!("--include={SYSTEM_PACKAGES}"))
-                    .arg(&codename)
-                    .arg(&out),
-                "mmdebstrap",
-            )?;
-            out
-        }
-    };
+    let tarball = system_tarball(rootfs, work.path(), progress)?;
     progress("[2/6] unpacking the system");
     run_ok(
         Command::new("tar")
@@ -282,61 +260,17 @@ pub fn build(
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default();
-    let mount = root.join(protocol::image::MOUNT.trim_start_matches('/'));
-    fs::create_dir_all(mount.parent().unwrap_or(&root)).map_err(io_err("making /opt"))?;
-    let _ = fs::remove_dir_all(&mount);
-    // Copied, not moved: the staging shares its files with the packages it was linked from, which
-    // other images may be linking at this moment, and tar fails a file whose links change as it
-    // reads it.
-    fsutil::copy_image_tree(&staging, &mount).map_err(io_err("placing the image's folder"))?;
+    place_image_folder(&staging, &root)?;
     progress("[4/6] the forge's wrappers and the places jobs are bound at");
     if forge.is_some() {
-        let commands = root.join(protocol::image::COMMANDS);
-        fs::create_dir_all(&commands).map_err(io_err("making /usr/local/bin"))?;
-        for name in ["forge-mcp-github", "forge-mcp-gitlab"] {
-            let _ = fs::remove_file(commands.join(name));
-            std::os::unix::fs::symlink(
-                Path::new(protocol::image::MOUNT)
-                    .join(protocol::image::FORGE_MCP)
-                    .join(name),
-                commands.join(name),
-            )
-            .map_err(io_err("linking a wrapper"))?;
-        }
+        link_forge_wrappers(&root)?;
     }
     for place in ["job", "workspace", "opt/pi-global"] {
         fs::create_dir_all(root.join(place)).map_err(io_err("making a job's place"))?;
     }
     progress("[5/6] importing it with podman");
     let reference = protocol::image::container_ref(name);
-    let mut changes = Vec::new();
-    if let Some(map) = labels["labels"].as_object() {
-        for (k, v) in map {
-            if let Some(v) = v.as_str() {
-                changes.push(format!("LABEL={k}={v}"));
-            }
-        }
-    }
-    let archive = work.path().join("image.tar");
-    run_ok(
-        Command::new("tar")
-            .args(["--numeric-owner", "-c", "-f"])
-            .arg(&archive)
-            .arg("-C")
-            .arg(&root)
-            .arg("."),
-        "packing the image",
-    )?;
-    let mut import = Command::new(podman);
-    import.arg("import");
-    for c in &changes {
-        import.arg("--change").arg(c);
-    }
-    import
-        .arg(&archive)
-        .arg(&reference)
-        .stdout(std::process::Stdio::null());
-    run_ok(&mut import, "podman import")?;
+    podman_import(podman, work.path(), &root, &labels, &reference)?;
     progress("[6/6] done");
     Ok(Built {
         reference,
@@ -347,6 +281,105 @@ pub fn build(
             .unwrap_or_default()
             .to_owned(),
     })
+}
+
+/// The Debian system's tarball: the one given, or one mmdebstrap makes in `work` for this host's
+/// release.
+fn system_tarball(
+    rootfs: Rootfs,
+    work: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<PathBuf, ImageError> {
+    match rootfs {
+        Rootfs::Tarball(t) => Ok(t.to_owned()),
+        Rootfs::Mmdebstrap => {
+            progress("[1/6] making the system with mmdebstrap");
+            let codename = fs::read_to_string("/etc/os-release")
+                .ok()
+                .and_then(|t| {
+                    t.lines()
+                        .find_map(|l| l.strip_prefix("VERSION_CODENAME=").map(str::to_owned))
+                })
+                .ok_or(ImageError::NoCodename)?;
+            let out = work.join("rootfs.tar");
+            run_ok(
+                Command::new("mmdebstrap")
+                    .args(["--variant=essential", "--format=tar", "--quiet"])
+                    .arg(format!("--include={SYSTEM_PACKAGES}"))
+                    .arg(&codename)
+                    .arg(&out),
+                "mmdebstrap",
+            )?;
+            Ok(out)
+        }
+    }
+}
+
+/// Copies the staged image folder to its place in the root filesystem.
+fn place_image_folder(staging: &Path, root: &Path) -> Result<(), ImageError> {
+    let mount = root.join(protocol::image::MOUNT.trim_start_matches('/'));
+    fs::create_dir_all(mount.parent().unwrap_or(root)).map_err(io_err("making /opt"))?;
+    let _ = fs::remove_dir_all(&mount);
+    // Copied, not moved: the staging shares its files with the packages it was linked from, which
+    // other images may be linking at this moment, and tar fails a file whose links change as it
+    // reads it.
+    fsutil::copy_image_tree(staging, &mount).map_err(io_err("placing the image's folder"))
+}
+
+/// Links the forge's MCP wrappers into the root filesystem's commands.
+fn link_forge_wrappers(root: &Path) -> Result<(), ImageError> {
+    let commands = root.join(protocol::image::COMMANDS);
+    fs::create_dir_all(&commands).map_err(io_err("making /usr/local/bin"))?;
+    for name in ["forge-mcp-github", "forge-mcp-gitlab"] {
+        let _ = fs::remove_file(commands.join(name));
+        std::os::unix::fs::symlink(
+            Path::new(protocol::image::MOUNT)
+                .join(protocol::image::FORGE_MCP)
+                .join(name),
+            commands.join(name),
+        )
+        .map_err(io_err("linking a wrapper"))?;
+    }
+    Ok(())
+}
+
+/// Packs the root filesystem in `work` and imports it with podman as `reference`, with the
+/// image's labels.
+fn podman_import(
+    podman: &Path,
+    work: &Path,
+    root: &Path,
+    labels: &serde_json::Value,
+    reference: &str,
+) -> Result<(), ImageError> {
+    let mut changes = Vec::new();
+    if let Some(map) = labels["labels"].as_object() {
+        for (k, v) in map {
+            if let Some(v) = v.as_str() {
+                changes.push(format!("LABEL={k}={v}"));
+            }
+        }
+    }
+    let archive = work.join("image.tar");
+    run_ok(
+        Command::new("tar")
+            .args(["--numeric-owner", "-c", "-f"])
+            .arg(&archive)
+            .arg("-C")
+            .arg(root)
+            .arg("."),
+        "packing the image",
+    )?;
+    let mut import = Command::new(podman);
+    import.arg("import");
+    for c in &changes {
+        import.arg("--change").arg(c);
+    }
+    import
+        .arg(&archive)
+        .arg(reference)
+        .stdout(std::process::Stdio::null());
+    run_ok(&mut import, "podman import")
 }
 
 /// Removes retired images old enough that no job can still run on them.
@@ -381,56 +414,11 @@ fn stage(
 ) -> Result<Staged, ImageError> {
     fs::create_dir(staging).map_err(io_err("creating the staging folder"))?;
     let files = match from {
-        Source::Folder(from) => {
-            for part in [NODE, PI_PACKAGE] {
-                let rel = part.trim_start_matches("node_modules/");
-                if !from.join(rel).exists() {
-                    return Err(ImageError::NotInstalled(part));
-                }
-            }
-            progress(&format!("[1/4] linking packages from {}", from.display()));
-            let mut files = 0;
-            fsutil::link_tree(from, &staging.join("node_modules"), &mut files, progress)
-                .map_err(io_err("linking the packages"))?;
-            files
-        }
-        Source::Npm(npm) => {
-            progress("[1/4] installing the pinned packages with npm ci");
-            fs::write(staging.join("package.json"), PACKAGE_JSON)
-                .map_err(io_err("writing package.json"))?;
-            fs::write(staging.join("package-lock.json"), PACKAGE_LOCK)
-                .map_err(io_err("writing package-lock.json"))?;
-            let mut npm_ci = Command::new(npm);
-            npm_ci
-                .args(["ci", "--no-audit", "--no-fund", "--prefix"])
-                .arg(staging);
-            let status =
-                spawn::retry_busy(|| npm_ci.status()).map_err(|e| ImageError::NoNpm(e.kind()))?;
-            if !status.success() {
-                return Err(ImageError::Npm(
-                    status
-                        .code()
-                        .map_or("by a signal".to_owned(), |c| c.to_string()),
-                ));
-            }
-            count_files(&staging.join("node_modules"))
-        }
+        Source::Folder(from) => link_packages(from, staging, progress)?,
+        Source::Npm(npm) => npm_ci(npm, staging, progress)?,
     };
     progress("[2/4] checking Node.js and pi");
-    // Just copied or linked into place: it may still be busy for a moment.
-    let mut node = Command::new(staging.join(NODE));
-    node.arg("--version");
-    let output = spawn::retry_busy(|| node.output()).map_err(io_err("running the image's node"))?;
-    let node_version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    if !output.status.success() || !node_version.starts_with(NODE_MAJOR) {
-        return Err(ImageError::WrongNode);
-    }
-    let pi_json = fs::read(staging.join(PI_PACKAGE).join("package.json"))
-        .map_err(io_err("reading pi's package.json"))?;
-    let pi_version = serde_json::from_slice::<serde_json::Value>(&pi_json)
-        .ok()
-        .and_then(|v| v["version"].as_str().map(str::to_owned))
-        .ok_or(ImageError::NotInstalled(PI_PACKAGE))?;
+    let (node_version, pi_version) = node_and_pi_versions(staging)?;
     progress("[3/4] adding the runner, the forge's servers, pi's compile cache and the labels");
     if let Err(why) = make_compile_cache(staging) {
         // Only a job's start is slower without it.
@@ -445,12 +433,79 @@ fn stage(
         Some(f) => Some(crate::forge_mcp::stage(f.source, staging, f.pin)?),
         None => None,
     };
+    write_labels(staging, forge.is_some(), &pi_version, &node_version)?;
+    Ok((files, pi_version, node_version, forge))
+}
+
+/// The packages linked from an installed folder (`--from DIR`); how many files.
+fn link_packages(
+    from: &Path,
+    staging: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<usize, ImageError> {
+    for part in [NODE, PI_PACKAGE] {
+        let rel = part.trim_start_matches("node_modules/");
+        if !from.join(rel).exists() {
+            return Err(ImageError::NotInstalled(part));
+        }
+    }
+    progress(&format!("[1/4] linking packages from {}", from.display()));
+    let mut files = 0;
+    fsutil::link_tree(from, &staging.join("node_modules"), &mut files, progress)
+        .map_err(io_err("linking the packages"))?;
+    Ok(files)
+}
+
+/// The pinned packages installed with `npm ci` from the embedded lock file; how many files.
+fn npm_ci(npm: &Path, staging: &Path, progress: &mut dyn FnMut(&str)) -> Result<usize, ImageError> {
+    progress("[1/4] installing the pinned packages with npm ci");
+    fs::write(staging.join("package.json"), PACKAGE_JSON)
+        .map_err(io_err("writing package.json"))?;
+    fs::write(staging.join("package-lock.json"), PACKAGE_LOCK)
+        .map_err(io_err("writing package-lock.json"))?;
+    let mut npm_ci = Command::new(npm);
+    npm_ci
+        .args(["ci", "--no-audit", "--no-fund", "--prefix"])
+        .arg(staging);
+    let status = spawn::retry_busy(|| npm_ci.status()).map_err(|e| ImageError::NoNpm(e.kind()))?;
+    if !status.success() {
+        return Err(ImageError::Npm(
+            status
+                .code()
+                .map_or("by a signal".to_owned(), |c| c.to_string()),
+        ));
+    }
+    Ok(count_files(&staging.join("node_modules")))
+}
+
+/// The staged Node.js's version (it must be the pinned major) and pi's.
+fn node_and_pi_versions(staging: &Path) -> Result<(String, String), ImageError> {
+    // Just copied or linked into place: it may still be busy for a moment.
+    let mut node = Command::new(staging.join(NODE));
+    node.arg("--version");
+    let output = spawn::retry_busy(|| node.output()).map_err(io_err("running the image's node"))?;
+    let node_version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    if !output.status.success() || !node_version.starts_with(NODE_MAJOR) {
+        return Err(ImageError::WrongNode);
+    }
+    let pi_json = fs::read(staging.join(PI_PACKAGE).join("package.json"))
+        .map_err(io_err("reading pi's package.json"))?;
+    let pi_version = serde_json::from_slice::<serde_json::Value>(&pi_json)
+        .ok()
+        .and_then(|v| v["version"].as_str().map(str::to_owned))
+        .ok_or(ImageError::NotInstalled(PI_PACKAGE))?;
+    Ok((node_version, pi_version))
+}
+
+/// Writes the image's labels to `image.json`.
+fn write_labels(
+    staging: &Path,
+    forge: bool,
+    pi_version: &str,
+    node_version: &str,
+) -> Result<(), ImageError> {
     // forgeMcp once both forge servers are in.
-    let capabilities = if forge.is_some() {
-        "mcp,forgeMcp"
-    } else {
-        "mcp"
-    };
+    let capabilities = if forge { "mcp,forgeMcp" } else { "mcp" };
     let labels = serde_json::json!({"labels": {
         "dev.pi-dispatch.capabilities": capabilities,
         "dev.pi-dispatch.pi-version": pi_version,
@@ -461,8 +516,7 @@ fn stage(
         format!("{labels:#}\n").as_bytes(),
         0o644,
     )
-    .map_err(io_err("writing image.json"))?;
-    Ok((files, pi_version, node_version, forge))
+    .map_err(io_err("writing image.json"))
 }
 
 /// Makes [`COMPILE_CACHE`]: pi started once (`--version`, which loads its modules) with Node's

@@ -170,15 +170,7 @@ impl Staging {
 pub fn import(opts: &Options) -> Result<Report, ImportError> {
     check_folders(opts)?;
     let host = read_host(opts)?;
-
-    if fsutil::kind(&opts.to).map_err(stage_err("the overlay folder"))? == Kind::Missing {
-        std::fs::create_dir_all(&opts.to).map_err(stage_err("the overlay folder"))?;
-    }
-    let _lock = FolderLock::take(&opts.to).map_err(|e| match e.kind() {
-        io::ErrorKind::WouldBlock => ImportError::Busy,
-        _ => stage_err("the overlay's lock")(e),
-    })?;
-    fsutil::remove_leftovers(&opts.to).map_err(stage_err("the overlay folder"))?;
+    let _lock = lock_overlay(&opts.to)?;
     let dropped = dropped(opts, &host);
 
     let staging = stage(opts, &host)?;
@@ -190,28 +182,7 @@ pub fn import(opts: &Options) -> Result<Report, ImportError> {
     );
 
     // Commit: from here on, each step is atomic on its own.
-    let mcp_path = opts.to.join(MCP_FILE);
-    let mcp = if opts.no_mcp {
-        McpOutcome::NoMcp {
-            removed: remove(&mcp_path)?,
-        }
-    } else if !host.host_has_mcp {
-        McpOutcome::NoHostFile {
-            removed: remove(&mcp_path)?,
-        }
-    } else {
-        let removed = match mcp_file {
-            Some(f) => {
-                f.commit().map_err(commit_err(MCP_FILE))?;
-                false
-            }
-            None => remove(&mcp_path)?,
-        };
-        McpOutcome::Imported {
-            plan: host.mcp.unwrap_or_default(),
-            removed,
-        }
-    };
+    let mcp = commit_mcp(opts, host.host_has_mcp, host.mcp, mcp_file)?;
     let models = match (models_file, host.models) {
         (Some(f), Some((_, models))) => {
             f.commit().map_err(commit_err(MODELS_FILE))?;
@@ -233,16 +204,6 @@ pub fn import(opts: &Options) -> Result<Report, ImportError> {
         }
         None => PartOutcome::NotOnHost,
     };
-
-    let never_staged = NEVER_STAGED
-        .into_iter()
-        .filter(|name| {
-            !matches!(
-                fsutil::kind(&opts.from.join(name)),
-                Ok(Kind::Missing) | Err(_)
-            )
-        })
-        .collect();
     Ok(Report {
         from: opts.from.clone(),
         to: opts.to.clone(),
@@ -250,9 +211,62 @@ pub fn import(opts: &Options) -> Result<Report, ImportError> {
         models,
         skills,
         append_system,
-        never_staged,
+        never_staged: never_staged(&opts.from),
         dropped,
     })
+}
+
+/// Makes the overlay folder if it is missing, takes its lock, and cleans what an interrupted
+/// import left.
+fn lock_overlay(to: &Path) -> Result<FolderLock, ImportError> {
+    if fsutil::kind(to).map_err(stage_err("the overlay folder"))? == Kind::Missing {
+        std::fs::create_dir_all(to).map_err(stage_err("the overlay folder"))?;
+    }
+    let lock = FolderLock::take(to).map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock => ImportError::Busy,
+        _ => stage_err("the overlay's lock")(e),
+    })?;
+    fsutil::remove_leftovers(to).map_err(stage_err("the overlay folder"))?;
+    Ok(lock)
+}
+
+/// Puts the staged `mcp.json` in place, or removes the overlay's when there is none to import.
+fn commit_mcp(
+    opts: &Options,
+    host_has_mcp: bool,
+    plan: Option<McpImport>,
+    mcp_file: Option<StagedFile>,
+) -> Result<McpOutcome, ImportError> {
+    let mcp_path = opts.to.join(MCP_FILE);
+    Ok(if opts.no_mcp {
+        McpOutcome::NoMcp {
+            removed: remove(&mcp_path)?,
+        }
+    } else if !host_has_mcp {
+        McpOutcome::NoHostFile {
+            removed: remove(&mcp_path)?,
+        }
+    } else {
+        let removed = match mcp_file {
+            Some(f) => {
+                f.commit().map_err(commit_err(MCP_FILE))?;
+                false
+            }
+            None => remove(&mcp_path)?,
+        };
+        McpOutcome::Imported {
+            plan: plan.unwrap_or_default(),
+            removed,
+        }
+    })
+}
+
+/// The host's files import-pi never stages, among those it has.
+fn never_staged(from: &Path) -> Vec<&'static str> {
+    NEVER_STAGED
+        .into_iter()
+        .filter(|name| !matches!(fsutil::kind(&from.join(name)), Ok(Kind::Missing) | Err(_)))
+        .collect()
 }
 
 /// What the overlay's `mcp.json` and `models.json` hold that the import will not put back: read

@@ -1,5 +1,7 @@
-//! The system calls the workspace makes that rustix does not offer as safe functions, each in one
-//! small `unsafe` block here (the workspace forbids unsafe code everywhere else):
+//! The system calls the workspace makes that rustix does not offer as safe functions, or that run
+//! in a child before its program (`pre_exec`, unsafe however they are made), each in one small
+//! `unsafe` block here (the workspace forbids unsafe code everywhere else). Each is rustix's where
+//! rustix has it; `libc` only for the number of the one it lacks:
 //!
 //! - `mount_setattr(2)` with `MOUNT_ATTR_IDMAP`: a detached mount (from `open_tree` with
 //!   `OPEN_TREE_CLONE`) given the id mapping of a user namespace, plus `nosuid` and `nodev`.
@@ -45,7 +47,7 @@ pub fn idmap(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> std::io::Result<()
             libc::SYS_mount_setattr,
             tree.as_raw_fd(),
             empty.as_ptr(),
-            libc::AT_EMPTY_PATH,
+            rustix::fs::AtFlags::EMPTY_PATH.bits() as libc::c_int,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
@@ -64,12 +66,8 @@ pub fn unshare_network() -> std::io::Result<()> {
     // SAFETY: `unshare(CLONE_NEWNET)` changes the calling thread's network namespace and nothing
     // else: no descriptor table, memory or other thread is touched (the reason rustix marks
     // `unshare` unsafe is `CLONE_FILES`, which is not passed).
-    let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }?;
+    Ok(())
 }
 
 /// Makes the child `command` starts join the network namespace open on `fd` (a descriptor of the
@@ -79,15 +77,17 @@ pub fn join_network_on_exec(command: &mut std::process::Command, fd: std::os::fd
     use std::os::unix::process::CommandExt as _;
     #[allow(unsafe_code)]
     // SAFETY: the closure runs in the forked child before `exec`, where only async-signal-safe
-    // calls are allowed: `setns(2)` is a plain system call, and `last_os_error` reads `errno`.
-    // Nothing is allocated. A descriptor that is not open (or not a namespace) fails the start.
+    // calls are allowed: `setns(2)` is a plain system call (rustix makes it directly, its error a
+    // number). Nothing is allocated. The descriptor is the caller's, open until the child has
+    // started; one that is not open (or not a namespace) fails the start.
     unsafe {
         command.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
+            let fd = std::os::fd::BorrowedFd::borrow_raw(fd);
+            rustix::thread::move_into_link_name_space(
+                fd,
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )?;
+            Ok(())
         });
     }
 }
@@ -101,21 +101,17 @@ pub fn own_mounts_on_exec(command: &mut std::process::Command) {
     use std::os::unix::process::CommandExt as _;
     #[allow(unsafe_code)]
     // SAFETY: the closure runs in the forked child before `exec`: `unshare(2)` and `mount(2)` are
-    // plain system calls, their strings are static and NUL-terminated, and nothing is allocated.
+    // plain system calls (rustix makes them directly), the path is a static NUL-terminated
+    // string, and nothing is allocated. `unshare` is unsafe in rustix for `CLONE_FILES`, which is
+    // not passed.
     unsafe {
         command.pre_exec(|| {
-            let root = c"/";
-            if libc::unshare(libc::CLONE_NEWNS) != 0
-                || libc::mount(
-                    std::ptr::null(),
-                    root.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_REC | libc::MS_SLAVE,
-                    std::ptr::null(),
-                ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
+            use rustix::mount::MountPropagationFlags;
+            rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)?;
+            rustix::mount::mount_change(
+                c"/",
+                MountPropagationFlags::REC | MountPropagationFlags::DOWNSTREAM,
+            )?;
             Ok(())
         });
     }
