@@ -191,6 +191,81 @@ mod tests {
     }
 
     #[test]
+    fn every_kind_of_event_reads_as_before() {
+        let shown = |line: &str| entry(line).map(|e| (e.kind, e.text));
+        let some = |kind: &str, text: &str| Some((kind.to_owned(), text.to_owned()));
+        // Deltas.
+        for delta in [
+            r#"{"type":"message_start","message":{"role":"assistant"}}"#,
+            r#"{"type":"tool_execution_update","toolName":"t"}"#,
+        ] {
+            assert_eq!(shown(delta), None, "{delta}");
+        }
+        // Messages: any role, content as a string or parts, how an answer ended.
+        assert_eq!(
+            shown(r#"{"type":"message_end","message":{"role":"user","content":"Fix it."}}"#),
+            some("user", "Fix it.")
+        );
+        assert_eq!(
+            shown(
+                r#"{"type":"message_end","message":{"role":"assistant","content":[{"type":"thinking","thinking":"hm"},{"type":"image","data":"x"},{"no":"type"},{"type":"text","text":""},{"type":"text","text":"Done."},{"type":"toolCall","arguments":[1]},{"type":"toolCall","name":"n"}],"stopReason":"length"}}"#
+            ),
+            some(
+                "assistant",
+                "(thinking) hm\n(image)\nDone.\n→ ?([1])\n→ n()\n(ended: length)"
+            )
+        );
+        assert_eq!(
+            shown(
+                r#"{"type":"message_end","message":{"role":"assistant","content":[],"stopReason":"stop"}}"#
+            ),
+            some("assistant", "")
+        );
+        assert_eq!(
+            shown(
+                r#"{"type":"message_end","message":{"role":"toolResult","content":{"x":1},"stopReason":"error"}}"#
+            ),
+            some("toolResult", "\n(ended: error)")
+        );
+        assert_eq!(shown(r#"{"type":"message_end"}"#), some("message", ""));
+        assert_eq!(
+            shown(r#"{"type":"message_end","message":{"role":7,"content":"x","stopReason":1}}"#),
+            some("message", "x")
+        );
+        // Tool calls and their results.
+        assert_eq!(
+            shown(r#"{"type":"tool_execution_start"}"#),
+            some("tool call", "?()")
+        );
+        assert_eq!(
+            shown(
+                r#"{"type":"tool_execution_end","toolName":"bash","result":{"content":"no such file"},"isError":true}"#
+            ),
+            some("tool error", "bash: no such file")
+        );
+        assert_eq!(
+            shown(r#"{"type":"tool_execution_end","isError":"yes"}"#),
+            some("tool result", "?: ")
+        );
+        // Turns, the agent, other events, and JSON that is no event.
+        for (line, kind) in [
+            (r#"{"type":"turn_start"}"#, "turn start"),
+            (r#"{"type":"turn_end","message":{}}"#, "turn end"),
+            (r#"{"type":"agent_end","messages":[]}"#, "agent end"),
+            (
+                r#"{"type":"auto_compaction_start"}"#,
+                "auto_compaction_start",
+            ),
+            (r#"{"type":3}"#, "event"),
+            ("[1,2]", "event"),
+            ("\"text\"", "event"),
+        ] {
+            assert_eq!(shown(line), some(kind, ""), "{line}");
+        }
+        assert_eq!(shown("{not json"), some("line", "{not json"));
+    }
+
+    #[test]
     fn a_long_text_is_clipped_on_a_character() {
         let long = "é".repeat(3_000);
         let e = entry(&long).unwrap();
