@@ -563,42 +563,9 @@ pub async fn run(
     Path(id): Path<String>,
 ) -> Response {
     let Some(r) = record_of(&panel, &id).await else {
-        // Not ended: queued or running, when the queue has it.
-        if let Some(live) = live_of(&panel, &id).await {
-            return page(
-                StatusCode::OK,
-                frame(
-                    &format!("Run {id}"),
-                    Some(Section::Runs),
-                    &authed.csrf,
-                    Some(LIVE_REFRESH_SECS),
-                    &live_body(&live),
-                ),
-            );
-        }
-        let body = html! {
-            h1 { "No record" }
-            p { "No job has the id " code { (id) } ": it is neither queued, running nor recorded (see the "
-                a href="/" { "queue" } ")." }
-        };
-        return page(
-            StatusCode::NOT_FOUND,
-            frame("No record", Some(Section::Runs), &authed.csrf, None, &body),
-        );
+        return not_ended(&panel, &authed, &id).await;
     };
-    let transcript = if r.transcript {
-        let path = records::transcripts::path(&panel.jobs_dir, &r.job_id);
-        tokio::task::spawn_blocking(move || {
-            std::fs::File::open(&path)
-                .map(|f| transcript_view::read(std::io::BufReader::new(f)))
-                .map_err(|e| e.kind())
-        })
-        .await
-        .unwrap_or(Err(std::io::ErrorKind::Other))
-        .map(Some)
-    } else {
-        Ok(None)
-    };
+    let transcript = transcript_of(&panel, &r).await;
     let (queue, of) = (panel.queue.clone(), r.job_id.clone());
     let reruns = tokio::task::spawn_blocking(move || queue.reruns(&of).unwrap_or_default())
         .await
@@ -635,6 +602,52 @@ pub async fn run(
             &body,
         ),
     )
+}
+
+/// The page of a job with no record: live while the queue has it (queued or running), else not
+/// found.
+async fn not_ended(panel: &Arc<Panel>, authed: &Authed, id: &str) -> Response {
+    if let Some(live) = live_of(panel, id).await {
+        return page(
+            StatusCode::OK,
+            frame(
+                &format!("Run {id}"),
+                Some(Section::Runs),
+                &authed.csrf,
+                Some(LIVE_REFRESH_SECS),
+                &live_body(&live),
+            ),
+        );
+    }
+    let body = html! {
+        h1 { "No record" }
+        p { "No job has the id " code { (id) } ": it is neither queued, running nor recorded (see the "
+            a href="/" { "queue" } ")." }
+    };
+    page(
+        StatusCode::NOT_FOUND,
+        frame("No record", Some(Section::Runs), &authed.csrf, None, &body),
+    )
+}
+
+/// The transcript a record says its job left, read off the runtime for the page (`None`: it left
+/// none).
+async fn transcript_of(
+    panel: &Arc<Panel>,
+    r: &Record,
+) -> Result<Option<transcript_view::View>, std::io::ErrorKind> {
+    if !r.transcript {
+        return Ok(None);
+    }
+    let path = records::transcripts::path(&panel.jobs_dir, &r.job_id);
+    tokio::task::spawn_blocking(move || {
+        std::fs::File::open(&path)
+            .map(|f| transcript_view::read(std::io::BufReader::new(f)))
+            .map_err(|e| e.kind())
+    })
+    .await
+    .unwrap_or(Err(std::io::ErrorKind::Other))
+    .map(Some)
 }
 
 /// How often a job's page reloads itself while the job has not ended.
