@@ -276,6 +276,13 @@ fn forge_checks(
     settings: &config::settings::Settings,
     env: &pickup::fs::Environment,
 ) -> Vec<Check> {
+    let mut out = github_checks(settings);
+    out.extend(gitlab_check(settings, env));
+    out
+}
+
+/// The GitHub App: its id and key, read and parsed as the worker reads it, and kept from others.
+fn github_checks(settings: &config::settings::Settings) -> Vec<Check> {
     use config::settings as s;
     let mut out = Vec::new();
     match (settings.github_app_id, &settings.github_app_key_file) {
@@ -318,12 +325,21 @@ fn forge_checks(
             ),
         )),
     }
+    out
+}
+
+/// GitLab: its URL and the bot's token.
+fn gitlab_check(
+    settings: &config::settings::Settings,
+    env: &pickup::fs::Environment,
+) -> Option<Check> {
+    use config::settings as s;
     match (
         settings.gitlab_url.as_deref(),
         env.get(s::GITLAB_TOKEN_SETTING).is_some(),
     ) {
-        (None, false) => {}
-        (Some(url), true) => out.push(match pickup::admission::gitlab_api_url(url) {
+        (None, false) => None,
+        (Some(url), true) => Some(match pickup::admission::gitlab_api_url(url) {
             Some(_) => Check::ok("forge.gitlab", format!(
                 "GitLab: {} and {} are set",
                 s::GITLAB_URL_SETTING,
@@ -337,7 +353,7 @@ fn forge_checks(
                 "write GitLab's address as a browser shows it, such as https://gitlab.example.com, with no user, password, query or fragment".to_owned(),
             ),
         }),
-        _ => out.push(Check::fail("forge.gitlab", 
+        _ => Some(Check::fail("forge.gitlab", 
             "GitLab is half set up: gitlab jobs are refused (forge-unconfigured)".to_owned(),
             format!(
                 "set both {} and {} (a bot's token with the Developer role, in the worker's environment file)",
@@ -346,7 +362,6 @@ fn forge_checks(
             ),
         )),
     }
-    out
 }
 
 /// What the worker would decide: the deployment's default model, then the job each trigger would
