@@ -435,63 +435,75 @@ const TRIGGER_TYPES: [&str; 6] = ["cli", "comment", "cron", "issue", "label", "p
 /// says so. Only when each ended is read, never a record.
 const CHART_MAX: usize = 20_000;
 
-pub async fn runs(
-    State(panel): State<Arc<Panel>>,
-    authed: Authed,
-    Query(q): Query<RunsQuery>,
-) -> Response {
-    let now = now_ms();
-    let span = span_ms(q.since.as_deref()).unwrap_or(86_400_000);
-    let (shown, charted) = match q.query(now) {
-        Some(query) => {
-            let listed = records::query::Query {
-                limit: PAGE,
-                ..query.clone()
-            };
-            let drawn = records::query::Query {
-                limit: CHART_MAX,
-                since_ms: Some(query.since_ms.unwrap_or(0).max(now.saturating_sub(span))),
-                ..query
-            };
-            (
-                find(&panel, listed, q.cursor()).await,
-                ended(&panel, drawn).await,
-            )
-        }
-        None => (Ok(records::store::Page::default()), Ok(Vec::new())),
-    };
-    let reasons: Vec<String> = std::iter::once("none")
-        .chain(Reason::ALL.iter().map(|r| r.as_str()))
-        .map(str::to_owned)
+/// The page of runs the filters find, and when each run they find ended (for the chart over
+/// `span`).
+type RunsFound = (
+    Result<records::store::Page, String>,
+    Result<Vec<(u64, Outcome)>, String>,
+);
+
+impl RunsQuery {
+    /// Asks the index for the page these filters show and for the chart's endings.
+    async fn find(&self, panel: &Arc<Panel>, now: u64, span: u64) -> RunsFound {
+        let Some(query) = self.query(now) else {
+            return (Ok(records::store::Page::default()), Ok(Vec::new()));
+        };
+        let listed = records::query::Query {
+            limit: PAGE,
+            ..query.clone()
+        };
+        let drawn = records::query::Query {
+            limit: CHART_MAX,
+            since_ms: Some(query.since_ms.unwrap_or(0).max(now.saturating_sub(span))),
+            ..query
+        };
+        (
+            find(panel, listed, self.cursor()).await,
+            ended(panel, drawn).await,
+        )
+    }
+
+    /// The filters' form: outcome, reason, trigger and when the runs ended.
+    fn form(&self) -> Markup {
+        let reasons: Vec<String> = std::iter::once("none")
+            .chain(Reason::ALL.iter().map(|r| r.as_str()))
+            .map(str::to_owned)
+            .collect();
+        let triggers: Vec<String> = TRIGGER_TYPES.iter().map(|t| (*t).to_owned()).collect();
+        let outcomes: Vec<String> = [
+            Outcome::Completed,
+            Outcome::Failed,
+            Outcome::Policy,
+            Outcome::Cancelled,
+        ]
+        .iter()
+        .map(|o| o.as_str().to_owned())
         .collect();
-    let triggers: Vec<String> = TRIGGER_TYPES.iter().map(|t| (*t).to_owned()).collect();
-    let outcomes: Vec<String> = [
-        Outcome::Completed,
-        Outcome::Failed,
-        Outcome::Policy,
-        Outcome::Cancelled,
-    ]
-    .iter()
-    .map(|o| o.as_str().to_owned())
-    .collect();
-    let body = html! {
-        h1 { "Runs" }
-        form.filters method="get" action="/runs" {
-            (select("outcome", "Outcome", &outcomes, chosen(q.outcome.as_deref())))
-            (select("reason", "Reason", &reasons, chosen(q.reason.as_deref())))
-            (select("trigger", "Trigger", &triggers, chosen(q.trigger.as_deref())))
-            label {
-                "Ended in"
-                select name="since" {
-                    option value="" { "all time" }
-                    @for (key, words, _) in SPANS {
-                        option value=(key) selected[q.since.as_deref() == Some(key)] { (words) }
+        html! {
+            form.filters method="get" action="/runs" {
+                (select("outcome", "Outcome", &outcomes, chosen(self.outcome.as_deref())))
+                (select("reason", "Reason", &reasons, chosen(self.reason.as_deref())))
+                (select("trigger", "Trigger", &triggers, chosen(self.trigger.as_deref())))
+                label {
+                    "Ended in"
+                    select name="since" {
+                        option value="" { "all time" }
+                        @for (key, words, _) in SPANS {
+                            option value=(key) selected[self.since.as_deref() == Some(key)] { (words) }
+                        }
                     }
                 }
+                button type="submit" { "Show" }
             }
-            button type="submit" { "Show" }
         }
-        @match (&shown, &charted) {
+    }
+}
+
+/// What the filters found: the chart of outcomes over `span`, the page of runs and the links to
+/// the pages beside it.
+fn runs_found(q: &RunsQuery, (shown, charted): &RunsFound, now: u64, span: u64) -> Markup {
+    html! {
+        @match (shown, charted) {
             (Ok(listed), Ok(ended)) => {
                 @if !listed.unreadable.is_empty() {
                     p.muted { (listed.unreadable.len()) " records on this page cannot be read (pi-dispatch runs lists them)" }
@@ -511,6 +523,21 @@ pub async fn runs(
             },
             (Err(e), _) | (_, Err(e)) => p.error { "The records cannot be read: " (e) },
         }
+    }
+}
+
+pub async fn runs(
+    State(panel): State<Arc<Panel>>,
+    authed: Authed,
+    Query(q): Query<RunsQuery>,
+) -> Response {
+    let now = now_ms();
+    let span = span_ms(q.since.as_deref()).unwrap_or(86_400_000);
+    let found = q.find(&panel, now, span).await;
+    let body = html! {
+        h1 { "Runs" }
+        (q.form())
+        (runs_found(&q, &found, now, span))
     };
     page(
         StatusCode::OK,
@@ -536,42 +563,9 @@ pub async fn run(
     Path(id): Path<String>,
 ) -> Response {
     let Some(r) = record_of(&panel, &id).await else {
-        // Not ended: queued or running, when the queue has it.
-        if let Some(live) = live_of(&panel, &id).await {
-            return page(
-                StatusCode::OK,
-                frame(
-                    &format!("Run {id}"),
-                    Some(Section::Runs),
-                    &authed.csrf,
-                    Some(LIVE_REFRESH_SECS),
-                    &live_body(&live),
-                ),
-            );
-        }
-        let body = html! {
-            h1 { "No record" }
-            p { "No job has the id " code { (id) } ": it is neither queued, running nor recorded (see the "
-                a href="/" { "queue" } ")." }
-        };
-        return page(
-            StatusCode::NOT_FOUND,
-            frame("No record", Some(Section::Runs), &authed.csrf, None, &body),
-        );
+        return not_ended(&panel, &authed, &id).await;
     };
-    let transcript = if r.transcript {
-        let path = records::transcripts::path(&panel.jobs_dir, &r.job_id);
-        tokio::task::spawn_blocking(move || {
-            std::fs::File::open(&path)
-                .map(|f| transcript_view::read(std::io::BufReader::new(f)))
-                .map_err(|e| e.kind())
-        })
-        .await
-        .unwrap_or(Err(std::io::ErrorKind::Other))
-        .map(Some)
-    } else {
-        Ok(None)
-    };
+    let transcript = transcript_of(&panel, &r).await;
     let (queue, of) = (panel.queue.clone(), r.job_id.clone());
     let reruns = tokio::task::spawn_blocking(move || queue.reruns(&of).unwrap_or_default())
         .await
@@ -608,6 +602,52 @@ pub async fn run(
             &body,
         ),
     )
+}
+
+/// The page of a job with no record: live while the queue has it (queued or running), else not
+/// found.
+async fn not_ended(panel: &Arc<Panel>, authed: &Authed, id: &str) -> Response {
+    if let Some(live) = live_of(panel, id).await {
+        return page(
+            StatusCode::OK,
+            frame(
+                &format!("Run {id}"),
+                Some(Section::Runs),
+                &authed.csrf,
+                Some(LIVE_REFRESH_SECS),
+                &live_body(&live),
+            ),
+        );
+    }
+    let body = html! {
+        h1 { "No record" }
+        p { "No job has the id " code { (id) } ": it is neither queued, running nor recorded (see the "
+            a href="/" { "queue" } ")." }
+    };
+    page(
+        StatusCode::NOT_FOUND,
+        frame("No record", Some(Section::Runs), &authed.csrf, None, &body),
+    )
+}
+
+/// The transcript a record says its job left, read off the runtime for the page (`None`: it left
+/// none).
+async fn transcript_of(
+    panel: &Arc<Panel>,
+    r: &Record,
+) -> Result<Option<transcript_view::View>, std::io::ErrorKind> {
+    if !r.transcript {
+        return Ok(None);
+    }
+    let path = records::transcripts::path(&panel.jobs_dir, &r.job_id);
+    tokio::task::spawn_blocking(move || {
+        std::fs::File::open(&path)
+            .map(|f| transcript_view::read(std::io::BufReader::new(f)))
+            .map_err(|e| e.kind())
+    })
+    .await
+    .unwrap_or(Err(std::io::ErrorKind::Other))
+    .map(Some)
 }
 
 /// How often a job's page reloads itself while the job has not ended.

@@ -1,11 +1,11 @@
 //! A job's transcript (pi's events, as the worker stored them, redacted), read for people: one
 //! entry per event that says something (a message, a tool call and its result, a turn), the
 //! streaming deltas left out since the message that ends them holds the same text. Pure over the
-//! lines it is given.
+//! lines it is given; pi's events are read as `protocol` reads them ([`PiLine`]).
 
 use std::io::BufRead;
 
-use serde_json::Value;
+use protocol::pi_events::{PiLine, PiMessage, PiPart};
 
 /// The most entries shown, and the longest text of one.
 pub const MAX_ENTRIES: usize = 2_000;
@@ -41,90 +41,70 @@ fn clip(text: &str) -> String {
     format!("{}… ({} bytes more)", &text[..end], text.len() - end)
 }
 
-/// The text parts of a message's content (a string, or a list of parts), tool calls by name.
-fn content_text(content: &Value) -> String {
-    match content {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .map(|p| match p.get("type").and_then(Value::as_str) {
-                Some("text") => p
-                    .get("text")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned(),
-                Some("thinking") => format!(
-                    "(thinking) {}",
-                    p.get("thinking")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                ),
-                Some("toolCall") => format!(
+/// The parts of a message's content as text, a line each, tool calls by name.
+fn parts_text(parts: &[PiPart]) -> String {
+    parts
+        .iter()
+        .map(|part| match part {
+            PiPart::Text(text) => text.clone(),
+            PiPart::Thinking(text) => format!("(thinking) {text}"),
+            PiPart::ToolCall { name, arguments } => {
+                format!(
                     "→ {}({})",
-                    p.get("name").and_then(Value::as_str).unwrap_or("?"),
-                    p.get("arguments").map(Value::to_string).unwrap_or_default()
-                ),
-                Some(other) => format!("({other})"),
-                None => String::new(),
-            })
-            .filter(|t| !t.is_empty())
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
+                    name.as_deref().unwrap_or("?"),
+                    json_text(arguments)
+                )
+            }
+            PiPart::Other(kind) => format!("({kind})"),
+        })
+        .filter(|t| !t.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn json_text(value: &Option<serde_json::Value>) -> String {
+    value.as_ref().map(ToString::to_string).unwrap_or_default()
+}
+
+/// A message's text, and how it ended when that was not the usual way.
+fn message_text(message: &PiMessage) -> String {
+    let mut text = parts_text(&message.content);
+    if let Some(why) = message.stop_reason.as_deref()
+        && why != "stop"
+        && why != "toolUse"
+    {
+        text.push_str(&format!("\n(ended: {why})"));
     }
+    text
 }
 
 /// The entry of one line, or `None` for a delta.
 pub fn entry(line: &str) -> Option<Entry> {
-    let Ok(event) = serde_json::from_str::<Value>(line) else {
-        return Some(Entry {
-            kind: "line".to_owned(),
-            text: clip(line),
-        });
-    };
-    let kind = event.get("type").and_then(Value::as_str).unwrap_or("event");
-    let str_of = |k: &str| event.get(k).and_then(Value::as_str).unwrap_or("?");
-    let (kind, text) = match kind {
-        "message_start" | "message_update" | "tool_execution_update" => return None,
-        "message_end" => {
-            let message = event.get("message").unwrap_or(&Value::Null);
-            let role = message
-                .get("role")
-                .and_then(Value::as_str)
-                .unwrap_or("message");
-            let mut text = content_text(message.get("content").unwrap_or(&Value::Null));
-            if let Some(why) = message.get("stopReason").and_then(Value::as_str)
-                && why != "stop"
-                && why != "toolUse"
-            {
-                text.push_str(&format!("\n(ended: {why})"));
-            }
-            (role.to_owned(), text)
-        }
-        "tool_execution_start" => (
-            "tool call".to_owned(),
-            format!(
-                "{}({})",
-                str_of("toolName"),
-                event.get("args").map(Value::to_string).unwrap_or_default()
-            ),
+    let tool_name = |tool: Option<String>| tool.unwrap_or_else(|| "?".to_owned());
+    let (kind, text) = match PiLine::parse(line) {
+        PiLine::NotJson => ("line".to_owned(), line.to_owned()),
+        PiLine::Delta => return None,
+        PiLine::Message(message) => (
+            message.role.clone().unwrap_or_else(|| "message".to_owned()),
+            message_text(&message),
         ),
-        "tool_execution_end" => {
-            let failed = event.get("isError").and_then(Value::as_bool) == Some(true);
-            let result = event
-                .get("result")
-                .and_then(|r| r.get("content"))
-                .map(content_text)
-                .unwrap_or_default();
-            (
-                if failed { "tool error" } else { "tool result" }.to_owned(),
-                format!("{}: {result}", str_of("toolName")),
-            )
-        }
-        "turn_start" | "turn_end" | "agent_start" | "agent_end" => {
-            (kind.replace('_', " "), String::new())
-        }
-        other => (other.to_owned(), String::new()),
+        PiLine::ToolStart { tool, args } => (
+            "tool call".to_owned(),
+            format!("{}({})", tool_name(tool), json_text(&args)),
+        ),
+        PiLine::ToolEnd {
+            tool,
+            failed,
+            result,
+        } => (
+            if failed { "tool error" } else { "tool result" }.to_owned(),
+            format!("{}: {}", tool_name(tool), parts_text(&result)),
+        ),
+        PiLine::AgentStart => ("agent start".to_owned(), String::new()),
+        PiLine::AgentEnd => ("agent end".to_owned(), String::new()),
+        PiLine::TurnStart => ("turn start".to_owned(), String::new()),
+        PiLine::TurnEnd => ("turn end".to_owned(), String::new()),
+        PiLine::Other(kind) => (kind.unwrap_or_else(|| "event".to_owned()), String::new()),
     };
     Some(Entry {
         kind,
@@ -188,6 +168,81 @@ mod tests {
             ]
         );
         assert_eq!((view.deltas, view.cut), (1, false));
+    }
+
+    #[test]
+    fn every_kind_of_event_reads_as_before() {
+        let shown = |line: &str| entry(line).map(|e| (e.kind, e.text));
+        let some = |kind: &str, text: &str| Some((kind.to_owned(), text.to_owned()));
+        // Deltas.
+        for delta in [
+            r#"{"type":"message_start","message":{"role":"assistant"}}"#,
+            r#"{"type":"tool_execution_update","toolName":"t"}"#,
+        ] {
+            assert_eq!(shown(delta), None, "{delta}");
+        }
+        // Messages: any role, content as a string or parts, how an answer ended.
+        assert_eq!(
+            shown(r#"{"type":"message_end","message":{"role":"user","content":"Fix it."}}"#),
+            some("user", "Fix it.")
+        );
+        assert_eq!(
+            shown(
+                r#"{"type":"message_end","message":{"role":"assistant","content":[{"type":"thinking","thinking":"hm"},{"type":"image","data":"x"},{"no":"type"},{"type":"text","text":""},{"type":"text","text":"Done."},{"type":"toolCall","arguments":[1]},{"type":"toolCall","name":"n"}],"stopReason":"length"}}"#
+            ),
+            some(
+                "assistant",
+                "(thinking) hm\n(image)\nDone.\n→ ?([1])\n→ n()\n(ended: length)"
+            )
+        );
+        assert_eq!(
+            shown(
+                r#"{"type":"message_end","message":{"role":"assistant","content":[],"stopReason":"stop"}}"#
+            ),
+            some("assistant", "")
+        );
+        assert_eq!(
+            shown(
+                r#"{"type":"message_end","message":{"role":"toolResult","content":{"x":1},"stopReason":"error"}}"#
+            ),
+            some("toolResult", "\n(ended: error)")
+        );
+        assert_eq!(shown(r#"{"type":"message_end"}"#), some("message", ""));
+        assert_eq!(
+            shown(r#"{"type":"message_end","message":{"role":7,"content":"x","stopReason":1}}"#),
+            some("message", "x")
+        );
+        // Tool calls and their results.
+        assert_eq!(
+            shown(r#"{"type":"tool_execution_start"}"#),
+            some("tool call", "?()")
+        );
+        assert_eq!(
+            shown(
+                r#"{"type":"tool_execution_end","toolName":"bash","result":{"content":"no such file"},"isError":true}"#
+            ),
+            some("tool error", "bash: no such file")
+        );
+        assert_eq!(
+            shown(r#"{"type":"tool_execution_end","isError":"yes"}"#),
+            some("tool result", "?: ")
+        );
+        // Turns, the agent, other events, and JSON that is no event.
+        for (line, kind) in [
+            (r#"{"type":"turn_start"}"#, "turn start"),
+            (r#"{"type":"turn_end","message":{}}"#, "turn end"),
+            (r#"{"type":"agent_end","messages":[]}"#, "agent end"),
+            (
+                r#"{"type":"auto_compaction_start"}"#,
+                "auto_compaction_start",
+            ),
+            (r#"{"type":3}"#, "event"),
+            ("[1,2]", "event"),
+            ("\"text\"", "event"),
+        ] {
+            assert_eq!(shown(line), some(kind, ""), "{line}");
+        }
+        assert_eq!(shown("{not json"), some("line", "{not json"));
     }
 
     #[test]

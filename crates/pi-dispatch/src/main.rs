@@ -132,21 +132,8 @@ fn main() -> ExitCode {
     // Inside a job, between the runner and what it starts: no settings, no logs, the program's
     // own exit status.
     let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    // pi's shell: the job image's read-only link to this program, run as `SHELL -c COMMAND`.
-    let called = raw
-        .first()
-        .map(std::path::Path::new)
-        .and_then(std::path::Path::file_name);
-    if called == Some(std::ffi::OsStr::new(hub::pi_agent::SHELL_NAME)) {
-        return cmd::job::shell(&raw[1..]);
-    }
-    match raw.get(1).and_then(|a| a.to_str()) {
-        Some("job-confine") => return cmd::job::confine(&raw[2..]),
-        Some("job-shell") => return cmd::job::shell(&raw[2..]),
-        Some("job-relay") => return hub::pi_relay::main(&raw[2..]),
-        Some("job-env") => return sandbox::launcher::main(&raw[2..]),
-        Some("job-limits") => return sandbox::cgroup::limits_main(&raw[2..]),
-        _ => {}
+    if let Some(exit) = in_job(&raw) {
+        return exit;
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -173,36 +160,61 @@ fn main() -> ExitCode {
         LogFormat::Text => "text",
         LogFormat::Json => "json",
     };
-    let result = match cli.command {
-        Command::Init(args) => cmd::init::run(&args, &ctx),
-        Command::Job(args) => cmd::job::run(&args, &ctx),
-        Command::JobGuard(args) => cmd::job::guard(&args),
-        Command::Doctor(args) => cmd::doctor::run(&args, &ctx),
-        Command::Runs(args) => cmd::runs::run(&args, &ctx),
-        Command::Run(args) => cmd::run::run(&args, &ctx),
-        Command::Status(args) => cmd::status::run(&args, &ctx),
-        Command::Worker(args) => cmd::worker::run(&args, &ctx),
-        Command::Receiver(args) => cmd::receiver::run(&args, &ctx),
-        Command::Panel(args) => cmd::panel::run(&args, &ctx),
-        Command::EgressProxy(args) => cmd::egress_proxy::run(&args, &ctx),
-        Command::Image(args) => cmd::image::run(&args, &ctx),
-        Command::Explain(args) => cmd::explain::run(&args, &ctx),
-        Command::Cancel(args) => cmd::cancel::run(&args, &ctx),
-        Command::Rerun(args) => cmd::rerun::run(&args, &ctx),
-        Command::Prune(args) => cmd::prune::run(&args, &ctx),
-        Command::ImportPi(args) => cmd::import_pi::run(&args, &ctx),
-        Command::Mcp {
-            command: McpCommand::Check(args),
-        } => cmd::mcp_check::run(&args, &ctx),
-        Command::Triggers {
-            command: TriggersCommand::Check(args),
-        } => cmd::triggers_check::run(&args, &ctx),
-        // Answered above, before any deployment is read.
-        Command::Completions(_) | Command::ManPage => Ok(Exit::Success),
-    };
-    match result {
+    match run(cli.command, &ctx) {
         Ok(exit) => exit.into(),
         Err(e) => Exit::from_error(&e),
+    }
+}
+
+/// A helper a job runs (pi's shell, `job-confine`, ...), when `raw` names one: run, and its
+/// exit status.
+fn in_job(raw: &[std::ffi::OsString]) -> Option<ExitCode> {
+    // pi's shell: the job image's read-only link to this program, run as `SHELL -c COMMAND`.
+    let called = raw
+        .first()
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_name);
+    if called == Some(std::ffi::OsStr::new(hub::pi_agent::SHELL_NAME)) {
+        return Some(cmd::job::shell(&raw[1..]));
+    }
+    Some(match raw.get(1).and_then(|a| a.to_str()) {
+        Some("job-confine") => cmd::job::confine(&raw[2..]),
+        Some("job-shell") => cmd::job::shell(&raw[2..]),
+        Some("job-relay") => hub::pi_relay::main(&raw[2..]),
+        Some("job-env") => sandbox::launcher::main(&raw[2..]),
+        Some("job-limits") => sandbox::cgroup::limits_main(&raw[2..]),
+        _ => return None,
+    })
+}
+
+/// Runs a subcommand on the deployment `ctx` names.
+fn run(command: Command, ctx: &context::Context) -> anyhow::Result<Exit> {
+    match command {
+        Command::Init(args) => cmd::init::run(&args, ctx),
+        Command::Job(args) => cmd::job::run(&args, ctx),
+        Command::JobGuard(args) => cmd::job::guard(&args),
+        Command::Doctor(args) => cmd::doctor::run(&args, ctx),
+        Command::Runs(args) => cmd::runs::run(&args, ctx),
+        Command::Run(args) => cmd::run::run(&args, ctx),
+        Command::Status(args) => cmd::status::run(&args, ctx),
+        Command::Worker(args) => cmd::worker::run(&args, ctx),
+        Command::Receiver(args) => cmd::receiver::run(&args, ctx),
+        Command::Panel(args) => cmd::panel::run(&args, ctx),
+        Command::EgressProxy(args) => cmd::egress_proxy::run(&args, ctx),
+        Command::Image(args) => cmd::image::run(&args, ctx),
+        Command::Explain(args) => cmd::explain::run(&args, ctx),
+        Command::Cancel(args) => cmd::cancel::run(&args, ctx),
+        Command::Rerun(args) => cmd::rerun::run(&args, ctx),
+        Command::Prune(args) => cmd::prune::run(&args, ctx),
+        Command::ImportPi(args) => cmd::import_pi::run(&args, ctx),
+        Command::Mcp {
+            command: McpCommand::Check(args),
+        } => cmd::mcp_check::run(&args, ctx),
+        Command::Triggers {
+            command: TriggersCommand::Check(args),
+        } => cmd::triggers_check::run(&args, ctx),
+        // Answered above, before any deployment is read.
+        Command::Completions(_) | Command::ManPage => Ok(Exit::Success),
     }
 }
 

@@ -9,6 +9,15 @@ use records::record::Record;
 /// A record for a person: how it ended and why, then what it used.
 pub fn human(r: &Record) -> String {
     let mut out = String::new();
+    ending_lines(&mut out, r);
+    spent_lines(&mut out, r);
+    attempt_lines(&mut out, r);
+    used_lines(&mut out, r);
+    out
+}
+
+/// The job, what it was for, and how it ended and why.
+fn ending_lines(out: &mut String, r: &Record) {
     let _ = writeln!(out, "job {}  {}", r.job_id, r.outcome);
     if let Some(of) = &r.rerun_of {
         let _ = writeln!(out, "runs again: {of}");
@@ -45,6 +54,10 @@ pub fn human(r: &Record) -> String {
     if let Some(fix) = &r.fix {
         let _ = writeln!(out, "fix: {fix}");
     }
+}
+
+/// What started the job, and what its model spent.
+fn spent_lines(out: &mut String, r: &Record) {
     let _ = writeln!(
         out,
         "trigger: {} (index {}), kind {}, attempt {}",
@@ -59,14 +72,15 @@ pub fn human(r: &Record) -> String {
         r.provider.as_deref().unwrap_or("-"),
         r.model.as_deref().unwrap_or("-"),
         r.turns.map_or("-".to_owned(), |t| t.to_string()),
-        r.tokens.as_ref().map_or("-".to_owned(), |t| format!(
-            "{} in, {} out",
-            t.input, t.output
-        )),
-        r.cost_usd.map_or("-".to_owned(), |c| format!("${c:.4}")),
+        tokens_text(r.tokens.as_ref()),
+        cost_text(r.cost_usd),
         if r.spent { "yes" } else { "no" },
         if r.budget_reserved { "yes" } else { "no" },
     );
+}
+
+/// The job's other attempts, and how long it waited and ran.
+fn attempt_lines(out: &mut String, r: &Record) {
     if let Some(job) = &r.attempt_of {
         let _ = writeln!(
             out,
@@ -80,11 +94,8 @@ pub fn human(r: &Record) -> String {
             e.attempt,
             e.outcome,
             e.reason.map_or(String::new(), |r| format!(" {r}")),
-            e.tokens.as_ref().map_or("-".to_owned(), |t| format!(
-                "{} in, {} out",
-                t.input, t.output
-            )),
-            e.cost_usd.map_or("-".to_owned(), |c| format!("${c:.4}")),
+            tokens_text(e.tokens.as_ref()),
+            cost_text(e.cost_usd),
             e.record
         );
     }
@@ -102,7 +113,12 @@ pub fn human(r: &Record) -> String {
             r.finished_at_ms.saturating_sub(s)
         );
     }
-    servers_text(&mut out, &r.mcp.servers);
+}
+
+/// What the job used (its servers and tools, what the egress proxy refused it), its final
+/// message and where its transcript is.
+fn used_lines(out: &mut String, r: &Record) {
+    servers_text(out, &r.mcp.servers);
     for c in &r.mcp.tool_calls {
         let _ = writeln!(
             out,
@@ -126,7 +142,16 @@ pub fn human(r: &Record) -> String {
             r.job_id
         );
     }
-    out
+}
+
+fn tokens_text(tokens: Option<&records::record::Tokens>) -> String {
+    tokens.map_or("-".to_owned(), |t| {
+        format!("{} in, {} out", t.input, t.output)
+    })
+}
+
+fn cost_text(cost_usd: Option<f64>) -> String {
+    cost_usd.map_or("-".to_owned(), |c| format!("${c:.4}"))
 }
 
 /// Each server's state, a line each.

@@ -331,6 +331,143 @@ fn answer_text(message: &serde_json::Value) -> (String, bool) {
     (text, cut)
 }
 
+/// One line of pi's `--mode json` output read whole, as a person reads a transcript (the panel):
+/// every event by what it is, a message of any role with its parts. [`PiEvent`] is the few events
+/// the runner and the worker act on, read from the same lines.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PiLine {
+    /// Text that is no JSON.
+    NotJson,
+    /// A streaming update (`message_start`, `message_update`, `tool_execution_update`): the event
+    /// that ends it holds the same.
+    Delta,
+    AgentStart,
+    AgentEnd,
+    TurnStart,
+    TurnEnd,
+    /// A message ended (`message_end`), of any role.
+    Message(PiMessage),
+    /// A tool call begins: the tool's name and its arguments as pi wrote them.
+    ToolStart {
+        tool: Option<String>,
+        args: Option<serde_json::Value>,
+    },
+    /// A tool call ended: the parts of its result, and whether it failed.
+    ToolEnd {
+        tool: Option<String>,
+        failed: bool,
+        result: Vec<PiPart>,
+    },
+    /// Any other JSON: an event by its type, or `None` when it names none.
+    Other(Option<String>),
+}
+
+/// A message as pi writes it: who wrote it, its parts, and how it ended (`stopReason`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PiMessage {
+    pub role: Option<String>,
+    pub content: Vec<PiPart>,
+    pub stop_reason: Option<String>,
+}
+
+/// One part of a message's content (a content written as a string is one text part; a part that
+/// names no type is left out).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PiPart {
+    Text(String),
+    Thinking(String),
+    /// The model asks for a tool: its name and arguments as pi wrote them.
+    ToolCall {
+        name: Option<String>,
+        arguments: Option<serde_json::Value>,
+    },
+    /// Another kind of part (an image, ...), by its type.
+    Other(String),
+}
+
+impl PiLine {
+    /// The event of one line of pi's `--mode json` output, whatever it is.
+    pub fn parse(line: &str) -> PiLine {
+        let Ok(mut event) = serde_json::from_str::<serde_json::Value>(line) else {
+            return PiLine::NotJson;
+        };
+        let tool = event
+            .get("toolName")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned);
+        match event.get("type").and_then(serde_json::Value::as_str) {
+            Some("message_start" | "message_update" | "tool_execution_update") => PiLine::Delta,
+            Some("agent_start") => PiLine::AgentStart,
+            Some("agent_end") => PiLine::AgentEnd,
+            Some("turn_start") => PiLine::TurnStart,
+            Some("turn_end") => PiLine::TurnEnd,
+            Some("message_end") => PiLine::Message(PiMessage::of(event.get("message"))),
+            Some("tool_execution_start") => PiLine::ToolStart {
+                tool,
+                args: event.get_mut("args").map(serde_json::Value::take),
+            },
+            Some("tool_execution_end") => PiLine::ToolEnd {
+                tool,
+                failed: event.get("isError").and_then(serde_json::Value::as_bool) == Some(true),
+                result: PiPart::all_of(event.get("result").and_then(|r| r.get("content"))),
+            },
+            other => PiLine::Other(other.map(str::to_owned)),
+        }
+    }
+}
+
+impl PiMessage {
+    /// The message pi wrote as `message` (an empty one when there is none).
+    fn of(message: Option<&serde_json::Value>) -> PiMessage {
+        let Some(message) = message else {
+            return PiMessage::default();
+        };
+        let text_of = |key: &str| {
+            message
+                .get(key)
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned)
+        };
+        PiMessage {
+            role: text_of("role"),
+            content: PiPart::all_of(message.get("content")),
+            stop_reason: text_of("stopReason"),
+        }
+    }
+}
+
+impl PiPart {
+    /// The parts of a content: a string, or a list of parts.
+    fn all_of(content: Option<&serde_json::Value>) -> Vec<PiPart> {
+        match content {
+            Some(serde_json::Value::String(text)) => vec![PiPart::Text(text.clone())],
+            Some(serde_json::Value::Array(parts)) => parts.iter().filter_map(PiPart::of).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn of(part: &serde_json::Value) -> Option<PiPart> {
+        let text_of = |key: &str| {
+            part.get(key)
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        Some(match part.get("type")?.as_str()? {
+            "text" => PiPart::Text(text_of("text")),
+            "thinking" => PiPart::Thinking(text_of("thinking")),
+            "toolCall" => PiPart::ToolCall {
+                name: part
+                    .get("name")
+                    .and_then(serde_json::Value::as_str)
+                    .map(str::to_owned),
+                arguments: part.get("arguments").cloned(),
+            },
+            other => PiPart::Other(other.to_owned()),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,88 +47,101 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
 /// Every check of the deployment (the panel's health page shows the same); with `fix`, the
 /// fixes doctor can make are offered first.
 pub fn checks(ctx: &Context, fix: bool) -> anyhow::Result<Vec<Check>> {
-    Ok(match ctx.settings() {
+    let settings = match ctx.settings() {
+        Ok(settings) => settings,
         Err(e) => {
             let errors: Vec<String> = match e {
                 SettingsError::Dotenv(why) => vec![why],
                 SettingsError::Values(v) => v.iter().map(ToString::to_string).collect(),
             };
-            doctor::settings_failed(&errors, &ctx.dir)
+            return Ok(doctor::settings_failed(&errors, &ctx.dir));
         }
-        Ok(settings) => {
-            let mut inputs = doctor::gather(settings.clone());
-            let mut notes = Vec::new();
-            if fix && inputs.mcp_auth_json {
-                let path = doctor::mcp_auth_path(&settings);
-                if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
-                    notes.push(format!(
-                        "--fix: kept {}: it is not a plain file, so doctor does not delete it; remove it by hand",
-                        path.display()
-                    ));
-                } else if std::io::stdin().is_terminal() {
-                    if ask(&format!("Delete {}? [y/N] ", path.display()))? {
-                        std::fs::remove_file(&path).map_err(|e| {
-                            anyhow::anyhow!("cannot delete {} ({})", path.display(), e.kind())
-                        })?;
-                        notes.push(format!("--fix: deleted {}", path.display()));
-                        inputs = doctor::gather(settings.clone());
-                    } else {
-                        notes.push(format!("--fix: kept {} (you said no)", path.display()));
-                    }
-                } else {
-                    notes.push(format!(
-                        "--fix: kept {}: not a terminal, so nothing was asked and nothing deleted",
-                        path.display()
-                    ));
-                }
-            }
-            let names = std::env::vars_os()
-                .filter_map(|(k, _)| k.into_string().ok())
-                .chain(ctx.dotenv()?.keys().cloned());
-            inputs.unknown_settings = config::settings::unknown_names(names);
-            let bubblewrap = settings.sandbox == config::settings::SandboxBackend::Bubblewrap;
-            if bubblewrap {
-                let root = rustix::process::geteuid().is_root();
-                let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-                inputs.isolation = doctor::Isolation {
-                    root,
-                    ids_claimed: doctor::ids_claimed(
-                        settings.job_uids,
-                        [
-                            &read("/etc/passwd"),
-                            &read("/etc/group"),
-                            &read("/etc/subuid"),
-                            &read("/etc/subgid"),
-                        ],
-                    ),
-                    cgroups: root && sandbox::cgroup::detect().is_some(),
-                    no_disk: sandbox::disk::available().err(),
-                };
-            }
-            if bubblewrap && inputs.bwrap && inputs.image_runner {
-                inputs.sandbox = Some(sandbox_probe(&settings));
-            }
-            let mut checks = if settings.egress {
-                doctor::checks(&inputs, &ProxyProbe::new(&settings))
-            } else {
-                doctor::checks(&inputs, &NoRouteProof)
-            };
-            if doctor::is_deployment(&inputs) {
-                let env = ctx.environment()?;
-                checks.extend(queue_checks(&settings, &env));
-                checks.extend(forge_checks(&settings, &env));
-                checks.extend(admission_checks(&settings, &env));
-                checks.push(disk_check(&settings));
-            }
-            checks.extend(
-                notes
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, note)| Check::ok(format!("fix:{i}"), note)),
-            );
-            checks
-        }
-    })
+    };
+    let mut inputs = doctor::gather(settings.clone());
+    let notes = if fix && inputs.mcp_auth_json {
+        fix_mcp_auth(&settings, &mut inputs)?
+    } else {
+        Vec::new()
+    };
+    let names = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .chain(ctx.dotenv()?.keys().cloned());
+    inputs.unknown_settings = config::settings::unknown_names(names);
+    let bubblewrap = settings.sandbox == config::settings::SandboxBackend::Bubblewrap;
+    if bubblewrap {
+        inputs.isolation = isolation(&settings);
+    }
+    if bubblewrap && inputs.bwrap && inputs.image_runner {
+        inputs.sandbox = Some(sandbox_probe(&settings));
+    }
+    let mut checks = if settings.egress {
+        doctor::checks(&inputs, &ProxyProbe::new(&settings))
+    } else {
+        doctor::checks(&inputs, &NoRouteProof)
+    };
+    if doctor::is_deployment(&inputs) {
+        let env = ctx.environment()?;
+        checks.extend(queue_checks(&settings, &env));
+        checks.extend(forge_checks(&settings, &env));
+        checks.extend(admission_checks(&settings, &env));
+        checks.push(disk_check(&settings));
+    }
+    checks.extend(
+        notes
+            .into_iter()
+            .enumerate()
+            .map(|(i, note)| Check::ok(format!("fix:{i}"), note)),
+    );
+    Ok(checks)
+}
+
+/// `--fix` for pi's MCP credentials file: deleted once the operator says yes on a terminal (then
+/// the inputs are gathered again), else kept. What was done, as notes.
+fn fix_mcp_auth(
+    settings: &config::settings::Settings,
+    inputs: &mut doctor::Inputs,
+) -> anyhow::Result<Vec<String>> {
+    let path = doctor::mcp_auth_path(settings);
+    let note = if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
+        format!(
+            "--fix: kept {}: it is not a plain file, so doctor does not delete it; remove it by hand",
+            path.display()
+        )
+    } else if !std::io::stdin().is_terminal() {
+        format!(
+            "--fix: kept {}: not a terminal, so nothing was asked and nothing deleted",
+            path.display()
+        )
+    } else if ask(&format!("Delete {}? [y/N] ", path.display()))? {
+        std::fs::remove_file(&path)
+            .map_err(|e| anyhow::anyhow!("cannot delete {} ({})", path.display(), e.kind()))?;
+        *inputs = doctor::gather(settings.clone());
+        format!("--fix: deleted {}", path.display())
+    } else {
+        format!("--fix: kept {} (you said no)", path.display())
+    };
+    Ok(vec![note])
+}
+
+/// How jobs are kept apart on this host: root, job ids no one else claims, control groups, a disk
+/// of a job's own.
+fn isolation(settings: &config::settings::Settings) -> doctor::Isolation {
+    let root = rustix::process::geteuid().is_root();
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    doctor::Isolation {
+        root,
+        ids_claimed: doctor::ids_claimed(
+            settings.job_uids,
+            [
+                &read("/etc/passwd"),
+                &read("/etc/group"),
+                &read("/etc/subuid"),
+                &read("/etc/subgid"),
+            ],
+        ),
+        cgroups: root && sandbox::cgroup::detect().is_some(),
+        no_disk: sandbox::disk::available().err(),
+    }
 }
 
 /// The room left on the file system of the deployment's state (its records, transcripts, job
@@ -263,6 +276,13 @@ fn forge_checks(
     settings: &config::settings::Settings,
     env: &pickup::fs::Environment,
 ) -> Vec<Check> {
+    let mut out = github_checks(settings);
+    out.extend(gitlab_check(settings, env));
+    out
+}
+
+/// The GitHub App: its id and key, read and parsed as the worker reads it, and kept from others.
+fn github_checks(settings: &config::settings::Settings) -> Vec<Check> {
     use config::settings as s;
     let mut out = Vec::new();
     match (settings.github_app_id, &settings.github_app_key_file) {
@@ -305,12 +325,21 @@ fn forge_checks(
             ),
         )),
     }
+    out
+}
+
+/// GitLab: its URL and the bot's token.
+fn gitlab_check(
+    settings: &config::settings::Settings,
+    env: &pickup::fs::Environment,
+) -> Option<Check> {
+    use config::settings as s;
     match (
         settings.gitlab_url.as_deref(),
         env.get(s::GITLAB_TOKEN_SETTING).is_some(),
     ) {
-        (None, false) => {}
-        (Some(url), true) => out.push(match pickup::admission::gitlab_api_url(url) {
+        (None, false) => None,
+        (Some(url), true) => Some(match pickup::admission::gitlab_api_url(url) {
             Some(_) => Check::ok("forge.gitlab", format!(
                 "GitLab: {} and {} are set",
                 s::GITLAB_URL_SETTING,
@@ -324,7 +353,7 @@ fn forge_checks(
                 "write GitLab's address as a browser shows it, such as https://gitlab.example.com, with no user, password, query or fragment".to_owned(),
             ),
         }),
-        _ => out.push(Check::fail("forge.gitlab", 
+        _ => Some(Check::fail("forge.gitlab", 
             "GitLab is half set up: gitlab jobs are refused (forge-unconfigured)".to_owned(),
             format!(
                 "set both {} and {} (a bot's token with the Developer role, in the worker's environment file)",
@@ -333,7 +362,6 @@ fn forge_checks(
             ),
         )),
     }
-    out
 }
 
 /// What the worker would decide: the deployment's default model, then the job each trigger would
@@ -342,33 +370,55 @@ fn admission_checks(
     settings: &config::settings::Settings,
     env: &pickup::fs::Environment,
 ) -> Vec<Check> {
-    use pickup::admission::Decision;
     let deployment = pickup::fs::Deployment::new(settings, env)
         .with_github_key(crate::cmd::worker::github_key_usable(settings));
-    let mut out = Vec::new();
-    let refused = |id: String, label: String, decision: &Decision| -> Check {
-        match decision {
-            Decision::Refuse(r) => {
-                let label = format!("{label}: refused, {}: {}", r.reason, r.detail.why);
-                // A forge trigger is refused by this version whatever else holds: said, not failed.
-                let mut check = if r.reason == protocol::reason::Reason::JobKindUnsupported {
-                    Check::warn(id, label, r.fix.clone())
-                } else {
-                    Check::fail(id, label, r.fix.clone())
-                };
-                check.reason = Some(r.reason.as_str().to_owned());
-                check
-            }
-            Decision::Retry { detail } => Check::warn(
-                id,
-                format!("{label}: cannot be decided now ({detail})"),
-                "check that the deployment's files can be read; the worker tries again",
-            ),
-            Decision::Admit(_) => Check::ok(id, label),
+    let mut out = vec![default_model_check(&deployment)];
+    let all = match config::triggers::TriggersFile::read(&settings.triggers_file) {
+        Ok(all) => all,
+        Err(e) => {
+            out.push(Check::fail(
+                "admission.triggers-file",
+                format!("{e}: no trigger can queue a job"),
+                "`pi-dispatch triggers check` lists every error",
+            ));
+            return out;
         }
     };
+    for trigger in &all.triggers.triggers {
+        out.push(trigger_check(&deployment, trigger));
+    }
+    out
+}
+
+/// A decision of the admission as a check: admitted is ok, refused fails (a forge trigger this
+/// version refuses whatever else holds is said, not failed), undecided warns.
+fn decision_check(id: String, label: String, decision: &pickup::admission::Decision) -> Check {
+    use pickup::admission::Decision;
+    match decision {
+        Decision::Refuse(r) => {
+            let label = format!("{label}: refused, {}: {}", r.reason, r.detail.why);
+            let mut check = if r.reason == protocol::reason::Reason::JobKindUnsupported {
+                Check::warn(id, label, r.fix.clone())
+            } else {
+                Check::fail(id, label, r.fix.clone())
+            };
+            check.reason = Some(r.reason.as_str().to_owned());
+            check
+        }
+        Decision::Retry { detail } => Check::warn(
+            id,
+            format!("{label}: cannot be decided now ({detail})"),
+            "check that the deployment's files can be read; the worker tries again",
+        ),
+        Decision::Admit(_) => Check::ok(id, label),
+    }
+}
+
+/// The deployment's default model, as the admission reads it.
+fn default_model_check(deployment: &pickup::fs::Deployment) -> Check {
+    use pickup::admission::Decision;
     match deployment.default_model() {
-        Ok(m) => out.push(Check::ok(
+        Ok(m) => Check::ok(
             "admission.default-model",
             format!(
                 "default model {}/{}: {}{}",
@@ -384,7 +434,7 @@ fn admission_checks(
                     None => ", keyless".to_owned(),
                 }
             ),
-        )),
+        ),
         // No default: a job must name its own model (the worker refuses one that does not).
         Err(Decision::Refuse(r)) if r.reason == protocol::reason::Reason::ModelUnset => {
             let mut check = Check::warn(
@@ -393,50 +443,38 @@ fn admission_checks(
                 r.fix.clone(),
             );
             check.reason = Some(r.reason.as_str().to_owned());
-            out.push(check);
+            check
         }
-        Err(d) => out.push(refused(
+        Err(d) => decision_check(
             "admission.default-model".to_owned(),
             "default model (PI_PROVIDER, PI_MODEL)".to_owned(),
             &d,
-        )),
+        ),
     }
-    let all = match config::triggers::TriggersFile::read(&settings.triggers_file) {
-        Ok(all) => all,
-        Err(e) => {
-            out.push(Check::fail(
-                "admission.triggers-file",
-                format!("{e}: no trigger can queue a job"),
-                "`pi-dispatch triggers check` lists every error",
-            ));
-            return out;
-        }
+}
+
+/// The job a trigger would queue, asked of the admission.
+fn trigger_check(
+    deployment: &pickup::fs::Deployment,
+    trigger: &config::triggers::Trigger,
+) -> Check {
+    let job = crate::cmd::explain::trigger_job(trigger);
+    let named = format!(
+        "trigger {} ({} -> {})",
+        trigger.index,
+        trigger.on.type_name(),
+        trigger.run.kind.as_str()
+    );
+    let decision = deployment.decide(&job);
+    let label = match &decision {
+        pickup::admission::Decision::Admit(_) => format!("{named}: its job would be admitted"),
+        _ => named,
     };
-    for trigger in &all.triggers.triggers {
-        let job = crate::cmd::explain::trigger_job(trigger);
-        let label = format!(
-            "trigger {} ({} -> {}): its job would be admitted",
-            trigger.index,
-            trigger.on.type_name(),
-            trigger.run.kind.as_str()
-        );
-        let decision = deployment.decide(&job);
-        let label = match &decision {
-            Decision::Admit(_) => label,
-            _ => format!(
-                "trigger {} ({} -> {})",
-                trigger.index,
-                trigger.on.type_name(),
-                trigger.run.kind.as_str()
-            ),
-        };
-        out.push(refused(
-            format!("admission.trigger:{}", trigger.index),
-            label,
-            &decision,
-        ));
-    }
-    out
+    decision_check(
+        format!("admission.trigger:{}", trigger.index),
+        label,
+        &decision,
+    )
 }
 
 /// Asks on the terminal (stderr, so `--json` output stays clean); only "y" or "yes" is a yes.
@@ -484,8 +522,6 @@ fn human(ctx: &Context, checks: &[Check]) -> String {
 /// default image's runner confining one process in it the way it confines pi and each server.
 /// Nothing of the deployment's environment goes in.
 fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
-    use sandbox::backend::{Backend, Bubblewrap, JobSpec, Network};
-    use tokio::io::AsyncReadExt as _;
     let folder = tempfile::Builder::new()
         .prefix("pi-dispatch-doctor")
         .tempdir()
@@ -499,121 +535,44 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
         .job_image
         .as_deref()
         .unwrap_or(config::settings::DEFAULT_JOB_IMAGE);
-    let runner = std::path::Path::new(sandbox::bwrap::IMAGE).join(protocol::image::RUNNER);
     let overlay = if settings.overlay_dir.is_dir() {
         settings.overlay_dir.clone()
     } else {
         folder.path().to_owned()
     };
-    // As the worker would: under root, an id of the pool with an idmapped view of the workspace,
-    // and the job's control groups joined through job-limits.
     let root = rustix::process::geteuid().is_root();
-    let mut identity = None;
-    let mut view = None;
-    let mut cgroup = None;
-    let mut disk = None;
-    let mut workspace = workspace;
-    let mut host_user = None;
-    if root {
-        let pool = sandbox::identity::Pool::new(
-            settings.job_uids.0,
-            settings.job_uids.1,
-            sandbox::identity::LOCK_DIR,
-        );
-        let (taken, _) = pool
-            .take()
-            .map_err(|e| format!("the pool of job ids cannot be used ({})", e.kind()))?;
-        let taken = taken.ok_or("every id of PI_JOB_UIDS is taken")?;
-        let id = (taken.uid, taken.gid);
-        let userns = sandbox::identity::mapping((0, 0), id)
-            .map_err(|e| format!("no user namespace for the job's view ({})", e.kind()))?;
-        let mounted = sandbox::identity::IdmappedFolder::attach(
-            &workspace,
-            &userns,
-            &folder.path().join("view"),
-        )
-        .map_err(|e| {
-            format!(
-                "the job's idmapped view of its workspace cannot be made ({}): idmapped mounts need Linux 5.12 and a file system that has them",
-                e.kind()
-            )
-        })?;
-        workspace = mounted.path().to_owned();
-        host_user = Some(id);
-        identity = Some(taken);
-        view = Some(mounted);
-        if sandbox::disk::available().is_ok() {
-            let made = sandbox::disk::JobDisk::make(
-                folder.path(),
-                &workspace,
-                settings.job_disk_bytes,
-                id,
-            )
-            .map_err(|e| format!("the job's disk cannot be made ({})", e.kind()))?;
-            workspace = made.path().to_owned();
-            disk = Some(made);
-        }
-        if let Some(hierarchy) = sandbox::cgroup::detect() {
-            let limits = sandbox::cgroup::Limits {
-                pids: settings.job_pids,
-                memory_bytes: settings.job_memory_bytes,
-                cpu_secs: settings.job_cpu_secs,
-            };
-            cgroup = Some(
-                sandbox::cgroup::JobCgroup::take(&hierarchy, id.0, &limits).map_err(|e| {
-                    format!("the job's control groups cannot be made ({})", e.kind())
-                })?,
-            );
-        }
-    }
-    // With egress off, the job's own network, as the worker makes it (root only: the worker
-    // refuses such a job otherwise, and so does this check).
-    let outside = match (settings.egress, root) {
-        (true, _) => None,
-        (false, false) => {
-            return Err(
-                "with egress off a job's own network is made by a worker running as root"
-                    .to_owned(),
-            );
-        }
-        (false, true) => Some(
-            sandbox::outside::Outside::start(
-                std::path::Path::new(sandbox::outside::SLIRP4NETNS),
-                &cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
-            )
-            .map_err(|e| e.to_string())?,
-        ),
+    let mut held = ProbeHeld::default();
+    let (workspace, host_user) = if root {
+        held.take_as_root(settings, folder.path(), workspace)?
+    } else {
+        (workspace, None)
     };
-    let network = match &outside {
-        Some(o) => Network::Outside {
-            netns: std::os::fd::AsRawFd::as_raw_fd(&o.netns()),
-        },
-        None => Network::None,
-    };
+    held.outside = probe_network(settings, root, held.cgroup.as_ref())?;
     // As the worker gives a root worker's job its read-only folders: overlays of their own.
     let image_dir = settings.dir.join("images").join(image);
-    let (masked, [job_dir, overlay, image_dir]) = if root {
-        let (masked, places) =
-            sandbox::masked::Masked::over(folder.path(), &[&job_dir, &overlay, &image_dir])
-                .map_err(|e| {
-                    format!("the job's folders cannot be mounted for it ({})", e.kind())
-                })?;
-        let places: [std::path::PathBuf; 3] = places
-            .try_into()
-            .map_err(|_| "the job's folders cannot be mounted for it".to_owned())?;
-        (Some(masked), places)
+    let [job_dir, overlay_dir, image_dir] = if root {
+        let (masked, places) = probe_masked(folder.path(), [job_dir, overlay, image_dir])?;
+        held.masked = Some(masked);
+        places
     } else {
-        (None, [job_dir, overlay, image_dir])
+        [job_dir, overlay, image_dir]
     };
-    let spec = JobSpec {
+    let spec = sandbox::backend::JobSpec {
         job_dir,
-        overlay_dir: overlay,
+        overlay_dir,
         image_dir,
         image_name: image.to_owned(),
         workspace,
         host_user,
-        network,
-        program: runner.into_os_string(),
+        network: match &held.outside {
+            Some(o) => sandbox::backend::Network::Outside {
+                netns: std::os::fd::AsRawFd::as_raw_fd(&o.netns()),
+            },
+            None => sandbox::backend::Network::None,
+        },
+        program: std::path::Path::new(sandbox::bwrap::IMAGE)
+            .join(protocol::image::RUNNER)
+            .into_os_string(),
         args: [
             "job-confine",
             "--private-tmp",
@@ -626,13 +585,123 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
         .map(Into::into)
         .collect(),
         nested: true,
-        bounds: cgroup.as_ref().map(|c| sandbox::backend::Bounds {
+        bounds: held.cgroup.as_ref().map(|c| sandbox::backend::Bounds {
             join: c.procs_files(),
             cpu_secs: settings.job_cpu_secs,
             tmp_bytes: settings.job_memory_bytes,
         }),
     };
-    let backend = Bubblewrap {
+    run_probe(&spec)
+}
+
+/// What a probe's sandbox holds on the host while it runs, let go in this order once it ended:
+/// its network, its folders' overlays, its disk, its workspace's view, its control groups, its id.
+#[derive(Default)]
+struct ProbeHeld {
+    outside: Option<sandbox::outside::Outside>,
+    masked: Option<sandbox::masked::Masked>,
+    disk: Option<sandbox::disk::JobDisk>,
+    view: Option<sandbox::identity::IdmappedFolder>,
+    cgroup: Option<sandbox::cgroup::JobCgroup>,
+    identity: Option<sandbox::identity::Identity>,
+}
+
+impl ProbeHeld {
+    /// As the worker would under root: an id of the pool with an idmapped view of the workspace
+    /// (on a disk of its own where the host can make one), and the job's control groups joined
+    /// through job-limits. The workspace the job sees, and the id it runs as.
+    fn take_as_root(
+        &mut self,
+        settings: &config::settings::Settings,
+        folder: &std::path::Path,
+        workspace: std::path::PathBuf,
+    ) -> Result<(std::path::PathBuf, Option<(u32, u32)>), String> {
+        let pool = sandbox::identity::Pool::new(
+            settings.job_uids.0,
+            settings.job_uids.1,
+            sandbox::identity::LOCK_DIR,
+        );
+        let (taken, _) = pool
+            .take()
+            .map_err(|e| format!("the pool of job ids cannot be used ({})", e.kind()))?;
+        let taken = taken.ok_or("every id of PI_JOB_UIDS is taken")?;
+        let id = (taken.uid, taken.gid);
+        let userns = sandbox::identity::mapping((0, 0), id)
+            .map_err(|e| format!("no user namespace for the job's view ({})", e.kind()))?;
+        let mounted =
+            sandbox::identity::IdmappedFolder::attach(&workspace, &userns, &folder.join("view"))
+                .map_err(|e| {
+                    format!(
+                        "the job's idmapped view of its workspace cannot be made ({}): idmapped mounts need Linux 5.12 and a file system that has them",
+                        e.kind()
+                    )
+                })?;
+        let mut workspace = mounted.path().to_owned();
+        self.identity = Some(taken);
+        self.view = Some(mounted);
+        if sandbox::disk::available().is_ok() {
+            let made =
+                sandbox::disk::JobDisk::make(folder, &workspace, settings.job_disk_bytes, id)
+                    .map_err(|e| format!("the job's disk cannot be made ({})", e.kind()))?;
+            workspace = made.path().to_owned();
+            self.disk = Some(made);
+        }
+        if let Some(hierarchy) = sandbox::cgroup::detect() {
+            let limits = sandbox::cgroup::Limits {
+                pids: settings.job_pids,
+                memory_bytes: settings.job_memory_bytes,
+                cpu_secs: settings.job_cpu_secs,
+            };
+            self.cgroup = Some(
+                sandbox::cgroup::JobCgroup::take(&hierarchy, id.0, &limits).map_err(|e| {
+                    format!("the job's control groups cannot be made ({})", e.kind())
+                })?,
+            );
+        }
+        Ok((workspace, Some(id)))
+    }
+}
+
+/// With egress off, the job's own network, as the worker makes it (root only: the worker refuses
+/// such a job otherwise, and so does this check).
+fn probe_network(
+    settings: &config::settings::Settings,
+    root: bool,
+    cgroup: Option<&sandbox::cgroup::JobCgroup>,
+) -> Result<Option<sandbox::outside::Outside>, String> {
+    match (settings.egress, root) {
+        (true, _) => Ok(None),
+        (false, false) => Err(
+            "with egress off a job's own network is made by a worker running as root".to_owned(),
+        ),
+        (false, true) => Ok(Some(
+            sandbox::outside::Outside::start(
+                std::path::Path::new(sandbox::outside::SLIRP4NETNS),
+                &cgroup.map(|c| c.procs_files()).unwrap_or_default(),
+            )
+            .map_err(|e| e.to_string())?,
+        )),
+    }
+}
+
+/// The job's folder, the overlay and the image as overlays of their own, and where each is now.
+fn probe_masked(
+    folder: &std::path::Path,
+    [job_dir, overlay, image_dir]: [std::path::PathBuf; 3],
+) -> Result<(sandbox::masked::Masked, [std::path::PathBuf; 3]), String> {
+    let (masked, places) = sandbox::masked::Masked::over(folder, &[&job_dir, &overlay, &image_dir])
+        .map_err(|e| format!("the job's folders cannot be mounted for it ({})", e.kind()))?;
+    let places: [std::path::PathBuf; 3] = places
+        .try_into()
+        .map_err(|_| "the job's folders cannot be mounted for it".to_owned())?;
+    Ok((masked, places))
+}
+
+/// Runs the probe's sandbox with bubblewrap and this program's job-limits, for up to 10
+/// seconds: it passes when it exits well, else what it last said on its standard error.
+fn run_probe(spec: &sandbox::backend::JobSpec) -> Result<(), String> {
+    use sandbox::backend::Backend as _;
+    let backend = sandbox::backend::Bubblewrap {
         bwrap: setup::doctor::BWRAP.into(),
         limits: vec![
             std::env::current_exe()
@@ -641,31 +710,19 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
             "job-limits".into(),
         ],
     };
-    let _kept = (outside, masked, disk, view, cgroup, identity);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("no runtime ({})", e.kind()))?;
     runtime.block_on(async {
         let env = sandbox::env::JobEnv::default();
-        let mut job = backend
-            .start(&spec, &env)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut job = backend.start(spec, &env).await.map_err(|e| e.to_string())?;
         let stderr = job.stderr();
         let ending = job
             .wait_with_limit(std::time::Duration::from_secs(10))
             .await
             .map_err(|e| format!("waiting for it failed ({})", e.kind()))?;
-        let mut said = String::new();
-        if let Some(mut stderr) = stderr {
-            let _ = (&mut stderr).take(4096).read_to_string(&mut said).await;
-        }
-        let said = said
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
+        let said = last_said(stderr).await;
         match ending {
             sandbox::bwrap::Ending::Exited(status) if status.success() => Ok(()),
             sandbox::bwrap::Ending::Exited(status) => Err(if said.is_empty() {
@@ -678,6 +735,20 @@ fn sandbox_probe(settings: &config::settings::Settings) -> Result<(), String> {
             }
         }
     })
+}
+
+/// The last line that is not blank in the first 4 KiB of a standard error.
+async fn last_said<R: tokio::io::AsyncRead + Unpin>(stderr: Option<R>) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut said = String::new();
+    if let Some(mut stderr) = stderr {
+        let _ = (&mut stderr).take(4096).read_to_string(&mut said).await;
+    }
+    said.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .to_owned()
 }
 
 /// The egress proxy as a job meets it: the running one (the worker's, or a standalone one), else

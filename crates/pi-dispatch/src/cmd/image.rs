@@ -82,27 +82,50 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let runner = std::env::current_exe()
         .map_err(|e| anyhow::anyhow!("cannot find this program's own file ({})", e.kind()))?;
     let from = from.as_ref().map(|f| ctx.absolute(f));
-    let mut progress = |line: &str| eprintln!("{line}");
-    let source = match &from {
-        Some(folder) => setup::image::Source::Folder(folder),
-        None => setup::image::Source::Npm(std::path::Path::new("npm")),
+    let image = Image {
+        name,
+        source: match &from {
+            Some(folder) => setup::image::Source::Folder(folder),
+            None => setup::image::Source::Npm(std::path::Path::new("npm")),
+        },
+        runner: &runner,
+        forge: forge_mcp.as_deref().map(|source| setup::image::ForgeMcp {
+            source,
+            pin: pin.as_deref(),
+        }),
     };
-    let forge = forge_mcp.as_deref().map(|source| setup::image::ForgeMcp {
-        source,
-        pin: pin.as_deref(),
-    });
-    if let Some(rootfs) = rootfs {
-        let rootfs = match &rootfs {
+    match rootfs {
+        Some(rootfs) => image.build(ctx, rootfs.as_deref()),
+        None => image.install(ctx),
+    }
+}
+
+/// An image to make: its name, where its packages and the forge's servers come from, and the
+/// runner it carries (this program).
+struct Image<'a> {
+    name: &'a str,
+    source: setup::image::Source<'a>,
+    runner: &'a std::path::Path,
+    forge: Option<setup::image::ForgeMcp<'a>>,
+}
+
+impl Image<'_> {
+    /// Builds it as a container image, its system from `rootfs` (else mmdebstrap), imported into
+    /// Podman.
+    fn build(self, ctx: &Context, rootfs: Option<&std::path::Path>) -> anyhow::Result<Exit> {
+        let name = self.name;
+        let rootfs = match rootfs {
             Some(tar) => setup::image::Rootfs::Tarball(tar),
             None => setup::image::Rootfs::Mmdebstrap,
         };
         let podman = std::path::Path::new(config::settings::PODMAN);
-        return match setup::image::build(
+        let mut progress = |line: &str| eprintln!("{line}");
+        match setup::image::build(
             &ctx.dir,
             name,
-            source,
-            &runner,
-            forge,
+            self.source,
+            self.runner,
+            self.forge,
             rootfs,
             podman,
             &mut progress,
@@ -118,29 +141,42 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
                 eprintln!("pi-dispatch: image {name} was not built: {e}");
                 Ok(Exit::CheckFailed)
             }
-        };
-    }
-    match setup::image::install(&ctx.dir, name, source, &runner, forge, &mut progress) {
-        Ok(done) => {
-            let servers = match &done.forge_mcp {
-                Some(f) => format!(
-                    ", github-mcp-server {}, mcp-gitlab {}",
-                    f.github_version, f.gitlab_version
-                ),
-                None => String::new(),
-            };
-            crate::output::print(&format!(
-                "Image {name} is ready at {} (pi {}, Node.js {}{servers}, {} package files).\nJobs use it when a trigger says \"image\": \"{name}\" or PI_JOB_IMAGE={name}.\n",
-                done.dir.display(),
-                done.pi_version,
-                done.node_version,
-                done.files
-            ))?;
-            Ok(Exit::Success)
         }
-        Err(e) => {
-            eprintln!("pi-dispatch: image {name} was not installed: {e}");
-            Ok(Exit::CheckFailed)
+    }
+
+    /// Installs it as the folder `images/NAME/` of the embedded backend.
+    fn install(self, ctx: &Context) -> anyhow::Result<Exit> {
+        let name = self.name;
+        let mut progress = |line: &str| eprintln!("{line}");
+        match setup::image::install(
+            &ctx.dir,
+            name,
+            self.source,
+            self.runner,
+            self.forge,
+            &mut progress,
+        ) {
+            Ok(done) => {
+                let servers = match &done.forge_mcp {
+                    Some(f) => format!(
+                        ", github-mcp-server {}, mcp-gitlab {}",
+                        f.github_version, f.gitlab_version
+                    ),
+                    None => String::new(),
+                };
+                crate::output::print(&format!(
+                    "Image {name} is ready at {} (pi {}, Node.js {}{servers}, {} package files).\nJobs use it when a trigger says \"image\": \"{name}\" or PI_JOB_IMAGE={name}.\n",
+                    done.dir.display(),
+                    done.pi_version,
+                    done.node_version,
+                    done.files
+                ))?;
+                Ok(Exit::Success)
+            }
+            Err(e) => {
+                eprintln!("pi-dispatch: image {name} was not installed: {e}");
+                Ok(Exit::CheckFailed)
+            }
         }
     }
 }

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use config::import::LeftReason;
+use config::import::{LeftReason, McpImport};
 use setup::import::{
     self, ImportError, MCP_FILE, MODELS_FILE, McpOutcome, Options, PartOutcome, Report,
 };
@@ -89,7 +89,39 @@ fn human(report: &Report) -> String {
     mcp_lines(&mut out, &report.mcp);
     dropped_line(&mut out, MCP_FILE, "servers", &report.dropped.servers);
     unread_line(&mut out, MCP_FILE, &report.dropped.unread);
-    match &report.models {
+    models_line(&mut out, &report.models);
+    dropped_line(
+        &mut out,
+        MODELS_FILE,
+        "providers",
+        &report.dropped.providers,
+    );
+    unread_line(&mut out, MODELS_FILE, &report.dropped.unread);
+    skills_line(&mut out, &report.skills);
+    match &report.append_system {
+        PartOutcome::Staged(()) => {
+            let _ = writeln!(out, "APPEND_SYSTEM.md: staged");
+        }
+        PartOutcome::NotOnHost => not_on_host(&mut out, "APPEND_SYSTEM.md"),
+    }
+    if !report.never_staged.is_empty() {
+        let _ = writeln!(
+            out,
+            "never staged: {} (credentials and the host's own state stay on the host)",
+            report.never_staged.join(", ")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "Check what was staged: literal arguments and URL paths are copied as written, and every job can read them."
+    );
+    let _ = writeln!(out, "Next: pi-dispatch doctor");
+    out
+}
+
+/// What became of the host's `models.json`: its providers and the variables it references.
+fn models_line(out: &mut String, models: &PartOutcome<config::models::Models>) {
+    match models {
         PartOutcome::Staged(m) => {
             let refs = if m.references.is_empty() {
                 String::new()
@@ -103,16 +135,13 @@ fn human(report: &Report) -> String {
                 m.providers.join(", ")
             );
         }
-        PartOutcome::NotOnHost => not_on_host(&mut out, "models.json"),
+        PartOutcome::NotOnHost => not_on_host(out, "models.json"),
     }
-    dropped_line(
-        &mut out,
-        MODELS_FILE,
-        "providers",
-        &report.dropped.providers,
-    );
-    unread_line(&mut out, MODELS_FILE, &report.dropped.unread);
-    match &report.skills {
+}
+
+/// What became of the host's `skills/`: the skills staged and what was never copied.
+fn skills_line(out: &mut String, skills: &PartOutcome<import::SkillsStaged>) {
+    match skills {
         PartOutcome::Staged(s) => {
             let _ = write!(
                 out,
@@ -136,27 +165,8 @@ fn human(report: &Report) -> String {
             }
             let _ = writeln!(out);
         }
-        PartOutcome::NotOnHost => not_on_host(&mut out, "skills/"),
+        PartOutcome::NotOnHost => not_on_host(out, "skills/"),
     }
-    match &report.append_system {
-        PartOutcome::Staged(()) => {
-            let _ = writeln!(out, "APPEND_SYSTEM.md: staged");
-        }
-        PartOutcome::NotOnHost => not_on_host(&mut out, "APPEND_SYSTEM.md"),
-    }
-    if !report.never_staged.is_empty() {
-        let _ = writeln!(
-            out,
-            "never staged: {} (credentials and the host's own state stay on the host)",
-            report.never_staged.join(", ")
-        );
-    }
-    let _ = writeln!(
-        out,
-        "Check what was staged: literal arguments and URL paths are copied as written, and every job can read them."
-    );
-    let _ = writeln!(out, "Next: pi-dispatch doctor");
-    out
 }
 
 /// Names the servers or providers the overlay's `file` held that the import replaced away.
@@ -192,6 +202,33 @@ fn not_on_host(out: &mut String, what: &str) {
 }
 
 fn mcp_lines(out: &mut String, outcome: &McpOutcome) {
+    let Some(plan) = mcp_summary(out, outcome) else {
+        return;
+    };
+    let width = plan
+        .staged
+        .iter()
+        .map(|s| s.name.len())
+        .chain(
+            plan.left
+                .iter()
+                .map(|l| crate::output::display_name(&l.name).len()),
+        )
+        .max()
+        .unwrap_or(0);
+    staged_lines(out, plan, width);
+    left_lines(out, plan, width);
+    if !plan.not_carried.is_empty() {
+        let _ = writeln!(
+            out,
+            "  pi settings in the host file, not carried into jobs: {}",
+            plan.not_carried.join(", ")
+        );
+    }
+}
+
+/// The line that says what became of `mcp.json`, and the import's plan when servers were judged.
+fn mcp_summary<'a>(out: &mut String, outcome: &'a McpOutcome) -> Option<&'a McpImport> {
     let removed_note = |removed: bool| {
         if removed {
             "; the overlay's mcp.json was removed"
@@ -199,14 +236,14 @@ fn mcp_lines(out: &mut String, outcome: &McpOutcome) {
             ""
         }
     };
-    let plan = match outcome {
+    match outcome {
         McpOutcome::NoMcp { removed } => {
             let _ = writeln!(
                 out,
                 "mcp.json: --no-mcp, no server staged{}",
                 removed_note(*removed)
             );
-            return;
+            None
         }
         McpOutcome::NoHostFile { removed } => {
             let _ = writeln!(
@@ -214,7 +251,7 @@ fn mcp_lines(out: &mut String, outcome: &McpOutcome) {
                 "mcp.json: none on the host, no server staged{}",
                 removed_note(*removed)
             );
-            return;
+            None
         }
         McpOutcome::Imported { plan, removed } => {
             let _ = writeln!(
@@ -228,20 +265,14 @@ fn mcp_lines(out: &mut String, outcome: &McpOutcome) {
                     ""
                 }
             );
-            plan
+            Some(plan)
         }
-    };
-    let width = plan
-        .staged
-        .iter()
-        .map(|s| s.name.len())
-        .chain(
-            plan.left
-                .iter()
-                .map(|l| crate::output::display_name(&l.name).len()),
-        )
-        .max()
-        .unwrap_or(0);
+    }
+}
+
+/// A line for each server staged, names padded to `width`: its transport, the variables it
+/// references, the package runner it uses.
+fn staged_lines(out: &mut String, plan: &McpImport, width: usize) {
     for s in &plan.staged {
         let mut notes = Vec::new();
         if !s.references.is_empty() {
@@ -258,6 +289,10 @@ fn mcp_lines(out: &mut String, outcome: &McpOutcome) {
         );
         let _ = writeln!(out, "{}", line.trim_end());
     }
+}
+
+/// A line for each server left behind, names padded to `width`, with why.
+fn left_lines(out: &mut String, plan: &McpImport, width: usize) {
     for l in &plan.left {
         let transport = l.transport.map_or("?", |t| t.as_str());
         let name = crate::output::display_name(&l.name);
@@ -275,13 +310,6 @@ fn mcp_lines(out: &mut String, outcome: &McpOutcome) {
                 }
             }
         }
-    }
-    if !plan.not_carried.is_empty() {
-        let _ = writeln!(
-            out,
-            "  pi settings in the host file, not carried into jobs: {}",
-            plan.not_carried.join(", ")
-        );
     }
 }
 

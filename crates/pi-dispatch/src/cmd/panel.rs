@@ -25,67 +25,24 @@ const HEALTH_FOR: Duration = Duration::from_secs(30);
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     ctx.deployment()?;
     let settings = ctx.settings()?;
-    let token = ctx
-        .environment()?
-        .get(panel::TOKEN_SETTING)
-        .unwrap_or_default();
-    if token.chars().count() < panel::MIN_TOKEN {
-        anyhow::bail!(
-            "{} must be set (in the environment or the deployment's .env) to a token of at least {} characters: the panel serves nothing without it",
-            panel::TOKEN_SETTING,
-            panel::MIN_TOKEN
-        );
-    }
+    let token = operator_token(ctx)?;
     let addr = http_service::address(
         ctx,
         args.listen.as_deref(),
         panel::LISTEN_SETTING,
         panel::DEFAULT_LISTEN,
     )?;
-    let proxies = ctx
-        .environment()?
-        .get(panel::client::TRUSTED_PROXIES_SETTING)
-        .unwrap_or_default();
-    let trusted_proxies = panel::client::trusted_proxies(&proxies).map_err(|n| {
-        anyhow::anyhow!(
-            "{}: entry {n} is not an IP address (the proxies the panel believes about the client, by commas)",
-            panel::client::TRUSTED_PROXIES_SETTING
-        )
-    })?;
-    let dir = ctx.dir.clone();
-    let last: Mutex<Option<(Instant, Vec<panel::Health>)>> = Mutex::new(None);
-    let health = move || {
-        let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((at, checks)) = last.as_ref()
-            && at.elapsed() < HEALTH_FOR
-        {
-            return checks.clone();
-        }
-        let checks = health_checks(&dir);
-        *last = Some((Instant::now(), checks.clone()));
-        checks
-    };
+    let trusted_proxies = trusted_proxies(ctx)?;
     let config = panel::Config {
         token,
         queue: ctx.queue(&settings)?,
         records: Arc::new(crate::cmd::runs::records(ctx)?),
         jobs_dir: ctx.dir.join("state").join("jobs"),
-        health: Arc::new(health),
+        health: Arc::new(cached_health(ctx.dir.clone())),
         state_dir: ctx.dir.join("state"),
         worker_gone_after: settings.worker_gone_after(),
         trusted_proxies,
-        rerun: {
-            let dir = ctx.dir.clone();
-            Arc::new(move |id: &str| {
-                // The deployment read afresh, as the CLI's rerun reads it.
-                let ctx = Context::new(Some(&dir)).map_err(|e| e.to_string())?;
-                match crate::cmd::rerun::rerun(&ctx, id, false) {
-                    Ok(Ok(new)) => Ok(new),
-                    Ok(Err(not)) => Err(not.why),
-                    Err(e) => Err(e.to_string()),
-                }
-            })
-        },
+        rerun: Arc::new(rerun_in(ctx.dir.clone())),
     };
     http_service::run(
         addr,
@@ -101,6 +58,64 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     )?;
     tracing::info!(event = "panel_stopped");
     Ok(Exit::Success)
+}
+
+/// The operator's token (`PI_PANEL_TOKEN`), refused when shorter than the panel takes.
+fn operator_token(ctx: &Context) -> anyhow::Result<String> {
+    let token = ctx
+        .environment()?
+        .get(panel::TOKEN_SETTING)
+        .unwrap_or_default();
+    if token.chars().count() < panel::MIN_TOKEN {
+        anyhow::bail!(
+            "{} must be set (in the environment or the deployment's .env) to a token of at least {} characters: the panel serves nothing without it",
+            panel::TOKEN_SETTING,
+            panel::MIN_TOKEN
+        );
+    }
+    Ok(token)
+}
+
+/// The proxies the panel believes about the client (`PI_PANEL_TRUSTED_PROXIES`).
+fn trusted_proxies(ctx: &Context) -> anyhow::Result<Vec<std::net::IpAddr>> {
+    let proxies = ctx
+        .environment()?
+        .get(panel::client::TRUSTED_PROXIES_SETTING)
+        .unwrap_or_default();
+    panel::client::trusted_proxies(&proxies).map_err(|n| {
+        anyhow::anyhow!(
+            "{}: entry {n} is not an IP address (the proxies the panel believes about the client, by commas)",
+            panel::client::TRUSTED_PROXIES_SETTING
+        )
+    })
+}
+
+/// Doctor's checks of the deployment in `dir` for the health page, kept for [`HEALTH_FOR`].
+fn cached_health(dir: std::path::PathBuf) -> impl Fn() -> Vec<panel::Health> + Send + Sync {
+    let last: Mutex<Option<(Instant, Vec<panel::Health>)>> = Mutex::new(None);
+    move || {
+        let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((at, checks)) = last.as_ref()
+            && at.elapsed() < HEALTH_FOR
+        {
+            return checks.clone();
+        }
+        let checks = health_checks(&dir);
+        *last = Some((Instant::now(), checks.clone()));
+        checks
+    }
+}
+
+/// The panel's "Run again": the deployment in `dir` read afresh, as the CLI's rerun reads it.
+fn rerun_in(dir: std::path::PathBuf) -> impl Fn(&str) -> Result<String, String> + Send + Sync {
+    move |id: &str| {
+        let ctx = Context::new(Some(&dir)).map_err(|e| e.to_string())?;
+        match crate::cmd::rerun::rerun(&ctx, id, false) {
+            Ok(Ok(new)) => Ok(new),
+            Ok(Err(not)) => Err(not.why),
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }
 
 /// Doctor's checks of the deployment in `dir`, read afresh (its `.env` included).

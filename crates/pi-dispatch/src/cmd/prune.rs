@@ -23,52 +23,8 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         keep: settings.keep,
         jobs_dir: ctx.dir.join("state").join("jobs"),
     };
-    let now = records::record::now_ms();
-    let mut total = worker::retention::Pruned::default();
-    loop {
-        let budget = worker::retention::Budget::default();
-        let p = retention.pass(&records, &*queue, now, budget, args.dry_run)?;
-        let done = p.is_empty() || args.dry_run;
-        total.records += p.records;
-        total.done_jobs += p.done_jobs;
-        total.transcripts += p.transcripts;
-        total.folders += p.folders;
-        total.bytes += p.bytes;
-        total.mounted.extend(p.mounted);
-        total.failed.extend(p.failed);
-        // Each pass is bounded; a pass that removed nothing new is the last (a folder that
-        // cannot be removed is not tried forever).
-        if done || total.failed.len() > 100 {
-            break;
-        }
-    }
-    let k = settings.keep;
-    let verb = if args.dry_run {
-        "would be removed"
-    } else {
-        "removed"
-    };
-    let failed = match k.failed_jobs_days {
-        0 => String::new(),
-        days => format!("; a job that did not complete is kept {days} days"),
-    };
-    let text = format!(
-        "Job folders of settled jobs (all but the transcript{failed}): {} {verb} ({})\n\
-         Transcripts older than {} days: {} {verb}\n\
-         Records older than {} days: {} {verb}\n{}",
-        total.folders,
-        mib(total.bytes),
-        k.transcripts_days,
-        total.transcripts,
-        k.records_days,
-        total.records,
-        if args.dry_run {
-            String::new()
-        } else {
-            format!("Finished jobs the queue forgot: {}\n", total.done_jobs)
-        },
-    );
-    crate::output::print(&text)?;
+    let total = prune(&retention, &records, &*queue, args.dry_run)?;
+    crate::output::print(&pruned_text(&total, &settings.keep, args.dry_run))?;
     for folder in &total.mounted {
         eprintln!(
             "pi-dispatch: {} is left as it is: something is mounted in it (a job's view or disk that was not unmounted)",
@@ -86,6 +42,68 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     } else {
         Exit::CheckFailed
     })
+}
+
+/// Retention's passes, each bounded, until one removes nothing new (with `dry_run`, one pass that
+/// removes nothing): what they removed, or would.
+fn prune(
+    retention: &worker::retention::Retention,
+    records: &records::store::Records,
+    queue: &dyn queue::Queue,
+    dry_run: bool,
+) -> anyhow::Result<worker::retention::Pruned> {
+    let now = records::record::now_ms();
+    let mut total = worker::retention::Pruned::default();
+    loop {
+        let budget = worker::retention::Budget::default();
+        let p = retention.pass(records, queue, now, budget, dry_run)?;
+        let done = p.is_empty() || dry_run;
+        total.records += p.records;
+        total.done_jobs += p.done_jobs;
+        total.transcripts += p.transcripts;
+        total.folders += p.folders;
+        total.bytes += p.bytes;
+        total.mounted.extend(p.mounted);
+        total.failed.extend(p.failed);
+        // Each pass is bounded; a pass that removed nothing new is the last (a folder that
+        // cannot be removed is not tried forever).
+        if done || total.failed.len() > 100 {
+            return Ok(total);
+        }
+    }
+}
+
+/// What was removed (or would be), by kind, with how long each is kept.
+fn pruned_text(
+    total: &worker::retention::Pruned,
+    k: &config::settings::Keep,
+    dry_run: bool,
+) -> String {
+    let verb = if dry_run {
+        "would be removed"
+    } else {
+        "removed"
+    };
+    let failed = match k.failed_jobs_days {
+        0 => String::new(),
+        days => format!("; a job that did not complete is kept {days} days"),
+    };
+    format!(
+        "Job folders of settled jobs (all but the transcript{failed}): {} {verb} ({})\n\
+         Transcripts older than {} days: {} {verb}\n\
+         Records older than {} days: {} {verb}\n{}",
+        total.folders,
+        mib(total.bytes),
+        k.transcripts_days,
+        total.transcripts,
+        k.records_days,
+        total.records,
+        if dry_run {
+            String::new()
+        } else {
+            format!("Finished jobs the queue forgot: {}\n", total.done_jobs)
+        },
+    )
 }
 
 fn mib(bytes: u64) -> String {

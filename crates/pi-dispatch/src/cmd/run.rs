@@ -66,7 +66,6 @@ pub fn new_job_id(prefix: &str) -> anyhow::Result<String> {
 /// process's environment, as the folder's owner when this is root (a folder its owner cannot read,
 /// write or enter is refused first, saying so), for at most `limit`.
 pub(crate) fn dirty(folder: &Path, limit: std::time::Duration) -> anyhow::Result<bool> {
-    use pickup::reach;
     use sandbox::{bwrap, isolated};
     let shown = folder.display();
     if folder.as_os_str().is_empty() {
@@ -74,24 +73,7 @@ pub(crate) fn dirty(folder: &Path, limit: std::time::Duration) -> anyhow::Result
     }
     let opened = bwrap::open_folder(folder)
         .map_err(|e| anyhow::anyhow!("{shown} cannot be used as a folder ({})", e.kind()))?;
-    let meta = rustix::fs::fstat(&opened)?;
-    let (uid, gid) = (meta.st_uid, meta.st_gid);
-    let as_owner = rustix::process::geteuid().is_root() && uid != 0;
-    if as_owner {
-        let owner = reach::User {
-            uid,
-            gid,
-            groups: Vec::new(),
-        };
-        let found = reach::Folder {
-            mode: meta.st_mode,
-            uid,
-            gid,
-        };
-        let passwd = std::fs::read_to_string("/etc/passwd").ok();
-        reach::check(folder, &found, &owner, &reach::WORKSPACE, passwd.as_deref())
-            .map_err(|e| anyhow::anyhow!("{e}; a local job works in its folder as its owner"))?;
-    }
+    let owner = git_user(folder, &opened)?;
     let args: Vec<std::ffi::OsString> = [
         "-c",
         "core.fsmonitor=false",
@@ -109,7 +91,7 @@ pub(crate) fn dirty(folder: &Path, limit: std::time::Duration) -> anyhow::Result
     let out = isolated::run(isolated::Step {
         bwrap: Path::new(bwrap::BWRAP),
         folder: opened,
-        user: as_owner.then_some((uid, gid)),
+        user: owner,
         program: std::ffi::OsStr::new("git"),
         args,
         env: vec![
@@ -141,6 +123,32 @@ pub(crate) fn dirty(folder: &Path, limit: std::time::Duration) -> anyhow::Result
         );
     }
     Ok(out.stdout_len > 0)
+}
+
+/// Whom git runs as on `folder` (opened as `opened`): its owner when this is root and the owner
+/// is not, once the owner is seen to reach it as a job's workspace; else `None`, this process's
+/// user.
+fn git_user(folder: &Path, opened: &std::os::fd::OwnedFd) -> anyhow::Result<Option<(u32, u32)>> {
+    use pickup::reach;
+    let meta = rustix::fs::fstat(opened)?;
+    let (uid, gid) = (meta.st_uid, meta.st_gid);
+    if !rustix::process::geteuid().is_root() || uid == 0 {
+        return Ok(None);
+    }
+    let owner = reach::User {
+        uid,
+        gid,
+        groups: Vec::new(),
+    };
+    let found = reach::Folder {
+        mode: meta.st_mode,
+        uid,
+        gid,
+    };
+    let passwd = std::fs::read_to_string("/etc/passwd").ok();
+    reach::check(folder, &found, &owner, &reach::WORKSPACE, passwd.as_deref())
+        .map_err(|e| anyhow::anyhow!("{e}; a local job works in its folder as its owner"))?;
+    Ok(Some((uid, gid)))
 }
 
 /// The job cron trigger `index` queues, with a fresh id.

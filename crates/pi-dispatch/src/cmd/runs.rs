@@ -92,50 +92,8 @@ pub fn records(ctx: &Context) -> anyhow::Result<Records> {
 pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     ctx.deployment()?;
     let records = records(ctx)?;
-    if let Some(RunsCommand::Show {
-        id,
-        json,
-        transcript,
-        raw,
-        follow,
-    }) = &args.command
-    {
-        if *follow {
-            return crate::cmd::live::follow(ctx, &records, id);
-        }
-        let record = match records.read(id) {
-            Ok(record) => record,
-            Err(RecordError::NotFound) => {
-                // Not ended: queued or running, when the queue has it.
-                if let Some(exit) = crate::cmd::live::show_open(ctx, &records, id, *json)? {
-                    return Ok(exit);
-                }
-                eprintln!(
-                    "pi-dispatch: no job has the id {} in {}: it is neither queued, running nor recorded (see pi-dispatch runs and pi-dispatch status)",
-                    crate::output::display_name(id),
-                    records.place()
-                );
-                return Ok(Exit::Unusable);
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if *transcript {
-            return show_transcript(ctx, &record, *raw);
-        }
-        let text = if *json {
-            format!("{}\n", serde_json::to_string_pretty(&record)?)
-        } else {
-            let mut text = crate::record_text::human(&record);
-            let settings = ctx.settings()?;
-            if queue::exists(&settings) {
-                for again in ctx.queue(&settings)?.reruns(id)? {
-                    let _ = writeln!(text, "run again as: {again}");
-                }
-            }
-            text
-        };
-        crate::output::print(&text)?;
-        return Ok(Exit::Success);
+    if let Some(show) = &args.command {
+        return show_one(ctx, &records, show);
     }
     let query = match query(args) {
         Ok(q) => q,
@@ -159,6 +117,54 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         return Ok(Exit::Success);
     }
     crate::output::print(&table(&page.records))?;
+    Ok(Exit::Success)
+}
+
+/// `runs show`: one job's record (as text, JSON or its transcript), or where it stands while it
+/// has not ended; `--follow` follows it to its end.
+fn show_one(ctx: &Context, records: &Records, show: &RunsCommand) -> anyhow::Result<Exit> {
+    let RunsCommand::Show {
+        id,
+        json,
+        transcript,
+        raw,
+        follow,
+    } = show;
+    if *follow {
+        return crate::cmd::live::follow(ctx, records, id);
+    }
+    let record = match records.read(id) {
+        Ok(record) => record,
+        Err(RecordError::NotFound) => {
+            // Not ended: queued or running, when the queue has it.
+            if let Some(exit) = crate::cmd::live::show_open(ctx, records, id, *json)? {
+                return Ok(exit);
+            }
+            eprintln!(
+                "pi-dispatch: no job has the id {} in {}: it is neither queued, running nor recorded (see pi-dispatch runs and pi-dispatch status)",
+                crate::output::display_name(id),
+                records.place()
+            );
+            return Ok(Exit::Unusable);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if *transcript {
+        return show_transcript(ctx, &record, *raw);
+    }
+    let text = if *json {
+        format!("{}\n", serde_json::to_string_pretty(&record)?)
+    } else {
+        let mut text = crate::record_text::human(&record);
+        let settings = ctx.settings()?;
+        if queue::exists(&settings) {
+            for again in ctx.queue(&settings)?.reruns(id)? {
+                let _ = writeln!(text, "run again as: {again}");
+            }
+        }
+        text
+    };
+    crate::output::print(&text)?;
     Ok(Exit::Success)
 }
 

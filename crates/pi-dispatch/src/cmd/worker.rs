@@ -114,6 +114,44 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     // starts (each job's sandbox and runner) leaves a core file.
     crate::cmd::job::no_core_files()?;
     let settings = ctx.settings()?;
+    let (concurrency, time_limit) = limits(args, &settings)?;
+    let state = ctx.dir.join("state");
+    let queue = ctx.queue(&settings)?;
+    let options = loop_options(args, &settings, &state, concurrency);
+    let drain_limit = Duration::from_secs(settings.drain_limit_secs);
+    let worker = Arc::new(job_worker(args, ctx, settings, &state, time_limit)?);
+    let records = Arc::new(crate::cmd::runs::records(ctx)?);
+    open_state(&state)?;
+    let control = Arc::new(Control::default());
+    on_signals(control.clone(), drain_limit)?;
+    if !args.until_empty {
+        start_schedules(ctx, &worker, &queue, &options, &control)?;
+    }
+    tracing::info!(event = "worker_started", worker = %options.worker_id, concurrency,
+        labels = %options.labels.join(","));
+    // Before the first job: with egress on, a proxy answers.
+    let proxy = if worker.settings.egress {
+        Some(start_proxy(ctx, worker.egress_control.clone())?)
+    } else {
+        None
+    };
+    let spares = worker.disks.clone();
+    let summary = service::run(worker, queue, records, &options, control.clone());
+    // The disks made ahead for the next jobs are unmounted and removed with the worker.
+    if let Some(spares) = spares {
+        spares.close();
+    }
+    // Every job has ended: the proxy the worker started goes with it.
+    if let Some(proxy) = proxy {
+        proxy.stop();
+    }
+    crate::output::print(&stopped(&summary, &control))?;
+    Ok(Exit::Success)
+}
+
+/// Jobs run at once and each job's time limit, from the flags or the settings, refused when out
+/// of bounds.
+fn limits(args: &Args, settings: &config::settings::Settings) -> anyhow::Result<(u32, Duration)> {
     let concurrency = args.concurrency.unwrap_or(settings.concurrency);
     if !(1..=config::settings::MAX_CONCURRENCY).contains(&concurrency) {
         anyhow::bail!(
@@ -125,12 +163,20 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     if time_limit.is_zero() || args.lease == 0 {
         anyhow::bail!("--time-limit and --lease must be at least one second");
     }
-    let state = ctx.dir.join("state");
-    let queue = ctx.queue(&settings)?;
+    Ok((concurrency, time_limit))
+}
+
+/// How the loop of slots runs: the worker's card, its leases, polls, disk gate and retention.
+fn loop_options(
+    args: &Args,
+    settings: &config::settings::Settings,
+    state: &std::path::Path,
+    concurrency: u32,
+) -> LoopOptions {
     let host = settings.host_name();
     let worker_id = format!("{host}:{}", std::process::id());
     let labels = settings.labels();
-    let options = LoopOptions {
+    LoopOptions {
         worker_id: worker_id.clone(),
         lease_for: Duration::from_secs(args.lease),
         concurrency,
@@ -139,7 +185,7 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         cancel_poll: Duration::from_millis(500),
         on_failure: settings.on_failure.clone(),
         disk: Some(worker::service::DiskGate {
-            folder: state.clone(),
+            folder: state.to_owned(),
             min_free: settings.disk_min_bytes,
         }),
         retention: Some(worker::retention::Retention {
@@ -162,12 +208,45 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             every: Duration::from_secs(settings.heartbeat_secs),
         }),
         live: true,
-    };
-    let drain_limit = Duration::from_secs(settings.drain_limit_secs);
+    }
+}
+
+/// What each job runs with on this host: its forges, bounds, ids, disk and sandbox backend.
+fn job_worker(
+    args: &Args,
+    ctx: &Context,
+    settings: config::settings::Settings,
+    state: &std::path::Path,
+    time_limit: Duration,
+) -> anyhow::Result<Worker> {
     let egress_control = settings.egress_proxy_dir.join(egress::control::SOCKET);
     let forges = Arc::new(forges(&settings, &ctx.environment()?));
-    // Each bubblewrap job's bounds are kept in control groups of its own, which only root can
-    // make here (a container's are the engine's: --pids-limit and --memory).
+    let cgroups = job_cgroups(&settings);
+    let root = rustix::process::geteuid().is_root();
+    let identities = root.then(|| job_identities(&settings, state));
+    let disks = if root {
+        job_disks(&settings, state)
+    } else {
+        None
+    };
+    Ok(Worker {
+        cgroups,
+        identities,
+        disks,
+        forges,
+        locks_dir: state.join("locks"),
+        backend: backend(args, &settings)?,
+        env: ctx.environment()?,
+        time_limit,
+        runner_stderr: args.runner_stderr,
+        egress_control,
+        settings,
+    })
+}
+
+/// The control groups each bubblewrap job's bounds are kept in, which only root can make here (a
+/// container's are the engine's: --pids-limit and --memory); said once when there are none.
+fn job_cgroups(settings: &config::settings::Settings) -> Option<sandbox::cgroup::Hierarchy> {
     let bubblewrap = matches!(
         settings.sandbox,
         config::settings::SandboxBackend::Bubblewrap
@@ -183,118 +262,113 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
             detail = "no control groups the worker can make: jobs run without PI_JOB_PIDS, PI_JOB_MEMORY_MB and PI_JOB_CPU_SECS (docs/sandbox.md)"
         );
     }
-    // A root worker runs each job as an id of its own pool, the job's workspace an idmapped
-    // view of the repository; a view a worker killed outright left attached goes first.
-    let root = rustix::process::geteuid().is_root();
-    let identities = root.then(|| sandbox::identity::Identities {
+    cgroups
+}
+
+/// A root worker runs each job as an id of its own pool, the job's workspace an idmapped view of
+/// the repository; a view a worker killed outright left attached goes first.
+fn job_identities(
+    settings: &config::settings::Settings,
+    state: &std::path::Path,
+) -> sandbox::identity::Identities {
+    let identities = sandbox::identity::Identities {
         pool: sandbox::identity::Pool::new(
             settings.job_uids.0,
             settings.job_uids.1,
             sandbox::identity::LOCK_DIR,
         ),
         mappings: sandbox::identity::Mappings::default(),
-    });
-    if root {
-        sandbox::identity::sweep(&state.join("jobs"));
-    }
-    // What each job writes goes to a disk of its own, where the host can make one: the first
-    // id's is made now, and each id keeps its disk, emptied after each of its jobs.
-    let disks = if root {
-        match sandbox::disk::available() {
-            Ok(()) => {
-                let spares =
-                    sandbox::disk::Spares::new(&state.join("disks"), settings.job_disk_bytes);
-                if let Err(e) = spares.prepare(settings.job_uids.0) {
-                    tracing::warn!(event = "job_disk_failed", detail = %e);
-                }
-                Some(Arc::new(spares))
-            }
-            Err(why) => {
-                tracing::warn!(event = "job_disk_unavailable",
-                    detail = %format!("{why}: jobs write to their workspace without PI_JOB_DISK_MB (docs/sandbox.md)"));
-                None
-            }
-        }
-    } else {
-        None
     };
-    let worker = Arc::new(Worker {
-        cgroups,
-        identities,
-        disks,
-        forges,
-        locks_dir: state.join("locks"),
-        backend: match &settings.sandbox {
-            config::settings::SandboxBackend::Bubblewrap => Arc::new(Bubblewrap {
-                bwrap: args.bwrap.clone(),
-                limits: vec![
-                    std::env::current_exe()?.into_os_string(),
-                    "job-limits".into(),
-                ],
-            }),
-            config::settings::SandboxBackend::Podman { base, runtime, .. } => {
-                Arc::new(sandbox::podman::Podman {
-                    program: settings.sandbox.engine_or_podman().into(),
-                    runtime: runtime.clone(),
-                    limits: sandbox::podman::Limits::within_own(),
-                    base_image: base.clone(),
-                    launcher: sandbox::podman::LAUNCHER.iter().map(Into::into).collect(),
-                })
+    sandbox::identity::sweep(&state.join("jobs"));
+    identities
+}
+
+/// What each job writes goes to a disk of its own, where the host can make one: the first id's
+/// is made now, and each id keeps its disk, emptied after each of its jobs.
+fn job_disks(
+    settings: &config::settings::Settings,
+    state: &std::path::Path,
+) -> Option<Arc<sandbox::disk::Spares>> {
+    match sandbox::disk::available() {
+        Ok(()) => {
+            let spares = sandbox::disk::Spares::new(&state.join("disks"), settings.job_disk_bytes);
+            if let Err(e) = spares.prepare(settings.job_uids.0) {
+                tracing::warn!(event = "job_disk_failed", detail = %e);
             }
-        },
-        env: ctx.environment()?,
-        time_limit,
-        runner_stderr: args.runner_stderr,
-        egress_control,
-        settings,
-    });
-    let records = Arc::new(crate::cmd::runs::records(ctx)?);
-    // A job's sandbox runs as another user, which must reach its job folder (and nothing else
-    // of the state): state/ and state/jobs/ are traversable but not listable.
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::create_dir_all(state.join("jobs"))?;
-        for dir in [&state, &state.join("jobs")] {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+            Some(Arc::new(spares))
+        }
+        Err(why) => {
+            tracing::warn!(event = "job_disk_unavailable",
+                detail = %format!("{why}: jobs write to their workspace without PI_JOB_DISK_MB (docs/sandbox.md)"));
+            None
         }
     }
-    let control = Arc::new(Control::default());
-    on_signals(control.clone(), drain_limit)?;
-    if !args.until_empty {
-        let (settings, queue, cron) = (worker.settings.clone(), queue.clone(), control.clone());
+}
+
+/// The sandbox the settings choose: bubblewrap with this program's `job-limits`, or Podman.
+fn backend(
+    args: &Args,
+    settings: &config::settings::Settings,
+) -> anyhow::Result<Arc<dyn sandbox::backend::Backend>> {
+    Ok(match &settings.sandbox {
+        config::settings::SandboxBackend::Bubblewrap => Arc::new(Bubblewrap {
+            bwrap: args.bwrap.clone(),
+            limits: vec![
+                std::env::current_exe()?.into_os_string(),
+                "job-limits".into(),
+            ],
+        }),
+        config::settings::SandboxBackend::Podman { base, runtime, .. } => {
+            Arc::new(sandbox::podman::Podman {
+                program: settings.sandbox.engine_or_podman().into(),
+                runtime: runtime.clone(),
+                limits: sandbox::podman::Limits::within_own(),
+                base_image: base.clone(),
+                launcher: sandbox::podman::LAUNCHER.iter().map(Into::into).collect(),
+            })
+        }
+    })
+}
+
+/// A job's sandbox runs as another user, which must reach its job folder (and nothing else of the
+/// state): state/ and state/jobs/ are traversable but not listable.
+fn open_state(state: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(state.join("jobs"))?;
+    for dir in [state, &state.join("jobs")] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+    }
+    Ok(())
+}
+
+/// Cron triggers, and retention on handles of its own (a pass never waits on a job's), each on a
+/// thread of its own until the worker stops.
+fn start_schedules(
+    ctx: &Context,
+    worker: &Worker,
+    queue: &Arc<dyn queue::Queue>,
+    options: &LoopOptions,
+    control: &Arc<Control>,
+) -> anyhow::Result<()> {
+    let (settings, queue, cron) = (worker.settings.clone(), queue.clone(), control.clone());
+    std::thread::spawn(move || {
+        service::run_cron(&settings, &*queue, Duration::from_secs(1), &cron)
+    });
+    let (records, queue, control) = (
+        crate::cmd::runs::records(ctx)?,
+        ctx.queue(&worker.settings)?,
+        control.clone(),
+    );
+    if let Some(retention) = options.retention.clone() {
         std::thread::spawn(move || {
-            service::run_cron(&settings, &*queue, Duration::from_secs(1), &cron)
+            service::run_retention(&retention, &records, &*queue, PRUNE_EVERY, &control)
         });
-        // Retention on handles of its own: a pass never waits on a job's.
-        let (records, queue, control) = (
-            crate::cmd::runs::records(ctx)?,
-            ctx.queue(&worker.settings)?,
-            control.clone(),
-        );
-        if let Some(retention) = options.retention.clone() {
-            std::thread::spawn(move || {
-                service::run_retention(&retention, &records, &*queue, PRUNE_EVERY, &control)
-            });
-        }
     }
-    tracing::info!(event = "worker_started", worker = %options.worker_id, concurrency,
-        labels = %options.labels.join(","));
-    // Before the first job: with egress on, a proxy answers.
-    let proxy = if worker.settings.egress {
-        Some(start_proxy(ctx, worker.egress_control.clone())?)
-    } else {
-        None
-    };
-    let spares = worker.disks.clone();
-    let summary = service::run(worker, queue, records, &options, control.clone());
-    // The disks made ahead for the next jobs are unmounted and removed with the worker.
-    if let Some(spares) = spares {
-        spares.close();
-    }
-    // Every job has ended: the proxy the worker started goes with it.
-    if let Some(proxy) = proxy {
-        proxy.stop();
-    }
+    Ok(())
+}
+
+/// What the worker did, logged and said as it stops (drained by a signal, or the queue empty).
+fn stopped(summary: &service::Summary, control: &Control) -> String {
     let count = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::Relaxed);
     let (written, retries, back) = (
         count(&summary.records),
@@ -307,15 +381,13 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         retries,
         handed_back = back
     );
-    let text = if control.is_draining() {
+    if control.is_draining() {
         format!(
             "Stopped: {written} records written, {retries} retries, {back} jobs handed back to the queue.\n"
         )
     } else {
         format!("The queue is empty: {written} records written, {retries} retries.\n")
-    };
-    crate::output::print(&text)?;
-    Ok(Exit::Success)
+    }
 }
 
 /// Makes sure an egress proxy answers on `control` (see [`worker::egress`]): the worker's own
