@@ -152,7 +152,7 @@ impl JobPlan {
         }
     }
 
-    /// A job with no server: pi's prompt waits for none.
+    /// A job with no server: pi's prompt waits for none (a wait of nothing, long over).
     fn without_servers(codemode_models: bool) -> JobPlan {
         JobPlan {
             servers: Vec::new(),

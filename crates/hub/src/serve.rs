@@ -47,14 +47,28 @@ pub(crate) struct PiStart<'a> {
     pub(crate) hub_token: Option<String>,
 }
 
-/// How pi reaches the hub: the one choice of the serve step.
+/// How pi reaches the hub: the one choice of the serve step, with the servers as they connect.
 enum Way<'a> {
     /// The job names no server.
     NoServer,
-    /// pi with the relay: through the hub's socket, pi starting while the servers connect.
-    Relay(&'a Path),
+    /// pi with the relay (`job-relay`'s program): through the hub's socket, pi starting while the
+    /// servers connect.
+    Relay(&'a Path, Connecting<'a>),
     /// Over loopback HTTP, once every server is connected.
-    Http,
+    Http(Connecting<'a>),
+}
+
+impl<'a> Way<'a> {
+    /// With the relay when the agent is pi and the runner has one to offer.
+    fn of(runner: &'a Runner, connecting: Option<Connecting<'a>>) -> Way<'a> {
+        let Some(connecting) = connecting else {
+            return Way::NoServer;
+        };
+        match (&runner.job.agent, runner.job.relay.as_deref()) {
+            (Agent::Pi(_), Some(program)) => Way::Relay(program, connecting),
+            _ => Way::Http(connecting),
+        }
+    }
 }
 
 /// Serves the job's servers to pi, as they connect (`connecting`; `None`: the job names none).
@@ -64,17 +78,10 @@ pub(crate) async fn serve<'a>(
     plan: &'a JobPlan,
     connecting: Option<Connecting<'a>>,
 ) -> Result<(PiStart<'a>, Serving), Stopped> {
-    let way = match (&runner.job.agent, runner.job.relay.as_deref()) {
-        _ if connecting.is_none() => Way::NoServer,
-        (Agent::Pi(_), Some(program)) => Way::Relay(program),
-        _ => Way::Http,
-    };
-    match (way, connecting) {
-        (Way::Relay(program), Some(connecting)) => {
-            over_relay(runner, program, folder, plan, connecting)
-        }
-        (Way::Http, Some(connecting)) => over_http(runner, folder, plan, connecting).await,
-        _ => without_servers(runner, folder),
+    match Way::of(runner, connecting) {
+        Way::NoServer => without_servers(runner, folder, plan),
+        Way::Relay(program, connecting) => over_relay(runner, program, folder, plan, connecting),
+        Way::Http(connecting) => over_http(runner, folder, plan, connecting).await,
     }
 }
 
@@ -82,9 +89,10 @@ pub(crate) async fn serve<'a>(
 fn without_servers<'a>(
     runner: &'a Runner,
     folder: &AgentFolder,
+    plan: &JobPlan,
 ) -> Result<(PiStart<'a>, Serving), Stopped> {
     if matches!(runner.job.agent, Agent::Pi(_)) {
-        let none = expected_json(&[], std::time::UNIX_EPOCH, std::time::Duration::ZERO);
+        let none = expected_json(&[], plan.began, plan.wait);
         write_private(&folder.own(), "listed.json", none.as_bytes()).map_err(|e| unwritten(&e))?;
     }
     let start = PiStart {
