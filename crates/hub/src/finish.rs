@@ -9,6 +9,7 @@ use protocol::reason::Reason;
 use crate::agent::AgentEnd;
 use crate::gateway::{PiGateway, Seen};
 use crate::job_file::Stop;
+use crate::output::line;
 use crate::relay;
 
 /// The reason of a runner stopped by SIGTERM.
@@ -64,28 +65,6 @@ impl Stopped {
                 ..line(job_id, 1, None, self.servers)
             },
         }
-    }
-}
-
-/// The exit line with `code`, the stop's reason, server and cause, and the servers' states; nothing
-/// counted yet.
-pub(crate) fn line(
-    job_id: &str,
-    code: u8,
-    stop: Option<&Stop>,
-    servers: Vec<ServerState>,
-) -> ExitLine {
-    ExitLine {
-        event: "exit".to_owned(),
-        job_id: job_id.to_owned(),
-        code,
-        reason: stop.map(|s| s.reason.as_str().to_owned()),
-        server: stop.and_then(|s| s.server.clone()),
-        cause: stop.map(|s| s.cause.clone()),
-        servers,
-        tool_calls: Vec::new(),
-        usage: None,
-        final_message: None,
     }
 }
 
