@@ -1,8 +1,8 @@
-//! Connecting every server of the plan at once, under the spec's wait: 15 s or the longest server
-//! timeout, up to 120 s. A server that fails for good (a command that exits, a 401, a redirect, a
-//! 403 or 501, a body too large, its own timeout) stops the job with `mcp-unavailable`; one that has
-//! not answered when the wait runs out (still starting, or a 5xx or 429 retried until then) stops it
-//! with `mcp-unreachable`, which the worker retries.
+//! The runner's step that connects every server of the plan at once, under the spec's wait: 15 s
+//! or the longest server timeout, up to 120 s. A server that fails for good (a command that exits,
+//! a 401, a redirect, a 403 or 501, a body too large, its own timeout) stops the job with
+//! `mcp-unavailable`; one that has not answered when the wait runs out (still starting, or a 5xx or
+//! 429 retried until then) stops it with `mcp-unreachable`, which the worker retries.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -35,6 +35,24 @@ const LAST_RETRY: Duration = Duration::from_secs(4);
 enum ServerStart {
     Ready(Upstream, Option<Monitor>),
     Failed(Stop),
+}
+
+/// The runner's step that connects the job's servers: all at once under the one `wait`, in the
+/// job's workspace with the runner's environment (each confined when the runner confines). The
+/// worker is told the servers' states as soon as they are known.
+pub(crate) async fn connect_servers(
+    job: &crate::job::JobOptions,
+    plan: Plan,
+    wait: Duration,
+) -> Result<Connected, (Stop, Vec<ServerState>)> {
+    let connected =
+        connect_all_confined(plan, &job.env, &job.workspace, wait, job.confine.as_deref()).await;
+    let states = match &connected {
+        Ok(c) => c.states.clone(),
+        Err((_, states)) => states.clone(),
+    };
+    crate::output::say_servers(job, states).await;
+    connected
 }
 
 /// Connects every planned server, all at once, and waits as the spec says.

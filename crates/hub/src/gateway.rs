@@ -337,6 +337,19 @@ impl Answers {
     }
 }
 
+/// What the gateway knows of a provider's answer before it reads it: its status, the egress
+/// proxy's code, its wire format and whether it streams, the call's model and hold, and, for one of
+/// pi's chat calls, where its ending is kept.
+struct Answered {
+    status: StatusCode,
+    proxy: Option<String>,
+    api: Api,
+    stream: bool,
+    model: Model,
+    bound: Bound,
+    kept: Option<Kept>,
+}
+
 /// A call of pi's the gateway keeps the ending of: its number, whether it was an agent's turn,
 /// and the provider's host.
 struct Kept {
@@ -476,38 +489,11 @@ impl State {
         }
         // Without a cap nothing is bounded, and the request is not read for it.
         let worst = self.rules.cap.map(|_| worst_case(&call.body, &json, api));
-        let bound = {
-            let Ok(mut meter) = self.meter.lock() else {
-                return Err(Unreachable);
-            };
-            let bounded = worst.map(|w| self.rules.bound(model, w, meter.committed()));
-            match bounded.unwrap_or(Ok(Bound::default())) {
-                Ok(bound) => {
-                    meter.hold(bound.usd);
-                    bound
-                }
-                Err(refusal) => {
-                    drop(meter);
-                    return Ok(self.refuse(refusal));
-                }
-            }
+        let bound = match self.hold_bound(model, worst)? {
+            Ok(bound) => bound,
+            Err(refusal) => return Ok(self.refuse(refusal)),
         };
-        // pi's chat calls: how each ends is kept.
-        let chat = matches!(
-            api,
-            Api::OpenAiCompletions | Api::OpenAiResponses | Api::AnthropicMessages
-        );
-        let kept = (call.caller == Caller::Pi && chat)
-            .then(|| self.answers.lock().ok().map(|mut a| a.number()))
-            .flatten()
-            .map(|number| Kept {
-                number,
-                turn: facts.offers_tools,
-                host: reqwest::Url::parse(&model.base_url)
-                    .ok()
-                    .and_then(|u| u.host_str().map(str::to_owned))
-                    .unwrap_or_default(),
-            });
+        let kept = self.kept(call.caller, api, model, &facts);
         // The real key goes only to its own provider's models.
         let key = self.key.as_ref().filter(|k| k.provider == provider);
         let (client, url, headers) =
@@ -527,6 +513,43 @@ impl State {
             }
         };
         self.relay_answer(upstream, api, model, bound, kept)
+    }
+
+    /// Holds the most the call can cost (`worst`, with a cap) against what is spent or held:
+    /// the hold, or the refusal of a call that could take the job past its cap.
+    fn hold_bound(
+        &self,
+        model: &Model,
+        worst: Option<Result<Worst, Unbounded>>,
+    ) -> Result<Result<Bound, Refusal>, Unreachable> {
+        let Ok(mut meter) = self.meter.lock() else {
+            return Err(Unreachable);
+        };
+        let bounded = worst.map(|w| self.rules.bound(model, w, meter.committed()));
+        let bound = bounded.unwrap_or(Ok(Bound::default()));
+        if let Ok(bound) = &bound {
+            meter.hold(bound.usd);
+        }
+        Ok(bound)
+    }
+
+    /// pi's chat calls: how each ends is kept, under the number it is made with.
+    fn kept(&self, caller: Caller, api: Api, model: &Model, facts: &RequestFacts) -> Option<Kept> {
+        let chat = matches!(
+            api,
+            Api::OpenAiCompletions | Api::OpenAiResponses | Api::AnthropicMessages
+        );
+        (caller == Caller::Pi && chat)
+            .then(|| self.answers.lock().ok().map(|mut a| a.number()))
+            .flatten()
+            .map(|number| Kept {
+                number,
+                turn: facts.offers_tools,
+                host: reqwest::Url::parse(&model.base_url)
+                    .ok()
+                    .and_then(|u| u.host_str().map(str::to_owned))
+                    .unwrap_or_default(),
+            })
     }
 
     /// A request the gateway takes as one of the job's model calls: on loopback, to a provider's
@@ -628,59 +651,83 @@ impl State {
             }
         }
         let (tx, rx) = futures::channel::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(16);
-        let model = model.clone();
-        let state = self.clone();
-        let reading = async move {
-            let mut tx = tx;
-            let mut reader = AnswerReader::new(api, stream);
-            let mut chunks = upstream.bytes_stream();
-            let mut whole = true;
-            while let Some(chunk) = chunks.next().await {
-                let Ok(chunk) = chunk else {
-                    whole = false;
-                    break;
-                };
-                reader.feed(&chunk);
-                // pi may have gone; the answer is still read to its end for its usage.
-                let _ = futures::SinkExt::send(&mut tx, Ok(Frame::data(chunk))).await;
-            }
-            drop(tx);
-            let answered = status.is_success();
-            let read = reader.finish();
-            let used = read
-                .usage
-                .filter(|_| answered)
-                .map(|tokens| (tokens, rules::cost(&model, &tokens)));
-            state.settle(&bound, used, answered && whole);
-            if let Some((tokens, _)) = used
-                && let Err(past) = state.rules.within(&model, &bound, &tokens)
-            {
-                state.refuse(past);
-            }
-            let ending = if !answered {
-                Some(Ending::Status {
-                    status: status.as_u16(),
-                    proxy,
-                })
-            } else if !whole {
-                Some(Ending::Unreachable {
-                    cause: "the answer was cut off".to_owned(),
-                })
-            } else {
-                read.ending
-            };
-            let (text, cut) = match answered {
-                true => (read.text, read.cut),
-                false => (String::new(), false),
-            };
-            state.keep(kept, ending, text, cut);
+        let answer = Answered {
+            status,
+            proxy,
+            api,
+            stream,
+            model: model.clone(),
+            bound,
+            kept,
         };
+        let reading = self.clone().read_answer(upstream, answer, tx);
         if let Ok(mut tasks) = self.tasks.lock() {
             tasks.spawn(reading);
         }
         response
             .body(BodyExt::boxed(StreamBody::new(rx)))
             .map_err(|_| Unreachable)
+    }
+
+    /// Reads the provider's answer to its end, passing each chunk on to pi through `tx` (pi may
+    /// have gone: it is still read for its usage), then meters it, settles the call's hold, stops
+    /// the job if it went past the cap, and keeps how it ended.
+    async fn read_answer(
+        self: Arc<Self>,
+        upstream: reqwest::Response,
+        answer: Answered,
+        mut tx: futures::channel::mpsc::Sender<Result<Frame<Bytes>, Infallible>>,
+    ) {
+        let Answered {
+            status,
+            proxy,
+            api,
+            stream,
+            model,
+            bound,
+            kept,
+        } = answer;
+        let mut reader = AnswerReader::new(api, stream);
+        let mut chunks = upstream.bytes_stream();
+        let mut whole = true;
+        while let Some(chunk) = chunks.next().await {
+            let Ok(chunk) = chunk else {
+                whole = false;
+                break;
+            };
+            reader.feed(&chunk);
+            let _ = futures::SinkExt::send(&mut tx, Ok(Frame::data(chunk))).await;
+        }
+        drop(tx);
+        let answered = status.is_success();
+        let read = reader.finish();
+        let used = read
+            .usage
+            .filter(|_| answered)
+            .map(|tokens| (tokens, rules::cost(&model, &tokens)));
+        self.settle(&bound, used, answered && whole);
+        if let Some((tokens, _)) = used
+            && let Err(past) = self.rules.within(&model, &bound, &tokens)
+        {
+            self.refuse(past);
+        }
+        let ending = if !answered {
+            Some(Ending::Status {
+                status: status.as_u16(),
+                proxy,
+            })
+        } else if !whole {
+            Some(Ending::Unreachable {
+                cause: "the answer was cut off".to_owned(),
+            })
+        } else {
+            read.ending
+        };
+        let (text, cut) = match answered {
+            true => (read.text, read.cut),
+            false => (String::new(), false),
+        };
+        self.keep(kept, ending, text, cut);
     }
 
     /// The model a call names, in pi's catalog or the overlay's models.json, with the wire format

@@ -5,16 +5,20 @@
 //! On the job's path: inside the sandbox: the runner connects the job's MCP servers, starts pi,
 //! holds every model call and signs the exit line.
 
+mod agent;
 mod calls;
 pub mod confine;
 pub mod connect;
 pub mod connect_all;
 mod endpoint;
+mod finish;
 pub mod gateway;
 pub mod guard;
+mod hold;
 pub mod http;
 pub mod job;
 pub mod job_file;
+mod output;
 pub mod pi_agent;
 pub mod pi_config;
 pub mod pi_relay;
@@ -23,6 +27,7 @@ pub mod raw;
 pub mod relay;
 pub mod resolve;
 pub mod rpc;
+mod serve;
 mod session;
 pub mod stdio;
 pub mod syscalls;

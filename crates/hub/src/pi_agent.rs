@@ -1,8 +1,8 @@
-//! Starting real pi in the job: the private agent folder (pi's `mcp.json`, `settings.json`, the
-//! runner's MCP extension, the overlay's `APPEND_SYSTEM.md`; pi's `models.json` is the model
-//! gateway's), pi's command line,
-//! the `pi` a job's own commands find on `PATH` (always `--no-mcp`), and what pi's JSON event stream
-//! says about usage.
+//! The runner's step that prepares real pi's private agent folder on the job's path
+//! ([`prepare_folder`]): pi's `mcp.json`, `settings.json`, the runner's MCP extension, the
+//! overlay's `APPEND_SYSTEM.md` (pi's `models.json` is the model gateway's); and what starting pi
+//! takes from here: pi's command line, the `pi` a job's own commands find on `PATH` (always
+//! `--no-mcp`), and the report of the runner's extension.
 //!
 //! pi's built-in MCP extension is switched off and loaded again through the runner's extension
 //! (`pi_guard.js`), which hides servers other extensions register, drops `/mcp`, and ends the job
@@ -221,6 +221,31 @@ pub fn shell_script(runner: &Path) -> String {
         "#!/bin/sh\n# pi's shell inside a pi-dispatch job: its commands cannot reach into pi.\nexec {} job-shell \"$@\"\n",
         quote(runner)
     )
+}
+
+/// The runner's step that prepares pi's private agent folder, before any server connects: pi's
+/// settings, the runner's extension, pi's `mcp.json` with no server yet (the serve step writes the
+/// hub's). Nothing to write for an agent other than pi.
+pub(crate) fn prepare_folder(
+    job: &crate::job::JobOptions,
+    codemode_models: bool,
+) -> Result<AgentFolder, crate::job_file::Stop> {
+    let folder = AgentFolder {
+        dir: job.agent_dir.clone(),
+    };
+    let crate::job::Agent::Pi(pi) = &job.agent else {
+        return Ok(folder);
+    };
+    prepare(&folder, pi, codemode_models, job.confine.as_deref())
+        .and_then(|()| write_private(&job.agent_dir, "mcp.json", b"{\"mcpServers\": {}}\n"))
+        .map_err(|e| {
+            crate::job_file::Stop::new(
+                protocol::reason::Reason::RunnerSetupFailed,
+                None,
+                format!("pi's agent folder could not be written ({})", e.kind()),
+            )
+        })?;
+    Ok(folder)
 }
 
 /// Writes everything pi needs into the private agent folder (pi's `mcp.json` is written by the

@@ -1,11 +1,15 @@
-//! The runner's checks before anything connects, in the spec's order: the job file is the worker's
-//! (digest, shape), every stdio command is in the image, every referenced variable is set. The result
-//! is what to connect, with every reference filled in.
+//! The runner's step that plans the job's servers, before anything connects: the checks in the
+//! spec's order (the job file is the worker's (digest, shape), every stdio command is in the image,
+//! every referenced variable is set). The result is what to connect, with every reference filled
+//! in, and what the runner keeps of it ([`JobPlan`]).
 
 use std::path::PathBuf;
 
 use protocol::reason::Reason;
 
+use protocol::job_dir;
+
+use crate::job::JobOptions;
 use crate::job_file::{self, JobFile, JobServer, Stop};
 use crate::resolve::{self, Resolved};
 use crate::stdio;
@@ -85,6 +89,79 @@ pub fn plan(
         servers: planned,
         codemode_models,
     })
+}
+
+/// The job's servers as `/job/mcp.json` and the runner's input say, checked before anything
+/// connects (no plan: the job names no server), and what the runner keeps of them.
+pub fn read(job: &JobOptions) -> Result<(Option<Plan>, JobPlan), Stop> {
+    let lookup = |name: &str| {
+        job.env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .filter(|v| !v.is_empty())
+    };
+    let digest = job.input.mcp_digest.as_deref();
+    match std::fs::read(job.job_dir.join(job_dir::MCP)) {
+        // No server: the overlay's codemodeModels comes in the runner's input.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && digest.is_none() => {
+            Ok((None, JobPlan::without_servers(job.input.codemode_models)))
+        }
+        Err(_) => Err(Stop::new(
+            Reason::McpConfigMismatch,
+            None,
+            "the job carries a digest but /job/mcp.json cannot be read",
+        )),
+        Ok(bytes) => {
+            let plan = plan(&bytes, digest, &lookup)?;
+            let kept = JobPlan::of(&plan);
+            Ok((Some(plan), kept))
+        }
+    }
+}
+
+/// What the runner keeps of the job's plan as its servers connect.
+pub struct JobPlan {
+    pub servers: Vec<JobServer>,
+    /// Every variable an overlay server references: kept from pi.
+    pub secrets: Vec<String>,
+    pub codemode_models: bool,
+    /// How long the servers may take to connect and pi to list their tools, in all.
+    pub wait: std::time::Duration,
+    /// When that wait began: as the runner started connecting.
+    pub began: std::time::SystemTime,
+}
+
+impl JobPlan {
+    fn of(plan: &Plan) -> JobPlan {
+        JobPlan {
+            servers: plan.servers.iter().map(|p| p.server.clone()).collect(),
+            secrets: plan
+                .servers
+                .iter()
+                .filter_map(|p| match &p.server {
+                    JobServer::Overlay(s) => Some(s.references()),
+                    JobServer::Forge(_) => None,
+                })
+                .flatten()
+                .map(|n| n.to_string())
+                .collect(),
+            codemode_models: plan.codemode_models,
+            wait: crate::wait::budget(plan.servers.iter().map(|s| s.server.timeout())),
+            began: std::time::SystemTime::now(),
+        }
+    }
+
+    /// A job with no server: pi's prompt waits for none (a wait of nothing, long over).
+    fn without_servers(codemode_models: bool) -> JobPlan {
+        JobPlan {
+            servers: Vec::new(),
+            secrets: Vec::new(),
+            codemode_models,
+            wait: std::time::Duration::ZERO,
+            began: std::time::UNIX_EPOCH,
+        }
+    }
 }
 
 #[cfg(test)]
