@@ -10,13 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
+use protocol::admitted::Flow;
 use protocol::job::Job;
 use protocol::reason::{Outcome, Reason};
 use queue::{Lease, LeaseState, Queue, RetryDecision};
 use tokio::sync::watch;
 
 use crate::pipeline::Worker;
-use crate::verdict::{StopCause, StopSignal, Verdict, retried};
+use crate::verdict::{Ended, StopCause, StopSignal, Verdict, retried};
 use records::record::{Draft, Record, job_of, now_ms, stub, unix_ms};
 use records::store::Records;
 
@@ -32,9 +33,15 @@ pub trait Runner: Send + Sync + 'static {
         stop: StopSignal,
     ) -> impl std::future::Future<Output = Verdict>;
 
-    /// Once the job's record is final (written, and no attempt follows): a forge job's comment.
-    fn settled(&self, job: &Job, record: &Record) -> impl std::future::Future<Output = ()> {
-        let _ = (job, record);
+    /// Once the job's record is final (written, and no attempt follows): a forge job's comment,
+    /// by its record and its plan's `flow`.
+    fn settled(
+        &self,
+        job: &Job,
+        record: &Record,
+        flow: Option<Flow>,
+    ) -> impl std::future::Future<Output = ()> {
+        let _ = (job, record, flow);
         async {}
     }
 }
@@ -49,8 +56,13 @@ impl Runner for Worker {
         Worker::process(self, job, draft, stop)
     }
 
-    fn settled(&self, job: &Job, record: &Record) -> impl std::future::Future<Output = ()> {
-        crate::forge_job::post_comment(&self.forges, job, record)
+    fn settled(
+        &self,
+        job: &Job,
+        record: &Record,
+        flow: Option<Flow>,
+    ) -> impl std::future::Future<Output = ()> {
+        crate::forge_job::post_comment(&self.forges, job, record, flow)
     }
 }
 
@@ -472,11 +484,11 @@ impl Slot<'_> {
         finish.now().await;
         match verdict {
             Verdict::HandBack => self.hand_back(lease).await,
-            Verdict::Ended(record) if retried(&record) => {
-                self.retry_or_record(worker, &job, lease, *record).await;
+            Verdict::Ended(ended) if retried(&ended.record) => {
+                self.retry_or_record(worker, &job, lease, *ended).await;
             }
-            Verdict::Ended(record) => {
-                self.record_final(worker, &job, Some(lease), *record).await;
+            Verdict::Ended(ended) => {
+                self.record_final(worker, &job, Some(lease), *ended).await;
             }
         }
     }
@@ -498,15 +510,10 @@ impl Slot<'_> {
 
     /// A job whose reason is retried: queued again while attempts remain (an attempt that ran
     /// keeps its record, which the next one links to), else recorded.
-    async fn retry_or_record<R: Runner>(
-        &self,
-        worker: &R,
-        job: &Job,
-        lease: &Lease,
-        record: Record,
-    ) {
+    async fn retry_or_record<R: Runner>(&self, worker: &R, job: &Job, lease: &Lease, ended: Ended) {
         match self.retry(lease).await {
             Ok(RetryDecision::Requeued { .. }) => {
+                let record = &ended.record;
                 self.summary.retries.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(event = "job_retried", job_id = %job.id, attempt = lease.attempt,
                     reason = record.reason.map(Reason::as_str));
@@ -516,7 +523,7 @@ impl Slot<'_> {
             }
             Ok(RetryDecision::NotHeld) => {}
             // The retry left the job done in the queue.
-            Ok(RetryDecision::Exhausted) => self.record_final(worker, job, None, record).await,
+            Ok(RetryDecision::Exhausted) => self.record_final(worker, job, None, ended).await,
             Err(e) => queue_error(&e),
         }
     }
@@ -529,8 +536,9 @@ impl Slot<'_> {
         worker: &R,
         job: &Job,
         finish: Option<&Lease>,
-        mut record: Record,
+        ended: Ended,
     ) {
+        let Ended { mut record, flow } = ended;
         self.link_earlier(&mut record);
         self.write_record(&record);
         if let Some(lease) = finish {
@@ -544,7 +552,7 @@ impl Slot<'_> {
         }
         // A worker that dies before the comment loses it, never posts it twice (a second
         // attempt's comment is found by its mark).
-        worker.settled(job, &record).await;
+        worker.settled(job, &record, flow).await;
         page(&record, self.options);
         if let Some(retention) = self.options.retention.clone() {
             let pruned =
@@ -583,7 +591,7 @@ impl Slot<'_> {
     /// and counts what they spent).
     fn link_earlier(&self, record: &mut Record) {
         let earlier = self.earlier(&record.job_id, record.attempt);
-        record.link_earlier(earlier);
+        *record = record.clone().with_earlier_attempts(earlier);
     }
 
     /// A lost job's record and page.
