@@ -542,7 +542,7 @@ impl Demo {
         let verdict = runtime.block_on(self.worker.process(&job, draft, stop));
         let whole = start.elapsed();
         let record = match verdict {
-            Verdict::Ended(r) => *r,
+            Verdict::Ended(ended) => ended.record,
             Verdict::HandBack => bail!("the job was handed back"),
         };
         ensure!(

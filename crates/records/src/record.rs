@@ -274,9 +274,9 @@ impl Record {
         }
     }
 
-    /// Links the records of the earlier attempts `earlier` (oldest first) to this, the job's, and
-    /// adds what each spent to its totals.
-    pub fn link_earlier(&mut self, earlier: Vec<Record>) {
+    /// The job's record: this, its last attempt's, with the records of the earlier attempts
+    /// `earlier` (oldest first) linked to it and what each spent added to its totals.
+    pub fn with_earlier_attempts(mut self, earlier: Vec<Record>) -> Record {
         for e in earlier {
             if let Some(t) = &e.tokens {
                 let mine = self.tokens.get_or_insert(Tokens {
@@ -306,6 +306,7 @@ impl Record {
                 cost_usd: e.cost_usd,
             });
         }
+        self
     }
 
     /// The record of a job that ended for `reason`, with nothing spent yet: its outcome is the
@@ -360,6 +361,76 @@ impl Record {
     }
 }
 
+/// How a job ended: its outcome and, for any job but a completed one, its reason, what the reason
+/// concerns and what to do about it. A record's ending is written from this in one place
+/// ([`Draft::finish`]); a later step that ends the job otherwise (its writes not kept, its delivery
+/// failed) makes a new `Ending`, never a change to a record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ending {
+    pub outcome: Outcome,
+    pub reason: Option<Reason>,
+    pub detail: Option<Detail>,
+    pub fix: Option<String>,
+}
+
+impl Ending {
+    /// The job did what it was asked.
+    pub fn completed() -> Ending {
+        Ending {
+            outcome: Outcome::Completed,
+            reason: None,
+            detail: None,
+            fix: None,
+        }
+    }
+
+    /// The job ended for `reason`, with no detail: its outcome is the reason's.
+    pub fn of(reason: Reason) -> Ending {
+        Ending {
+            outcome: reason.outcome(),
+            reason: Some(reason),
+            detail: None,
+            fix: None,
+        }
+    }
+
+    /// The job ended for `reason`, with what it concerns and the reason's own fix.
+    pub fn failed(reason: Reason, detail: Detail) -> Ending {
+        Ending::of(reason).with_detail(detail, reason.fix())
+    }
+
+    /// With its detail and fix.
+    pub fn with_detail(self, detail: Detail, fix: impl Into<String>) -> Ending {
+        Ending {
+            detail: Some(detail),
+            fix: Some(fix.into()),
+            ..self
+        }
+    }
+
+    /// How the runner's exit line says the job ended: code 0 completed; otherwise the outcome of
+    /// the reason it gave, which is copied only when it is one of the product's, with the runner's
+    /// cause (or the reason's sentence) and server as its detail.
+    pub fn of_exit_line(line: &ExitLine) -> Ending {
+        let reason = match (line.code, line.known_reason()) {
+            (0, _) => return Ending::completed(),
+            (_, Some(r)) => r,
+            (_, None) => Reason::RunnerReasonUnknown,
+        };
+        let mut detail = Detail::new(
+            line.cause
+                .clone()
+                .unwrap_or_else(|| reason.sentence().to_owned()),
+        );
+        detail.server.clone_from(&line.server);
+        Ending::of(reason).with_detail(detail, reason.fix())
+    }
+
+    pub fn is_completed(&self) -> bool {
+        self.outcome == Outcome::Completed
+    }
+}
+
 /// A job's record as the worker builds it, once: what the job is (its id, trigger, task, item) is
 /// taken from the job when it is picked up, the times are set as the job reaches them, and every
 /// way the job can end makes its record from this, so no record is patched afterwards.
@@ -371,6 +442,8 @@ pub struct Draft {
     /// What the job's earlier attempts spent, in USD: a later attempt has what they left of the
     /// job's cost cap.
     spent_before: f64,
+    /// The worker that runs the job (`HOST:PID`): the finished record names it.
+    worker: Option<String>,
 }
 
 /// Where a running job is shown as it goes ([`crate::live::LiveFeed`]): told its record as it
@@ -389,6 +462,7 @@ impl Draft {
             base: Record::new(job, Outcome::Failed, None, attempt, 0),
             live: None,
             spent_before: 0.0,
+            worker: None,
         }
     }
 
@@ -475,57 +549,91 @@ impl Draft {
         self.base.egress_denied = denied;
     }
 
-    /// The record of a job that ended for `reason` now, with no detail.
-    pub fn ended(&self, reason: Reason) -> Record {
+    /// The worker that runs the job, which its record names (shown live apart).
+    pub fn written_by(&mut self, worker: &str) {
+        self.worker = Some(worker.to_owned());
+    }
+
+    /// Whether a sandbox may have been started for the job, for a job this worker did not run (a
+    /// lost one); [`Draft::started`] says it for a job it runs.
+    pub fn reserved(&mut self, reserved: bool) {
+        self.base.budget_reserved = reserved;
+    }
+
+    /// What the model spent, as pi counted it.
+    pub fn usage(&mut self, usage: &protocol::usage::Usage) {
+        self.base.set_usage(usage);
+    }
+
+    /// The servers' states and the tool calls the runner reported in `line`.
+    pub fn mcp_reported(&mut self, line: &ExitLine) {
+        self.base.mcp = McpPart {
+            servers: line.servers.clone(),
+            tool_calls: line.tool_calls.clone(),
+        };
+    }
+
+    /// What the runner reported in `line` but how the job ended ([`Ending::of_exit_line`]): its
+    /// code, whether anything was spent (the runner's own faults come before the agent starts),
+    /// the MCP part, the final message (through `redact`) and the usage.
+    pub fn reported(&mut self, line: &ExitLine, redact: impl Fn(&str) -> String) {
+        let reason = Ending::of_exit_line(line).reason;
+        self.base.exit_code = Some(line.code);
+        self.base.budget_reserved = !reason.is_some_and(Reason::before_the_agent);
+        self.mcp_reported(line);
+        self.base.final_message = line.final_message.as_deref().map(redact);
+        if let Some(usage) = &line.usage {
+            self.usage(usage);
+        }
+    }
+
+    /// The pull (merge) request a `fix` job proposed.
+    pub fn proposed(&mut self, url: String) {
+        self.base.pull_request = Some(url);
+    }
+
+    /// The record, finished now as `ending` says.
+    pub fn finish(&self, ending: Ending) -> Record {
+        self.finish_at(ending, now_ms())
+    }
+
+    /// The record, finished at `ms` (when the job's run ended, before a delivery after it) as
+    /// `ending` says: the one place a record's ending is written.
+    pub fn finish_at(&self, ending: Ending, ms: u64) -> Record {
+        let Ending {
+            outcome,
+            reason,
+            detail,
+            fix,
+        } = ending;
         Record {
-            outcome: reason.outcome(),
-            reason: Some(reason),
-            finished_at_ms: now_ms(),
+            outcome,
+            reason,
+            detail,
+            fix,
+            finished_at_ms: ms,
+            worker: self.worker.clone(),
             ..self.base.clone()
         }
+    }
+
+    /// The record of a job that ended for `reason` now, with no detail.
+    pub fn ended(&self, reason: Reason) -> Record {
+        self.finish(Ending::of(reason))
     }
 
     /// The record of a job that ended for `reason` now, with what it concerns and the reason's
     /// own fix.
     pub fn failed(&self, reason: Reason, detail: Detail) -> Record {
-        self.ended(reason).with_detail(detail, reason.fix())
+        self.finish(Ending::failed(reason, detail))
     }
 
     /// The record of a job whose runner reported `line`: code 0 completed; otherwise the outcome
     /// of the reason it gave, which is copied only when it is one of the product's.
     pub fn from_exit_line(&self, line: &ExitLine) -> Record {
-        let (outcome, reason) = match (line.code, line.known_reason()) {
-            (0, _) => (Outcome::Completed, None),
-            (_, Some(r)) => (r.outcome(), Some(r)),
-            (_, None) => (Outcome::Failed, Some(Reason::RunnerReasonUnknown)),
-        };
-        let mut record = Record {
-            outcome,
-            reason,
-            finished_at_ms: now_ms(),
-            ..self.base.clone()
-        };
-        if let Some(r) = reason {
-            let mut detail = Detail::new(
-                line.cause
-                    .clone()
-                    .unwrap_or_else(|| r.sentence().to_owned()),
-            );
-            detail.server.clone_from(&line.server);
-            record = record.with_detail(detail, r.fix());
-        }
-        record.exit_code = Some(line.code);
-        // The runner's own faults come before the agent starts: nothing was spent.
-        record.budget_reserved = !reason.is_some_and(Reason::before_the_agent);
-        record.mcp = McpPart {
-            servers: line.servers.clone(),
-            tool_calls: line.tool_calls.clone(),
-        };
-        record.final_message.clone_from(&line.final_message);
-        if let Some(usage) = &line.usage {
-            record.set_usage(usage);
-        }
-        record
+        let mut draft = self.clone();
+        draft.reported(line, str::to_owned);
+        draft.finish(Ending::of_exit_line(line))
     }
 }
 

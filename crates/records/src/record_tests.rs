@@ -135,3 +135,44 @@ fn pi_beginning_a_turn_or_a_tool_call_is_activity_and_nothing_else_is() {
     );
     assert_eq!(activity_of(&long, 1).unwrap().tool.unwrap().len(), 128);
 }
+
+/// Every ending goes through the one builder: a later step's ending replaces the first whole
+/// (reason, detail and fix), and the record names its worker without the live view showing it.
+#[test]
+fn a_record_is_finished_once_from_its_ending() {
+    let mut draft = Draft::new(&job(), 1);
+    draft.written_by("host-a:7");
+    assert_eq!(draft.record_now().worker, None);
+    let reported = line(0, None);
+    draft.reported(&reported, |m| m.replace("done", "[redacted]"));
+    let completed = Ending::of_exit_line(&reported);
+    assert!(completed.is_completed());
+    let not_kept = Ending::failed(Reason::JobWriteBackFailed, Detail::new("copy failed"));
+    let r = draft.finish_at(not_kept, 42);
+    assert_eq!(r.outcome, Reason::JobWriteBackFailed.outcome());
+    assert_eq!(r.reason, Some(Reason::JobWriteBackFailed));
+    assert_eq!(r.fix.as_deref(), Some(Reason::JobWriteBackFailed.fix()));
+    assert_eq!(r.detail.map(|d| d.why).as_deref(), Some("copy failed"));
+    assert_eq!(
+        (r.finished_at_ms, r.worker.as_deref()),
+        (42, Some("host-a:7"))
+    );
+    assert_eq!(r.final_message.as_deref(), Some("All [redacted]."));
+    // The same line through `from_exit_line` is the same record but for its ending.
+    let whole = Draft::new(&job(), 1).from_exit_line(&reported);
+    assert_eq!((whole.turns, whole.exit_code), (r.turns, r.exit_code));
+}
+
+#[test]
+fn the_jobs_record_counts_what_its_earlier_attempts_spent() {
+    let mut first = Draft::new(&job(), 1);
+    first.started(1);
+    let first = first
+        .from_exit_line(&line(1, Some("agent-failed")))
+        .as_earlier_attempt();
+    let last = Draft::new(&job(), 2).from_exit_line(&line(0, None));
+    let whole = last.with_earlier_attempts(vec![first]);
+    assert_eq!(whole.turns, Some(8));
+    assert_eq!(whole.tokens.map(|t| t.total), Some(240));
+    assert_eq!(whole.earlier_attempts[0].record, "job-7.attempt-1");
+}

@@ -2,10 +2,16 @@
 //! queues. Times are UTC. A firing's job id is the trigger's `id` and the firing's time, so every
 //! worker (or host) sharing a queue queues it once: the queue keeps ids unique. Firings missed
 //! while no worker ran are not made up.
+//!
+//! On the job's path: its start, for a cron trigger: the worker's cron thread ([`run_cron`])
+//! queues each firing's job as the receiver queues a forge event's.
 
 use chrono::{DateTime, Utc};
 use config::triggers::{On, Trigger};
 use croner::Cron;
+use std::time::{Duration, SystemTime};
+
+use crate::control::{Control, queue_error};
 
 /// A cron trigger, parsed.
 #[derive(Debug, Clone)]
@@ -62,6 +68,73 @@ impl Schedule {
 /// The id of the job a firing queues.
 pub fn job_id(trigger_id: &str, at: DateTime<Utc>) -> String {
     format!("cron-{trigger_id}-{}", at.timestamp())
+}
+
+/// Queues the jobs of cron triggers as they come due, reading `triggers.json` each tick, until the
+/// process ends. The first window starts now: firings missed while no worker ran are not made up.
+pub fn run_cron(
+    settings: &config::settings::Settings,
+    queue: &dyn queue::Queue,
+    tick: Duration,
+    control: &Control,
+) {
+    let mut from = chrono::Utc::now();
+    // What was last said about the file, so a refusal is logged once until it changes.
+    let mut said: Option<String> = None;
+    let mut say = |why: Option<String>| {
+        if why != said {
+            match &why {
+                Some(why) => tracing::error!(event = "cron_triggers_refused",
+                    file = %settings.triggers_file.display(), why = %why),
+                None if said.is_some() => tracing::info!(event = "cron_triggers_read",
+                    file = %settings.triggers_file.display()),
+                None => {}
+            }
+            said = why;
+        }
+    };
+    loop {
+        std::thread::sleep(tick);
+        if control.is_draining() {
+            return;
+        }
+        let to = chrono::Utc::now();
+        let window = (from, to);
+        // The next window starts here whatever happens to this one: missed firings are not made up.
+        from = to;
+        let all = match config::triggers::TriggersFile::read(&settings.triggers_file) {
+            Ok(all) => all.triggers,
+            Err(e) => {
+                say(Some(format!("{e}, so no cron trigger fires")));
+                continue;
+            }
+        };
+        say(None);
+        let (schedules, refused) = crate::cron::schedules(&all.triggers);
+        for (index, id) in refused {
+            tracing::warn!(event = "cron_pattern_refused", trigger_index = index, id = %id);
+        }
+        for schedule in &schedules {
+            // At most one firing per tick and trigger: a clock jump does not queue a burst.
+            for at in schedule.firings(window.0, window.1, 1) {
+                let id = crate::cron::job_id(&schedule.id, at);
+                let mut job = schedule.trigger.job(id.clone());
+                // A local job's folder is on this host: the job is this host's.
+                if job.kind() == Some(protocol::job::Kind::Local) {
+                    job.host = Some(settings.host_name());
+                }
+                let Ok(queued) = queue::NewJob::of(&job) else {
+                    continue;
+                };
+                match queue.enqueue_job(&queued, SystemTime::now()) {
+                    Ok(true) => tracing::info!(event = "cron_queued", job_id = %id,
+                        trigger_index = schedule.trigger.index),
+                    Ok(false) => {}
+                    Err(e) => queue_error(&e),
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use protocol::job::Job;
 use protocol::reason::{Outcome, Reason, Stage};
 
 use crate::verdict::Verdict;
-use records::record::{Draft, Record};
+use records::record::{Draft, Ending, Record};
 
 /// The branch a job's changes are pushed to.
 pub fn work_branch(job_id: &str) -> String {
@@ -176,39 +176,43 @@ pub fn publish_limits(settings: &config::settings::Settings) -> forge::tree::Lim
     }
 }
 
-/// After a completed `fix` job: the changes pushed and proposed. The record then names the pull
-/// request; a job that changed nothing proposes nothing. A push or a request that fails turns the
-/// record into `forge-delivery-failed` (the agent's work is kept in the job's clone).
+/// What became of a completed `fix` job's changes: the pull (merge) request proposed, by its web
+/// address (`None`: the job changed nothing, so nothing is proposed), or how the job ends instead.
+pub type Delivered = Result<Option<String>, Ending>;
+
+/// After a completed `fix` job: the changes pushed and proposed. A job that changed nothing
+/// proposes nothing. A push or a request that fails ends the job `forge-delivery-failed` (the
+/// agent's work is kept in the job's clone).
 pub async fn deliver_fix(
     forges: &Forges,
     job_id: &str,
     event: &ForgeEvent,
     prepared: &Prepared,
     bounds: git::Bounds<'_>,
-    record: &mut Record,
-) {
-    let failed = |record: &mut Record, why: String| {
-        delivery_ended(job_id, record, Reason::ForgeDeliveryFailed, why);
-    };
+) -> Delivered {
     // The delivery's own token, minted now: the job's may have run out with a long job (a GitHub
     // token lives an hour), and it is revoked once the delivery is done.
     let token = match forges.mint(event, forge::Scope::Delivery).await {
         Ok(t) => t,
-        Err(e) => return failed(record, e.to_string()),
+        Err(e) => {
+            return Err(delivery_ended(
+                job_id,
+                Reason::ForgeDeliveryFailed,
+                e.to_string(),
+            ));
+        }
     };
-    deliver_with(forges, job_id, event, prepared, bounds, &token, record).await;
+    let delivered = deliver_with(forges, job_id, event, prepared, bounds, &token).await;
     if let Err(e) = forges.revoke(event, &token).await {
         tracing::warn!(event = "forge_revoke_failed", job_id = %job_id, detail = %e);
     }
+    delivered
 }
 
-/// A completed job's record turned into why its delivery did not happen.
-fn delivery_ended(job_id: &str, record: &mut Record, reason: Reason, why: String) {
+/// How a completed job ends when its delivery did not happen, and why.
+fn delivery_ended(job_id: &str, reason: Reason, why: String) -> Ending {
     tracing::warn!(event = reason.log_event(), job_id = %job_id, reason = %reason, detail = %why);
-    record.outcome = reason.outcome();
-    record.reason = Some(reason);
-    record.detail = Some(Detail::new(why));
-    record.fix = Some(reason.fix().to_owned());
+    Ending::failed(reason, Detail::new(why))
 }
 
 /// [`deliver_fix`] with the delivery's token.
@@ -219,15 +223,11 @@ async fn deliver_with(
     prepared: &Prepared,
     bounds: git::Bounds<'_>,
     token: &Secret,
-    record: &mut Record,
-) {
+) -> Delivered {
     let branch = work_branch(job_id);
     let authorization = Forges::git_authorization(event, token);
     let title = format!("{} (#{})", event.title, event.number);
-    let ended = |record: &mut Record, reason: Reason, why: String| {
-        delivery_ended(job_id, record, reason, why);
-    };
-    let failed = |record: &mut Record, why: String| ended(record, Reason::ForgeDeliveryFailed, why);
+    let failed = |why: String| delivery_ended(job_id, Reason::ForgeDeliveryFailed, why);
     let pushed = git::publish(
         &prepared.checkout,
         &prepared.clone_url,
@@ -245,11 +245,12 @@ async fn deliver_with(
                 forge::tree::TreeError::Secret { .. } => Reason::JobOutputSecret,
                 _ => Reason::JobOutputRefused,
             };
-            ended(record, reason, e.to_string());
+            Err(delivery_ended(job_id, reason, e.to_string()))
         }
-        Err(e) => failed(record, e.to_string()),
+        Err(e) => Err(failed(e.to_string())),
         Ok(None) => {
             tracing::info!(event = "forge_nothing_changed", job_id = %job_id);
+            Ok(None)
         }
         Ok(Some(_)) => {
             let body = format!(
@@ -262,20 +263,21 @@ async fn deliver_with(
             {
                 Ok(url) => {
                     tracing::info!(event = "forge_change_proposed", job_id = %job_id, url = %url);
-                    record.pull_request = Some(url);
+                    Ok(Some(url))
                 }
-                Err(e) => failed(record, e.to_string()),
+                Err(e) => Err(failed(e.to_string())),
             }
         }
     }
 }
 
-/// The one comment of a finished job, by its record: the answer, the pull request, or which rule
-/// stopped the job. Nothing for a cancelled job.
-pub fn comment_for(job: &Job, record: &Record) -> Option<String> {
+/// The one comment of a finished job, by its record and its plan's `flow` (`None`: the job was
+/// not admitted, or is not a forge job): the answer, the pull request, or which rule stopped the
+/// job. Nothing for a cancelled job.
+pub fn comment_for(flow: Option<Flow>, record: &Record) -> Option<String> {
     match (record.outcome, record.reason) {
-        (Outcome::Completed, _) => Some(match job.flow.as_deref() {
-            Some("fix") => match &record.pull_request {
+        (Outcome::Completed, _) => Some(match flow {
+            Some(Flow::Fix) => match &record.pull_request {
                 Some(url) => format!("pi-dispatch proposed a change for this: {url}"),
                 None => "pi-dispatch's agent finished without changing any file, so nothing is proposed.".to_owned(),
             },
@@ -304,12 +306,12 @@ pub const COMMENT_WAITS: [std::time::Duration; 3] = [
     std::time::Duration::from_secs(15),
 ];
 
-/// Posts the job's comment on its issue, once: a token is minted for each try and revoked after
-/// it (a refusal's job has none yet), and a try the forge may take later is made again
-/// ([`COMMENT_WAITS`]). A comment that still cannot be posted is logged, never retried by running
-/// the job again.
-pub async fn post_comment(forges: &Arc<Forges>, job: &Job, record: &Record) {
-    post_comment_waiting(forges, job, record, &COMMENT_WAITS).await;
+/// Posts the job's comment on its issue (the job's event, as queued: a refused job has no plan),
+/// once: a token is minted for each try and revoked after it (a refusal's job has none yet), and a
+/// try the forge may take later is made again ([`COMMENT_WAITS`]). A comment that still cannot be
+/// posted is logged, never retried by running the job again.
+pub async fn post_comment(forges: &Arc<Forges>, job: &Job, record: &Record, flow: Option<Flow>) {
+    post_comment_waiting(forges, job, record, flow, &COMMENT_WAITS).await;
 }
 
 /// [`post_comment`], with its waits between tries.
@@ -317,12 +319,13 @@ pub async fn post_comment_waiting(
     forges: &Arc<Forges>,
     job: &Job,
     record: &Record,
+    flow: Option<Flow>,
     waits: &[std::time::Duration],
 ) {
     let Some(event) = &job.event else {
         return;
     };
-    let Some(text) = comment_for(job, record) else {
+    let Some(text) = comment_for(flow, record) else {
         return;
     };
     let posted = forges.post_comment(event, &job.id, &text, waits).await;
@@ -368,48 +371,47 @@ mod tests {
 
     #[test]
     fn each_ending_has_its_comment_and_a_stop_names_no_server() {
-        let mut job = Job::new("gh-1-t0", "label", "github");
-        job.flow = Some("answer".into());
+        let job = Job::new("gh-1-t0", "label", "github");
+        let answer = Some(Flow::Answer);
         let mut record = Record::ended(&job, Reason::McpUnavailable, 1, 0);
         record.detail = Some(Detail::new("docs failed").server("docs"));
-        let stop = comment_for(&job, &record).unwrap();
+        let stop = comment_for(answer, &record).unwrap();
         assert!(
             stop.contains("mcp-unavailable") && !stop.contains("docs"),
             "{stop}"
         );
         let refused = Record::ended(&job, Reason::McpServerUnknown, 1, 0)
             .with_detail(Detail::new("x").server("wiki"), "f");
-        let comment = comment_for(&job, &refused).unwrap();
+        let comment = comment_for(answer, &refused).unwrap();
         assert!(comment.contains("`wiki`") && comment.contains("mcp-server-unknown"));
         // The same reason before the job and in it: a refusal, then a stop that spent.
         let before = Record::ended(&job, Reason::McpConfigInvalid, 1, 0);
         assert!(
-            comment_for(&job, &before)
+            comment_for(answer, &before)
                 .unwrap()
                 .contains("Nothing was spent")
         );
         let mut within = Record::ended(&job, Reason::McpConfigInvalid, 1, 0);
         within.budget_reserved = true;
         within.exit_code = Some(2);
-        let stopped = comment_for(&job, &within).unwrap();
+        let stopped = comment_for(answer, &within).unwrap();
         assert!(
             stopped.starts_with("pi-dispatch stopped this job")
                 && !stopped.contains("Nothing was spent"),
             "{stopped}"
         );
         let mut done = Record::ended(&job, Reason::Cancelled, 1, 0);
-        assert_eq!(comment_for(&job, &done), None);
+        assert_eq!(comment_for(answer, &done), None);
         done.outcome = Outcome::Completed;
         done.reason = None;
         done.final_message = Some("The port is 8780.".into());
         assert_eq!(
-            comment_for(&job, &done).as_deref(),
+            comment_for(answer, &done).as_deref(),
             Some("The port is 8780.")
         );
-        job.flow = Some("fix".into());
         done.pull_request = Some("http://forge/pull/3".into());
         assert!(
-            comment_for(&job, &done)
+            comment_for(Some(Flow::Fix), &done)
                 .unwrap()
                 .contains("http://forge/pull/3")
         );
@@ -422,7 +424,7 @@ mod tests {
     fn a_forge_that_said_no_is_final_and_one_that_may_answer_later_is_retried() {
         let draft = Draft::new(&Job::new("gh-1-t0", "label", "github"), 1);
         let reason_of = |e: ForgeError| match fault(&draft, Reason::ForgeTokenFailed, &e) {
-            Verdict::Ended(r) => r.reason.unwrap(),
+            Verdict::Ended(e) => e.record.reason.unwrap(),
             Verdict::HandBack => panic!("a forge fault handed the job back"),
         };
         let status = |status| ForgeError::Status { op: "mint", status };

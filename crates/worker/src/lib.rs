@@ -5,12 +5,17 @@
 //! On the job's path: from the lease to the record: admission, secrets, token, sandbox, the
 //! runner's exit line, the record and the comment.
 
+mod control;
 pub mod cron;
 pub mod egress;
 pub mod forge_job;
+mod lost;
+mod options;
+mod page;
 pub mod pipeline;
 pub mod retention;
 pub mod sandboxed;
 pub mod service;
+mod slot;
 pub mod transcript;
 pub mod verdict;

@@ -2,8 +2,9 @@
 //! that costs nothing) and hands over the job's whole plan ([`Admitted`]); from there the worker
 //! reads only the plan. The job waits for its repository folder to be free, the secrets its
 //! trigger names are resolved on the host, a forge job's token is minted and its repository
-//! cloned, the job's folder is written, one sandbox runs the runner ([`crate::sandboxed`]), and
-//! its signed exit line becomes the record, which a [`Draft`] builds once.
+//! cloned, the job's folder is written, the sandbox step runs the runner ([`Sandbox`]) and says
+//! how the job ended, a completed `fix` job's changes are delivered, and the record is finished
+//! once from what the steps returned ([`Draft::finish_at`]).
 //!
 //! [`Worker::process`] never touches the queue: it says what became of the job ([`Verdict`]) and
 //! the worker loop finishes it, retries it (when the record's reason is one the reason table
@@ -20,14 +21,15 @@ use protocol::admitted::{Admitted, Egress, Flow, ForgeTarget, Work};
 use protocol::detail::Detail;
 use protocol::job::Job;
 use protocol::job_dir;
-use protocol::reason::{Outcome, Reason};
+use protocol::reason::Reason;
 use sandbox::backend::Backend;
 use sandbox::secrets::{Resolver, Secret};
 
 use crate::forge_job::{self, Prepared};
+use crate::sandboxed::Sandbox;
 use crate::transcript::Redactor;
 use crate::verdict::{StopCause, StopSignal, Verdict, stopped};
-use records::record::{Draft, EgressDenial, now_ms};
+use records::record::{Draft, EgressDenial, Ending, now_ms};
 
 /// How often a job that waits for its folder looks again.
 const LOCK_POLL: Duration = Duration::from_millis(200);
@@ -188,8 +190,7 @@ fn left_of_cap(plan: &mut Admitted, draft: &Draft) -> Result<(), Verdict> {
     let why = format!("the job's earlier attempts spent {spent:.6} USD of its cap of {cap} USD");
     tracing::warn!(event = reason.log_event(), job_id = %plan.job_id, why = %why);
     Err(draft
-        .ended(reason)
-        .with_detail(Detail::new(why), reason.fix())
+        .finish(Ending::failed(reason, Detail::new(why)))
         .into())
 }
 
@@ -209,11 +210,30 @@ impl Worker {
             Ok(plan) => plan,
             Err(verdict) => return verdict,
         };
-        if let Err(verdict) = left_of_cap(&mut plan, &draft) {
-            return verdict;
+        // From here on the plan says what a completed job's comment is.
+        let flow = plan.work.forge().map(|target| target.flow);
+        let verdict = match left_of_cap(&mut plan, &draft) {
+            Err(verdict) => verdict,
+            Ok(()) => {
+                draft.admitted(now_ms());
+                self.carry_out(&plan, draft, stop).await
+            }
+        };
+        verdict.with_flow(flow)
+    }
+
+    /// The sandbox step, with what this worker runs jobs with.
+    fn sandbox(&self) -> Sandbox<'_> {
+        Sandbox {
+            settings: &self.settings,
+            backend: &*self.backend,
+            env: &self.env,
+            time_limit: self.time_limit,
+            runner_stderr: self.runner_stderr,
+            cgroups: self.cgroups.as_ref(),
+            identities: self.identities.as_ref(),
+            disks: self.disks.as_ref(),
         }
-        draft.admitted(now_ms());
-        self.carry_out(&plan, draft, stop).await
     }
 
     /// The admission (step 1): every check that costs nothing. The job as queued is read here,
@@ -233,10 +253,9 @@ impl Worker {
             Decision::Admit(plan) => Ok(*plan),
             Decision::Refuse(refusal) => {
                 log_refusal(&job.id, &refusal);
-                let record = draft.ended(refusal.reason);
-                Err(record
-                    .with_detail(refusal.detail.clone(), refusal.fix.clone())
-                    .into())
+                let ending = Ending::of(refusal.reason)
+                    .with_detail(refusal.detail.clone(), refusal.fix.clone());
+                Err(draft.finish(ending).into())
             }
             Decision::Retry { detail } => {
                 tracing::warn!(event = "pickup_retry", job_id = %job.id, detail = %detail);
@@ -292,7 +311,8 @@ impl Worker {
         verdict
     }
 
-    /// The job's folder, its way out, its sandbox and, for a completed `fix` job, its delivery.
+    /// The job's folder, its way out, its sandbox and, for a completed `fix` job, its delivery;
+    /// then the record, finished once.
     async fn run_prepared(
         &self,
         plan: &Admitted,
@@ -303,6 +323,7 @@ impl Worker {
         stop: &mut StopSignal,
     ) -> Verdict {
         let prepared = forged.map(|(_, p)| p);
+        let sandbox = self.sandbox();
         // 5. The job's folder.
         let job_dir = match write_job_folder(plan, prompt) {
             Ok(d) => d,
@@ -313,7 +334,7 @@ impl Worker {
             }
         };
         // 6. Its environment: what its processes inherit.
-        let env = match self.job_env(plan, draft, secrets, prepared) {
+        let env = match sandbox.job_env(plan, draft, secrets, prepared) {
             Ok(env) => env,
             Err(verdict) => return verdict,
         };
@@ -328,8 +349,8 @@ impl Worker {
             return verdict;
         }
         // 8. The sandbox.
-        let ran = self
-            .run_sandbox(plan, draft, &job_dir, env, &redactor, stop)
+        let ran = sandbox
+            .run(plan, draft, &job_dir, env, &redactor, stop)
             .await;
         // 9. However the job ended: its socket closed, and what the proxy refused it recorded.
         if egress {
@@ -337,27 +358,50 @@ impl Worker {
             draft.egress_denied(denied);
         }
         release_job_folder(&job_dir);
-        let mut verdict = match ran {
-            Ok(ended) => self.settle(draft, ended, &redactor),
-            Err(verdict) => verdict,
+        let ending = match ran.and_then(|left| sandbox.ending(draft, left, &redactor)) {
+            Ok(ending) => ending,
+            Err(verdict) => return verdict,
         };
+        let ended_at = now_ms();
         // 10. A completed fix job's changes, pushed and proposed, none holding a value the job
         // was given.
-        if let (Some((target, p)), Verdict::Ended(record)) = (forged, &mut verdict)
-            && record.outcome == Outcome::Completed
-            && target.flow == Flow::Fix
-        {
-            let limits = forge_job::publish_limits(&self.settings);
-            let needles =
-                forge::scan::Needles::new(given.iter().map(|(n, v)| (n.as_str(), v.expose())));
-            let bounds = forge::git::Bounds {
-                limits: &limits,
-                needles: &needles,
-            };
-            let (forges, job_id) = (&self.forges, &plan.job_id);
-            forge_job::deliver_fix(forges, job_id, &target.event, p, bounds, record).await;
+        let ending = match forged {
+            Some((target, p)) if ending.is_completed() && target.flow == Flow::Fix => {
+                self.deliver(plan, draft, (target, p), &given, ending).await
+            }
+            _ => ending,
+        };
+        draft.finish_at(ending, ended_at).into()
+    }
+
+    /// A completed `fix` job's delivery: the pull request it proposed put in `draft`, or how the
+    /// job ends instead of `ending`.
+    async fn deliver(
+        &self,
+        plan: &Admitted,
+        draft: &mut Draft,
+        (target, prepared): (&ForgeTarget, &Prepared),
+        given: &[(String, Secret)],
+        ending: Ending,
+    ) -> Ending {
+        let limits = forge_job::publish_limits(&self.settings);
+        let needles =
+            forge::scan::Needles::new(given.iter().map(|(n, v)| (n.as_str(), v.expose())));
+        let bounds = forge::git::Bounds {
+            limits: &limits,
+            needles: &needles,
+        };
+        let delivered =
+            forge_job::deliver_fix(&self.forges, &plan.job_id, &target.event, prepared, bounds)
+                .await;
+        match delivered {
+            Ok(Some(url)) => {
+                draft.proposed(url);
+                ending
+            }
+            Ok(None) => ending,
+            Err(instead) => instead,
         }
-        verdict
     }
 
     fn egress_client(&self) -> egress::control::Client {
@@ -374,11 +418,9 @@ impl Worker {
             tracing::warn!(event = "egress_open_failed", job_id = %job_id, why = %why);
             let fix =
                 "check that the egress proxy runs (`pi-dispatch doctor`); the job is tried again";
-            Verdict::from(
-                draft
-                    .ended(Reason::ContainerNeverStarted)
-                    .with_detail(Detail::new(why), fix),
-            )
+            let ending =
+                Ending::of(Reason::ContainerNeverStarted).with_detail(Detail::new(why), fix);
+            Verdict::from(draft.finish(ending))
         };
         if socket.as_os_str().len() > MAX_SOCKET_PATH {
             return Err(fault(format!(

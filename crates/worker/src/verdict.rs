@@ -2,22 +2,42 @@
 
 use tokio::sync::watch;
 
+use protocol::admitted::Flow;
 use protocol::reason::Reason;
 use records::record::Record;
 
 /// What became of the job.
 #[derive(Debug)]
 pub enum Verdict {
-    /// It ended, as this record says. Whether it is run again is its reason's to say
+    /// It ended, as its record says. Whether it is run again is its reason's to say
     /// ([`Reason::retried`]): nothing else decides it.
-    Ended(Box<Record>),
+    Ended(Box<Ended>),
     /// The worker is stopping: give the job back to the queue at once, with no record.
     HandBack,
 }
 
+/// A job that ended: its record, and what its comment needs of its plan.
+#[derive(Debug)]
+pub struct Ended {
+    pub record: Record,
+    /// A forge job's flow, as its plan says (`None` before the admission let it through): what a
+    /// completed job's comment says.
+    pub flow: Option<Flow>,
+}
+
 impl From<Record> for Verdict {
     fn from(record: Record) -> Verdict {
-        Verdict::Ended(Box::new(record))
+        Verdict::Ended(Box::new(Ended { record, flow: None }))
+    }
+}
+
+impl Verdict {
+    /// The verdict on a job whose plan has `flow` (a forge job's).
+    pub fn with_flow(self, flow: Option<Flow>) -> Verdict {
+        match self {
+            Verdict::Ended(ended) => Verdict::Ended(Box::new(Ended { flow, ..*ended })),
+            Verdict::HandBack => Verdict::HandBack,
+        }
     }
 }
 
