@@ -8,20 +8,13 @@ use protocol::pi_events::PiEvents;
 use protocol::reason::Reason;
 use tokio::process::{Child, Command};
 
+use crate::finish::AgentEnd;
 use crate::gateway::PiGateway;
-use crate::job::{Agent, JobOptions, Runner};
 use crate::job_file::Stop;
 use crate::pi_agent::AgentFolder;
 use crate::pi_config;
+use crate::runner::{Agent, JobOptions, Runner};
 use crate::serve::{PiStart, PiStarts, StopWhen};
-
-/// How the agent's part ended: exited (well or not), stopped by the runner, or told to stop. pi's
-/// events are there when the agent was pi.
-pub(crate) enum AgentEnd {
-    Exited(bool, Option<PiEvents>),
-    Stopped(Stop, Option<PiEvents>),
-    Terminated,
-}
 
 /// What ended the wait for the agent: its exit status (if it could be had), or a stop (`None`:
 /// SIGTERM).

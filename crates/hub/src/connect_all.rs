@@ -41,7 +41,7 @@ enum ServerStart {
 /// job's workspace with the runner's environment (each confined when the runner confines). The
 /// worker is told the servers' states as soon as they are known.
 pub(crate) async fn connect_servers(
-    job: &crate::job::JobOptions,
+    job: &crate::runner::JobOptions,
     plan: Plan,
     wait: Duration,
 ) -> Result<Connected, (Stop, Vec<ServerState>)> {

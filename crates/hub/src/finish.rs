@@ -6,11 +6,18 @@ use protocol::exit_line::{ExitLine, ServerState};
 use protocol::pi_events::PiEvents;
 use protocol::reason::Reason;
 
-use crate::agent::AgentEnd;
 use crate::gateway::{PiGateway, Seen};
 use crate::job_file::Stop;
 use crate::output::line;
 use crate::relay;
+
+/// How the agent's part ended: exited (well or not), stopped by the runner, or told to stop. pi's
+/// events are there when the agent was pi.
+pub(crate) enum AgentEnd {
+    Exited(bool, Option<PiEvents>),
+    Stopped(Stop, Option<PiEvents>),
+    Terminated,
+}
 
 /// The reason of a runner stopped by SIGTERM.
 pub const TERMINATED: &str = "terminated";

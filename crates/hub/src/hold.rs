@@ -7,26 +7,8 @@ use protocol::reason::Reason;
 
 use crate::finish::Stopped;
 use crate::gateway::PiGateway;
-use crate::job::{Agent, JobOptions, Runner};
 use crate::job_file::Stop;
-
-/// The forwarder's tasks, ended with the job.
-struct Forwarding(Vec<tokio::task::JoinHandle<()>>);
-
-impl Drop for Forwarding {
-    fn drop(&mut self) {
-        for task in &self.0 {
-            task.abort();
-        }
-    }
-}
-
-/// What the runner holds from its first moment to its last, apart from the gateway and the watch
-/// for SIGTERM: the way out and the guard.
-pub(crate) struct Held {
-    _forwarding: Option<Forwarding>,
-    _guard: Option<crate::guard::Guard>,
-}
+use crate::runner::{Agent, Forwarding, Held, JobOptions, Runner};
 
 /// Starts the job's runner: the way out, the runner's pid on every process it starts (the meter's
 /// variable), so the guard can find them if the runner is killed outright; the guard; and, from

@@ -27,6 +27,7 @@ pub mod raw;
 pub mod relay;
 pub mod resolve;
 pub mod rpc;
+mod runner;
 mod serve;
 mod session;
 pub mod stdio;

@@ -4,8 +4,8 @@
 
 use protocol::exit_line::{ExitLine, ServerState};
 
-use crate::job::JobOptions;
 use crate::job_file::Stop;
+use crate::runner::JobOptions;
 
 /// One line of the runner's output at a time: pi's events and the servers' line never mix.
 static OUTPUT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -227,17 +227,19 @@ pub fn shell_script(runner: &Path) -> String {
 /// settings, the runner's extension, pi's `mcp.json` with no server yet (the serve step writes the
 /// hub's). Nothing to write for an agent other than pi.
 pub(crate) fn prepare_folder(
-    job: &crate::job::JobOptions,
+    agent_dir: &Path,
+    pi: Option<&PiOptions>,
     codemode_models: bool,
+    confine: Option<&Path>,
 ) -> Result<AgentFolder, crate::job_file::Stop> {
     let folder = AgentFolder {
-        dir: job.agent_dir.clone(),
+        dir: agent_dir.to_owned(),
     };
-    let crate::job::Agent::Pi(pi) = &job.agent else {
+    let Some(pi) = pi else {
         return Ok(folder);
     };
-    prepare(&folder, pi, codemode_models, job.confine.as_deref())
-        .and_then(|()| write_private(&job.agent_dir, "mcp.json", b"{\"mcpServers\": {}}\n"))
+    prepare(&folder, pi, codemode_models, confine)
+        .and_then(|()| write_private(agent_dir, "mcp.json", b"{\"mcpServers\": {}}\n"))
         .map_err(|e| {
             crate::job_file::Stop::new(
                 protocol::reason::Reason::RunnerSetupFailed,

@@ -9,9 +9,9 @@ use protocol::reason::Reason;
 
 use protocol::job_dir;
 
-use crate::job::JobOptions;
 use crate::job_file::{self, JobFile, JobServer, Stop};
 use crate::resolve::{self, Resolved};
+use crate::runner::JobOptions;
 use crate::stdio;
 
 /// One server, ready to connect.

@@ -13,10 +13,10 @@ use protocol::reason::Reason;
 
 use crate::connect_all::Connected;
 use crate::finish::{Ended, Stopped};
-use crate::job::{Agent, Runner};
 use crate::job_file::{JobServer, Stop};
 use crate::pi_agent::{AgentFolder, expected_json, write_private};
 use crate::plan::JobPlan;
+use crate::runner::{Agent, Runner};
 use crate::{pi_config, relay, wait};
 
 /// The hub's socket, in pi's own part of its agent folder.
@@ -321,7 +321,7 @@ impl Serving {
     }
 
     /// How the job's part that pi ran ended, with what served it; the hub's socket removed.
-    pub(crate) fn ended(self, agent: crate::agent::AgentEnd) -> Ended {
+    pub(crate) fn ended(self, agent: crate::finish::AgentEnd) -> Ended {
         let hub = self
             .kept
             .hub

@@ -696,3 +696,223 @@ fn the_module_check_sees_a_cycle_and_only_code() {
         "{found:?}"
     );
 }
+
+// ---- Function length ----
+
+/// The longest a production function may be, in lines from its `fn` to its closing brace: a longer
+/// one is split into named steps.
+const MAX_FUNCTION_LINES: usize = 80;
+
+/// `code` (as [`code_only`] leaves it) with every `#[cfg(test)]` module's block blanked out, line
+/// breaks kept.
+fn without_test_modules(code: &str) -> String {
+    let mut out: Vec<char> = code.chars().collect();
+    let mut from = 0;
+    loop {
+        let text: String = out.iter().collect();
+        let Some(at) = text[from..].find("#[cfg(test)]").map(|i| from + i) else {
+            break;
+        };
+        from = at + 1;
+        // The attribute's item: `mod name {` (a `mod name;` names a file, left to the caller).
+        let rest = text[at + "#[cfg(test)]".len()..].trim_start();
+        let Some(after_mod) = rest.strip_prefix("mod ") else {
+            continue;
+        };
+        let after_mod: Vec<char> = after_mod.chars().collect();
+        let Some((_, after_name)) = ident_at(&after_mod, 0) else {
+            continue;
+        };
+        if after_mod[after_name..].iter().find(|c| !c.is_whitespace()) != Some(&'{') {
+            continue;
+        }
+        let chars_before = text[..at].chars().count();
+        let open = chars_before + text[at..].chars().position(|c| c == '{').unwrap();
+        let end = block_end(&out, open);
+        for c in &mut out[chars_before..=end] {
+            if *c != '\n' {
+                *c = ' ';
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// The position of the `}` that closes the `{` at `open`.
+fn block_end(chars: &[char], open: usize) -> usize {
+    let mut depth = 0usize;
+    for (i, c) in chars.iter().enumerate().skip(open) {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i;
+                }
+            }
+            _ => {}
+        }
+    }
+    chars.len() - 1
+}
+
+/// Each function with a body in `code` (as [`code_only`] leaves it): its name, its first line and
+/// its length in lines.
+fn functions(code: &str) -> Vec<(String, usize, usize)> {
+    let chars: Vec<char> = code.chars().collect();
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    let line_of = |i: usize| chars[..i].iter().filter(|c| **c == '\n').count() + 1;
+    let mut found = Vec::new();
+    for i in 0..chars.len().saturating_sub(2) {
+        let keyword = chars[i] == 'f' && chars[i + 1] == 'n';
+        let alone = (i == 0 || !is_ident(chars[i - 1])) && !is_ident(chars[i + 2]);
+        if !(keyword && alone) {
+            continue;
+        }
+        let Some((name, mut j)) = ident_at(&chars, i + 2) else {
+            continue;
+        };
+        // The body opens at the first `{` outside the signature's brackets (`[u8; 2]`).
+        let mut depth = 0i32;
+        while j < chars.len() && !(depth == 0 && (chars[j] == '{' || chars[j] == ';')) {
+            match chars[j] {
+                '(' | '[' => depth += 1,
+                ')' | ']' => depth -= 1,
+                _ => {}
+            }
+            j += 1;
+        }
+        if chars.get(j) != Some(&'{') {
+            continue;
+        }
+        let (first, last) = (line_of(i), line_of(block_end(&chars, j)));
+        found.push((name, first, last - first + 1));
+    }
+    found
+}
+
+/// The production sources: each workspace member's `src`, but the test kit's and the benchmark's,
+/// without the files that only tests compile (`…tests.rs`).
+fn production_sources() -> Vec<PathBuf> {
+    let metadata: Value =
+        serde_json::from_str(&cargo(&["metadata", "--format-version", "1", "--no-deps"])).unwrap();
+    let mut out = Vec::new();
+    for package in metadata["packages"].as_array().unwrap() {
+        let name = package["name"].as_str().unwrap();
+        if matches!(name, "pi-dispatch-testkit" | "pi-dispatch-bench") {
+            continue;
+        }
+        let manifest = PathBuf::from(package["manifest_path"].as_str().unwrap());
+        let src = manifest.parent().unwrap().join("src");
+        out.extend(
+            rust_files(&src)
+                .into_iter()
+                .filter(|f| !f.to_string_lossy().ends_with("tests.rs")),
+        );
+    }
+    out
+}
+
+#[test]
+fn no_production_function_is_longer_than_its_bound() {
+    let mut measured = 0;
+    let mut long = Vec::new();
+    for file in production_sources() {
+        let code = without_test_modules(&code_only(&std::fs::read_to_string(&file).unwrap()));
+        for (name, line, lines) in functions(&code) {
+            measured += 1;
+            if lines > MAX_FUNCTION_LINES {
+                long.push(format!("{}:{line} {name}: {lines} lines", file.display()));
+            }
+        }
+    }
+    // The workspace has well over a thousand functions: the check read them.
+    assert!(measured > 1000, "only {measured} functions were measured");
+    assert!(
+        long.is_empty(),
+        "functions over {MAX_FUNCTION_LINES} lines (split them into named steps):\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_length_check_measures_bodies_and_leaves_tests_out() {
+    let src = concat!(
+        "/// fn in_a_comment() {\n",
+        "pub fn three(x: u8) -> u8 {\n",
+        "    let s = \"fn in_a_string() { }\";\n",
+        "    x }\n",
+        "trait T { fn declared(&self); }\n",
+        "fn nested() {\n",
+        "    fn inner() -> [u8; 2] { [0; 2] }\n",
+        "    let _ = '{';\n",
+        "}\n",
+        "#[cfg(test)]\n",
+        "mod tests {\n",
+        "    fn a_test() {}\n",
+        "}\n",
+    );
+    let found = functions(&without_test_modules(&code_only(src)));
+    let expected = [("three", 2, 3), ("nested", 6, 4), ("inner", 7, 1)];
+    let expected: Vec<(String, usize, usize)> = expected
+        .iter()
+        .map(|(n, l, len)| ((*n).to_owned(), *l, *len))
+        .collect();
+    assert_eq!(found, expected);
+}
+
+// ---- The command modules ----
+
+/// The modules under `pi-dispatch`'s `src/cmd`, each with the command modules it uses (through
+/// `crate::cmd::` or `super::`).
+fn command_module_graph() -> BTreeMap<String, BTreeMap<String, Edge>> {
+    let cmd = workspace_root().join("crates/pi-dispatch/src/cmd");
+    let files: Vec<PathBuf> = rust_files(&cmd)
+        .into_iter()
+        .filter(|f| !f.ends_with("mod.rs"))
+        .collect();
+    let module = |f: &Path| f.file_stem().unwrap().to_string_lossy().into_owned();
+    let names: BTreeSet<String> = files.iter().map(|f| module(f)).collect();
+    let mut graph: BTreeMap<String, BTreeMap<String, Edge>> =
+        names.iter().map(|m| (m.clone(), BTreeMap::new())).collect();
+    for file in &files {
+        let from = module(file);
+        let code = without_test_modules(&code_only(&std::fs::read_to_string(file).unwrap()))
+            .replace("crate::cmd::", "crate::")
+            .replace("super::", "crate::");
+        for (to, line) in crate_paths(&code) {
+            if names.contains(&to) && to != from {
+                let at = format!("cmd/{from}.rs:{line}");
+                graph
+                    .entry(from.clone())
+                    .or_default()
+                    .entry(to.clone())
+                    .or_insert(Edge { to, at });
+            }
+        }
+    }
+    graph
+}
+
+#[test]
+fn no_command_module_imports_another_in_a_circle() {
+    let graph = command_module_graph();
+    let uses: usize = graph.values().map(BTreeMap::len).sum();
+    // Commands share some steps (`runs::records`, `run::queue_job`): the check reads something.
+    assert!(
+        graph.len() > 15 && uses > 5,
+        "{} modules, {uses} uses",
+        graph.len()
+    );
+    assert!(
+        graph["rerun"].contains_key("run"),
+        "{:?}",
+        graph["rerun"].keys()
+    );
+    let found = cycles(&graph);
+    assert!(
+        found.is_empty(),
+        "command modules that import each other in a circle:\n{}",
+        found.join("\n")
+    );
+}
