@@ -916,3 +916,69 @@ fn no_command_module_imports_another_in_a_circle() {
         found.join("\n")
     );
 }
+
+// ---- The worker's record and steps ----
+
+/// Where `code` writes a field of a value named `record` (`record.outcome = …`, not `==`), or
+/// takes a record to change it (`&mut Record`, `mut record`): each with its line.
+fn record_changes(code: &str) -> Vec<(usize, String)> {
+    let line_of = |i: usize| code[..i].matches('\n').count() + 1;
+    let mut found = Vec::new();
+    for (at, _) in code.match_indices("record.") {
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &code[at + "record.".len()..];
+        let field: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let after = rest[field.len()..].trim_start();
+        let assigned =
+            after.starts_with('=') && !after.starts_with("==") && !after.starts_with("=>");
+        if !field.is_empty() && assigned {
+            found.push((line_of(at), format!("record.{field} =")));
+        }
+    }
+    for pattern in ["&mut Record", "mut record"] {
+        for (at, _) in code.match_indices(pattern) {
+            found.push((line_of(at), pattern.to_owned()));
+        }
+    }
+    found
+}
+
+/// The worker finishes a job's record once, from what its steps returned (`Draft::finish_at`):
+/// none of its production code changes a record after that, and the sandbox step is a type of its
+/// own rather than more of `impl Worker` in another file.
+#[test]
+fn the_worker_finishes_a_record_once_and_its_sandbox_step_is_its_own_type() {
+    let src = workspace_root().join("crates/worker/src");
+    let mut changes = Vec::new();
+    let mut worker_impls = Vec::new();
+    for file in rust_files(&src) {
+        if file.to_string_lossy().ends_with("tests.rs") {
+            continue;
+        }
+        let code = without_test_modules(&code_only(&std::fs::read_to_string(&file).unwrap()));
+        let name = file.strip_prefix(&src).unwrap().display().to_string();
+        for (line, what) in record_changes(&code) {
+            changes.push(format!("{name}:{line} {what}"));
+        }
+        if code.contains("impl Worker {") {
+            worker_impls.push(name);
+        }
+    }
+    assert!(
+        changes.is_empty(),
+        "a finished record is changed:\n{}",
+        changes.join("\n")
+    );
+    assert_eq!(worker_impls, ["pipeline.rs"]);
+    // The check sees a change where there is one.
+    let probe = "fn f(record: Record) { let mut record = record; record.outcome = x; }";
+    assert_eq!(record_changes(&code_only(probe)).len(), 2);
+    assert!(record_changes("if record.outcome == x {}").is_empty());
+    assert!(record_changes("match r { _ if record.done => 1 }").is_empty());
+}
