@@ -1,0 +1,301 @@
+//! Pins: what each server of the overlay told the agent when it was approved, so that a server
+//! changed since (a new tool, a rewritten description, another schema, another version) cannot
+//! put new words before the model unnoticed.
+//!
+//! On the job's path: the worker hands the runner the pins of the job's servers; the hub digests
+//! every tool a server lists at connect and withholds what does not match; the exit line carries
+//! what was seen, and the worker keeps it as the pin (first use, or a policy that follows the
+//! server) or as drift for the operator to approve.
+//!
+//! A tool's digest is taken over its definition exactly as the server wrote it, put in one
+//! canonical form (keys sorted, no white space), so that two listings that only order keys or
+//! space them differently agree, and any other change to any field does not.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::json::{self, Json};
+
+/// What a digest of a canonical definition starts with.
+pub const CANONICAL_PREFIX: &str = "sha256:";
+
+/// What a digest of a definition that is not strict JSON (a key written twice) starts with: it is
+/// taken over the bytes as sent, and never equals a canonical one.
+pub const RAW_PREFIX: &str = "sha256-raw:";
+
+/// How a trigger treats a server whose tools no longer match their pin (`run.pins`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PinPolicy {
+    /// The changed tools are not offered to pi; the job goes on with the others.
+    #[default]
+    Withhold,
+    /// The job ends before its prompt.
+    Refuse,
+    /// The changed tools are offered, the drift is recorded and the pin follows the server.
+    Accept,
+}
+
+impl PinPolicy {
+    pub const ALL: [PinPolicy; 3] = [PinPolicy::Withhold, PinPolicy::Refuse, PinPolicy::Accept];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PinPolicy::Withhold => "withhold",
+            PinPolicy::Refuse => "refuse",
+            PinPolicy::Accept => "accept",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<PinPolicy> {
+        PinPolicy::ALL.into_iter().find(|p| p.as_str() == text)
+    }
+}
+
+/// The server as it named itself in its `initialize` answer (`serverInfo`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ServerInfo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+/// What one server listed at one connect: who it said it was, and each tool's digest by name.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Listing {
+    pub server: ServerInfo,
+    pub tools: BTreeMap<String, String>,
+}
+
+impl Listing {
+    /// The listing of these definitions, each as the server wrote it (`(name, definition)`).
+    pub fn of<'a>(server: ServerInfo, tools: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        Listing {
+            server,
+            tools: tools
+                .into_iter()
+                .map(|(name, definition)| (name.to_owned(), digest(definition)))
+                .collect(),
+        }
+    }
+}
+
+/// `value` in canonical form: object keys in the order of their bytes, no white space, strings and
+/// numbers as serde_json writes them.
+pub fn canonical(value: &Json) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &Json, out: &mut String) {
+    match value {
+        Json::Object(members) => {
+            let mut sorted: Vec<(&str, &Json)> = members.iter().collect();
+            sorted.sort_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (key, item)) in sorted.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(key, out);
+                out.push(':');
+                write_canonical(item, out);
+            }
+            out.push('}');
+        }
+        Json::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        Json::String(s) => write_string(s, out),
+        Json::Number(n) => {
+            let _ = write!(out, "{n}");
+        }
+        Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Json::Null => out.push_str("null"),
+    }
+}
+
+fn write_string(s: &str, out: &mut String) {
+    // serde_json's own escaping: one form for each string.
+    out.push_str(&serde_json::to_string(s).unwrap_or_default());
+}
+
+/// The digest of one tool's definition as the server wrote it.
+pub fn digest(definition: &str) -> String {
+    match json::parse(definition) {
+        Ok(value) => format!(
+            "{CANONICAL_PREFIX}{}",
+            hex(&Sha256::digest(canonical(&value)))
+        ),
+        Err(_) => format!(
+            "{RAW_PREFIX}{}",
+            hex(&Sha256::digest(definition.as_bytes()))
+        ),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// How one tool a server listed differs from its pin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DriftKind {
+    /// The pin has no tool of this name.
+    New,
+    /// The tool's definition is not the one pinned.
+    Changed,
+    /// The server names another version (or another name) than when pinned.
+    ServerChanged,
+}
+
+impl DriftKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriftKind::New => "new",
+            DriftKind::Changed => "changed",
+            DriftKind::ServerChanged => "server-changed",
+        }
+    }
+}
+
+/// One tool that does not match its pin, with both digests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drift {
+    pub tool: String,
+    pub kind: DriftKind,
+    /// The pinned digest; `None` for a new tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<String>,
+    pub seen: String,
+}
+
+/// A server's listing held against its pin.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Comparison {
+    /// No pin yet: the listing becomes the pin (trust on first use) and every tool is offered.
+    pub first_use: bool,
+    /// The tools that do not match, by name.
+    pub drift: Vec<Drift>,
+    /// Tools the pin has and the server no longer lists (nothing to withhold; said for the record).
+    pub gone: Vec<String>,
+}
+
+impl Comparison {
+    /// Whether `tool` matches its pin (or the server has no pin yet).
+    pub fn matches(&self, tool: &str) -> bool {
+        !self.drift.iter().any(|d| d.tool == tool)
+    }
+
+    /// Whether anything differs from the pin.
+    pub fn drifted(&self) -> bool {
+        !self.drift.is_empty() || !self.gone.is_empty()
+    }
+}
+
+/// Holds what a server `seen` listed against its `pin`.
+pub fn compare(pin: Option<&Listing>, seen: &Listing) -> Comparison {
+    let Some(pin) = pin else {
+        return Comparison {
+            first_use: true,
+            ..Comparison::default()
+        };
+    };
+    let server_changed = pin.server != seen.server;
+    let drift = seen
+        .tools
+        .iter()
+        .filter_map(|(tool, digest)| {
+            let pinned = pin.tools.get(tool);
+            let kind = match pinned {
+                None => DriftKind::New,
+                Some(p) if p != digest => DriftKind::Changed,
+                Some(_) if server_changed => DriftKind::ServerChanged,
+                Some(_) => return None,
+            };
+            Some(Drift {
+                tool: tool.clone(),
+                kind,
+                pinned: pinned.cloned(),
+                seen: digest.clone(),
+            })
+        })
+        .collect();
+    let gone = pin
+        .tools
+        .keys()
+        .filter(|t| !seen.tools.contains_key(*t))
+        .cloned()
+        .collect();
+    Comparison {
+        first_use: false,
+        drift,
+        gone,
+    }
+}
+
+/// One field that differs between two definitions of a tool: where (a JSON pointer, `""` for the
+/// whole), and its canonical text before and after (`None` where it is absent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldChange {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub was: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub now: Option<String>,
+}
+
+/// Every field that differs between `was` and `now`, in the order of their paths: objects are
+/// followed key by key, arrays item by item while their lengths agree; anything else that differs
+/// is one change of the whole value.
+pub fn field_changes(was: &Json, now: &Json) -> Vec<FieldChange> {
+    let mut out = Vec::new();
+    changes_at(String::new(), Some(was), Some(now), &mut out);
+    out
+}
+
+fn changes_at(path: String, was: Option<&Json>, now: Option<&Json>, out: &mut Vec<FieldChange>) {
+    match (was, now) {
+        (Some(Json::Object(a)), Some(Json::Object(b))) => {
+            let mut keys: Vec<&str> = a.keys().chain(b.keys()).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            for key in keys {
+                let at = format!("{path}/{}", key.replace('~', "~0").replace('/', "~1"));
+                changes_at(at, a.get(key), b.get(key), out);
+            }
+        }
+        (Some(Json::Array(a)), Some(Json::Array(b))) if a.len() == b.len() => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                changes_at(format!("{path}/{i}"), Some(x), Some(y), out);
+            }
+        }
+        (was, now) => {
+            let was = was.map(canonical);
+            let now = now.map(canonical);
+            if was != now {
+                out.push(FieldChange { path, was, now });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "pins_tests.rs"]
+mod tests;
