@@ -60,6 +60,9 @@ pub struct Admitted {
     #[serde(skip)]
     pub exclude_tools: Vec<String>,
     pub egress: Egress,
+    /// `run.pins`: what the hub does with a server's tools that no longer match their pin.
+    #[serde(skip_serializing_if = "crate::pins::PinPolicy::is_default")]
+    pub pins: crate::pins::PinPolicy,
 }
 
 impl Admitted {

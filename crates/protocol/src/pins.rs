@@ -53,6 +53,20 @@ impl PinPolicy {
     pub fn parse(text: &str) -> Option<PinPolicy> {
         PinPolicy::ALL.into_iter().find(|p| p.as_str() == text)
     }
+
+    pub fn is_default(&self) -> bool {
+        *self == PinPolicy::default()
+    }
+
+    /// The stricter of two policies: refusing over withholding over accepting.
+    pub fn stricter(self, other: PinPolicy) -> PinPolicy {
+        let rank = |p: PinPolicy| match p {
+            PinPolicy::Accept => 0,
+            PinPolicy::Withhold => 1,
+            PinPolicy::Refuse => 2,
+        };
+        if rank(other) > rank(self) { other } else { self }
+    }
 }
 
 /// The server as it named itself in its `initialize` answer (`serverInfo`).

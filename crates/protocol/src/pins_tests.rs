@@ -205,3 +205,17 @@ fn the_policy_reads_its_three_words_and_defaults_to_withholding() {
     assert_eq!(PinPolicy::parse("Withhold"), None);
     assert_eq!(PinPolicy::default(), PinPolicy::Withhold);
 }
+
+#[test]
+fn refusing_is_stricter_than_withholding_which_is_stricter_than_accepting() {
+    use PinPolicy::*;
+    for (a, b, want) in [
+        (Accept, Withhold, Withhold),
+        (Withhold, Refuse, Refuse),
+        (Accept, Refuse, Refuse),
+        (Accept, Accept, Accept),
+    ] {
+        assert_eq!(a.stricter(b), want);
+        assert_eq!(b.stricter(a), want);
+    }
+}
