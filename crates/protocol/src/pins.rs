@@ -65,7 +65,11 @@ impl PinPolicy {
             PinPolicy::Withhold => 1,
             PinPolicy::Refuse => 2,
         };
-        if rank(other) > rank(self) { other } else { self }
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
     }
 }
 
