@@ -100,6 +100,7 @@ async fn a_running_jobs_page_shows_what_it_wrote_as_text() {
             name: "<img src=x onerror=alert(1)>".into(),
             state: "ready".into(),
             ready_ms: Some(5),
+            listing: None,
         }],
         activity: vec![records::record::Activity {
             at_ms: 1_700_000_000_000,
@@ -580,6 +581,7 @@ async fn hostile_tasks_names_and_transcripts_are_shown_as_text() {
         name: "<script>alert(\"server\")</script>".into(),
         state: "failed".into(),
         ready_ms: None,
+        listing: None,
     });
     r.mcp.tool_calls.push(ToolCallCount {
         server: "docs".into(),
@@ -770,6 +772,7 @@ fn mixed_records(s: &Served) {
             name: "docs".into(),
             state: "ready".into(),
             ready_ms: Some(300 + i),
+            listing: None,
         });
         r.mcp.tool_calls.push(ToolCallCount {
             server: "docs".into(),
@@ -795,6 +798,7 @@ fn mixed_records(s: &Served) {
             name: "odd\"name\\with\nbreak".into(),
             state: "failed".into(),
             ready_ms: None,
+            listing: None,
         });
         s.records.write(&r).unwrap();
     }

@@ -78,6 +78,9 @@ impl Admitted {
                 Egress::On { loopback, .. } => loopback.clone(),
                 Egress::Off => Vec::new(),
             },
+            // The worker adds the servers' pins, read from the queue's store.
+            pins: std::collections::BTreeMap::new(),
+            pin_policy: self.pins,
         }
     }
 }

@@ -14,6 +14,10 @@ pub struct ServerState {
     pub state: String,
     /// Milliseconds from the start of the connections to the tool list.
     pub ready_ms: Option<u64>,
+    /// What a ready server listed (its name and version, each tool's digest), as the hub held it
+    /// against the server's pin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listing: Option<crate::pins::Listing>,
 }
 
 /// The line's content. Field order is fixed by this type, so both sides serialize it identically.
@@ -304,6 +308,7 @@ mod tests {
                 name: "docs".into(),
                 state: "skipped".into(),
                 ready_ms: None,
+                listing: None,
             }],
             tool_calls: vec![crate::usage::ToolCallCount {
                 server: "docs".into(),
@@ -341,6 +346,7 @@ mod tests {
                     name: format!("{i:0>32}"),
                     state: "waiting".into(),
                     ready_ms: Some(u64::MAX),
+                    listing: None,
                 })
                 .collect(),
             tool_calls: (0..MAX_TOOL_ENTRIES + servers)

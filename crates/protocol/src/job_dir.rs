@@ -4,6 +4,7 @@
 //! secrets, the proxy, `PI_JOB_ID`) stays in their environment; everything else the runner needs
 //! from the worker is in [`RunnerInput`].
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -54,6 +55,13 @@ pub struct RunnerInput {
     /// the runner serves on the job's loopback.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub loopback: Vec<String>,
+    /// The pins of the job's servers that have one, by server name: the hub withholds (or, as
+    /// `pin_policy` says, refuses or accepts) what differs from them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pins: BTreeMap<String, crate::pins::Listing>,
+    /// `run.pins`.
+    #[serde(default, skip_serializing_if = "crate::pins::PinPolicy::is_default")]
+    pub pin_policy: crate::pins::PinPolicy,
 }
 
 fn on() -> bool {
@@ -70,6 +78,8 @@ impl Default for RunnerInput {
             models: None,
             max_cost_usd: None,
             loopback: Vec::new(),
+            pins: BTreeMap::new(),
+            pin_policy: crate::pins::PinPolicy::default(),
         }
     }
 }
@@ -135,6 +145,14 @@ mod tests {
             models: Some(vec!["fake/m1".into()]),
             max_cost_usd: Some(0.5),
             loopback: vec!["127.0.0.1:8080".into()],
+            pins: BTreeMap::from([(
+                "docs".to_owned(),
+                crate::pins::Listing::of(
+                    crate::pins::ServerInfo::default(),
+                    [("echo", r#"{"name": "echo"}"#)],
+                ),
+            )]),
+            pin_policy: crate::pins::PinPolicy::Refuse,
         };
         std::fs::write(dir.path().join(RUNNER_INPUT), input.to_text()).unwrap();
         assert_eq!(RunnerInput::read(dir.path()).unwrap(), input);

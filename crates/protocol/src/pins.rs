@@ -22,6 +22,14 @@ use crate::json::{self, Json};
 /// What a digest of a canonical definition starts with.
 pub const CANONICAL_PREFIX: &str = "sha256:";
 
+/// The most tools a pin holds of one server: what a server lists past it (in name order) is never
+/// pinned, and so never offered. It keeps the runner's input and exit line within their bounds
+/// with eight servers of the most tools each.
+pub const MAX_PINNED_TOOLS: usize = 256;
+
+/// The longest tool name a pin holds, in bytes (a longer one is never offered either).
+pub const MAX_PINNED_NAME: usize = 128;
+
 /// What a digest of a definition that is not strict JSON (a key written twice) starts with: it is
 /// taken over the bytes as sent, and never equals a canonical one.
 pub const RAW_PREFIX: &str = "sha256-raw:";
@@ -90,12 +98,21 @@ pub struct Listing {
 }
 
 impl Listing {
-    /// The listing of these definitions, each as the server wrote it (`(name, definition)`).
+    /// The listing of these definitions, each as the server wrote it (`(name, definition)`):
+    /// at most [`MAX_PINNED_TOOLS`], the first by name, each name at most [`MAX_PINNED_NAME`]
+    /// bytes. A name listed twice keeps its first definition.
     pub fn of<'a>(server: ServerInfo, tools: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let mut kept: BTreeMap<&str, &str> = BTreeMap::new();
+        for (name, definition) in tools {
+            if name.len() <= MAX_PINNED_NAME {
+                kept.entry(name).or_insert(definition);
+            }
+        }
         Listing {
             server,
-            tools: tools
+            tools: kept
                 .into_iter()
+                .take(MAX_PINNED_TOOLS)
                 .map(|(name, definition)| (name.to_owned(), digest(definition)))
                 .collect(),
         }

@@ -219,3 +219,46 @@ fn refusing_is_stricter_than_withholding_which_is_stricter_than_accepting() {
         assert_eq!(b.stricter(a), want);
     }
 }
+
+#[test]
+fn a_listing_holds_a_bounded_number_of_tools_of_bounded_names() {
+    let names: Vec<String> = (0..MAX_PINNED_TOOLS + 10)
+        .map(|n| format!("t{n:04}"))
+        .collect();
+    let long = "x".repeat(MAX_PINNED_NAME + 1);
+    let tools = names
+        .iter()
+        .map(|n| (n.as_str(), ECHO))
+        .chain([(long.as_str(), ECHO), ("t0000", "{}")]);
+    let listing = Listing::of(ServerInfo::default(), tools);
+    assert_eq!(listing.tools.len(), MAX_PINNED_TOOLS);
+    assert!(!listing.tools.contains_key(&long));
+    assert!(!listing.tools.contains_key(&names[MAX_PINNED_TOOLS]));
+    // The first definition of a name listed twice.
+    assert_eq!(listing.tools["t0000"], digest(ECHO));
+    // Eight servers of the most tools each fit the runner's input.
+    let input = crate::job_dir::RunnerInput {
+        pins: (0..8)
+            .map(|s| (format!("server-{s}"), listing.clone()))
+            .collect(),
+        ..Default::default()
+    };
+    let long_names = Listing {
+        tools: (0..MAX_PINNED_TOOLS)
+            .map(|n| (format!("{n:0>128}"), digest(ECHO)))
+            .collect(),
+        ..Listing::default()
+    };
+    let worst = crate::job_dir::RunnerInput {
+        pins: (0..8)
+            .map(|s| (format!("server-{s}"), long_names.clone()))
+            .collect(),
+        ..Default::default()
+    };
+    assert!(input.to_text().len() < worst.to_text().len());
+    assert!(
+        worst.to_text().len() < 1024 * 1024,
+        "{}",
+        worst.to_text().len()
+    );
+}

@@ -89,6 +89,7 @@ fn filled() -> (Deployment, Runs) {
             name: name.into(),
             state: state.into(),
             ready_ms,
+            listing: None,
         });
     }
     done.mcp.tool_calls.push(ToolCallCount {
@@ -242,11 +243,13 @@ fn filled() -> (Deployment, Runs) {
                 name: "docs".into(),
                 state: "ready".into(),
                 ready_ms: Some(850),
+                listing: None,
             },
             ServerState {
                 name: "wiki".into(),
                 state: "failed".into(),
                 ready_ms: None,
+                listing: None,
             },
         ],
         activity: vec![
