@@ -434,6 +434,7 @@ impl Demo {
             started: std::sync::Mutex::new(None),
         });
         let worker = Worker {
+            pins: None,
             cgroups: if root {
                 sandbox::cgroup::detect()
             } else {

@@ -285,6 +285,55 @@ pub fn compare(pin: Option<&Listing>, seen: &Listing) -> Comparison {
     }
 }
 
+/// A pin as the queue's store keeps it: what the server listed, when, and who or what pinned it
+/// (`job ID` on first use or under `accept`, the operator's name for an approval).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredPin {
+    pub listing: Listing,
+    pub pinned_at_ms: u64,
+    pub by: String,
+}
+
+/// Drift as the queue's store keeps it until it is approved: what the last job to see it saw.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredDrift {
+    pub job_id: String,
+    pub seen_at_ms: u64,
+    pub listing: Listing,
+    pub comparison: Comparison,
+}
+
+/// What a job's record says of one server and its pin: pinned by this job (first use), or what
+/// differed and what the trigger's policy made of it. A server that matched its pin has none.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PinReport {
+    pub server: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub first_use: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drift: Vec<Drift>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gone: Vec<String>,
+    /// The policy the drift met: withheld, refused (the job ended) or accepted.
+    pub policy: PinPolicy,
+}
+
+impl PinReport {
+    /// The report of `server` held against its pin under `policy`; `None` when it matched.
+    pub fn of(server: &str, comparison: &Comparison, policy: PinPolicy) -> Option<PinReport> {
+        (comparison.first_use || comparison.drifted()).then(|| PinReport {
+            server: server.to_owned(),
+            first_use: comparison.first_use,
+            drift: comparison.drift.clone(),
+            gone: comparison.gone.clone(),
+            policy,
+        })
+    }
+}
+
 /// One field that differs between two definitions of a tool: where (a JSON pointer, `""` for the
 /// whole), and its canonical text before and after (`None` where it is absent).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

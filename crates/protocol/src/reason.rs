@@ -213,6 +213,9 @@ reasons! {
     PickupRetriesSpent = "pickup-retries-spent", Preparation, Failed, None, true,
         "A check before the job could not be made, too many times.",
         "check that the worker can read the deployment's files (a disk or mount error)";
+    PinsUnreadable = "pins-unreadable", Preparation, Failed, None, true,
+        "The pins of the job's servers could not be read from the queue's store.",
+        "check the queue's store with pi-dispatch doctor; the job is tried again";
     ForgeTokenFailed = "forge-token-failed", Preparation, Failed, None, true,
         "The job's forge token could not be minted.",
         "check the GitHub App's id, key file and installation (or the GitLab token); the job is tried again";

@@ -229,7 +229,10 @@ fn job_worker(
     } else {
         None
     };
+    // A handle of its own on the queue's store, for the servers' pins.
+    let pins = Some(ctx.queue(&settings)?);
     Ok(Worker {
+        pins,
         cgroups,
         identities,
         disks,

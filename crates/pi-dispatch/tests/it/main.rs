@@ -39,6 +39,7 @@ mod one_wait;
 mod outcomes;
 mod package;
 mod panel;
+mod pins;
 mod rerun;
 mod retention;
 mod run;
