@@ -10,9 +10,12 @@ import readline from "node:readline";
 const file = process.argv[2];
 const countFile = `${file}.count`;
 const read = () => JSON.parse(fs.readFileSync(file, "utf8"));
+// Connects are counted only for a file of several answers: a file of one leaves nothing behind.
 let connect = 0;
-try { connect = Number(fs.readFileSync(countFile, "utf8")) || 0; } catch {}
-try { fs.writeFileSync(countFile, String(connect + 1)); } catch {}
+if (Array.isArray(read().connects)) {
+  try { connect = Number(fs.readFileSync(countFile, "utf8")) || 0; } catch {}
+  try { fs.writeFileSync(countFile, String(connect + 1)); } catch {}
+}
 const answers = () => {
   const all = read();
   if (!Array.isArray(all.connects)) return all;
