@@ -435,6 +435,7 @@ impl Demo {
         });
         let worker = Worker {
             pins: None,
+            approving: None,
             cgroups: if root {
                 sandbox::cgroup::detect()
             } else {

@@ -30,8 +30,33 @@ impl Runner {
     /// Takes the job through its steps and says how it ended: the exit line of the step that
     /// stopped it, or of how the agent ended.
     pub async fn run(mut self) -> ExitLine {
+        if self.job.input.list_only {
+            return self.list().await;
+        }
         match self.steps().await {
             Ok(ended) => finish::finish(&self.job.job_id, ended, self.gateway.take()).await,
+            Err(stopped) => stopped.line(&self.job.job_id),
+        }
+    }
+
+    /// A run that only lists (`mcp pin`): the servers planned, connected and held to their pins,
+    /// what they listed said (definitions, and the listings on the exit line), and no agent.
+    async fn list(&self) -> ExitLine {
+        let listed = async {
+            let (planned, plan) = plan::read(&self.job)?;
+            let Some(planned) = planned else {
+                return Ok(Vec::new());
+            };
+            let stopped = |(stop, states)| Stopped::by(stop, states);
+            let connected = connect_all::connect_servers(&self.job, planned, plan.wait)
+                .await
+                .map_err(stopped)?;
+            pins::say_definitions(&self.job, &connected).await;
+            let held = pins::hold(connected, &self.job.input).map_err(stopped)?;
+            Ok::<_, Stopped>(held.states)
+        };
+        match listed.await {
+            Ok(states) => crate::output::line(&self.job.job_id, 0, None, states),
             Err(stopped) => stopped.line(&self.job.job_id),
         }
     }
@@ -49,6 +74,7 @@ impl Runner {
         let connecting = planned.map(|planned| {
             Box::pin(async move {
                 let connected = connect_all::connect_servers(&self.job, planned, plan.wait).await?;
+                pins::say_definitions(&self.job, &connected).await;
                 pins::hold(connected, &self.job.input)
             }) as serve::Connecting<'_>
         });

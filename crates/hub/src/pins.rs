@@ -6,7 +6,7 @@
 //! On the job's path: in the runner, between connecting the servers (`connect_all`) and serving
 //! them to pi (`serve`); the listings go to the worker on the servers' states.
 
-use protocol::exit_line::ServerState;
+use protocol::exit_line::{DEFINITIONS_EVENT, Definitions, ServerState};
 use protocol::job_dir::RunnerInput;
 use protocol::pins::{self, Comparison, Listing, PinPolicy, ServerInfo};
 use protocol::reason::Reason;
@@ -16,7 +16,9 @@ use sha2::{Digest, Sha256};
 use crate::connect::Upstream;
 use crate::connect_all::Connected;
 use crate::job_file::Stop;
+use crate::output::write_output;
 use crate::relay::Withheld;
+use crate::runner::JobOptions;
 
 /// The longest server name or version kept as written, in bytes; a longer one is kept as its
 /// digest (still a change when it changes).
@@ -51,6 +53,33 @@ pub(crate) fn hold(
     match refused.first() {
         None => Ok(connected),
         Some((server, comparison)) => Err((refusal(server, comparison), connected.states)),
+    }
+}
+
+/// Tells the worker each ready server's tools' definitions, in canonical form, on a line signed
+/// with the job's key (when the runner has one): what a pin keeps for its diff. The worker keeps
+/// only those whose digest is on the exit line.
+pub(crate) async fn say_definitions(job: &JobOptions, connected: &Connected) {
+    let Some(key) = &job.key else {
+        return;
+    };
+    for (upstream, _) in &connected.upstreams {
+        let listing = listing_of(upstream);
+        let tools = upstream
+            .tools
+            .iter()
+            .filter(|t| listing.tools.contains_key(&t.name))
+            .filter_map(|t| Some((t.name.clone(), pins::canonical_text(t.definition.get())?)))
+            .collect();
+        let definitions = Definitions {
+            event: DEFINITIONS_EVENT.to_owned(),
+            job_id: job.job_id.clone(),
+            server: upstream.name.clone(),
+            tools,
+        };
+        if let Ok(text) = definitions.sign(key.as_bytes()) {
+            write_output(format!("{text}\n").as_bytes()).await;
+        }
     }
 }
 

@@ -81,6 +81,7 @@ impl Admitted {
             // The worker adds the servers' pins, read from the queue's store.
             pins: std::collections::BTreeMap::new(),
             pin_policy: self.pins,
+            list_only: false,
         }
     }
 }

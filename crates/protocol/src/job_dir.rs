@@ -62,6 +62,10 @@ pub struct RunnerInput {
     /// `run.pins`.
     #[serde(default, skip_serializing_if = "crate::pins::PinPolicy::is_default")]
     pub pin_policy: crate::pins::PinPolicy,
+    /// Connect the servers, say what they list, and end: no agent runs (`mcp pin`, whose
+    /// listing becomes the servers' pins).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub list_only: bool,
 }
 
 fn on() -> bool {
@@ -80,6 +84,7 @@ impl Default for RunnerInput {
             loopback: Vec::new(),
             pins: BTreeMap::new(),
             pin_policy: crate::pins::PinPolicy::default(),
+            list_only: false,
         }
     }
 }
@@ -153,6 +158,7 @@ mod tests {
                 ),
             )]),
             pin_policy: crate::pins::PinPolicy::Refuse,
+            list_only: true,
         };
         std::fs::write(dir.path().join(RUNNER_INPUT), input.to_text()).unwrap();
         assert_eq!(RunnerInput::read(dir.path()).unwrap(), input);

@@ -167,6 +167,38 @@ fn write_string(s: &str, out: &mut String) {
     out.push_str(&serde_json::to_string(s).unwrap_or_default());
 }
 
+/// One tool's definition as the server wrote it, in canonical form; `None` for one that is not
+/// strict JSON (its digest is then over its bytes, and no definition of it is kept).
+pub fn canonical_text(definition: &str) -> Option<String> {
+    json::parse(definition).ok().map(|value| canonical(&value))
+}
+
+/// The definitions of `listing`'s tools that are what it digested: each canonical text in
+/// `definitions` whose digest is the listing's for that tool, at most [`MAX_DEFINITIONS_BYTES`] in
+/// all (the first by name). Whoever wrote `definitions`, what is kept is what the server sent.
+pub fn verified_definitions(
+    listing: &Listing,
+    definitions: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut kept = BTreeMap::new();
+    let mut bytes = 0;
+    for (tool, text) in definitions {
+        let Some(expected) = listing.tools.get(tool) else {
+            continue;
+        };
+        if bytes + text.len() > MAX_DEFINITIONS_BYTES || digest(text) != *expected {
+            continue;
+        }
+        bytes += text.len();
+        kept.insert(tool.clone(), text.clone());
+    }
+    kept
+}
+
+/// The most bytes of definitions a pin or a drift keeps of one server (what does not fit is still
+/// digested, and shown in a diff by its digest alone).
+pub const MAX_DEFINITIONS_BYTES: usize = 512 * 1024;
+
 /// The digest of one tool's definition as the server wrote it.
 pub fn digest(definition: &str) -> String {
     match json::parse(definition) {
@@ -293,6 +325,10 @@ pub struct StoredPin {
     pub listing: Listing,
     pub pinned_at_ms: u64,
     pub by: String,
+    /// Each tool's definition in canonical form, as far as they were seen and fit
+    /// ([`verified_definitions`]): what `mcp pins diff` shows a change against.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub definitions: BTreeMap<String, String>,
 }
 
 /// Drift as the queue's store keeps it until it is approved: what the last job to see it saw.
@@ -303,6 +339,10 @@ pub struct StoredDrift {
     pub seen_at_ms: u64,
     pub listing: Listing,
     pub comparison: Comparison,
+    /// The definitions of the tools that differ, in canonical form, as far as they were seen and
+    /// fit ([`verified_definitions`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub definitions: BTreeMap<String, String>,
 }
 
 /// What a job's record says of one server and its pin: pinned by this job (first use), or what

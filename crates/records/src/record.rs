@@ -450,6 +450,9 @@ pub struct Draft {
     /// What each ready server listed, as the runner reported it: the worker holds it to the
     /// server's pin; the record keeps only what differed.
     listings: Vec<(String, protocol::pins::Listing)>,
+    /// Each server's tools' definitions the runner signed, by server name (not yet held to the
+    /// listings: [`protocol::pins::verified_definitions`] does that).
+    definitions: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
 }
 
 /// Where a running job is shown as it goes ([`crate::live::LiveFeed`]): told its record as it
@@ -470,6 +473,7 @@ impl Draft {
             spent_before: 0.0,
             worker: None,
             listings: Vec::new(),
+            definitions: Default::default(),
         }
     }
 
@@ -590,6 +594,19 @@ impl Draft {
     /// What each ready server listed, as the runner reported it (by server name).
     pub fn listings(&self) -> &[(String, protocol::pins::Listing)] {
         &self.listings
+    }
+
+    /// The servers' tools' definitions the runner said, by server name.
+    pub fn definitions_said(
+        &mut self,
+        definitions: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+    ) {
+        self.definitions = definitions;
+    }
+
+    /// The definitions `server`'s tools were said to have (empty when none were).
+    pub fn definitions(&self, server: &str) -> std::collections::BTreeMap<String, String> {
+        self.definitions.get(server).cloned().unwrap_or_default()
     }
 
     /// What the job's servers made of their pins.

@@ -41,11 +41,13 @@ pub fn read(
 
 /// A write the store is to make once the job has run.
 pub enum Write {
-    /// The server's pin: its first (only if none yet), or under `accept` the one it follows.
+    /// The server's pin: its first (only if none yet), under `accept` the one it follows, or an
+    /// operator's approval (`mcp pin`, with what differed from the pin it replaces, for the log).
     Pin {
         server: String,
         pin: StoredPin,
         first: bool,
+        approved: Option<pins::Comparison>,
     },
     /// What the job saw differ from the server's pin, for the operator to approve.
     Drift { server: String, drift: StoredDrift },
@@ -68,23 +70,27 @@ pub fn reckon(
             continue;
         };
         reports.push(report);
+        let definitions = pins::verified_definitions(listing, &draft.definitions(server));
         let server = server.clone();
         writes.push(if comparison.first_use || policy == PinPolicy::Accept {
             let pin = StoredPin {
                 listing: listing.clone(),
                 pinned_at_ms: ms(now),
                 by: format!("job {job_id}"),
+                definitions,
             };
             Write::Pin {
                 server,
                 pin,
                 first: comparison.first_use,
+                approved: None,
             }
         } else {
             let drift = StoredDrift {
                 job_id: job_id.clone(),
                 seen_at_ms: ms(now),
                 listing: listing.clone(),
+                definitions: drifted_only(definitions, &comparison),
                 comparison,
             };
             Write::Drift { server, drift }
@@ -94,17 +100,60 @@ pub fn reckon(
     writes
 }
 
+/// The definitions of the tools that differ from the pin.
+fn drifted_only(
+    mut definitions: BTreeMap<String, String>,
+    comparison: &pins::Comparison,
+) -> BTreeMap<String, String> {
+    definitions.retain(|tool, _| !comparison.matches(tool));
+    definitions
+}
+
+/// An operator's approval (`mcp pin`, run by `who`): what each server listed in this run becomes
+/// its pin, whatever the pin was, with what differed from it for the log.
+pub fn approve(
+    draft: &Draft,
+    given: &BTreeMap<String, Listing>,
+    who: &str,
+    now: SystemTime,
+) -> Vec<Write> {
+    draft
+        .listings()
+        .iter()
+        .map(|(server, listing)| Write::Pin {
+            server: server.clone(),
+            pin: StoredPin {
+                listing: listing.clone(),
+                pinned_at_ms: ms(now),
+                by: who.to_owned(),
+                definitions: pins::verified_definitions(listing, &draft.definitions(server)),
+            },
+            first: false,
+            approved: Some(pins::compare(given.get(server), listing)),
+        })
+        .collect()
+}
+
 /// Makes `writes` in the store (blocking: call it off the async loop). A store that cannot be
 /// written loses no job: it is logged, and the server's next job tries again.
 pub fn write(store: &dyn Queue, job_id: &str, writes: Vec<Write>, now: SystemTime) {
     for w in writes {
         let (server, result) = match &w {
-            Write::Pin { server, pin, first } => {
+            Write::Pin {
+                server,
+                pin,
+                first,
+                approved,
+            } => {
                 let text = serde_json::to_string(pin).unwrap_or_default();
                 let stored = store.put_pin(server, &text, *first, now);
-                if let Ok(true) = stored {
-                    tracing::info!(event = "pin_stored", job_id = %job_id, server = %server,
-                        first_use = *first);
+                match (&stored, approved) {
+                    (Ok(true), Some(diff)) => log_approval(job_id, server, &pin.by, diff),
+                    (Ok(true), None) => {
+                        tracing::info!(event = "pin_stored", job_id = %job_id, server = %server,
+                            first_use = *first);
+                    }
+                    _ => {}
                 }
                 (server, stored.map(|_| ()))
             }
@@ -119,6 +168,22 @@ pub fn write(store: &dyn Queue, job_id: &str, writes: Vec<Write>, now: SystemTim
             tracing::warn!(event = "pin_not_kept", job_id = %job_id, server = %server, detail = %e);
         }
     }
+}
+
+/// The log's account of an approval: who, and each tool that differed from the pin it replaced
+/// (name, kind, both digests), or that it is the server's first pin.
+fn log_approval(job_id: &str, server: &str, by: &str, diff: &pins::Comparison) {
+    let tools: Vec<String> = diff
+        .drift
+        .iter()
+        .map(|d| {
+            let pinned = d.pinned.as_deref().unwrap_or("none");
+            format!("{} {} {pinned} -> {}", d.tool, d.kind.as_str(), d.seen)
+        })
+        .chain(diff.gone.iter().map(|t| format!("{t} gone")))
+        .collect();
+    tracing::warn!(event = "pin_approved", job_id = %job_id, server = %server, by = %by,
+        first_use = diff.first_use, changes = %tools.join("; "));
 }
 
 fn ms(t: SystemTime) -> u64 {

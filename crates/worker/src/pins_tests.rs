@@ -56,7 +56,7 @@ fn a_first_listing_is_pinned_by_the_job_and_the_record_keeps_no_listing() {
     let mut d = draft(listing(&[(ECHO_NAME, ECHO)]));
     let writes = reckon(&mut d, &BTreeMap::new(), PinPolicy::Withhold, NOW);
     assert!(
-        matches!(&writes[..], [Write::Pin { server, first: true, pin }]
+        matches!(&writes[..], [Write::Pin { server, first: true, pin, approved: None }]
         if server == "docs" && pin.by == "job job-1" && pin.listing.tools.contains_key("echo"))
     );
     let record = d.finish(records::record::Ending::completed());
@@ -134,4 +134,77 @@ fn the_store_keeps_what_reckon_says_and_a_first_pin_once() {
     assert_eq!(drifts.len(), 1);
     let noted: StoredDrift = serde_json::from_str(&drifts[0].1).unwrap();
     assert_eq!(noted.job_id, "job-3");
+}
+
+/// `server`'s definitions as the runner says them: each tool's canonical text.
+fn said(d: &mut Draft, server: &str, tools: &[(&str, &str)]) {
+    let texts = tools
+        .iter()
+        .map(|(name, text)| ((*name).to_owned(), (*text).to_owned()))
+        .collect();
+    d.definitions_said(BTreeMap::from([(server.to_owned(), texts)]));
+}
+
+#[test]
+fn only_definitions_whose_digest_the_listing_has_are_kept() {
+    let echo = protocol::pins::canonical_text(ECHO).unwrap();
+    let mut d = draft(listing(&[(ECHO_NAME, ECHO), ("add", ADD)]));
+    // The control: echo's own text. The probe: a text for add that is not what was digested.
+    said(
+        &mut d,
+        "docs",
+        &[(ECHO_NAME, &echo), ("add", r#"{"name":"add","x":1}"#)],
+    );
+    let writes = reckon(&mut d, &BTreeMap::new(), PinPolicy::Withhold, NOW);
+    let [Write::Pin { pin, .. }] = &writes[..] else {
+        panic!("one pin");
+    };
+    assert_eq!(pin.definitions, BTreeMap::from([("echo".to_owned(), echo)]));
+}
+
+#[test]
+fn drift_keeps_the_definitions_of_what_differs_only() {
+    let given = BTreeMap::from([("docs".to_owned(), listing(&[(ECHO_NAME, ECHO)]))]);
+    let mut d = draft(listing(&[(ECHO_NAME, ECHO), ("add", ADD)]));
+    let echo = protocol::pins::canonical_text(ECHO).unwrap();
+    let add = protocol::pins::canonical_text(ADD).unwrap();
+    said(&mut d, "docs", &[(ECHO_NAME, &echo), ("add", &add)]);
+    let writes = reckon(&mut d, &given, PinPolicy::Withhold, NOW);
+    let [Write::Drift { drift, .. }] = &writes[..] else {
+        panic!("one drift");
+    };
+    assert_eq!(drift.definitions, BTreeMap::from([("add".to_owned(), add)]));
+}
+
+#[test]
+fn an_approval_replaces_the_pin_by_the_operator_and_says_what_differed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = queue::SqliteQueue::open(&dir.path().join("q.sqlite3")).unwrap();
+    let first = listing(&[(ECHO_NAME, ECHO)]);
+    let mut d = draft(first.clone());
+    write(
+        &store,
+        "job-1",
+        reckon(&mut d, &BTreeMap::new(), PinPolicy::Withhold, NOW),
+        NOW,
+    );
+    let now = listing(&[(ECHO_NAME, ECHO), ("add", ADD)]);
+    let given = read(&store, &["docs".into()]).unwrap();
+    let d = draft_of("pin-1", now.clone());
+    let writes = approve(&d, &given, "alice (mcp pin)", NOW);
+    let [
+        Write::Pin {
+            first: false,
+            approved: Some(diff),
+            pin,
+            ..
+        },
+    ] = &writes[..]
+    else {
+        panic!("one approval");
+    };
+    assert_eq!(pin.by, "alice (mcp pin)");
+    assert_eq!(diff.drift[0].tool, "add");
+    write(&store, "pin-1", writes, NOW);
+    assert_eq!(read(&store, &["docs".into()]).unwrap()["docs"], now);
 }

@@ -66,6 +66,9 @@ pub struct Worker {
     /// Where the servers' pins are (the queue's store): `None` holds no server to a pin (every
     /// job is on first use, and nothing is kept).
     pub pins: Option<crate::pins::PinStore>,
+    /// `mcp pin`, run by this operator: every job of this worker only connects its servers, and
+    /// what they list becomes their pins, by the operator's name. `None` for a worker of jobs.
+    pub approving: Option<String>,
 }
 
 /// The longest path a unix socket may be bound at (`sun_path`, less its closing NUL).
@@ -123,7 +126,7 @@ pub fn try_lock_folder(locks: &Path, folder: &str) -> std::io::Result<Option<Fol
 fn write_job_folder(
     plan: &Admitted,
     prompt: String,
-    pins: &std::collections::BTreeMap<String, protocol::pins::Listing>,
+    input: &job_dir::RunnerInput,
 ) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
     let folder = plan.state_dir.join("job");
@@ -157,7 +160,7 @@ fn write_job_folder(
     for (name, text) in [
         (job_dir::PROMPT, prompt),
         (job_dir::EVENT, format!("{event:#}\n")),
-        (job_dir::RUNNER_INPUT, runner_input(plan, pins).to_text()),
+        (job_dir::RUNNER_INPUT, input.to_text()),
     ] {
         let path = folder.join(name);
         std::fs::write(&path, text)?;
@@ -169,15 +172,25 @@ fn write_job_folder(
     Ok(folder)
 }
 
-/// What the runner is told beside `mcp.json`: the plan's input with the servers' pins.
+/// What the runner is told beside `mcp.json`: the plan's input with the servers' pins; for an
+/// approval (`list_only`), to list the servers and end, withholding nothing.
 fn runner_input(
     plan: &Admitted,
     pins: &std::collections::BTreeMap<String, protocol::pins::Listing>,
+    list_only: bool,
 ) -> job_dir::RunnerInput {
-    job_dir::RunnerInput {
+    let input = job_dir::RunnerInput {
         pins: pins.clone(),
         ..plan.runner_input()
+    };
+    if list_only {
+        return job_dir::RunnerInput {
+            list_only,
+            pin_policy: protocol::pins::PinPolicy::Accept,
+            ..input
+        };
     }
+    input
 }
 
 /// The size of a root worker's job folder: its prompt, event, runner input and `mcp.json`.
@@ -347,7 +360,8 @@ impl Worker {
             Ok(pins) => pins,
             Err(verdict) => return verdict,
         };
-        let job_dir = match write_job_folder(plan, prompt, &pins) {
+        let input = runner_input(plan, &pins, self.approving.is_some());
+        let job_dir = match write_job_folder(plan, prompt, &input) {
             Ok(d) => d,
             Err(e) => {
                 let why = format!("it cannot be written ({})", e.kind());
@@ -430,7 +444,10 @@ impl Worker {
             return;
         };
         let now = std::time::SystemTime::now();
-        let writes = crate::pins::reckon(draft, given, plan.pins, now);
+        let writes = match &self.approving {
+            Some(who) => crate::pins::approve(draft, given, who, now),
+            None => crate::pins::reckon(draft, given, plan.pins, now),
+        };
         if writes.is_empty() {
             return;
         }

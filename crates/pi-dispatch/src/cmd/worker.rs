@@ -233,6 +233,7 @@ fn job_worker(
     let pins = Some(ctx.queue(&settings)?);
     Ok(Worker {
         pins,
+        approving: None,
         cgroups,
         identities,
         disks,
