@@ -35,6 +35,7 @@ mod layout;
 mod live;
 mod many_hosts;
 mod mcp_check;
+mod mcp_pins;
 mod one_wait;
 mod outcomes;
 mod package;
