@@ -523,6 +523,14 @@ mod tests {
         assert_eq!(said, [servers.clone(), servers]);
     }
 
+    #[cfg(feature = "stream")]
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
     fn definitions(tools: &[(&str, &str)]) -> Definitions {
         Definitions {
             event: DEFINITIONS_EVENT.into(),
@@ -535,6 +543,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "stream")]
     #[test]
     fn a_definitions_line_verifies_only_with_the_key_and_fits_a_line() {
         let d = definitions(&[("echo", r#"{"name":"echo"}"#)]);
@@ -548,6 +557,22 @@ mod tests {
         let exit = sign(&line(), b"job-key").unwrap();
         assert_eq!(Definitions::verify(&exit, b"job-key"), None);
         assert_eq!(verify(&text, b"job-key"), None);
+        // The reader hands on the signed line only; a forged one, even first, is another line.
+        let text = format!("{forged}\n{}\n", d.clone().sign(b"job-key").unwrap());
+        let mut said = Vec::new();
+        let mut other = 0;
+        let found = block_on(read(
+            text.as_bytes(),
+            b"job-key",
+            |_| other += 1,
+            |s| said.push(s),
+        ));
+        assert_eq!(found, None);
+        assert_eq!(other, 1);
+        assert!(
+            matches!(&said[..], [Said::Definitions(x)] if *x == d),
+            "{said:?}"
+        );
         // Definitions past a line's bound are left out, the first by name kept.
         let big = format!(r#"{{"d":"{}"}}"#, "q".repeat(300 * 1024));
         let many: Vec<(String, &str)> = (0..5).map(|i| (format!("t{i}"), big.as_str())).collect();
