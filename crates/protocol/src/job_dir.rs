@@ -177,4 +177,40 @@ mod tests {
             Err(InputError::TooLarge)
         ));
     }
+
+    #[test]
+    fn eight_servers_pins_of_the_most_tools_fit_the_input() {
+        use crate::pins::{Listing, MAX_PINNED_TOOLS, ServerInfo, digest};
+        const ECHO: &str = r#"{"name": "echo", "description": "Echoes"}"#;
+        let names: Vec<String> = (0..MAX_PINNED_TOOLS).map(|n| format!("t{n:04}")).collect();
+        let listing = Listing::of(
+            ServerInfo::default(),
+            names.iter().map(|n| (n.as_str(), ECHO)),
+        );
+        // Eight servers of the most tools each fit the runner's input.
+        let input = RunnerInput {
+            pins: (0..8)
+                .map(|s| (format!("server-{s}"), listing.clone()))
+                .collect(),
+            ..Default::default()
+        };
+        let long_names = Listing {
+            tools: (0..MAX_PINNED_TOOLS)
+                .map(|n| (format!("{n:0>128}"), digest(ECHO)))
+                .collect(),
+            ..Listing::default()
+        };
+        let worst = RunnerInput {
+            pins: (0..8)
+                .map(|s| (format!("server-{s}"), long_names.clone()))
+                .collect(),
+            ..Default::default()
+        };
+        assert!(input.to_text().len() < worst.to_text().len());
+        assert!(
+            worst.to_text().len() < 1024 * 1024,
+            "{}",
+            worst.to_text().len()
+        );
+    }
 }
