@@ -17,6 +17,7 @@ mod charts;
 pub mod client;
 mod metrics;
 mod pages;
+pub mod pins;
 mod transcript_view;
 mod view;
 

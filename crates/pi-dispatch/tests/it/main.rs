@@ -10,6 +10,7 @@ mod common;
 mod control;
 mod disk_full;
 mod doctor;
+mod doctor_pins;
 mod egress;
 mod egress_agree;
 mod egress_proxy;
