@@ -145,15 +145,15 @@ fn each_server_is_pinned_not_yet_pinned_or_drifted_with_what_to_run() {
     // --json carries the same, under stable ids.
     let json: serde_json::Value =
         serde_json::from_str(&d.run(&["doctor", "--json"]).stdout).unwrap();
-    assert_eq!(check(&json, "pins.drift:wiki")["level"], "warn");
+    assert_eq!(check(&json, "pins.server:wiki")["level"], "warn");
     assert!(
-        check(&json, "pins.drift:wiki")["fix"]
+        check(&json, "pins.server:wiki")["fix"]
             .as_str()
             .unwrap()
             .contains("pi-dispatch mcp pin wiki")
     );
-    assert_eq!(check(&json, "pins.pinned:docs")["level"], "ok");
-    assert_eq!(check(&json, "pins.missing:memory")["level"], "ok");
+    assert_eq!(check(&json, "pins.server:docs")["level"], "ok");
+    assert_eq!(check(&json, "pins.server:memory")["level"], "ok");
 
     // Approved (a pin stored again, as `mcp pin` stores it): the drift is gone with it.
     pin(&q, "wiki", &["page", "edit", "delete"], 1_796_000_120_000);

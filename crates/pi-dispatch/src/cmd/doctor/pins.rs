@@ -79,13 +79,14 @@ fn read(
 
 /// One server's check: drift waiting first, then a pin that does not read, then pinned or not.
 fn server_check(name: &str, stored: Option<&ServerPins>) -> Check {
-    let id = |what: &str| format!("pins.{what}:{name}");
+    // One id whatever the outcome, as every check's.
+    let id = || format!("pins.server:{name}");
     let fix = format!(
         "see what changed with `pi-dispatch mcp pins diff {name}`; approve it with `pi-dispatch mcp pin {name}`"
     );
     let missing = || {
         Check::ok(
-            id("missing"),
+            id(),
             format!(
                 "pin: server {name} has none yet: the first job that connects it pins what it lists"
             ),
@@ -95,7 +96,7 @@ fn server_check(name: &str, stored: Option<&ServerPins>) -> Check {
         return missing();
     };
     if let Some(drift) = stored.pending() {
-        return Check::warn(id("drift"), drift_label(name, drift), fix);
+        return Check::warn(id(), drift_label(name, drift), fix);
     }
     if let Some(why) = stored
         .drift
@@ -104,7 +105,7 @@ fn server_check(name: &str, stored: Option<&ServerPins>) -> Check {
         .and_then(Entry::why_not)
     {
         return Check::warn(
-            id("drift"),
+            id(),
             format!(
                 "pin: a job saw server {name}'s tools differ from its pin, not yet approved, and what it noted cannot be read ({why})"
             ),
@@ -114,7 +115,7 @@ fn server_check(name: &str, stored: Option<&ServerPins>) -> Check {
     match &stored.pin {
         None => missing(),
         Some(Entry::Read(pin)) => Check::ok(
-            id("pinned"),
+            id(),
             format!(
                 "pin: server {name}: {} pinned by {}, {}",
                 plural(pin.listing.tools.len(), "tool"),
@@ -123,14 +124,14 @@ fn server_check(name: &str, stored: Option<&ServerPins>) -> Check {
             ),
         ),
         Some(Entry::NotReadable) => Check::warn(
-            id("unreadable"),
+            id(),
             format!(
                 "pin: server {name}'s pin cannot be read (it is not JSON of the shape this version writes): a job takes the server as unpinned, offers every tool it lists, and cannot store a pin over it"
             ),
             format!("store its pin again: `pi-dispatch mcp pin {name}`"),
         ),
         Some(other) => Check::warn(
-            id("unreadable"),
+            id(),
             format!(
                 "pin: server {name}'s pin cannot be read ({}): no worker wrote it",
                 other.why_not().unwrap_or_default()
