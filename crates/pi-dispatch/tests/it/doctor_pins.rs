@@ -3,7 +3,8 @@
 //! a note, a pinned one passes, drift seen after the pin warns with its kinds, job and fix (and
 //! stops warning once approved, or when older than the pin), hostile tool names reach the
 //! terminal without their control characters, and a pin or drift entry that is not JSON or is
-//! huge is said to be unreadable while the others still read.
+//! huge is said to be unreadable while the others still read; on Redis the same, and a Redis that
+//! does not answer is one warning.
 
 use std::time::{Duration, SystemTime};
 
@@ -36,7 +37,7 @@ fn listing(tools: &[&str]) -> Listing {
     )
 }
 
-fn pin(q: &queue::SqliteQueue, server: &str, tools: &[&str], ms: u64) {
+fn pin(q: &dyn queue::Queue, server: &str, tools: &[&str], ms: u64) {
     let pin = StoredPin {
         listing: listing(tools),
         pinned_at_ms: ms,
@@ -47,7 +48,7 @@ fn pin(q: &queue::SqliteQueue, server: &str, tools: &[&str], ms: u64) {
 }
 
 /// Drift as a job under withhold notes it: each tool with its kind.
-fn drift(q: &queue::SqliteQueue, server: &str, job: &str, tools: &[(&str, DriftKind)], ms: u64) {
+fn drift(q: &dyn queue::Queue, server: &str, job: &str, tools: &[(&str, DriftKind)], ms: u64) {
     let drift = StoredDrift {
         job_id: job.into(),
         seen_at_ms: ms,
@@ -306,6 +307,77 @@ fn a_pin_or_drift_that_is_not_json_or_is_huge_is_said_to_be_unreadable() {
     assert_eq!(
         run.stdout.lines().filter(|l| l.starts_with('✗')).count(),
         1,
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn on_redis_the_pins_are_read_from_the_shared_store_and_a_store_gone_is_one_warning() {
+    let d = realistic();
+    let env = std::fs::read_to_string(d.path().join(".env")).unwrap();
+    let with = |queue: &str| {
+        std::fs::write(d.path().join(".env"), format!("{env}PI_QUEUE={queue}\n")).unwrap()
+    };
+    let redis = testkit::redis::RedisServer::start();
+    with(&redis.url());
+    let q = queue::RedisQueue::open(&queue::RedisTarget {
+        url: redis.url(),
+        password: None,
+    })
+    .unwrap();
+    pin(&q, "docs", &["read"], 1_796_000_000_000);
+    pin(&q, "wiki", &["page"], 1_796_000_000_000);
+    drift(
+        &q,
+        "wiki",
+        "job-on-redis",
+        &[("page", DriftKind::Changed)],
+        1_796_000_060_000,
+    );
+    let run = d.run(&["doctor"]);
+    assert!(
+        line_of(&run, "docs").starts_with("✓ pin: server docs: 1 tool pinned"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        line_of(&run, "memory").contains("has none yet"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        line_of(&run, "wiki").starts_with("⚠ pin: server wiki's tools differ")
+            && line_of(&run, "wiki").contains("job-on-redis"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        !run.stdout.contains("pins cannot be read"),
+        "{}",
+        run.stdout
+    );
+    // No Redis there: one warning for the store, no line a server.
+    with(&format!(
+        "redis+unix://{}",
+        d.path().join("no-redis.sock").display()
+    ));
+    let run = d.run(&["doctor"]);
+    assert!(
+        run.stdout
+            .contains("⚠ pins: the servers' pins cannot be read from the queue's store: ")
+            && run
+                .stdout
+                .contains("every job that names a server ends pins-unreadable"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        pin_lines(&run)
+            .iter()
+            .filter(|l| l.contains("pin: server"))
+            .count(),
+        0,
         "{}",
         run.stdout
     );

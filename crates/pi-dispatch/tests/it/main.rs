@@ -41,6 +41,7 @@ mod outcomes;
 mod package;
 mod panel;
 mod pins;
+mod pins_seen;
 mod rerun;
 mod retention;
 mod run;
