@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 
 use protocol::pins::{DriftKind, StoredDrift, StoredPin};
 
-/// The most of one store entry read, in bytes. A pin of the most tools a pin holds, with the
-/// longest names, is some 60 KiB and its drift some 130 KiB: an entry past this was not written by
-/// a worker, and is said to be unreadable rather than read.
-pub const MAX_ENTRY: usize = 1 << 20;
+/// The most of one store entry read, in bytes ([`protocol::pins::MAX_STORED_ENTRY`], which every
+/// pin and drift a worker writes fits): an entry past this was not written by a worker, and is
+/// said to be unreadable rather than read.
+pub const MAX_ENTRY: usize = protocol::pins::MAX_STORED_ENTRY;
 
 /// The most characters of a name sent by a server (a tool, its version) shown.
 const MAX_SHOWN: usize = 128;
@@ -167,6 +167,7 @@ mod tests {
 
     fn pin(at: u64) -> StoredPin {
         StoredPin {
+            definitions: Default::default(),
             listing: Listing::default(),
             pinned_at_ms: at,
             by: "job a".into(),
@@ -181,6 +182,7 @@ mod tests {
             seen: "sha256:00".into(),
         };
         StoredDrift {
+            definitions: Default::default(),
             job_id: "job-b".into(),
             seen_at_ms: at,
             listing: Listing::default(),

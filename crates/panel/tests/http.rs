@@ -1251,6 +1251,7 @@ async fn a_runs_pins_show_first_use_and_each_tool_that_differed_as_text() {
 /// Puts what a worker stores: a pin, or drift, each as its JSON.
 fn store_pin(s: &Served, server: &str, tools: usize, at: u64) {
     let pin = protocol::pins::StoredPin {
+        definitions: Default::default(),
         listing: protocol::pins::Listing {
             server: protocol::pins::ServerInfo::default(),
             tools: (0..tools)
@@ -1267,6 +1268,7 @@ fn store_pin(s: &Served, server: &str, tools: usize, at: u64) {
 
 fn store_drift(s: &Served, server: &str, job: &str, drift: Vec<protocol::pins::Drift>, at: u64) {
     let stored = protocol::pins::StoredDrift {
+        definitions: Default::default(),
         job_id: job.into(),
         seen_at_ms: at,
         listing: protocol::pins::Listing::default(),

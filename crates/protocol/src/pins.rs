@@ -197,7 +197,12 @@ pub fn verified_definitions(
 
 /// The most bytes of definitions a pin or a drift keeps of one server (what does not fit is still
 /// digested, and shown in a diff by its digest alone).
-pub const MAX_DEFINITIONS_BYTES: usize = 512 * 1024;
+pub const MAX_DEFINITIONS_BYTES: usize = 256 * 1024;
+
+/// The largest pin or drift a worker writes to the store, in bytes, as JSON: the most tools with
+/// the longest names and [`MAX_DEFINITIONS_BYTES`] of definitions, each character of which JSON
+/// may write as two. A reader of the store may take a larger entry as not a worker's.
+pub const MAX_STORED_ENTRY: usize = 1 << 20;
 
 /// The digest of one tool's definition as the server wrote it.
 pub fn digest(definition: &str) -> String {

@@ -237,3 +237,47 @@ fn a_listing_holds_a_bounded_number_of_tools_of_bounded_names() {
     // The first definition of a name listed twice.
     assert_eq!(listing.tools["t0000"], digest(ECHO));
 }
+
+#[test]
+fn the_largest_pin_and_drift_a_worker_writes_fit_a_stored_entry() {
+    // The longest names, the longest server name and version, and definitions of quotes only
+    // (each written as two characters, then escaped again as JSON text).
+    let name = |n: usize| format!("{n:0>128}");
+    let quotes = format!("\"{}\"", "\\\"".repeat(1000));
+    let tools: Vec<(String, String)> = (0..MAX_PINNED_TOOLS)
+        .map(|n| (name(n), quotes.clone()))
+        .collect();
+    let info = ServerInfo {
+        name: Some("n".repeat(300)),
+        version: Some("v".repeat(300)),
+    };
+    let listing = Listing::of(info, tools.iter().map(|(n, t)| (n.as_str(), t.as_str())));
+    let texts: BTreeMap<String, String> = tools.iter().cloned().collect();
+    let definitions = verified_definitions(&listing, &texts);
+    assert!(!definitions.is_empty() && definitions.len() < MAX_PINNED_TOOLS);
+    let pin = StoredPin {
+        listing: listing.clone(),
+        pinned_at_ms: u64::MAX,
+        by: "x".repeat(200),
+        definitions: definitions.clone(),
+    };
+    let text = serde_json::to_string(&pin).unwrap();
+    assert!(text.len() <= MAX_STORED_ENTRY, "{}", text.len());
+    let other = Listing {
+        tools: listing
+            .tools
+            .keys()
+            .map(|t| (t.clone(), digest("{}")))
+            .collect(),
+        ..listing.clone()
+    };
+    let drift = StoredDrift {
+        job_id: "j".repeat(64),
+        seen_at_ms: u64::MAX,
+        comparison: compare(Some(&other), &listing),
+        listing,
+        definitions,
+    };
+    let text = serde_json::to_string(&drift).unwrap();
+    assert!(text.len() <= MAX_STORED_ENTRY, "{}", text.len());
+}

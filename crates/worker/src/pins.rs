@@ -146,7 +146,14 @@ pub fn write(store: &dyn Queue, job_id: &str, writes: Vec<Write>, now: SystemTim
                 approved,
             } => {
                 let text = serde_json::to_string(pin).unwrap_or_default();
-                let stored = store.put_pin(server, &text, *first, now);
+                let stored = match store.put_pin(server, &text, *first, now) {
+                    // A first pin in place of an entry that does not read as a pin: the job
+                    // took the server as unpinned, and pins it anew.
+                    Ok(false) if *first && unreadable_pin(store, server) => {
+                        store.put_pin(server, &text, false, now)
+                    }
+                    other => other,
+                };
                 match (&stored, approved) {
                     (Ok(true), Some(diff)) => log_approval(job_id, server, &pin.by, diff),
                     (Ok(true), None) => {
@@ -168,6 +175,12 @@ pub fn write(store: &dyn Queue, job_id: &str, writes: Vec<Write>, now: SystemTim
             tracing::warn!(event = "pin_not_kept", job_id = %job_id, server = %server, detail = %e);
         }
     }
+}
+
+/// Whether `server`'s stored pin is there but does not read as one (written by another version,
+/// or damaged).
+fn unreadable_pin(store: &dyn Queue, server: &str) -> bool {
+    matches!(store.pin(server), Ok(Some(text)) if serde_json::from_str::<StoredPin>(&text).is_err())
 }
 
 /// The log's account of an approval: who, and each tool that differed from the pin it replaced

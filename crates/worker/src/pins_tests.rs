@@ -208,3 +208,32 @@ fn an_approval_replaces_the_pin_by_the_operator_and_says_what_differed() {
     write(&store, "pin-1", writes, NOW);
     assert_eq!(read(&store, &["docs".into()]).unwrap()["docs"], now);
 }
+
+#[test]
+fn a_pin_that_does_not_read_is_as_none_and_the_next_job_pins_the_server_anew() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = queue::SqliteQueue::open(&dir.path().join("q.sqlite3")).unwrap();
+    store
+        .put_pin("docs", "{\"written by\": \"another version\"}", false, NOW)
+        .unwrap();
+    let given = read(&store, &["docs".into()]).unwrap();
+    assert!(given.is_empty());
+    let seen = listing(&[(ECHO_NAME, ECHO)]);
+    let mut d = draft(seen.clone());
+    write(
+        &store,
+        "job-1",
+        reckon(&mut d, &given, PinPolicy::Withhold, NOW),
+        NOW,
+    );
+    assert_eq!(read(&store, &["docs".into()]).unwrap()["docs"], seen);
+    // The control: a pin that reads is never replaced by a first use.
+    let mut d = draft_of("job-2", listing(&[("add", ADD)]));
+    write(
+        &store,
+        "job-2",
+        reckon(&mut d, &BTreeMap::new(), PinPolicy::Withhold, NOW),
+        NOW,
+    );
+    assert_eq!(read(&store, &["docs".into()]).unwrap()["docs"], seen);
+}

@@ -39,6 +39,7 @@ fn listing(tools: &[&str]) -> Listing {
 
 fn pin(q: &dyn queue::Queue, server: &str, tools: &[&str], ms: u64) {
     let pin = StoredPin {
+        definitions: Default::default(),
         listing: listing(tools),
         pinned_at_ms: ms,
         by: "job job-first".into(),
@@ -50,6 +51,7 @@ fn pin(q: &dyn queue::Queue, server: &str, tools: &[&str], ms: u64) {
 /// Drift as a job under withhold notes it: each tool with its kind.
 fn drift(q: &dyn queue::Queue, server: &str, job: &str, tools: &[(&str, DriftKind)], ms: u64) {
     let drift = StoredDrift {
+        definitions: Default::default(),
         job_id: job.into(),
         seen_at_ms: ms,
         listing: listing(&[]),
@@ -259,6 +261,7 @@ fn a_pin_or_drift_that_is_not_json_or_is_huge_is_said_to_be_unreadable() {
             .unwrap()
     );
     let mut huge = StoredPin {
+        definitions: Default::default(),
         listing: listing(&["page"]),
         pinned_at_ms: 1_796_000_000_000,
         by: String::new(),
@@ -277,7 +280,7 @@ fn a_pin_or_drift_that_is_not_json_or_is_huge_is_said_to_be_unreadable() {
     );
     assert_eq!(
         line_of(&run, "memory"),
-        "⚠ pin: server memory's pin cannot be read (it is not JSON of the shape this version writes): a job takes the server as unpinned, offers every tool it lists, and cannot store a pin over it"
+        "⚠ pin: server memory's pin cannot be read (it is not JSON of the shape this version writes): the next job takes the server as unpinned, offers every tool it lists, and pins what it lists in its place"
     );
     assert_eq!(
         line_of(&run, "wiki"),

@@ -126,7 +126,7 @@ fn server_check(name: &str, stored: Option<&ServerPins>) -> Check {
         Some(Entry::NotReadable) => Check::warn(
             id(),
             format!(
-                "pin: server {name}'s pin cannot be read (it is not JSON of the shape this version writes): a job takes the server as unpinned, offers every tool it lists, and cannot store a pin over it"
+                "pin: server {name}'s pin cannot be read (it is not JSON of the shape this version writes): the next job takes the server as unpinned, offers every tool it lists, and pins what it lists in its place"
             ),
             format!("store its pin again: `pi-dispatch mcp pin {name}`"),
         ),

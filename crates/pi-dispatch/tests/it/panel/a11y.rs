@@ -67,6 +67,7 @@ fn store_pins(q: &queue::SqliteQueue, now_ms: u64) {
     let at = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
     for server in ["docs", "search"] {
         let pin = StoredPin {
+            definitions: Default::default(),
             listing: Listing::of(Default::default(), [("query", "{}"), ("index", "{}")]),
             pinned_at_ms: now_ms - 3_600_000,
             by: "job first-job".into(),
@@ -78,6 +79,7 @@ fn store_pins(q: &queue::SqliteQueue, now_ms: u64) {
         );
     }
     let drift = StoredDrift {
+        definitions: Default::default(),
         job_id: "run-completed".into(),
         seen_at_ms: now_ms - 60_000,
         listing: Listing::default(),
