@@ -100,6 +100,11 @@ struct Ran {
 
 /// Runs a job of the one server `listed`, which says `now`, under `pins` and `policy`.
 async fn job(now: &Value, pins: Option<Listing>, policy: PinPolicy) -> Ran {
+    job_of(now, pins, policy, false).await
+}
+
+/// [`job`], only listing when `list_only` (as `mcp pin`'s job).
+async fn job_of(now: &Value, pins: Option<Listing>, policy: PinPolicy, list_only: bool) -> Ran {
     let dir = tempfile::tempdir().unwrap();
     let said = dir.path().join("says.json");
     std::fs::write(&said, now.to_string()).unwrap();
@@ -131,6 +136,7 @@ async fn job(now: &Value, pins: Option<Listing>, policy: PinPolicy) -> Ran {
                 .map(|p| BTreeMap::from([("listed".to_owned(), p)]))
                 .unwrap_or_default(),
             pin_policy: policy,
+            list_only,
             ..Default::default()
         },
         job_dir,
@@ -285,4 +291,43 @@ async fn under_refuse_drift_ends_the_job_before_the_agent_and_under_accept_it_is
         .saw
         .expect("the agent ran");
     assert_eq!(saw["listed"], json!(["add", "echo"]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_listing_run_lists_the_server_and_never_starts_the_agent() {
+    let now = says("1.1.0", &[ECHO, ADD]);
+    let ran = job_of(
+        &now,
+        Some(pin_of("1.0.0", &[ECHO])),
+        PinPolicy::Accept,
+        true,
+    )
+    .await;
+    assert_eq!(ran.line.code, 0, "{:?}", ran.line);
+    assert_eq!(ran.line.reason, None);
+    assert!(ran.saw.is_none(), "the agent ran: {:?}", ran.saw);
+    assert_eq!(listing(&ran.line), &pin_of("1.1.0", &[ECHO, ADD]));
+    // The control: the same job, not only listing, runs the agent.
+    let ran = job_of(
+        &now,
+        Some(pin_of("1.0.0", &[ECHO])),
+        PinPolicy::Accept,
+        false,
+    )
+    .await;
+    assert!(ran.saw.is_some(), "{:?}", ran.line);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_past_a_pins_bounds_is_withheld_under_accept_and_counted() {
+    let long = format!(
+        r#"{{"name": "{}", "description": "long"}}"#,
+        "x".repeat(129)
+    );
+    let now = says("1.0.0", &[ECHO, &long]);
+    let ran = job(&now, None, PinPolicy::Accept).await;
+    let saw = ran.saw.expect("the agent ran");
+    // The control: echo is offered; the long name is never listed to the agent.
+    assert_eq!(saw["listed"], json!(["echo"]));
+    assert_eq!(listing(&ran.line).unpinnable, 1);
 }

@@ -187,6 +187,7 @@ mod tests {
             seen_at_ms: at,
             listing: Listing::default(),
             comparison: Comparison {
+                unpinnable: 0,
                 first_use: false,
                 drift: vec![
                     tool("a", DriftKind::Changed),

@@ -74,6 +74,13 @@ fn report_rows(report: &PinReport) -> Markup {
                 td { "no longer listed: nothing to keep from pi" }
             }
         }
+        @if report.unpinnable > 0 {
+            tr {
+                td { (report.server) } td { (report.unpinnable) " tools" }
+                td { "past a pin's bounds (too many, or too long a name)" } td {} td {}
+                td { "withheld: kept from pi under every policy" }
+            }
+        }
     }
 }
 

@@ -1174,6 +1174,7 @@ fn pin_report(
     drift: Vec<protocol::pins::Drift>,
 ) -> protocol::pins::PinReport {
     protocol::pins::PinReport {
+        unpinnable: 0,
         server: server.into(),
         first_use: false,
         drift,
@@ -1253,6 +1254,7 @@ fn store_pin(s: &Served, server: &str, tools: usize, at: u64) {
     let pin = protocol::pins::StoredPin {
         definitions: Default::default(),
         listing: protocol::pins::Listing {
+            unpinnable: 0,
             server: protocol::pins::ServerInfo::default(),
             tools: (0..tools)
                 .map(|i| (format!("tool{i}"), format!("sha256:{i:064}")))
@@ -1273,6 +1275,7 @@ fn store_drift(s: &Served, server: &str, job: &str, drift: Vec<protocol::pins::D
         seen_at_ms: at,
         listing: protocol::pins::Listing::default(),
         comparison: protocol::pins::Comparison {
+            unpinnable: 0,
             first_use: false,
             drift,
             gone: Vec::new(),
@@ -1417,6 +1420,11 @@ async fn metrics_count_the_tools_withheld_by_pins_from_the_records() {
             PinPolicy::Accept,
             vec![pin_drift("any", DriftKind::New)],
         ),
+        // Past a pin's bounds: withheld under every policy, accept too.
+        protocol::pins::PinReport {
+            unpinnable: 4,
+            ..pin_report("huge", PinPolicy::Accept, Vec::new())
+        },
     ];
     s.records.write(&r).unwrap();
     let scrape = s.scrape().await;
@@ -1426,7 +1434,8 @@ async fn metrics_count_the_tools_withheld_by_pins_from_the_records() {
     assert_eq!(withheld(&[("server", "wiki"), ("kind", "changed")]), 2.0);
     assert_eq!(withheld(&[("server", "wiki"), ("kind", "new")]), 1.0);
     assert_eq!(withheld(&[("server", "trusted")]), 0.0);
-    assert_eq!(withheld(&[]), 3.0);
+    assert_eq!(withheld(&[("server", "huge"), ("kind", "unpinnable")]), 4.0);
+    assert_eq!(withheld(&[]), 7.0);
     // A tool's name is the server's to choose: no label carries it.
     assert!(
         scrape

@@ -95,6 +95,14 @@ pub struct ServerInfo {
 pub struct Listing {
     pub server: ServerInfo,
     pub tools: BTreeMap<String, String>,
+    /// How many tools the server listed past a pin's bounds (too many, or too long a name): never
+    /// pinned, so never offered.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unpinnable: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Listing {
@@ -103,11 +111,15 @@ impl Listing {
     /// bytes. A name listed twice keeps its first definition.
     pub fn of<'a>(server: ServerInfo, tools: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
         let mut kept: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut too_long = std::collections::BTreeSet::new();
         for (name, definition) in tools {
             if name.len() <= MAX_PINNED_NAME {
                 kept.entry(name).or_insert(definition);
+            } else {
+                too_long.insert(name);
             }
         }
+        let past = kept.len().saturating_sub(MAX_PINNED_TOOLS);
         Listing {
             server,
             tools: kept
@@ -115,6 +127,7 @@ impl Listing {
                 .take(MAX_PINNED_TOOLS)
                 .map(|(name, definition)| (name.to_owned(), digest(definition)))
                 .collect(),
+            unpinnable: u32::try_from(past + too_long.len()).unwrap_or(u32::MAX),
         }
     }
 }
@@ -267,6 +280,9 @@ pub struct Comparison {
     pub drift: Vec<Drift>,
     /// Tools the pin has and the server no longer lists (nothing to withhold; said for the record).
     pub gone: Vec<String>,
+    /// How many tools the server listed past a pin's bounds, withheld whatever the policy.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unpinnable: u32,
 }
 
 impl Comparison {
@@ -286,6 +302,7 @@ pub fn compare(pin: Option<&Listing>, seen: &Listing) -> Comparison {
     let Some(pin) = pin else {
         return Comparison {
             first_use: true,
+            unpinnable: seen.unpinnable,
             ..Comparison::default()
         };
     };
@@ -319,6 +336,7 @@ pub fn compare(pin: Option<&Listing>, seen: &Listing) -> Comparison {
         first_use: false,
         drift,
         gone,
+        unpinnable: seen.unpinnable,
     }
 }
 
@@ -362,6 +380,9 @@ pub struct PinReport {
     pub drift: Vec<Drift>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gone: Vec<String>,
+    /// How many tools were past a pin's bounds, and withheld (under every policy).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unpinnable: u32,
     /// The policy the drift met: withheld, refused (the job ended) or accepted.
     pub policy: PinPolicy,
 }
@@ -369,11 +390,13 @@ pub struct PinReport {
 impl PinReport {
     /// The report of `server` held against its pin under `policy`; `None` when it matched.
     pub fn of(server: &str, comparison: &Comparison, policy: PinPolicy) -> Option<PinReport> {
-        (comparison.first_use || comparison.drifted()).then(|| PinReport {
+        let said = comparison.first_use || comparison.drifted() || comparison.unpinnable > 0;
+        said.then(|| PinReport {
             server: server.to_owned(),
             first_use: comparison.first_use,
             drift: comparison.drift.clone(),
             gone: comparison.gone.clone(),
+            unpinnable: comparison.unpinnable,
             policy,
         })
     }

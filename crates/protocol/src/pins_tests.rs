@@ -232,6 +232,24 @@ fn a_listing_holds_a_bounded_number_of_tools_of_bounded_names() {
         .chain([(long.as_str(), ECHO), ("t0000", "{}")]);
     let listing = Listing::of(ServerInfo::default(), tools);
     assert_eq!(listing.tools.len(), MAX_PINNED_TOOLS);
+    // Ten past the count, one past the name's length: withheld, and counted for the record.
+    assert_eq!(listing.unpinnable, 11);
+    let comparison = compare(None, &listing);
+    let report = PinReport::of("docs", &comparison, PinPolicy::Accept).unwrap();
+    assert_eq!(report.unpinnable, 11);
+    let matched = compare(Some(&listing), &listing);
+    assert!(!matched.drifted());
+    assert_eq!(
+        PinReport::of("docs", &matched, PinPolicy::Withhold).map(|r| r.unpinnable),
+        Some(11),
+        "a server past the bounds is reported even when it matches its pin"
+    );
+    let small = Listing::of(ServerInfo::default(), [("echo", ECHO)]);
+    assert_eq!(small.unpinnable, 0);
+    assert_eq!(
+        PinReport::of("docs", &compare(Some(&small), &small), PinPolicy::Withhold),
+        None
+    );
     assert!(!listing.tools.contains_key(&long));
     assert!(!listing.tools.contains_key(&names[MAX_PINNED_TOOLS]));
     // The first definition of a name listed twice.

@@ -213,6 +213,15 @@ fn calls(a: &mut Adds, r: &Record) {
             a.add("pi_dispatch_pin_withheld_tools_total", &pairs, 1.0);
         }
     }
+    // A tool past a pin's bounds is withheld under every policy.
+    for p in r.mcp.pins.iter().filter(|p| p.unpinnable > 0) {
+        let pairs = [("server", p.server.as_str()), ("kind", "unpinnable")];
+        a.add(
+            "pi_dispatch_pin_withheld_tools_total",
+            &pairs,
+            f64::from(p.unpinnable),
+        );
+    }
     // By reason only: a label value a job chooses (a host, a port) would let a job grow the
     // series without end.
     for d in &r.egress_denied {

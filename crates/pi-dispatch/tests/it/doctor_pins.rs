@@ -56,6 +56,7 @@ fn drift(q: &dyn queue::Queue, server: &str, job: &str, tools: &[(&str, DriftKin
         seen_at_ms: ms,
         listing: listing(&[]),
         comparison: Comparison {
+            unpinnable: 0,
             first_use: false,
             drift: tools
                 .iter()

@@ -42,6 +42,7 @@ fn pin_reports() -> Vec<protocol::pins::PinReport> {
     };
     vec![
         PinReport {
+            unpinnable: 0,
             server: "docs".into(),
             first_use: true,
             drift: Vec::new(),
@@ -49,6 +50,7 @@ fn pin_reports() -> Vec<protocol::pins::PinReport> {
             policy: PinPolicy::Withhold,
         },
         PinReport {
+            unpinnable: 0,
             server: "search".into(),
             first_use: false,
             drift: vec![
@@ -84,6 +86,7 @@ fn store_pins(q: &queue::SqliteQueue, now_ms: u64) {
         seen_at_ms: now_ms - 60_000,
         listing: Listing::default(),
         comparison: Comparison {
+            unpinnable: 0,
             first_use: false,
             drift: pin_reports().remove(1).drift,
             gone: vec!["index".into()],
