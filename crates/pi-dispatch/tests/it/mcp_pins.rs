@@ -162,3 +162,44 @@ fn a_job_that_prints_definitions_cannot_put_words_in_a_pin_or_its_diff() {
         "{diff:#}"
     );
 }
+
+#[test]
+fn a_real_server_is_approved_from_a_folder_of_its_own_and_again_with_nothing_changed() {
+    let s = crate::worker::Service::new(
+        Vec::new(),
+        |_| json!({"direct": crate::worker::stdio(Some("direct"))}),
+        "",
+    );
+    let first = s.cli(&["mcp", "pin", "direct"]);
+    assert_eq!(first.code, 0, "{}\n{}", first.stdout, first.stderr);
+    assert!(
+        first.stdout.contains("It had no pin before."),
+        "{}",
+        first.stdout
+    );
+    // server-everything lists a dozen tools or so; the control: they were counted.
+    let tools: usize = first
+        .stdout
+        .split(", ")
+        .nth(1)
+        .and_then(|t| t.strip_suffix(" tools\nIt had no pin before.\n"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{}", first.stdout));
+    assert!(tools >= 5, "{}", first.stdout);
+    let again = s.cli(&["mcp", "pin", "direct"]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert!(
+        again.stdout.ends_with("It lists what its pin had.\n"),
+        "{}",
+        again.stdout
+    );
+    assert!(s.model.requests().is_empty(), "mcp pin asked the model");
+    let listed = s.cli(&["mcp", "pins"]);
+    assert!(
+        listed
+            .stdout
+            .starts_with(&format!("direct: pinned, {tools} tools, pinned by ")),
+        "{}",
+        listed.stdout
+    );
+}
