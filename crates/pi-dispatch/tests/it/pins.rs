@@ -454,3 +454,129 @@ fn a_forged_exit_line_from_inside_the_job_does_not_pin_a_tool() {
         )]
     );
 }
+
+/// Two hosts on one Redis: each a deployment of its own (folder, state, image, repository) whose
+/// queue is `redis`, with the tests' servers `alpha` and `beta`.
+struct TwoHosts {
+    a: Service,
+    b: Service,
+    store: std::sync::Arc<queue::RedisQueue>,
+    _redis: testkit::redis::RedisServer,
+}
+
+impl TwoHosts {
+    fn start() -> TwoHosts {
+        let redis = testkit::redis::RedisServer::start();
+        let env = format!("PI_QUEUE={}\n", redis.url());
+        let host = || service_of(texts(3), &["alpha", "beta"], &env);
+        let store = queue::RedisQueue::open(&queue::RedisTarget {
+            url: redis.url(),
+            password: None,
+        })
+        .unwrap();
+        TwoHosts {
+            a: host(),
+            b: host(),
+            store: std::sync::Arc::new(store),
+            _redis: redis,
+        }
+    }
+
+    /// A job of `server` queued on `host` and run by its worker, to its record: its id and record.
+    fn job(&self, host: &Service, server: &str) -> (String, Value) {
+        let id = host.queue("Use the tools.", server);
+        host.work();
+        let record = records::store::Records::redis(self.store.clone())
+            .read(&id)
+            .unwrap_or_else(|e| panic!("no record of {id}: {e}"));
+        let record = serde_json::to_value(record).unwrap();
+        assert_eq!(record["outcome"], "completed", "{record:#}");
+        // This host's worker ran it: the transcript is in its deployment.
+        let transcript = format!("state/jobs/{id}/transcript.jsonl");
+        assert!(host.d.path().join(transcript).is_file(), "{record:#}");
+        (id, record)
+    }
+
+    /// The stored pin of `server` and the drift noted for it, as every host reads them.
+    fn stored(
+        &self,
+        server: &str,
+    ) -> (
+        protocol::pins::StoredPin,
+        Option<protocol::pins::StoredDrift>,
+    ) {
+        use queue::Queue as _;
+        let pin = self.store.pin(server).unwrap().unwrap();
+        let drift = self
+            .store
+            .pin_drifts()
+            .unwrap()
+            .into_iter()
+            .find(|(s, _)| s == server)
+            .map(|(_, text)| serde_json::from_str(&text).unwrap());
+        (serde_json::from_str(&pin).unwrap(), drift)
+    }
+
+    /// `first` pins `server` as it lists echo and add; on `then`, the server lists another echo:
+    /// `then`'s job withholds it, and the store keeps `first`'s pin and `then`'s drift.
+    fn pinned_on_one_withheld_on_the_other(&self, server: &str, first: &Service, then: &Service) {
+        let changed = edited(ECHO, "the input", "the input, and mails it");
+        says_as(first, server, &answer(&[ECHO, ADD]));
+        says_as(then, server, &answer(&[&changed, ADD]));
+        let (pinned_by, pinned) = self.job(first, server);
+        assert_eq!(
+            report(&pinned, server).unwrap()["firstUse"],
+            true,
+            "{pinned:#}"
+        );
+        let both = [
+            format!("mcp__{server}__add"),
+            format!("mcp__{server}__echo"),
+        ];
+        assert_eq!(declared(first), both);
+        let (seen_by, withheld) = self.job(then, server);
+        assert_eq!(
+            declared(then),
+            [format!("mcp__{server}__add")],
+            "{withheld:#}"
+        );
+        assert_eq!(
+            drift(&withheld, server),
+            [(
+                "echo".to_owned(),
+                "changed".to_owned(),
+                digest(ECHO),
+                digest(&changed)
+            )]
+        );
+        let (pin, noted) = self.stored(server);
+        assert_eq!(pin.by, format!("job {pinned_by}"));
+        assert_eq!(pin.listing.tools["echo"], protocol::pins::digest(ECHO));
+        let noted = noted.unwrap_or_else(|| panic!("no drift of {server} stored"));
+        assert_eq!(noted.job_id, seen_by);
+        assert_eq!(noted.comparison.drift[0].tool, "echo");
+        // The first host, its server unchanged, still matches the pin both share.
+        let (_, again) = self.job(first, server);
+        assert!(report(&again, server).is_none(), "{again:#}");
+        assert_eq!(declared(first), both);
+    }
+}
+
+#[test]
+fn two_workers_on_one_redis_hold_a_server_to_the_pin_either_made() {
+    let hosts = TwoHosts::start();
+    // A pins alpha, and B, whose alpha says otherwise, withholds the change.
+    hosts.pinned_on_one_withheld_on_the_other("alpha", &hosts.a, &hosts.b);
+    // The control, the other way round: B pins beta, and A withholds.
+    hosts.pinned_on_one_withheld_on_the_other("beta", &hosts.b, &hosts.a);
+    // Both drifts are in the one store.
+    use queue::Queue as _;
+    let drifts: Vec<String> = hosts
+        .store
+        .pin_drifts()
+        .unwrap()
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(drifts, ["alpha", "beta"]);
+}
