@@ -14,6 +14,10 @@
 //!   one's upstream client, in turn one by one, which goes first turning each time. *paired* is the
 //!   median of the differences between the pinned server's call and the other's in each round.
 //!
+//! - **worker**: the pin read from the queue's store (a SQLite file) by `worker::pins::read`, as
+//!   every job naming the server reads it before its folder is written, and the size of the
+//!   runner's input with the pin in it.
+//!
 //! On the job's path: not on it: a benchmark of the runner's pins step.
 
 use std::collections::BTreeMap;
@@ -50,6 +54,15 @@ pub struct SizeFigures {
     tools: usize,
     ready: Ready,
     calls: CallFigures,
+    worker: WorkerFigures,
+}
+
+/// The worker's side of a job with the server's pin: the pin read from the queue's store (SQLite)
+/// as a job's start reads it, µs, and the runner's input it is written into, bytes.
+struct WorkerFigures {
+    read_us: Vec<f64>,
+    input_bytes: usize,
+    input_bytes_no_pin: usize,
 }
 
 /// Each way's starts: connect alone (the runner before pins: `unheld`), connect and hold with no
@@ -104,6 +117,12 @@ impl SizeFigures {
                 "hold_no_pin_median_us": round1(median(&r.hold_no_pin)),
                 "hold_pinned_median_us": round1(median(&r.hold_pinned)),
             },
+            "worker": {
+                "pin_read_median_us": round1(median(&self.worker.read_us)),
+                "reads": self.worker.read_us.len(),
+                "runner_input_bytes": self.worker.input_bytes,
+                "runner_input_bytes_no_pin": self.worker.input_bytes_no_pin,
+            },
             "calls": {
                 "no_pin": latency(&self.calls.no_pin),
                 "pinned": latency(&self.calls.pinned),
@@ -137,6 +156,13 @@ impl SizeFigures {
             self.calls.paired_p99,
             self.calls.direct.p50,
             self.calls.direct.p99,
+        );
+        println!(
+            "pins, a server of {} tools: the worker reads its pin in {:.1} µs (median), and the runner's input is {} bytes with it, {} without",
+            self.tools,
+            median(&self.worker.read_us),
+            self.worker.input_bytes,
+            self.worker.input_bytes_no_pin,
         );
     }
 }
@@ -375,6 +401,38 @@ async fn alternate(
     })
 }
 
+/// The worker's side: `pin` stored in a SQLite queue of its own, then read `reads` times by
+/// `worker::pins::read` as a job's start reads it.
+fn measure_worker(pin: &Listing, reads: u32) -> anyhow::Result<WorkerFigures> {
+    use ::queue::Queue as _;
+    let dir = tempfile::tempdir().context("cannot make a temporary folder")?;
+    let store = ::queue::SqliteQueue::open(&dir.path().join("queue.sqlite3"))
+        .context("cannot open the queue")?;
+    let stored = protocol::pins::StoredPin {
+        listing: pin.clone(),
+        pinned_at_ms: 0,
+        by: "pi-dispatch-bench".to_owned(),
+    };
+    let text = serde_json::to_string(&stored).context("the pin does not serialize")?;
+    store
+        .put_pin("many", &text, true, std::time::SystemTime::now())
+        .context("cannot store the pin")?;
+    let servers = ["many".to_owned()];
+    let mut read_us = Vec::new();
+    for _ in 0..reads {
+        let started = Instant::now();
+        let read = worker::pins::read(&store, &servers);
+        read_us.push(started.elapsed().as_secs_f64() * 1e6);
+        let read = read.map_err(|e| anyhow!("the pin was not read: {}", e.0))?;
+        ensure!(read.get("many") == Some(pin), "the pin read back otherwise");
+    }
+    Ok(WorkerFigures {
+        read_us,
+        input_bytes: input(&["many"], pin).to_text().len(),
+        input_bytes_no_pin: RunnerInput::default().to_text().len(),
+    })
+}
+
 /// What the server answers `echo` with.
 fn echoed(message: &str) -> String {
     format!("called echo {}", json!({"message": message}))
@@ -424,10 +482,12 @@ pub fn measure(options: &Options) -> anyhow::Result<PinFigures> {
         let entry = server_of(dir.path(), tools)?;
         let (ready, pin) = runtime.block_on(measure_ready(&peers, &entry, tools, options.runs))?;
         let calls = runtime.block_on(measure_calls(&peers, &entry, &pin, options))?;
+        let worker = measure_worker(&pin, options.calls)?;
         sizes.push(SizeFigures {
             tools,
             ready,
             calls,
+            worker,
         });
     }
     runtime.shutdown_timeout(Duration::from_secs(2));
