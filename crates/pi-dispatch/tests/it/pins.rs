@@ -1,9 +1,11 @@
 //! Pinned tools, through the worker with real pi: a server's first job pins what it lists, a later
-//! change to what it says is kept from pi (and the record names it, with both digests), a trigger
-//! under `refuse` ends the job before any model request, and one under `accept` lets it through
-//! and moves the pin. The servers are the tests' own (`testkit::listed_server`), each one's tool
-//! list a file in the repository, and the real server-everything, whose tools are offered as
-//! before job after job. A job's own processes cannot move a pin by printing an exit line.
+//! change to what it says (a description, a new tool, an input schema, an annotation, another
+//! answer to its next connect) is kept from pi (and the record names it, with both digests), a
+//! trigger under `refuse` ends the job before any model request, and one under `accept` lets it
+//! through and moves the pin. The servers are the tests' own (`testkit::listed_server`), each
+//! one's tool list a file in the repository, and the real server-everything, whose tools are
+//! offered as before job after job. Two workers on one Redis hold a server to the pin either made,
+//! and a job's own processes cannot move a pin by printing an exit line.
 
 use std::collections::BTreeMap;
 
