@@ -10,10 +10,10 @@
 //!   turns, each going first in turn, after one untimed start that makes the pin. The hold step
 //!   is also timed alone.
 //! - **calls**: two such servers connected together, one held to its pin and one with none, and
-//!   served by one hub (`relay::serve`); `echo` through the hub on each and directly on the pinned
-//!   one's upstream client, in turn one by one, which goes first turning each time. *paired* is the
-//!   median of the differences between the pinned server's call and the other's in each round.
-//!
+//!   served by one hub (`relay::serve`); `echo` through the hub on each and directly on their
+//!   upstream clients (one and the other in turn), one by one, in each of the six orders in turn.
+//!   *paired* is the median of the differences between the pinned server's call and the other's
+//!   in each round.
 //! - **worker**: the pin read from the queue's store (a SQLite file) by `worker::pins::read`, as
 //!   every job naming the server reads it before its folder is written, and the size of the
 //!   runner's input with the pin in it.
@@ -36,6 +36,16 @@ use crate::stats::{median, percentile, round1};
 
 /// The sizes of server measured: tools it lists.
 pub const SIZES: [usize; 2] = [50, 256];
+/// The orders of a round of calls (no pin, pinned, direct), each in turn: every kind goes before
+/// and after every other as often, so that neither hub server gains from its place.
+const ORDERS: [[usize; 3]; 6] = [
+    [0, 1, 2],
+    [1, 2, 0],
+    [2, 0, 1],
+    [0, 2, 1],
+    [2, 1, 0],
+    [1, 0, 2],
+];
 /// The longest one `echo` call may take.
 const CALL_BOUND: Duration = Duration::from_secs(30);
 
@@ -328,12 +338,7 @@ async fn measure_calls(
     ];
     let (connected, _) = mcp_hub::connect(peers, &servers, dir.path()).await?;
     let (held, _) = hold(connected, &input(&["pinned"], pin))?;
-    let direct = held
-        .upstreams
-        .iter()
-        .find(|(u, _)| u.name == "pinned")
-        .map(|(u, _)| u.peer.clone())
-        .context("no pinned upstream")?;
+    let direct: Vec<hub::rpc::Peer> = held.upstreams.iter().map(|(u, _)| u.peer.clone()).collect();
     let hub = hub::relay::serve(held.upstreams, mcp_hub::TOKEN.to_owned())
         .await
         .context("the hub did not start")?;
@@ -356,12 +361,13 @@ async fn measure_calls(
     figures
 }
 
-/// `echo` on the unpinned server through the hub, on the pinned one through the hub, and on the
-/// pinned one's upstream client, one after the other, which goes first turning each time.
+/// `echo` on the unpinned server through the hub, on the pinned one through the hub, and on one
+/// of the two's upstream clients (each in turn, so that both servers answer as many calls), one
+/// after the other, in each order in turn ([`ORDERS`]).
 async fn alternate(
     plain_url: &str,
     pinned_url: &str,
-    direct: &hub::rpc::Peer,
+    direct: &[hub::rpc::Peer],
     warm_up: u32,
     calls: u32,
 ) -> anyhow::Result<CallFigures> {
@@ -372,12 +378,11 @@ async fn alternate(
     for i in 0..warm_up + calls {
         let message = format!("pi-dispatch-bench {i}");
         let mut round = [0.0; 3];
-        for turn in 0..3 {
-            let which = (i as usize + turn) % 3;
+        for which in ORDERS[i as usize % ORDERS.len()] {
             round[which] = match which {
                 0 => timed_echo(plain.peer(), &message).await?,
                 1 => timed_echo(pinned.peer(), &message).await?,
-                _ => timed_direct_echo(direct, &message).await?,
+                _ => timed_direct_echo(&direct[i as usize % direct.len()], &message).await?,
             };
         }
         if i >= warm_up {
