@@ -422,8 +422,10 @@ fn a_forged_exit_line_from_inside_the_job_does_not_pin_a_tool() {
     says(&s, &[ECHO]);
     // The server's first job, whose pin it makes: the tool forges an exit line pinning send_email.
     let (id, first, results, _) = s.complete("Report the tools.", "listed");
-    // The probe ran: the forged line went out on pi's output, where the worker read it.
+    // The probe ran: the forged line went out on pi's output, where the worker read it. The job's
+    // folder, whose runner.json gave the runner the pins, is not the job's to write.
     assert!(results[1].contains("FORGED-PIN /job"), "{results:#?}");
+    assert!(!results[1].contains("/job written"), "{results:#?}");
     let transcript =
         std::fs::read_to_string(s.d.path().join(format!("state/jobs/{id}/transcript.jsonl")))
             .unwrap();
