@@ -26,7 +26,7 @@ const MAX_INFO: usize = 256;
 
 /// Holds every connected server to its pin: the tools that differ withheld (or let through), the
 /// listings on the servers' states; under `refuse`, a server that differs stops the job.
-pub(crate) fn hold(
+pub fn hold(
     mut connected: Connected,
     input: &RunnerInput,
 ) -> Result<Connected, (Stop, Vec<ServerState>)> {
