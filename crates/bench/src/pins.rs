@@ -71,6 +71,9 @@ pub struct SizeFigures {
 /// as a job's start reads it, µs, and the runner's input it is written into, bytes.
 struct WorkerFigures {
     read_us: Vec<f64>,
+    /// The server's definitions line checked (its signature, then each definition's digest
+    /// against the listing), as the worker keeps a pin's definitions after a job, µs.
+    definitions_us: Vec<f64>,
     input_bytes: usize,
     input_bytes_no_pin: usize,
 }
@@ -129,6 +132,7 @@ impl SizeFigures {
             },
             "worker": {
                 "pin_read_median_us": round1(median(&self.worker.read_us)),
+                "definitions_check_median_us": round1(median(&self.worker.definitions_us)),
                 "reads": self.worker.read_us.len(),
                 "runner_input_bytes": self.worker.input_bytes,
                 "runner_input_bytes_no_pin": self.worker.input_bytes_no_pin,
@@ -245,9 +249,15 @@ fn input(servers: &[&str], pin: &Listing) -> RunnerInput {
     }
 }
 
-/// The runner's pins step over `connected`, timed (µs); every tool must be offered.
+/// The runner's pins step over `connected`, timed (µs): its definitions' signed lines made, as
+/// the runner says them before it holds the servers, and the hold; every tool must be offered.
 fn hold(connected: Connected, input: &RunnerInput) -> anyhow::Result<(Connected, f64)> {
     let started = Instant::now();
+    let lines = hub::pins::definitions_lines("job-bench", b"bench-key", &connected);
+    ensure!(
+        lines.len() == connected.upstreams.len(),
+        "a server's definitions line was not made"
+    );
     let held = hub::pins::hold(connected, input)
         .map_err(|(stop, _)| anyhow!("the runner's pins step stopped: {stop}"))?;
     let took = started.elapsed().as_secs_f64() * 1e6;
@@ -414,7 +424,7 @@ fn measure_worker(pin: &Listing, reads: u32) -> anyhow::Result<WorkerFigures> {
     let store = ::queue::SqliteQueue::open(&dir.path().join("queue.sqlite3"))
         .context("cannot open the queue")?;
     // As a job stores it: with each tool's definition (as far as they fit), which a read parses.
-    let texts = (0..pin.tools.len())
+    let texts: std::collections::BTreeMap<String, String> = (0..pin.tools.len())
         .map(|i| {
             let t = tool(i);
             let name = t["name"].as_str().unwrap_or_default().to_owned();
@@ -447,8 +457,26 @@ fn measure_worker(pin: &Listing, reads: u32) -> anyhow::Result<WorkerFigures> {
         let read = read.map_err(|e| anyhow!("the pin was not read: {}", e.0))?;
         ensure!(read.get("many") == Some(pin), "the pin read back otherwise");
     }
+    let line = protocol::exit_line::Definitions {
+        event: protocol::exit_line::DEFINITIONS_EVENT.to_owned(),
+        job_id: "job-bench".to_owned(),
+        server: "many".to_owned(),
+        tools: texts,
+    }
+    .sign(b"bench-key")
+    .context("the definitions line does not serialize")?;
+    let mut definitions_us = Vec::new();
+    for _ in 0..reads.min(200) {
+        let started = Instant::now();
+        let said = protocol::exit_line::Definitions::verify(&line, b"bench-key")
+            .context("the definitions line does not verify")?;
+        let kept = protocol::pins::verified_definitions(pin, &said.tools);
+        definitions_us.push(started.elapsed().as_secs_f64() * 1e6);
+        ensure!(kept == stored.definitions, "the definitions kept differ");
+    }
     Ok(WorkerFigures {
         read_us,
+        definitions_us,
         input_bytes: input(&["many"], pin).to_text().len(),
         input_bytes_no_pin: RunnerInput::default().to_text().len(),
     })

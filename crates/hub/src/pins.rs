@@ -63,6 +63,15 @@ pub(crate) async fn say_definitions(job: &JobOptions, connected: &Connected) {
     let Some(key) = &job.key else {
         return;
     };
+    for line in definitions_lines(&job.job_id, key.as_bytes(), connected) {
+        write_output(format!("{line}\n").as_bytes()).await;
+    }
+}
+
+/// The signed definitions line of each server of `connected` (the tools a pin holds, each in
+/// canonical form).
+pub fn definitions_lines(job_id: &str, key: &[u8], connected: &Connected) -> Vec<String> {
+    let mut lines = Vec::new();
     for (upstream, _) in &connected.upstreams {
         let listing = listing_of(upstream);
         let tools = upstream
@@ -73,14 +82,15 @@ pub(crate) async fn say_definitions(job: &JobOptions, connected: &Connected) {
             .collect();
         let definitions = Definitions {
             event: DEFINITIONS_EVENT.to_owned(),
-            job_id: job.job_id.clone(),
+            job_id: job_id.to_owned(),
             server: upstream.name.clone(),
             tools,
         };
-        if let Ok(text) = definitions.sign(key.as_bytes()) {
-            write_output(format!("{text}\n").as_bytes()).await;
+        if let Ok(text) = definitions.sign(key) {
+            lines.push(text);
         }
     }
+    lines
 }
 
 /// What `upstream` listed at connect, as a pin holds it.
