@@ -87,6 +87,8 @@ struct Ready {
     pinned: Vec<f64>,
     hold_no_pin: Vec<f64>,
     hold_pinned: Vec<f64>,
+    /// The servers' signed definitions lines made, which the runner does off the job's path, µs.
+    lines: Vec<f64>,
 }
 
 struct CallFigures {
@@ -129,6 +131,7 @@ impl SizeFigures {
                 "pinned_ms": all(&r.pinned),
                 "hold_no_pin_median_us": round1(median(&r.hold_no_pin)),
                 "hold_pinned_median_us": round1(median(&r.hold_pinned)),
+                "definitions_lines_median_us": round1(median(&r.lines)),
             },
             "worker": {
                 "pin_read_median_us": round1(median(&self.worker.read_us)),
@@ -249,18 +252,24 @@ fn input(servers: &[&str], pin: &Listing) -> RunnerInput {
     }
 }
 
-/// The runner's pins step over `connected`, timed (µs): its definitions' signed lines made, as
-/// the runner says them before it holds the servers, and the hold; every tool must be offered.
-fn hold(connected: Connected, input: &RunnerInput) -> anyhow::Result<(Connected, f64)> {
+/// The runner's pins step over `connected`, timed (µs): the listings taken and held, on the job's
+/// path; and, timed apart, the definitions' signed lines made, which the runner does beside it.
+/// Every tool must be offered.
+fn hold(connected: Connected, input: &RunnerInput) -> anyhow::Result<(Connected, f64, f64)> {
     let started = Instant::now();
-    let lines = hub::pins::definitions_lines("job-bench", b"bench-key", &connected);
+    let listed = hub::pins::listings(&connected);
+    let listed_at = started.elapsed();
+    let lines_started = Instant::now();
+    let lines = hub::pins::definitions_lines("job-bench", b"bench-key", &connected, &listed);
+    let lines_us = lines_started.elapsed().as_secs_f64() * 1e6;
     ensure!(
         lines.len() == connected.upstreams.len(),
         "a server's definitions line was not made"
     );
-    let held = hub::pins::hold(connected, input)
+    let held_started = Instant::now();
+    let held = hub::pins::hold_listed(connected, input, listed)
         .map_err(|(stop, _)| anyhow!("the runner's pins step stopped: {stop}"))?;
-    let took = started.elapsed().as_secs_f64() * 1e6;
+    let took = (listed_at + held_started.elapsed()).as_secs_f64() * 1e6;
     for (upstream, withheld) in &held.upstreams {
         ensure!(
             withheld.0.is_empty(),
@@ -269,26 +278,31 @@ fn hold(connected: Connected, input: &RunnerInput) -> anyhow::Result<(Connected,
             withheld.0.len()
         );
     }
-    Ok((held, took))
+    Ok((held, took, lines_us))
 }
 
 /// One start of the server, connected and, given an input, held under it: (ready, ms; the hold
-/// step, µs), and what it listed (none when not held).
+/// step, µs; the definitions lines, µs), and what it listed (none when not held).
 async fn start_once(
     peers: &Peers,
     entry: &Value,
     input: Option<&RunnerInput>,
-) -> anyhow::Result<(f64, f64, Option<Listing>)> {
+) -> anyhow::Result<(f64, f64, f64, Option<Listing>)> {
     let dir = tempfile::tempdir().context("cannot make a temporary folder")?;
     let servers = vec![("many".to_owned(), entry.clone())];
     let (connected, took) = mcp_hub::connect(peers, &servers, dir.path()).await?;
-    let (held, hold_us) = match input {
+    let (held, hold_us, lines_us) = match input {
         Some(input) => hold(connected, input)?,
-        None => (connected, 0.0),
+        None => (connected, 0.0, 0.0),
     };
     let listing = held.states.first().and_then(|s| s.listing.clone());
     mcp_hub::shut_down(held.upstreams.into_iter().map(|(u, _)| u).collect()).await;
-    Ok((took.as_secs_f64() * 1e3 + hold_us / 1e3, hold_us, listing))
+    Ok((
+        took.as_secs_f64() * 1e3 + hold_us / 1e3,
+        hold_us,
+        lines_us,
+        listing,
+    ))
 }
 
 /// The ready measurement of one size: each way `runs` times, taking turns (each goes first in
@@ -299,7 +313,7 @@ async fn measure_ready(
     tools: usize,
     runs: u32,
 ) -> anyhow::Result<(Ready, Listing)> {
-    let (_, _, pin) = start_once(peers, entry, Some(&RunnerInput::default())).await?;
+    let (_, _, _, pin) = start_once(peers, entry, Some(&RunnerInput::default())).await?;
     let pin = pin.context("the pins step left no listing")?;
     ensure!(
         pin.tools.len() == tools,
@@ -313,7 +327,7 @@ async fn measure_ready(
         for turn in 0..3 {
             let way = (run as usize + turn) % 3;
             let input = [None, Some(&none), Some(&pinned)][way];
-            let (r, h, listing) = start_once(peers, entry, input).await?;
+            let (r, h, lines, listing) = start_once(peers, entry, input).await?;
             ensure!(
                 input.is_none() || listing.as_ref() == Some(&pin),
                 "the server listed otherwise than its pin"
@@ -327,6 +341,7 @@ async fn measure_ready(
                 _ => {
                     ready.pinned.push(r);
                     ready.hold_pinned.push(h);
+                    ready.lines.push(lines);
                 }
             }
         }
@@ -347,7 +362,7 @@ async fn measure_calls(
         ("pinned".to_owned(), entry.clone()),
     ];
     let (connected, _) = mcp_hub::connect(peers, &servers, dir.path()).await?;
-    let (held, _) = hold(connected, &input(&["pinned"], pin))?;
+    let (held, _, _) = hold(connected, &input(&["pinned"], pin))?;
     let direct: Vec<hub::rpc::Peer> = held.upstreams.iter().map(|(u, _)| u.peer.clone()).collect();
     let hub = hub::relay::serve(held.upstreams, mcp_hub::TOKEN.to_owned())
         .await

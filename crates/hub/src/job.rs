@@ -33,7 +33,10 @@ impl Runner {
         if self.job.input.list_only {
             return self.list().await;
         }
-        match self.steps().await {
+        let steps = self.steps().await;
+        // The definitions lines go before the exit line.
+        self.said().await;
+        match steps {
             Ok(ended) => finish::finish(&self.job.job_id, ended, self.gateway.take()).await,
             Err(stopped) => stopped.line(&self.job.job_id),
         }
@@ -51,11 +54,14 @@ impl Runner {
             let connected = connect_all::connect_servers(&self.job, planned, plan.wait)
                 .await
                 .map_err(stopped)?;
-            pins::say_definitions(&self.job, &connected).await;
-            let held = pins::hold(connected, &self.job.input).map_err(stopped)?;
+            let listed = pins::listings(&connected);
+            pins::say_definitions(self, &connected, &listed);
+            let held = pins::hold_listed(connected, &self.job.input, listed).map_err(stopped)?;
             Ok::<_, Stopped>(held.states)
         };
-        match listed.await {
+        let listed = listed.await;
+        self.said().await;
+        match listed {
             Ok(states) => crate::output::line(&self.job.job_id, 0, None, states),
             Err(stopped) => stopped.line(&self.job.job_id),
         }
@@ -74,8 +80,9 @@ impl Runner {
         let connecting = planned.map(|planned| {
             Box::pin(async move {
                 let connected = connect_all::connect_servers(&self.job, planned, plan.wait).await?;
-                pins::say_definitions(&self.job, &connected).await;
-                pins::hold(connected, &self.job.input)
+                let listed = pins::listings(&connected);
+                pins::say_definitions(self, &connected, &listed);
+                pins::hold_listed(connected, &self.job.input, listed)
             }) as serve::Connecting<'_>
         });
         let (start, serving) = serve::serve(self, &folder, &plan, connecting).await?;

@@ -6,6 +6,8 @@
 //! On the job's path: in the runner, between connecting the servers (`connect_all`) and serving
 //! them to pi (`serve`); the listings go to the worker on the servers' states.
 
+use std::collections::BTreeMap;
+
 use protocol::exit_line::{DEFINITIONS_EVENT, Definitions, ServerState};
 use protocol::job_dir::RunnerInput;
 use protocol::pins::{self, Comparison, Listing, PinPolicy, ServerInfo};
@@ -18,7 +20,7 @@ use crate::connect_all::Connected;
 use crate::job_file::Stop;
 use crate::output::write_output;
 use crate::relay::Withheld;
-use crate::runner::JobOptions;
+use crate::runner::Runner;
 
 /// The longest server name or version kept as written, in bytes; a longer one is kept as its
 /// digest (still a change when it changes).
@@ -27,12 +29,34 @@ const MAX_INFO: usize = 256;
 /// Holds every connected server to its pin: the tools that differ withheld (or let through), the
 /// listings on the servers' states; under `refuse`, a server that differs stops the job.
 pub fn hold(
-    mut connected: Connected,
+    connected: Connected,
     input: &RunnerInput,
 ) -> Result<Connected, (Stop, Vec<ServerState>)> {
+    let listed = listings(&connected);
+    hold_listed(connected, input, listed)
+}
+
+/// What each server of `connected` listed (in its order), each tool digested once: the listing a
+/// pin holds, and the definitions in canonical form.
+pub fn listings(connected: &Connected) -> Vec<Listed> {
+    connected
+        .upstreams
+        .iter()
+        .map(|(upstream, _)| listing_of(upstream))
+        .collect()
+}
+
+/// One server's listing, with its tools' definitions in canonical form.
+pub type Listed = (Listing, BTreeMap<String, String>);
+
+/// [`hold`], with the listings already taken ([`listings`]).
+pub fn hold_listed(
+    mut connected: Connected,
+    input: &RunnerInput,
+    listed: Vec<Listed>,
+) -> Result<Connected, (Stop, Vec<ServerState>)> {
     let mut refused: Vec<(String, Comparison)> = Vec::new();
-    for (upstream, withheld) in &mut connected.upstreams {
-        let listing = listing_of(upstream);
+    for ((upstream, withheld), (listing, _)) in connected.upstreams.iter_mut().zip(listed) {
         let comparison = pins::compare(input.pins.get(&upstream.name), &listing);
         withhold_unpinnable(upstream, &listing, withheld);
         match input.pin_policy {
@@ -57,44 +81,72 @@ pub fn hold(
 }
 
 /// Tells the worker each ready server's tools' definitions, in canonical form, on a line signed
-/// with the job's key (when the runner has one): what a pin keeps for its diff. The worker keeps
-/// only those whose digest is on the exit line.
-pub(crate) async fn say_definitions(job: &JobOptions, connected: &Connected) {
-    let Some(key) = &job.key else {
+/// with the job's key (when the runner has one): what a pin keeps for its diff. The lines are made
+/// and written off the job's path, and the runner waits for them before its exit line
+/// ([`Runner::said`]); the worker keeps only the definitions whose digest is on the exit line.
+pub(crate) fn say_definitions(runner: &Runner, connected: &Connected, listed: &[Listed]) {
+    let Some(key) = runner.job.key.clone() else {
         return;
     };
-    for line in definitions_lines(&job.job_id, key.as_bytes(), connected) {
-        write_output(format!("{line}\n").as_bytes()).await;
-    }
-}
-
-/// The signed definitions line of each server of `connected` (the tools a pin holds, each in
-/// canonical form).
-pub fn definitions_lines(job_id: &str, key: &[u8], connected: &Connected) -> Vec<String> {
-    let mut lines = Vec::new();
-    for (upstream, _) in &connected.upstreams {
-        let listing = listing_of(upstream);
-        let tools = upstream
-            .tools
-            .iter()
-            .filter(|t| listing.tools.contains_key(&t.name))
-            .filter_map(|t| Some((t.name.clone(), pins::canonical_text(t.definition.get())?)))
-            .collect();
-        let definitions = Definitions {
-            event: DEFINITIONS_EVENT.to_owned(),
-            job_id: job_id.to_owned(),
-            server: upstream.name.clone(),
-            tools,
-        };
-        if let Ok(text) = definitions.sign(key) {
-            lines.push(text);
+    let job_id = runner.job.job_id.clone();
+    let servers: Vec<(String, BTreeMap<String, String>)> = connected
+        .upstreams
+        .iter()
+        .zip(listed)
+        .map(|((upstream, _), (_, texts))| (upstream.name.clone(), texts.clone()))
+        .collect();
+    let handle = tokio::spawn(async move {
+        let made = tokio::task::spawn_blocking(move || {
+            servers
+                .into_iter()
+                .filter_map(|(server, tools)| sign(&job_id, key.as_bytes(), server, tools))
+                .collect::<Vec<String>>()
+        })
+        .await;
+        for line in made.unwrap_or_default() {
+            write_output(format!("{line}\n").as_bytes()).await;
         }
+    });
+    if let Ok(mut saying) = runner.saying.lock() {
+        saying.push(handle);
     }
-    lines
 }
 
-/// What `upstream` listed at connect, as a pin holds it.
-fn listing_of(upstream: &Upstream) -> Listing {
+fn sign(
+    job_id: &str,
+    key: &[u8],
+    server: String,
+    tools: BTreeMap<String, String>,
+) -> Option<String> {
+    let definitions = Definitions {
+        event: DEFINITIONS_EVENT.to_owned(),
+        job_id: job_id.to_owned(),
+        server,
+        tools,
+    };
+    definitions.sign(key).ok()
+}
+
+/// The signed definitions line of each server of `connected`, from what it `listed` (the tools a
+/// pin holds, each in canonical form).
+pub fn definitions_lines(
+    job_id: &str,
+    key: &[u8],
+    connected: &Connected,
+    listed: &[Listed],
+) -> Vec<String> {
+    connected
+        .upstreams
+        .iter()
+        .zip(listed)
+        .filter_map(|((upstream, _), (_, texts))| {
+            sign(job_id, key, upstream.name.clone(), texts.clone())
+        })
+        .collect()
+}
+
+/// What `upstream` listed at connect, as a pin holds it, with its definitions.
+fn listing_of(upstream: &Upstream) -> Listed {
     let info = upstream.info().get("serverInfo");
     let field = |key: &str| {
         info.and_then(|i| i.get(key))
@@ -105,7 +157,7 @@ fn listing_of(upstream: &Upstream) -> Listing {
         name: field("name"),
         version: field("version"),
     };
-    Listing::of(
+    Listing::with_texts(
         server,
         upstream
             .tools

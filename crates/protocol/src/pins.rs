@@ -110,6 +110,15 @@ impl Listing {
     /// at most [`MAX_PINNED_TOOLS`], the first by name, each name at most [`MAX_PINNED_NAME`]
     /// bytes. A name listed twice keeps its first definition.
     pub fn of<'a>(server: ServerInfo, tools: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        Listing::with_texts(server, tools).0
+    }
+
+    /// [`Listing::of`], with each pinned tool's definition in canonical form (where it is strict
+    /// JSON), taken in the same one pass as its digest.
+    pub fn with_texts<'a>(
+        server: ServerInfo,
+        tools: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> (Self, BTreeMap<String, String>) {
         let mut kept: BTreeMap<&str, &str> = BTreeMap::new();
         let mut too_long = std::collections::BTreeSet::new();
         for (name, definition) in tools {
@@ -120,64 +129,71 @@ impl Listing {
             }
         }
         let past = kept.len().saturating_sub(MAX_PINNED_TOOLS);
-        Listing {
-            server,
-            tools: kept
-                .into_iter()
-                .take(MAX_PINNED_TOOLS)
-                .map(|(name, definition)| (name.to_owned(), digest(definition)))
-                .collect(),
-            unpinnable: u32::try_from(past + too_long.len()).unwrap_or(u32::MAX),
+        let mut digests = BTreeMap::new();
+        let mut texts = BTreeMap::new();
+        for (name, definition) in kept.into_iter().take(MAX_PINNED_TOOLS) {
+            let (digest, text) = digest_and_text(definition);
+            digests.insert(name.to_owned(), digest);
+            if let Some(text) = text {
+                texts.insert(name.to_owned(), text);
+            }
         }
+        let listing = Listing {
+            server,
+            tools: digests,
+            unpinnable: u32::try_from(past + too_long.len()).unwrap_or(u32::MAX),
+        };
+        (listing, texts)
     }
 }
 
 /// `value` in canonical form: object keys in the order of their bytes, no white space, strings and
 /// numbers as serde_json writes them.
 pub fn canonical(value: &Json) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
     write_canonical(value, &mut out);
-    out
+    // Only JSON text was written, from strings that were UTF-8.
+    String::from_utf8(out).unwrap_or_default()
 }
 
-fn write_canonical(value: &Json, out: &mut String) {
+fn write_canonical(value: &Json, out: &mut Vec<u8>) {
     match value {
         Json::Object(members) => {
             let mut sorted: Vec<(&str, &Json)> = members.iter().collect();
-            sorted.sort_by(|a, b| a.0.cmp(b.0));
-            out.push('{');
+            sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
             for (i, (key, item)) in sorted.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_string(key, out);
-                out.push(':');
+                out.push(b':');
                 write_canonical(item, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         Json::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_canonical(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         Json::String(s) => write_string(s, out),
         Json::Number(n) => {
-            let _ = write!(out, "{n}");
+            let _ = serde_json::to_writer(&mut *out, n);
         }
-        Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Json::Null => out.push_str("null"),
+        Json::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
+        Json::Null => out.extend_from_slice(b"null"),
     }
 }
 
-fn write_string(s: &str, out: &mut String) {
+fn write_string(s: &str, out: &mut Vec<u8>) {
     // serde_json's own escaping: one form for each string.
-    out.push_str(&serde_json::to_string(s).unwrap_or_default());
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 /// One tool's definition as the server wrote it, in canonical form; `None` for one that is not
@@ -219,15 +235,24 @@ pub const MAX_STORED_ENTRY: usize = 1 << 20;
 
 /// The digest of one tool's definition as the server wrote it.
 pub fn digest(definition: &str) -> String {
+    digest_and_text(definition).0
+}
+
+/// The digest of one definition, and its canonical text when it is strict JSON.
+fn digest_and_text(definition: &str) -> (String, Option<String>) {
     match json::parse(definition) {
-        Ok(value) => format!(
-            "{CANONICAL_PREFIX}{}",
-            hex(&Sha256::digest(canonical(&value)))
-        ),
-        Err(_) => format!(
-            "{RAW_PREFIX}{}",
-            hex(&Sha256::digest(definition.as_bytes()))
-        ),
+        Ok(value) => {
+            let text = canonical(&value);
+            let digest = format!("{CANONICAL_PREFIX}{}", hex(&Sha256::digest(&text)));
+            (digest, Some(text))
+        }
+        Err(_) => {
+            let digest = format!(
+                "{RAW_PREFIX}{}",
+                hex(&Sha256::digest(definition.as_bytes()))
+            );
+            (digest, None)
+        }
     }
 }
 

@@ -32,11 +32,22 @@ pub fn read(
         let stored = store
             .pin(server)
             .map_err(|e| Unreadable(format!("the pin of {server}: {e}")))?;
-        if let Some(pin) = stored.and_then(|text| serde_json::from_str::<StoredPin>(&text).ok()) {
+        if let Some(pin) = stored.and_then(|text| serde_json::from_str::<PinListing>(&text).ok()) {
             pins.insert(server.clone(), pin.listing);
         }
     }
     Ok(pins)
+}
+
+/// What a job's start needs of a stored pin ([`StoredPin`]): its listing, read without the
+/// definitions beside it.
+#[derive(serde::Deserialize)]
+struct PinListing {
+    listing: Listing,
+    #[serde(rename = "pinnedAtMs")]
+    _pinned_at_ms: u64,
+    #[serde(rename = "by")]
+    _by: String,
 }
 
 /// A write the store is to make once the job has run.
