@@ -51,6 +51,17 @@ fn record_pins(draft: &Draft) -> Vec<PinReport> {
 
 const NOW: SystemTime = SystemTime::UNIX_EPOCH;
 
+/// Job `id`, whose `docs` listed `seen`, held to `given` under `withhold` and kept in `store`.
+fn job(store: &dyn Queue, id: &str, seen: Listing, given: &BTreeMap<String, Listing>) {
+    let mut d = draft_of(id, seen);
+    write(
+        store,
+        id,
+        reckon(&mut d, given, PinPolicy::Withhold, NOW),
+        NOW,
+    );
+}
+
 #[test]
 fn a_first_listing_is_pinned_by_the_job_and_the_record_keeps_no_listing() {
     let mut d = draft(listing(&[(ECHO_NAME, ECHO)]));
@@ -112,23 +123,11 @@ fn the_store_keeps_what_reckon_says_and_a_first_pin_once() {
     );
     // A second first use (another job at the same time) leaves the first pin.
     let other = listing(&[("add", ADD)]);
-    let mut d = draft_of("job-2", other.clone());
-    write(
-        &store,
-        "job-2",
-        reckon(&mut d, &BTreeMap::new(), PinPolicy::Withhold, NOW),
-        NOW,
-    );
+    job(&store, "job-2", other.clone(), &BTreeMap::new());
     assert_eq!(read(&store, &["docs".into()]).unwrap()["docs"], seen);
     // Drift is noted, and the pin stays.
     let given = BTreeMap::from([("docs".to_owned(), seen.clone())]);
-    let mut d = draft_of("job-3", other);
-    write(
-        &store,
-        "job-3",
-        reckon(&mut d, &given, PinPolicy::Withhold, NOW),
-        NOW,
-    );
+    job(&store, "job-3", other, &given);
     assert_eq!(read(&store, &["docs".into()]).unwrap()["docs"], seen);
     let drifts = store.pin_drifts().unwrap();
     assert_eq!(drifts.len(), 1);
@@ -228,12 +227,6 @@ fn a_pin_that_does_not_read_is_as_none_and_the_next_job_pins_the_server_anew() {
     );
     assert_eq!(read(&store, &["docs".into()]).unwrap()["docs"], seen);
     // The control: a pin that reads is never replaced by a first use.
-    let mut d = draft_of("job-2", listing(&[("add", ADD)]));
-    write(
-        &store,
-        "job-2",
-        reckon(&mut d, &BTreeMap::new(), PinPolicy::Withhold, NOW),
-        NOW,
-    );
+    job(&store, "job-2", listing(&[("add", ADD)]), &BTreeMap::new());
     assert_eq!(read(&store, &["docs".into()]).unwrap()["docs"], seen);
 }
