@@ -16,13 +16,20 @@
 //! - **unseparated**: the same spec with `--confine` left out and the sandbox not nested (the job
 //!   as it ran before issue 12: pi and the servers side by side in one pid namespace).
 //!
+//! - **pinned** (issue 48): the separated job with the worker given the deployment's queue as its
+//!   pins store, so that its first run pins server-everything and every later one reads the pin,
+//!   holds the server to it in the runner (every tool matching) and writes nothing back.
+//!
 //! - **by hand**: the same job with pi typed by hand on the host: pi's own `pi` entry
 //!   (`dist/bundle/cli.js`) in a fresh repository, its own agent folder (the demo's model, the same
 //!   server-everything over stdio in its `mcp.json`), the task on standard input; timed from the
 //!   spawn to the model's first request and to pi's exit. The script's bash step names the job's
 //!   `/workspace`; by hand it names the repository instead.
 //!
-//! The ways take turns, each going first, second and last in turn, after one untimed run of each.
+//! The ways take turns, each going first, second, third and last in turn, in one order for four
+//! rounds and in the reverse for the next four, after one untimed run of each: the place right
+//! after pi by hand falls as often to the separated job as to the pinned one (given it every
+//! time, the pinned job came out 4 to 8% slower than the separated, in two runs of two).
 //!
 //! Each side's breakdown splits its runs at the sandbox's start (the worker's ways: when the
 //! worker asks the backend for it), the model's first request and its last one: the worker's own
@@ -125,6 +132,12 @@ pub struct JobFigures {
     runs: u32,
     separated: Side,
     unseparated: Side,
+    /// The separated job with the worker holding its server to its pin (issue 48): the
+    /// queue's store read for the pin, the runner holding the server to it, every tool matching.
+    pinned: Side,
+    /// Each round's pinned ready and whole times over the separated job's (no pins store).
+    pinned_ready_ratios: Vec<f64>,
+    pinned_whole_ratios: Vec<f64>,
     /// The same job with pi typed by hand: pi's own `pi` entry on the host, its own MCP
     /// connecting server-everything over stdio, the same model and task, in a fresh repository.
     by_hand: Side,
@@ -163,6 +176,9 @@ impl JobFigures {
             "separated": self.separated.json(),
             "unseparated": self.unseparated.json(),
             "by_hand": self.by_hand.json(),
+            "pinned": self.pinned.json(),
+            "paired_pinned_ready_over_separated": round3(median(&self.pinned_ready_ratios)),
+            "paired_pinned_whole_over_separated": round3(median(&self.pinned_whole_ratios)),
             "whole_over_by_hand": round3(median(&self.separated.whole) / median(&self.by_hand.whole)),
             "paired_whole_over_by_hand": round3(median(&self.whole_ratios)),
             "ready_growth": round3(self.ready_growth()),
@@ -210,6 +226,13 @@ impl JobFigures {
             median(&self.separated.whole) / median(&self.by_hand.whole),
             median(&self.whole_ratios),
             verdict(median(&self.whole_ratios) <= GOAL_WHOLE_OVER_HAND),
+        );
+        println!(
+            "job: with the server held to its pin: ready {:.1} ms, whole {:.1} ms; over the job without a pins store, paired: ready {:.3}x, whole {:.3}x",
+            median(&self.pinned.ready),
+            median(&self.pinned.whole),
+            median(&self.pinned_ready_ratios),
+            median(&self.pinned_whole_ratios),
         );
         for (name, side) in [
             ("through the worker", &self.separated),
@@ -290,7 +313,10 @@ struct Demo {
     proxy: Child,
     port: u16,
     script: Vec<Step>,
-    worker: Worker,
+    /// The worker, its pins store set for each run (none, or the deployment's queue).
+    worker: std::sync::Mutex<Worker>,
+    /// The deployment's queue, where the pinned way's worker keeps and reads the server's pin.
+    pins: worker::pins::PinStore,
     sides: Arc<Sides>,
 }
 
@@ -434,6 +460,8 @@ impl Demo {
             started: std::sync::Mutex::new(None),
         });
         let worker = Worker {
+            pins: None,
+            approving: None,
             cgroups: if root {
                 sandbox::cgroup::detect()
             } else {
@@ -462,13 +490,18 @@ impl Demo {
             forges: Arc::new(forge::Forges::new(None, None)),
             settings,
         };
+        let pins: worker::pins::PinStore = Arc::new(
+            ::queue::SqliteQueue::open(&::queue::sqlite_path(d))
+                .context("cannot open the deployment's queue")?,
+        );
         Ok(Demo {
             by_hand,
             node_modules: options.node_modules.clone(),
             proxy,
             port,
             script,
-            worker,
+            worker: std::sync::Mutex::new(worker),
+            pins,
             sides,
             dir,
         })
@@ -513,11 +546,21 @@ impl Demo {
         Ok(repo)
     }
 
-    /// One job on `side`.
+    /// Whether the deployment's store holds server-everything's pin.
+    fn pinned_server(&self) -> anyhow::Result<bool> {
+        Ok(self
+            .pins
+            .pin("everything")
+            .context("cannot read the pin")?
+            .is_some())
+    }
+
+    /// One job on `side`, its server held to its pin when `pinned`.
     fn run(
         &self,
         runtime: &tokio::runtime::Runtime,
         side: Separation,
+        pinned: bool,
         n: u32,
     ) -> anyhow::Result<Times> {
         *self
@@ -539,7 +582,15 @@ impl Demo {
         let (_stop, stop) = tokio::sync::watch::channel(None);
         let start = Instant::now();
         let draft = records::record::Draft::new(&job, 1);
-        let verdict = runtime.block_on(self.worker.process(&job, draft, stop));
+        let had_pin = pinned && self.pinned_server()?;
+        let verdict = {
+            let mut worker = self
+                .worker
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            worker.pins = pinned.then(|| self.pins.clone());
+            runtime.block_on(worker.process(&job, draft, stop))
+        };
         let whole = start.elapsed();
         let record = match verdict {
             Verdict::Ended(ended) => ended.record,
@@ -551,6 +602,17 @@ impl Demo {
             record.outcome,
             record.reason,
             record.detail
+        );
+        // The pinned way's first job pins the server; every later one matches its pin.
+        ensure!(
+            record.mcp.pins.iter().all(|p| p.drift.is_empty()),
+            "the server drifted from its pin: {:?}",
+            record.mcp.pins
+        );
+        ensure!(
+            !pinned || (self.pinned_server()? && (!had_pin || record.mcp.pins.is_empty())),
+            "the pinned way's job did not keep or match the pin: {:?}",
+            record.mcp.pins
         );
         let answered: u64 = record.mcp.tool_calls.iter().map(|c| c.ok).sum();
         ensure!(
@@ -756,9 +818,11 @@ enum Way {
     Separated,
     Unseparated,
     ByHand,
+    Pinned,
 }
 
-const WAYS: [Way; 3] = [Way::Separated, Way::Unseparated, Way::ByHand];
+/// The ways in the order they take turns in (a way's place in the figures is its number).
+const WAYS: [Way; 4] = [Way::Separated, Way::Unseparated, Way::Pinned, Way::ByHand];
 
 impl Demo {
     fn run_way(
@@ -768,9 +832,10 @@ impl Demo {
         n: u32,
     ) -> anyhow::Result<Times> {
         match way {
-            Way::Separated => self.run(runtime, Separation::On, n),
-            Way::Unseparated => self.run(runtime, Separation::Off, n),
+            Way::Separated => self.run(runtime, Separation::On, false, n),
+            Way::Unseparated => self.run(runtime, Separation::Off, false, n),
             Way::ByHand => self.by_hand(n),
+            Way::Pinned => self.run(runtime, Separation::On, true, n),
         }
     }
 }
@@ -789,36 +854,43 @@ pub fn measure(options: &Options) -> anyhow::Result<JobFigures> {
         n += 1;
         demo.run_way(&runtime, way, n)?;
     }
-    let (mut separated, mut unseparated, mut by_hand) =
-        (Side::default(), Side::default(), Side::default());
+    let mut sides: [Side; 4] = Default::default();
     let (mut ready_ratios, mut whole_ratios, mut ready_over_hand) =
         (Vec::new(), Vec::new(), Vec::new());
+    let (mut pinned_ready, mut pinned_whole) = (Vec::new(), Vec::new());
     for i in 0..options.runs {
-        // Each way goes first, second and last in turn.
+        // Each way goes first, second, third and last in turn, in one order and then the
+        // reverse: the job after pi by hand is the separated one in one, the pinned in the other.
+        let i = usize::try_from(i).unwrap_or(0);
         let mut order = WAYS;
-        order.rotate_left(usize::try_from(i).unwrap_or(0) % WAYS.len());
-        let mut round = [(0.0, 0.0); 3];
+        order.rotate_left(i % WAYS.len());
+        if (i / WAYS.len()) % 2 == 1 {
+            order.reverse();
+        }
+        let mut round = [(0.0, 0.0); 4];
         for way in order {
             n += 1;
             let times = demo.run_way(&runtime, way, n)?;
-            let (slot, figures) = match way {
-                Way::Separated => (0, &mut separated),
-                Way::Unseparated => (1, &mut unseparated),
-                Way::ByHand => (2, &mut by_hand),
-            };
+            let slot = way as usize;
             round[slot] = (times.ready, times.whole);
-            figures.push(times);
+            sides[slot].push(times);
         }
         ready_ratios.push(round[0].0 / round[1].0);
         whole_ratios.push(round[0].1 / round[2].1);
         ready_over_hand.push(round[0].0 / round[2].0);
+        pinned_ready.push(round[3].0 / round[0].0);
+        pinned_whole.push(round[3].1 / round[0].1);
     }
+    let [separated, unseparated, by_hand, pinned] = sides;
     let (node_bare, node_confined) = demo.confinement(&runtime, 20)?;
     Ok(JobFigures {
         runs: options.runs,
         separated,
         unseparated,
         by_hand,
+        pinned,
+        pinned_ready_ratios: pinned_ready,
+        pinned_whole_ratios: pinned_whole,
         whole_ratios,
         ready_ratios,
         ready_over_hand,

@@ -48,6 +48,9 @@
 //! Redis (see [`record_store`]): the commands, the panel's pages and memory, and a prune of a
 //! year, beside reading a file per record as earlier versions did.
 //!
+//! `--pins` measures only what holding a server to its pin adds to a job's time to ready and to a
+//! tool call through the hub (see [`pins`]): a server of 50 and of 256 tools, pinned and not.
+//!
 //! `--egress-off` measures only a job's start with egress off: on the host's network, as it was,
 //! and on a network of its own through slirp4netns, as it is (see
 //! [`sandbox_start::measure_egress_off`]).
@@ -59,6 +62,7 @@ mod listening;
 mod mcp_hub;
 mod panel;
 mod pi_calls;
+mod pins;
 mod queue;
 mod queues;
 mod record_store;
@@ -141,6 +145,20 @@ struct Args {
     /// `node -e 0`, filtered and not), then stop.
     #[arg(long)]
     syscalls: bool,
+    /// Measure only what holding a server to its pin adds to a job's time to ready and to a tool
+    /// call through the hub (servers of 50 and 256 tools, pinned and not), then stop (needs the
+    /// workspace's node_modules).
+    #[arg(long)]
+    pins: bool,
+    /// Timed starts of each way, per size, in the pins measurement (after one untimed start).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pins_runs: u32,
+    /// Timed `echo` calls of each kind, per size, in the pins measurement (after the warm-up).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
+    pins_calls: u32,
+    /// Untimed `echo` calls of each kind before the timed ones, in the pins measurement.
+    #[arg(long, default_value_t = 100)]
+    pins_warm_up: u32,
     /// Measure only a job's start with egress off, on the host's network as it was and on a
     /// network of its own through slirp4netns as it is, then stop (root only).
     #[arg(long)]
@@ -318,6 +336,20 @@ fn run(args: &Args) -> anyhow::Result<()> {
     }
     if args.syscalls {
         return syscall_figures(args, &node_modules);
+    }
+    if args.pins {
+        let figures = pins::measure(&pins::Options {
+            node_modules,
+            runs: args.pins_runs,
+            calls: args.pins_calls,
+            warm_up: args.pins_warm_up,
+        })?;
+        if args.json {
+            println!("{}", json!({ "pins": figures.json() }));
+        } else {
+            figures.print();
+        }
+        return Ok(());
     }
     if args.egress_off {
         let figures =

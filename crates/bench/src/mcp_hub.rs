@@ -55,7 +55,7 @@ const CALL_BOUND: Duration = Duration::from_secs(30);
 /// How long the runner may wait for its servers (the runner's own budget is at least 15 s).
 const WAIT: Duration = Duration::from_secs(60);
 /// The hub's token in this bench.
-const TOKEN: &str = "pidispatchbenchhubtoken0123456789";
+pub(crate) const TOKEN: &str = "pidispatchbenchhubtoken0123456789";
 
 const TS_READY: &str = include_str!("ts_ready.mjs");
 
@@ -400,7 +400,7 @@ pub(crate) async fn connect(
 }
 
 /// Shuts the upstreams down and waits until their processes are gone.
-async fn shut_down(upstreams: Vec<Upstream>) {
+pub(crate) async fn shut_down(upstreams: Vec<Upstream>) {
     let groups: Vec<i32> = upstreams
         .iter()
         .filter_map(Upstream::process_group)
@@ -519,7 +519,7 @@ async fn start_http_everything(peers: &Peers, dir: &Path) -> anyhow::Result<Http
 }
 
 /// A client standing in for pi, with the hub's token, to 127.0.0.1 only.
-async fn hub_client(url: &str) -> anyhow::Result<RunningService<RoleClient, ()>> {
+pub(crate) async fn hub_client(url: &str) -> anyhow::Result<RunningService<RoleClient, ()>> {
     let http = reqwest::Client::builder()
         .no_proxy()
         .build()
@@ -534,13 +534,13 @@ async fn hub_client(url: &str) -> anyhow::Result<RunningService<RoleClient, ()>>
         .with_context(|| format!("cannot connect to the hub at {url}"))
 }
 
-fn echo_params(message: &str) -> CallToolRequestParams {
+pub(crate) fn echo_params(message: &str) -> CallToolRequestParams {
     let mut arguments = JsonObject::new();
     arguments.insert("message".to_owned(), Value::from(message));
     CallToolRequestParams::new("echo").with_arguments(arguments)
 }
 
-fn text_of(result: &CallToolResult) -> String {
+pub(crate) fn text_of(result: &CallToolResult) -> String {
     result
         .content
         .iter()

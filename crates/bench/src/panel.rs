@@ -91,6 +91,7 @@ pub(crate) fn record(n: u32, now_ms: u64) -> Record {
                 name: server.into(),
                 state: "ready".into(),
                 ready_ms: Some(200 + 50 * k as u64),
+                listing: None,
             });
             r.mcp.tool_calls.push(ToolCallCount {
                 server: server.into(),

@@ -24,6 +24,7 @@ use unicode_general_category::{GeneralCategory, get_general_category};
 use crate::json::{self, Json, JsonError, Object};
 use crate::mcp::{self, ServerName};
 use crate::problem::printable_key;
+pub use protocol::pins::PinPolicy;
 
 /// The largest file read; a larger one is refused whole rather than held in memory.
 pub const MAX_FILE_BYTES: usize = 8 * 1024 * 1024;
@@ -230,6 +231,7 @@ impl Trigger {
             labels: run.labels.clone(),
             host: None,
             rerun_of: None,
+            pins: (run.pins != PinPolicy::default()).then_some(run.pins),
         }
     }
 }
@@ -386,6 +388,8 @@ pub struct Run {
     pub labels: Vec<String>,
     /// What a forge job does when another job for its issue is not done yet.
     pub same_issue: SameIssue,
+    /// `run.pins`: what the job does with a server's tools that no longer match their pin.
+    pub pins: PinPolicy,
 }
 
 /// `run.sameIssue`: a forge job's issue (or pull request) has one job at a time.
@@ -399,7 +403,7 @@ pub enum SameIssue {
 }
 
 /// The keys of `run`: every field a trigger gives its job (the receiver's forwarding test is derived from it).
-pub const RUN_KEYS: [&str; 16] = [
+pub const RUN_KEYS: [&str; 17] = [
     "kind",
     "flow",
     "command",
@@ -416,6 +420,7 @@ pub const RUN_KEYS: [&str; 16] = [
     "image",
     "labels",
     "sameIssue",
+    "pins",
 ];
 
 /// One reason the file is refused: where (`triggers[2].run.mcp[1]`, or empty for the file as a
@@ -821,6 +826,7 @@ impl Check {
             .and_then(|v| self.worker_labels(&field("labels"), v))
             .unwrap_or_default();
         let same_issue = self.same_issue(path, o, kind);
+        let pins = self.pins(path, o);
         if self.errors.len() != before {
             return None;
         }
@@ -840,6 +846,7 @@ impl Check {
             image,
             labels,
             same_issue,
+            pins,
         })
     }
 
@@ -1097,6 +1104,23 @@ impl Check {
                 }
             },
         }
+    }
+
+    /// `run.pins`: `withhold` (the default), `refuse` or `accept`.
+    fn pins(&mut self, path: &str, o: &Object) -> PinPolicy {
+        let Some(value) = o.get("pins") else {
+            return PinPolicy::default();
+        };
+        value
+            .as_str()
+            .and_then(PinPolicy::parse)
+            .unwrap_or_else(|| {
+                self.err(
+                    format!("{path}.pins"),
+                    "must be \"withhold\", \"refuse\" or \"accept\"",
+                );
+                PinPolicy::default()
+            })
     }
 
     /// `folder` and `task`: required for a local job, refused for any other (when the kind is known).

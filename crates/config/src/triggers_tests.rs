@@ -269,6 +269,7 @@ fn a_cron_trigger_reads() {
             image: None,
             labels: Vec::new(),
             same_issue: SameIssue::Wait,
+            pins: PinPolicy::Withhold,
         }
     );
 }
@@ -2123,7 +2124,7 @@ fn every_field_of_a_run_lands_in_its_place() {
             "provider": "anthropic", "model": "claude-x",
             "models": ["anthropic/claude-x", "openai/gpt-x"], "maxCostUsd": 2.5,
             "excludeTools": ["bash", "mcp__docs__*"], "image": "pi-job.v2",
-            "labels": ["gpu", "zone:eu"], "sameIssue": "cancel-older""#,
+            "labels": ["gpu", "zone:eu"], "sameIssue": "cancel-older", "pins": "accept""#,
     ));
     let want = Run {
         kind: Kind::Github,
@@ -2147,6 +2148,7 @@ fn every_field_of_a_run_lands_in_its_place() {
         image: Some("pi-job.v2".to_owned()),
         labels: vec!["gpu".to_owned(), "zone:eu".to_owned()],
         same_issue: SameIssue::CancelOlder,
+        pins: PinPolicy::Accept,
     };
     assert_eq!(run, want);
     let local = run_of(&file(
@@ -2174,4 +2176,23 @@ fn every_field_of_a_run_lands_in_its_place() {
             SameIssue::Wait,
         )
     );
+}
+
+#[test]
+fn a_runs_pin_policy_is_one_of_three_words_and_withholds_by_default() {
+    for (policy, want) in [
+        ("withhold", PinPolicy::Withhold),
+        ("refuse", PinPolicy::Refuse),
+        ("accept", PinPolicy::Accept),
+    ] {
+        let run = run_of(&file(CRON, &format!(r#"{LOCAL}, "pins": "{policy}""#)));
+        assert_eq!(run.pins, want);
+    }
+    assert_eq!(run_of(&file(CRON, LOCAL)).pins, PinPolicy::Withhold);
+    for wrong in [r#""Accept""#, r#""off""#, "true", "[]"] {
+        refused_only(
+            &file(CRON, &format!(r#"{LOCAL}, "pins": {wrong}"#)),
+            "triggers[0].run.pins",
+        );
+    }
 }

@@ -217,6 +217,7 @@ async fn wait_for_all(
             name: n.clone(),
             state: "waiting".to_owned(),
             ready_ms: None,
+            listing: None,
         })
         .collect();
     let deadline = tokio::time::sleep(wait);

@@ -34,6 +34,7 @@ pub(crate) async fn start(mut job: JobOptions) -> Result<Runner, Stopped> {
         gateway,
         term: tokio::sync::Mutex::new(term),
         _held: held,
+        saying: std::sync::Mutex::new(Vec::new()),
     })
 }
 

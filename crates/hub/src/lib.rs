@@ -22,6 +22,7 @@ mod output;
 pub mod pi_agent;
 pub mod pi_config;
 pub mod pi_relay;
+pub mod pins;
 pub mod plan;
 pub mod raw;
 pub mod relay;

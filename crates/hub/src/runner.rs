@@ -82,6 +82,9 @@ pub struct Runner {
     pub(crate) gateway: Option<PiGateway>,
     pub(crate) term: tokio::sync::Mutex<tokio::signal::unix::Signal>,
     pub(crate) _held: Held,
+    /// The servers' definitions lines being signed and written off the job's path
+    /// (`pins::say_definitions`): the runner waits for them before its exit line.
+    pub(crate) saying: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Runner {
@@ -90,6 +93,14 @@ impl Runner {
         match &self.job.agent {
             Agent::Pi(pi) => Some(pi),
             Agent::Command(_) => None,
+        }
+    }
+
+    /// Waits for the definitions lines still being said.
+    pub(crate) async fn said(&self) {
+        let saying = std::mem::take(&mut *self.saying.lock().unwrap_or_else(|e| e.into_inner()));
+        for handle in saying {
+            let _ = handle.await;
         }
     }
 

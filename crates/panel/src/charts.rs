@@ -213,6 +213,7 @@ mod tests {
             name: "docs".into(),
             state: "ready".into(),
             ready_ms: Some(400),
+            listing: None,
         });
         r.activity.push(records::record::Activity {
             at_ms: 3_000,

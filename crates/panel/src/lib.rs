@@ -17,6 +17,8 @@ mod charts;
 pub mod client;
 mod metrics;
 mod pages;
+pub mod pins;
+mod pins_view;
 mod transcript_view;
 mod view;
 
@@ -161,6 +163,7 @@ fn router(panel: Arc<Panel>) -> Router {
         .route("/panel.css", get(css))
         .route("/panel.js", get(js))
         .route("/health", get(pages::health))
+        .route("/pins", get(pins_view::page))
         .route("/jobs/{id}/cancel", post(pages::cancel))
         .route("/runs/{id}/rerun", post(pages::rerun))
         .route("/metrics", get(metrics::metrics))

@@ -1,8 +1,9 @@
 //! Prometheus metrics (the text exposition format, version 0.0.4) at `/metrics`: the deployment's
-//! counters (jobs by outcome and reason, durations, servers' ready times, tool calls, egress
-//! denials, tokens and cost), which each record adds to as it is stored and which pruning never
-//! lowers (`records::counts`), so they are exact across restarts; the queue as it stands (depth,
-//! running); the records kept; and the disk (the state folder's bytes and the free space).
+//! counters (jobs by outcome and reason, durations, servers' ready times, tool calls, tools
+//! withheld by pins, egress denials, tokens and cost), which each record adds to as it is stored
+//! and which pruning never lowers (`records::counts`), so they are exact across restarts; the
+//! queue as it stands (depth, running); the servers whose drift from their pin waits for
+//! approval; the records kept; and the disk (the state folder's bytes and the free space).
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -170,6 +171,19 @@ fn of_the_moment(queue: Option<QueueGauges>, records: Option<u64>) -> String {
     out
 }
 
+/// The servers whose drift from their pin waits for approval (left out when the store's pins
+/// cannot be read).
+fn pins_gauge(out: &mut String, queue: &dyn queue::Queue) {
+    if let Ok(all) = crate::pins::read(queue) {
+        gauge(
+            out,
+            "pi_dispatch_pin_drift_waiting_servers",
+            "Servers whose last job saw tools differ from their pin, not yet approved (pi-dispatch mcp pin).",
+            all.iter().filter(|s| s.drift_waits()).count() as f64,
+        );
+    }
+}
+
 /// The queue's gauges now.
 fn queue_gauges(queue: &dyn queue::Queue, gone_after: std::time::Duration) -> Option<QueueGauges> {
     let now = SystemTime::now();
@@ -242,6 +256,7 @@ pub async fn metrics(
             queue_gauges(&*p.queue, p.worker_gone_after),
             p.records.count().ok(),
         ));
+        pins_gauge(&mut text, &*p.queue);
         p.disk.render(&mut text, &p.state_dir);
         text
     })

@@ -19,7 +19,7 @@ use serde::Deserialize;
 
 use crate::auth::{Authed, CsrfForm, csrf_ok};
 use crate::view::{Section, count, dollars, frame, pill, took, when};
-use crate::{Panel, charts, transcript_view};
+use crate::{Panel, charts, pins_view, transcript_view};
 
 /// Runs on one page of the list.
 pub const PAGE: usize = 100;
@@ -181,6 +181,7 @@ pub async fn queue(
         ..records::query::Query::default()
     };
     let recent = find(&panel, newest, None).await;
+    let drift = pins_view::waiting(&panel).await;
     let notice = q
         .cancelled
         .as_deref()
@@ -189,6 +190,14 @@ pub async fn queue(
     let body = html! {
         h1 { "Queue" }
         @if let Some(n) = &notice { p.notice { (n) } }
+        @match drift {
+            Some(0) => {},
+            Some(n) => p.error #pins-waiting {
+                (count(n, "server")) " with tools that differ from their pins, waiting for approval: "
+                a href="/pins" { "see the pins" }
+            },
+            None => p.error #pins-waiting { "The servers' pins cannot be read: " a href="/pins" { "see the pins" } },
+        }
         @match &open {
             Err(e) => p.error { "The queue cannot be read: " (e) },
             Ok(Open { jobs, done, workers }) => {
@@ -789,6 +798,7 @@ fn run_body(
         h2 { "Timeline" }
         (charts::timeline(r))
         (run_mcp(r))
+        (pins_view::run_pins(r))
         h2 { "Egress denied" }
         @if r.egress_denied.is_empty() {
             p.muted { "Nothing was denied (or egress was off)." }

@@ -29,6 +29,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .pill.policy, .pill.warn, .pill.cancelling, .pill.waiting, .pill.draining, .pill.waiting-for-host { background: var(--policy); color: var(--ink); }
 .pill.queued { background: var(--accent); }
 .notice { padding: 8px 12px; background: #e6f0ff; border: 1px solid #b3cdf5; margin-bottom: 12px; }
+ul.tools { margin: 4px 0 0; padding-left: 18px; }
 .error { padding: 8px 12px; background: #fde8e8; border: 1px solid #f5b3b3; margin-bottom: 12px; }
 dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 4px 16px; background: #fff; border: 1px solid var(--line); padding: 12px 16px; margin: 0; }
 dl.facts dt { color: var(--muted); }
@@ -54,6 +55,7 @@ svg { background: #fff; border: 1px solid var(--line); display: block; margin: 4
 pub enum Section {
     Queue,
     Runs,
+    Pins,
     Health,
 }
 
@@ -92,6 +94,7 @@ pub fn frame(
                     span.brand { "pi-dispatch" }
                     (link(Section::Queue, "/", "Queue"))
                     (link(Section::Runs, "/runs", "Runs"))
+                    (link(Section::Pins, "/pins", "Pins"))
                     (link(Section::Health, "/health", "Health"))
                     form method="post" action="/logout" {
                         input type="hidden" name="csrf" value=(csrf);

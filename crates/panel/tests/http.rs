@@ -100,6 +100,7 @@ async fn a_running_jobs_page_shows_what_it_wrote_as_text() {
             name: "<img src=x onerror=alert(1)>".into(),
             state: "ready".into(),
             ready_ms: Some(5),
+            listing: None,
         }],
         activity: vec![records::record::Activity {
             at_ms: 1_700_000_000_000,
@@ -284,12 +285,13 @@ fn record(id: &str, outcome: Outcome, reason: Option<Reason>, at: u64) -> Record
     r
 }
 
-const ROUTES: [&str; 7] = [
+const ROUTES: [&str; 8] = [
     "/",
     "/runs",
     "/runs/run-1",
     "/runs/run-1/transcript",
     "/health",
+    "/pins",
     "/no-such-page",
     "/runs?outcome=completed",
 ];
@@ -580,6 +582,7 @@ async fn hostile_tasks_names_and_transcripts_are_shown_as_text() {
         name: "<script>alert(\"server\")</script>".into(),
         state: "failed".into(),
         ready_ms: None,
+        listing: None,
     });
     r.mcp.tool_calls.push(ToolCallCount {
         server: "docs".into(),
@@ -770,6 +773,7 @@ fn mixed_records(s: &Served) {
             name: "docs".into(),
             state: "ready".into(),
             ready_ms: Some(300 + i),
+            listing: None,
         });
         r.mcp.tool_calls.push(ToolCallCount {
             server: "docs".into(),
@@ -795,6 +799,7 @@ fn mixed_records(s: &Served) {
             name: "odd\"name\\with\nbreak".into(),
             state: "failed".into(),
             ready_ms: None,
+            listing: None,
         });
         s.records.write(&r).unwrap();
     }
@@ -1148,4 +1153,295 @@ async fn the_cookie_is_secure_behind_a_tls_proxy_the_operator_names() {
     let direct = login(client_from("127.0.0.2")).await;
     let cookie = direct.headers()["set-cookie"].to_str().unwrap().to_owned();
     assert!(!cookie.contains("Secure"), "{cookie}");
+}
+
+/// A tool's name as a hostile server could send it: markup, a terminal's escapes, a line end.
+const HOSTILE_TOOL: &str = "<script>alert('pin')</script>\u{1b}[2J\nx";
+
+fn pin_drift(tool: &str, kind: protocol::pins::DriftKind) -> protocol::pins::Drift {
+    protocol::pins::Drift {
+        tool: tool.into(),
+        kind,
+        pinned: (kind != protocol::pins::DriftKind::New)
+            .then(|| format!("sha256:{}", "ab".repeat(32))),
+        seen: format!("sha256:{}", "cd".repeat(32)),
+    }
+}
+
+fn pin_report(
+    server: &str,
+    policy: protocol::pins::PinPolicy,
+    drift: Vec<protocol::pins::Drift>,
+) -> protocol::pins::PinReport {
+    protocol::pins::PinReport {
+        unpinnable: 0,
+        server: server.into(),
+        first_use: false,
+        drift,
+        gone: Vec::new(),
+        policy,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_pins_show_first_use_and_each_tool_that_differed_as_text() {
+    use protocol::pins::{DriftKind, PinPolicy};
+    let s = serve().await;
+    let mut r = record("run-pins", Outcome::Completed, None, 1_796_317_925_000);
+    let mut first = pin_report("docs", PinPolicy::Withhold, Vec::new());
+    first.first_use = true;
+    r.mcp.pins = vec![
+        first,
+        pin_report(
+            "wiki",
+            PinPolicy::Withhold,
+            vec![
+                pin_drift(HOSTILE_TOOL, DriftKind::New),
+                pin_drift("page", DriftKind::Changed),
+            ],
+        ),
+        pin_report(
+            "trusted",
+            PinPolicy::Accept,
+            vec![pin_drift("edit", DriftKind::ServerChanged)],
+        ),
+    ];
+    r.mcp.pins[1].gone.push("old_tool".into());
+    s.records.write(&r).unwrap();
+    // The control: a run whose servers all matched.
+    s.records
+        .write(&record(
+            "run-plain",
+            Outcome::Completed,
+            None,
+            1_796_317_925_000,
+        ))
+        .unwrap();
+    let cookie = s.login().await;
+    let page = s.page_with("/runs/run-plain", &cookie, "Pins").await;
+    assert!(
+        page.contains("every tool listed matched its pin") && !page.contains("id=\"pins\""),
+        "{page}"
+    );
+
+    let page = s.page_with("/runs/run-pins", &cookie, "id=\"pins\"").await;
+    let table = &page[page.find("id=\"pins\"").unwrap()..];
+    let table = &table[..table.find("</table>").unwrap()];
+    for shown in [
+        "first use: pinned by this job",
+        // Escaped, without its control characters.
+        "&lt;script&gt;alert('pin')&lt;/script&gt;[2Jx",
+        "withheld: kept from pi",
+        "accepted: offered, and the pin follows the server",
+        "server-changed",
+        // Both digests, cut short.
+        "sha256:abababababab…",
+        "sha256:cdcdcdcdcdcd…",
+        "old_tool",
+        "nothing to keep from pi",
+    ] {
+        assert!(table.contains(shown), "{shown} not in {table}");
+    }
+    assert!(!page.contains("<script>alert('pin')"), "{page}");
+    assert!(!page.contains('\u{1b}'), "{page}");
+    assert!(!page.contains(&"ab".repeat(32)), "a whole digest: {page}");
+    // The new tool had no pinned digest; the changed one did.
+    assert_eq!(table.matches("sha256:abababababab…").count(), 2, "{table}");
+}
+
+/// Puts what a worker stores: a pin, or drift, each as its JSON.
+fn store_pin(s: &Served, server: &str, tools: usize, at: u64) {
+    let pin = protocol::pins::StoredPin {
+        definitions: Default::default(),
+        listing: protocol::pins::Listing {
+            unpinnable: 0,
+            server: protocol::pins::ServerInfo::default(),
+            tools: (0..tools)
+                .map(|i| (format!("tool{i}"), format!("sha256:{i:064}")))
+                .collect(),
+        },
+        pinned_at_ms: at,
+        by: "job job-first".into(),
+    };
+    let text = serde_json::to_string(&pin).unwrap();
+    let when = SystemTime::UNIX_EPOCH + Duration::from_millis(at);
+    assert!(s.queue.put_pin(server, &text, false, when).unwrap());
+}
+
+fn store_drift(s: &Served, server: &str, job: &str, drift: Vec<protocol::pins::Drift>, at: u64) {
+    let stored = protocol::pins::StoredDrift {
+        definitions: Default::default(),
+        job_id: job.into(),
+        seen_at_ms: at,
+        listing: protocol::pins::Listing::default(),
+        comparison: protocol::pins::Comparison {
+            unpinnable: 0,
+            first_use: false,
+            drift,
+            gone: Vec::new(),
+        },
+    };
+    let text = serde_json::to_string(&stored).unwrap();
+    let when = SystemTime::UNIX_EPOCH + Duration::from_millis(at);
+    s.queue.put_pin_drift(server, &text, when).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pins_page_lists_drift_waiting_with_the_job_that_saw_it() {
+    use protocol::pins::DriftKind;
+    let s = serve().await;
+    let cookie = s.login().await;
+    // Nothing stored: nothing waits, and the queue page says nothing of pins.
+    let (_, _, page) = s.get("/pins", Some(&cookie)).await;
+    assert!(
+        page.contains("No server has drift waiting for approval."),
+        "{page}"
+    );
+    let (_, _, queue_page) = s.get("/", Some(&cookie)).await;
+    assert!(!queue_page.contains("pins-waiting"), "{queue_page}");
+    assert!(
+        queue_page.contains(r#"href="/pins""#),
+        "no link to the pins"
+    );
+    assert_eq!(
+        sample_sum(
+            &s.scrape().await,
+            "pi_dispatch_pin_drift_waiting_servers",
+            &[]
+        ),
+        0.0
+    );
+
+    let t = 1_796_317_925_000;
+    store_pin(&s, "docs", 3, t);
+    store_pin(&s, "wiki", 2, t);
+    store_drift(
+        &s,
+        "wiki",
+        "job-saw-it",
+        vec![
+            pin_drift(HOSTILE_TOOL, DriftKind::New),
+            pin_drift("tool1", DriftKind::Changed),
+        ],
+        t + 60_000,
+    );
+    // Drift older than its pin (the pin replaced while that job ran) does not wait.
+    store_pin(&s, "old", 1, t + 60_000);
+    store_drift(
+        &s,
+        "old",
+        "job-stale",
+        vec![pin_drift("tool0", DriftKind::Changed)],
+        t,
+    );
+    // Entries no worker wrote: not JSON, and huge.
+    assert!(
+        s.queue
+            .put_pin("memory", "{not json", false, SystemTime::now())
+            .unwrap()
+    );
+    let huge = format!("\"{}\"", "x".repeat(2 << 20));
+    s.queue
+        .put_pin_drift("big", &huge, SystemTime::now())
+        .unwrap();
+
+    let (status, _, page) = s.get("/pins", Some(&cookie)).await;
+    assert_eq!(status, StatusCode::OK);
+    let pending = &page[page.find("id=\"pending\"").expect(&page)..];
+    let pending = &pending[..pending.find("</table>").unwrap()];
+    for shown in [
+        "wiki",
+        "1 changed, 1 new",
+        "&lt;script&gt;alert('pin')&lt;/script&gt;[2Jx",
+        r#"<a href="/runs/job-saw-it"><code>job-saw-it</code></a>"#,
+        "2026-12-03 17:13:05 UTC",
+        "big",
+        &format!("The drift noted cannot be read: it is {} bytes", huge.len()),
+    ] {
+        assert!(pending.contains(shown), "{shown} not in {pending}");
+    }
+    assert!(
+        !pending.contains("job-stale") && !pending.contains(">old<"),
+        "{pending}"
+    );
+    assert!(
+        !page.contains("<script>alert('pin')") && !page.contains('\u{1b}'),
+        "{page}"
+    );
+    assert!(!page.contains("xxxxxxxx"), "the entry's text was shown");
+    let pinned = &page[page.find("id=\"pinned\"").expect(&page)..];
+    for shown in [
+        ">docs<",
+        ">old<",
+        "job job-first",
+        "The pin cannot be read: it is not JSON",
+    ] {
+        assert!(pinned.contains(shown), "{shown} not in {pinned}");
+    }
+    // The queue page points there, and /metrics counts the servers whose drift waits.
+    let (_, _, queue_page) = s.get("/", Some(&cookie)).await;
+    assert!(
+        queue_page.contains("2 servers with tools that differ from their pins"),
+        "{queue_page}"
+    );
+    assert_eq!(
+        sample_sum(
+            &s.scrape().await,
+            "pi_dispatch_pin_drift_waiting_servers",
+            &[]
+        ),
+        2.0
+    );
+    // Approved: wiki's drift goes with the pin stored again.
+    store_pin(&s, "wiki", 3, t + 120_000);
+    let (_, _, page) = s.get("/pins", Some(&cookie)).await;
+    let pending = &page[page.find("id=\"pending\"").expect(&page)..];
+    assert!(!pending.contains("job-saw-it"), "{pending}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_the_tools_withheld_by_pins_from_the_records() {
+    use protocol::pins::{DriftKind, PinPolicy};
+    let s = serve().await;
+    let mut r = record("run-withheld", Outcome::Completed, None, 1_796_317_925_000);
+    r.mcp.pins = vec![
+        pin_report(
+            "wiki",
+            PinPolicy::Withhold,
+            vec![
+                pin_drift(HOSTILE_TOOL, DriftKind::New),
+                pin_drift("page", DriftKind::Changed),
+                pin_drift("edit", DriftKind::Changed),
+            ],
+        ),
+        // Offered under accept: not withheld.
+        pin_report(
+            "trusted",
+            PinPolicy::Accept,
+            vec![pin_drift("any", DriftKind::New)],
+        ),
+        // Past a pin's bounds: withheld under every policy, accept too.
+        protocol::pins::PinReport {
+            unpinnable: 4,
+            ..pin_report("huge", PinPolicy::Accept, Vec::new())
+        },
+    ];
+    s.records.write(&r).unwrap();
+    let scrape = s.scrape().await;
+    let withheld = |filter: &[(&str, &str)]| {
+        sample_sum(&scrape, "pi_dispatch_pin_withheld_tools_total", filter)
+    };
+    assert_eq!(withheld(&[("server", "wiki"), ("kind", "changed")]), 2.0);
+    assert_eq!(withheld(&[("server", "wiki"), ("kind", "new")]), 1.0);
+    assert_eq!(withheld(&[("server", "trusted")]), 0.0);
+    assert_eq!(withheld(&[("server", "huge"), ("kind", "unpinnable")]), 4.0);
+    assert_eq!(withheld(&[]), 7.0);
+    // A tool's name is the server's to choose: no label carries it.
+    assert!(
+        scrape
+            .samples
+            .iter()
+            .filter(|x| x.metric == "pi_dispatch_pin_withheld_tools_total")
+            .all(|x| x.labels.get("tool").is_none()),
+    );
 }

@@ -120,6 +120,10 @@ enum Command {
 enum McpCommand {
     /// Check the overlay's mcp.json: which servers it offers and why it refuses the others.
     Check(cmd::mcp_check::Args),
+    /// The servers' pins: what each listed when approved, and what jobs saw differ since.
+    Pins(cmd::mcp_pins::PinsArgs),
+    /// Approve what a server lists now as its pin, connecting it as a job would.
+    Pin(cmd::mcp_pins::PinArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -210,6 +214,12 @@ fn run(command: Command, ctx: &context::Context) -> anyhow::Result<Exit> {
         Command::Mcp {
             command: McpCommand::Check(args),
         } => cmd::mcp_check::run(&args, ctx),
+        Command::Mcp {
+            command: McpCommand::Pins(args),
+        } => cmd::mcp_pins::pins(&args, ctx),
+        Command::Mcp {
+            command: McpCommand::Pin(args),
+        } => cmd::mcp_pins::pin(&args, ctx),
         Command::Triggers {
             command: TriggersCommand::Check(args),
         } => cmd::triggers_check::run(&args, ctx),

@@ -15,7 +15,7 @@ use config::json::Json;
 use config::mcp::{self, Exposure, McpServer, Overlay, ServerName, Transport};
 use config::models::Models;
 use config::settings::Settings;
-use config::triggers::{self, Kind, On, Trigger};
+use config::triggers::{self, Kind, On, PinPolicy, Trigger};
 use config::url::{Host as UrlHost, Scheme};
 use protocol::admitted::{
     Admitted, Egress, Flow, ForgeTarget, ModelChoice, Route, SecretRef, Work, Workspace,
@@ -256,6 +256,7 @@ fn decide_steps(i: &Inputs) -> Step<Admitted> {
         },
         exclude_tools: job.exclude_tools.clone(),
         egress,
+        pins: job.pins.unwrap_or_default(),
     })
 }
 
@@ -370,9 +371,9 @@ pub fn queued_by(job: &Job, trigger: &Trigger) -> bool {
 
 /// `job` under the policy of its trigger as it stands now (`now`), so that a job queued before
 /// the operator narrowed the trigger, a retry and a rerun run under today's rules: the trigger's
-/// `mcp`, `models`, `maxCostUsd`, `excludeTools` and `labels`, or the stricter of the trigger's and
-/// the job's where both are set (the servers and models both name, the lower cap, every excluded
-/// tool, every label). A CLI job (no trigger) is its own policy. Egress is the deployment's
+/// `mcp`, `models`, `maxCostUsd`, `excludeTools`, `labels` and `pins`, or the stricter of the
+/// trigger's and the job's where both are set (the servers and models both name, the lower cap,
+/// every excluded tool, every label, the stricter pin policy). A CLI job (no trigger) is its own policy. Egress is the deployment's
 /// setting, read at every admission.
 pub fn under_policy_now(job: &Job, now: Option<&Trigger>) -> Job {
     let Some(now) = now else {
@@ -412,12 +413,17 @@ pub fn under_policy_now(job: &Job, now: Option<&Trigger>) -> Job {
             labels.push(label.clone());
         }
     }
+    let pins = match (job.pins, run.pins) {
+        (Some(had), now) => Some(had.stricter(now)),
+        (None, now) => (now != PinPolicy::default()).then_some(now),
+    };
     Job {
         mcp,
         models,
         max_cost_usd,
         exclude_tools,
         labels,
+        pins,
         ..job.clone()
     }
 }

@@ -847,6 +847,24 @@ fn a_job_runs_under_its_triggers_policy_as_it_is_now() {
     assert_eq!(a.model_rules.max_cost_usd, Some(0.5));
     assert_eq!(a.servers, ["files"]);
     assert_eq!(a.exclude_tools, ["mcp__files__delete", "codemode"]);
+    // The pin policy: the job's unless the trigger's is now stricter.
+    for (queued, now, want) in [
+        (None, None, PinPolicy::Withhold),
+        (None, Some("accept"), PinPolicy::Accept),
+        (Some(PinPolicy::Refuse), Some("accept"), PinPolicy::Refuse),
+        (Some(PinPolicy::Accept), None, PinPolicy::Withhold),
+        (Some(PinPolicy::Withhold), Some("refuse"), PinPolicy::Refuse),
+    ] {
+        let mut w = world();
+        w.job.pins = queued;
+        if let Some(now) = now {
+            w.files.triggers = bytes(&TRIGGERS.replace(
+                r#""maxCostUsd": 5"#,
+                &format!(r#""maxCostUsd": 5, "pins": "{now}""#),
+            ));
+        }
+        assert_eq!(admitted(&w).pins, want, "{queued:?} then {now:?}");
+    }
     // A trigger that now names no server leaves the job none.
     let mut w = world();
     w.files.triggers = bytes(&TRIGGERS.replace(r#""mcp": ["docs", "files", "memory"],"#, ""));

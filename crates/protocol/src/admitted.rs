@@ -60,6 +60,9 @@ pub struct Admitted {
     #[serde(skip)]
     pub exclude_tools: Vec<String>,
     pub egress: Egress,
+    /// `run.pins`: what the hub does with a server's tools that no longer match their pin.
+    #[serde(skip_serializing_if = "crate::pins::PinPolicy::is_default")]
+    pub pins: crate::pins::PinPolicy,
 }
 
 impl Admitted {
@@ -75,6 +78,10 @@ impl Admitted {
                 Egress::On { loopback, .. } => loopback.clone(),
                 Egress::Off => Vec::new(),
             },
+            // The worker adds the servers' pins, read from the queue's store.
+            pins: std::collections::BTreeMap::new(),
+            pin_policy: self.pins,
+            list_only: false,
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The runner's exit line: its last stdout line, JSON, authenticated with an HMAC-SHA256 keyed by the
 //! per-job key the worker writes to the runner's stdin, so that nothing the job prints can pass for it.
 
+use std::collections::BTreeMap;
+
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
@@ -14,6 +16,10 @@ pub struct ServerState {
     pub state: String,
     /// Milliseconds from the start of the connections to the tool list.
     pub ready_ms: Option<u64>,
+    /// What a ready server listed (its name and version, each tool's digest), as the hub held it
+    /// against the server's pin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listing: Option<crate::pins::Listing>,
 }
 
 /// The line's content. Field order is fixed by this type, so both sides serialize it identically.
@@ -251,15 +257,83 @@ impl<R: tokio::io::AsyncRead + Unpin> Lines<R> {
 /// have connected (or failed to), for the job's live view. Never the exit line.
 pub const SERVERS_EVENT: &str = "servers";
 
+/// The `event` of a signed line the runner prints once a server's listing is held to its pin:
+/// its tools' definitions in canonical form ([`Definitions`]), for the pin and its diff.
+pub const DEFINITIONS_EVENT: &str = "definitions";
+
+/// One server's tools' definitions as it listed them, each in canonical form by tool name: what a
+/// pin keeps so that a later change can be shown field by field. The worker keeps only those whose
+/// digest is on the exit line ([`crate::pins::verified_definitions`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Definitions {
+    pub event: String,
+    pub job_id: String,
+    pub server: String,
+    pub tools: BTreeMap<String, String>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SignedDefinitions {
+    #[serde(flatten)]
+    definitions: Definitions,
+    hmac: String,
+}
+
+impl Definitions {
+    /// The line to print, signed with `key`: as many of the tools (the first by name) as fit in
+    /// [`MAX_LINE`].
+    pub fn sign(mut self, key: &[u8]) -> Result<String, serde_json::Error> {
+        let overhead = 256 + self.job_id.len() + self.server.len();
+        let mut used = overhead;
+        let written = |text: &str| serde_json::to_string(text).map_or(usize::MAX / 4, |t| t.len());
+        self.tools.retain(|name, text| {
+            // Each entry as JSON writes it, with its colon and comma.
+            used += written(name) + written(text) + 2;
+            used <= MAX_LINE
+        });
+        let body = serde_json::to_string(&self)?;
+        let hmac = mac(key, &body).unwrap_or_default();
+        serde_json::to_string(&SignedDefinitions {
+            definitions: self,
+            hmac,
+        })
+    }
+
+    /// The worker's side: the definitions, when the line is a definitions line the runner signed.
+    pub fn verify(text: &str, key: &[u8]) -> Option<Definitions> {
+        if !text.starts_with(r#"{"event":"definitions""#) {
+            return None;
+        }
+        let signed: SignedDefinitions = serde_json::from_str(text).ok()?;
+        let body = serde_json::to_string(&signed.definitions).ok()?;
+        let given = decode_hex(&signed.hmac)?;
+        let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(key).ok()?;
+        m.update(body.as_bytes());
+        m.verify_slice(&given).ok()?;
+        (signed.definitions.event == DEFINITIONS_EVENT).then_some(signed.definitions)
+    }
+}
+
+/// A signed line the runner prints before its exit line.
+#[derive(Debug)]
+pub enum Said {
+    /// The servers' states once they connected ([`SERVERS_EVENT`]).
+    Servers(ExitLine),
+    /// One server's definitions ([`DEFINITIONS_EVENT`]).
+    Definitions(Definitions),
+}
+
 /// Reads the runner's standard output to its end: the exit line is the last line that verifies
-/// with `key` and is not a [`SERVERS_EVENT`] line, which goes to `servers` as it comes; every
-/// other line goes to `other` as it comes.
+/// with `key` and is not a [`SERVERS_EVENT`] line; those, and the [`DEFINITIONS_EVENT`] lines,
+/// go to `said` as they come; every other line goes to `other` as it comes.
 #[cfg(feature = "stream")]
 pub async fn read<R>(
     input: R,
     key: &[u8],
     mut other: impl FnMut(Line<'_>),
-    mut servers: impl FnMut(ExitLine),
+    mut said: impl FnMut(Said),
 ) -> Option<ExitLine>
 where
     R: tokio::io::AsyncRead + Unpin,
@@ -268,11 +342,18 @@ where
     let mut verified = None;
     while let Some(line) = lines.next().await {
         match line {
-            Line::Text(text) => match std::str::from_utf8(text).ok().and_then(|t| verify(t, key)) {
-                Some(found) if found.event == SERVERS_EVENT => servers(found),
-                Some(found) => verified = Some(found),
-                None => other(Line::Text(text)),
-            },
+            Line::Text(text) => {
+                let text_str = std::str::from_utf8(text).ok();
+                if let Some(d) = text_str.and_then(|t| Definitions::verify(t, key)) {
+                    said(Said::Definitions(d));
+                    continue;
+                }
+                match text_str.and_then(|t| verify(t, key)) {
+                    Some(found) if found.event == SERVERS_EVENT => said(Said::Servers(found)),
+                    Some(found) => verified = Some(found),
+                    None => other(Line::Text(text)),
+                }
+            }
             overlong @ Line::Overlong { .. } => other(overlong),
         }
     }
@@ -304,6 +385,7 @@ mod tests {
                 name: "docs".into(),
                 state: "skipped".into(),
                 ready_ms: None,
+                listing: None,
             }],
             tool_calls: vec![crate::usage::ToolCallCount {
                 server: "docs".into(),
@@ -341,6 +423,7 @@ mod tests {
                     name: format!("{i:0>32}"),
                     state: "waiting".into(),
                     ready_ms: Some(u64::MAX),
+                    listing: None,
                 })
                 .collect(),
             tool_calls: (0..MAX_TOOL_ENTRIES + servers)
@@ -420,7 +503,10 @@ mod tests {
                     Line::Overlong { .. } => "<overlong>".to_owned(),
                 })
             },
-            |s| said.push(s),
+            |s| match s {
+                Said::Servers(s) => said.push(s),
+                Said::Definitions(d) => panic!("{d:?}"),
+            },
         )
         .await;
         assert_eq!(found, Some(line()));
@@ -435,5 +521,65 @@ mod tests {
             ]
         );
         assert_eq!(said, [servers.clone(), servers]);
+    }
+
+    #[cfg(feature = "stream")]
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    fn definitions(tools: &[(&str, &str)]) -> Definitions {
+        Definitions {
+            event: DEFINITIONS_EVENT.into(),
+            job_id: "job-1".into(),
+            server: "docs".into(),
+            tools: tools
+                .iter()
+                .map(|(n, t)| ((*n).to_owned(), (*t).to_owned()))
+                .collect(),
+        }
+    }
+
+    #[cfg(feature = "stream")]
+    #[test]
+    fn a_definitions_line_verifies_only_with_the_key_and_fits_a_line() {
+        let d = definitions(&[("echo", r#"{"name":"echo"}"#)]);
+        let text = d.clone().sign(b"job-key").unwrap();
+        assert_eq!(Definitions::verify(&text, b"job-key"), Some(d.clone()));
+        assert_eq!(Definitions::verify(&text, b"other"), None);
+        let forged = text.replace("echo\\\"}", "echo\\\",\\\"x\\\":1}");
+        assert_ne!(forged, text);
+        assert_eq!(Definitions::verify(&forged, b"job-key"), None);
+        // An exit line is not a definitions line, nor the other way round.
+        let exit = sign(&line(), b"job-key").unwrap();
+        assert_eq!(Definitions::verify(&exit, b"job-key"), None);
+        assert_eq!(verify(&text, b"job-key"), None);
+        // The reader hands on the signed line only; a forged one, even first, is another line.
+        let text = format!("{forged}\n{}\n", d.clone().sign(b"job-key").unwrap());
+        let mut said = Vec::new();
+        let mut other = 0;
+        let found = block_on(read(
+            text.as_bytes(),
+            b"job-key",
+            |_| other += 1,
+            |s| said.push(s),
+        ));
+        assert_eq!(found, None);
+        assert_eq!(other, 1);
+        assert!(
+            matches!(&said[..], [Said::Definitions(x)] if *x == d),
+            "{said:?}"
+        );
+        // Definitions past a line's bound are left out, the first by name kept.
+        let big = format!(r#"{{"d":"{}"}}"#, "q".repeat(300 * 1024));
+        let many: Vec<(String, &str)> = (0..5).map(|i| (format!("t{i}"), big.as_str())).collect();
+        let many: Vec<(&str, &str)> = many.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+        let text = definitions(&many).sign(b"job-key").unwrap();
+        assert!(text.len() <= MAX_LINE, "{}", text.len());
+        let kept = Definitions::verify(&text, b"job-key").unwrap().tools;
+        assert_eq!(kept.keys().collect::<Vec<_>>(), ["t0", "t1", "t2"]);
     }
 }

@@ -86,6 +86,10 @@ pub struct Job {
     /// The job this one runs again (`pi-dispatch rerun`).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub rerun_of: Option<String>,
+    /// `run.pins`: what the job does with a server's tools that no longer match their pin
+    /// (`None`: the default, withhold them).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub pins: Option<crate::pins::PinPolicy>,
 }
 
 /// The most labels a trigger asks for, or a worker carries.
@@ -140,6 +144,7 @@ impl Job {
             labels: Vec::new(),
             host: None,
             rerun_of: None,
+            pins: None,
         }
     }
 

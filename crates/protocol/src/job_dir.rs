@@ -4,6 +4,7 @@
 //! secrets, the proxy, `PI_JOB_ID`) stays in their environment; everything else the runner needs
 //! from the worker is in [`RunnerInput`].
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -54,6 +55,17 @@ pub struct RunnerInput {
     /// the runner serves on the job's loopback.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub loopback: Vec<String>,
+    /// The pins of the job's servers that have one, by server name: the hub withholds (or, as
+    /// `pin_policy` says, refuses or accepts) what differs from them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pins: BTreeMap<String, crate::pins::Listing>,
+    /// `run.pins`.
+    #[serde(default, skip_serializing_if = "crate::pins::PinPolicy::is_default")]
+    pub pin_policy: crate::pins::PinPolicy,
+    /// Connect the servers, say what they list, and end: no agent runs (`mcp pin`, whose
+    /// listing becomes the servers' pins).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub list_only: bool,
 }
 
 fn on() -> bool {
@@ -70,6 +82,9 @@ impl Default for RunnerInput {
             models: None,
             max_cost_usd: None,
             loopback: Vec::new(),
+            pins: BTreeMap::new(),
+            pin_policy: crate::pins::PinPolicy::default(),
+            list_only: false,
         }
     }
 }
@@ -135,6 +150,15 @@ mod tests {
             models: Some(vec!["fake/m1".into()]),
             max_cost_usd: Some(0.5),
             loopback: vec!["127.0.0.1:8080".into()],
+            pins: BTreeMap::from([(
+                "docs".to_owned(),
+                crate::pins::Listing::of(
+                    crate::pins::ServerInfo::default(),
+                    [("echo", r#"{"name": "echo"}"#)],
+                ),
+            )]),
+            pin_policy: crate::pins::PinPolicy::Refuse,
+            list_only: true,
         };
         std::fs::write(dir.path().join(RUNNER_INPUT), input.to_text()).unwrap();
         assert_eq!(RunnerInput::read(dir.path()).unwrap(), input);
@@ -152,5 +176,41 @@ mod tests {
             RunnerInput::read(dir.path()),
             Err(InputError::TooLarge)
         ));
+    }
+
+    #[test]
+    fn eight_servers_pins_of_the_most_tools_fit_the_input() {
+        use crate::pins::{Listing, MAX_PINNED_TOOLS, ServerInfo, digest};
+        const ECHO: &str = r#"{"name": "echo", "description": "Echoes"}"#;
+        let names: Vec<String> = (0..MAX_PINNED_TOOLS).map(|n| format!("t{n:04}")).collect();
+        let listing = Listing::of(
+            ServerInfo::default(),
+            names.iter().map(|n| (n.as_str(), ECHO)),
+        );
+        // Eight servers of the most tools each fit the runner's input.
+        let input = RunnerInput {
+            pins: (0..8)
+                .map(|s| (format!("server-{s}"), listing.clone()))
+                .collect(),
+            ..Default::default()
+        };
+        let long_names = Listing {
+            tools: (0..MAX_PINNED_TOOLS)
+                .map(|n| (format!("{n:0>128}"), digest(ECHO)))
+                .collect(),
+            ..Listing::default()
+        };
+        let worst = RunnerInput {
+            pins: (0..8)
+                .map(|s| (format!("server-{s}"), long_names.clone()))
+                .collect(),
+            ..Default::default()
+        };
+        assert!(input.to_text().len() < worst.to_text().len());
+        assert!(
+            worst.to_text().len() < 1024 * 1024,
+            "{}",
+            worst.to_text().len()
+        );
     }
 }

@@ -20,6 +20,7 @@ pub mod job_mcp;
 pub mod json;
 pub mod model_answer;
 pub mod pi_events;
+pub mod pins;
 pub mod reason;
 pub mod secret;
 pub mod usage;

@@ -213,6 +213,9 @@ reasons! {
     PickupRetriesSpent = "pickup-retries-spent", Preparation, Failed, None, true,
         "A check before the job could not be made, too many times.",
         "check that the worker can read the deployment's files (a disk or mount error)";
+    PinsUnreadable = "pins-unreadable", Preparation, Failed, None, true,
+        "The pins of the job's servers could not be read from the queue's store.",
+        "check the queue's store with pi-dispatch doctor; the job is tried again";
     ForgeTokenFailed = "forge-token-failed", Preparation, Failed, None, true,
         "The job's forge token could not be minted.",
         "check the GitHub App's id, key file and installation (or the GitLab token); the job is tried again";
@@ -276,6 +279,9 @@ reasons! {
     ModelCallUnbounded = "model-call-unbounded", Job, Policy, Some(2), false,
         "Under the job's cost cap, a model call whose cost has no bound was refused.",
         "drop run.maxCostUsd for jobs that generate images, or keep their scripts to chat and classifier models without an output price";
+    ToolDrift = "tool-drift", Job, Policy, Some(2), false,
+        "A server's tools differ from the ones approved for it, and the trigger refuses such a job.",
+        "see what changed with pi-dispatch mcp pins diff NAME, then approve it with pi-dispatch mcp pin NAME";
     CostCapReached = "cost-cap-reached", Job, Policy, Some(2), false,
         "A model call could have taken the job past its cost cap, so it was refused.",
         "raise the trigger's run.maxCostUsd, or give the job a smaller task or a model with a smaller output limit";

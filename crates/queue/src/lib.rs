@@ -186,6 +186,31 @@ pub trait Queue: Send + Sync {
     /// Whether the lease is still held, and whether its job is marked for cancelling.
     fn lease_state(&self, lease: &Lease) -> Result<LeaseState, QueueError>;
 
+    /// The pin of MCP server `server` (opaque text the worker writes: what the server listed when
+    /// it was approved), when it has one. Every worker on the queue shares it.
+    fn pin(&self, server: &str) -> Result<Option<String>, QueueError>;
+
+    /// Every server's pin, by server name.
+    fn pins(&self) -> Result<Vec<(String, String)>, QueueError>;
+
+    /// Stores `pin` for `server` at `now` and forgets the drift noted for it. With `first`, only
+    /// when the server has no pin yet (a server's first job pins it; of two such jobs at once, the
+    /// first to store stays); whether it was stored.
+    fn put_pin(
+        &self,
+        server: &str,
+        pin: &str,
+        first: bool,
+        now: SystemTime,
+    ) -> Result<bool, QueueError>;
+
+    /// Notes what the last job to see `server` differ from its pin saw (opaque text), replacing
+    /// what was noted before.
+    fn put_pin_drift(&self, server: &str, drift: &str, now: SystemTime) -> Result<(), QueueError>;
+
+    /// Every drift noted and not yet approved (by [`Queue::put_pin`]), by server name.
+    fn pin_drifts(&self) -> Result<Vec<(String, String)>, QueueError>;
+
     /// Hands a leased job back at once (a worker that drains): queued, available now, and this
     /// attempt not counted. `false` if the lease is no longer held.
     fn release(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError>;

@@ -206,6 +206,28 @@ fn a_schema_2_file_gets_the_deliveries_and_keeps_its_jobs() {
 }
 
 #[test]
+fn a_schema_5_file_gets_the_pins_and_keeps_its_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.sqlite3");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(&format!(
+            "{JOBS_V2}{INDEXES}{DELIVERIES_V3}{RECORDS_V4}{PLACEMENT_V5}
+             INSERT INTO jobs (id, payload, state, queued_at, available_at)
+                 VALUES ('old', '{{}}', 'queued', 1, 1);
+             PRAGMA user_version = 5;"
+        ))
+        .unwrap();
+    }
+    let queue = SqliteQueue::open(&path).unwrap();
+    assert_eq!(queue.status(t(0), 0).unwrap().open.len(), 1);
+    assert!(queue.put_pin("docs", "v1", true, t(0)).unwrap());
+    assert_eq!(queue.pin("docs").unwrap().as_deref(), Some("v1"));
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
+}
+
+#[test]
 fn a_schema_3_file_gets_the_records_index_and_keeps_its_jobs_and_deliveries() {
     use crate::records::{RecordEntry, RecordFilter, RecordIndex, RecordKeys};
     let dir = tempfile::tempdir().unwrap();

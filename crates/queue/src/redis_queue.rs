@@ -28,6 +28,8 @@
 //!             each filter (outcome, reason, trigger-index, trigger-type, repo, folder)
 //! record-index:ID  list of the zsets record ID is in (what pruning removes it from)
 //! counters    hash of the deployment's counters, which each record adds to
+//! pins        hash of each MCP server's pin, by server name; pin-drift, hash of the drift the
+//!             last job saw from it, until approved
 //! ```
 //!
 //! Times are unix milliseconds, passed in as everywhere in the queue. A connection that breaks is
@@ -330,6 +332,19 @@ redis.call('ZREM', p .. 'workers-seen', ARGV[2])
 return 1
 ";
 
+/// ARGV: prefix, server, pin, first ('1': only when the server has none). The drift noted for
+/// the server goes with a pin stored.
+const PUT_PIN: &str = r"
+local stored = 1
+if ARGV[4] == '1' then
+  stored = redis.call('HSETNX', p .. 'pins', ARGV[2], ARGV[3])
+else
+  redis.call('HSET', p .. 'pins', ARGV[2], ARGV[3])
+end
+if stored == 1 then redis.call('HDEL', p .. 'pin-drift', ARGV[2]) end
+return stored
+";
+
 /// ARGV: prefix, before.
 const PRUNE: &str = r"
 local before = '(' .. ARGV[2]
@@ -395,6 +410,7 @@ struct Scripts {
     live_put: Script,
     live_get: Script,
     live_prune: Script,
+    put_pin: Script,
 }
 
 impl Scripts {
@@ -419,6 +435,7 @@ impl Scripts {
             live_put: s(LIVE_PUT),
             live_get: s(LIVE_GET),
             live_prune: s(LIVE_PRUNE),
+            put_pin: s(PUT_PIN),
         }
     }
 }
@@ -608,6 +625,18 @@ impl RedisQueue {
             }
             invocation.invoke(c)
         })
+    }
+
+    /// Every field of hash `key` (under the prefix) with its value, by field.
+    fn sorted_hash(
+        &self,
+        op: &'static str,
+        key: &str,
+    ) -> Result<Vec<(String, String)>, QueueError> {
+        let all: std::collections::BTreeMap<String, String> = self.call(op, |c| {
+            redis::cmd("HGETALL").arg(format!("{PREFIX}{key}")).query(c)
+        })?;
+        Ok(all.into_iter().collect())
     }
 
     /// The server's `INFO` sections `server` and `persistence`, for doctor.
@@ -1059,6 +1088,50 @@ impl Queue for RedisQueue {
         self.call("read the reruns of a job", |c| {
             redis::cmd("LRANGE").arg(&key).arg(0).arg(-1).query(c)
         })
+    }
+
+    fn pin(&self, server: &str) -> Result<Option<String>, QueueError> {
+        self.call("read a server's pin", |c| {
+            redis::cmd("HGET")
+                .arg(format!("{PREFIX}pins"))
+                .arg(server)
+                .query(c)
+        })
+    }
+
+    fn pins(&self) -> Result<Vec<(String, String)>, QueueError> {
+        self.sorted_hash("read the pins", "pins")
+    }
+
+    fn put_pin(
+        &self,
+        server: &str,
+        pin: &str,
+        first: bool,
+        _now: SystemTime,
+    ) -> Result<bool, QueueError> {
+        let args = [
+            server.to_owned(),
+            pin.to_owned(),
+            u8::from(first).to_string(),
+        ];
+        let stored: i64 = self.run("store a server's pin", &self.scripts.put_pin, &args)?;
+        Ok(stored == 1)
+    }
+
+    fn put_pin_drift(&self, server: &str, drift: &str, _now: SystemTime) -> Result<(), QueueError> {
+        self.call("note a server's drift from its pin", |c| {
+            redis::cmd("HSET")
+                .arg(format!("{PREFIX}pin-drift"))
+                .arg(server)
+                .arg(drift)
+                .query::<i64>(c)
+        })?;
+        Ok(())
+    }
+
+    fn pin_drifts(&self) -> Result<Vec<(String, String)>, QueueError> {
+        self.sorted_hash("read the drift from pins", "pin-drift")
     }
 
     fn release(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError> {

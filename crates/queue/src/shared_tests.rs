@@ -326,7 +326,66 @@ suite!(
     workers_announce_themselves_refresh_and_leave,
     a_live_view_grows_is_read_from_any_line_and_is_pruned,
     reruns_are_linked_to_their_original_in_order,
+    a_servers_first_pin_stays_and_an_approval_replaces_it_and_its_drift,
+    two_workers_pinning_one_server_at_once_keep_one_pin,
 );
+
+pub(crate) fn a_servers_first_pin_stays_and_an_approval_replaces_it_and_its_drift(
+    store: &dyn Store,
+) {
+    let queue = store.open();
+    assert_eq!(queue.pin("docs").unwrap(), None);
+    assert!(queue.pins().unwrap().is_empty());
+    // The first job pins; a later first-use store leaves the pin as it is.
+    assert!(queue.put_pin("docs", "v1", true, t(1)).unwrap());
+    assert!(!queue.put_pin("docs", "v2", true, t(2)).unwrap());
+    assert_eq!(queue.pin("docs").unwrap().as_deref(), Some("v1"));
+    // A job notes drift; another handle (another worker) sees it and the pin.
+    queue.put_pin_drift("docs", "saw v2", t(3)).unwrap();
+    queue.put_pin_drift("docs", "saw v3", t(4)).unwrap();
+    queue.put_pin("wiki", "w1", true, t(5)).unwrap();
+    let other = store.open();
+    assert_eq!(
+        other.pin_drifts().unwrap(),
+        [("docs".to_owned(), "saw v3".to_owned())]
+    );
+    assert_eq!(
+        other.pins().unwrap(),
+        [
+            ("docs".to_owned(), "v1".to_owned()),
+            ("wiki".to_owned(), "w1".to_owned())
+        ]
+    );
+    // Approving stores the new pin and forgets the drift.
+    assert!(other.put_pin("docs", "v3", false, t(6)).unwrap());
+    assert_eq!(queue.pin("docs").unwrap().as_deref(), Some("v3"));
+    assert!(queue.pin_drifts().unwrap().is_empty());
+}
+
+pub(crate) fn two_workers_pinning_one_server_at_once_keep_one_pin(store: &dyn Store) {
+    let barrier = Arc::new(Barrier::new(8));
+    let stored: Vec<bool> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|n| {
+                let queue = store.open();
+                let barrier = barrier.clone();
+                s.spawn(move || {
+                    barrier.wait();
+                    queue
+                        .put_pin("docs", &format!("pin {n}"), true, t(1))
+                        .unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(stored.iter().filter(|s| **s).count(), 1, "{stored:?}");
+    let winner = stored.iter().position(|s| *s).unwrap();
+    assert_eq!(
+        store.open().pin("docs").unwrap(),
+        Some(format!("pin {winner}"))
+    );
+}
 
 pub(crate) fn reruns_are_linked_to_their_original_in_order(store: &dyn Store) {
     let queue = store.open();

@@ -18,7 +18,7 @@ use crate::{
 };
 
 /// The schema version this code writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// How long a statement waits for another connection's write transaction before it fails.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -128,6 +128,21 @@ CREATE TABLE live_lines (
     n      INTEGER NOT NULL,
     line   TEXT NOT NULL,
     PRIMARY KEY (job_id, n)
+) WITHOUT ROWID;
+";
+
+/// Schema 6: each MCP server's pin (what it listed when approved, as the worker writes it) and
+/// the drift the last job saw from it, until approved.
+const PINS_V6: &str = "
+CREATE TABLE pins (
+    server    TEXT PRIMARY KEY,
+    pin       TEXT NOT NULL,
+    pinned_at INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE pin_drift (
+    server  TEXT PRIMARY KEY,
+    drift   TEXT NOT NULL,
+    seen_at INTEGER NOT NULL
 ) WITHOUT ROWID;
 ";
 
@@ -321,23 +336,26 @@ impl SqliteQueue {
         match known(user_version(&tx).map_err(open_err("read the schema version"))?)? {
             0 => tx
                 .execute_batch(&format!(
-                    "{JOBS_V2}{INDEXES}{DELIVERIES_V3}{RECORDS_V4}{PLACEMENT_V5}"
+                    "{JOBS_V2}{INDEXES}{DELIVERIES_V3}{RECORDS_V4}{PLACEMENT_V5}{PINS_V6}"
                 ))
                 .map_err(open_err("create the schema"))?,
             1 => tx
                 .execute_batch(&format!(
-                    "{MIGRATE_V1}{JOBS_V2}{COPY_V1}{INDEXES}{DELIVERIES_V3}{RECORDS_V4}{PLACEMENT_V5}"
+                    "{MIGRATE_V1}{JOBS_V2}{COPY_V1}{INDEXES}{DELIVERIES_V3}{RECORDS_V4}{PLACEMENT_V5}{PINS_V6}"
                 ))
                 .map_err(open_err("migrate the schema from version 1"))?,
             2 => tx
-                .execute_batch(&format!("{DELIVERIES_V3}{RECORDS_V4}{PLACEMENT_V5}"))
+                .execute_batch(&format!("{DELIVERIES_V3}{RECORDS_V4}{PLACEMENT_V5}{PINS_V6}"))
                 .map_err(open_err("migrate the schema from version 2"))?,
             3 => tx
-                .execute_batch(&format!("{RECORDS_V4}{PLACEMENT_V5}"))
+                .execute_batch(&format!("{RECORDS_V4}{PLACEMENT_V5}{PINS_V6}"))
                 .map_err(open_err("migrate the schema from version 3"))?,
             4 => tx
-                .execute_batch(PLACEMENT_V5)
+                .execute_batch(&format!("{PLACEMENT_V5}{PINS_V6}"))
                 .map_err(open_err("migrate the schema from version 4"))?,
+            5 => tx
+                .execute_batch(PINS_V6)
+                .map_err(open_err("migrate the schema from version 5"))?,
             _ => {}
         }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
@@ -350,6 +368,17 @@ impl SqliteQueue {
                 ..config
             },
         })
+    }
+
+    /// The rows of a query of two text columns.
+    fn pairs(&self, doing: &'static str, query: &str) -> Result<Vec<(String, String)>, QueueError> {
+        let err = sqlite(doing);
+        let conn = self.conn();
+        let mut stmt = conn.prepare(query).map_err(err)?;
+        let rows = stmt
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .map_err(err)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(err)
     }
 
     /// The connection. A panic while it was held cannot have left a transaction open (a
@@ -896,6 +925,73 @@ impl Queue for SqliteQueue {
             .query_map(params![original], |row| row.get(0))
             .map_err(err)?;
         rows.collect::<Result<Vec<String>, _>>().map_err(err)
+    }
+
+    fn pin(&self, server: &str) -> Result<Option<String>, QueueError> {
+        self.conn()
+            .query_row(
+                "SELECT pin FROM pins WHERE server = ?1",
+                params![server],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(sqlite("read a server's pin"))
+    }
+
+    fn pins(&self) -> Result<Vec<(String, String)>, QueueError> {
+        self.pairs(
+            "read the pins",
+            "SELECT server, pin FROM pins ORDER BY server",
+        )
+    }
+
+    fn put_pin(
+        &self,
+        server: &str,
+        pin: &str,
+        first: bool,
+        now: SystemTime,
+    ) -> Result<bool, QueueError> {
+        let err = sqlite("store a server's pin");
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let verb = if first {
+            "INSERT OR IGNORE"
+        } else {
+            "INSERT OR REPLACE"
+        };
+        let stored = tx
+            .execute(
+                &format!("{verb} INTO pins (server, pin, pinned_at) VALUES (?1, ?2, ?3)"),
+                params![server, pin, millis::of(now)],
+            )
+            .map_err(err)?
+            == 1;
+        if stored {
+            tx.execute("DELETE FROM pin_drift WHERE server = ?1", params![server])
+                .map_err(err)?;
+        }
+        tx.commit().map_err(err)?;
+        Ok(stored)
+    }
+
+    fn put_pin_drift(&self, server: &str, drift: &str, now: SystemTime) -> Result<(), QueueError> {
+        self.conn()
+            .execute(
+                "INSERT OR REPLACE INTO pin_drift (server, drift, seen_at) VALUES (?1, ?2, ?3)",
+                params![server, drift, millis::of(now)],
+            )
+            .map_err(sqlite("note a server's drift from its pin"))?;
+        Ok(())
+    }
+
+    fn pin_drifts(&self) -> Result<Vec<(String, String)>, QueueError> {
+        self.pairs(
+            "read the drift from pins",
+            "SELECT server, drift FROM pin_drift ORDER BY server",
+        )
     }
 
     fn release(&self, lease: &Lease, now: SystemTime) -> Result<bool, QueueError> {

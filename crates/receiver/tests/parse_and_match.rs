@@ -334,6 +334,7 @@ fn sample(key: &str) -> Option<serde_json::Value> {
         "image" => json!("pi-job"),
         "labels" => json!(["gpu", "zone:eu"]),
         "sameIssue" => json!("cancel-older"),
+        "pins" => json!("refuse"),
         "folder" | "task" => return None,
         other => panic!("run.{other} has no sample here: add one, and make sure jobs carry it"),
     })

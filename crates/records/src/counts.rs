@@ -1,11 +1,13 @@
 //! What each record adds to the deployment's counters (the Prometheus series `/metrics` shows:
-//! jobs by outcome and reason, durations, servers' ready times, tool calls, egress denials, tokens
-//! and cost), and those counters in the text format. The store adds a record's counts when it
+//! jobs by outcome and reason, durations, servers' ready times, tool calls, tools withheld by
+//! pins, egress denials, tokens and cost), and those counters in the text format. The store adds a record's counts when it
 //! stores the record, in the same step, and pruning a record takes nothing back: the counters are
 //! exact whatever was pruned and however often the panel restarts.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+
+use protocol::pins::PinPolicy;
 
 use crate::record::Record;
 
@@ -23,7 +25,7 @@ enum Kind {
 }
 
 /// Every family, in the order they are shown: name, kind, help.
-const FAMILIES: [(&str, Kind, &str); 11] = [
+const FAMILIES: [(&str, Kind, &str); 12] = [
     (
         "pi_dispatch_jobs_total",
         Kind::Counter,
@@ -63,6 +65,11 @@ const FAMILIES: [(&str, Kind, &str); 11] = [
         "pi_dispatch_tool_result_bytes_total",
         Kind::Counter,
         "Bytes of the MCP tool calls' results, by server and tool.",
+    ),
+    (
+        "pi_dispatch_pin_withheld_tools_total",
+        Kind::Counter,
+        "Tools kept from pi because they differed from their server's pin, by server and kind (new, changed, server-changed).",
     ),
     (
         "pi_dispatch_egress_denials_total",
@@ -193,6 +200,27 @@ fn calls(a: &mut Adds, r: &Record) {
         a.add(&format!("{name}_count"), &st, (c.ok + c.error) as f64);
         let bytes = c.result_bytes as f64;
         a.add("pi_dispatch_tool_result_bytes_total", &st, bytes);
+    }
+    // By server and kind only: a tool's name is the server's to choose.
+    for p in r
+        .mcp
+        .pins
+        .iter()
+        .filter(|p| p.policy == PinPolicy::Withhold)
+    {
+        for d in &p.drift {
+            let pairs = [("server", p.server.as_str()), ("kind", d.kind.as_str())];
+            a.add("pi_dispatch_pin_withheld_tools_total", &pairs, 1.0);
+        }
+    }
+    // A tool past a pin's bounds is withheld under every policy.
+    for p in r.mcp.pins.iter().filter(|p| p.unpinnable > 0) {
+        let pairs = [("server", p.server.as_str()), ("kind", "unpinnable")];
+        a.add(
+            "pi_dispatch_pin_withheld_tools_total",
+            &pairs,
+            f64::from(p.unpinnable),
+        );
     }
     // By reason only: a label value a job chooses (a host, a port) would let a job grow the
     // series without end.

@@ -48,6 +48,9 @@ pub struct Tokens {
 pub struct McpPart {
     pub servers: Vec<ServerState>,
     pub tool_calls: Vec<ToolCallCount>,
+    /// Each server pinned by this job, or whose tools differed from their pin ([`PinReport`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pins: Vec<protocol::pins::PinReport>,
 }
 
 /// A host and port the egress proxy refused the job (protocol's, as the proxy says it).
@@ -444,6 +447,12 @@ pub struct Draft {
     spent_before: f64,
     /// The worker that runs the job (`HOST:PID`): the finished record names it.
     worker: Option<String>,
+    /// What each ready server listed, as the runner reported it: the worker holds it to the
+    /// server's pin; the record keeps only what differed.
+    listings: Vec<(String, protocol::pins::Listing)>,
+    /// Each server's tools' definitions the runner signed, by server name (not yet held to the
+    /// listings: [`protocol::pins::verified_definitions`] does that).
+    definitions: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
 }
 
 /// Where a running job is shown as it goes ([`crate::live::LiveFeed`]): told its record as it
@@ -463,6 +472,8 @@ impl Draft {
             live: None,
             spent_before: 0.0,
             worker: None,
+            listings: Vec::new(),
+            definitions: Default::default(),
         }
     }
 
@@ -565,12 +576,42 @@ impl Draft {
         self.base.set_usage(usage);
     }
 
-    /// The servers' states and the tool calls the runner reported in `line`.
+    /// The servers' states and the tool calls the runner reported in `line`. What each server
+    /// listed is kept apart ([`Draft::listings`]): the record says only what differed from a pin.
     pub fn mcp_reported(&mut self, line: &ExitLine) {
+        let mut servers = line.servers.clone();
+        self.listings = servers
+            .iter_mut()
+            .filter_map(|s| Some((s.name.clone(), s.listing.take()?)))
+            .collect();
         self.base.mcp = McpPart {
-            servers: line.servers.clone(),
+            servers,
             tool_calls: line.tool_calls.clone(),
+            pins: Vec::new(),
         };
+    }
+
+    /// What each ready server listed, as the runner reported it (by server name).
+    pub fn listings(&self) -> &[(String, protocol::pins::Listing)] {
+        &self.listings
+    }
+
+    /// The servers' tools' definitions the runner said, by server name.
+    pub fn definitions_said(
+        &mut self,
+        definitions: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+    ) {
+        self.definitions = definitions;
+    }
+
+    /// The definitions `server`'s tools were said to have (empty when none were).
+    pub fn definitions(&self, server: &str) -> std::collections::BTreeMap<String, String> {
+        self.definitions.get(server).cloned().unwrap_or_default()
+    }
+
+    /// What the job's servers made of their pins.
+    pub fn pins_reported(&mut self, reports: Vec<protocol::pins::PinReport>) {
+        self.base.mcp.pins = reports;
     }
 
     /// What the runner reported in `line` but how the job ended ([`Ending::of_exit_line`]): its

@@ -22,6 +22,7 @@ fn line(code: u8, reason: Option<&str>) -> ExitLine {
             name: "docs".into(),
             state: "ready".into(),
             ready_ms: Some(40),
+            listing: None,
         }],
         tool_calls: vec![ToolCallCount {
             server: "docs".into(),

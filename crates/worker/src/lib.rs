@@ -12,6 +12,7 @@ pub mod forge_job;
 mod lost;
 mod options;
 mod page;
+pub mod pins;
 pub mod pipeline;
 pub mod retention;
 pub mod sandboxed;

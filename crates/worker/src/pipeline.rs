@@ -63,6 +63,12 @@ pub struct Worker {
     /// for its id: root, with loop devices and `mkfs.ext4`. `None`: jobs write their workspace
     /// directly.
     pub disks: Option<Arc<sandbox::disk::Spares>>,
+    /// Where the servers' pins are (the queue's store): `None` holds no server to a pin (every
+    /// job is on first use, and nothing is kept).
+    pub pins: Option<crate::pins::PinStore>,
+    /// `mcp pin`, run by this operator: every job of this worker only connects its servers, and
+    /// what they list becomes their pins, by the operator's name. `None` for a worker of jobs.
+    pub approving: Option<String>,
 }
 
 /// The longest path a unix socket may be bound at (`sun_path`, less its closing NUL).
@@ -117,7 +123,11 @@ pub fn try_lock_folder(locks: &Path, folder: &str) -> std::io::Result<Option<Fol
 /// its own ([`JOB_FOLDER_BYTES`]), so that the job's mount table shows `/job` as that, never as
 /// the deployment's path with the job's id in it; it is unmounted when the job ends
 /// ([`release_job_folder`]).
-fn write_job_folder(plan: &Admitted, prompt: String) -> std::io::Result<PathBuf> {
+fn write_job_folder(
+    plan: &Admitted,
+    prompt: String,
+    input: &job_dir::RunnerInput,
+) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
     let folder = plan.state_dir.join("job");
     release_job_folder(&folder);
@@ -150,7 +160,7 @@ fn write_job_folder(plan: &Admitted, prompt: String) -> std::io::Result<PathBuf>
     for (name, text) in [
         (job_dir::PROMPT, prompt),
         (job_dir::EVENT, format!("{event:#}\n")),
-        (job_dir::RUNNER_INPUT, plan.runner_input().to_text()),
+        (job_dir::RUNNER_INPUT, input.to_text()),
     ] {
         let path = folder.join(name);
         std::fs::write(&path, text)?;
@@ -160,6 +170,27 @@ fn write_job_folder(plan: &Admitted, prompt: String) -> std::io::Result<PathBuf>
         pickup::fs::write_job_mcp(&folder, file)?;
     }
     Ok(folder)
+}
+
+/// What the runner is told beside `mcp.json`: the plan's input with the servers' pins; for an
+/// approval (`list_only`), to list the servers and end, withholding nothing.
+fn runner_input(
+    plan: &Admitted,
+    pins: &std::collections::BTreeMap<String, protocol::pins::Listing>,
+    list_only: bool,
+) -> job_dir::RunnerInput {
+    let input = job_dir::RunnerInput {
+        pins: pins.clone(),
+        ..plan.runner_input()
+    };
+    if list_only {
+        return job_dir::RunnerInput {
+            list_only,
+            pin_policy: protocol::pins::PinPolicy::Accept,
+            ..input
+        };
+    }
+    input
 }
 
 /// The size of a root worker's job folder: its prompt, event, runner input and `mcp.json`.
@@ -324,8 +355,13 @@ impl Worker {
     ) -> Verdict {
         let prepared = forged.map(|(_, p)| p);
         let sandbox = self.sandbox();
-        // 5. The job's folder.
-        let job_dir = match write_job_folder(plan, prompt) {
+        // 5. The job's folder, with its servers' pins in the runner's input.
+        let pins = match self.read_pins(plan, draft).await {
+            Ok(pins) => pins,
+            Err(verdict) => return verdict,
+        };
+        let input = runner_input(plan, &pins, self.approving.is_some());
+        let job_dir = match write_job_folder(plan, prompt, &input) {
             Ok(d) => d,
             Err(e) => {
                 let why = format!("it cannot be written ({})", e.kind());
@@ -362,6 +398,7 @@ impl Worker {
             Ok(ending) => ending,
             Err(verdict) => return verdict,
         };
+        self.keep_pins(plan, draft, &pins).await;
         let ended_at = now_ms();
         // 10. A completed fix job's changes, pushed and proposed, none holding a value the job
         // was given.
@@ -372,6 +409,53 @@ impl Worker {
             _ => ending,
         };
         draft.finish_at(ending, ended_at).into()
+    }
+
+    /// The pins of the job's servers, read from the store off the async loop; a store that
+    /// cannot be read fails the job, which is tried again.
+    async fn read_pins(
+        &self,
+        plan: &Admitted,
+        draft: &mut Draft,
+    ) -> Result<std::collections::BTreeMap<String, protocol::pins::Listing>, Verdict> {
+        let Some(store) = self.pins.clone().filter(|_| !plan.servers.is_empty()) else {
+            return Ok(Default::default());
+        };
+        let servers = plan.servers.clone();
+        let read = tokio::task::spawn_blocking(move || crate::pins::read(store.as_ref(), &servers))
+            .await
+            .unwrap_or_else(|e| Err(crate::pins::Unreadable(e.to_string())));
+        read.map_err(|crate::pins::Unreadable(why)| {
+            draft
+                .failed(Reason::PinsUnreadable, Detail::new(why))
+                .into()
+        })
+    }
+
+    /// What the job's servers listed, held to the pins it was given: the record told, and the
+    /// store's pins and drift written off the async loop.
+    async fn keep_pins(
+        &self,
+        plan: &Admitted,
+        draft: &mut Draft,
+        given: &std::collections::BTreeMap<String, protocol::pins::Listing>,
+    ) {
+        let Some(store) = self.pins.clone() else {
+            return;
+        };
+        let now = std::time::SystemTime::now();
+        let writes = match &self.approving {
+            Some(who) => crate::pins::approve(draft, given, who, now),
+            None => crate::pins::reckon(draft, given, plan.pins, now),
+        };
+        if writes.is_empty() {
+            return;
+        }
+        let job_id = plan.job_id.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            crate::pins::write(store.as_ref(), &job_id, writes, now)
+        })
+        .await;
     }
 
     /// A completed `fix` job's delivery: the pull request it proposed put in `draft`, or how the

@@ -5,6 +5,7 @@
 //! time limit, a stop, a bound the kernel keeps), what it wrote kept, and how the job ended
 //! ([`Ending`]), from which the pipeline finishes the record once.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use std::time::Duration;
 use config::settings::Settings;
 use protocol::admitted::{Admitted, Egress, Work};
 use protocol::detail::Detail;
-use protocol::exit_line::{ExitLine, Line};
+use protocol::exit_line::{ExitLine, Line, Said};
 use protocol::forge_event::Forge;
 use protocol::job_dir;
 use protocol::pi_events::{PiEvent, PiEvents};
@@ -98,10 +99,16 @@ struct Confined {
 /// What the runner printed, read to its end.
 struct Output {
     exit_line: Option<ExitLine>,
+    /// Each server's definitions the runner signed, by server name: the first line of each, of at
+    /// most [`MAX_DEFINED_SERVERS`] servers.
+    definitions: BTreeMap<String, BTreeMap<String, String>>,
     transcript_kept: bool,
     events: PiEvents,
     activity: Vec<Activity>,
 }
+
+/// The most servers whose definitions the worker keeps of one job (a job names at most eight).
+const MAX_DEFINED_SERVERS: usize = 16;
 
 /// A job whose sandbox could not be set up, `why`: tried again.
 fn not_started(draft: &Draft, why: String) -> Record {
@@ -228,12 +235,20 @@ fn read_output(
     tokio::spawn(async move {
         let mut events = PiEvents::default();
         let mut activity = Vec::new();
+        let mut definitions = BTreeMap::new();
         let exit_line = match stdout {
             None => None,
             Some(out) => {
-                let on_servers = |line: protocol::exit_line::ExitLine| {
-                    if let Some(live) = &live {
-                        live.servers(line.servers);
+                let said = |said: Said| match said {
+                    Said::Servers(line) => {
+                        if let Some(live) = &live {
+                            live.servers(line.servers);
+                        }
+                    }
+                    Said::Definitions(d) => {
+                        if definitions.len() < MAX_DEFINED_SERVERS {
+                            definitions.entry(d.server).or_insert(d.tools);
+                        }
                     }
                 };
                 protocol::exit_line::read(
@@ -261,7 +276,7 @@ fn read_output(
                             }
                         }
                     },
-                    on_servers,
+                    said,
                 )
                 .await
             }
@@ -271,6 +286,7 @@ fn read_output(
             .is_some_and(|r| r.is_ok());
         Output {
             exit_line,
+            definitions,
             transcript_kept,
             events,
             activity,
@@ -336,6 +352,7 @@ impl Sandbox<'_> {
         let (exit_line, events) = match output {
             Some(o) => {
                 draft.ran(o.activity, o.transcript_kept);
+                draft.definitions_said(o.definitions);
                 (o.exit_line, o.events)
             }
             None => (None, PiEvents::default()),

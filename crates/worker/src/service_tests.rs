@@ -59,6 +59,27 @@ impl Queue for Blocking {
     fn live_prune(&self, before: SystemTime) -> Result<usize, QueueError> {
         self.inner.live_prune(before)
     }
+    fn pin(&self, server: &str) -> Result<Option<String>, QueueError> {
+        self.inner.pin(server)
+    }
+    fn pins(&self) -> Result<Vec<(String, String)>, QueueError> {
+        self.inner.pins()
+    }
+    fn put_pin(
+        &self,
+        server: &str,
+        pin: &str,
+        first: bool,
+        now: SystemTime,
+    ) -> Result<bool, QueueError> {
+        self.inner.put_pin(server, pin, first, now)
+    }
+    fn put_pin_drift(&self, server: &str, drift: &str, now: SystemTime) -> Result<(), QueueError> {
+        self.inner.put_pin_drift(server, drift, now)
+    }
+    fn pin_drifts(&self) -> Result<Vec<(String, String)>, QueueError> {
+        self.inner.pin_drifts()
+    }
     fn link_rerun(&self, original: &str, rerun: &str) -> Result<(), QueueError> {
         self.inner.link_rerun(original, rerun)
     }

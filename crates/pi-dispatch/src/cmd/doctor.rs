@@ -9,6 +9,8 @@ use setup::doctor::{self, Check, Level, NoRouteProof, ProxyFound, RouteProof};
 use crate::context::{Context, SettingsError};
 use crate::exit::Exit;
 
+mod pins;
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Offer the fixes doctor can make (it asks first; without a terminal nothing is changed).
@@ -82,6 +84,7 @@ pub fn checks(ctx: &Context, fix: bool) -> anyhow::Result<Vec<Check>> {
     if doctor::is_deployment(&inputs) {
         let env = ctx.environment()?;
         checks.extend(queue_checks(&settings, &env));
+        checks.extend(pins::checks(&settings, &env, &inputs.mcp));
         checks.extend(forge_checks(&settings, &env));
         checks.extend(admission_checks(&settings, &env));
         checks.push(disk_check(&settings));

@@ -10,6 +10,7 @@ pub mod init;
 pub mod job;
 pub mod live;
 pub mod mcp_check;
+pub mod mcp_pins;
 pub mod panel;
 pub mod prune;
 pub mod receiver;

@@ -152,7 +152,7 @@ fn git_user(folder: &Path, opened: &std::os::fd::OwnedFd) -> anyhow::Result<Opti
 }
 
 /// The job cron trigger `index` queues, with a fresh id.
-fn trigger_job(ctx: &Context, index: usize) -> anyhow::Result<Job> {
+pub(crate) fn trigger_job(ctx: &Context, index: usize) -> anyhow::Result<Job> {
     let settings = ctx.settings()?;
     let all = config::triggers::TriggersFile::read(&settings.triggers_file)?;
     let trigger = all

@@ -119,7 +119,13 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
     let queue = ctx.queue(&settings)?;
     let options = loop_options(args, &settings, &state, concurrency);
     let drain_limit = Duration::from_secs(settings.drain_limit_secs);
-    let worker = Arc::new(job_worker(args, ctx, settings, &state, time_limit)?);
+    let backend = backend(&args.bwrap, &settings)?;
+    let how = How {
+        time_limit,
+        backend,
+        runner_stderr: args.runner_stderr,
+    };
+    let worker = Arc::new(job_worker(ctx, settings, &state, how)?);
     let records = Arc::new(crate::cmd::runs::records(ctx)?);
     open_state(&state)?;
     let control = Arc::new(Control::default());
@@ -211,13 +217,20 @@ fn loop_options(
     }
 }
 
+/// How this worker runs its jobs: their time limit, the sandbox, and whether the runner's standard
+/// error is passed through.
+pub(crate) struct How {
+    pub(crate) time_limit: Duration,
+    pub(crate) backend: Arc<dyn sandbox::backend::Backend>,
+    pub(crate) runner_stderr: bool,
+}
+
 /// What each job runs with on this host: its forges, bounds, ids, disk and sandbox backend.
-fn job_worker(
-    args: &Args,
+pub(crate) fn job_worker(
     ctx: &Context,
     settings: config::settings::Settings,
     state: &std::path::Path,
-    time_limit: Duration,
+    how: How,
 ) -> anyhow::Result<Worker> {
     let egress_control = settings.egress_proxy_dir.join(egress::control::SOCKET);
     let forges = Arc::new(forges(&settings, &ctx.environment()?));
@@ -229,16 +242,20 @@ fn job_worker(
     } else {
         None
     };
+    // A handle of its own on the queue's store, for the servers' pins.
+    let pins = Some(ctx.queue(&settings)?);
     Ok(Worker {
+        pins,
+        approving: None,
         cgroups,
         identities,
         disks,
         forges,
         locks_dir: state.join("locks"),
-        backend: backend(args, &settings)?,
+        backend: how.backend,
         env: ctx.environment()?,
-        time_limit,
-        runner_stderr: args.runner_stderr,
+        time_limit: how.time_limit,
+        runner_stderr: how.runner_stderr,
         egress_control,
         settings,
     })
@@ -306,13 +323,13 @@ fn job_disks(
 }
 
 /// The sandbox the settings choose: bubblewrap with this program's `job-limits`, or Podman.
-fn backend(
-    args: &Args,
+pub(crate) fn backend(
+    bwrap: &std::path::Path,
     settings: &config::settings::Settings,
 ) -> anyhow::Result<Arc<dyn sandbox::backend::Backend>> {
     Ok(match &settings.sandbox {
         config::settings::SandboxBackend::Bubblewrap => Arc::new(Bubblewrap {
-            bwrap: args.bwrap.clone(),
+            bwrap: bwrap.to_owned(),
             limits: vec![
                 std::env::current_exe()?.into_os_string(),
                 "job-limits".into(),
@@ -332,7 +349,7 @@ fn backend(
 
 /// A job's sandbox runs as another user, which must reach its job folder (and nothing else of the
 /// state): state/ and state/jobs/ are traversable but not listable.
-fn open_state(state: &std::path::Path) -> anyhow::Result<()> {
+pub(crate) fn open_state(state: &std::path::Path) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::create_dir_all(state.join("jobs"))?;
     for dir in [state, &state.join("jobs")] {
@@ -392,7 +409,10 @@ fn stopped(summary: &service::Summary, control: &Control) -> String {
 
 /// Makes sure an egress proxy answers on `control` (see [`worker::egress`]): the worker's own
 /// executable, run as `egress-proxy` on the same deployment folder and log format.
-fn start_proxy(ctx: &Context, control: PathBuf) -> anyhow::Result<worker::egress::Supervisor> {
+pub(crate) fn start_proxy(
+    ctx: &Context,
+    control: PathBuf,
+) -> anyhow::Result<worker::egress::Supervisor> {
     let program = std::env::current_exe()
         .map_err(|e| anyhow::anyhow!("cannot find the worker's own program ({})", e.kind()))?;
     let command = worker::egress::ProxyCommand {

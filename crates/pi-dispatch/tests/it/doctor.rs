@@ -7,7 +7,7 @@ use crate::common::{Deployment, Run, write_host_agent};
 pub const NO_NAMESERVER: &str = "PI_EGRESS_NAMESERVER=127.0.0.1:9\n";
 
 /// init, a realistic import, an allowlist and a declared endpoint.
-fn realistic() -> Deployment {
+pub fn realistic() -> Deployment {
     let d = Deployment::new();
     assert_eq!(d.run(&["init"]).code, 0);
     let env = std::fs::read_to_string(d.path().join(".env")).unwrap();

@@ -111,13 +111,17 @@ impl Service {
     pub(crate) fn seal(&self) {
         let git = |args: &[&str]| {
             std::process::Command::new("git")
-                .args(["-c", "user.email=t@t", "-c", "user.name=t", "-C"])
+                .args(["-c", "safe.directory=*", "-c", "user.email=t@t"])
+                .args(["-c", "user.name=t", "-C"])
                 .arg(&self.repo)
                 .args(args)
                 .output()
                 .unwrap()
         };
-        git(&["add", "."]);
+        // A second seal finds the repository already the job user's: root's git needs
+        // safe.directory to touch it, and an add that fails must not pass for a clean tree.
+        let added = git(&["add", "."]);
+        assert!(added.status.success(), "{added:?}");
         git(&["commit", "-qm", "test files"]);
         give_to_nobody(&self.repo);
     }

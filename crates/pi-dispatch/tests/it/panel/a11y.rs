@@ -30,6 +30,73 @@ struct Runs {
     cancelled: String,
 }
 
+/// What the completed run made of its servers' pins: docs pinned on first use, search's tools
+/// withheld.
+fn pin_reports() -> Vec<protocol::pins::PinReport> {
+    use protocol::pins::{Drift, DriftKind, PinPolicy, PinReport};
+    let drift = |tool: &str, kind: DriftKind| Drift {
+        tool: tool.into(),
+        kind,
+        pinned: (kind != DriftKind::New).then(|| protocol::pins::digest("{}")),
+        seen: protocol::pins::digest(r#"{"name":"x"}"#),
+    };
+    vec![
+        PinReport {
+            unpinnable: 0,
+            server: "docs".into(),
+            first_use: true,
+            drift: Vec::new(),
+            gone: Vec::new(),
+            policy: PinPolicy::Withhold,
+        },
+        PinReport {
+            unpinnable: 0,
+            server: "search".into(),
+            first_use: false,
+            drift: vec![
+                drift("query", DriftKind::Changed),
+                drift("fetch", DriftKind::New),
+            ],
+            gone: vec!["index".into()],
+            policy: PinPolicy::Withhold,
+        },
+    ]
+}
+
+/// A pin for docs and search in the queue's store, and drift of search's waiting for approval.
+fn store_pins(q: &queue::SqliteQueue, now_ms: u64) {
+    use protocol::pins::{Comparison, Listing, StoredDrift, StoredPin};
+    let at = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+    for server in ["docs", "search"] {
+        let pin = StoredPin {
+            definitions: Default::default(),
+            listing: Listing::of(Default::default(), [("query", "{}"), ("index", "{}")]),
+            pinned_at_ms: now_ms - 3_600_000,
+            by: "job first-job".into(),
+        };
+        let text = serde_json::to_string(&pin).unwrap();
+        assert!(
+            q.put_pin(server, &text, false, at(now_ms - 3_600_000))
+                .unwrap()
+        );
+    }
+    let drift = StoredDrift {
+        definitions: Default::default(),
+        job_id: "run-completed".into(),
+        seen_at_ms: now_ms - 60_000,
+        listing: Listing::default(),
+        comparison: Comparison {
+            unpinnable: 0,
+            first_use: false,
+            drift: pin_reports().remove(1).drift,
+            gone: vec!["index".into()],
+        },
+    };
+    let text = serde_json::to_string(&drift).unwrap();
+    q.put_pin_drift("search", &text, at(now_ms - 60_000))
+        .unwrap();
+}
+
 /// An initialised deployment whose records hold a run of each outcome (the completed one with
 /// servers in every state, tool calls, denied egress and a transcript), and whose queue holds a
 /// job queued, waiting to retry, running, being cancelled and lost.
@@ -89,6 +156,7 @@ fn filled() -> (Deployment, Runs) {
             name: name.into(),
             state: state.into(),
             ready_ms,
+            listing: None,
         });
     }
     done.mcp.tool_calls.push(ToolCallCount {
@@ -114,6 +182,7 @@ fn filled() -> (Deployment, Runs) {
         reason: "not-allowed".into(),
         count: 2,
     });
+    done.mcp.pins = pin_reports();
     done.final_message = Some("All done: the README says hello.".into());
     done.transcript = true;
     d.write(
@@ -173,6 +242,7 @@ fn filled() -> (Deployment, Runs) {
         let payload = serde_json::to_string(&job(id, &format!("The job {id}."))).unwrap();
         assert!(q.enqueue(id, &payload, at).unwrap());
     };
+    store_pins(&q, now_ms);
     let hour = Duration::from_secs(3600);
     // Each leased as soon as it is queued: a lease takes the oldest job available.
     put("job-running", now);
@@ -242,11 +312,13 @@ fn filled() -> (Deployment, Runs) {
                 name: "docs".into(),
                 state: "ready".into(),
                 ready_ms: Some(850),
+                listing: None,
             },
             ServerState {
                 name: "wiki".into(),
                 state: "failed".into(),
                 ready_ms: None,
+                listing: None,
             },
         ],
         activity: vec![
@@ -489,6 +561,17 @@ fn every_page_of_the_panel_passes_axe_core_in_a_browser() {
             "the live page shows no {wanted}"
         );
     }
+    browser.go(&format!("{}/runs/{}", panel.url, runs.completed));
+    assert!(browser.try_find("#pins").is_some(), "the run shows no pins");
+    browser.go(&format!("{}/pins", panel.url));
+    look(
+        "pins",
+        &[
+            "Drift waiting for approval",
+            "first-job",
+            "1 changed, 1 new",
+        ],
+    );
     browser.go(&format!("{}/health", panel.url));
     look("health", &["Doctor's checks"]);
     for level in ["ok", "fail"] {
