@@ -362,9 +362,15 @@ impl Records {
 }
 
 /// Writes the record (once; a record that exists already is left as it is) and logs what became
-/// of it. True when it was written now.
+/// of it. True when it was written now, or when the record stored is this very one: a store that
+/// went away (a Redis restarted) as it answered a write it had made is asked again, and finds it.
 pub fn write_logged(records: &Records, record: &Record) -> bool {
-    match records.write(record) {
+    let written = records.write(record).map(|now| {
+        now || records
+            .read(&record.job_id)
+            .is_ok_and(|stored| stored == *record)
+    });
+    match written {
         Ok(true) => {
             tracing::info!(event = "job_recorded", job_id = %record.job_id,
                 outcome = %record.outcome, reason = record.reason.map(protocol::reason::Reason::as_str),
