@@ -245,29 +245,54 @@ pub fn group_name(uid: u32) -> String {
     format!("pi-dispatch-id-{uid}")
 }
 
+/// The groups of pool id `uid`: one a controller on v1 (`pids`, `memory`, and `cpuacct` where
+/// there is one), one on v2.
+fn group_dirs(hierarchy: &Hierarchy, uid: u32) -> Vec<PathBuf> {
+    let name = group_name(uid);
+    match hierarchy {
+        Hierarchy::V1 {
+            pids,
+            memory,
+            cpuacct,
+        } => {
+            let mut dirs = vec![pids.join(&name), memory.join(&name)];
+            if let Some(cpu) = cpuacct {
+                dirs.push(cpu.join(&name));
+            }
+            dirs
+        }
+        Hierarchy::V2 { parent } => vec![parent.join(&name)],
+    }
+}
+
+/// Removes the groups of the pool's ids that no job holds (their id's lock in `lock_dir` free;
+/// the lock is held while they go, so no job takes the id meanwhile): a worker that stops leaves
+/// no group behind. The groups of an id another worker's job holds are left, and so is a group
+/// the kernel will not remove (a process still in it).
+pub fn remove_idle(hierarchy: &Hierarchy, ids: std::ops::RangeInclusive<u32>, lock_dir: &Path) {
+    for uid in ids {
+        let dirs = group_dirs(hierarchy, uid);
+        if !dirs.iter().any(|d| d.exists()) {
+            continue;
+        }
+        let lock = crate::identity::try_lock(&lock_dir.join(format!("{uid}.lock")));
+        if let Ok(Some(_held)) = lock {
+            for dir in &dirs {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
+    }
+}
+
 impl JobCgroup {
     /// Takes the groups of pool id `uid` under the worker's (made the first time), empties them of
     /// anything an earlier job left (its worker killed outright), and sets `limits` in them.
     pub fn take(hierarchy: &Hierarchy, uid: u32, limits: &Limits) -> std::io::Result<JobCgroup> {
-        let name = group_name(uid);
         let write = |dir: &Path, file: &str, value: String| std::fs::write(dir.join(file), value);
-        let dirs = match hierarchy {
-            Hierarchy::V1 {
-                pids,
-                memory,
-                cpuacct,
-            } => {
-                let mut dirs = vec![pids.join(&name), memory.join(&name)];
-                if let Some(cpu) = cpuacct {
-                    dirs.push(cpu.join(&name));
-                }
-                dirs
-            }
-            Hierarchy::V2 { parent } => {
-                enable_controllers(parent)?;
-                vec![parent.join(&name)]
-            }
-        };
+        if let Hierarchy::V2 { parent } = hierarchy {
+            enable_controllers(parent)?;
+        }
+        let dirs = group_dirs(hierarchy, uid);
         for dir in &dirs {
             match std::fs::create_dir(dir) {
                 Ok(()) => {}

@@ -67,6 +67,7 @@ pub fn available() -> Result<(), String> {
 /// and the image removed, when dropped.
 #[derive(Debug)]
 pub struct Prepared {
+    place: PathBuf,
     image: PathBuf,
     mount: PathBuf,
     root: Option<OwnedFd>,
@@ -78,6 +79,7 @@ impl Prepared {
     /// attempt left in `place` goes first.
     pub fn make(place: &Path, limit: u64) -> io::Result<Prepared> {
         let mut fs = Prepared {
+            place: place.to_owned(),
             image: place.join("disk.img"),
             mount: place.join("disk"),
             root: None,
@@ -129,6 +131,7 @@ impl Prepared {
         let _ = rustix::mount::unmount(&self.mount, rustix::mount::UnmountFlags::DETACH);
         let _ = std::fs::remove_dir(&self.mount);
         let _ = std::fs::remove_file(&self.image);
+        let _ = std::fs::remove_dir(&self.place);
     }
 }
 
@@ -356,9 +359,15 @@ impl Drop for JobDisk {
 
 /// File systems made ahead for the ids of a worker's pool, one each at most, in folders of their
 /// own under `dir`: a job takes its id's, and the next is made after the job, off its path.
+///
+/// `dir` is the worker's own: several workers of one deployment share `state/disks`, each in a
+/// folder of its own held by a lock for as long as it lives, so that a worker starting (or
+/// started again after a crash) clears only what dead workers left, never a live one's disks.
 #[derive(Debug)]
 pub struct Spares {
     dir: PathBuf,
+    /// The lock that marks `dir` as a live worker's, and its path.
+    lock: Option<(std::fs::File, PathBuf)>,
     limit: u64,
     ready: std::sync::Mutex<std::collections::HashMap<u32, Prepared>>,
     serial: std::sync::atomic::AtomicU64,
@@ -366,13 +375,14 @@ pub struct Spares {
 }
 
 impl Spares {
-    /// Spares of `limit` bytes under `dir` (the worker's `state/disks`): what a worker killed
-    /// outright left there goes first.
-    pub fn new(dir: &Path, limit: u64) -> Spares {
-        crate::identity::sweep(dir);
-        let _ = std::fs::remove_dir_all(dir);
+    /// Spares of `limit` bytes in a folder of this worker's own under `root` (the deployment's
+    /// `state/disks`): what workers killed outright left there goes first.
+    pub fn new(root: &Path, limit: u64) -> Spares {
+        sweep_dead(root);
+        let (dir, lock) = own_folder(root);
         Spares {
-            dir: dir.to_owned(),
+            dir,
+            lock,
             limit,
             ready: std::sync::Mutex::default(),
             serial: std::sync::atomic::AtomicU64::new(0),
@@ -380,11 +390,17 @@ impl Spares {
         }
     }
 
-    /// Removes every spare, and any made after: the worker is stopping.
+    /// Removes every spare, and any made after: the worker is stopping. Its folder and lock go
+    /// too once nothing is left in it.
     pub fn close(&self) {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         if let Ok(mut ready) = self.ready.lock() {
             ready.clear();
+        }
+        if std::fs::remove_dir(&self.dir).is_ok()
+            && let Some((_, path)) = &self.lock
+        {
+            let _ = std::fs::remove_file(path);
         }
     }
 
@@ -428,6 +444,62 @@ impl Spares {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Prepared::make(&self.dir.join(format!("{id}-{serial}")), self.limit)
     }
+}
+
+/// Clears the folders under `root` of workers that are gone: a folder whose lock file is missing
+/// (an older version's, or a worker that died before it took one) or free. Each is unmounted
+/// below and removed while its lock is held here, so no worker starting at the same time takes it.
+fn sweep_dead(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name();
+        let is_folder = entry.file_type().is_ok_and(|t| t.is_dir());
+        if !is_folder {
+            continue;
+        }
+        let mut lock_name = name.clone();
+        lock_name.push(".lock");
+        let lock_path = root.join(&lock_name);
+        let held = if lock_path.exists() {
+            match crate::identity::try_lock(&lock_path) {
+                Ok(Some(lock)) => Some(lock),
+                // A live worker's, or one that cannot be judged: left alone.
+                Ok(None) | Err(_) => continue,
+            }
+        } else {
+            None
+        };
+        let folder = entry.path();
+        crate::identity::sweep(&folder);
+        let _ = std::fs::remove_dir_all(&folder);
+        if held.is_some() {
+            let _ = std::fs::remove_file(&lock_path);
+        }
+    }
+}
+
+/// This worker's folder under `root`, named by its process and start, with its lock held (taken
+/// before the folder is made, so a sweep never finds the folder unlocked). Without a lock (a
+/// folder that cannot be written) the folder is still used: jobs make their disk in it or fail.
+fn own_folder(root: &Path) -> (PathBuf, Option<(std::fs::File, PathBuf)>) {
+    let _ = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(root);
+    let start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let name = format!("w{}-{start}", std::process::id());
+    let lock_path = root.join(format!("{name}.lock"));
+    let lock = crate::identity::try_lock(&lock_path)
+        .ok()
+        .flatten()
+        .map(|l| (l, lock_path));
+    let dir = root.join(name);
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    (dir, lock)
 }
 
 /// Runs a host program with fixed arguments (none from the job), its output dropped.

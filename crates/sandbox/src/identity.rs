@@ -279,6 +279,62 @@ pub fn sweep(dir: &Path) {
     }
 }
 
+/// The lock a worker holds on a job's folder (`state/jobs/ID`) for as long as it works in it: one
+/// file an attempt, so a worker that took a job over (its first worker was away past the lease)
+/// never waits for the one it took it from. The folder is made if missing. A lock held by another
+/// open file is an error (`WouldBlock`).
+pub fn lock_job_folder(folder: &Path, attempt: u32) -> std::io::Result<File> {
+    std::fs::create_dir_all(folder)?;
+    let path = folder.join(format!(".worker-{attempt}.lock"));
+    // A sweep looking at the lock holds it for a moment: a few tries ride that out.
+    for _ in 0..50 {
+        if let Some(lock) = try_lock(&path)? {
+            return Ok(lock);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Err(std::io::ErrorKind::WouldBlock.into())
+}
+
+/// Whether a live worker holds a lock of the job folder `folder` (see [`lock_job_folder`]).
+pub fn job_folder_held(folder: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return false;
+    };
+    entries.filter_map(Result::ok).any(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        name.starts_with(".worker-")
+            && name.ends_with(".lock")
+            && !matches!(try_lock(&e.path()), Ok(Some(_)))
+    })
+}
+
+/// Unmounts what workers that are gone left mounted in the job folders under `jobs` (their
+/// views, disks and `/job`): every mount point below a folder no live worker holds. A job of a
+/// live worker of the same deployment keeps its mounts.
+pub fn sweep_jobs(jobs: &Path) {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut folders: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter_map(|point| {
+            let rest = Path::new(point).strip_prefix(jobs).ok()?;
+            let first = rest.components().next()?;
+            Some(jobs.join(first))
+        })
+        .collect();
+    folders.sort();
+    folders.dedup();
+    for folder in folders {
+        if !job_folder_held(&folder) {
+            sweep(&folder);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

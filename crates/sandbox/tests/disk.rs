@@ -177,3 +177,120 @@ fn a_disk_used_again_holds_nothing_of_the_job_before() {
     drop(next);
     drop(ws);
 }
+
+/// Mount points under `dir`.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| Path::new(p).starts_with(dir))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn workers_sharing_a_state_keep_their_disks_apart_and_clear_only_the_deads() {
+    use sandbox::disk::Spares;
+    if !is_root() {
+        eprintln!("skipped: a job's disk is made by a root worker");
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let root = state.path().join("disks");
+    // A live worker with a disk made ahead, and one in use by a job.
+    let first = Spares::new(&root, 16 << 20);
+    first.prepare(7).unwrap();
+    let in_use = first.take(8).unwrap();
+    let job = tempfile::tempdir().unwrap();
+    let ws = workspace();
+    let running = JobDisk::over(in_use, job.path(), ws.path(), OWNER).unwrap();
+    std::fs::write(running.path().join("written"), "by the running job").unwrap();
+    // What workers killed outright left: a folder with its lock free (a tmpfs mounted in it, as
+    // a disk left mounted would be), and one of an older version with no lock at all.
+    for dead in ["w1-1", "3-0"] {
+        let folder = root.join(dead).join("disk");
+        std::fs::create_dir_all(&folder).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "tmpfs"])
+            .arg(&folder)
+            .status()
+            .unwrap();
+        assert!(mounted.success());
+    }
+    std::fs::write(root.join("w1-1.lock"), "").unwrap();
+    let before = mounts_under(&root);
+    assert_eq!(before.len(), 4, "{before:?}");
+
+    // A second worker starts: the dead ones' folders go, the live one's disks stay mounted.
+    let second = Spares::new(&root, 16 << 20);
+    for dead in ["w1-1", "3-0", "w1-1.lock"] {
+        assert!(!root.join(dead).exists(), "{dead} was left");
+    }
+    let after = mounts_under(&root);
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert!(after.iter().all(|m| before.contains(m)), "{after:?}");
+    assert_eq!(
+        std::fs::read_to_string(running.path().join("written")).unwrap(),
+        "by the running job"
+    );
+    let spare = first.take(7).unwrap();
+    let next = JobDisk::over(spare, tempfile::tempdir().unwrap().path(), ws.path(), OWNER);
+    assert!(next.is_ok(), "the first worker's spare was spoiled");
+    drop(next);
+
+    // Each worker closing removes its own folder and lock, and nothing of the other's.
+    second.prepare(9).unwrap();
+    drop(running);
+    first.close();
+    assert_eq!(mounts_under(&root).len(), 1, "{:?}", mounts_under(&root));
+    second.close();
+    assert_eq!(mounts_under(&root), Vec::<String>::new());
+    let left: Vec<_> = std::fs::read_dir(&root).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn a_worker_starting_unmounts_only_the_job_folders_no_live_worker_holds() {
+    use sandbox::identity::{lock_job_folder, sweep_jobs};
+    if !is_root() {
+        eprintln!("skipped: mounting takes root");
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let jobs = state.path().join("jobs");
+    // A running job of a live worker (its folder's lock held), and one whose worker was killed
+    // (its lock free), each with something mounted in it.
+    let live = jobs.join("cli-1-live");
+    let dead = jobs.join("cli-2-dead");
+    let held = lock_job_folder(&live, 1).unwrap();
+    drop(lock_job_folder(&dead, 1).unwrap());
+    for folder in [&live, &dead] {
+        std::fs::create_dir_all(folder.join("view")).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "tmpfs"])
+            .arg(folder.join("view"))
+            .status()
+            .unwrap();
+        assert!(mounted.success());
+    }
+    // A second attempt of the live job, by the worker that took it over, takes a lock of its own.
+    let takeover = lock_job_folder(&live, 2).unwrap();
+    assert_eq!(mounts_under(&jobs).len(), 2);
+    sweep_jobs(&jobs);
+    assert_eq!(
+        mounts_under(&jobs),
+        vec![live.join("view").display().to_string()]
+    );
+    // Once its workers are gone, the next sweep takes it too.
+    drop(held);
+    sweep_jobs(&jobs);
+    assert_eq!(
+        mounts_under(&jobs).len(),
+        1,
+        "the takeover's lock is still held"
+    );
+    drop(takeover);
+    sweep_jobs(&jobs);
+    assert_eq!(mounts_under(&jobs), Vec::<String>::new());
+}

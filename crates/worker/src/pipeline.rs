@@ -304,6 +304,16 @@ impl Worker {
             Ok(lock) => lock,
             Err(verdict) => return verdict,
         };
+        // Its own folder, held while the worker works in it: a worker of the deployment that
+        // starts meanwhile leaves what is mounted in it alone.
+        let _held = match sandbox::identity::lock_job_folder(&plan.state_dir, draft.attempt()) {
+            Ok(held) => held,
+            Err(e) => {
+                let why = format!("its lock cannot be taken ({})", e.kind());
+                let detail = Detail::new(why).path(plan.state_dir.display().to_string());
+                return draft.failed(Reason::JobFolderFailed, detail).into();
+            }
+        };
         // 3. The trigger's secrets, resolved on the host: only values go on.
         let secrets = match self.resolve_secrets(plan, &draft).await {
             Ok(s) => s,

@@ -190,6 +190,11 @@ impl Retention {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(true),
             Err(e) => return Err(PruneError::Folder(e.kind())),
         };
+        // What workers that are gone left mounted goes first, so that their folders can be
+        // judged like any other (a killed worker's, while the deployment's others run on).
+        if !dry {
+            sandbox::identity::sweep_jobs(&self.jobs_dir);
+        }
         let mounts = mount_points();
         for entry in entries.filter_map(Result::ok) {
             if !dry && pruned.folders as usize >= budget.folders {

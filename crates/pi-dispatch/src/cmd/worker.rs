@@ -142,10 +142,20 @@ pub fn run(args: &Args, ctx: &Context) -> anyhow::Result<Exit> {
         None
     };
     let spares = worker.disks.clone();
+    let groups = worker.cgroups.clone().zip(
+        worker
+            .identities
+            .as_ref()
+            .map(|i| (i.pool.first..=i.pool.last, i.pool.lock_dir.clone())),
+    );
     let summary = service::run(worker, queue, records, &options, control.clone());
-    // The disks made ahead for the next jobs are unmounted and removed with the worker.
+    // The disks made ahead for the next jobs are unmounted and removed with the worker, and so
+    // are the control groups of the ids no job holds now.
     if let Some(spares) = spares {
         spares.close();
+    }
+    if let Some((hierarchy, (ids, lock_dir))) = groups {
+        sandbox::cgroup::remove_idle(&hierarchy, ids, &lock_dir);
     }
     // Every job has ended: the proxy the worker started goes with it.
     if let Some(proxy) = proxy {
@@ -283,7 +293,8 @@ fn job_cgroups(settings: &config::settings::Settings) -> Option<sandbox::cgroup:
 }
 
 /// A root worker runs each job as an id of its own pool, the job's workspace an idmapped view of
-/// the repository; a view a worker killed outright left attached goes first.
+/// the repository; what a worker killed outright left attached goes first (never what a live
+/// worker of the deployment has mounted for its jobs).
 fn job_identities(
     settings: &config::settings::Settings,
     state: &std::path::Path,
@@ -296,7 +307,7 @@ fn job_identities(
         ),
         mappings: sandbox::identity::Mappings::default(),
     };
-    sandbox::identity::sweep(&state.join("jobs"));
+    sandbox::identity::sweep_jobs(&state.join("jobs"));
     identities
 }
 
