@@ -20,6 +20,20 @@ struct Blocking {
     asked: AtomicBool,
     answered: AtomicBool,
     gave_up: AtomicBool,
+    /// Every renewal fails, as with the queue away.
+    renew_fails: AtomicBool,
+}
+
+impl Blocking {
+    fn open(path: &std::path::Path) -> Blocking {
+        Blocking {
+            inner: SqliteQueue::open(path).unwrap(),
+            asked: AtomicBool::new(false),
+            answered: AtomicBool::new(false),
+            gave_up: AtomicBool::new(false),
+            renew_fails: AtomicBool::new(false),
+        }
+    }
 }
 
 impl Queue for Blocking {
@@ -87,6 +101,12 @@ impl Queue for Blocking {
         self.inner.reruns(original)
     }
     fn renew(&self, l: &Lease, d: Duration, now: SystemTime) -> Result<bool, QueueError> {
+        if self.renew_fails.load(Ordering::SeqCst) {
+            return Err(QueueError::Redis {
+                op: "renew a lease",
+                detail: "connection refused".to_owned(),
+            });
+        }
         self.inner.renew(l, d, now)
     }
     fn finish(&self, l: &Lease, now: SystemTime) -> Result<bool, QueueError> {
@@ -164,12 +184,7 @@ fn completed(job: &Job, draft: &Draft) -> Verdict {
 #[test]
 fn a_queue_that_blocks_does_not_hold_up_the_running_job() {
     let dir = tempfile::tempdir().unwrap();
-    let queue = Arc::new(Blocking {
-        inner: SqliteQueue::open(&dir.path().join("queue.db")).unwrap(),
-        asked: AtomicBool::new(false),
-        answered: AtomicBool::new(false),
-        gave_up: AtomicBool::new(false),
-    });
+    let queue = Arc::new(Blocking::open(&dir.path().join("queue.db")));
     let job = Job::new("j-1", "cli", "local");
     queue
         .enqueue(
@@ -294,4 +309,76 @@ fn a_nearly_full_disk_starts_no_job_and_the_job_waits_in_the_queue() {
     assert!(!summary.disk_full.load(Ordering::SeqCst));
     assert_eq!(summary.records.load(Ordering::Relaxed), 1);
     assert!(queue.status(SystemTime::now(), 10).unwrap().open.is_empty());
+}
+
+/// A job that takes two seconds, and notes whether it got to its end.
+struct Slow {
+    finished: AtomicBool,
+}
+
+impl Runner for Slow {
+    async fn process(&self, job: &Job, draft: Draft, _stop: StopSignal) -> Verdict {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        self.finished.store(true, Ordering::SeqCst);
+        completed(job, &draft)
+    }
+}
+
+/// Runs one two-second job to its record, with leases of 300 ms, over a queue whose renewals
+/// fail or not; the record.
+fn run_slow_job(renewals_fail: bool, runner: &Arc<Slow>) -> Record {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = Arc::new(Blocking::open(&dir.path().join("queue.db")));
+    queue.answered.store(true, Ordering::SeqCst);
+    queue.renew_fails.store(renewals_fail, Ordering::SeqCst);
+    let job = Job::new("j-1", "cli", "local");
+    let payload = serde_json::to_string(&job).unwrap();
+    queue.enqueue("j-1", &payload, SystemTime::now()).unwrap();
+    let options = LoopOptions {
+        worker_id: "test:1".to_owned(),
+        lease_for: Duration::from_millis(300),
+        concurrency: 1,
+        until_empty: true,
+        poll: Duration::from_millis(10),
+        cancel_poll: Duration::from_millis(10),
+        on_failure: None,
+        disk: None,
+        retention: None,
+        labels: Vec::new(),
+        heartbeat: None,
+        live: false,
+    };
+    let records = Arc::new(Records::sqlite(&dir.path().join("records.sqlite3")).unwrap());
+    run(
+        runner.clone(),
+        queue,
+        records.clone(),
+        &options,
+        Arc::new(Control::default()),
+    );
+    records.read("j-1").unwrap()
+}
+
+#[test]
+fn a_lease_the_queue_does_not_confirm_for_its_length_ends_the_job_unfinished() {
+    // The control: renewals answered, the job runs its two seconds and completes.
+    let runner = Arc::new(Slow {
+        finished: AtomicBool::new(false),
+    });
+    let record = run_slow_job(false, &runner);
+    assert!(runner.finished.load(Ordering::SeqCst));
+    assert_eq!(record.outcome, Outcome::Completed);
+    // With no renewal confirmed for 300 ms another worker may have the job: each attempt is
+    // dropped long before its end, and the job ends as lost with its worker, never completed
+    // by a worker that no longer held it.
+    let runner = Arc::new(Slow {
+        finished: AtomicBool::new(false),
+    });
+    let record = run_slow_job(true, &runner);
+    assert!(
+        !runner.finished.load(Ordering::SeqCst),
+        "an attempt ran to its end"
+    );
+    assert_eq!(record.outcome, Outcome::Failed);
+    assert_eq!(record.reason.map(|r| r.as_str()), Some("worker-lost"));
 }

@@ -238,6 +238,9 @@ impl Slot<'_> {
             () = self.watch(lease, &tell) => return,
         };
         finish.now().await;
+        if !self.still_held(lease).await {
+            return;
+        }
         match verdict {
             Verdict::HandBack => self.hand_back(lease).await,
             Verdict::Ended(ended) if retried(&ended.record) => {
@@ -260,23 +263,52 @@ impl Slot<'_> {
         draft
     }
 
-    /// Renews the lease while the job runs; returns once the lease is lost.
+    /// Renews the lease while the job runs; returns once the lease is lost: taken by another
+    /// worker, or not confirmed by the queue for as long as a lease lasts (the queue away, or
+    /// this worker suspended), since another worker may then have taken the job: the job is
+    /// never run by two workers at once, and is run again once its lease has lapsed.
     async fn renew(&self, lease: &Lease) {
         let lease_for = self.options.lease_for;
+        let mut confirmed = std::time::Instant::now();
         loop {
             tokio::time::sleep(lease_for / 3).await;
             let l = lease.clone();
-            match self
-                .queue_call(move |q| q.renew(&l, lease_for, SystemTime::now()))
-                .await
-            {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::warn!(event = "lease_lost", job_id = %lease.job_id);
-                    return;
+            let left = lease_for.saturating_sub(confirmed.elapsed());
+            let call = self.queue_call(move |q| q.renew(&l, lease_for, SystemTime::now()));
+            let why = match tokio::time::timeout(left, call).await {
+                Ok(Ok(true)) => {
+                    confirmed = std::time::Instant::now();
+                    continue;
                 }
-                Err(e) => queue_error(&e),
+                Ok(Ok(false)) => "another worker holds it",
+                Ok(Err(e)) => {
+                    queue_error(&e);
+                    if confirmed.elapsed() < lease_for {
+                        continue;
+                    }
+                    "the queue did not confirm it for as long as it lasts"
+                }
+                Err(_) => "the queue did not confirm it for as long as it lasts",
+            };
+            tracing::warn!(event = "lease_lost", job_id = %lease.job_id, why);
+            return;
+        }
+    }
+
+    /// Whether the lease is still this worker's, as the queue says now (a queue that cannot be
+    /// asked leaves it so: the record's write then waits for the queue).
+    async fn still_held(&self, lease: &Lease) -> bool {
+        let (l, lease_for) = (lease.clone(), self.options.lease_for);
+        match self
+            .queue_call(move |q| q.renew(&l, lease_for, SystemTime::now()))
+            .await
+        {
+            Ok(false) => {
+                tracing::warn!(event = "lease_lost", job_id = %lease.job_id,
+                    why = "another worker holds it: the job's end is not recorded here");
+                false
             }
+            Ok(true) | Err(_) => true,
         }
     }
 
