@@ -184,6 +184,20 @@ pub struct FakeModel {
     address: IpAddr,
     requests: Arc<Mutex<Vec<Request>>>,
     listener: Option<TcpListener>,
+    /// Set when it is dropped: a server answering on threads (see [`FakeModel::serve_by`]) stops
+    /// accepting once it sees it.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What a provider serving by [`FakeModel::serve_by`] does with one request.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// Answers with this step.
+    Step(Step),
+    /// Says nothing, and holds the connection until the client closes it (or ten minutes pass).
+    Hang,
+    /// Resets the connection (TCP RST) without a word.
+    Reset,
 }
 
 /// The provider name pi knows the fake by, and its model id.
@@ -271,13 +285,7 @@ impl FakeModel {
                             .cloned()
                             .unwrap_or_else(|| Step::text("done"));
                         next += 1;
-                        if kind == Kind::AnthropicChat {
-                            anthropic_answer(stream, next, &step, streamed)
-                        } else if streamed || kind != Kind::OpenAiChat {
-                            answer(stream, next, &step, chat_usage(&body))
-                        } else {
-                            openai_json_answer(stream, next, &step, chat_usage(&body))
-                        }
+                        chat_answer(stream, kind, streamed, &body, next, &step)
                     }
                 };
             }
@@ -287,6 +295,48 @@ impl FakeModel {
             address,
             requests,
             listener: Some(listener),
+            stopping: Arc::default(),
+        }
+    }
+
+    /// Serves on `listener` (reached at `address`), each request on a thread of its own and
+    /// answered as `reply` says from the request alone: many jobs at once, each its own
+    /// conversation, where [`FakeModel::serve`]'s one script would be shared by all. Classifier
+    /// and image calls are answered as [`FakeModel::serve`] answers them.
+    pub fn serve_by(
+        listener: TcpListener,
+        address: IpAddr,
+        reply: impl Fn(&Request) -> Reply + Send + Sync + 'static,
+    ) -> FakeModel {
+        let port = listener.local_addr().unwrap().port();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (seen, stop, accept) = (
+            requests.clone(),
+            stopping.clone(),
+            listener.try_clone().unwrap(),
+        );
+        let reply = Arc::new(reply);
+        std::thread::spawn(move || {
+            for (n, stream) in accept.incoming().enumerate() {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(stream) = stream else { break };
+                let (seen, reply) = (seen.clone(), reply.clone());
+                std::thread::spawn(move || {
+                    if let Some(request) = read_request(&stream) {
+                        answer_by(stream, request, n + 1, &*reply, &seen);
+                    }
+                });
+            }
+        });
+        FakeModel {
+            port,
+            address,
+            requests,
+            listener: Some(listener),
+            stopping,
         }
     }
 
@@ -332,12 +382,71 @@ impl FakeModel {
 impl Drop for FakeModel {
     fn drop(&mut self) {
         if self.listener.take().is_some() {
+            self.stopping
+                .store(true, std::sync::atomic::Ordering::SeqCst);
             // Wake the accept loop with an empty request so it ends.
             if let Ok(mut s) = TcpStream::connect((self.address, self.port)) {
                 let _ = s.write_all(b"POST /stop HTTP/1.1\r\ncontent-length: 0\r\n\r\n");
             }
         }
     }
+}
+
+/// Answers a chat request with `step`, in the request's wire format (`n` numbers the answer).
+fn chat_answer(
+    stream: TcpStream,
+    kind: Kind,
+    streamed: bool,
+    body: &Value,
+    n: usize,
+    step: &Step,
+) -> std::io::Result<()> {
+    if kind == Kind::AnthropicChat {
+        anthropic_answer(stream, n, step, streamed)
+    } else if streamed || kind != Kind::OpenAiChat {
+        answer(stream, n, step, chat_usage(body))
+    } else {
+        openai_json_answer(stream, n, step, chat_usage(body))
+    }
+}
+
+/// One request of [`FakeModel::serve_by`], kept and answered.
+fn answer_by(
+    stream: TcpStream,
+    request: Request,
+    n: usize,
+    reply: &(dyn Fn(&Request) -> Reply + Send + Sync),
+    seen: &Mutex<Vec<Request>>,
+) {
+    let (kind, streamed, body) = (request.kind(), request.stream(), request.body.clone());
+    let what = match kind {
+        Kind::Decisions | Kind::SystemOne | Kind::Images => None,
+        _ => Some(reply(&request)),
+    };
+    seen.lock().unwrap().push(request);
+    let _ = match (kind, what) {
+        (Kind::Decisions, _) => json_answer(stream, &decisions(&body)),
+        (Kind::SystemOne, _) => json_answer(stream, &system_one(&body)),
+        (Kind::Images, _) => json_answer(stream, &images(&body)),
+        (_, Some(Reply::Step(step))) => chat_answer(stream, kind, streamed, &body, n, &step),
+        (_, Some(Reply::Hang)) => {
+            // Reads (and drops) whatever comes until the client goes away.
+            let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(600)));
+            let _ = std::io::copy(&mut &stream, &mut std::io::sink());
+            Ok(())
+        }
+        (_, Some(Reply::Reset) | None) => {
+            // SO_LINGER with no time: closing sends RST rather than FIN.
+            let linger = nix::libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            };
+            let _ =
+                nix::sys::socket::setsockopt(&stream, nix::sys::socket::sockopt::Linger, &linger);
+            drop(stream);
+            Ok(())
+        }
+    };
 }
 
 fn read_request(stream: &TcpStream) -> Option<Request> {

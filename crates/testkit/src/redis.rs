@@ -234,6 +234,11 @@ impl RedisServer {
         }
     }
 
+    /// The server's process id while it runs (a test pauses it with SIGSTOP).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Starts it again on the same data and socket.
     pub fn restart(&mut self) {
         self.stop();

@@ -10,10 +10,10 @@ use crate::common::Run;
 use crate::worker::{Service, stdio};
 
 /// A tmpfs mounted at a folder for as long as it lives.
-struct Mounted(PathBuf);
+pub(crate) struct Mounted(PathBuf);
 
 impl Mounted {
-    fn tmpfs(at: &Path, mib: u64) -> Mounted {
+    pub(crate) fn tmpfs(at: &Path, mib: u64) -> Mounted {
         std::fs::create_dir_all(at).unwrap();
         let status = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={mib}m,mode=0711")])

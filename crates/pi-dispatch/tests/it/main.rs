@@ -48,6 +48,7 @@ mod retention;
 mod run;
 mod scripts;
 mod service;
+mod soak;
 mod spec_in_job;
 mod terminal;
 mod triggers_check;

@@ -90,25 +90,39 @@ impl Host {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
-        let lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let log = log.clone();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                let v = serde_json::from_str::<Value>(&line).unwrap_or(Value::String(line));
-                log.0.lock().unwrap().push(v);
-            }
-        });
+        log.follow(child.stderr.take().unwrap());
         child
     }
 }
 
 /// A worker's log lines.
 #[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<Value>>>);
+pub(crate) struct Log(pub(crate) Arc<Mutex<Vec<Value>>>);
 
 impl Log {
+    /// Adds each line `from` gives, as it comes, read as JSON (other lines as strings).
+    pub(crate) fn follow(&self, from: impl std::io::Read + Send + 'static) {
+        let log = self.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(from).lines().map_while(Result::ok) {
+                let v = serde_json::from_str::<Value>(&line).unwrap_or(Value::String(line));
+                log.0.lock().unwrap().push(v);
+            }
+        });
+    }
+
+    /// How many of its events are named `event`.
+    pub(crate) fn count(&self, event: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|v| v["event"] == event)
+            .count()
+    }
+
     /// The job ids of its events named `event`.
-    fn ids(&self, event: &str) -> Vec<String> {
+    pub(crate) fn ids(&self, event: &str) -> Vec<String> {
         self.0
             .lock()
             .unwrap()
