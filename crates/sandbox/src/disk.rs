@@ -72,6 +72,10 @@ pub struct Prepared {
     mount: PathBuf,
     root: Option<OwnedFd>,
     limit: u64,
+    /// What the file system used when it was new and empty.
+    pristine: u64,
+    /// Whether `place` is the file system's own folder (a spare's), removed with it.
+    owns_place: bool,
 }
 
 impl Prepared {
@@ -84,6 +88,8 @@ impl Prepared {
             mount: place.join("disk"),
             root: None,
             limit,
+            pristine: 0,
+            owns_place: false,
         };
         fs.release();
         let mkfs = program(&MKFS).ok_or_else(|| io::Error::other("mkfs.ext4 is missing"))?;
@@ -114,7 +120,9 @@ impl Prepared {
             .arg(&fs.image)
             .arg(&fs.mount);
         run(&mut mount, "mount")?;
-        fs.root = Some(open_dir(rustix::fs::CWD, fs.mount.as_os_str())?);
+        let root = open_dir(rustix::fs::CWD, fs.mount.as_os_str())?;
+        fs.pristine = used(root.as_fd())?;
+        fs.root = Some(root);
         Ok(fs)
     }
 
@@ -131,7 +139,9 @@ impl Prepared {
         let _ = rustix::mount::unmount(&self.mount, rustix::mount::UnmountFlags::DETACH);
         let _ = std::fs::remove_dir(&self.mount);
         let _ = std::fs::remove_file(&self.image);
-        let _ = std::fs::remove_dir(&self.place);
+        if self.owns_place {
+            let _ = std::fs::remove_dir(&self.place);
+        }
     }
 }
 
@@ -229,7 +239,10 @@ impl JobDisk {
             Mode::from_raw_mode(top.st_mode & 0o7777),
             AtFlags::empty(),
         )?;
-        let baseline = used(root)?;
+        // What the file system uses before the job, never more than it used new: blocks an
+        // earlier job's files hold after their removal (a process of that job still had one open)
+        // are freed later, and must not be taken off what this job writes.
+        let baseline = used(root)?.min(fs.pristine);
         // The layers by descriptor, so no character of the deployment's path can reach the
         // overlay's options. The overlay keeps its marks in `user.` attributes (which the job's
         // own id may read back after; the overlay never lets the job set them), makes no
@@ -442,7 +455,9 @@ impl Spares {
         let serial = self
             .serial
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Prepared::make(&self.dir.join(format!("{id}-{serial}")), self.limit)
+        let mut fs = Prepared::make(&self.dir.join(format!("{id}-{serial}")), self.limit)?;
+        fs.owns_place = true;
+        Ok(fs)
     }
 }
 

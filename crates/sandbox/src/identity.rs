@@ -329,9 +329,14 @@ pub fn sweep_jobs(jobs: &Path) {
     folders.sort();
     folders.dedup();
     for folder in folders {
-        if !job_folder_held(&folder) {
-            sweep(&folder);
-        }
+        sweep_job(&folder);
+    }
+}
+
+/// Unmounts what is mounted in the job folder `folder` unless a live worker holds it.
+pub fn sweep_job(folder: &Path) {
+    if !job_folder_held(folder) {
+        sweep(folder);
     }
 }
 

@@ -294,3 +294,25 @@ fn a_worker_starting_unmounts_only_the_job_folders_no_live_worker_holds() {
     sweep_jobs(&jobs);
     assert_eq!(mounts_under(&jobs), Vec::<String>::new());
 }
+
+#[test]
+fn blocks_an_earlier_job_freed_late_are_not_taken_off_what_the_next_job_wrote() {
+    let Some((ws, job, disk)) = made(32 << 20) else {
+        return;
+    };
+    // The earlier job's big file is still open (a process of it not yet gone) when its disk is
+    // emptied: its blocks are freed only once that process lets go, during the next job.
+    std::fs::write(disk.path().join("big"), vec![1u8; 4 << 20]).unwrap();
+    let lingering = std::fs::File::open(disk.path().join("big")).unwrap();
+    let fs = disk.recycle().expect("the disk is emptied");
+    let next = JobDisk::over(fs, job.path(), ws.path(), OWNER).unwrap();
+    std::fs::write(next.path().join("small"), "written by the next job").unwrap();
+    drop(lingering);
+    let written = next.written().unwrap();
+    assert!(written.bytes >= 4096, "{written:?}");
+    next.write_back().expect("the next job's write comes back");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("small")).unwrap(),
+        "written by the next job"
+    );
+}

@@ -127,7 +127,7 @@ fn write_job_folder(
     plan: &Admitted,
     prompt: String,
     input: &job_dir::RunnerInput,
-) -> std::io::Result<PathBuf> {
+) -> std::io::Result<JobFolder> {
     use std::os::unix::fs::PermissionsExt as _;
     let folder = plan.state_dir.join("job");
     release_job_folder(&folder);
@@ -136,6 +136,7 @@ fn write_job_folder(
         std::fs::remove_dir_all(&folder)?;
     }
     std::fs::create_dir_all(&folder)?;
+    let guard = JobFolder(folder.clone());
     if rustix::process::geteuid().is_root() {
         let size = std::ffi::CString::new(format!("size={JOB_FOLDER_BYTES},mode=0755"))
             .map_err(std::io::Error::other)?;
@@ -169,7 +170,23 @@ fn write_job_folder(
     if let Some(file) = &plan.mcp {
         pickup::fs::write_job_mcp(&folder, file)?;
     }
-    Ok(folder)
+    Ok(guard)
+}
+
+/// The job's folder as written: a root worker's file system there is unmounted when this goes,
+/// at the job's end or when its run is dropped (its lease lost), or if writing it failed.
+struct JobFolder(PathBuf);
+
+impl JobFolder {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for JobFolder {
+    fn drop(&mut self) {
+        release_job_folder(&self.0);
+    }
 }
 
 /// What the runner is told beside `mcp.json`: the plan's input with the servers' pins; for an
@@ -304,8 +321,13 @@ impl Worker {
             Ok(lock) => lock,
             Err(verdict) => return verdict,
         };
-        // Its own folder, held while the worker works in it: a worker of the deployment that
-        // starts meanwhile leaves what is mounted in it alone.
+        // 3. The trigger's secrets, resolved on the host: only values go on.
+        let secrets = match self.resolve_secrets(plan, &draft).await {
+            Ok(s) => s,
+            Err(verdict) => return verdict,
+        };
+        // Its own folder, made now and held while the worker works in it: a worker of the
+        // deployment that starts meanwhile leaves what is mounted in it alone.
         let _held = match sandbox::identity::lock_job_folder(&plan.state_dir, draft.attempt()) {
             Ok(held) => held,
             Err(e) => {
@@ -313,11 +335,6 @@ impl Worker {
                 let detail = Detail::new(why).path(plan.state_dir.display().to_string());
                 return draft.failed(Reason::JobFolderFailed, detail).into();
             }
-        };
-        // 3. The trigger's secrets, resolved on the host: only values go on.
-        let secrets = match self.resolve_secrets(plan, &draft).await {
-            Ok(s) => s,
-            Err(verdict) => return verdict,
         };
         // 4. A forge job's token and clone, and the prompt made from its issue.
         let (prompt, forged) = match &plan.work {
@@ -391,19 +408,19 @@ impl Worker {
         // 7. With egress on, its way out: its socket to the proxy, in its folder. A job never
         // runs without it.
         let egress = matches!(plan.egress, Egress::On { .. });
-        if egress && let Err(verdict) = self.open_egress(draft, &job_dir).await {
+        if egress && let Err(verdict) = self.open_egress(draft, job_dir.path()).await {
             return verdict;
         }
         // 8. The sandbox.
         let ran = sandbox
-            .run(plan, draft, &job_dir, env, &redactor, stop)
+            .run(plan, draft, job_dir.path(), env, &redactor, stop)
             .await;
         // 9. However the job ended: its socket closed, and what the proxy refused it recorded.
         if egress {
             let denied = self.close_egress(draft).await;
             draft.egress_denied(denied);
         }
-        release_job_folder(&job_dir);
+        drop(job_dir);
         let ending = match ran.and_then(|left| sandbox.ending(draft, left, &redactor)) {
             Ok(ending) => ending,
             Err(verdict) => return verdict,

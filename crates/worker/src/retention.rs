@@ -124,6 +124,9 @@ impl Retention {
         }
         let folder = self.jobs_dir.join(&record.job_id);
         if folder.exists() {
+            // What a worker that is gone left mounted in it (a job lost with its worker) goes
+            // first; a live worker's is left.
+            sandbox::identity::sweep_job(&folder);
             let mounts = mount_points();
             self.apply(
                 &folder,
@@ -190,11 +193,6 @@ impl Retention {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(true),
             Err(e) => return Err(PruneError::Folder(e.kind())),
         };
-        // What workers that are gone left mounted goes first, so that their folders can be
-        // judged like any other (a killed worker's, while the deployment's others run on).
-        if !dry {
-            sandbox::identity::sweep_jobs(&self.jobs_dir);
-        }
         let mounts = mount_points();
         for entry in entries.filter_map(Result::ok) {
             if !dry && pruned.folders as usize >= budget.folders {
@@ -221,7 +219,18 @@ impl Retention {
         if what == Tidy::Keep {
             return;
         }
-        if mounts.iter().any(|m| m.starts_with(folder)) {
+        let mounted = |mounts: &[PathBuf]| mounts.iter().any(|m| m.starts_with(folder));
+        let swept;
+        let mounts = if !dry && mounted(mounts) {
+            // The job is over: what a worker that is gone (killed outright) left mounted in its
+            // folder goes first. A folder a live worker holds keeps its mounts.
+            sandbox::identity::sweep_job(folder);
+            swept = mount_points();
+            &swept[..]
+        } else {
+            mounts
+        };
+        if mounted(mounts) {
             tracing::warn!(event = "job_folder_mounted", folder = %folder.display());
             pruned.mounted.push(folder.to_owned());
             return;

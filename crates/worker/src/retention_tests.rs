@@ -245,8 +245,9 @@ fn a_pass_does_no_more_than_its_budget() {
     assert_eq!(names(&jobs), Vec::<String>::new());
 }
 
-/// A folder with a mount in it is left whole, even a bind mount of the same file system (whose
-/// device is the folder's own); the control shows the same folder goes once unmounted.
+/// A folder with a mount in it that a live worker holds is left whole, even a bind mount of the
+/// same file system (whose device is the folder's own); once no worker holds it (its worker was
+/// killed), the mount is detached first and the folder goes, and what was mounted is untouched.
 #[test]
 fn a_folder_with_a_mount_in_it_is_never_entered() {
     let (records, queue, _server, state) = stores().remove(0);
@@ -274,10 +275,15 @@ fn a_folder_with_a_mount_in_it_is_never_entered() {
         keep: keep(),
         jobs_dir: jobs.clone(),
     };
+    let held = sandbox::identity::lock_job_folder(&jobs.join("viewed"), 1).unwrap();
     let pass = r.pass(&records, &*queue, NOW, Budget::default(), false);
-    bind(&["umount", view.to_str().unwrap()]);
+    let still = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .contains(view.to_str().unwrap());
     let pass = pass.unwrap();
+    assert!(still, "a live worker's mount was taken");
     assert_eq!(pass.mounted, [jobs.join("viewed")]);
+    drop(held);
     assert_eq!(
         std::fs::read_to_string(elsewhere.join("precious")).unwrap(),
         "keep me"

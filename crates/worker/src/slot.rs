@@ -393,12 +393,18 @@ impl Slot<'_> {
         // attempt's comment is found by its mark).
         worker.settled(job, &record, flow).await;
         page(&record, self.options);
+        self.tidy(record).await;
+    }
+
+    /// Empties the folder of the job `record` ends (but its transcript), as the retention says.
+    async fn tidy(&self, record: Record) {
         if let Some(retention) = self.options.retention.clone() {
+            let id = record.job_id.clone();
             let pruned =
                 tokio::task::spawn_blocking(move || retention.after_job(&record, now_ms()))
                     .await
                     .unwrap_or_default();
-            crate::retention::tidied(&job.id, &pruned);
+            crate::retention::tidied(&id, &pruned);
         }
     }
 
@@ -436,5 +442,7 @@ impl Slot<'_> {
         let record = self.job_record(record).await;
         self.write_record(record.clone()).await;
         page(&record, self.options);
+        // A job lost with its worker has its folder tidied like any other.
+        self.tidy(record).await;
     }
 }
