@@ -83,17 +83,21 @@ type View = ((u32, u32), sandbox::identity::IdmappedFolder);
 
 /// What confines the job on the host: its own id and view of its workspace, its disk, its
 /// control groups, and what the sandbox starts with them.
+///
+/// Its fields go in the order they are written when a run is dropped whole (its lease lost): the
+/// job's processes are killed first, and its id is given back last, so that no other job takes
+/// the id (and with it the same control groups) while anything of this one is still going.
 struct Confined {
     spec: JobSpec,
-    _identity: Option<sandbox::identity::Identity>,
-    view: Option<View>,
-    disk: Option<JobDisk>,
     cgroup: Option<JobCgroup>,
     /// Egress off: the job's own network, with the way to the outside; it ends with the job.
     outside: Option<sandbox::outside::Outside>,
     /// The job's read-only folders as it sees them (a root worker's), unmounted after it.
     masked: Option<sandbox::masked::Masked>,
+    view: Option<View>,
+    disk: Option<JobDisk>,
     limits: Limits,
+    _identity: Option<sandbox::identity::Identity>,
 }
 
 /// What the runner printed, read to its end.

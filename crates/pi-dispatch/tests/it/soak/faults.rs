@@ -89,11 +89,11 @@ fn apply(rig: &Rig, fault: Fault) -> String {
 }
 
 /// SIGKILL of worker `n` `after_ms` into the next job it starts (or at once, if it starts none
-/// within 30 s), and the worker started again a second later.
+/// within 10 s), and the worker started again a second later.
 fn kill_worker(rig: &Rig, n: usize, after_ms: u64) -> String {
     let log = rig.logs()[n].clone();
     let before = log.count("job_started");
-    let until = Instant::now() + Duration::from_secs(30);
+    let until = Instant::now() + Duration::from_secs(10);
     while log.count("job_started") == before && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(20));
     }

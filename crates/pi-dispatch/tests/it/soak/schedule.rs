@@ -130,10 +130,13 @@ impl Plan {
         while order.len() < count {
             order.push(rng.between(0, every.len() as u64 - 1) as usize);
         }
+        // Spread over the first three quarters of the jobs, so that the last fault still meets
+        // jobs running however slowly the faults before it went.
+        let span = jobs * 3 / 4;
         let faults = order
             .iter()
             .enumerate()
-            .map(|(i, k)| ((i + 1) * jobs / (count + 1), every[*k](&mut rng)))
+            .map(|(i, k)| ((i + 1) * span / (count + 1), every[*k](&mut rng)))
             .collect();
         Plan {
             seed,
