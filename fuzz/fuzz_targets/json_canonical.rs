@@ -1,5 +1,8 @@
-//! The strict JSON reader and the canonical form of pinned definitions: canonical form is a fixed
-//! point, and what the reader accepts, written back pretty, reads back as the same value.
+//! The strict JSON reader and the canonical form of pinned tool definitions (crates/protocol
+//! json.rs, pins.rs):
+//!
+//! - canonical form is strict JSON and a fixed point: canonical(canonical(x)) == canonical(x);
+//! - what the reader accepts, written back pretty, reads back as the same value.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
