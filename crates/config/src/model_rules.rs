@@ -368,7 +368,7 @@ impl Rules {
     /// out with: under a cap, a provider that bills past it is one the gateway can no longer hold
     /// to the cap.
     pub fn within(&self, model: &Model, bound: &Bound, used: &Tokens) -> Result<(), Refusal> {
-        let input = used.input + used.cache_read + used.cache_write;
+        let input = used.input_all();
         if self.cap.is_none() || (input <= bound.input && used.output <= bound.output) {
             return Ok(());
         }
@@ -429,15 +429,24 @@ pub struct Tokens {
 }
 
 impl Tokens {
+    /// Every token counted. The counts are the provider's word: a sum past u64 stays at its most
+    /// (a wrapped sum could pass for a small call).
     pub fn total(&self) -> u64 {
-        self.input + self.output + self.cache_read + self.cache_write
+        self.input_all().saturating_add(self.output)
+    }
+
+    /// The input, cache reads and writes included (what a price tier and the worst case count).
+    pub fn input_all(&self) -> u64 {
+        self.input
+            .saturating_add(self.cache_read)
+            .saturating_add(self.cache_write)
     }
 }
 
 /// What a call cost, as pi-ai prices it: the highest tier whose threshold the request's whole input
 /// (cache included) passes, else the model's own prices.
 pub fn cost(model: &Model, tokens: &Tokens) -> f64 {
-    let input = tokens.input + tokens.cache_read + tokens.cache_write;
+    let input = tokens.input_all();
     let mut rates = model.cost;
     let mut threshold = None;
     for tier in &model.tiers {
@@ -486,9 +495,9 @@ impl Meter {
         self.calls += 1;
         match used {
             Some((tokens, cost)) => {
-                self.input_tokens += tokens.input;
-                self.output_tokens += tokens.output;
-                self.total_tokens += tokens.total();
+                self.input_tokens = self.input_tokens.saturating_add(tokens.input);
+                self.output_tokens = self.output_tokens.saturating_add(tokens.output);
+                self.total_tokens = self.total_tokens.saturating_add(tokens.total());
                 self.cost_usd += cost;
             }
             None if answered => self.unknown += bound,
@@ -501,6 +510,32 @@ impl Meter {
 mod tests {
     use super::*;
     use crate::catalog;
+
+    /// Found by the `gateway_stream` fuzz target: a provider's counts that add past u64 were an
+    /// overflow in a checked build, and otherwise a wrapped sum that could pass the worst case.
+    #[test]
+    fn counts_past_u64_are_held_to_the_worst_case_not_wrapped() {
+        let m = model(ModelKind::Chat, [1.0, 2.0, 0.1, 1.0], Some(100));
+        let used = Tokens {
+            input: 2,
+            output: 1,
+            cache_read: u64::MAX,
+            cache_write: 2,
+        };
+        assert_eq!(used.total(), u64::MAX);
+        let rules = Rules::new(None, Some(5.0)).unwrap();
+        let bound = Bound {
+            usd: 1.0,
+            input: 100,
+            output: 100,
+        };
+        assert!(rules.within(&m, &bound, &used).is_err());
+        assert!(cost(&m, &used).is_finite());
+        let mut meter = Meter::default();
+        meter.settle(0.0, Some((used, 1.0)), true);
+        meter.settle(0.0, Some((used, 1.0)), true);
+        assert_eq!(meter.total_tokens, u64::MAX);
+    }
 
     fn model(kind: ModelKind, cost: [f64; 4], max: Option<u64>) -> Model {
         Model {

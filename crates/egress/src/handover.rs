@@ -85,7 +85,7 @@ pub async fn receive(socket: &UnixStream) -> io::Result<Received> {
     }
 }
 
-fn receive_now(socket: BorrowedFd<'_>) -> io::Result<Received> {
+pub(crate) fn receive_now(socket: BorrowedFd<'_>) -> io::Result<Received> {
     let mut byte = [0u8; 1];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MOST))];
     let mut control = RecvAncillaryBuffer::new(&mut space);

@@ -15,6 +15,9 @@ pub mod control;
 pub mod dns;
 pub mod files;
 pub mod forward;
+/// The private readers, reached by the fuzz targets only (`fuzz/`, built with `--cfg fuzzing`).
+#[cfg(fuzzing)]
+pub mod fuzz;
 pub mod handover;
 pub mod proxy;
 pub mod rules;

@@ -626,13 +626,13 @@ where
     Some((head, request))
 }
 
-struct Head {
-    bytes: Vec<u8>,
+pub(crate) struct Head {
+    pub(crate) bytes: Vec<u8>,
     /// Where the head ends (after its blank line); what follows is the body or tunnel's start.
-    len: usize,
+    pub(crate) len: usize,
 }
 
-enum HeadError {
+pub(crate) enum HeadError {
     TooLarge,
     /// Not the start of an HTTP request, however much more comes.
     Malformed,
@@ -642,9 +642,15 @@ enum HeadError {
 /// The most header fields a request may have; more is a head too large.
 const MAX_HEADERS: usize = 100;
 
-async fn read_head<S: AsyncRead + Unpin>(s: &mut S, max: usize) -> Result<Head, HeadError> {
+/// How much of a request head is read at a time: a head is never held past its limit by more.
+pub(crate) const HEAD_CHUNK: usize = 4096;
+
+pub(crate) async fn read_head<S: AsyncRead + Unpin>(
+    s: &mut S,
+    max: usize,
+) -> Result<Head, HeadError> {
     let mut bytes = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 4096];
+    let mut chunk = [0u8; HEAD_CHUNK];
     loop {
         let n = s.read(&mut chunk).await.map_err(|_| HeadError::Closed)?;
         if n == 0 {
@@ -678,21 +684,21 @@ fn check_head(bytes: &[u8]) -> Result<(), HeadError> {
     }
 }
 
-enum Kind {
+pub(crate) enum Kind {
     Connect(Target),
     /// A plain request and its head as sent on: origin-form, no proxy headers, one request only.
     Plain(Target, Vec<u8>),
 }
 
-struct Request {
-    kind: Kind,
+pub(crate) struct Request {
+    pub(crate) kind: Kind,
 }
 
 /// Headers a proxy consumes or that would keep a plain connection open for another request (and
 /// every `Proxy-*` header, below); `Host` is written anew from the request's target.
 const DROPPED: [&str; 4] = ["connection", "keep-alive", "upgrade", "host"];
 
-fn parse_request(head: &[u8]) -> Option<Request> {
+pub(crate) fn parse_request(head: &[u8]) -> Option<Request> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(head) {

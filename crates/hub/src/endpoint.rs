@@ -523,7 +523,7 @@ impl Endpoint {
 
 /// The message of one line pi's relay sent, or what to answer instead (`None`: nothing, for a
 /// blank line): a line too long, one that is not JSON-RPC, or a request whose id is null.
-fn line_message(line: raw::Line) -> Result<Message, Option<Bytes>> {
+pub(crate) fn line_message(line: raw::Line) -> Result<Message, Option<Bytes>> {
     let bytes = match line {
         raw::Line::Whole(bytes) => bytes,
         raw::Line::TooLong { id } => {
@@ -720,21 +720,8 @@ impl Served {
         cancel: CancellationToken,
     ) -> Result<Message, RpcError> {
         let upstream_id = self.peer.next_id();
-        let id_text = upstream_id.to_string();
-        let mut edits: Vec<Edit<'_>> = message.id_edit(id_text.as_bytes()).into_iter().collect();
-        let mut route = None;
-        if let (Some(at), Some(start), Some(params_bytes)) = (
-            params.progress_token.clone(),
-            message.params_start(),
-            message.params(),
-        ) {
-            route = Some(ProgressRoute {
-                stream,
-                token: Bytes::copy_from_slice(&params_bytes[at.clone()]),
-            });
-            edits.push(Edit::new(at, id_text.as_bytes()).shifted(start));
-        }
-        let request = message.edited(edits);
+        let (request, token) = upstream_request(message, params, &upstream_id.to_string());
+        let route = token.map(|token| ProgressRoute { stream, token });
         tokio::select! {
             answer = self.peer.call(upstream_id, request, route) => answer,
             () = cancel.cancelled() => {
@@ -748,6 +735,26 @@ impl Served {
             }
         }
     }
+}
+
+/// pi's request as the server gets it: under the hub's id `id_text`, and, when pi asked for
+/// progress, with pi's token swapped for the same text; also pi's token, to route the progress back.
+pub(crate) fn upstream_request(
+    message: &Message,
+    params: &RequestParams,
+    id_text: &str,
+) -> (Bytes, Option<Bytes>) {
+    let mut edits: Vec<Edit<'_>> = message.id_edit(id_text.as_bytes()).into_iter().collect();
+    let mut token = None;
+    if let (Some(at), Some(start), Some(params_bytes)) = (
+        params.progress_token.clone(),
+        message.params_start(),
+        message.params(),
+    ) {
+        token = Some(Bytes::copy_from_slice(&params_bytes[at.clone()]));
+        edits.push(Edit::new(at, id_text.as_bytes()).shifted(start));
+    }
+    (message.edited(edits), token)
 }
 
 /// What pi is told when a request got no answer from the server.

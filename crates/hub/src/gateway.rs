@@ -290,7 +290,7 @@ pub struct Seen {
 
 /// Who makes a call, by its route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Caller {
+pub(crate) enum Caller {
     /// The job's pi (`/p/`).
     Pi,
     /// A pi a stdio server starts (`/c/`).
@@ -1114,7 +1114,11 @@ struct Call {
 /// The worst case of a request under a cap ([`worst_case::read`]), read from its body as the
 /// strict reader reads it: a key written twice could be read one way here and another by the
 /// provider, so such a body has no bound.
-fn worst_case(body: &[u8], json: &serde_json::Value, api: Api) -> Result<Worst, Unbounded> {
+pub(crate) fn worst_case(
+    body: &[u8],
+    json: &serde_json::Value,
+    api: Api,
+) -> Result<Worst, Unbounded> {
     let strict = std::str::from_utf8(body)
         .ok()
         .map(protocol::json::parse)
@@ -1129,7 +1133,7 @@ fn worst_case(body: &[u8], json: &serde_json::Value, api: Api) -> Result<Worst, 
 
 /// `/p/<index><rest>` (pi's) or `/c/<index><rest>` (a child's): who calls, the provider's index
 /// and the path after its base URL.
-fn route(path: &str) -> Option<(Caller, usize, &str)> {
+pub(crate) fn route(path: &str) -> Option<(Caller, usize, &str)> {
     let (caller, rest) = match path.strip_prefix("/p/") {
         Some(rest) => (Caller::Pi, rest),
         None => (Caller::Child, path.strip_prefix("/c/")?),
@@ -1164,7 +1168,7 @@ fn holds(value: &HeaderValue, stand_in: &str) -> bool {
 
 /// Whether the request's `Host` (required) and `Origin` (when sent) name this machine's loopback:
 /// a web page reaching the loopback port under a name of its own is turned away.
-fn loopback_host(headers: &HeaderMap) -> bool {
+pub(crate) fn loopback_host(headers: &HeaderMap) -> bool {
     let is_loopback = |host: &str| {
         matches!(
             host.to_ascii_lowercase().as_str(),

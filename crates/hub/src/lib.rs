@@ -12,6 +12,9 @@ pub mod connect;
 pub mod connect_all;
 mod endpoint;
 mod finish;
+/// The private readers, reached by the fuzz targets only (`fuzz/`, built with `--cfg fuzzing`).
+#[cfg(fuzzing)]
+pub mod fuzz;
 pub mod gateway;
 pub mod guard;
 mod hold;

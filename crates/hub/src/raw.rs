@@ -407,11 +407,21 @@ pub(crate) fn error_code(error: &[u8]) -> Option<i64> {
 pub(crate) fn event(message: &[u8]) -> Bytes {
     let mut event = Vec::with_capacity(message.len() + 32);
     event.extend_from_slice(b"event: message\n");
-    for line in message.split(|b| *b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
+    // A stream's reader ends a line at CR, LF or CRLF alike: each ends a `data:` line here, or a
+    // CR alone (white space in JSON) would cut the message short for pi.
+    let mut rest = message;
+    loop {
+        let end = memchr::memchr2(b'\r', b'\n', rest);
         event.extend_from_slice(b"data: ");
-        event.extend_from_slice(line);
+        event.extend_from_slice(&rest[..end.unwrap_or(rest.len())]);
         event.push(b'\n');
+        let Some(at) = end else { break };
+        let ending = if rest[at..].starts_with(b"\r\n") {
+            2
+        } else {
+            1
+        };
+        rest = &rest[at + ending..];
     }
     event.push(b'\n');
     Bytes::from(event)
@@ -620,10 +630,13 @@ impl IdScanner {
         }
     }
 
+    /// The id found, when it is a JSON string or number: what was captured of a longer value (cut
+    /// at [`SCAN_LIMIT`]) or of a line that is no JSON is no id, and never goes into an answer.
     fn id(self) -> Option<Bytes> {
         let found = self.found?;
         let text = std::str::from_utf8(&found).ok()?.trim();
-        (!text.is_empty()).then(|| Bytes::copy_from_slice(text.as_bytes()))
+        let id = serde_json::from_str::<serde_json::Value>(text).ok()?;
+        (id.is_string() || id.is_number()).then(|| Bytes::copy_from_slice(text.as_bytes()))
     }
 }
 
@@ -740,6 +753,17 @@ mod tests {
         );
     }
 
+    /// Found by the `rpc_frames` fuzz target: a message with a CR alone between its tokens was
+    /// one `data:` line holding the CR, which a stream's reader takes for a line end, so pi read
+    /// the message cut short.
+    #[test]
+    fn a_cr_alone_ends_a_data_line_too() {
+        assert_eq!(
+            &event(b"{\"a\":\r1,\r\"b\":2}")[..],
+            b"event: message\ndata: {\"a\":\ndata: 1,\ndata: \"b\":2}\n\n"
+        );
+    }
+
     #[tokio::test]
     async fn lines_are_read_whole_and_a_long_one_is_dropped_with_its_id() {
         let long = format!(
@@ -766,6 +790,24 @@ mod tests {
         assert!(matches!(&seen[1], Line::TooLong { id: Some(id) } if &id[..] == b"12"));
         assert!(matches!(&seen[2], Line::Whole(l) if &l[..] == br#"{"id":2,"result":{}}"#));
         assert!(matches!(&seen[3], Line::Whole(l) if &l[..] == br#"{"id":3,"result":{}}"#));
+    }
+
+    /// Found by the `rpc_frames` fuzz target: a line too long whose id is cut at the scanner's
+    /// limit, or is no JSON value, was answered under that id, and the answer was no JSON.
+    #[test]
+    fn an_id_cut_short_or_not_json_is_no_id() {
+        for text in [
+            format!(r#"{{"id":"{}","method":"tools/call"}}"#, "y".repeat(200)),
+            r#"{"id":zzz,"method":"m"}"#.to_owned(),
+            r#"{"id":{"a":1},"method":"m"}"#.to_owned(),
+        ] {
+            let mut scanner = IdScanner::default();
+            scanner.feed(text.as_bytes());
+            assert_eq!(scanner.id(), None, "{text}");
+        }
+        let mut scanner = IdScanner::default();
+        scanner.feed(br#"{"id": -7 ,"method":"m"}"#);
+        assert_eq!(scanner.id().as_deref(), Some(&b"-7"[..]));
     }
 
     #[test]

@@ -211,9 +211,13 @@ impl PiEvents {
         (self.last_text, self.last_cut) = answer_text(message);
         let number = |v: Option<&serde_json::Value>| v.and_then(|n| n.as_u64()).unwrap_or(0);
         if let Some(usage) = message.get("usage") {
-            self.usage.input_tokens += number(usage.get("input"));
-            self.usage.output_tokens += number(usage.get("output"));
-            self.usage.total_tokens += number(usage.get("totalTokens"));
+            // pi's numbers are its claim: a count past u64 stays at its most, never wraps.
+            let u = &mut self.usage;
+            u.input_tokens = u.input_tokens.saturating_add(number(usage.get("input")));
+            u.output_tokens = u.output_tokens.saturating_add(number(usage.get("output")));
+            u.total_tokens = u
+                .total_tokens
+                .saturating_add(number(usage.get("totalTokens")));
             self.usage.cost_usd += usage
                 .get("cost")
                 .and_then(|c| c.get("total"))
@@ -471,6 +475,20 @@ impl PiPart {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `pi_event` fuzz target: two answers whose counts add past u64 (an overflow
+    /// in a checked build, a count wrapped to almost nothing otherwise) stay at the most.
+    #[test]
+    fn counts_pi_claims_past_u64_stay_at_the_most() {
+        let line = r#"{"type":"message_end","message":{"role":"assistant","stopReason":"stop","usage":{"input":18446744073709551615,"output":1,"totalTokens":18446744073709551615}}}"#;
+        let mut events = PiEvents::default();
+        events.observe(line);
+        events.observe(line);
+        assert_eq!(events.usage.input_tokens, u64::MAX);
+        assert_eq!(events.usage.total_tokens, u64::MAX);
+        assert_eq!(events.usage.output_tokens, 2);
+        assert_eq!(events.usage.turns, 2);
+    }
 
     #[test]
     fn an_answer_too_long_to_hold_still_counts_as_its_ending_says() {

@@ -375,7 +375,7 @@ pub fn read_usage(api: Api, usage: &Value) -> Option<Tokens> {
                 .unwrap_or(0);
             let cache_write = n("/prompt_tokens_details/cache_write_tokens").unwrap_or(0);
             Some(Tokens {
-                input: prompt.saturating_sub(cache_read + cache_write),
+                input: prompt.saturating_sub(cache_read.saturating_add(cache_write)),
                 output: n("/completion_tokens").unwrap_or(0),
                 cache_read,
                 cache_write,
@@ -571,6 +571,15 @@ mod tests {
             read(Api::OpenRouterImages, false, &image, 2),
             tokens(9, 1290, 0, 0)
         );
+    }
+
+    /// Found by the `gateway_stream` fuzz target: cache counts that add past u64.
+    #[test]
+    fn cache_counts_past_u64_do_not_overflow() {
+        let usage = json!({"prompt_tokens": 5, "prompt_tokens_details":
+            {"cached_tokens": u64::MAX, "cache_write_tokens": 2}});
+        let tokens = read_usage(Api::OpenAiCompletions, &usage).unwrap();
+        assert_eq!((tokens.input, tokens.cache_read), (0, u64::MAX));
     }
 
     #[test]
