@@ -170,6 +170,24 @@ impl Runner for Answering {
     }
 }
 
+/// One slot that runs until the queue is empty, polling often, with leases of `lease_for`.
+fn one_slot(lease_for: Duration) -> LoopOptions {
+    LoopOptions {
+        worker_id: "test:1".to_owned(),
+        lease_for,
+        concurrency: 1,
+        until_empty: true,
+        poll: Duration::from_millis(10),
+        cancel_poll: Duration::from_millis(10),
+        on_failure: None,
+        disk: None,
+        retention: None,
+        labels: Vec::new(),
+        heartbeat: None,
+        live: false,
+    }
+}
+
 /// The verdict on a job that completed.
 fn completed(job: &Job, draft: &Draft) -> Verdict {
     Verdict::from(Record::new(
@@ -197,20 +215,7 @@ fn a_queue_that_blocks_does_not_hold_up_the_running_job() {
         queue: queue.clone(),
         ran: Mutex::new(false),
     });
-    let options = LoopOptions {
-        worker_id: "test:1".to_owned(),
-        lease_for: Duration::from_secs(300),
-        concurrency: 1,
-        until_empty: true,
-        poll: Duration::from_millis(10),
-        cancel_poll: Duration::from_millis(10),
-        on_failure: None,
-        disk: None,
-        retention: None,
-        labels: Vec::new(),
-        heartbeat: None,
-        live: false,
-    };
+    let options = one_slot(Duration::from_secs(300));
     let summary = run(
         runner.clone(),
         queue.clone(),
@@ -246,21 +251,13 @@ fn run_with_disk(dir: &std::path::Path, queue: &Arc<SqliteQueue>, min_free: u64)
         std::fs::set_permissions(&pager, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let options = LoopOptions {
-        worker_id: "test:1".to_owned(),
-        lease_for: Duration::from_secs(300),
         concurrency: 2,
-        until_empty: true,
-        poll: Duration::from_millis(10),
-        cancel_poll: Duration::from_millis(10),
         on_failure: Some(pager),
         disk: Some(DiskGate {
             folder: dir.to_owned(),
             min_free,
         }),
-        retention: None,
-        labels: Vec::new(),
-        heartbeat: None,
-        live: false,
+        ..one_slot(Duration::from_secs(300))
     };
     run(
         Arc::new(Completing),
@@ -334,20 +331,7 @@ fn run_slow_job(renewals_fail: bool, runner: &Arc<Slow>) -> Record {
     let job = Job::new("j-1", "cli", "local");
     let payload = serde_json::to_string(&job).unwrap();
     queue.enqueue("j-1", &payload, SystemTime::now()).unwrap();
-    let options = LoopOptions {
-        worker_id: "test:1".to_owned(),
-        lease_for: Duration::from_millis(300),
-        concurrency: 1,
-        until_empty: true,
-        poll: Duration::from_millis(10),
-        cancel_poll: Duration::from_millis(10),
-        on_failure: None,
-        disk: None,
-        retention: None,
-        labels: Vec::new(),
-        heartbeat: None,
-        live: false,
-    };
+    let options = one_slot(Duration::from_millis(300));
     let records = Arc::new(Records::sqlite(&dir.path().join("records.sqlite3")).unwrap());
     run(
         runner.clone(),
