@@ -234,7 +234,10 @@ impl Slot<'_> {
             v = worker.process(&job, draft, stop) => v,
             // The job is someone else's now (this worker was away past its lease): dropping the run
             // ends its sandbox, and the slot goes on with the next job.
-            () = self.renew(lease) => return,
+            () = self.renew(lease) => {
+                self.tidy_if_over(&lease.job_id).await;
+                return;
+            }
             () = self.watch(lease, &tell) => return,
         };
         finish.now().await;
@@ -394,6 +397,16 @@ impl Slot<'_> {
         worker.settled(job, &record, flow).await;
         page(&record, self.options);
         self.tidy(record).await;
+    }
+
+    /// After a run dropped for its lost lease: if the job has ended elsewhere meanwhile (its
+    /// record written by the worker that took it, or as lost), what this run left in its folder
+    /// goes as after any job.
+    async fn tidy_if_over(&self, job_id: &str) {
+        let id = job_id.to_owned();
+        if let Ok(record) = self.records_call(move |r| r.read(&id)).await {
+            self.tidy(record).await;
+        }
     }
 
     /// Empties the folder of the job `record` ends (but its transcript), as the retention says.
