@@ -1,7 +1,7 @@
 //! The overlay's `mcp.json` (crates/config mcp.rs), as the admission and `mcp check` read it:
 //!
 //! - a refusal of the file and every problem of an entry name a field, never a planted value
-//!   (the url problems that write the url back as a hint aside);
+//!   (the url problems that write the url back as a hint, or name a query parameter, aside);
 //! - the file written back pretty reads the same (the verdicts do not depend on layout);
 //! - judging only the named entries gives, for those, what judging all of them gives.
 #![no_main]
@@ -26,9 +26,14 @@ fuzz_target!(|data: &[u8]| {
         }
         Ok(overlay) => {
             for entry in &overlay.servers {
-                // These write the url back as it would read (a hint, by design): its scheme, host,
-                // port, path and references, never credentials.
-                let hints = ["url-credentials", "url-fragment", "url-not-plain"];
+                // These write the url back as it would read (a hint, by design: its scheme, host,
+                // port, path and references, never credentials), or name a query parameter.
+                let hints = [
+                    "url-credentials",
+                    "url-fragment",
+                    "url-not-plain",
+                    "url-query-literal",
+                ];
                 for p in entry
                     .problems()
                     .iter()
